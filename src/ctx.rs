@@ -1,0 +1,1 @@
+//! Request contexts: a pre-sized slab whose handle travels in frame headers.
