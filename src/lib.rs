@@ -13,7 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod ctx;
+pub mod proto;
 #[allow(dead_code)]
 pub(crate) mod sys;
-pub mod proto;
 pub mod wire;
