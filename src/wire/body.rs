@@ -99,14 +99,9 @@ fn check_payload(header: &HeaderRepr, inline_bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// Tracks the one-chunked-entry-per-frame rule while a meta section is validated.
-fn note_tensor(meta: &TensorMeta<'_>, inline: &mut u64, chunked: &mut bool) -> Result<()> {
-    if meta.chunked {
-        if *chunked {
-            return Err(Error::BadChunked);
-        }
-        *chunked = true;
-    } else if !meta.dead {
+/// Adds the contents of an inline tensor to the payload bytes a frame declares.
+fn note_tensor(meta: &TensorMeta<'_>, inline: &mut u64) -> Result<()> {
+    if meta.is_inline() {
         *inline = inline
             .checked_add(meta.byte_len)
             .ok_or(Error::BadPayloadLen)?;
@@ -358,14 +353,14 @@ pub struct PushEntries<'a> {
 impl<'a> PushEntries<'a> {
     /// Validates the entries; returns them and the inline payload bytes they declare.
     fn parse(meta: &'a [u8], count: u32, limits: &Limits) -> Result<(Self, u64)> {
-        let (mut at, mut inline, mut chunked) = (0usize, 0u64, false);
+        let (mut at, mut inline) = (0usize, 0u64);
         for _ in 0..count {
             let rest = meta.get(at..).ok_or(Error::BadMetaLen)?;
             if rest.len() < 8 {
                 return Err(Error::BadMetaLen);
             }
             let (tensor, len) = TensorMeta::parse(&rest[8..], limits).map_err(truncated_meta)?;
-            note_tensor(&tensor, &mut inline, &mut chunked)?;
+            note_tensor(&tensor, &mut inline)?;
             at += 8 + len;
         }
         if at != meta.len() {
@@ -461,7 +456,7 @@ pub struct ResponseEntries<'a> {
 
 impl<'a> ResponseEntries<'a> {
     fn parse(meta: &'a [u8], count: u32, limits: &Limits) -> Result<(Self, u64)> {
-        let (mut at, mut inline, mut chunked) = (0usize, 0u64, false);
+        let (mut at, mut inline) = (0usize, 0u64);
         for _ in 0..count {
             let rest = meta.get(at..).ok_or(Error::BadMetaLen)?;
             if rest.len() < RESPONSE_ENTRY_FIXED_LEN {
@@ -479,7 +474,7 @@ impl<'a> ResponseEntries<'a> {
                 }
                 let (tensor, len) = TensorMeta::parse(&rest[RESPONSE_ENTRY_FIXED_LEN..], limits)
                     .map_err(truncated_meta)?;
-                note_tensor(&tensor, &mut inline, &mut chunked)?;
+                note_tensor(&tensor, &mut inline)?;
                 at += len;
             }
         }

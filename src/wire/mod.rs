@@ -155,7 +155,7 @@ pub enum Error {
     TensorTooLarge,
     /// A dead tensor with contents or dimensions, or chunked.
     BadDeadTensor,
-    /// More than one chunked entry in a frame, or an empty chunked tensor.
+    /// A chunked tensor with no contents.
     BadChunked,
     /// A response entry inconsistent with its status.
     BadEntry,

@@ -1,0 +1,745 @@
+//! Frame encoder: frames in, an ordered list of byte segments out.
+//!
+//! Header and meta bytes (and the contents of tiny tensors, where a copy is cheaper than
+//! an extra `iovec`) are written into an arena of fixed blocks; tensor contents above the
+//! inline threshold are referenced by a caller-chosen `token` and never copied. The I/O
+//! layer turns [`Piece`]s into `iovec`s, resolving tokens to the tensors it keeps alive,
+//! writes them, and reports the bytes written with [`Encoder::advance`].
+//!
+//! Arena blocks never move or shrink while a segment refers to them, so an `iovec` built
+//! from [`Encoder::pieces`] stays valid while more frames are encoded — as an io_uring
+//! write in flight requires. A block returns to the free list when its last segment has
+//! been written; after warm-up, encoding allocates nothing.
+//!
+//! Large tensors are cut into `CHUNK` frames (specification 4.8). Chunks are added to the
+//! output only as it drains ([`Encoder::fill`]), so frames encoded during a large transfer
+//! are written between its chunks.
+
+use crate::wire::{
+    self, emit_pull_meta, emit_recv_meta, pull_meta_len, recv_meta_len, ChunkRepr, ErrorRepr,
+    Header, HeaderRepr, HelloRepr, Kind, PushEntry, ResponseEntry, Status, TensorMeta, HEADER_LEN,
+};
+use core::fmt;
+use std::collections::VecDeque;
+
+/// Encoder settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncoderConfig {
+    /// Largest frame the peer accepts: its announced `max_frame`, or
+    /// [`wire::Limits::MIN_FRAME`] before the handshake.
+    pub max_frame: u32,
+    /// Tensors above this many bytes are sent as chunks of at most this size.
+    pub chunk_size: u32,
+    /// Tensors up to this many bytes are copied into the arena; larger ones are referenced.
+    pub inline_threshold: usize,
+    /// Size of an arena block; a frame whose header and meta are larger gets a block of
+    /// its own.
+    pub block_size: usize,
+}
+
+impl Default for EncoderConfig {
+    fn default() -> Self {
+        EncoderConfig {
+            max_frame: wire::Limits::default().max_frame,
+            chunk_size: 4 << 20,
+            inline_threshold: 256,
+            block_size: 64 << 10,
+        }
+    }
+}
+
+/// A tensor to send.
+#[derive(Debug, Clone, Copy)]
+pub struct OutTensor<'a> {
+    /// Its meta; `chunked` is decided by the encoder and ignored here.
+    pub meta: TensorMeta<'a>,
+    /// Its contents (`meta.byte_len` bytes), read only when they are copied.
+    pub bytes: &'a [u8],
+    /// The caller's name for the contents, echoed in [`Piece::Tensor`].
+    pub token: u64,
+}
+
+/// One piece of output, in write order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece<'a> {
+    /// Bytes from the arena.
+    Bytes(&'a [u8]),
+    /// Bytes `offset..offset + len` of the tensor the caller named `token`.
+    Tensor {
+        /// The caller's token.
+        token: u64,
+        /// Start within the tensor's contents.
+        offset: u64,
+        /// Number of bytes.
+        len: u64,
+    },
+}
+
+/// A queued output segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment {
+    /// Bytes in arena block `block`.
+    Arena {
+        /// Block number.
+        block: u32,
+        /// Start in the block.
+        start: u32,
+        /// Length.
+        len: u32,
+    },
+    /// Bytes of a referenced tensor.
+    Tensor {
+        /// The caller's token.
+        token: u64,
+        /// Start in the tensor.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+impl Segment {
+    fn len(&self) -> u64 {
+        match *self {
+            Segment::Arena { len, .. } => len as u64,
+            Segment::Tensor { len, .. } => len,
+        }
+    }
+}
+
+/// Why a frame could not be encoded. Nothing was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncodeError {
+    /// The header and meta section alone exceed the peer's `max_frame`: split the request.
+    FrameTooLarge {
+        /// Bytes the frame would need.
+        len: u64,
+        /// The peer's limit.
+        max: u32,
+    },
+    /// A key is empty or longer than 65,535 bytes.
+    BadKey,
+    /// An item count outside what the kind allows.
+    BadCount,
+    /// A tensor's `bytes` length differs from its meta's `byte_len`, or its meta is invalid.
+    BadTensor,
+    /// A hello with an invalid job name, token or `max_frame`.
+    BadHello,
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EncodeError::FrameTooLarge { len, max } => {
+                write!(f, "frame of {len} bytes exceeds the peer's max_frame {max}")
+            }
+            EncodeError::BadKey => f.write_str("key empty or longer than 65535 bytes"),
+            EncodeError::BadCount => f.write_str("item count not allowed for this frame"),
+            EncodeError::BadTensor => f.write_str("tensor contents do not match its meta"),
+            EncodeError::BadHello => f.write_str("invalid hello"),
+        }
+    }
+}
+
+impl std::error::Error for EncodeError {}
+
+#[derive(Debug)]
+struct Block {
+    buf: Box<[u8]>,
+    used: usize,
+    refs: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ChunkJob {
+    handle: u64,
+    index: u32,
+    token: u64,
+    byte_len: u64,
+    next: u64,
+}
+
+/// How one tensor of a frame travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    None,
+    Copy,
+    Reference,
+    Chunked,
+}
+
+/// An entry of a tensor-carrying frame (`PUSH` or `RESPONSE`).
+trait TensorItem<'a> {
+    fn tensor(&self) -> Option<&OutTensor<'a>>;
+    fn meta_len(&self) -> usize;
+    fn emit(&self, buf: &mut [u8], chunked: bool);
+}
+
+/// One entry of a push.
+#[derive(Debug, Clone, Copy)]
+pub struct PushItem<'a> {
+    /// Variable the tensor is for.
+    pub var_id: u64,
+    /// The tensor.
+    pub tensor: OutTensor<'a>,
+}
+
+impl<'a> TensorItem<'a> for PushItem<'a> {
+    fn tensor(&self) -> Option<&OutTensor<'a>> {
+        Some(&self.tensor)
+    }
+    fn meta_len(&self) -> usize {
+        8 + self.tensor.meta.buffer_len()
+    }
+    fn emit(&self, buf: &mut [u8], chunked: bool) {
+        let meta = TensorMeta {
+            chunked,
+            ..self.tensor.meta
+        };
+        PushEntry {
+            var_id: self.var_id,
+            meta,
+        }
+        .emit(buf);
+    }
+}
+
+/// One entry of a response.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseItem<'a> {
+    /// The request item answered.
+    pub index: u32,
+    /// Its status.
+    pub status: Status,
+    /// The tensor, for a successful recv or pull item.
+    pub tensor: Option<OutTensor<'a>>,
+}
+
+impl<'a> TensorItem<'a> for ResponseItem<'a> {
+    fn tensor(&self) -> Option<&OutTensor<'a>> {
+        self.tensor.as_ref()
+    }
+    fn meta_len(&self) -> usize {
+        8 + self.tensor.map_or(0, |t| t.meta.buffer_len())
+    }
+    fn emit(&self, buf: &mut [u8], chunked: bool) {
+        let tensor = self.tensor.map(|t| TensorMeta { chunked, ..t.meta });
+        ResponseEntry {
+            index: self.index,
+            status: self.status,
+            tensor,
+        }
+        .emit(buf);
+    }
+}
+
+/// Encoder of one direction of a connection.
+#[derive(Debug)]
+pub struct Encoder {
+    cfg: EncoderConfig,
+    blocks: Vec<Block>,
+    current: usize,
+    ready: VecDeque<Segment>,
+    ready_bytes: u64,
+    front_done: u64,
+    jobs: VecDeque<ChunkJob>,
+}
+
+const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
+
+impl Encoder {
+    /// An encoder with one arena block.
+    pub fn new(cfg: EncoderConfig) -> Encoder {
+        let mut e = Encoder {
+            cfg,
+            blocks: Vec::new(),
+            current: 0,
+            ready: VecDeque::new(),
+            ready_bytes: 0,
+            front_done: 0,
+            jobs: VecDeque::new(),
+        };
+        e.new_block(cfg.block_size);
+        e
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &EncoderConfig {
+        &self.cfg
+    }
+
+    /// Adopts the `max_frame` the peer announced in its hello.
+    pub fn set_peer_max_frame(&mut self, max_frame: u32) {
+        self.cfg.max_frame = max_frame;
+    }
+
+    /// Largest chunk that fits both the chunk size and the peer's frame limit.
+    fn chunk_limit(&self) -> u64 {
+        let frame_room = self.cfg.max_frame.saturating_sub(CHUNK_FRAME_OVERHEAD);
+        self.cfg.chunk_size.min(frame_room).max(1) as u64
+    }
+
+    /// Whether everything encoded has been written.
+    pub fn is_empty(&self) -> bool {
+        self.ready.is_empty() && self.jobs.is_empty()
+    }
+
+    /// Bytes queued and ready to write (chunks not yet added by [`fill`](Self::fill) excluded).
+    pub fn ready_bytes(&self) -> u64 {
+        self.ready_bytes - self.front_done
+    }
+
+    /// Chunked tensors whose chunks are not all queued yet.
+    pub fn chunks_pending(&self) -> usize {
+        self.jobs.len()
+    }
+
+    fn new_block(&mut self, size: usize) -> usize {
+        self.blocks.push(Block {
+            buf: vec![0; size].into_boxed_slice(),
+            used: 0,
+            refs: 0,
+        });
+        self.blocks.len() - 1
+    }
+
+    /// Reserves `len` contiguous arena bytes; returns block and start.
+    fn alloc(&mut self, len: usize) -> (usize, usize) {
+        let cur = &mut self.blocks[self.current];
+        if cur.refs == 0 {
+            cur.used = 0;
+        }
+        if cur.buf.len() - cur.used < len {
+            let free = self
+                .blocks
+                .iter()
+                .position(|b| b.refs == 0 && b.buf.len() >= len);
+            self.current = match free {
+                Some(i) => i,
+                None => self.new_block(len.max(self.cfg.block_size)),
+            };
+            self.blocks[self.current].used = 0;
+        }
+        let b = &mut self.blocks[self.current];
+        let start = b.used;
+        b.used += len;
+        (self.current, start)
+    }
+
+    fn queue(&mut self, seg: Segment) {
+        if seg.len() == 0 {
+            return;
+        }
+        if let Segment::Arena { block, start, len } = seg {
+            // Merge with the previous segment when it ends where this one starts.
+            if let Some(Segment::Arena {
+                block: pb,
+                start: ps,
+                len: pl,
+            }) = self.ready.back_mut()
+            {
+                if *pb == block && *ps + *pl == start {
+                    *pl += len;
+                    self.ready_bytes += len as u64;
+                    return;
+                }
+            }
+            self.blocks[block as usize].refs += 1;
+        }
+        self.ready_bytes += seg.len();
+        self.ready.push_back(seg);
+    }
+
+    /// Writes a header plus `body_len` arena bytes (meta and copied payload) and returns
+    /// the block, its start and the body region to fill.
+    fn frame(&mut self, header: HeaderRepr, body_len: usize) -> (usize, usize, &mut [u8]) {
+        let (block, start) = self.alloc(HEADER_LEN + body_len);
+        let region = &mut self.blocks[block].buf[start..start + HEADER_LEN + body_len];
+        let (h, body) = region.split_at_mut(HEADER_LEN);
+        header.emit(&mut Header::new_unchecked(h));
+        (block, start, body)
+    }
+
+    fn check_size(&self, meta_len: usize, payload_len: u64) -> Result<(), EncodeError> {
+        let len = HEADER_LEN as u64 + meta_len as u64 + payload_len;
+        if len > self.cfg.max_frame as u64 || meta_len > u32::MAX as usize {
+            return Err(EncodeError::FrameTooLarge {
+                len,
+                max: self.cfg.max_frame,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues a frame whose meta (`header.meta_len` bytes) is written by `emit`, followed
+    /// by a copy of `payload` (`header.payload_len` bytes).
+    fn simple(
+        &mut self,
+        header: HeaderRepr,
+        payload: &[u8],
+        emit: impl FnOnce(&mut [u8]),
+    ) -> Result<(), EncodeError> {
+        let meta_len = header.meta_len as usize;
+        let (block, start, body) = self.frame(header, meta_len + payload.len());
+        emit(&mut body[..meta_len]);
+        body[meta_len..].copy_from_slice(payload);
+        self.queue(Segment::Arena {
+            block: block as u32,
+            start: start as u32,
+            len: (HEADER_LEN + meta_len + payload.len()) as u32,
+        });
+        Ok(())
+    }
+
+    /// A header for `kind` after checking the frame fits the peer's limit.
+    fn header(
+        &self,
+        kind: Kind,
+        handle: u64,
+        count: u32,
+        meta_len: usize,
+        payload_len: usize,
+    ) -> Result<HeaderRepr, EncodeError> {
+        self.check_size(meta_len, payload_len as u64)?;
+        Ok(HeaderRepr {
+            kind,
+            end: kind == Kind::Pong,
+            status: Status::Ok,
+            count,
+            handle,
+            meta_len: meta_len as u32,
+            payload_len: payload_len as u32,
+        })
+    }
+
+    /// Queues a `HELLO` (`ack` false) or `HELLO_ACK` (`ack` true).
+    pub fn hello(&mut self, hello: &HelloRepr<'_>, ack: bool) -> Result<(), EncodeError> {
+        if hello.check().is_err() || (ack && !hello.token.is_empty()) {
+            return Err(EncodeError::BadHello);
+        }
+        let kind = if ack { Kind::HelloAck } else { Kind::Hello };
+        let len = hello.buffer_len();
+        let header = self.header(kind, 0, 0, len, 0)?;
+        self.simple(header, &[], |b| hello.emit(b))
+    }
+
+    /// Queues a `PING` carrying `payload` (copied).
+    pub fn ping(&mut self, handle: u64, payload: &[u8]) -> Result<(), EncodeError> {
+        let header = self.header(Kind::Ping, handle, 0, 0, payload.len())?;
+        self.simple(header, payload, |_| {})
+    }
+
+    /// Queues a `PONG` echoing `payload` (copied).
+    pub fn pong(&mut self, handle: u64, payload: &[u8]) -> Result<(), EncodeError> {
+        let header = self.header(Kind::Pong, handle, 0, 0, payload.len())?;
+        self.simple(header, payload, |_| {})
+    }
+
+    /// Queues a `PONG` of `len` payload bytes and returns the region to fill with them.
+    pub fn pong_with(&mut self, handle: u64, len: usize) -> Result<&mut [u8], EncodeError> {
+        let header = self.header(Kind::Pong, handle, 0, 0, len)?;
+        let (block, start, _) = self.frame(header, len);
+        self.queue(Segment::Arena {
+            block: block as u32,
+            start: start as u32,
+            len: (HEADER_LEN + len) as u32,
+        });
+        let at = start + HEADER_LEN;
+        Ok(&mut self.blocks[block].buf[at..at + len])
+    }
+
+    /// Queues a `RECV` (one key) or `FUSED_RECV` (`fused`, one or more keys).
+    pub fn recv<K: AsRef<[u8]>>(
+        &mut self,
+        handle: u64,
+        step_id: u64,
+        keys: &[K],
+        fused: bool,
+    ) -> Result<(), EncodeError> {
+        let count_ok = if fused {
+            !keys.is_empty()
+        } else {
+            keys.len() == 1
+        };
+        if !count_ok || keys.len() > u32::MAX as usize {
+            return Err(EncodeError::BadCount);
+        }
+        if keys
+            .iter()
+            .any(|k| k.as_ref().is_empty() || k.as_ref().len() > u16::MAX as usize)
+        {
+            return Err(EncodeError::BadKey);
+        }
+        let kind = if fused { Kind::FusedRecv } else { Kind::Recv };
+        let len = recv_meta_len(keys);
+        let header = self.header(kind, handle, keys.len() as u32, len, 0)?;
+        self.simple(header, &[], |b| emit_recv_meta(step_id, keys, b))
+    }
+
+    /// Queues a `PULL` of `ids`.
+    pub fn pull(&mut self, handle: u64, ids: &[u64]) -> Result<(), EncodeError> {
+        if ids.is_empty() || ids.len() > u32::MAX as usize {
+            return Err(EncodeError::BadCount);
+        }
+        let len = pull_meta_len(ids.len());
+        let header = self.header(Kind::Pull, handle, ids.len() as u32, len, 0)?;
+        self.simple(header, &[], |b| emit_pull_meta(ids, b))
+    }
+
+    /// Queues an `ERROR` failing request `handle` (0: the connection) with `status`.
+    pub fn error(&mut self, handle: u64, status: Status, message: &str) -> Result<(), EncodeError> {
+        let status = if status.is_ok() {
+            Status::Internal
+        } else {
+            status
+        };
+        let repr = ErrorRepr::new(message.as_bytes());
+        let len = repr.buffer_len();
+        let header = HeaderRepr {
+            end: handle != 0,
+            status,
+            ..self.header(Kind::Error, handle, 0, len, 0)?
+        };
+        self.simple(header, &[], |b| repr.emit(b))
+    }
+
+    /// Queues a `PUSH`.
+    pub fn push(&mut self, handle: u64, items: &[PushItem<'_>]) -> Result<(), EncodeError> {
+        if items.is_empty() {
+            return Err(EncodeError::BadCount);
+        }
+        self.tensor_frame(Kind::Push, handle, false, items, |pos, _| pos)
+    }
+
+    /// Queues a `RESPONSE`; `end` marks the last frame answering `handle`.
+    pub fn response(
+        &mut self,
+        handle: u64,
+        end: bool,
+        items: &[ResponseItem<'_>],
+    ) -> Result<(), EncodeError> {
+        self.tensor_frame(Kind::Response, handle, end, items, |_, item| item.index)
+    }
+
+    fn tensor_frame<'a, I: TensorItem<'a>>(
+        &mut self,
+        kind: Kind,
+        handle: u64,
+        end: bool,
+        items: &[I],
+        index_of: impl Fn(u32, &I) -> u32,
+    ) -> Result<(), EncodeError> {
+        if items.len() > u32::MAX as usize {
+            return Err(EncodeError::BadCount);
+        }
+        let mut meta_len = 0usize;
+        for item in items {
+            if let Some(t) = item.tensor() {
+                let len_ok = t.meta.dead || t.meta.byte_len == 0 || {
+                    let placed_by_copy = t.meta.byte_len as usize <= self.cfg.inline_threshold;
+                    !placed_by_copy || t.bytes.len() as u64 == t.meta.byte_len
+                };
+                let meta = TensorMeta {
+                    chunked: false,
+                    ..t.meta
+                };
+                if !len_ok || meta.check(&UNLIMITED).is_err() {
+                    return Err(EncodeError::BadTensor);
+                }
+            }
+            meta_len += item.meta_len();
+        }
+        self.check_size(meta_len, 0)?;
+        let room = self.cfg.max_frame as u64 - (HEADER_LEN + meta_len) as u64;
+        // First pass: sizes.
+        let (cfg, limit) = (self.cfg, self.chunk_limit());
+        let (mut payload, mut copied, mut used) = (0u64, 0usize, 0u64);
+        for item in items {
+            let len = item.tensor().map_or(0, |t| t.meta.byte_len);
+            match place(&cfg, limit, item.tensor(), &mut used, room) {
+                Placement::Copy => {
+                    payload += len;
+                    copied += len as usize;
+                }
+                Placement::Reference => payload += len,
+                Placement::None | Placement::Chunked => {}
+            }
+        }
+        let header = HeaderRepr {
+            kind,
+            end,
+            status: Status::Ok,
+            count: items.len() as u32,
+            handle,
+            meta_len: meta_len as u32,
+            payload_len: payload as u32,
+        };
+        // Second pass: the metas, then the payload pieces in entry order.
+        let (block, start, body) = self.frame(header, meta_len + copied);
+        let (mut at, mut used) = (0usize, 0u64);
+        for item in items {
+            let chunked = place(&cfg, limit, item.tensor(), &mut used, room) == Placement::Chunked;
+            item.emit(&mut body[at..], chunked);
+            at += item.meta_len();
+        }
+        self.queue(Segment::Arena {
+            block: block as u32,
+            start: start as u32,
+            len: (HEADER_LEN + meta_len) as u32,
+        });
+        let (mut copy_at, mut used) = (start + HEADER_LEN + meta_len, 0u64);
+        for (pos, item) in items.iter().enumerate() {
+            let placement = place(&cfg, limit, item.tensor(), &mut used, room);
+            let Some(t) = item.tensor() else { continue };
+            match placement {
+                Placement::Copy => {
+                    let n = t.meta.byte_len as usize;
+                    self.blocks[block].buf[copy_at..copy_at + n].copy_from_slice(&t.bytes[..n]);
+                    self.queue(Segment::Arena {
+                        block: block as u32,
+                        start: copy_at as u32,
+                        len: n as u32,
+                    });
+                    copy_at += n;
+                }
+                Placement::Reference => self.queue(Segment::Tensor {
+                    token: t.token,
+                    offset: 0,
+                    len: t.meta.byte_len,
+                }),
+                Placement::Chunked => self.jobs.push_back(ChunkJob {
+                    handle,
+                    index: index_of(pos as u32, item),
+                    token: t.token,
+                    byte_len: t.meta.byte_len,
+                    next: 0,
+                }),
+                Placement::None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds chunks of pending chunked tensors until `max_bytes` are ready (or no chunk is
+    /// pending). Call before [`pieces`](Self::pieces) with the coalescing limit.
+    pub fn fill(&mut self, max_bytes: u64) {
+        let limit = self.chunk_limit();
+        while self.ready_bytes() < max_bytes {
+            let Some(job) = self.jobs.front().copied() else {
+                return;
+            };
+            let len = limit.min(job.byte_len - job.next);
+            let header = HeaderRepr {
+                kind: Kind::Chunk,
+                end: false,
+                status: Status::Ok,
+                count: 1,
+                handle: job.handle,
+                meta_len: 16,
+                payload_len: len as u32,
+            };
+            let (block, start, body) = self.frame(header, 16);
+            ChunkRepr {
+                index: job.index,
+                offset: job.next,
+            }
+            .emit(body);
+            self.queue(Segment::Arena {
+                block: block as u32,
+                start: start as u32,
+                len: CHUNK_FRAME_OVERHEAD,
+            });
+            self.queue(Segment::Tensor {
+                token: job.token,
+                offset: job.next,
+                len,
+            });
+            let front = self.jobs.front_mut().expect("job checked above");
+            front.next += len;
+            if front.next == front.byte_len {
+                self.jobs.pop_front();
+            }
+        }
+    }
+
+    /// The queued output in write order, the first piece trimmed by what was already
+    /// written.
+    pub fn pieces(&self) -> impl Iterator<Item = Piece<'_>> + '_ {
+        let skip = self.front_done;
+        self.ready.iter().enumerate().map(move |(i, seg)| {
+            let skip = if i == 0 { skip } else { 0 };
+            match *seg {
+                Segment::Arena { block, start, len } => {
+                    let s = start as usize + skip as usize;
+                    Piece::Bytes(&self.blocks[block as usize].buf[s..start as usize + len as usize])
+                }
+                Segment::Tensor { token, offset, len } => Piece::Tensor {
+                    token,
+                    offset: offset + skip,
+                    len: len - skip,
+                },
+            }
+        })
+    }
+
+    /// Records that the first `n` bytes of [`pieces`](Self::pieces) were written.
+    pub fn advance(&mut self, mut n: u64) {
+        while n > 0 {
+            let Some(seg) = self.ready.front().copied() else {
+                return;
+            };
+            let left = seg.len() - self.front_done;
+            if n < left {
+                self.front_done += n;
+                return;
+            }
+            n -= left;
+            self.front_done = 0;
+            self.ready_bytes -= seg.len();
+            self.ready.pop_front();
+            if let Segment::Arena { block, .. } = seg {
+                let b = &mut self.blocks[block as usize];
+                b.refs -= 1;
+                if b.refs == 0 {
+                    b.used = 0;
+                }
+            }
+        }
+    }
+}
+
+/// Decides how one tensor of a frame travels. Deterministic, so the sizing pass and the
+/// writing pass agree; `used` accumulates the payload bytes placed in the frame.
+fn place(
+    cfg: &EncoderConfig,
+    chunk_limit: u64,
+    t: Option<&OutTensor<'_>>,
+    used: &mut u64,
+    room: u64,
+) -> Placement {
+    let Some(t) = t else {
+        return Placement::None;
+    };
+    if t.meta.dead || t.meta.byte_len == 0 {
+        return Placement::None;
+    }
+    let len = t.meta.byte_len;
+    if len > chunk_limit || *used + len > room {
+        return Placement::Chunked;
+    }
+    *used += len;
+    if len as usize <= cfg.inline_threshold {
+        Placement::Copy
+    } else {
+        Placement::Reference
+    }
+}
+
+/// Tensor metas the caller builds are checked for consistency only, not against limits.
+const UNLIMITED: wire::Limits = wire::Limits {
+    max_frame: u32::MAX,
+    max_key: u16::MAX,
+    max_tensors: u32::MAX,
+    max_rank: wire::MAX_RANK as u8,
+    max_tensor_bytes: i64::MAX as u64,
+};
