@@ -289,6 +289,11 @@ impl Encoder {
         self.ready_bytes - self.front_done
     }
 
+    /// Arena blocks allocated so far (they are reused, never freed before the encoder).
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
     /// Chunked tensors whose chunks are not all queued yet.
     pub fn chunks_pending(&self) -> usize {
         self.jobs.len()

@@ -1,0 +1,581 @@
+//! Encoder → bytes → decoder, split at every point, with direct placement and chunking.
+
+use super::*;
+use crate::wire::{DType, Kind, Limits, Status, TensorMeta, HEADER_LEN};
+use std::collections::HashMap;
+
+/// Serializes everything the encoder holds, resolving tensor tokens from `store`,
+/// writing at most `max_write` bytes per "syscall".
+fn drain(enc: &mut Encoder, store: &HashMap<u64, Vec<u8>>, max_write: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    while !enc.is_empty() {
+        enc.fill(max_write);
+        let mut written = 0u64;
+        for piece in enc.pieces() {
+            let bytes: &[u8] = match piece {
+                Piece::Bytes(b) => b,
+                Piece::Tensor { token, offset, len } => {
+                    &store[&token][offset as usize..(offset + len) as usize]
+                }
+            };
+            let take = (max_write - written).min(bytes.len() as u64) as usize;
+            out.extend_from_slice(&bytes[..take]);
+            written += take as u64;
+            if written == max_write {
+                break;
+            }
+        }
+        enc.advance(written);
+    }
+    out
+}
+
+/// A decoded event with owned contents; payload pieces are merged per target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ev {
+    Frame(Kind, u64, String),
+    Payload(PayloadTarget, u64, Vec<u8>),
+    End(Kind),
+}
+
+fn push_payload(evs: &mut Vec<Ev>, target: PayloadTarget, offset: u64, data: &[u8]) {
+    if let Some(Ev::Payload(t, o, d)) = evs.last_mut() {
+        if *t == target && *o + d.len() as u64 == offset {
+            d.extend_from_slice(data);
+            return;
+        }
+    }
+    evs.push(Ev::Payload(target, offset, data.to_vec()));
+}
+
+/// Decodes `bytes` fed in pieces of the given sizes (cycled); returns events and the error.
+fn decode(bytes: &[u8], pieces: &[usize], limits: Limits) -> (Vec<Ev>, Option<Error>) {
+    let mut dec = Decoder::new(limits, 64);
+    let mut evs = Vec::new();
+    let mut at = 0;
+    let mut i = 0;
+    loop {
+        loop {
+            match dec.poll() {
+                Ok(Some(Event::Frame(f))) => evs.push(Ev::Frame(
+                    f.header.kind,
+                    f.header.handle,
+                    format!("{:?}", f.body),
+                )),
+                Ok(Some(Event::Payload {
+                    target,
+                    offset,
+                    data,
+                })) => push_payload(&mut evs, target, offset, data),
+                Ok(Some(Event::FrameEnd(h))) => evs.push(Ev::End(h.kind)),
+                Ok(None) => break,
+                Err(e) => return (evs, Some(e)),
+            }
+        }
+        if at == bytes.len() {
+            return (evs, None);
+        }
+        let want = pieces[i % pieces.len()].max(1);
+        i += 1;
+        let end = at.saturating_add(want).min(bytes.len());
+        at += dec.feed(&bytes[at..end]);
+    }
+}
+
+fn sample_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
+    let mut store = HashMap::new();
+    let big: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    let tiny = vec![1u8, 2, 3, 4, 5, 6, 7, 8];
+    store.insert(1, big.clone());
+    store.insert(2, tiny.clone());
+    let mut enc = Encoder::new(EncoderConfig {
+        inline_threshold: 16,
+        ..EncoderConfig::default()
+    });
+    let hello = crate::wire::HelloRepr {
+        cluster_id: 9,
+        task_index: 2,
+        max_frame: 1 << 20,
+        job: b"worker",
+        token: b"t",
+    };
+    enc.hello(&hello, false).unwrap();
+    enc.ping(0x1_0000_0001, b"abc").unwrap();
+    enc.recv(0x1_0000_0002, 5, &[b"key-a".as_slice()], false)
+        .unwrap();
+    enc.recv(0x1_0000_0003, 5, &[b"k1".as_slice(), b"k2", b"k3"], true)
+        .unwrap();
+    enc.pull(0x1_0000_0004, &[10, 20, 30]).unwrap();
+    let dims_big = [750u64];
+    let dims_tiny = [2u64];
+    let t_big = OutTensor {
+        meta: TensorMeta::new(DType::F32, &dims_big).unwrap(),
+        bytes: &big,
+        token: 1,
+    };
+    let t_tiny = OutTensor {
+        meta: TensorMeta::new(DType::I32, &dims_tiny).unwrap(),
+        bytes: &tiny,
+        token: 2,
+    };
+    enc.push(
+        0x1_0000_0005,
+        &[
+            PushItem {
+                var_id: 7,
+                tensor: t_tiny,
+            },
+            PushItem {
+                var_id: 8,
+                tensor: t_big,
+            },
+        ],
+    )
+    .unwrap();
+    enc.response(
+        0x2_0000_0001,
+        true,
+        &[
+            ResponseItem {
+                index: 1,
+                status: Status::Ok,
+                tensor: Some(t_big),
+            },
+            ResponseItem {
+                index: 0,
+                status: Status::NotFound,
+                tensor: None,
+            },
+            ResponseItem {
+                index: 2,
+                status: Status::Ok,
+                tensor: Some(OutTensor {
+                    meta: TensorMeta::dead(DType::F32),
+                    bytes: &[],
+                    token: 0,
+                }),
+            },
+        ],
+    )
+    .unwrap();
+    enc.error(0x2_0000_0002, Status::NotFound, "no such key")
+        .unwrap();
+    let bytes = drain(&mut enc, &store, u64::MAX);
+    (bytes, store)
+}
+
+#[test]
+fn every_kind_round_trips_through_encoder_and_decoder() {
+    let (bytes, store) = sample_stream();
+    let (evs, err) = decode(&bytes, &[usize::MAX], Limits::default());
+    assert_eq!(err, None);
+    let kinds: Vec<Kind> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Frame(k, _, _) => Some(*k),
+            _ => None,
+        })
+        .collect();
+    use Kind::*;
+    assert_eq!(
+        kinds,
+        [Hello, Ping, Recv, FusedRecv, Pull, Push, Response, Error]
+    );
+    let payloads: Vec<&Ev> = evs
+        .iter()
+        .filter(|e| matches!(e, Ev::Payload(..)))
+        .collect();
+    assert_eq!(
+        payloads,
+        [
+            &Ev::Payload(PayloadTarget::Opaque, 0, b"abc".to_vec()),
+            &Ev::Payload(PayloadTarget::Tensor { index: 0 }, 0, store[&2].clone()),
+            &Ev::Payload(PayloadTarget::Tensor { index: 1 }, 0, store[&1].clone()),
+            &Ev::Payload(PayloadTarget::Tensor { index: 1 }, 0, store[&1].clone()),
+        ]
+    );
+    assert_eq!(evs.iter().filter(|e| matches!(e, Ev::End(_))).count(), 8);
+}
+
+#[test]
+fn any_split_yields_the_same_events() {
+    let (bytes, _) = sample_stream();
+    let whole = decode(&bytes, &[usize::MAX], Limits::default());
+    for piece in [1, 2, 3, 7, 31, 32, 33, 100, 4096] {
+        assert_eq!(
+            decode(&bytes, &[piece], Limits::default()),
+            whole,
+            "piece {piece}"
+        );
+    }
+    // Every single split point.
+    for cut in 1..bytes.len() {
+        let got = decode(&bytes, &[cut, usize::MAX], Limits::default());
+        assert_eq!(got, whole, "cut at {cut}");
+    }
+}
+
+#[test]
+fn large_payload_is_offered_for_direct_placement() {
+    let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let dims = [100_000u64];
+    let mut store = HashMap::new();
+    store.insert(5, payload.clone());
+    let mut enc = Encoder::new(EncoderConfig::default());
+    let t = OutTensor {
+        meta: TensorMeta::new(DType::U8, &dims).unwrap(),
+        bytes: &payload,
+        token: 5,
+    };
+    enc.push(
+        0x1_0000_0009,
+        &[PushItem {
+            var_id: 1,
+            tensor: t,
+        }],
+    )
+    .unwrap();
+    let bytes = drain(&mut enc, &store, u64::MAX);
+    let meta_end = bytes.len() - payload.len();
+
+    let mut dec = Decoder::new(Limits::default(), 4096);
+    // Header and meta arrive, plus the first 10 payload bytes in the same read.
+    assert_eq!(dec.feed(&bytes[..meta_end + 10]), meta_end + 10);
+    assert!(matches!(dec.poll(), Ok(Some(Event::Frame(_)))));
+    // The 10 buffered bytes are handed out by copy first.
+    match dec.poll() {
+        Ok(Some(Event::Payload { offset, data, .. })) => {
+            assert_eq!((offset, data), (0, &payload[..10]));
+        }
+        other => panic!("expected payload, got {other:?}"),
+    }
+    assert_eq!(dec.poll(), Ok(None));
+    // Then the decoder says the rest may go straight to its destination.
+    let mut dest = vec![0u8; payload.len()];
+    dest[..10].copy_from_slice(&payload[..10]);
+    let mut at = meta_end + 10;
+    while let NextRead::Payload {
+        target,
+        offset,
+        len,
+    } = dec.next_read()
+    {
+        assert_eq!(target, PayloadTarget::Tensor { index: 0 });
+        let n = (len as usize).min(7777);
+        dest[offset as usize..offset as usize + n].copy_from_slice(&bytes[at..at + n]);
+        at += n;
+        dec.payload_received(n as u64);
+    }
+    assert_eq!(at, bytes.len());
+    assert!(matches!(dec.poll(), Ok(Some(Event::FrameEnd(_)))));
+    assert_eq!(dest, payload);
+    assert_eq!(dec.bytes_copied(), 10);
+    assert_eq!(dec.bytes_direct(), payload.len() as u64 - 10);
+    assert!(dec.is_idle());
+}
+
+#[test]
+fn large_tensor_is_chunked_and_small_frames_interleave() {
+    let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    let dims = [1_000_000u64];
+    let mut store = HashMap::new();
+    store.insert(3, big.clone());
+    let mut enc = Encoder::new(EncoderConfig {
+        chunk_size: 64 << 10,
+        max_frame: 1 << 20,
+        ..EncoderConfig::default()
+    });
+    let t = OutTensor {
+        meta: TensorMeta::new(DType::U8, &dims).unwrap(),
+        bytes: &big,
+        token: 3,
+    };
+    enc.response(
+        0x1_0000_0001,
+        true,
+        &[ResponseItem {
+            index: 0,
+            status: Status::Ok,
+            tensor: Some(t),
+        }],
+    )
+    .unwrap();
+    // Write one chunk's worth, then a ping is queued: it must go out before the next chunk.
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        enc.fill(1);
+        let written: Vec<u8> = pieces_bytes(&enc, &store);
+        enc.advance(written.len() as u64);
+        out.extend_from_slice(&written);
+    }
+    enc.ping(0x1_0000_0002, b"hi").unwrap();
+    out.extend(drain(&mut enc, &store, 100_000));
+
+    let (evs, err) = decode(&out, &[9000], Limits::default());
+    assert_eq!(err, None);
+    let frames: Vec<Kind> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Frame(k, _, _) => Some(*k),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(frames[0], Kind::Response);
+    assert_eq!(frames[1], Kind::Chunk);
+    assert_eq!(
+        frames[2],
+        Kind::Ping,
+        "ping interleaves after the first chunk"
+    );
+    assert_eq!(frames.iter().filter(|k| **k == Kind::Chunk).count(), 16);
+    let mut got = vec![0u8; big.len()];
+    for e in &evs {
+        if let Ev::Payload(PayloadTarget::Chunk { handle, index }, off, d) = e {
+            assert_eq!((*handle, *index), (0x1_0000_0001, 0));
+            got[*off as usize..*off as usize + d.len()].copy_from_slice(d);
+        }
+    }
+    assert_eq!(got, big);
+}
+
+fn pieces_bytes(enc: &Encoder, store: &HashMap<u64, Vec<u8>>) -> Vec<u8> {
+    let mut v = Vec::new();
+    for p in enc.pieces() {
+        match p {
+            Piece::Bytes(b) => v.extend_from_slice(b),
+            Piece::Tensor { token, offset, len } => {
+                v.extend_from_slice(&store[&token][offset as usize..(offset + len) as usize])
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn tensors_over_the_frame_room_are_chunked() {
+    // Three 30 KiB tensors against a 64 KiB frame limit: two fit inline, one is chunked.
+    let data = vec![7u8; 30 << 10];
+    let dims = [30u64 << 10];
+    let mut store = HashMap::new();
+    store.insert(1, data.clone());
+    let mut enc = Encoder::new(EncoderConfig {
+        max_frame: Limits::MIN_FRAME,
+        ..EncoderConfig::default()
+    });
+    let t = OutTensor {
+        meta: TensorMeta::new(DType::U8, &dims).unwrap(),
+        bytes: &data,
+        token: 1,
+    };
+    let items: Vec<PushItem> = (0..3)
+        .map(|i| PushItem {
+            var_id: i,
+            tensor: t,
+        })
+        .collect();
+    enc.push(0x1_0000_0001, &items).unwrap();
+    let bytes = drain(&mut enc, &store, u64::MAX);
+    let limits = Limits {
+        max_frame: Limits::MIN_FRAME,
+        ..Limits::default()
+    };
+    let (evs, err) = decode(&bytes, &[5000], limits);
+    assert_eq!(err, None);
+    assert!(evs.iter().any(|e| matches!(e, Ev::Frame(Kind::Chunk, ..))));
+    let total: usize = evs
+        .iter()
+        .map(|e| match e {
+            Ev::Payload(_, _, d) => d.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(total, 3 * data.len());
+}
+
+#[test]
+fn errors_are_precise_and_poison_the_decoder() {
+    let (mut bytes, _) = sample_stream();
+    bytes[0] = b'X';
+    let (evs, err) = decode(&bytes, &[usize::MAX], Limits::default());
+    assert!(evs.is_empty());
+    assert_eq!(err, Some(Error::Wire(crate::wire::Error::BadMagic)));
+
+    let mut dec = Decoder::new(Limits::default(), 64);
+    dec.feed(&bytes);
+    assert!(dec.poll().is_err());
+    assert_eq!(dec.poll(), Err(Error::Poisoned));
+}
+
+fn chunk_frame(handle: u64, index: u32, offset: u64, payload: &[u8]) -> Vec<u8> {
+    let h = crate::wire::HeaderRepr {
+        kind: Kind::Chunk,
+        end: false,
+        status: Status::Ok,
+        count: 1,
+        handle,
+        meta_len: 16,
+        payload_len: payload.len() as u32,
+    };
+    let mut v = vec![0u8; HEADER_LEN + 16];
+    h.emit(&mut crate::wire::Header::new_unchecked(&mut v[..]));
+    crate::wire::ChunkRepr { index, offset }.emit(&mut v[HEADER_LEN..]);
+    v.extend_from_slice(payload);
+    v
+}
+
+#[test]
+fn chunk_sequencing_is_enforced() {
+    // A chunk with nothing declared.
+    let (_, err) = decode(
+        &chunk_frame(1, 0, 0, b"x"),
+        &[usize::MAX],
+        Limits::default(),
+    );
+    assert_eq!(err, Some(Error::UnexpectedChunk));
+
+    // Declare a 4-byte chunked tensor, then send chunks with wrong handle, index, offset, length.
+    let mut enc = Encoder::new(EncoderConfig {
+        chunk_size: 1,
+        ..EncoderConfig::default()
+    });
+    let data = [1u8, 2, 3, 4];
+    let dims = [4u64];
+    let t = OutTensor {
+        meta: TensorMeta::new(DType::U8, &dims).unwrap(),
+        bytes: &data,
+        token: 1,
+    };
+    enc.push(
+        0x1_0000_0001,
+        &[PushItem {
+            var_id: 0,
+            tensor: t,
+        }],
+    )
+    .unwrap();
+    enc.fill(0);
+    let decl = pieces_bytes(&enc, &HashMap::new());
+    assert_eq!(enc.chunks_pending(), 1);
+    let cases = [
+        (chunk_frame(2, 0, 0, b"a"), Error::ChunkMismatch),
+        (chunk_frame(0x1_0000_0001, 1, 0, b"a"), Error::ChunkMismatch),
+        (chunk_frame(0x1_0000_0001, 0, 1, b"a"), Error::ChunkMismatch),
+        (
+            chunk_frame(0x1_0000_0001, 0, 0, b"abcde"),
+            Error::ChunkMismatch,
+        ),
+    ];
+    for (frame, want) in cases {
+        let mut bytes = decl.clone();
+        bytes.extend_from_slice(&frame);
+        let (_, err) = decode(&bytes, &[usize::MAX], Limits::default());
+        assert_eq!(err, Some(want));
+    }
+    // The right sequence is accepted.
+    let mut bytes = decl.clone();
+    for i in 0..4u64 {
+        bytes.extend(chunk_frame(
+            0x1_0000_0001,
+            0,
+            i,
+            &data[i as usize..i as usize + 1],
+        ));
+    }
+    let (_, err) = decode(&bytes, &[3], Limits::default());
+    assert_eq!(err, None);
+}
+
+#[test]
+fn buffer_grows_only_with_arriving_bytes() {
+    // A header announcing a 1 MiB meta section, followed by only 100 bytes.
+    let h = crate::wire::HeaderRepr {
+        kind: Kind::FusedRecv,
+        end: false,
+        status: Status::Ok,
+        count: 1,
+        handle: 1,
+        meta_len: 1 << 20,
+        payload_len: 0,
+    };
+    let mut v = vec![0u8; HEADER_LEN];
+    h.emit(&mut crate::wire::Header::new_unchecked(&mut v[..]));
+    v.extend_from_slice(&[0u8; 100]);
+    let mut dec = Decoder::new(Limits::default(), 64);
+    let mut at = 0;
+    while at < v.len() {
+        at += dec.feed(&v[at..]);
+        assert_eq!(dec.poll(), Ok(None));
+    }
+    assert!(dec.spare().len() < 1024, "no allocation ahead of the bytes");
+}
+
+#[test]
+fn frame_over_limit_is_rejected_from_the_header() {
+    let h = crate::wire::HeaderRepr {
+        kind: Kind::Ping,
+        end: false,
+        status: Status::Ok,
+        count: 0,
+        handle: 1,
+        meta_len: 0,
+        payload_len: u32::MAX,
+    };
+    let mut v = vec![0u8; HEADER_LEN];
+    h.emit(&mut crate::wire::Header::new_unchecked(&mut v[..]));
+    let (_, err) = decode(&v, &[usize::MAX], Limits::default());
+    assert!(matches!(
+        err,
+        Some(Error::Wire(crate::wire::Error::FrameTooLarge { .. }))
+    ));
+}
+
+#[test]
+fn encoder_arena_is_reused_in_steady_state() {
+    let mut enc = Encoder::new(EncoderConfig::default());
+    let store = HashMap::new();
+    let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("key-{i}").into_bytes()).collect();
+    for round in 0..1000u64 {
+        enc.recv(round + 1, round, &keys, true).unwrap();
+        enc.ping(round + 1, &[0u8; 64]).unwrap();
+        let _ = drain(&mut enc, &store, 1500);
+    }
+    assert!(enc.is_empty());
+    assert!(enc.block_count() <= 2, "blocks: {}", enc.block_count());
+}
+
+#[test]
+fn encoder_rejects_what_the_peer_cannot_take() {
+    let mut enc = Encoder::new(EncoderConfig {
+        max_frame: Limits::MIN_FRAME,
+        ..EncoderConfig::default()
+    });
+    assert!(matches!(
+        enc.ping(1, &vec![0u8; 70_000]),
+        Err(EncodeError::FrameTooLarge { .. })
+    ));
+    assert_eq!(
+        enc.recv::<&[u8]>(1, 0, &[], true),
+        Err(EncodeError::BadCount)
+    );
+    assert_eq!(
+        enc.recv(1, 0, &[b"".as_slice()], true),
+        Err(EncodeError::BadKey)
+    );
+    let dims = [4u64];
+    let t = OutTensor {
+        meta: TensorMeta::new(DType::U8, &dims).unwrap(),
+        bytes: &[1, 2, 3],
+        token: 0,
+    };
+    assert_eq!(
+        enc.push(
+            1,
+            &[PushItem {
+                var_id: 0,
+                tensor: t
+            }]
+        ),
+        Err(EncodeError::BadTensor)
+    );
+    assert!(enc.is_empty(), "nothing queued by failed calls");
+}
