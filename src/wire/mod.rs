@@ -16,6 +16,8 @@
 mod body;
 mod header;
 mod tensor;
+#[cfg(test)]
+mod tests;
 
 pub use body::{
     emit_pull_meta, emit_recv_meta, pull_meta_len, recv_meta_len, Body, ChunkRepr, ErrorRepr,
