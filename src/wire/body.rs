@@ -53,8 +53,11 @@ impl<'a> Body<'a> {
     /// Validates `meta` (exactly `header.meta_len` bytes) as the meta section of a frame with
     /// this header, and checks `header.payload_len` against it.
     pub fn parse(header: &HeaderRepr, meta: &'a [u8], limits: &Limits) -> Result<Body<'a>> {
-        if meta.len() != header.meta_len as usize {
+        if meta.len() < header.meta_len as usize {
             return Err(Error::Truncated);
+        }
+        if meta.len() > header.meta_len as usize {
+            return Err(Error::BadMetaLen);
         }
         let body = match header.kind {
             Kind::Hello => Body::Hello(HelloRepr::parse(meta, true)?),
@@ -594,10 +597,18 @@ impl<'a> ErrorRepr<'a> {
         })
     }
 
-    /// An error carrying `message` cut to [`MAX_ERROR_MESSAGE`] bytes.
+    /// An error carrying `message`, cut to at most [`MAX_ERROR_MESSAGE`] bytes without
+    /// splitting a UTF-8 sequence.
     pub fn new(message: &'a [u8]) -> Self {
+        let mut len = message.len().min(MAX_ERROR_MESSAGE);
+        if len < message.len() {
+            // Back off over continuation bytes (0b10xx_xxxx) to a character boundary.
+            while len > 0 && message[len] & 0xC0 == 0x80 {
+                len -= 1;
+            }
+        }
         ErrorRepr {
-            message: &message[..message.len().min(MAX_ERROR_MESSAGE)],
+            message: &message[..len],
         }
     }
 

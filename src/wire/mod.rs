@@ -128,7 +128,8 @@ pub enum Error {
     BadFlags,
     /// A nonzero status on a kind that must carry 0, or status 0 on `ERROR`.
     BadStatus,
-    /// Handle 0 on a request, or a nonzero handle on `HELLO`/`HELLO_ACK`.
+    /// Handle 0 on a request, `PONG`, `RESPONSE` or `CHUNK`, or a nonzero handle on
+    /// `HELLO`/`HELLO_ACK`.
     BadHandle,
     /// The frame is longer than the receiver's `max_frame`.
     FrameTooLarge {
@@ -155,7 +156,7 @@ pub enum Error {
     ByteLenMismatch,
     /// `byte_len` exceeds `max_tensor_bytes`.
     TensorTooLarge,
-    /// A dead tensor with contents or dimensions, or chunked.
+    /// A dead tensor with contents, dimensions, or chunks.
     BadDeadTensor,
     /// A chunked tensor with no contents.
     BadChunked,
@@ -200,7 +201,7 @@ impl fmt::Display for Error {
             Error::UnknownDType(d) => write!(f, "unknown dtype {d}"),
             Error::ByteLenMismatch => f.write_str("byte_len does not match dtype x shape"),
             Error::TensorTooLarge => f.write_str("tensor byte_len over max_tensor_bytes"),
-            Error::BadDeadTensor => f.write_str("dead tensor with contents or shape"),
+            Error::BadDeadTensor => f.write_str("dead tensor with contents, shape or chunks"),
             Error::BadChunked => f.write_str("invalid chunked tensor declaration"),
             Error::BadEntry => f.write_str("response entry inconsistent with its status"),
             Error::BadString => f.write_str("job name, token or message out of bounds"),

@@ -184,8 +184,12 @@ impl<'a> Dims<'a> {
         (0..this.len()).map(move |i| this.get(i).unwrap_or(0))
     }
 
-    /// Product of the dimensions (1 for rank 0), `None` on overflow.
+    /// Number of elements: 0 when any dimension is 0, 1 for rank 0, otherwise the
+    /// product of the dimensions; `None` when that product overflows u64.
     pub fn elements(&self) -> Option<u64> {
+        if self.iter().any(|d| d == 0) {
+            return Some(0);
+        }
         self.iter().try_fold(1u64, |acc, d| acc.checked_mul(d))
     }
 }
