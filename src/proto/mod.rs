@@ -8,9 +8,11 @@
 //! tensor bytes by reference — from which the I/O layer builds `iovec`s, so tensor bytes
 //! are never copied on the way out.
 
+mod conn;
 mod decoder;
 mod encoder;
 
+pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo, Side};
 pub use decoder::{Decoder, Event, Frame, NextRead, PayloadTarget};
 pub use encoder::{
     EncodeError, Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem, Segment,
