@@ -12,8 +12,20 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod config;
+pub(crate) mod core;
 pub mod ctx;
+mod error;
 pub mod proto;
+mod runtime;
+pub mod spsc;
+pub mod stats;
 #[allow(dead_code)]
 pub(crate) mod sys;
 pub mod wire;
+
+pub use crate::core::{Callback, Completion, Reply};
+pub use config::Config;
+pub use error::Error;
+pub use runtime::{Embedded, Handle, Runtime};
+pub use stats::Stats;

@@ -106,6 +106,11 @@ impl Events {
         }
     }
 
+    /// Event `i` of the last wait.
+    pub fn get(&self, i: usize) -> Option<Event> {
+        self.buf[..self.len].get(i).map(|e| Event(*e))
+    }
+
     /// Events delivered by the last wait.
     pub fn iter(&self) -> impl Iterator<Item = Event> + '_ {
         self.buf[..self.len].iter().map(|e| Event(*e))

@@ -14,6 +14,7 @@
 
 pub mod affinity;
 pub mod doorbell;
+pub mod driver;
 pub mod epoll;
 pub mod socket;
 pub mod uring;
@@ -34,9 +35,9 @@ const PROBE_ENTRIES: u32 = 8;
 /// The I/O backend a loop runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// io_uring: completion-based, one [`Ring`] per loop.
+    /// io_uring: completion-based, one ring per loop.
     Uring,
-    /// epoll: readiness-based, one [`epoll::Poller`] per loop, non-blocking syscalls.
+    /// epoll: readiness-based, one epoll instance per loop, non-blocking syscalls.
     Epoll,
 }
 
@@ -64,7 +65,7 @@ pub enum BackendChoice {
 impl BackendChoice {
     /// Parses `uring`, `epoll` or `auto` (ASCII case-insensitive, surrounding blanks ignored).
     ///
-    /// The error names [`BACKEND_ENV`] and the bad value, since that is where values come from.
+    /// The error names `STARWIRE_BACKEND` and the bad value, since that is where values come from.
     pub fn parse(value: &str) -> io::Result<BackendChoice> {
         let trimmed = value.trim();
         if trimmed.eq_ignore_ascii_case("auto") {
@@ -82,7 +83,7 @@ impl BackendChoice {
         }
     }
 
-    /// Reads [`BACKEND_ENV`]; unset or empty means [`BackendChoice::Auto`].
+    /// Reads `STARWIRE_BACKEND`; unset or empty means [`BackendChoice::Auto`].
     pub fn from_env() -> io::Result<BackendChoice> {
         Self::from_env_value(std::env::var_os(BACKEND_ENV).as_deref())
     }

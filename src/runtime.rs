@@ -1,0 +1,478 @@
+//! Starting and stopping the event loops, and submitting requests to them.
+//!
+//! [`Runtime::start`] starts one loop thread per core it is given (see
+//! [`Config::loop_count`]), each pinned first if asked, then building its state. A thread
+//! that wants to send requests takes a [`Handle`]: per loop, a single-producer ring of
+//! requests into the loop and one of completions back, so submitting takes no lock and
+//! touches no line another submitter writes. A request goes to the loop that owns the
+//! connection to its peer (a hash of peer and lane), which also answers it.
+//!
+//! [`Embedded`] is the same loop driven by the caller's own thread: no loop threads, no
+//! rings, no cross-thread hop.
+
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::core::{Callback, Completion, Endpoint, Loop, LoopShared, Request, RequestOp};
+use crate::error::Error;
+use crate::spsc::{self, Consumer, Producer, ThreadWaker};
+use crate::stats::Stats;
+use crate::sys::{self, affinity, socket, Backend};
+
+/// Listen backlog of each loop's listener.
+const BACKLOG: i32 = 1024;
+/// How long a waiting thread spins before it parks.
+const WAIT_SPIN: Duration = Duration::from_micros(20);
+
+struct Inner {
+    cfg: Arc<Config>,
+    loops: Vec<Arc<LoopShared>>,
+    stopped: AtomicBool,
+}
+
+/// The running event loops of one task.
+pub struct Runtime {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+    backend: Backend,
+    local_addr: Option<SocketAddr>,
+}
+
+impl Runtime {
+    /// Starts the loops. With `listen`, every loop listens on that address (port 0 picks
+    /// one port for all of them; see [`local_addr`](Self::local_addr)) and answers the
+    /// requests its accepted connections carry.
+    pub fn start(config: Config, listen: Option<SocketAddr>) -> io::Result<Runtime> {
+        let (backend, caps) = sys::select(config.backend)?;
+        log::info!(
+            "starwire: backend {backend}{}",
+            if caps.is_some() { " (probed)" } else { "" }
+        );
+        let allowed = affinity::allowed_cpus()?;
+        let n = config.loop_count(usize::MAX, allowed.len());
+        let pins = if config.pin {
+            Some(crate::config::pin_plan(n, &allowed).map_err(io::Error::other)?)
+        } else {
+            None
+        };
+        let mut listeners: Vec<Option<OwnedFd>> = Vec::with_capacity(n);
+        let mut local_addr = None;
+        if let Some(addr) = listen {
+            let first = socket::listen_tcp(addr, BACKLOG)?;
+            let bound = socket::local_addr(&first)?;
+            local_addr = Some(bound);
+            listeners.push(Some(first));
+            for _ in 1..n {
+                listeners.push(Some(socket::listen_tcp(bound, BACKLOG)?));
+            }
+        } else {
+            listeners.resize_with(n, || None);
+        }
+        let cfg = Arc::new(config);
+        let shared: Vec<Arc<LoopShared>> = (0..n)
+            .map(|_| LoopShared::new().map(Arc::new))
+            .collect::<io::Result<_>>()?;
+        let inner = Arc::new(Inner {
+            cfg: cfg.clone(),
+            loops: shared.clone(),
+            stopped: AtomicBool::new(false),
+        });
+        let mut rt = Runtime {
+            inner,
+            threads: Vec::with_capacity(n),
+            backend,
+            local_addr,
+        };
+        for (i, listener) in listeners.into_iter().enumerate() {
+            let (ready_tx, ready_rx) = mpsc::channel::<io::Result<()>>();
+            let cfg = cfg.clone();
+            let sh = shared[i].clone();
+            let cpu = pins.as_ref().map(|p| p[i]);
+            let thread = std::thread::Builder::new()
+                .name(format!("starwire-loop-{i}"))
+                .spawn(move || {
+                    // Pin first, allocate second.
+                    if let Some(cpu) = cpu {
+                        if let Err(e) = affinity::pin_current_thread(cpu) {
+                            let _ = ready_tx.send(Err(io::Error::other(format!(
+                                "pinning loop {i} to CPU {cpu}: {e}"
+                            ))));
+                            return;
+                        }
+                    }
+                    let mut lp = match Loop::new(cfg, sh, backend, listener) {
+                        Ok(lp) => lp,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    lp.run();
+                })?;
+            rt.threads.push(thread);
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(io::Error::other(format!("loop {i} died at start"))),
+            }
+        }
+        Ok(rt)
+    }
+
+    /// The address the loops listen on.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// The backend the loops run on.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Number of loops.
+    pub fn loops(&self) -> usize {
+        self.inner.loops.len()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// A handle for the calling thread; completions are waited for with [`Handle::wait`].
+    /// `capacity` bounds the requests it may have outstanding (rounded up to a power of
+    /// two).
+    pub fn handle(&self, capacity: usize) -> Handle {
+        self.new_handle(capacity, None)
+    }
+
+    /// A handle whose completions run `callback` on the loop thread that completes them.
+    /// The callback must be quick and must not block.
+    pub fn handle_with_callback(&self, capacity: usize, callback: Callback) -> Handle {
+        self.new_handle(capacity, Some(callback))
+    }
+
+    fn new_handle(&self, capacity: usize, callback: Option<Callback>) -> Handle {
+        let waker = ThreadWaker::current();
+        let mut lanes = Vec::with_capacity(self.inner.loops.len());
+        let mut ring_capacity = 0;
+        for shared in &self.inner.loops {
+            let (req_tx, req_rx) = spsc::channel::<Request>(capacity.max(2));
+            let (done_tx, done_rx) = spsc::channel::<Completion>(capacity.max(2));
+            ring_capacity = req_tx.capacity();
+            let endpoint = Endpoint {
+                requests: req_rx,
+                completions: done_tx,
+                callback: callback.clone(),
+                waker: waker.clone(),
+            };
+            match shared.new_endpoints.lock() {
+                Ok(mut v) => v.push(endpoint),
+                Err(p) => p.into_inner().push(endpoint),
+            }
+            shared.has_new_endpoints.store(true, Ordering::SeqCst);
+            shared.wake();
+            lanes.push(Lane {
+                requests: req_tx,
+                completions: done_rx,
+            });
+        }
+        Handle {
+            inner: self.inner.clone(),
+            lanes,
+            waker,
+            callback: callback.is_some(),
+            capacity: ring_capacity,
+            outstanding: 0,
+            next_tag: 1,
+            done: Vec::with_capacity(ring_capacity),
+            next_lane: 0,
+        }
+    }
+
+    /// Sums every loop's counters.
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats::default();
+        for l in &self.inner.loops {
+            s.add_loop(&l.counters);
+        }
+        s
+    }
+
+    /// Stops the loops: requests in flight or queued complete with [`Error::Shutdown`],
+    /// connections and listeners are closed, threads are joined.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        for l in &self.inner.loops {
+            l.stop.store(true, Ordering::SeqCst);
+            l.parked.store(false, Ordering::SeqCst);
+            l.doorbell.ring();
+        }
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                log::error!("a starwire loop thread panicked");
+            }
+        }
+        self.inner.stopped.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Lane {
+    requests: Producer<Request>,
+    completions: Consumer<Completion>,
+}
+
+/// A thread's way to submit requests. `Send` (it may move to another thread before use),
+/// not `Sync`: one thread submits through it at a time.
+pub struct Handle {
+    inner: Arc<Inner>,
+    lanes: Vec<Lane>,
+    waker: Arc<ThreadWaker>,
+    callback: bool,
+    capacity: usize,
+    outstanding: usize,
+    next_tag: u64,
+    done: Vec<Completion>,
+    next_lane: u32,
+}
+
+impl Handle {
+    /// Sends a ping with `payload` bytes to `peer`. Returns the tag its completion will
+    /// carry. The reply is [`Reply::Pong`](crate::Reply::Pong) with the round-trip time.
+    pub fn ping(
+        &mut self,
+        peer: SocketAddr,
+        payload: u32,
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        self.submit(RequestOp::Ping { payload }, peer, deadline)
+    }
+
+    fn submit(
+        &mut self,
+        op: RequestOp,
+        peer: SocketAddr,
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        if !self.callback && self.outstanding >= self.capacity {
+            return Err(Error::Backpressure);
+        }
+        let lanes = self.inner.cfg.connections_per_peer.max(1) as u32;
+        let lane = self.next_lane % lanes;
+        self.next_lane = self.next_lane.wrapping_add(1);
+        let index = loop_for(peer, lane, self.lanes.len());
+        let tag = self.next_tag;
+        let req = Request {
+            op,
+            peer,
+            lane,
+            deadline,
+            tag,
+        };
+        if self.lanes[index].requests.push(req).is_err() {
+            return Err(Error::Backpressure);
+        }
+        self.next_tag += 1;
+        self.outstanding += 1;
+        self.inner.loops[index].wake();
+        Ok(tag)
+    }
+
+    /// Moves every delivered completion into `done`.
+    fn collect(&mut self) -> bool {
+        let mut got = false;
+        for lane in &mut self.lanes {
+            while let Some(c) = lane.completions.pop() {
+                self.done.push(c);
+                got = true;
+            }
+        }
+        got
+    }
+
+    fn take(&mut self, tag: Option<u64>) -> Option<Completion> {
+        let i = match tag {
+            Some(t) => self.done.iter().position(|c| c.tag == t)?,
+            None if self.done.is_empty() => return None,
+            None => 0,
+        };
+        self.outstanding -= 1;
+        Some(self.done.swap_remove(i))
+    }
+
+    /// A completion if one is ready, without waiting.
+    pub fn poll(&mut self) -> Option<Completion> {
+        self.collect();
+        self.take(None)
+    }
+
+    /// Waits for the completion of `tag` (spin, then park).
+    pub fn wait(&mut self, tag: u64) -> Completion {
+        self.wait_for(Some(tag))
+    }
+
+    /// Waits for any completion.
+    pub fn wait_any(&mut self) -> Completion {
+        self.wait_for(None)
+    }
+
+    fn wait_for(&mut self, tag: Option<u64>) -> Completion {
+        let start = Instant::now();
+        loop {
+            self.collect();
+            if let Some(c) = self.take(tag) {
+                return c;
+            }
+            if self.callback || self.outstanding == 0 {
+                // Nothing can arrive: callbacks consume completions, or none is owed.
+                return Completion {
+                    tag: tag.unwrap_or(0),
+                    result: Err(Error::InvalidArgument),
+                };
+            }
+            if self.inner.stopped.load(Ordering::Acquire) {
+                // The loops are gone; whatever they did not answer never will be.
+                self.collect();
+                if let Some(c) = self.take(tag) {
+                    return c;
+                }
+                self.outstanding -= 1;
+                return Completion {
+                    tag: tag.unwrap_or(0),
+                    result: Err(Error::Shutdown),
+                };
+            }
+            if start.elapsed() < WAIT_SPIN {
+                core::hint::spin_loop();
+                continue;
+            }
+            self.waker.prepare_park();
+            let ready = self.lanes.iter().any(|l| !l.completions.is_empty());
+            if !ready {
+                self.waker.park(Some(Duration::from_millis(50)));
+            }
+            self.waker.clear_park();
+        }
+    }
+
+    /// Requests submitted whose completion has not been taken yet.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+}
+
+/// The loop that owns the connection for `(peer, lane)`.
+fn loop_for(peer: SocketAddr, lane: u32, loops: usize) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    peer.hash(&mut h);
+    lane.hash(&mut h);
+    (h.finish() % loops as u64) as usize
+}
+
+/// A loop driven by the caller's own thread.
+pub struct Embedded {
+    lp: Loop,
+    shared: Arc<LoopShared>,
+    next_tag: u64,
+}
+
+impl Embedded {
+    /// A loop for the calling thread, listening on `listen` if given. Nothing runs until
+    /// the caller calls [`poll`](Self::poll) (or [`wait`](Self::wait)).
+    pub fn new(config: Config, listen: Option<SocketAddr>) -> io::Result<Embedded> {
+        let (backend, _) = sys::select(config.backend)?;
+        let listener = match listen {
+            Some(addr) => Some(socket::listen_tcp(addr, BACKLOG)?),
+            None => None,
+        };
+        let shared = Arc::new(LoopShared::new()?);
+        let lp = Loop::new(Arc::new(config), shared.clone(), backend, listener)?;
+        Ok(Embedded {
+            lp,
+            shared,
+            next_tag: 1,
+        })
+    }
+
+    /// The address this loop listens on.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.lp.local_addr()
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.lp.backend()
+    }
+
+    /// Queues a ping; returns its tag. Nothing is sent before the next `poll`.
+    pub fn ping(&mut self, peer: SocketAddr, payload: u32, deadline: Option<Instant>) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.lp.submit_local(Request {
+            op: RequestOp::Ping { payload },
+            peer,
+            lane: 0,
+            deadline,
+            tag,
+        });
+        tag
+    }
+
+    /// Runs the loop: everything ready now, or, when nothing is, waits up to `timeout` for
+    /// I/O or a timer (`None`: no limit). Returns whether anything happened.
+    pub fn poll(&mut self, timeout: Option<Duration>) -> bool {
+        self.lp.poll_local(timeout)
+    }
+
+    /// The next completion, if any.
+    pub fn completion(&mut self) -> Option<Completion> {
+        self.lp.take_local()
+    }
+
+    /// Polls until the completion of `tag` arrives; completions of other tags that arrive
+    /// meanwhile are dropped, so use it with one request at a time or use
+    /// [`completion`](Self::completion).
+    pub fn wait(&mut self, tag: u64) -> Completion {
+        loop {
+            while let Some(c) = self.lp.take_local() {
+                if c.tag == tag {
+                    return c;
+                }
+            }
+            self.lp.poll_local(Some(Duration::from_millis(10)));
+        }
+    }
+
+    /// This loop's counters.
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats::default();
+        s.add_loop(&self.shared.counters);
+        s
+    }
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        self.lp.stop_local();
+    }
+}

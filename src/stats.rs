@@ -1,0 +1,115 @@
+//! Per-loop counters, written by their loop only, read by snapshots.
+//!
+//! Each loop owns one cache-padded block of atomics. The loop is the only writer, so an
+//! update is a relaxed load and store (no locked instruction); readers sum the blocks with
+//! relaxed loads. A snapshot is therefore not a single instant across loops, only a sum of
+//! per-counter values that each were true at some point.
+
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Kinds of request, for per-kind counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// `PING`.
+    Ping = 0,
+    /// `RECV`.
+    Recv = 1,
+    /// `FUSED_RECV`.
+    FusedRecv = 2,
+    /// `PULL`.
+    Pull = 3,
+    /// `PUSH`.
+    Push = 4,
+}
+
+/// Number of [`RequestKind`]s.
+pub const REQUEST_KINDS: usize = 5;
+
+/// One loop's counters.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub frames_in: AtomicU64,
+    pub frames_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub completed: [AtomicU64; REQUEST_KINDS],
+    pub failed: [AtomicU64; REQUEST_KINDS],
+    pub connections_accepted: AtomicU64,
+    pub connections_opened: AtomicU64,
+    pub connections_lost: AtomicU64,
+    pub reconnects: AtomicU64,
+    pub payload_direct: AtomicU64,
+    pub payload_copied: AtomicU64,
+    pub busy_ns: AtomicU64,
+    pub spin_ns: AtomicU64,
+    pub parked_ns: AtomicU64,
+    pub parks: AtomicU64,
+}
+
+/// Adds `n` to a counter that only the calling loop writes.
+#[inline]
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+/// A sum of every loop's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames received.
+    pub frames_in: u64,
+    /// Frames sent (counted when queued).
+    pub frames_out: u64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Requests completed successfully, by [`RequestKind`].
+    pub completed: [u64; REQUEST_KINDS],
+    /// Requests failed, by [`RequestKind`].
+    pub failed: [u64; REQUEST_KINDS],
+    /// Connections accepted.
+    pub connections_accepted: u64,
+    /// Outgoing connections that completed their handshake.
+    pub connections_opened: u64,
+    /// Connections lost or closed for an error.
+    pub connections_lost: u64,
+    /// Connect attempts after a failed one.
+    pub reconnects: u64,
+    /// Tensor payload bytes received straight into their destination.
+    pub payload_direct: u64,
+    /// Tensor payload bytes copied out of a receive buffer.
+    pub payload_copied: u64,
+    /// Time loops spent doing work.
+    pub busy: Duration,
+    /// Time loops spent spinning with nothing to do.
+    pub spin: Duration,
+    /// Time loops spent parked in the kernel.
+    pub parked: Duration,
+    /// Times loops parked.
+    pub parks: u64,
+}
+
+impl Stats {
+    pub(crate) fn add_loop(&mut self, c: &Counters) {
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        self.frames_in += l(&c.frames_in);
+        self.frames_out += l(&c.frames_out);
+        self.bytes_in += l(&c.bytes_in);
+        self.bytes_out += l(&c.bytes_out);
+        for k in 0..REQUEST_KINDS {
+            self.completed[k] += l(&c.completed[k]);
+            self.failed[k] += l(&c.failed[k]);
+        }
+        self.connections_accepted += l(&c.connections_accepted);
+        self.connections_opened += l(&c.connections_opened);
+        self.connections_lost += l(&c.connections_lost);
+        self.reconnects += l(&c.reconnects);
+        self.payload_direct += l(&c.payload_direct);
+        self.payload_copied += l(&c.payload_copied);
+        self.busy += Duration::from_nanos(l(&c.busy_ns));
+        self.spin += Duration::from_nanos(l(&c.spin_ns));
+        self.parked += Duration::from_nanos(l(&c.parked_ns));
+        self.parks += l(&c.parks);
+    }
+}

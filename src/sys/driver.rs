@@ -1,0 +1,544 @@
+//! One I/O interface over both backends, completion-style.
+//!
+//! The event loop asks for operations — accept, connect, recv, sendmsg — on a *slot* (its
+//! connection number) and later receives one completion per operation: `(user_data, result)`
+//! with the result a byte count, a new fd, or `-errno`, exactly like io_uring. On io_uring
+//! the operations are ring entries. On epoll the driver tries the non-blocking syscall at
+//! once and, only on `EAGAIN`, remembers the operation and retries it when edge-triggered
+//! readiness arrives; either way it reports a completion. The loop above this is therefore
+//! the same code for both backends.
+//!
+//! Memory contract (both backends): every pointer passed to an operation stays valid, and
+//! is not moved, until that operation's completion has been delivered. To abandon the
+//! operations of a socket, `shutdown(2)` it ([`Driver::shutdown`]): pending operations then
+//! complete promptly (recv with 0, send with `-EPIPE`, accept with `-EINVAL`), after which
+//! the fd may be closed.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use io_uring::{opcode, types};
+use nix::libc;
+
+use super::doorbell::Doorbell;
+use super::epoll::{Events, Interest, Poller};
+use super::uring::{Ring, USER_DATA_DOORBELL};
+use super::Backend;
+
+/// The slot number reserved for a loop's listener.
+pub const LISTENER: u32 = u32::MAX;
+
+/// Operation kinds, kept in the low byte of `user_data`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    /// Accept on a listener.
+    Accept = 1,
+    /// Connect a socket.
+    Connect = 2,
+    /// Receive into a buffer.
+    Recv = 3,
+    /// Send a message (iovecs).
+    Send = 4,
+}
+
+/// `user_data` of an operation on `slot`.
+pub fn user_data(slot: u32, op: Op) -> u64 {
+    ((slot as u64) << 8) | op as u64
+}
+
+/// A completion: the slot, the operation, and its result (`>= 0`, or `-errno`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// An operation finished.
+    Op {
+        /// The slot it was issued on.
+        slot: u32,
+        /// Which operation.
+        op: Op,
+        /// Bytes, new fd, 0, or `-errno`.
+        result: i32,
+    },
+    /// The doorbell rang.
+    Doorbell,
+}
+
+fn decode(user_data: u64, result: i32) -> Option<Completion> {
+    if user_data == USER_DATA_DOORBELL {
+        return Some(Completion::Doorbell);
+    }
+    let op = match user_data & 0xff {
+        1 => Op::Accept,
+        2 => Op::Connect,
+        3 => Op::Recv,
+        4 => Op::Send,
+        _ => return None,
+    };
+    Some(Completion::Op {
+        slot: (user_data >> 8) as u32,
+        op,
+        result,
+    })
+}
+
+/// The backend-specific half of a loop. One per loop, so the size difference between the
+/// variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+pub enum Driver {
+    /// io_uring.
+    Uring(UringDriver),
+    /// epoll with eager non-blocking syscalls.
+    Epoll(EpollDriver),
+}
+
+impl Driver {
+    /// A driver for `backend` with room for about `entries` operations in flight, waking on
+    /// `doorbell`.
+    pub fn new(backend: Backend, entries: u32, doorbell: &Doorbell) -> io::Result<Driver> {
+        Ok(match backend {
+            Backend::Uring => Driver::Uring(UringDriver::new(entries, doorbell)?),
+            Backend::Epoll => Driver::Epoll(EpollDriver::new(doorbell)?),
+        })
+    }
+
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Driver::Uring(_) => Backend::Uring,
+            Driver::Epoll(_) => Backend::Epoll,
+        }
+    }
+
+    /// Starts watching `fd` for `slot` (epoll registers it; io_uring needs nothing).
+    pub fn register(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
+        match self {
+            Driver::Uring(_) => Ok(()),
+            Driver::Epoll(d) => d.register(slot, fd),
+        }
+    }
+
+    /// Stops watching `slot`'s fd. Call once its operations have all completed.
+    pub fn deregister(&mut self, slot: u32) {
+        if let Driver::Epoll(d) = self {
+            d.deregister(slot);
+        }
+    }
+
+    /// Makes every pending operation on `fd` complete soon, so the fd can be closed.
+    pub fn shutdown(&mut self, slot: u32, fd: RawFd) {
+        // SAFETY: shutdown(2) on an fd we own; no memory is passed.
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        if let Driver::Epoll(d) = self {
+            // Readiness for a shut-down socket arrives as an event; run the pending
+            // operations now anyway so a socket that never reports still completes.
+            d.retry(slot, true, true);
+        }
+    }
+
+    /// Accepts one connection on listener `fd`; completes with the new fd (non-blocking,
+    /// close-on-exec) or `-errno`.
+    pub fn accept(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
+        match self {
+            Driver::Uring(d) => {
+                let entry =
+                    opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
+                        .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+                        .build()
+                        .user_data(user_data(slot, Op::Accept));
+                // SAFETY: no memory is referenced (null address pointers).
+                unsafe { d.push(&entry) }
+            }
+            Driver::Epoll(d) => {
+                d.pending(slot).accept = true;
+                d.retry(slot, true, false);
+                Ok(())
+            }
+        }
+    }
+
+    /// Connects `fd` to the address at `addr` (`len` bytes of sockaddr).
+    ///
+    /// # Safety
+    /// `addr` must stay valid until the completion is delivered.
+    pub unsafe fn connect(
+        &mut self,
+        slot: u32,
+        fd: RawFd,
+        addr: *const libc::sockaddr,
+        len: libc::socklen_t,
+    ) -> io::Result<()> {
+        match self {
+            Driver::Uring(d) => {
+                let entry = opcode::Connect::new(types::Fd(fd), addr, len)
+                    .build()
+                    .user_data(user_data(slot, Op::Connect));
+                // SAFETY: the caller keeps `addr` valid until the completion.
+                unsafe { d.push(&entry) }
+            }
+            Driver::Epoll(d) => {
+                // SAFETY: `addr`/`len` describe a valid sockaddr per the caller's contract.
+                let rc = unsafe { libc::connect(fd, addr, len) };
+                let err = errno_of(rc);
+                if err == -libc::EINPROGRESS {
+                    d.pending(slot).connect = true;
+                } else {
+                    d.ready
+                        .push_back((user_data(slot, Op::Connect), err.min(0)));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Receives up to `len` bytes into `buf`; completes with the count (0 at end of
+    /// stream) or `-errno`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid and untouched until the completion is delivered.
+    pub unsafe fn recv(&mut self, slot: u32, fd: RawFd, buf: *mut u8, len: u32) -> io::Result<()> {
+        match self {
+            Driver::Uring(d) => {
+                let entry = opcode::Recv::new(types::Fd(fd), buf, len)
+                    .build()
+                    .user_data(user_data(slot, Op::Recv));
+                // SAFETY: the caller keeps the buffer valid until the completion.
+                unsafe { d.push(&entry) }
+            }
+            Driver::Epoll(d) => {
+                d.pending(slot).recv = Some((buf, len));
+                d.retry(slot, true, false);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the message `msg` describes (with `MSG_NOSIGNAL`); completes with the bytes
+    /// sent or `-errno`.
+    ///
+    /// # Safety
+    /// `msg`, its iovec array and every buffer it names must stay valid until the
+    /// completion is delivered.
+    pub unsafe fn send(
+        &mut self,
+        slot: u32,
+        fd: RawFd,
+        msg: *const libc::msghdr,
+    ) -> io::Result<()> {
+        match self {
+            Driver::Uring(d) => {
+                let entry = opcode::SendMsg::new(types::Fd(fd), msg)
+                    .flags(libc::MSG_NOSIGNAL as u32)
+                    .build()
+                    .user_data(user_data(slot, Op::Send));
+                // SAFETY: the caller keeps the message and its buffers valid.
+                unsafe { d.push(&entry) }
+            }
+            Driver::Epoll(d) => {
+                d.pending(slot).send = Some(msg);
+                d.retry(slot, false, true);
+                Ok(())
+            }
+        }
+    }
+
+    /// Submits what is queued and delivers ready completions to `f`, waiting up to
+    /// `timeout` for the first one when `wait` is true (`None`: no limit). Returns how many
+    /// completions were delivered.
+    pub fn complete(
+        &mut self,
+        wait: bool,
+        timeout: Option<Duration>,
+        mut f: impl FnMut(Completion),
+    ) -> io::Result<usize> {
+        match self {
+            Driver::Uring(d) => d.complete(wait, timeout, &mut f),
+            Driver::Epoll(d) => d.complete(wait, timeout, &mut f),
+        }
+    }
+}
+
+fn errno_of(rc: i32) -> i32 {
+    if rc < 0 {
+        -std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    } else {
+        rc
+    }
+}
+
+fn errno_of_isize(rc: isize) -> i32 {
+    if rc < 0 {
+        -std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    } else {
+        rc.min(i32::MAX as isize) as i32
+    }
+}
+
+/// io_uring half: a ring plus the armed doorbell read.
+pub struct UringDriver {
+    ring: Ring,
+    doorbell_fd: RawFd,
+    /// Target of the doorbell read; boxed so the address is stable.
+    doorbell_buf: Box<u64>,
+    doorbell_armed: bool,
+}
+
+impl UringDriver {
+    fn new(entries: u32, doorbell: &Doorbell) -> io::Result<UringDriver> {
+        let mut d = UringDriver {
+            ring: Ring::new(entries)?,
+            doorbell_fd: doorbell.as_raw_fd(),
+            doorbell_buf: Box::new(0),
+            doorbell_armed: false,
+        };
+        d.arm_doorbell()?;
+        Ok(d)
+    }
+
+    fn arm_doorbell(&mut self) -> io::Result<()> {
+        if self.doorbell_armed {
+            return Ok(());
+        }
+        let buf: *mut u64 = &mut *self.doorbell_buf;
+        let entry = opcode::Read::new(types::Fd(self.doorbell_fd), buf.cast(), 8)
+            .build()
+            .user_data(USER_DATA_DOORBELL);
+        // SAFETY: `doorbell_buf` is boxed and owned by this driver, which lives as long as
+        // the ring (fields drop in order: the ring first, cancelling the read).
+        unsafe { self.push(&entry)? };
+        self.doorbell_armed = true;
+        Ok(())
+    }
+
+    /// # Safety
+    /// As [`Ring::push`].
+    unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: passed on from the caller.
+            match unsafe { self.ring.push(entry) } {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
+                    // The completion queue is full: the caller reaps on its next `complete`;
+                    // here, make room by stashing what is ready.
+                    self.ring.submit().ok();
+                    std::hint::spin_loop();
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn complete(
+        &mut self,
+        wait: bool,
+        timeout: Option<Duration>,
+        f: &mut dyn FnMut(Completion),
+    ) -> io::Result<usize> {
+        if wait && !self.ring.has_completions() {
+            self.ring.submit_and_wait(1, timeout)?;
+        } else {
+            self.ring.submit()?;
+        }
+        let mut rearm = false;
+        let n = self.ring.reap(|user_data, result, _flags| {
+            if let Some(c) = decode(user_data, result) {
+                if c == Completion::Doorbell {
+                    rearm = true;
+                }
+                f(c);
+            }
+        });
+        if rearm {
+            self.doorbell_armed = false;
+            self.arm_doorbell()?;
+        }
+        Ok(n)
+    }
+}
+
+/// Operations waiting for readiness on one slot.
+#[derive(Debug)]
+struct Pending {
+    fd: RawFd,
+    accept: bool,
+    connect: bool,
+    recv: Option<(*mut u8, u32)>,
+    send: Option<*const libc::msghdr>,
+}
+
+impl Pending {
+    const fn empty() -> Pending {
+        Pending {
+            fd: -1,
+            accept: false,
+            connect: false,
+            recv: None,
+            send: None,
+        }
+    }
+}
+
+/// epoll half.
+pub struct EpollDriver {
+    poller: Poller,
+    events: Events,
+    slots: Vec<Pending>,
+    listener: Pending,
+    /// Completions produced by eager syscalls or readiness, not yet delivered.
+    ready: VecDeque<(u64, i32)>,
+    doorbell_fd: RawFd,
+}
+
+impl EpollDriver {
+    fn new(doorbell: &Doorbell) -> io::Result<EpollDriver> {
+        let poller = Poller::new()?;
+        poller.add(doorbell, USER_DATA_DOORBELL, Interest::READABLE)?;
+        Ok(EpollDriver {
+            poller,
+            events: Events::with_capacity(1024),
+            slots: Vec::new(),
+            listener: Pending::empty(),
+            ready: VecDeque::with_capacity(1024),
+            doorbell_fd: doorbell.as_raw_fd(),
+        })
+    }
+
+    fn pending(&mut self, slot: u32) -> &mut Pending {
+        if slot == LISTENER {
+            return &mut self.listener;
+        }
+        let i = slot as usize;
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, Pending::empty);
+        }
+        &mut self.slots[i]
+    }
+
+    fn register(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
+        *self.pending(slot) = Pending {
+            fd,
+            ..Pending::empty()
+        };
+        // SAFETY: the fd is open and owned by the loop until `deregister`.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        self.poller.add(borrowed, slot as u64, Interest::BOTH)
+    }
+
+    fn deregister(&mut self, slot: u32) {
+        let p = self.pending(slot);
+        let fd = std::mem::replace(&mut p.fd, -1);
+        debug_assert!(p.recv.is_none() && p.send.is_none() && !p.accept && !p.connect);
+        if fd >= 0 {
+            // SAFETY: the fd is still open (the loop closes it after deregistering).
+            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            self.poller.delete(borrowed).ok();
+        }
+    }
+
+    /// Runs the pending operations of `slot` that readiness may have unblocked.
+    fn retry(&mut self, slot: u32, readable: bool, writable: bool) {
+        let p = if slot == LISTENER {
+            &mut self.listener
+        } else {
+            match self.slots.get_mut(slot as usize) {
+                Some(p) => p,
+                None => return,
+            }
+        };
+        let fd = p.fd;
+        if readable {
+            if p.accept {
+                // SAFETY: accept4 with null address pointers references no memory.
+                let rc = unsafe {
+                    libc::accept4(
+                        fd,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    )
+                };
+                let r = errno_of(rc);
+                if r != -libc::EAGAIN && r != -libc::ECONNABORTED && r != -libc::EINTR {
+                    p.accept = false;
+                    self.ready.push_back((user_data(slot, Op::Accept), r));
+                }
+            }
+            if let Some((buf, len)) = p.recv {
+                // SAFETY: the loop keeps `buf..buf+len` valid while the recv is pending.
+                let rc = unsafe { libc::recv(fd, buf.cast(), len as usize, 0) };
+                let r = errno_of_isize(rc);
+                if r != -libc::EAGAIN && r != -libc::EINTR {
+                    p.recv = None;
+                    self.ready.push_back((user_data(slot, Op::Recv), r));
+                }
+            }
+        }
+        if writable {
+            if p.connect {
+                let r = match super::socket::take_socket_error(
+                    // SAFETY: the fd is open while registered.
+                    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+                ) {
+                    Ok(None) => 0,
+                    Ok(Some(e)) | Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+                };
+                p.connect = false;
+                self.ready.push_back((user_data(slot, Op::Connect), r));
+            }
+            if let Some(msg) = p.send {
+                // SAFETY: the loop keeps the message and its buffers valid while pending.
+                let rc = unsafe { libc::sendmsg(fd, msg, libc::MSG_NOSIGNAL) };
+                let r = errno_of_isize(rc);
+                if r != -libc::EAGAIN && r != -libc::EINTR {
+                    p.send = None;
+                    self.ready.push_back((user_data(slot, Op::Send), r));
+                }
+            }
+        }
+    }
+
+    fn complete(
+        &mut self,
+        wait: bool,
+        timeout: Option<Duration>,
+        f: &mut dyn FnMut(Completion),
+    ) -> io::Result<usize> {
+        let block = wait && self.ready.is_empty();
+        let timeout = if block { timeout } else { Some(Duration::ZERO) };
+        self.poller.wait(&mut self.events, timeout)?;
+        let mut doorbell = false;
+        for i in 0..self.events.len() {
+            let Some(ev) = self.events.get(i) else {
+                break;
+            };
+            if ev.token() == USER_DATA_DOORBELL {
+                doorbell = true;
+                continue;
+            }
+            let gone = ev.is_error() || ev.is_hup();
+            let readable = ev.is_readable() || ev.is_read_closed() || gone;
+            self.retry(ev.token() as u32, readable, ev.is_writable() || gone);
+        }
+        if doorbell {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a local u64 from the non-blocking eventfd.
+            unsafe { libc::read(self.doorbell_fd, (&mut v as *mut u64).cast(), 8) };
+        }
+        let mut n = 0;
+        while let Some((user_data, result)) = self.ready.pop_front() {
+            if let Some(c) = decode(user_data, result) {
+                f(c);
+                n += 1;
+            }
+        }
+        if doorbell {
+            f(Completion::Doorbell);
+            n += 1;
+        }
+        Ok(n)
+    }
+}

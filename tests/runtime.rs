@@ -1,0 +1,263 @@
+//! The runtime over real loopback sockets: ping, many connections, handshake refusals,
+//! deadlines, shutdown with requests in flight, callbacks and embedded mode.
+
+mod common;
+
+use common::*;
+use starwire::wire::Status;
+use starwire::{Completion, Embedded, Error, Reply, Runtime};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[test]
+fn ping_returns_the_payload_size_and_a_round_trip_time() {
+    let server = server(2);
+    let client = client(2);
+    let addr = server.local_addr().unwrap();
+    let mut h = client.handle(16);
+    for size in [0u32, 1, 100, 4096, 60_000] {
+        let t = h.ping(addr, size, secs(10)).unwrap();
+        match h.wait(t).result {
+            Ok(Reply::Pong { rtt, payload }) => {
+                assert_eq!(payload, size);
+                assert!(rtt > Duration::ZERO && rtt < Duration::from_secs(10));
+            }
+            other => panic!("ping of {size} bytes: {other:?}"),
+        }
+    }
+    let stats = client.stats();
+    assert_eq!(stats.completed[0], 5);
+    assert_eq!(stats.failed[0], 0);
+}
+
+#[test]
+fn many_loops_and_256_connections() {
+    let server = server(2);
+    let addr = server.local_addr().unwrap();
+    let client = Runtime::start(
+        config("worker", 2)
+            .connections_per_peer(256)
+            .build()
+            .unwrap(),
+        None,
+    )
+    .unwrap();
+    let mut h = client.handle(1024);
+    // Four rounds over all 256 lanes, 512 requests in flight at a time.
+    let mut ok = 0;
+    for _round in 0..4 {
+        let tags: Vec<u64> = (0..512)
+            .map(|_| h.ping(addr, 64, secs(20)).expect("submit"))
+            .collect();
+        for t in tags {
+            match h.wait(t).result {
+                Ok(Reply::Pong { payload: 64, .. }) => ok += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(ok, 2048);
+    assert_eq!(client.stats().connections_opened, 256);
+    assert_eq!(server.stats().connections_accepted, 256);
+    // Connections spread over both server loops (SO_REUSEPORT) and both client loops.
+    assert_eq!(client.loops(), 2);
+}
+
+#[test]
+fn cluster_mismatch_is_refused() {
+    let server = server_with(config("ps", 1).cluster_id(2).build().unwrap());
+    let client = Runtime::start(config("worker", 1).cluster_id(1).build().unwrap(), None).unwrap();
+    let r = ping_once(&client, server.local_addr().unwrap(), secs(10));
+    assert_eq!(r, Err(Error::Refused(Status::ClusterMismatch)));
+    // The server stays healthy for a client of the right cluster.
+    let good = Runtime::start(config("worker", 1).cluster_id(2).build().unwrap(), None).unwrap();
+    assert!(ping_once(&good, server.local_addr().unwrap(), secs(10)).is_ok());
+}
+
+#[test]
+fn wrong_token_is_refused() {
+    let server = server_with(
+        config("ps", 1)
+            .cluster_token(b"right".to_vec())
+            .build()
+            .unwrap(),
+    );
+    let addr = server.local_addr().unwrap();
+    let wrong = Runtime::start(
+        config("worker", 1)
+            .cluster_token(b"wrong".to_vec())
+            .build()
+            .unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        ping_once(&wrong, addr, secs(10)),
+        Err(Error::Refused(Status::Unauthenticated))
+    );
+    let right = Runtime::start(
+        config("worker", 1)
+            .cluster_token(b"right".to_vec())
+            .build()
+            .unwrap(),
+        None,
+    )
+    .unwrap();
+    assert!(ping_once(&right, addr, secs(10)).is_ok());
+}
+
+/// A listener that accepts and never answers.
+fn silent_peer() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+#[test]
+fn deadline_expires_with_a_timeout() {
+    let (_silent, addr) = silent_peer();
+    let client = client(1);
+    let mut h = client.handle(8);
+    let start = Instant::now();
+    let t = h
+        .ping(addr, 8, Some(start + Duration::from_millis(200)))
+        .unwrap();
+    assert_eq!(h.wait(t).result, Err(Error::Timeout));
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(200), "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+#[test]
+fn nothing_listening_fails_after_bounded_retries() {
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let client = Runtime::start(
+        config("worker", 1)
+            .connect_retries(3)
+            .connect_backoff(Duration::from_millis(5))
+            .build()
+            .unwrap(),
+        None,
+    )
+    .unwrap();
+    let start = Instant::now();
+    assert_eq!(
+        ping_once(&client, addr, secs(30)),
+        Err(Error::ConnectFailed)
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(client.stats().reconnects, 3);
+}
+
+#[test]
+fn shutdown_completes_requests_in_flight() {
+    let (_silent, addr) = silent_peer();
+    let client = client(2);
+    let mut h = client.handle(64);
+    let tags: Vec<u64> = (0..20).map(|_| h.ping(addr, 8, None).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(50));
+    client.shutdown();
+    for t in tags {
+        assert_eq!(h.wait(t).result, Err(Error::Shutdown));
+    }
+    assert_eq!(h.ping(addr, 8, None), Err(Error::Shutdown));
+}
+
+#[test]
+fn callbacks_run_for_every_completion() {
+    let server = server(1);
+    let addr = server.local_addr().unwrap();
+    let client = client(2);
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let cb: starwire::Callback = Arc::new(move |c: Completion| {
+        assert!(matches!(c.result, Ok(Reply::Pong { .. })));
+        seen.fetch_add(1, Ordering::SeqCst);
+    });
+    let mut h = client.handle_with_callback(256, cb);
+    for _ in 0..200 {
+        while h.ping(addr, 8, secs(10)) == Err(Error::Backpressure) {
+            std::thread::yield_now();
+        }
+    }
+    let start = Instant::now();
+    while count.load(Ordering::SeqCst) < 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "callbacks missing"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn backpressure_when_the_handle_is_full() {
+    let (_silent, addr) = silent_peer();
+    let client = client(1);
+    let mut h = client.handle(4);
+    for _ in 0..4 {
+        h.ping(addr, 8, None).unwrap();
+    }
+    assert_eq!(h.ping(addr, 8, None), Err(Error::Backpressure));
+}
+
+#[test]
+fn embedded_loops_drive_both_ends_on_one_thread() {
+    let mut server = Embedded::new(
+        config("ps", 1).build().unwrap(),
+        Some("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let mut client = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
+    let mut done = 0;
+    let tags: Vec<u64> = (0..50).map(|_| client.ping(addr, 32, secs(10))).collect();
+    let start = Instant::now();
+    while done < tags.len() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "embedded pings stuck"
+        );
+        server.poll(Some(Duration::ZERO));
+        client.poll(Some(Duration::ZERO));
+        while let Some(c) = client.completion() {
+            assert!(tags.contains(&c.tag));
+            assert!(matches!(c.result, Ok(Reply::Pong { payload: 32, .. })));
+            done += 1;
+        }
+    }
+    assert_eq!(client.stats().completed[0], 50);
+}
+
+#[test]
+fn a_lost_server_fails_requests_and_a_new_one_is_reached() {
+    let server = server(1);
+    let addr = server.local_addr().unwrap();
+    let client = client(1);
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
+    server.shutdown();
+    // The connection is gone; a request now fails instead of hanging.
+    let r = ping_once(&client, addr, secs(10));
+    assert!(
+        matches!(
+            r,
+            Err(Error::ConnectionLost | Error::ConnectFailed | Error::Refused(_))
+        ),
+        "{r:?}"
+    );
+    // A new server on the same address is reconnected to.
+    let again = Runtime::start(config("ps", 1).build().unwrap(), Some(addr)).unwrap();
+    assert_eq!(again.local_addr(), Some(addr));
+    let start = Instant::now();
+    loop {
+        match ping_once(&client, addr, secs(10)) {
+            Ok(_) => break,
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(5), "{e:?}"),
+        }
+    }
+}
