@@ -1,0 +1,97 @@
+//! With io_uring refused by the kernel (a seccomp filter makes `io_uring_setup` fail with
+//! EPERM, as container runtimes do), `auto` falls back to epoll and everything works; a
+//! forced `uring` is a clear error. Runs in a child process so the filter stays there.
+
+mod common;
+
+use common::*;
+use starwire::config::{Backend, BackendChoice};
+use starwire::Runtime;
+use std::process::Command;
+
+const CHILD_ENV: &str = "STARWIRE_TEST_NO_URING";
+
+/// Makes `io_uring_setup` fail with EPERM for this process from now on.
+fn refuse_io_uring() {
+    const SYS_IO_URING_SETUP: u32 = 425; // same number on x86_64 and aarch64
+    let filter = [
+        // A = seccomp_data.nr
+        libc::sock_filter {
+            code: 0x20,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        // if A == io_uring_setup: next, else skip one
+        libc::sock_filter {
+            code: 0x15,
+            jt: 0,
+            jf: 1,
+            k: SYS_IO_URING_SETUP,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: plain prctl calls; `prog` and `filter` outlive the call that copies them.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const _
+            ),
+            0,
+            "seccomp: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[test]
+fn auto_falls_back_to_epoll_when_io_uring_is_refused() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "auto_falls_back_to_epoll_when_io_uring_is_refused",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "child failed: {status}");
+        return;
+    }
+    refuse_io_uring();
+    let auto = |job| config(job, 1).backend(BackendChoice::Auto).build().unwrap();
+    let server = Runtime::start(auto("ps"), Some("127.0.0.1:0".parse().unwrap())).unwrap();
+    assert_eq!(server.backend(), Backend::Epoll);
+    let client = Runtime::start(auto("worker"), None).unwrap();
+    assert_eq!(client.backend(), Backend::Epoll);
+    assert!(ping_once(&client, server.local_addr().unwrap(), secs(10)).is_ok());
+
+    let forced = config("worker", 1)
+        .backend(BackendChoice::Uring)
+        .build()
+        .unwrap();
+    let err = Runtime::start(forced, None)
+        .err()
+        .expect("forced uring must fail");
+    assert!(err.to_string().contains("STARWIRE_BACKEND"), "{err}");
+}
