@@ -100,11 +100,14 @@ struct ChunkState {
 ///
 /// Memory: the receive buffer starts at the configured capacity and grows, by doubling and
 /// only while bytes are actually arriving, up to what the current frame's header and meta
-/// section need — at most `max_frame`, a limit checked before any growth. Payload bytes
-/// never need buffer space beyond the initial capacity.
+/// section need — at most `max_frame`, a limit checked before any growth — and returns to
+/// its initial capacity between frames. Payload bytes never need buffer space beyond the
+/// initial capacity.
 #[derive(Debug)]
 pub struct Decoder {
     limits: Limits,
+    /// Capacity to return to once a large meta section has been decoded.
+    initial: usize,
     buf: Vec<u8>,
     head: usize,
     tail: usize,
@@ -124,6 +127,7 @@ impl Decoder {
     pub fn new(limits: Limits, capacity: usize) -> Decoder {
         Decoder {
             limits,
+            initial: capacity.max(HEADER_LEN),
             buf: vec![0; capacity.max(HEADER_LEN)],
             head: 0,
             tail: 0,
@@ -189,6 +193,12 @@ impl Decoder {
     /// buffered bytes must be decoded first (call [`poll`](Self::poll)).
     pub fn spare(&mut self) -> &mut [u8] {
         self.apply_consume();
+        if self.head == self.tail && self.buf.len() > self.initial && self.is_idle() {
+            // A large meta section grew the buffer; between frames, give the memory back so
+            // a peer cannot keep it pinned for the life of the connection.
+            self.buf.truncate(self.initial);
+            self.buf.shrink_to_fit();
+        }
         if self.tail == self.buf.len() {
             let unread = self.tail - self.head;
             if self.head > 0 {

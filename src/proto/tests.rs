@@ -579,3 +579,29 @@ fn encoder_rejects_what_the_peer_cannot_take() {
     );
     assert!(enc.is_empty(), "nothing queued by failed calls");
 }
+
+#[test]
+fn buffer_returns_to_its_capacity_after_a_large_meta() {
+    let keys: Vec<Vec<u8>> = (0..2000)
+        .map(|i| format!("key-{i:06}").into_bytes())
+        .collect();
+    let mut enc = Encoder::new(EncoderConfig::default());
+    enc.recv(1, 0, &keys, true).unwrap();
+    enc.ping(2, b"x").unwrap();
+    let bytes = drain(&mut enc, &HashMap::new(), u64::MAX);
+    let mut dec = Decoder::new(Limits::default(), 4096);
+    let mut at = 0;
+    let mut largest = 0;
+    while at < bytes.len() {
+        let spare = dec.spare();
+        largest = largest.max(spare.len());
+        let n = spare.len().min(bytes.len() - at);
+        spare[..n].copy_from_slice(&bytes[at..at + n]);
+        dec.filled(n);
+        at += n;
+        while let Ok(Some(_)) = dec.poll() {}
+    }
+    assert!(largest > 4096, "the meta section needed a larger buffer");
+    assert!(dec.is_idle());
+    assert_eq!(dec.spare().len(), 4096, "back to the initial capacity");
+}
