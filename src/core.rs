@@ -44,6 +44,8 @@ use crate::wire::{Body, Kind, Status};
 
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
+/// How long a connection closing for an error may take to send its last frame.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// Most requests taken from one handle's ring per iteration (bounded work per step).
 const DRAIN_BATCH: usize = 256;
 
@@ -142,8 +144,9 @@ impl LoopShared {
 /// Who gets a completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Origin {
-    /// Endpoint number in the loop's table.
-    Endpoint(u32),
+    /// Endpoint number in the loop's table, and the generation of that entry (entries are
+    /// reused once a handle is gone; a completion owed to the old handle is dropped).
+    Endpoint(u32, u32),
     /// The embedding thread (embedded mode).
     Local,
 }
@@ -164,8 +167,19 @@ struct Pending {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     Deadline(u64),
-    Reconnect { slot: u32, generation: u32 },
-    Handshake { slot: u32, generation: u32 },
+    Reconnect {
+        slot: u32,
+        generation: u32,
+    },
+    Handshake {
+        slot: u32,
+        generation: u32,
+    },
+    /// A connection whose protocol closed gets this long to flush its last frame.
+    Close {
+        slot: u32,
+        generation: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,13 +248,15 @@ pub(crate) struct Loop {
     peers: HashMap<(SocketAddr, u32), u32>,
     ctxs: CtxSlab<Pending>,
     timers: BinaryHeap<Reverse<(Instant, Timer)>>,
-    endpoints: Vec<Option<Endpoint>>,
-    local: VecDeque<Completion>,
+    outbox: Outbox,
     dirty: Vec<u32>,
     scratch: Vec<u64>,
     io_events: Vec<IoCompletion>,
     stopping: bool,
     zeros: Vec<u8>,
+    /// Source of connection generations: unique per connection and per connect attempt,
+    /// so a timer never acts on a later connection that reuses its slot.
+    serial: u32,
 }
 
 impl Loop {
@@ -278,13 +294,13 @@ impl Loop {
             accepting: false,
             conns: Slab::with_capacity(64),
             peers: HashMap::new(),
-            endpoints: Vec::new(),
-            local: VecDeque::new(),
+            outbox: Outbox::default(),
             dirty: Vec::with_capacity(64),
             scratch: Vec::new(),
             io_events: Vec::with_capacity(1024),
             stopping: false,
             zeros: Vec::new(),
+            serial: 0,
         };
         if let Some(l) = &lp.listener {
             let fd = l.as_raw_fd();
@@ -293,6 +309,11 @@ impl Loop {
             lp.accepting = true;
         }
         Ok(lp)
+    }
+
+    fn next_serial(&mut self) -> u32 {
+        self.serial = self.serial.wrapping_add(1);
+        self.serial
     }
 
     pub(crate) fn backend(&self) -> Backend {
@@ -359,6 +380,7 @@ impl Loop {
         self.shared.stop.load(Ordering::SeqCst) && !self.stopping
             || self.shared.has_new_endpoints.load(Ordering::SeqCst)
             || self
+                .outbox
                 .endpoints
                 .iter()
                 .flatten()
@@ -397,9 +419,15 @@ impl Loop {
             .has_new_endpoints
             .store(false, Ordering::Release);
         for ep in new.drain(..) {
-            match self.endpoints.iter().position(Option::is_none) {
-                Some(i) => self.endpoints[i] = Some(ep),
-                None => self.endpoints.push(Some(ep)),
+            match self.outbox.endpoints.iter().position(Option::is_none) {
+                Some(i) => {
+                    self.outbox.endpoints[i] = Some(ep);
+                    self.outbox.generations[i] = self.outbox.generations[i].wrapping_add(1);
+                }
+                None => {
+                    self.outbox.endpoints.push(Some(ep));
+                    self.outbox.generations.push(0);
+                }
             }
         }
         true
@@ -407,21 +435,22 @@ impl Loop {
 
     fn drain_requests(&mut self, now: Instant) -> bool {
         let mut progress = false;
-        for i in 0..self.endpoints.len() {
+        for i in 0..self.outbox.endpoints.len() {
             let mut batch = 0;
             while batch < DRAIN_BATCH {
-                let Some(ep) = self.endpoints[i].as_mut() else {
+                let Some(ep) = self.outbox.endpoints[i].as_mut() else {
                     break;
                 };
                 let Some(req) = ep.requests.pop() else {
                     if ep.requests.is_closed() && ep.requests.is_empty() {
                         // The handle is gone; completions still owed to it are dropped.
-                        self.endpoints[i] = None;
+                        self.outbox.endpoints[i] = None;
                     }
                     break;
                 };
                 batch += 1;
-                self.submit(req, Origin::Endpoint(i as u32), now);
+                let origin = Origin::Endpoint(i as u32, self.outbox.generations[i]);
+                self.submit(req, origin, now);
             }
             progress |= batch > 0;
         }
@@ -452,8 +481,7 @@ impl Loop {
             }
         };
         if let Some(deadline) = req.deadline {
-            self.timers
-                .push(Reverse((deadline, Timer::Deadline(handle))));
+            self.push_deadline(deadline, handle);
         }
         let open = self.conns[slot as usize].phase == Phase::Open;
         if open {
@@ -461,6 +489,21 @@ impl Loop {
         } else {
             self.conns[slot as usize].waiting.push_back(handle);
         }
+    }
+
+    /// Adds a request deadline. Entries of requests answered earlier stay in the heap until
+    /// they come up; when they outnumber the live requests, they are swept out, so the heap
+    /// stays within a small multiple of the in-flight requests (amortized O(1) per request).
+    fn push_deadline(&mut self, deadline: Instant, handle: u64) {
+        if self.timers.len() > 2 * self.ctxs.len() + 1024 {
+            let ctxs = &self.ctxs;
+            self.timers.retain(|Reverse((_, t))| match *t {
+                Timer::Deadline(h) => ctxs.contains(CtxHandle::from_raw(h)),
+                _ => true,
+            });
+        }
+        self.timers
+            .push(Reverse((deadline, Timer::Deadline(handle))));
     }
 
     /// Encodes request `handle` on connection `slot`.
@@ -509,7 +552,7 @@ impl Loop {
             proto,
             io: new_conn_io(),
             phase: Phase::Backoff,
-            generation: 0,
+            generation: self.next_serial(),
             reading: false,
             writing: false,
             connecting: false,
@@ -564,6 +607,12 @@ impl Loop {
         conn.fd = Some(fd);
         conn.phase = Phase::Connecting;
         conn.connecting = true;
+        // One limit for connect and handshake together.
+        let generation = conn.generation;
+        let deadline = now + self.cfg.handshake_timeout;
+        self.timers
+            .push(Reverse((deadline, Timer::Handshake { slot, generation })));
+        let conn = &mut self.conns[slot as usize];
         let addr: *const libc::sockaddr = (&conn.io.addr as *const libc::sockaddr_storage).cast();
         let len = conn.io.addr_len;
         // SAFETY: `addr` points into the connection's boxed `ConnIo`, which is dropped only
@@ -587,7 +636,8 @@ impl Loop {
         if conn.attempts <= self.cfg.connect_retries && !self.stopping {
             let delay = self.cfg.connect_delay(conn.attempts);
             conn.phase = Phase::Backoff;
-            conn.generation = conn.generation.wrapping_add(1);
+            self.serial = self.serial.wrapping_add(1);
+            conn.generation = self.serial;
             let generation = conn.generation;
             add(&self.shared.counters.reconnects, 1);
             log::debug!(
@@ -648,10 +698,6 @@ impl Loop {
                     return self.connect_failed(slot, now);
                 }
                 conn.phase = Phase::Handshaking;
-                let generation = conn.generation;
-                let deadline = now + self.cfg.handshake_timeout;
-                self.timers
-                    .push(Reverse((deadline, Timer::Handshake { slot, generation })));
                 mark_dirty(&mut self.dirty, conn, slot);
                 self.arm_recv(slot);
             }
@@ -721,12 +767,13 @@ impl Loop {
         socket::set_nodelay(&fd, true).ok();
         let proto = self.new_proto(Side::Server);
         let raw = fd.as_raw_fd();
+        let generation = self.next_serial();
         let slot = self.conns.insert(Conn {
             fd: Some(fd),
             proto,
             io: new_conn_io(),
             phase: Phase::Handshaking,
-            generation: 0,
+            generation,
             reading: false,
             writing: false,
             connecting: false,
@@ -744,13 +791,9 @@ impl Loop {
         }
         add(&self.shared.counters.connections_accepted, 1);
         let deadline = now + self.cfg.handshake_timeout;
-        self.timers.push(Reverse((
-            deadline,
-            Timer::Handshake {
-                slot,
-                generation: 0,
-            },
-        )));
+        let generation = self.conns[slot as usize].generation;
+        self.timers
+            .push(Reverse((deadline, Timer::Handshake { slot, generation })));
         self.arm_recv(slot);
     }
 
@@ -790,8 +833,7 @@ impl Loop {
         let Loop {
             conns,
             ctxs,
-            endpoints,
-            local,
+            outbox,
             shared,
             dirty,
             ..
@@ -819,15 +861,7 @@ impl Loop {
                                         rtt,
                                         payload: f.header.payload_len,
                                     });
-                                    deliver(
-                                        endpoints,
-                                        local,
-                                        shared,
-                                        p.origin,
-                                        p.tag,
-                                        p.op.kind(),
-                                        reply,
-                                    );
+                                    deliver(outbox, shared, p.origin, p.tag, p.op.kind(), reply);
                                 }
                             }
                             _ => violation = Some("answer with an unknown or stale handle"),
@@ -875,8 +909,14 @@ impl Loop {
                 _ => Error::Protocol,
             };
             conn.failure = failure;
-            // Let the queued ERROR frame go out before closing.
+            // Let the queued ERROR frame go out before closing, but not for long: a peer
+            // that does not read must not keep the connection.
             mark_dirty(&mut self.dirty, conn, slot);
+            let generation = conn.generation;
+            self.timers.push(Reverse((
+                now + CLOSE_LINGER,
+                Timer::Close { slot, generation },
+            )));
         }
     }
 
@@ -992,6 +1032,16 @@ impl Loop {
                         self.start_connect(slot, now);
                     }
                 }
+                Timer::Close { slot, generation } => {
+                    let lingering = self
+                        .conns
+                        .get(slot as usize)
+                        .is_some_and(|c| c.generation == generation && c.phase != Phase::Closing);
+                    if lingering {
+                        let failure = self.conns[slot as usize].failure;
+                        self.lose(slot, failure);
+                    }
+                }
                 Timer::Handshake { slot, generation } => {
                     let stuck = self.conns.get(slot as usize).is_some_and(|c| {
                         c.generation == generation
@@ -1014,15 +1064,7 @@ impl Loop {
         kind: RequestKind,
         result: Result<Reply, Error>,
     ) {
-        deliver(
-            &mut self.endpoints,
-            &mut self.local,
-            &self.shared,
-            origin,
-            tag,
-            kind,
-            result,
-        );
+        deliver(&mut self.outbox, &self.shared, origin, tag, kind, result);
     }
 
     /// Closes connection `slot` for `why`: fails its requests now, and drops it once its
@@ -1100,9 +1142,13 @@ impl Loop {
         self.stopping = true;
         // Requests still in the rings fail with Shutdown.
         let now = Instant::now();
-        for i in 0..self.endpoints.len() {
-            while let Some(req) = self.endpoints[i].as_mut().and_then(|e| e.requests.pop()) {
-                self.submit(req, Origin::Endpoint(i as u32), now);
+        for i in 0..self.outbox.endpoints.len() {
+            let origin = Origin::Endpoint(i as u32, self.outbox.generations[i]);
+            while let Some(req) = self.outbox.endpoints[i]
+                .as_mut()
+                .and_then(|e| e.requests.pop())
+            {
+                self.submit(req, origin, now);
             }
         }
         let slots: Vec<u32> = self.conns.iter().map(|(s, _)| s as u32).collect();
@@ -1128,7 +1174,7 @@ impl Loop {
 
     /// Completions for the embedding thread.
     pub(crate) fn take_local(&mut self) -> Option<Completion> {
-        self.local.pop_front()
+        self.outbox.local.pop_front()
     }
 
     /// Runs iterations until one makes no progress, or parks for up to `timeout` when the
@@ -1172,9 +1218,17 @@ impl Loop {
     }
 }
 
+/// Where completions go: the handles' rings (or callbacks) and the embedding thread.
+#[derive(Default)]
+struct Outbox {
+    endpoints: Vec<Option<Endpoint>>,
+    /// Generation of each `endpoints` entry, bumped when the entry is reused.
+    generations: Vec<u32>,
+    local: VecDeque<Completion>,
+}
+
 fn deliver(
-    endpoints: &mut [Option<Endpoint>],
-    local: &mut VecDeque<Completion>,
+    outbox: &mut Outbox,
     shared: &LoopShared,
     origin: Origin,
     tag: u64,
@@ -1189,9 +1243,12 @@ fn deliver(
     add(counter, 1);
     let completion = Completion { tag, result };
     match origin {
-        Origin::Local => local.push_back(completion),
-        Origin::Endpoint(i) => {
-            let Some(Some(ep)) = endpoints.get_mut(i as usize) else {
+        Origin::Local => outbox.local.push_back(completion),
+        Origin::Endpoint(i, generation) => {
+            if outbox.generations.get(i as usize) != Some(&generation) {
+                return;
+            }
+            let Some(Some(ep)) = outbox.endpoints.get_mut(i as usize) else {
                 return;
             };
             if let Some(cb) = &ep.callback {

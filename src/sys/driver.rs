@@ -130,6 +130,18 @@ impl Driver {
     pub fn shutdown(&mut self, slot: u32, fd: RawFd) {
         // SAFETY: shutdown(2) on an fd we own; no memory is passed.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        if let Driver::Uring(d) = self {
+            // shutdown(2) does not abort a connect still in progress (it would wait for the
+            // TCP connect timeout): cancel it. Without such an operation the cancel
+            // completes with -ENOENT, which is ignored (its user_data has no operation).
+            let entry = opcode::AsyncCancel::new(user_data(slot, Op::Connect))
+                .build()
+                .user_data((slot as u64) << 8);
+            // SAFETY: the cancel entry references no memory.
+            if let Err(e) = unsafe { d.push(&entry) } {
+                log::warn!("cancelling connect on slot {slot}: {e}");
+            }
+        }
         if let Driver::Epoll(d) = self {
             // Readiness for a shut-down socket arrives as an event; run the pending
             // operations now anyway so a socket that never reports still completes.
