@@ -14,6 +14,7 @@
 
 pub mod ctx;
 pub mod proto;
+pub mod spsc;
 #[allow(dead_code)]
 pub(crate) mod sys;
 pub mod wire;
