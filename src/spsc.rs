@@ -467,7 +467,14 @@ mod tests {
     use std::time::Instant;
 
     /// Miri is slow: shrink the stress loops there.
-    const STRESS_ITEMS: u64 = if cfg!(miri) { 2_000 } else { 5_000_000 };
+    // Debug builds (the CI test run) use fewer items; `cargo test --release` runs the full count.
+    const STRESS_ITEMS: u64 = if cfg!(miri) {
+        2_000
+    } else if cfg!(debug_assertions) {
+        500_000
+    } else {
+        5_000_000
+    };
 
     #[test]
     fn capacity_rounds_up_to_a_power_of_two_of_at_least_two() {
