@@ -95,6 +95,8 @@ pub enum Segment {
         offset: u64,
         /// Length.
         len: u64,
+        /// The tensor's last bytes: once written, the token is released.
+        last: bool,
     },
 }
 
@@ -243,6 +245,8 @@ pub struct Encoder {
     ready_bytes: u64,
     front_done: u64,
     jobs: VecDeque<ChunkJob>,
+    /// Tokens whose bytes the encoder no longer needs (copied, or fully written).
+    released: Vec<u64>,
 }
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
@@ -258,6 +262,7 @@ impl Encoder {
             ready_bytes: 0,
             front_done: 0,
             jobs: VecDeque::new(),
+            released: Vec::new(),
         };
         e.new_block(cfg.block_size);
         e
@@ -287,6 +292,15 @@ impl Encoder {
     /// Bytes queued and ready to write (chunks not yet added by [`fill`](Self::fill) excluded).
     pub fn ready_bytes(&self) -> u64 {
         self.ready_bytes - self.front_done
+    }
+
+    /// Hands every released token to `f`: tokens of tensors passed to
+    /// [`push`](Self::push) or [`response`](Self::response) whose bytes were copied into a
+    /// frame or have been completely written. Each token is released once.
+    pub fn take_released(&mut self, mut f: impl FnMut(u64)) {
+        for t in self.released.drain(..) {
+            f(t);
+        }
     }
 
     /// Arena blocks allocated so far (they are reused, never freed before the encoder).
@@ -600,6 +614,7 @@ impl Encoder {
                 Placement::Copy => {
                     let n = t.meta.byte_len as usize;
                     self.blocks[block].buf[copy_at..copy_at + n].copy_from_slice(&t.bytes[..n]);
+                    self.released.push(t.token);
                     self.queue(Segment::Arena {
                         block: block as u32,
                         start: copy_at as u32,
@@ -611,6 +626,7 @@ impl Encoder {
                     token: t.token,
                     offset: 0,
                     len: t.meta.byte_len,
+                    last: true,
                 }),
                 Placement::Chunked => self.jobs.push_back(ChunkJob {
                     handle,
@@ -619,7 +635,7 @@ impl Encoder {
                     byte_len: t.meta.byte_len,
                     next: 0,
                 }),
-                Placement::None => {}
+                Placement::None => self.released.push(t.token),
             }
         }
         Ok(())
@@ -658,6 +674,7 @@ impl Encoder {
                 token: job.token,
                 offset: job.next,
                 len,
+                last: job.next + len == job.byte_len,
             });
             let front = self.jobs.front_mut().expect("job checked above");
             front.next += len;
@@ -678,7 +695,9 @@ impl Encoder {
                     let s = start as usize + skip as usize;
                     Piece::Bytes(&self.blocks[block as usize].buf[s..start as usize + len as usize])
                 }
-                Segment::Tensor { token, offset, len } => Piece::Tensor {
+                Segment::Tensor {
+                    token, offset, len, ..
+                } => Piece::Tensor {
                     token,
                     offset: offset + skip,
                     len: len - skip,
@@ -702,12 +721,18 @@ impl Encoder {
             self.front_done = 0;
             self.ready_bytes -= seg.len();
             self.ready.pop_front();
-            if let Segment::Arena { block, .. } = seg {
-                let b = &mut self.blocks[block as usize];
-                b.refs -= 1;
-                if b.refs == 0 {
-                    b.used = 0;
+            match seg {
+                Segment::Arena { block, .. } => {
+                    let b = &mut self.blocks[block as usize];
+                    b.refs -= 1;
+                    if b.refs == 0 {
+                        b.used = 0;
+                    }
                 }
+                Segment::Tensor {
+                    token, last: true, ..
+                } => self.released.push(token),
+                Segment::Tensor { .. } => {}
             }
         }
     }

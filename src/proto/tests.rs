@@ -605,3 +605,61 @@ fn buffer_returns_to_its_capacity_after_a_large_meta() {
     assert!(dec.is_idle());
     assert_eq!(dec.spare().len(), 4096, "back to the initial capacity");
 }
+
+#[test]
+fn tokens_are_released_once_their_bytes_are_no_longer_needed() {
+    fn t<'a>(dims: &'a [u64], bytes: &'a [u8], token: u64) -> OutTensor<'a> {
+        OutTensor {
+            meta: TensorMeta::new(DType::U8, dims).unwrap(),
+            bytes,
+            token,
+        }
+    }
+    let (tiny, big, huge) = (vec![1u8; 8], vec![2u8; 10_000], vec![3u8; 200_000]);
+    let (d_tiny, d_big, d_huge) = ([8u64], [10_000u64], [200_000u64]);
+    let mut store = HashMap::new();
+    store.insert(2, big.clone());
+    store.insert(3, huge.clone());
+    let mut enc = Encoder::new(EncoderConfig {
+        chunk_size: 64 << 10,
+        ..EncoderConfig::default()
+    });
+    let dead = OutTensor {
+        meta: TensorMeta::dead(DType::F32),
+        bytes: &[],
+        token: 4,
+    };
+    let items = [
+        PushItem {
+            var_id: 1,
+            tensor: t(&d_tiny, &tiny, 1),
+        },
+        PushItem {
+            var_id: 2,
+            tensor: t(&d_big, &big, 2),
+        },
+        PushItem {
+            var_id: 3,
+            tensor: t(&d_huge, &huge, 3),
+        },
+        PushItem {
+            var_id: 4,
+            tensor: dead,
+        },
+    ];
+    enc.push(1, &items).unwrap();
+    let mut released = Vec::new();
+    enc.take_released(|t| released.push(t));
+    assert_eq!(
+        released,
+        [1, 4],
+        "copied and dead tensors are released at once"
+    );
+    let _ = drain(&mut enc, &store, 4096);
+    enc.take_released(|t| released.push(t));
+    assert_eq!(
+        released,
+        [1, 4, 2, 3],
+        "referenced ones once written, each once"
+    );
+}
