@@ -34,12 +34,18 @@ use slab::Slab;
 use crate::config::Config;
 use crate::ctx::{CtxSlab, Handle as CtxHandle};
 use crate::error::Error;
-use crate::proto::{ConnEvent, Connection, EncoderConfig, Identity, Piece, Side};
+use crate::proto::{
+    ConnEvent, Connection, Encoder, EncoderConfig, Identity, NextRead, OutTensor, PayloadTarget,
+    Piece, PushItem, ResponseItem, Side,
+};
+use crate::service::SharedService;
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::{add, Counters, RequestKind};
 use crate::sys::doorbell::Doorbell;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
 use crate::sys::{socket, Backend};
+use crate::tensor::{SharedAllocator, Tensor};
+use crate::transport::{IncomingPush, ReplyState};
 use crate::wire::{Body, Kind, Status};
 
 /// Most iovecs in one send.
@@ -50,22 +56,37 @@ const CLOSE_LINGER: Duration = Duration::from_secs(1);
 const DRAIN_BATCH: usize = 256;
 
 /// What a request asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RequestOp {
     /// A ping with this many payload bytes.
     Ping { payload: u32 },
+    /// Values of variables; received tensors get memory from `alloc` (or the runtime's).
+    Pull {
+        ids: Vec<u64>,
+        alloc: Option<SharedAllocator>,
+    },
+    /// Tensors for variables.
+    Push { items: Vec<(u64, Arc<Tensor>)> },
 }
 
 impl RequestOp {
     fn kind(&self) -> RequestKind {
         match self {
             RequestOp::Ping { .. } => RequestKind::Ping,
+            RequestOp::Pull { .. } => RequestKind::Pull,
+            RequestOp::Push { .. } => RequestKind::Push,
+        }
+    }
+
+    fn reply_state(&self) -> ReplyState {
+        match self {
+            RequestOp::Ping { .. } => ReplyState::Ping,
+            RequestOp::Pull { ids, .. } => ReplyState::pull(ids.len()),
+            RequestOp::Push { items } => ReplyState::push(items.len()),
         }
     }
 }
 
 /// A request travelling from a handle to the loop that owns the peer's connection.
-#[derive(Debug, Clone, Copy)]
 pub(crate) struct Request {
     pub op: RequestOp,
     pub peer: SocketAddr,
@@ -77,9 +98,13 @@ pub(crate) struct Request {
 }
 
 /// The answer to a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Reply {
+    /// A pull's answer: per id, its tensor or why there is none.
+    Pulled(Vec<Result<Tensor, Status>>),
+    /// A push's answer: per item, how the service took it.
+    Pushed(Vec<Status>),
     /// A ping's answer: the round-trip time measured by the loop, from the request being
     /// queued on the connection to the pong being decoded, and the echoed payload size.
     Pong {
@@ -91,7 +116,7 @@ pub enum Reply {
 }
 
 /// A finished request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub struct Completion {
     /// The tag given when the request was submitted.
     pub tag: u64,
@@ -134,8 +159,16 @@ impl LoopShared {
     }
 
     /// Wakes the loop if it is parked: once per parked period, not once per message.
+    ///
+    /// Called after publishing a request. The producer stores the ring's tail and then
+    /// loads `parked`; the loop stores `parked` and then loads the tail. Each side puts a
+    /// SeqCst fence between its store and its load, so at least one sees the other's
+    /// store: either the loop finds the request before it parks, or the producer finds
+    /// the loop parked and rings. Without the fences both loads could miss (store-load
+    /// reordering) and the request would sit until the next timer.
     pub(crate) fn wake(&self) {
-        if self.parked.load(Ordering::SeqCst) && self.parked.swap(false, Ordering::SeqCst) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::SeqCst) {
             self.doorbell.ring();
         }
     }
@@ -152,11 +185,16 @@ enum Origin {
 }
 
 /// An in-flight request.
-#[derive(Debug)]
 struct Pending {
     tag: u64,
     origin: Origin,
-    op: RequestOp,
+    kind: RequestKind,
+    /// What to send; taken when the request is encoded.
+    op: Option<RequestOp>,
+    /// The answer so far.
+    state: ReplyState,
+    /// Memory for received tensors, when the request brings its own.
+    alloc: Option<SharedAllocator>,
     conn: u32,
     /// When the request was queued on the connection.
     sent: Option<Instant>,
@@ -224,6 +262,16 @@ struct Conn {
     dirty: bool,
     /// Set when the connection is being closed for an error; what in-flight requests get.
     failure: Error,
+    /// Tensors whose bytes the encoder references, by token, until written.
+    out_tensors: Slab<Arc<Tensor>>,
+    /// Handle of the last frame decoded: payload of inline tensors belongs to it.
+    cur_handle: u64,
+    /// The last `CHUNK` decoded: handle, item index, and where its bytes end.
+    cur_chunk: (u64, u32, u64),
+    /// Pushes being received (server side).
+    incoming: Vec<IncomingPush>,
+    /// The receive in flight reads straight into a tensor, not into the buffer.
+    direct: bool,
 }
 
 impl Conn {
@@ -234,6 +282,14 @@ impl Conn {
     fn ops_in_flight(&self) -> bool {
         self.reading || self.writing || self.connecting
     }
+}
+
+/// What a loop serves and how it receives tensors.
+#[derive(Clone)]
+pub(crate) struct LoopParts {
+    pub service: Option<SharedService>,
+    pub allocator: SharedAllocator,
+    pub zero_copy_min: u64,
 }
 
 /// The per-thread event loop.
@@ -257,6 +313,10 @@ pub(crate) struct Loop {
     /// Source of connection generations: unique per connection and per connect attempt,
     /// so a timer never acts on a later connection that reuses its slot.
     serial: u32,
+    service: Option<SharedService>,
+    allocator: SharedAllocator,
+    /// Payload at least this long is received straight into its tensor.
+    zero_copy_min: u64,
 }
 
 impl Loop {
@@ -267,6 +327,7 @@ impl Loop {
         shared: Arc<LoopShared>,
         backend: Backend,
         listener: Option<OwnedFd>,
+        parts: LoopParts,
     ) -> std::io::Result<Loop> {
         let entries = 1024u32;
         let driver = Driver::new(backend, entries, &shared.doorbell)?;
@@ -301,6 +362,9 @@ impl Loop {
             stopping: false,
             zeros: Vec::new(),
             serial: 0,
+            service: parts.service,
+            allocator: parts.allocator,
+            zero_copy_min: parts.zero_copy_min,
         };
         if let Some(l) = &lp.listener {
             let fd = l.as_raw_fd();
@@ -362,8 +426,9 @@ impl Loop {
     /// Parks in the kernel until I/O, the next timer, or the doorbell.
     fn park(&mut self, now: Instant) {
         self.shared.parked.store(true, Ordering::SeqCst);
-        // Re-check after announcing: a producer that pushed before seeing the flag is seen
-        // here; one that pushed after will ring the doorbell.
+        // Pairs with the fence in `LoopShared::wake`: a producer that published before it
+        // could see the flag is seen by this re-check; one that publishes after rings.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.work_queued() {
             self.shared.parked.store(false, Ordering::SeqCst);
             return;
@@ -459,26 +524,32 @@ impl Loop {
 
     /// Starts a request (from a ring, or directly in embedded mode).
     fn submit(&mut self, req: Request, origin: Origin, now: Instant) {
+        let kind = req.op.kind();
         if self.stopping {
-            return self.deliver(origin, req.tag, req.op.kind(), Err(Error::Shutdown));
+            return self.deliver(origin, req.tag, kind, Err(Error::Shutdown));
         }
         let slot = match self.peer_conn(req.peer, req.lane, now) {
             Ok(s) => s,
-            Err(e) => return self.deliver(origin, req.tag, req.op.kind(), Err(e)),
+            Err(e) => return self.deliver(origin, req.tag, kind, Err(e)),
+        };
+        let alloc = match &req.op {
+            RequestOp::Pull { alloc, .. } => alloc.clone(),
+            _ => None,
         };
         let pending = Pending {
             tag: req.tag,
             origin,
-            op: req.op,
+            kind,
+            state: req.op.reply_state(),
+            op: Some(req.op),
+            alloc,
             conn: slot,
             sent: None,
             abandoned: false,
         };
         let handle = match self.ctxs.insert(pending) {
             Ok(h) => h.to_raw(),
-            Err(_) => {
-                return self.deliver(origin, req.tag, req.op.kind(), Err(Error::Backpressure))
-            }
+            Err(_) => return self.deliver(origin, req.tag, kind, Err(Error::Backpressure)),
         };
         if let Some(deadline) = req.deadline {
             self.push_deadline(deadline, handle);
@@ -516,16 +587,20 @@ impl Loop {
             return;
         }
         p.sent = Some(now);
-        let op = p.op;
+        let Some(op) = p.op.take() else {
+            return;
+        };
         let conn = &mut self.conns[slot as usize];
-        let result = match op {
+        let result = match &op {
             RequestOp::Ping { payload } => {
-                let n = payload as usize;
+                let n = *payload as usize;
                 if self.zeros.len() < n {
                     self.zeros.resize(n, 0);
                 }
                 conn.proto.encoder().ping(handle, &self.zeros[..n])
             }
+            RequestOp::Pull { ids, .. } => conn.proto.encoder().pull(handle, ids),
+            RequestOp::Push { items } => encode_push(conn, handle, items),
         };
         match result {
             Ok(()) => {
@@ -535,7 +610,7 @@ impl Loop {
             Err(e) => {
                 log::debug!("request not encodable: {e}");
                 if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
-                    self.deliver(p.origin, p.tag, p.op.kind(), Err(Error::InvalidArgument));
+                    self.deliver(p.origin, p.tag, p.kind, Err(Error::InvalidArgument));
                 }
             }
         }
@@ -562,6 +637,11 @@ impl Loop {
             waiting: VecDeque::new(),
             dirty: false,
             failure: Error::ConnectionLost,
+            out_tensors: Slab::new(),
+            cur_handle: 0,
+            cur_chunk: (0, 0, 0),
+            incoming: Vec::new(),
+            direct: false,
         };
         let slot = self.conns.insert(conn) as u32;
         self.peers.insert((peer, lane), slot);
@@ -717,7 +797,12 @@ impl Loop {
                     return self.lose(slot, Error::ConnectionLost);
                 }
                 add(&self.shared.counters.bytes_in, result as u64);
-                conn.proto.decoder().filled(result as usize);
+                if std::mem::take(&mut conn.direct) {
+                    add(&self.shared.counters.payload_direct, result as u64);
+                    conn.proto.decoder().payload_received(result as u64);
+                } else {
+                    conn.proto.decoder().filled(result as usize);
+                }
                 self.process(slot, now);
                 self.arm_recv(slot);
             }
@@ -733,6 +818,7 @@ impl Loop {
                 }
                 add(&self.shared.counters.bytes_out, result as u64);
                 conn.proto.encoder().advance(result as u64);
+                release_tokens(conn);
                 mark_dirty(&mut self.dirty, conn, slot);
             }
             Op::Accept => {}
@@ -783,6 +869,11 @@ impl Loop {
             waiting: VecDeque::new(),
             dirty: false,
             failure: Error::ConnectionLost,
+            out_tensors: Slab::new(),
+            cur_handle: 0,
+            cur_chunk: (0, 0, 0),
+            incoming: Vec::new(),
+            direct: false,
         }) as u32;
         if let Err(e) = self.driver.register(slot, raw) {
             log::warn!("register accepted socket: {e}");
@@ -808,6 +899,23 @@ impl Loop {
             return;
         }
         let fd = conn.fd();
+        if let Some((ptr, len)) = direct_target(conn, &mut self.ctxs, self.zero_copy_min) {
+            conn.reading = true;
+            conn.direct = true;
+            // SAFETY: `ptr..ptr+len` lies inside the memory of a tensor owned by a request
+            // context or an incoming push of this connection. Neither is dropped while this
+            // receive is in flight: requests are failed and the connection dropped only
+            // once its operations have completed (`maybe_finish`), and a request completes
+            // only after this payload has been reported to the decoder.
+            if let Err(e) = unsafe { self.driver.recv(slot, fd, ptr, len) } {
+                log::warn!("connection {slot}: recv: {e}");
+                let conn = &mut self.conns[slot as usize];
+                conn.reading = false;
+                conn.direct = false;
+                self.lose(slot, Error::ConnectionLost);
+            }
+            return;
+        }
         let spare = conn.proto.decoder().spare();
         if spare.is_empty() {
             // Buffered bytes must be decoded first; `process` runs before every re-arm, so
@@ -836,56 +944,41 @@ impl Loop {
             outbox,
             shared,
             dirty,
+            service,
+            allocator,
             ..
         } = self;
         let conn = &mut conns[slot as usize];
-        let mut opened = false;
-        let mut violation = None;
-        conn.proto.process(|ev, _encoder| match ev {
-            ConnEvent::Opened => opened = true,
-            ConnEvent::Frame(f) => {
-                add(&shared.counters.frames_in, 1);
-                match f.header.kind {
-                    Kind::Pong | Kind::Error => {
-                        let h = CtxHandle::from_raw(f.header.handle);
-                        let result = match f.body {
-                            Body::Error(_) => Err(Error::Remote(f.header.status)),
-                            _ => Ok(()),
-                        };
-                        match ctxs.get(h) {
-                            Ok(p) if p.conn == slot && matches!(p.op, RequestOp::Ping { .. }) => {
-                                let p = ctxs.remove(h).expect("looked up above");
-                                if !p.abandoned {
-                                    let rtt = p.sent.map_or(Duration::ZERO, |s| now - s);
-                                    let reply = result.map(|()| Reply::Pong {
-                                        rtt,
-                                        payload: f.header.payload_len,
-                                    });
-                                    deliver(outbox, shared, p.origin, p.tag, p.op.kind(), reply);
-                                }
-                            }
-                            _ => violation = Some("answer with an unknown or stale handle"),
-                        }
-                    }
-                    _ => {
-                        // Requests other than ping are served by the transport layer; a
-                        // peer that sends one to a loop without a service gets an error.
-                        if f.header.kind.is_request() {
-                            let _ = _encoder.error(
-                                f.header.handle,
-                                Status::Unimplemented,
-                                "no service for this request kind",
-                            );
-                        }
-                    }
-                }
-            }
-            ConnEvent::Payload { .. } | ConnEvent::FrameEnd(_) => {}
-        });
+        let Conn {
+            proto,
+            out_tensors,
+            cur_handle,
+            cur_chunk,
+            incoming,
+            ..
+        } = conn;
+        let mut d = Dispatch {
+            slot,
+            now,
+            ctxs,
+            outbox,
+            shared,
+            service: service.as_deref(),
+            allocator: &**allocator,
+            out_tensors,
+            cur_handle,
+            cur_chunk,
+            incoming,
+            opened: false,
+            violation: None,
+        };
+        proto.process(|ev, enc| d.on_event(ev, enc));
+        let (opened, violation) = (d.opened, d.violation);
         if let Some(why) = violation {
             log::warn!("connection {slot}: {why}; closing");
             conn.proto.abort(Status::Protocol, why);
         }
+        release_tokens(conn);
         mark_dirty(dirty, conn, slot);
         if opened {
             conn.phase = Phase::Open;
@@ -960,9 +1053,15 @@ impl Loop {
                 }
                 let (ptr, len) = match piece {
                     Piece::Bytes(b) => (b.as_ptr(), b.len()),
-                    Piece::Tensor { .. } => {
-                        bad = true;
-                        break;
+                    Piece::Tensor { token, offset, len } => {
+                        let bytes = conn.out_tensors.get(token as usize).map(|t| t.bytes());
+                        match bytes.and_then(|b| b.get(offset as usize..(offset + len) as usize)) {
+                            Some(b) => (b.as_ptr(), b.len()),
+                            None => {
+                                bad = true;
+                                break;
+                            }
+                        }
                     }
                 };
                 io.iov[n] = libc::iovec {
@@ -973,7 +1072,7 @@ impl Loop {
                 total += len as u64;
             }
             if bad {
-                log::error!("connection {slot}: tensor output without a tensor store");
+                log::error!("connection {slot}: output names a tensor it does not hold");
                 self.lose(slot, Error::Protocol);
                 continue;
             }
@@ -1014,7 +1113,7 @@ impl Loop {
                     if let Ok(p) = self.ctxs.get_mut(h) {
                         if !p.abandoned {
                             p.abandoned = true;
-                            let (origin, tag, kind) = (p.origin, p.tag, p.op.kind());
+                            let (origin, tag, kind) = (p.origin, p.tag, p.kind);
                             // Not yet sent: nothing can answer it, free the slot now.
                             if p.sent.is_none() {
                                 self.ctxs.remove(h).ok();
@@ -1096,13 +1195,23 @@ impl Loop {
     fn finish_close(&mut self, slot: u32) {
         let conn = &mut self.conns[slot as usize];
         conn.phase = Phase::Closing;
-        let why = conn.failure;
         if let Some((peer, lane)) = conn.outgoing {
             if self.peers.get(&(peer, lane)) == Some(&slot) {
                 self.peers.remove(&(peer, lane));
             }
         }
-        // Requests waiting for this connection, and requests in flight on it.
+        let fd = conn.fd();
+        if fd >= 0 && conn.ops_in_flight() {
+            self.driver.shutdown(slot, fd);
+        }
+        self.maybe_finish(slot);
+    }
+
+    /// Fails the requests waiting for or in flight on connection `slot`. Runs once no
+    /// operation is in flight: a receive may be writing into a request's tensor until then.
+    fn fail_requests(&mut self, slot: u32) {
+        let conn = &mut self.conns[slot as usize];
+        let why = conn.failure;
         let mut failed = std::mem::take(&mut self.scratch);
         failed.extend(conn.waiting.drain(..));
         for (h, p) in self.ctxs.iter() {
@@ -1113,17 +1222,11 @@ impl Loop {
         for h in failed.drain(..) {
             if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
                 if !p.abandoned {
-                    self.deliver(p.origin, p.tag, p.op.kind(), Err(why));
+                    self.deliver(p.origin, p.tag, p.kind, Err(why));
                 }
             }
         }
         self.scratch = failed;
-        let conn = &mut self.conns[slot as usize];
-        let fd = conn.fd();
-        if fd >= 0 && conn.ops_in_flight() {
-            self.driver.shutdown(slot, fd);
-        }
-        self.maybe_finish(slot);
     }
 
     /// Drops a closing connection once nothing is in flight on it.
@@ -1132,7 +1235,8 @@ impl Loop {
         if conn.phase != Phase::Closing || conn.ops_in_flight() {
             return;
         }
-        if conn.fd.is_some() {
+        self.fail_requests(slot);
+        if self.conns[slot as usize].fd.is_some() {
             self.driver.deregister(slot);
         }
         self.conns.remove(slot as usize);
@@ -1216,6 +1320,385 @@ impl Loop {
             .as_ref()
             .and_then(|l| socket::local_addr(l).ok())
     }
+}
+
+/// Acts on one connection's decoded events: answers to our requests, and requests from
+/// the peer for the service.
+struct Dispatch<'a> {
+    slot: u32,
+    now: Instant,
+    ctxs: &'a mut CtxSlab<Pending>,
+    outbox: &'a mut Outbox,
+    shared: &'a LoopShared,
+    service: Option<&'a dyn crate::service::Service>,
+    allocator: &'a dyn crate::tensor::TensorAllocator,
+    out_tensors: &'a mut Slab<Arc<Tensor>>,
+    cur_handle: &'a mut u64,
+    cur_chunk: &'a mut (u64, u32, u64),
+    incoming: &'a mut Vec<IncomingPush>,
+    opened: bool,
+    violation: Option<&'static str>,
+}
+
+impl Dispatch<'_> {
+    fn on_event(&mut self, ev: ConnEvent<'_>, enc: &mut Encoder) {
+        if self.violation.is_some() {
+            return;
+        }
+        match ev {
+            ConnEvent::Opened => self.opened = true,
+            ConnEvent::Frame(f) => {
+                add(&self.shared.counters.frames_in, 1);
+                *self.cur_handle = f.header.handle;
+                let h = f.header.handle;
+                match f.body {
+                    Body::Pong | Body::Error(_) => self.on_pong_or_error(&f),
+                    Body::Response(entries) => self.on_response(h, entries, f.header.end),
+                    Body::Pull(ids) => self.serve_pull(h, ids, enc),
+                    Body::Push(entries) => {
+                        if self.incoming.iter().any(|p| p.handle == h) {
+                            self.violation = Some("push with a handle already in use");
+                            return;
+                        }
+                        self.incoming
+                            .push(IncomingPush::new(h, entries, self.allocator));
+                    }
+                    Body::Recv(_) | Body::FusedRecv(_) => {
+                        let _ = enc.error(h, Status::Unimplemented, "recv is not served");
+                    }
+                    Body::Chunk(c) => {
+                        *self.cur_chunk = (h, c.index, c.offset + f.header.payload_len as u64);
+                    }
+                    _ => {}
+                }
+            }
+            ConnEvent::Payload {
+                target,
+                offset,
+                data,
+            } => {
+                add(&self.shared.counters.payload_copied, data.len() as u64);
+                self.on_payload(target, offset, data);
+            }
+            ConnEvent::FrameEnd(h) => match h.kind {
+                Kind::Push => {
+                    if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == h.handle) {
+                        p.frame_done();
+                    }
+                    self.finish_push(h.handle, enc);
+                }
+                Kind::Response => self.try_complete(h.handle),
+                Kind::Chunk => {
+                    // All of the chunk's bytes have arrived, copied or received in place.
+                    let (handle, index, end) = *self.cur_chunk;
+                    self.chunk_progress(handle, index, end, enc);
+                }
+                _ => {}
+            },
+        }
+    }
+
+    /// Looks up the request an answer names; a forged, stale or foreign handle is a
+    /// protocol violation.
+    fn answered(&mut self, handle: u64) -> Option<&mut Pending> {
+        let slot = self.slot;
+        match self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
+            Ok(p) if p.conn == slot && p.sent.is_some() => Some(p),
+            _ => {
+                self.violation = Some("answer with an unknown or stale handle");
+                None
+            }
+        }
+    }
+
+    fn on_pong_or_error(&mut self, f: &crate::proto::Frame<'_>) {
+        let handle = f.header.handle;
+        let now = self.now;
+        let Some(p) = self.answered(handle) else {
+            return;
+        };
+        let reply = match f.body {
+            Body::Error(_) => Err(Error::Remote(f.header.status)),
+            _ if matches!(p.state, ReplyState::Ping) => Ok(Reply::Pong {
+                rtt: p.sent.map_or(Duration::ZERO, |s| now - s),
+                payload: f.header.payload_len,
+            }),
+            _ => {
+                self.violation = Some("pong for a request that is not a ping");
+                return;
+            }
+        };
+        if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+            if !p.abandoned {
+                deliver(self.outbox, self.shared, p.origin, p.tag, p.kind, reply);
+            }
+        }
+    }
+
+    fn on_response(&mut self, handle: u64, entries: crate::wire::ResponseEntries<'_>, end: bool) {
+        let default = self.allocator;
+        let Some(p) = self.answered(handle) else {
+            return;
+        };
+        let alloc: &dyn crate::tensor::TensorAllocator = match &p.alloc {
+            Some(a) => &**a,
+            None => default,
+        };
+        if let Err(why) = p.state.accept(entries, end, alloc, p.abandoned) {
+            self.violation = Some(why);
+        }
+    }
+
+    /// Completes request `handle` if its whole answer has arrived.
+    fn try_complete(&mut self, handle: u64) {
+        let h = CtxHandle::from_raw(handle);
+        let done = self.ctxs.get(h).is_ok_and(|p| p.state.is_complete());
+        if !done {
+            return;
+        }
+        if let Ok(p) = self.ctxs.remove(h) {
+            if !p.abandoned {
+                let reply = Ok(p.state.finish());
+                deliver(self.outbox, self.shared, p.origin, p.tag, p.kind, reply);
+            }
+        }
+    }
+
+    fn on_payload(&mut self, target: PayloadTarget, offset: u64, data: &[u8]) {
+        let (handle, index) = match target {
+            PayloadTarget::Tensor { index } => (*self.cur_handle, index),
+            PayloadTarget::Chunk { handle, index } => (handle, index),
+            PayloadTarget::Opaque => return,
+        };
+        let end = offset + data.len() as u64;
+        if let Some(t) = tensor_for(self.ctxs, self.incoming, handle, index) {
+            let dst = t.bytes_mut();
+            let (start, stop) = (offset as usize, end as usize);
+            if stop <= dst.len() {
+                dst[start..stop].copy_from_slice(data);
+            }
+        }
+    }
+
+    fn chunk_progress(&mut self, handle: u64, index: u32, end: u64, enc: &mut Encoder) {
+        if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == handle) {
+            p.chunk_progress(index, end);
+            self.finish_push(handle, enc);
+        } else if let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
+            p.state.chunk_progress(index, end);
+            self.try_complete(handle);
+        }
+    }
+
+    /// Applies a completely received push and answers it.
+    fn finish_push(&mut self, handle: u64, enc: &mut Encoder) {
+        let Some(i) = self
+            .incoming
+            .iter()
+            .position(|p| p.handle == handle && p.is_complete())
+        else {
+            return;
+        };
+        let push = self.incoming.swap_remove(i);
+        let n = push.items.len();
+        let mut statuses: Vec<Status> = vec![Status::Ok; n];
+        let mut ok = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        for (pos, (id, item)) in push.items.into_iter().enumerate() {
+            match item {
+                Ok(t) => {
+                    ok.push((id, t));
+                    positions.push(pos);
+                }
+                Err(s) => statuses[pos] = s,
+            }
+        }
+        match self.service {
+            Some(service) if !ok.is_empty() => {
+                let mut got = Vec::with_capacity(ok.len());
+                service.push(ok, &mut got);
+                for (k, pos) in positions.into_iter().enumerate() {
+                    statuses[pos] = got.get(k).copied().unwrap_or(Status::Internal);
+                }
+            }
+            None => positions
+                .into_iter()
+                .for_each(|pos| statuses[pos] = Status::Unimplemented),
+            _ => {}
+        }
+        let items: Vec<ResponseItem<'_>> = statuses
+            .iter()
+            .enumerate()
+            .map(|(index, &status)| ResponseItem {
+                index: index as u32,
+                status,
+                tensor: None,
+            })
+            .collect();
+        respond(enc, handle, &items);
+    }
+
+    fn serve_pull(&mut self, handle: u64, ids: crate::wire::VarIds<'_>, enc: &mut Encoder) {
+        let Some(service) = self.service else {
+            let _ = enc.error(handle, Status::Unimplemented, "no pull service");
+            return;
+        };
+        let ids: Vec<u64> = ids.iter().collect();
+        let mut out = Vec::with_capacity(ids.len());
+        service.pull(&ids, &mut out);
+        out.resize_with(ids.len(), || Err(Status::Internal));
+        let tokens: Vec<Option<u64>> = out
+            .iter()
+            .map(|r| {
+                r.as_ref()
+                    .ok()
+                    .map(|t| self.out_tensors.insert(t.clone()) as u64)
+            })
+            .collect();
+        let items: Vec<ResponseItem<'_>> = out
+            .iter()
+            .zip(&tokens)
+            .enumerate()
+            .map(|(index, (r, token))| match (r, token) {
+                (Ok(t), Some(token)) => ResponseItem {
+                    index: index as u32,
+                    status: Status::Ok,
+                    tensor: Some(OutTensor {
+                        meta: t.meta(),
+                        bytes: t.bytes(),
+                        token: *token,
+                    }),
+                },
+                (Err(s), _) => ResponseItem {
+                    index: index as u32,
+                    status: if s.is_ok() { Status::Internal } else { *s },
+                    tensor: None,
+                },
+                (Ok(_), None) => unreachable!("every Ok result got a token"),
+            })
+            .collect();
+        if !respond(enc, handle, &items) {
+            for t in tokens.into_iter().flatten() {
+                self.out_tensors.try_remove(t as usize);
+            }
+        }
+    }
+}
+
+/// Sends `items` as one or more `RESPONSE` frames that fit the peer's frame limit, `END` on
+/// the last. Returns false (and sends an `ERROR` instead) when they cannot be encoded.
+fn respond(enc: &mut Encoder, handle: u64, items: &[ResponseItem<'_>]) -> bool {
+    let budget = (enc.config().max_frame / 2) as usize;
+    let mut start = 0;
+    while start < items.len() || start == 0 {
+        let mut end = start;
+        let mut size = 0;
+        while end < items.len() {
+            let len = 8 + items[end].tensor.map_or(0, |t| t.meta.buffer_len());
+            if end > start && size + len > budget {
+                break;
+            }
+            size += len;
+            end += 1;
+        }
+        let last = end >= items.len();
+        if let Err(e) = enc.response(handle, last, &items[start..end]) {
+            log::warn!("cannot encode response: {e}");
+            let _ = enc.error(handle, Status::Internal, "response not encodable");
+            return false;
+        }
+        if last {
+            break;
+        }
+        start = end;
+    }
+    true
+}
+
+/// The tensor receiving payload for item `index` of the request or push `handle`.
+fn tensor_for<'a>(
+    ctxs: &'a mut CtxSlab<Pending>,
+    incoming: &'a mut [IncomingPush],
+    handle: u64,
+    index: u32,
+) -> Option<&'a mut Tensor> {
+    if let Some(p) = incoming.iter_mut().find(|p| p.handle == handle) {
+        return p.tensor_mut(index);
+    }
+    ctxs.get_mut(CtxHandle::from_raw(handle))
+        .ok()?
+        .state
+        .tensor_mut(index)
+}
+
+/// Queues a push whose tensors are referenced (not copied) while they are written.
+fn encode_push(
+    conn: &mut Conn,
+    handle: u64,
+    items: &[(u64, Arc<Tensor>)],
+) -> Result<(), crate::proto::EncodeError> {
+    let tokens: Vec<u64> = items
+        .iter()
+        .map(|(_, t)| conn.out_tensors.insert(t.clone()) as u64)
+        .collect();
+    let push: Vec<PushItem<'_>> = items
+        .iter()
+        .zip(&tokens)
+        .map(|((id, t), &token)| PushItem {
+            var_id: *id,
+            tensor: OutTensor {
+                meta: t.meta(),
+                bytes: t.bytes(),
+                token,
+            },
+        })
+        .collect();
+    let r = conn.proto.encoder().push(handle, &push);
+    if r.is_err() {
+        for t in tokens {
+            conn.out_tensors.try_remove(t as usize);
+        }
+    }
+    r
+}
+
+/// Where the next payload bytes of `conn` may be received directly: a pointer into the
+/// destination tensor and the length, when the decoder offers at least `min` bytes of a
+/// tensor that has memory.
+fn direct_target(conn: &mut Conn, ctxs: &mut CtxSlab<Pending>, min: u64) -> Option<(*mut u8, u32)> {
+    let NextRead::Payload {
+        target,
+        offset,
+        len,
+    } = conn.proto.next_read()
+    else {
+        return None;
+    };
+    if len < min {
+        return None;
+    }
+    let (handle, index) = match target {
+        PayloadTarget::Tensor { index } => (conn.cur_handle, index),
+        PayloadTarget::Chunk { handle, index } => (handle, index),
+        PayloadTarget::Opaque => return None,
+    };
+    let tensor = tensor_for(ctxs, &mut conn.incoming, handle, index)?;
+    let dst = tensor.bytes_mut().get_mut(offset as usize..)?;
+    let n = (len.min(u32::MAX as u64) as usize).min(dst.len());
+    if n == 0 {
+        return None;
+    }
+    Some((dst.as_mut_ptr(), n as u32))
+}
+
+/// Drops the references the encoder no longer needs.
+fn release_tokens(conn: &mut Conn) {
+    let Conn {
+        proto, out_tensors, ..
+    } = conn;
+    proto.encoder().take_released(|t| {
+        out_tensors.try_remove(t as usize);
+    });
 }
 
 /// Where completions go: the handles' rings (or callbacks) and the embedding thread.

@@ -18,14 +18,19 @@ pub mod ctx;
 mod error;
 pub mod proto;
 mod runtime;
+pub mod service;
 pub mod spsc;
 pub mod stats;
 #[allow(dead_code)]
 pub(crate) mod sys;
+pub mod tensor;
+mod transport;
 pub mod wire;
 
 pub use crate::core::{Callback, Completion, Reply};
 pub use config::Config;
 pub use error::Error;
-pub use runtime::{Embedded, Handle, Runtime};
+pub use runtime::{Embedded, Handle, Options, Runtime, DEFAULT_ZERO_COPY_MIN};
+pub use service::Service;
 pub use stats::Stats;
+pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};

@@ -20,16 +20,58 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::core::{Callback, Completion, Endpoint, Loop, LoopShared, Request, RequestOp};
+use crate::core::{
+    Callback, Completion, Endpoint, Loop, LoopParts, LoopShared, Request, RequestOp,
+};
 use crate::error::Error;
+use crate::service::SharedService;
 use crate::spsc::{self, Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
+use crate::tensor::{HeapAllocator, SharedAllocator, Tensor};
+
+/// Payload of at least this many bytes is received straight into the tensor's memory;
+/// shorter payload is copied once out of the receive buffer.
+pub const DEFAULT_ZERO_COPY_MIN: u64 = 16 * 1024;
+
+/// What a runtime serves, and how it receives tensors.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Address every loop listens on (port 0 picks one port for all).
+    pub listen: Option<SocketAddr>,
+    /// Answers the pulls and pushes that arrive; without one they fail with
+    /// `UNIMPLEMENTED`.
+    pub service: Option<SharedService>,
+    /// Memory for received tensors; [`HeapAllocator`] when `None`.
+    pub allocator: Option<SharedAllocator>,
+    /// Payload of at least this many bytes is received in place (default
+    /// [`DEFAULT_ZERO_COPY_MIN`]).
+    pub zero_copy_min: Option<u64>,
+}
+
+impl Options {
+    /// Options that listen on `addr`.
+    pub fn listen(addr: SocketAddr) -> Options {
+        Options {
+            listen: Some(addr),
+            ..Options::default()
+        }
+    }
+
+    fn parts(&self) -> LoopParts {
+        LoopParts {
+            service: self.service.clone(),
+            allocator: self
+                .allocator
+                .clone()
+                .unwrap_or_else(|| Arc::new(HeapAllocator)),
+            zero_copy_min: self.zero_copy_min.unwrap_or(DEFAULT_ZERO_COPY_MIN),
+        }
+    }
+}
 
 /// Listen backlog of each loop's listener.
 const BACKLOG: i32 = 1024;
-/// How long a waiting thread spins before it parks.
-const WAIT_SPIN: Duration = Duration::from_micros(20);
 
 struct Inner {
     cfg: Arc<Config>,
@@ -50,6 +92,19 @@ impl Runtime {
     /// one port for all of them; see [`local_addr`](Self::local_addr)) and answers the
     /// requests its accepted connections carry.
     pub fn start(config: Config, listen: Option<SocketAddr>) -> io::Result<Runtime> {
+        Self::start_with(
+            config,
+            Options {
+                listen,
+                ..Options::default()
+            },
+        )
+    }
+
+    /// Starts the loops with a service, an allocator, or other [`Options`].
+    pub fn start_with(config: Config, options: Options) -> io::Result<Runtime> {
+        let listen = options.listen;
+        let parts = options.parts();
         let (backend, caps) = sys::select(config.backend)?;
         log::info!(
             "starwire: backend {backend}{}",
@@ -95,6 +150,7 @@ impl Runtime {
             let cfg = cfg.clone();
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
+            let parts = parts.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {
@@ -107,7 +163,7 @@ impl Runtime {
                             return;
                         }
                     }
-                    let mut lp = match Loop::new(cfg, sh, backend, listener) {
+                    let mut lp = match Loop::new(cfg, sh, backend, listener, parts) {
                         Ok(lp) => lp,
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
@@ -265,6 +321,46 @@ impl Handle {
         self.submit(RequestOp::Ping { payload }, peer, deadline)
     }
 
+    /// Reads variables `ids` from `peer`. The reply is [`Reply::Pulled`](crate::Reply::Pulled)
+    /// with one tensor (or status) per id, in memory from the runtime's allocator.
+    pub fn pull(
+        &mut self,
+        peer: SocketAddr,
+        ids: Vec<u64>,
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        self.submit(RequestOp::Pull { ids, alloc: None }, peer, deadline)
+    }
+
+    /// Like [`pull`](Self::pull), with received tensors placed in memory from `alloc` — for
+    /// instance buffers the caller already owns.
+    pub fn pull_into(
+        &mut self,
+        peer: SocketAddr,
+        ids: Vec<u64>,
+        alloc: SharedAllocator,
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        let op = RequestOp::Pull {
+            ids,
+            alloc: Some(alloc),
+        };
+        self.submit(op, peer, deadline)
+    }
+
+    /// Delivers tensors (gradients) for variables to `peer`. Their bytes are sent from the
+    /// tensors themselves (no copy above a small size), which the runtime holds until they
+    /// are written. The reply is [`Reply::Pushed`](crate::Reply::Pushed), one status per
+    /// item.
+    pub fn push(
+        &mut self,
+        peer: SocketAddr,
+        items: Vec<(u64, Arc<Tensor>)>,
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        self.submit(RequestOp::Push { items }, peer, deadline)
+    }
+
     fn submit(
         &mut self,
         op: RequestOp,
@@ -326,7 +422,8 @@ impl Handle {
         self.take(None)
     }
 
-    /// Waits for the completion of `tag` (spin, then park).
+    /// Waits for the completion of `tag`: spins for the configured budget
+    /// (`STARWIRE_SPIN_US`; without end when polling), then parks until woken.
     pub fn wait(&mut self, tag: u64) -> Completion {
         self.wait_for(Some(tag))
     }
@@ -362,7 +459,10 @@ impl Handle {
                     result: Err(Error::Shutdown),
                 };
             }
-            if start.elapsed() < WAIT_SPIN {
+            // A waiting thread spins like a loop does: for the configured budget, or without
+            // end when polling.
+            let cfg = &self.inner.cfg;
+            if cfg.polling || start.elapsed() < cfg.spin {
                 core::hint::spin_loop();
                 continue;
             }
@@ -400,13 +500,31 @@ impl Embedded {
     /// A loop for the calling thread, listening on `listen` if given. Nothing runs until
     /// the caller calls [`poll`](Self::poll) (or [`wait`](Self::wait)).
     pub fn new(config: Config, listen: Option<SocketAddr>) -> io::Result<Embedded> {
+        Self::with_options(
+            config,
+            Options {
+                listen,
+                ..Options::default()
+            },
+        )
+    }
+
+    /// A loop for the calling thread with a service, an allocator, or other [`Options`].
+    pub fn with_options(config: Config, options: Options) -> io::Result<Embedded> {
+        let listen = options.listen;
         let (backend, _) = sys::select(config.backend)?;
         let listener = match listen {
             Some(addr) => Some(socket::listen_tcp(addr, BACKLOG)?),
             None => None,
         };
         let shared = Arc::new(LoopShared::new()?);
-        let lp = Loop::new(Arc::new(config), shared.clone(), backend, listener)?;
+        let lp = Loop::new(
+            Arc::new(config),
+            shared.clone(),
+            backend,
+            listener,
+            options.parts(),
+        )?;
         Ok(Embedded {
             lp,
             shared,
@@ -430,6 +548,34 @@ impl Embedded {
         self.next_tag += 1;
         self.lp.submit_local(Request {
             op: RequestOp::Ping { payload },
+            peer,
+            lane: 0,
+            deadline,
+            tag,
+        });
+        tag
+    }
+
+    /// Queues a pull; returns its tag.
+    pub fn pull(&mut self, peer: SocketAddr, ids: Vec<u64>, deadline: Option<Instant>) -> u64 {
+        self.local(RequestOp::Pull { ids, alloc: None }, peer, deadline)
+    }
+
+    /// Queues a push; returns its tag.
+    pub fn push(
+        &mut self,
+        peer: SocketAddr,
+        items: Vec<(u64, Arc<Tensor>)>,
+        deadline: Option<Instant>,
+    ) -> u64 {
+        self.local(RequestOp::Push { items }, peer, deadline)
+    }
+
+    fn local(&mut self, op: RequestOp, peer: SocketAddr, deadline: Option<Instant>) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.lp.submit_local(Request {
+            op,
             peer,
             lane: 0,
             deadline,

@@ -219,8 +219,11 @@ impl Driver {
                 unsafe { d.push(&entry) }
             }
             Driver::Epoll(d) => {
-                d.pending(slot).recv = Some((buf, len));
-                d.retry(slot, true, false);
+                let p = d.pending(slot);
+                p.recv = Some((buf, len));
+                if !p.drained {
+                    d.retry(slot, true, false);
+                }
                 Ok(())
             }
         }
@@ -352,9 +355,11 @@ impl UringDriver {
     ) -> io::Result<usize> {
         if wait && !self.ring.has_completions() {
             self.ring.submit_and_wait(1, timeout)?;
-        } else {
+        } else if self.ring.pending_submissions() > 0 {
             self.ring.submit()?;
         }
+        // With nothing to submit, no syscall: completions are read from the shared ring
+        // (the kernel posts them without our help, as COOP_TASKRUN is not set).
         let mut rearm = false;
         let n = self.ring.reap(|user_data, result, _flags| {
             if let Some(c) = decode(user_data, result) {
@@ -376,6 +381,9 @@ impl UringDriver {
 #[derive(Debug)]
 struct Pending {
     fd: RawFd,
+    /// The last receive emptied the socket: the next one waits for readiness instead of
+    /// trying first (edge-triggered epoll reports any data that arrives later).
+    drained: bool,
     accept: bool,
     connect: bool,
     recv: Option<(*mut u8, u32)>,
@@ -386,6 +394,7 @@ impl Pending {
     const fn empty() -> Pending {
         Pending {
             fd: -1,
+            drained: false,
             accept: false,
             connect: false,
             recv: None,
@@ -483,7 +492,11 @@ impl EpollDriver {
                 // SAFETY: the loop keeps `buf..buf+len` valid while the recv is pending.
                 let rc = unsafe { libc::recv(fd, buf.cast(), len as usize, 0) };
                 let r = errno_of_isize(rc);
-                if r != -libc::EAGAIN && r != -libc::EINTR {
+                if r == -libc::EAGAIN {
+                    p.drained = true;
+                } else if r != -libc::EINTR {
+                    // A short read took everything there was.
+                    p.drained = r >= 0 && (r as u32) < len;
                     p.recv = None;
                     self.ready.push_back((user_data(slot, Op::Recv), r));
                 }
@@ -533,6 +546,11 @@ impl EpollDriver {
             }
             let gone = ev.is_error() || ev.is_hup();
             let readable = ev.is_readable() || ev.is_read_closed() || gone;
+            if readable {
+                if let Some(p) = self.slots.get_mut(ev.token() as usize) {
+                    p.drained = false;
+                }
+            }
             self.retry(ev.token() as u32, readable, ev.is_writable() || gone);
         }
         if doorbell {

@@ -1,0 +1,385 @@
+//! Tensors, and the allocator hook that decides where received tensors live.
+//!
+//! A [`Tensor`] is a dtype, a shape, a dead flag and its contents. Contents live in memory
+//! from a [`TensorAllocator`]: the default [`HeapAllocator`] (64-byte aligned heap memory),
+//! or the trainer's own (a framework's device allocator, a memory pool, a numpy array), so
+//! that received payloads land where the trainer wants them. Large payloads are received
+//! straight from the socket into that memory; small ones are copied once out of the
+//! connection's receive buffer.
+
+use arrayvec::ArrayVec;
+use core::fmt;
+use std::sync::Arc;
+
+use crate::wire::{DType, Dims, TensorMeta, MAX_RANK};
+
+/// Memory holding one tensor's contents.
+pub trait TensorMemory: Send + Sync {
+    /// The contents.
+    fn bytes(&self) -> &[u8];
+    /// The contents, writable. Must be the same memory as [`bytes`](Self::bytes), at least
+    /// as long as the tensor's byte length, and must not move while the tensor lives.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+/// What a tensor about to be received looks like.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorDesc<'a> {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape, outermost first.
+    pub dims: &'a [u64],
+    /// Bytes of contents.
+    pub byte_len: u64,
+}
+
+/// Chooses memory for tensors as they arrive: called once per tensor, with its description,
+/// before any of its payload is read. Returning `None` fails that tensor (its status is
+/// `RESOURCE_EXHAUSTED`); the rest of the request and the connection go on.
+pub trait TensorAllocator: Send + Sync {
+    /// Memory of at least `desc.byte_len` bytes, or `None`.
+    fn allocate(&self, desc: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>>;
+}
+
+/// The default allocator: heap memory aligned to [`HeapAllocator::ALIGN`] bytes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HeapAllocator;
+
+impl HeapAllocator {
+    /// Alignment of every allocation: a cache line, enough for any dtype and for SIMD.
+    pub const ALIGN: usize = 64;
+}
+
+impl TensorAllocator for HeapAllocator {
+    fn allocate(&self, desc: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
+        let len = usize::try_from(desc.byte_len).ok()?;
+        Some(Box::new(AlignedBuf::zeroed(len)?))
+    }
+}
+
+/// A shared allocator.
+pub type SharedAllocator = Arc<dyn TensorAllocator>;
+
+/// 64-byte aligned, zero-initialized heap bytes.
+pub struct AlignedBuf {
+    blocks: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+impl AlignedBuf {
+    /// `len` zero bytes; `None` if the size cannot be represented.
+    pub fn zeroed(len: usize) -> Option<AlignedBuf> {
+        let lines = len.checked_add(63)? / 64;
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(lines).ok()?;
+        blocks.resize(lines, Line([0; 64]));
+        Some(AlignedBuf { blocks, len })
+    }
+}
+
+// Viewing the lines as bytes needs a pointer cast; it is the only unsafe code in this module.
+#[allow(unsafe_code)]
+impl TensorMemory for AlignedBuf {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `blocks` holds `lines * 64 >= len` initialized bytes in one allocation
+        // (`Line` is plain bytes with no padding), and the returned slice borrows `self`.
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and the slice borrows `self` mutably, so it is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+impl TensorMemory for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// Why a tensor could not be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorError {
+    /// The dtype is unknown.
+    UnknownDType,
+    /// More than 32 dimensions.
+    RankTooLarge,
+    /// The size of dtype x shape overflows.
+    TooLarge,
+    /// The contents' length is not dtype size x elements.
+    LengthMismatch {
+        /// Bytes dtype and shape call for.
+        expected: u64,
+        /// Bytes given.
+        got: u64,
+    },
+}
+
+impl fmt::Display for TensorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TensorError::UnknownDType => f.write_str("unknown dtype"),
+            TensorError::RankTooLarge => write!(f, "more than {MAX_RANK} dimensions"),
+            TensorError::TooLarge => f.write_str("tensor size overflows"),
+            TensorError::LengthMismatch { expected, got } => {
+                write!(
+                    f,
+                    "contents are {got} bytes; dtype and shape need {expected}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for TensorError {}
+
+/// A tensor: dtype, shape, dead flag, contents.
+pub struct Tensor {
+    dtype: DType,
+    dims: ArrayVec<u64, MAX_RANK>,
+    dead: bool,
+    byte_len: usize,
+    memory: Option<Box<dyn TensorMemory>>,
+}
+
+impl Tensor {
+    fn check(dtype: DType, dims: &[u64]) -> Result<(ArrayVec<u64, MAX_RANK>, u64), TensorError> {
+        let mut shape = ArrayVec::new();
+        shape
+            .try_extend_from_slice(dims)
+            .map_err(|_| TensorError::RankTooLarge)?;
+        let elem = dtype.size().ok_or(TensorError::UnknownDType)?;
+        let n = Dims::Native(dims).elements().ok_or(TensorError::TooLarge)?;
+        let len = n.checked_mul(elem).ok_or(TensorError::TooLarge)?;
+        if len > i64::MAX as u64 || usize::try_from(len).is_err() {
+            return Err(TensorError::TooLarge);
+        }
+        Ok((shape, len))
+    }
+
+    /// A tensor with the given contents (row-major, little-endian elements).
+    pub fn from_bytes(dtype: DType, dims: &[u64], bytes: Vec<u8>) -> Result<Tensor, TensorError> {
+        Self::from_memory(dtype, dims, Box::new(bytes))
+    }
+
+    /// A tensor whose contents are `memory` (at least dtype size x elements bytes long; the
+    /// tensor uses that prefix).
+    pub fn from_memory(
+        dtype: DType,
+        dims: &[u64],
+        memory: Box<dyn TensorMemory>,
+    ) -> Result<Tensor, TensorError> {
+        let (shape, len) = Self::check(dtype, dims)?;
+        let got = memory.bytes().len() as u64;
+        if got < len {
+            return Err(TensorError::LengthMismatch { expected: len, got });
+        }
+        Ok(Tensor {
+            dtype,
+            dims: shape,
+            dead: false,
+            byte_len: len as usize,
+            memory: Some(memory),
+        })
+    }
+
+    /// A zero-filled tensor in 64-byte aligned heap memory.
+    pub fn zeros(dtype: DType, dims: &[u64]) -> Result<Tensor, TensorError> {
+        let (_, len) = Self::check(dtype, dims)?;
+        let buf = AlignedBuf::zeroed(len as usize).ok_or(TensorError::TooLarge)?;
+        Self::from_memory(dtype, dims, Box::new(buf))
+    }
+
+    /// A tensor whose contents are `values` (any dtype whose elements are 4-byte floats).
+    pub fn from_f32(dims: &[u64], values: &[f32]) -> Result<Tensor, TensorError> {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Self::from_bytes(DType::F32, dims, bytes)
+    }
+
+    /// A dead tensor: the value of a rendezvous key whose producer did not run.
+    pub fn dead(dtype: DType) -> Tensor {
+        Tensor {
+            dtype,
+            dims: ArrayVec::new(),
+            dead: true,
+            byte_len: 0,
+            memory: None,
+        }
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Shape, outermost first.
+    pub fn dims(&self) -> &[u64] {
+        &self.dims
+    }
+
+    /// Whether this is a dead tensor.
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    /// Bytes of contents.
+    pub fn byte_len(&self) -> usize {
+        self.byte_len
+    }
+
+    /// The contents.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.memory {
+            Some(m) => &m.bytes()[..self.byte_len],
+            None => &[],
+        }
+    }
+
+    /// The contents, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.byte_len;
+        match &mut self.memory {
+            Some(m) => &mut m.bytes_mut()[..len],
+            None => &mut [],
+        }
+    }
+
+    /// The contents as f32 values (for `F32` tensors; others give an empty vector).
+    pub fn to_f32(&self) -> Vec<f32> {
+        if self.dtype != DType::F32 {
+            return Vec::new();
+        }
+        self.bytes()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    /// The wire meta of this tensor.
+    pub(crate) fn meta(&self) -> TensorMeta<'_> {
+        if self.dead {
+            return TensorMeta::dead(self.dtype);
+        }
+        TensorMeta {
+            dtype: self.dtype,
+            dead: false,
+            chunked: false,
+            byte_len: self.byte_len as u64,
+            dims: Dims::Native(&self.dims),
+        }
+    }
+
+    /// A tensor for an incoming meta, in memory from `alloc`; `None` if the allocator
+    /// refuses or returns too little memory.
+    pub(crate) fn receive(meta: &TensorMeta<'_>, alloc: &dyn TensorAllocator) -> Option<Tensor> {
+        if meta.dead {
+            return Some(Tensor::dead(meta.dtype));
+        }
+        let mut dims: ArrayVec<u64, MAX_RANK> = ArrayVec::new();
+        for d in meta.dims.iter() {
+            dims.try_push(d).ok()?;
+        }
+        let desc = TensorDesc {
+            dtype: meta.dtype,
+            dims: &dims,
+            byte_len: meta.byte_len,
+        };
+        let memory = alloc.allocate(&desc)?;
+        let len = usize::try_from(meta.byte_len).ok()?;
+        if memory.bytes().len() < len {
+            log::warn!(
+                "tensor allocator returned {} bytes for a {len}-byte tensor",
+                memory.bytes().len()
+            );
+            return None;
+        }
+        Some(Tensor {
+            dtype: meta.dtype,
+            dims,
+            dead: false,
+            byte_len: len,
+            memory: Some(memory),
+        })
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &self.dtype)
+            .field("dims", &&self.dims[..])
+            .field("dead", &self.dead)
+            .field("byte_len", &self.byte_len)
+            .finish()
+    }
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype
+            && self.dims == other.dims
+            && self.dead == other.dead
+            && self.bytes() == other.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_memory_is_aligned_and_zeroed() {
+        for len in [0usize, 1, 63, 64, 65, 4096, 100_003] {
+            let b = AlignedBuf::zeroed(len).unwrap();
+            assert_eq!(b.bytes().len(), len);
+            assert_eq!(b.bytes().as_ptr() as usize % HeapAllocator::ALIGN, 0);
+            assert!(b.bytes().iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn contents_must_match_dtype_and_shape() {
+        assert!(Tensor::from_bytes(DType::F32, &[2, 3], vec![0; 24]).is_ok());
+        assert_eq!(
+            Tensor::from_bytes(DType::F32, &[2, 3], vec![0; 23]).unwrap_err(),
+            TensorError::LengthMismatch {
+                expected: 24,
+                got: 23
+            }
+        );
+        assert_eq!(
+            Tensor::from_bytes(DType::Unknown(99), &[1], vec![0]).unwrap_err(),
+            TensorError::UnknownDType
+        );
+        assert_eq!(
+            Tensor::zeros(DType::U8, &[u64::MAX, 2]).unwrap_err(),
+            TensorError::TooLarge
+        );
+        let t = Tensor::from_f32(&[3], &[1.0, 2.5, -3.0]).unwrap();
+        assert_eq!(t.to_f32(), [1.0, 2.5, -3.0]);
+        assert!(Tensor::dead(DType::F32).is_dead());
+    }
+
+    #[test]
+    fn receive_uses_the_allocator_and_refuses_short_memory() {
+        struct Short;
+        impl TensorAllocator for Short {
+            fn allocate(&self, _: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
+                Some(Box::new(vec![0u8; 3]))
+            }
+        }
+        let dims = [4u64];
+        let meta = TensorMeta::new(DType::U8, &dims).unwrap();
+        assert!(Tensor::receive(&meta, &Short).is_none());
+        let t = Tensor::receive(&meta, &HeapAllocator).unwrap();
+        assert_eq!(t.byte_len(), 4);
+    }
+}

@@ -1,0 +1,199 @@
+//! Tensor requests in flight: the answers a pull or push is assembling on the client, and
+//! the pushes a server is receiving. Pure bookkeeping: the loop feeds it frames and
+//! payload, it says where payload goes and when a request is complete.
+
+use crate::tensor::{Tensor, TensorAllocator};
+use crate::wire::{PushEntries, ResponseEntries, Status};
+
+/// What the client knows of a request's answer so far.
+pub(crate) enum ReplyState {
+    /// A ping: answered by one `PONG`.
+    Ping,
+    /// A pull: one tensor per id.
+    Pull {
+        results: Vec<Option<Result<Tensor, Status>>>,
+        /// Chunked tensors still arriving: item index and byte length.
+        chunks: Vec<(u32, u64)>,
+        end: bool,
+    },
+    /// A push: one status per item.
+    Push {
+        statuses: Vec<Option<Status>>,
+        end: bool,
+    },
+}
+
+/// Why an answer is a protocol violation.
+pub(crate) type Violation = &'static str;
+
+impl ReplyState {
+    pub(crate) fn pull(n: usize) -> ReplyState {
+        ReplyState::Pull {
+            results: (0..n).map(|_| None).collect(),
+            chunks: Vec::new(),
+            end: false,
+        }
+    }
+
+    pub(crate) fn push(n: usize) -> ReplyState {
+        ReplyState::Push {
+            statuses: vec![None; n],
+            end: false,
+        }
+    }
+
+    /// Takes the entries of a `RESPONSE`. Tensors get memory from `alloc`, unless the
+    /// request was abandoned (its payload is then discarded).
+    pub(crate) fn accept(
+        &mut self,
+        entries: ResponseEntries<'_>,
+        end: bool,
+        alloc: &dyn TensorAllocator,
+        abandoned: bool,
+    ) -> Result<(), Violation> {
+        match self {
+            ReplyState::Ping => return Err("response to a ping"),
+            ReplyState::Pull {
+                results,
+                chunks,
+                end: e,
+            } => {
+                for entry in entries {
+                    let slot = results
+                        .get_mut(entry.index as usize)
+                        .ok_or("response item out of range")?;
+                    if slot.is_some() {
+                        return Err("response item answered twice");
+                    }
+                    let answer = match entry.tensor {
+                        None if entry.status.is_ok() => return Err("pull answer without a tensor"),
+                        None => Err(entry.status),
+                        Some(meta) => {
+                            if meta.chunked {
+                                chunks.push((entry.index, meta.byte_len));
+                            }
+                            if abandoned {
+                                Err(Status::Cancelled)
+                            } else {
+                                Tensor::receive(&meta, alloc).ok_or(Status::ResourceExhausted)
+                            }
+                        }
+                    };
+                    *slot = Some(answer);
+                }
+                *e |= end;
+            }
+            ReplyState::Push { statuses, end: e } => {
+                for entry in entries {
+                    if entry.tensor.is_some() {
+                        return Err("push answer with a tensor");
+                    }
+                    let slot = statuses
+                        .get_mut(entry.index as usize)
+                        .ok_or("response item out of range")?;
+                    if slot.replace(entry.status).is_some() {
+                        return Err("response item answered twice");
+                    }
+                }
+                *e |= end;
+            }
+        }
+        Ok(())
+    }
+
+    /// Memory for item `index`'s contents, if it has any.
+    pub(crate) fn tensor_mut(&mut self, index: u32) -> Option<&mut Tensor> {
+        match self {
+            ReplyState::Pull { results, .. } => match results.get_mut(index as usize) {
+                Some(Some(Ok(t))) => Some(t),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Notes that chunk bytes of item `index` up to `end_offset` arrived.
+    pub(crate) fn chunk_progress(&mut self, index: u32, end_offset: u64) {
+        if let ReplyState::Pull { chunks, .. } = self {
+            chunks.retain(|&(i, len)| !(i == index && end_offset == len));
+        }
+    }
+
+    /// Whether everything the answer announced has arrived.
+    pub(crate) fn is_complete(&self) -> bool {
+        match self {
+            ReplyState::Ping => false,
+            ReplyState::Pull { chunks, end, .. } => *end && chunks.is_empty(),
+            ReplyState::Push { end, .. } => *end,
+        }
+    }
+
+    /// The finished answer; items the responder never answered fail with `PROTOCOL`.
+    pub(crate) fn finish(self) -> crate::core::Reply {
+        match self {
+            ReplyState::Pull { results, .. } => crate::core::Reply::Pulled(
+                results
+                    .into_iter()
+                    .map(|r| r.unwrap_or(Err(Status::Protocol)))
+                    .collect(),
+            ),
+            ReplyState::Push { statuses, .. } => crate::core::Reply::Pushed(
+                statuses
+                    .into_iter()
+                    .map(|s| s.unwrap_or(Status::Protocol))
+                    .collect(),
+            ),
+            ReplyState::Ping => crate::core::Reply::Pushed(Vec::new()),
+        }
+    }
+}
+
+/// A push a server is receiving.
+pub(crate) struct IncomingPush {
+    pub handle: u64,
+    pub items: Vec<(u64, Result<Tensor, Status>)>,
+    chunks: Vec<(u32, u64)>,
+    frame_done: bool,
+}
+
+impl IncomingPush {
+    pub(crate) fn new(handle: u64, entries: PushEntries<'_>, alloc: &dyn TensorAllocator) -> Self {
+        let mut chunks = Vec::new();
+        let items = entries
+            .enumerate()
+            .map(|(i, e)| {
+                if e.meta.chunked {
+                    chunks.push((i as u32, e.meta.byte_len));
+                }
+                let t = Tensor::receive(&e.meta, alloc).ok_or(Status::ResourceExhausted);
+                (e.var_id, t)
+            })
+            .collect();
+        IncomingPush {
+            handle,
+            items,
+            chunks,
+            frame_done: false,
+        }
+    }
+
+    pub(crate) fn tensor_mut(&mut self, index: u32) -> Option<&mut Tensor> {
+        match self.items.get_mut(index as usize) {
+            Some((_, Ok(t))) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn chunk_progress(&mut self, index: u32, end_offset: u64) {
+        self.chunks
+            .retain(|&(i, len)| !(i == index && end_offset == len));
+    }
+
+    pub(crate) fn frame_done(&mut self) {
+        self.frame_done = true;
+    }
+
+    pub(crate) fn is_complete(&self) -> bool {
+        self.frame_done && self.chunks.is_empty()
+    }
+}
