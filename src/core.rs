@@ -32,12 +32,13 @@ use nix::libc;
 use slab::Slab;
 
 use crate::config::Config;
-use crate::ctx::{CtxSlab, Handle as CtxHandle};
+use crate::ctx::{CtxSlab, Full, Handle as CtxHandle};
 use crate::error::Error;
 use crate::proto::{
     ConnEvent, Connection, Encoder, EncoderConfig, Identity, NextRead, OutTensor, PayloadTarget,
     Piece, PushItem, ResponseItem, Side,
 };
+use crate::rendezvous::{Delivery, Rendezvous, Waiter};
 use crate::service::SharedService;
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::{add, Counters, RequestKind};
@@ -66,6 +67,8 @@ pub(crate) enum RequestOp {
     },
     /// Tensors for variables.
     Push { items: Vec<(u64, Arc<Tensor>)> },
+    /// Rendezvous keys of a step (one key: `RECV`; more: `FUSED_RECV`).
+    Recv { step: u64, keys: Vec<Vec<u8>> },
 }
 
 impl RequestOp {
@@ -74,6 +77,8 @@ impl RequestOp {
             RequestOp::Ping { .. } => RequestKind::Ping,
             RequestOp::Pull { .. } => RequestKind::Pull,
             RequestOp::Push { .. } => RequestKind::Push,
+            RequestOp::Recv { keys, .. } if keys.len() == 1 => RequestKind::Recv,
+            RequestOp::Recv { .. } => RequestKind::FusedRecv,
         }
     }
 
@@ -82,6 +87,7 @@ impl RequestOp {
             RequestOp::Ping { .. } => ReplyState::Ping,
             RequestOp::Pull { ids, .. } => ReplyState::pull(ids.len()),
             RequestOp::Push { items } => ReplyState::push(items.len()),
+            RequestOp::Recv { keys, .. } => ReplyState::recv(keys.len()),
         }
     }
 }
@@ -105,6 +111,8 @@ pub enum Reply {
     Pulled(Vec<Result<Tensor, Status>>),
     /// A push's answer: per item, how the service took it.
     Pushed(Vec<Status>),
+    /// A recv's answer: per key, its tensor (possibly dead) or why there is none.
+    Received(Vec<Result<Tensor, Status>>),
     /// A ping's answer: the round-trip time measured by the loop, from the request being
     /// queued on the connection to the pong being decoded, and the echoed payload size.
     Pong {
@@ -143,6 +151,9 @@ pub(crate) struct LoopShared {
     pub stop: AtomicBool,
     pub new_endpoints: Mutex<Vec<Endpoint>>,
     pub has_new_endpoints: AtomicBool,
+    /// Rendezvous tensors for recvs waiting on this loop's connections.
+    deliveries: Mutex<Vec<Delivery>>,
+    has_deliveries: AtomicBool,
     pub counters: CachePadded<Counters>,
 }
 
@@ -154,8 +165,20 @@ impl LoopShared {
             stop: AtomicBool::new(false),
             new_endpoints: Mutex::new(Vec::new()),
             has_new_endpoints: AtomicBool::new(false),
+            deliveries: Mutex::new(Vec::new()),
+            has_deliveries: AtomicBool::new(false),
             counters: CachePadded::new(Counters::default()),
         })
+    }
+
+    /// Hands a rendezvous delivery to this loop.
+    pub(crate) fn post(&self, d: Delivery) {
+        self.deliveries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(d);
+        self.has_deliveries.store(true, Ordering::Release);
+        self.wake();
     }
 
     /// Wakes the loop if it is parked: once per parked period, not once per message.
@@ -200,6 +223,8 @@ struct Pending {
     sent: Option<Instant>,
     /// Completed (by deadline) while its answer may still arrive: the answer is dropped.
     abandoned: bool,
+    /// For recvs fused by the loop: the original requests, one per key, in key order.
+    fused: Vec<(Origin, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -270,6 +295,8 @@ struct Conn {
     cur_chunk: (u64, u32, u64),
     /// Pushes being received (server side).
     incoming: Vec<IncomingPush>,
+    /// Recvs being answered (server side): handle and items still owed.
+    recvs: Vec<(u64, u32)>,
     /// The receive in flight reads straight into a tensor, not into the buffer.
     direct: bool,
 }
@@ -288,6 +315,9 @@ impl Conn {
 #[derive(Clone)]
 pub(crate) struct LoopParts {
     pub service: Option<SharedService>,
+    pub rendezvous: Option<Arc<Rendezvous>>,
+    /// This loop's position among the runtime's loops.
+    pub index: usize,
     pub allocator: SharedAllocator,
     pub zero_copy_min: u64,
 }
@@ -314,9 +344,15 @@ pub(crate) struct Loop {
     /// so a timer never acts on a later connection that reuses its slot.
     serial: u32,
     service: Option<SharedService>,
+    rendezvous: Option<Arc<Rendezvous>>,
+    index: usize,
     allocator: SharedAllocator,
     /// Payload at least this long is received straight into its tensor.
     zero_copy_min: u64,
+    /// Requests of the embedding thread, taken in the next drain pass.
+    local_requests: VecDeque<Request>,
+    /// Single-key recvs of the current drain pass, when tensor fusion is on.
+    fuse_buf: Vec<(Request, Origin)>,
 }
 
 impl Loop {
@@ -363,8 +399,12 @@ impl Loop {
             zeros: Vec::new(),
             serial: 0,
             service: parts.service,
+            rendezvous: parts.rendezvous,
+            index: parts.index,
             allocator: parts.allocator,
             zero_copy_min: parts.zero_copy_min,
+            local_requests: VecDeque::new(),
+            fuse_buf: Vec::new(),
         };
         if let Some(l) = &lp.listener {
             let fd = l.as_raw_fd();
@@ -444,6 +484,7 @@ impl Loop {
     fn work_queued(&self) -> bool {
         self.shared.stop.load(Ordering::SeqCst) && !self.stopping
             || self.shared.has_new_endpoints.load(Ordering::SeqCst)
+            || self.shared.has_deliveries.load(Ordering::SeqCst)
             || self
                 .outbox
                 .endpoints
@@ -465,6 +506,7 @@ impl Loop {
             progress = true;
         }
         progress |= self.take_endpoints();
+        progress |= self.take_deliveries();
         progress |= self.drain_requests(now);
         progress |= self.io(false, None);
         progress |= self.flush();
@@ -498,8 +540,47 @@ impl Loop {
         true
     }
 
+    /// Answers recvs whose keys were published by other threads.
+    fn take_deliveries(&mut self) -> bool {
+        if !self.shared.has_deliveries.load(Ordering::Acquire) {
+            return false;
+        }
+        let batch = {
+            let mut q = self
+                .shared
+                .deliveries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            self.shared.has_deliveries.store(false, Ordering::Release);
+            std::mem::take(&mut *q)
+        };
+        for d in batch {
+            let w = d.waiter;
+            let live = self.conns.get(w.conn as usize).is_some_and(|c| {
+                c.generation == w.generation && c.phase == Phase::Open && !c.proto.is_closed()
+            });
+            if !live {
+                // The requester went away: the tensor goes back for the next recv.
+                if let (Ok(t), Some(r)) = (d.result, &self.rendezvous) {
+                    r.restore(&d.key, t);
+                }
+                continue;
+            }
+            let conn = &mut self.conns[w.conn as usize];
+            answer_recv(conn, w.handle, w.index, d.result);
+            release_tokens(conn);
+            mark_dirty(&mut self.dirty, conn, w.conn);
+        }
+        true
+    }
+
     fn drain_requests(&mut self, now: Instant) -> bool {
         let mut progress = false;
+        // The embedding thread's requests first (embedded mode).
+        while let Some(req) = self.local_requests.pop_front() {
+            progress = true;
+            self.take_request(req, Origin::Local, now);
+        }
         for i in 0..self.outbox.endpoints.len() {
             let mut batch = 0;
             while batch < DRAIN_BATCH {
@@ -515,22 +596,99 @@ impl Loop {
                 };
                 batch += 1;
                 let origin = Origin::Endpoint(i as u32, self.outbox.generations[i]);
-                self.submit(req, origin, now);
+                self.take_request(req, origin, now);
             }
             progress |= batch > 0;
         }
+        self.submit_fused(now);
         progress
     }
 
-    /// Starts a request (from a ring, or directly in embedded mode).
+    /// Submits a request from this drain pass, or, with tensor fusion on, holds a
+    /// single-key recv back to be fused with the others of the pass.
+    fn take_request(&mut self, req: Request, origin: Origin, now: Instant) {
+        let single_recv = matches!(&req.op, RequestOp::Recv { keys, .. } if keys.len() == 1);
+        if self.cfg.tensor_fuse && single_recv && !self.stopping {
+            self.fuse_buf.push((req, origin));
+        } else {
+            self.submit(req, origin, now);
+        }
+    }
+
+    /// Sends the recvs held back in this drain pass: one `FUSED_RECV` per peer, lane and
+    /// step. Nothing waits for a timer: what arrived in the same pass goes out together.
+    fn submit_fused(&mut self, now: Instant) {
+        if self.fuse_buf.is_empty() {
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.fuse_buf);
+        let step_of = |r: &Request| match &r.op {
+            RequestOp::Recv { step, .. } => *step,
+            _ => 0,
+        };
+        buf.sort_by_key(|(r, _)| (r.peer, r.lane, step_of(r)));
+        let mut rest = buf.drain(..).peekable();
+        while let Some((first, origin)) = rest.next() {
+            let key = (first.peer, first.lane, step_of(&first));
+            let mut group = Vec::new();
+            while let Some((r, _)) = rest.peek() {
+                if (r.peer, r.lane, step_of(r)) != key {
+                    break;
+                }
+                group.push(rest.next().expect("peeked"));
+            }
+            if group.is_empty() {
+                self.submit(first, origin, now);
+                continue;
+            }
+            let mut members = vec![(origin, first.tag)];
+            let mut deadline = first.deadline;
+            let RequestOp::Recv { step, mut keys } = first.op else {
+                continue;
+            };
+            for (r, o) in group {
+                members.push((o, r.tag));
+                deadline = match (deadline, r.deadline) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if let RequestOp::Recv { keys: k, .. } = r.op {
+                    keys.extend(k);
+                }
+            }
+            let fused = Request {
+                op: RequestOp::Recv { step, keys },
+                peer: key.0,
+                lane: key.1,
+                deadline,
+                tag: 0,
+            };
+            self.submit_group(fused, Origin::Local, members, now);
+        }
+        drop(rest);
+        self.fuse_buf = buf;
+    }
+
+    /// Starts a request (from a ring, or from the embedding thread).
     fn submit(&mut self, req: Request, origin: Origin, now: Instant) {
+        self.submit_group(req, origin, Vec::new(), now);
+    }
+
+    /// Starts a request; `fused` lists the original recvs when the loop fused several.
+    fn submit_group(
+        &mut self,
+        req: Request,
+        origin: Origin,
+        fused: Vec<(Origin, u64)>,
+        now: Instant,
+    ) {
         let kind = req.op.kind();
         if self.stopping {
-            return self.deliver(origin, req.tag, kind, Err(Error::Shutdown));
+            return self.notify(origin, req.tag, kind, &fused, Err(Error::Shutdown));
         }
         let slot = match self.peer_conn(req.peer, req.lane, now) {
             Ok(s) => s,
-            Err(e) => return self.deliver(origin, req.tag, kind, Err(e)),
+            Err(e) => return self.notify(origin, req.tag, kind, &fused, Err(e)),
         };
         let alloc = match &req.op {
             RequestOp::Pull { alloc, .. } => alloc.clone(),
@@ -546,10 +704,13 @@ impl Loop {
             conn: slot,
             sent: None,
             abandoned: false,
+            fused,
         };
         let handle = match self.ctxs.insert(pending) {
             Ok(h) => h.to_raw(),
-            Err(_) => return self.deliver(origin, req.tag, kind, Err(Error::Backpressure)),
+            Err(Full(p)) => {
+                return self.notify(origin, p.tag, kind, &p.fused, Err(Error::Backpressure))
+            }
         };
         if let Some(deadline) = req.deadline {
             self.push_deadline(deadline, handle);
@@ -601,6 +762,10 @@ impl Loop {
             }
             RequestOp::Pull { ids, .. } => conn.proto.encoder().pull(handle, ids),
             RequestOp::Push { items } => encode_push(conn, handle, items),
+            RequestOp::Recv { step, keys } => {
+                let fused = keys.len() != 1;
+                conn.proto.encoder().recv(handle, *step, keys, fused)
+            }
         };
         match result {
             Ok(()) => {
@@ -610,7 +775,13 @@ impl Loop {
             Err(e) => {
                 log::debug!("request not encodable: {e}");
                 if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
-                    self.deliver(p.origin, p.tag, p.kind, Err(Error::InvalidArgument));
+                    self.notify(
+                        p.origin,
+                        p.tag,
+                        p.kind,
+                        &p.fused,
+                        Err(Error::InvalidArgument),
+                    );
                 }
             }
         }
@@ -641,6 +812,7 @@ impl Loop {
             cur_handle: 0,
             cur_chunk: (0, 0, 0),
             incoming: Vec::new(),
+            recvs: Vec::new(),
             direct: false,
         };
         let slot = self.conns.insert(conn) as u32;
@@ -873,6 +1045,7 @@ impl Loop {
             cur_handle: 0,
             cur_chunk: (0, 0, 0),
             incoming: Vec::new(),
+            recvs: Vec::new(),
             direct: false,
         }) as u32;
         if let Err(e) = self.driver.register(slot, raw) {
@@ -945,16 +1118,20 @@ impl Loop {
             shared,
             dirty,
             service,
+            rendezvous,
             allocator,
+            index,
             ..
         } = self;
         let conn = &mut conns[slot as usize];
+        let generation = conn.generation;
         let Conn {
             proto,
             out_tensors,
             cur_handle,
             cur_chunk,
             incoming,
+            recvs,
             ..
         } = conn;
         let mut d = Dispatch {
@@ -964,6 +1141,9 @@ impl Loop {
             outbox,
             shared,
             service: service.as_deref(),
+            rendezvous: rendezvous.as_deref(),
+            waiter_base: (*index, generation),
+            recvs,
             allocator: &**allocator,
             out_tensors,
             cur_handle,
@@ -1114,11 +1294,12 @@ impl Loop {
                         if !p.abandoned {
                             p.abandoned = true;
                             let (origin, tag, kind) = (p.origin, p.tag, p.kind);
+                            let fused = std::mem::take(&mut p.fused);
                             // Not yet sent: nothing can answer it, free the slot now.
                             if p.sent.is_none() {
                                 self.ctxs.remove(h).ok();
                             }
-                            self.deliver(origin, tag, kind, Err(Error::Timeout));
+                            self.notify(origin, tag, kind, &fused, Err(Error::Timeout));
                         }
                     }
                 }
@@ -1156,14 +1337,23 @@ impl Loop {
         progress
     }
 
-    fn deliver(
+    fn notify(
         &mut self,
         origin: Origin,
         tag: u64,
         kind: RequestKind,
+        fused: &[(Origin, u64)],
         result: Result<Reply, Error>,
     ) {
-        deliver(&mut self.outbox, &self.shared, origin, tag, kind, result);
+        notify(
+            &mut self.outbox,
+            &self.shared,
+            origin,
+            tag,
+            kind,
+            fused,
+            result,
+        );
     }
 
     /// Closes connection `slot` for `why`: fails its requests now, and drops it once its
@@ -1222,7 +1412,7 @@ impl Loop {
         for h in failed.drain(..) {
             if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
                 if !p.abandoned {
-                    self.deliver(p.origin, p.tag, p.kind, Err(why));
+                    self.notify(p.origin, p.tag, p.kind, &p.fused, Err(why));
                 }
             }
         }
@@ -1273,7 +1463,7 @@ impl Loop {
 
     /// Submits a request from the embedding thread.
     pub(crate) fn submit_local(&mut self, req: Request) {
-        self.submit(req, Origin::Local, Instant::now());
+        self.local_requests.push_back(req);
     }
 
     /// Completions for the embedding thread.
@@ -1331,6 +1521,10 @@ struct Dispatch<'a> {
     outbox: &'a mut Outbox,
     shared: &'a LoopShared,
     service: Option<&'a dyn crate::service::Service>,
+    rendezvous: Option<&'a Rendezvous>,
+    /// This loop's index and this connection's generation, for rendezvous waiters.
+    waiter_base: (usize, u32),
+    recvs: &'a mut Vec<(u64, u32)>,
     allocator: &'a dyn crate::tensor::TensorAllocator,
     out_tensors: &'a mut Slab<Arc<Tensor>>,
     cur_handle: &'a mut u64,
@@ -1363,9 +1557,7 @@ impl Dispatch<'_> {
                         self.incoming
                             .push(IncomingPush::new(h, entries, self.allocator));
                     }
-                    Body::Recv(_) | Body::FusedRecv(_) => {
-                        let _ = enc.error(h, Status::Unimplemented, "recv is not served");
-                    }
+                    Body::Recv(r) | Body::FusedRecv(r) => self.serve_recv(h, r, enc),
                     Body::Chunk(c) => {
                         *self.cur_chunk = (h, c.index, c.offset + f.header.payload_len as u64);
                     }
@@ -1430,7 +1622,15 @@ impl Dispatch<'_> {
         };
         if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
             if !p.abandoned {
-                deliver(self.outbox, self.shared, p.origin, p.tag, p.kind, reply);
+                notify(
+                    self.outbox,
+                    self.shared,
+                    p.origin,
+                    p.tag,
+                    p.kind,
+                    &p.fused,
+                    reply,
+                );
             }
         }
     }
@@ -1459,7 +1659,15 @@ impl Dispatch<'_> {
         if let Ok(p) = self.ctxs.remove(h) {
             if !p.abandoned {
                 let reply = Ok(p.state.finish());
-                deliver(self.outbox, self.shared, p.origin, p.tag, p.kind, reply);
+                notify(
+                    self.outbox,
+                    self.shared,
+                    p.origin,
+                    p.tag,
+                    p.kind,
+                    &p.fused,
+                    reply,
+                );
             }
         }
     }
@@ -1538,6 +1746,62 @@ impl Dispatch<'_> {
         respond(enc, handle, &items);
     }
 
+    /// Answers at once the keys already published; leaves waiters for the others, which
+    /// are answered one by one as they are published (each in its own frame, so a slow
+    /// tensor never holds back a ready one).
+    fn serve_recv(&mut self, handle: u64, r: crate::wire::RecvBody<'_>, enc: &mut Encoder) {
+        let Some(rendezvous) = self.rendezvous else {
+            let _ = enc.error(handle, Status::Unimplemented, "no rendezvous on this task");
+            return;
+        };
+        if self.recvs.iter().any(|&(h, _)| h == handle) {
+            self.violation = Some("recv with a handle already in use");
+            return;
+        }
+        let (loop_index, generation) = self.waiter_base;
+        let mut ready = Vec::new();
+        let mut waiting = 0u32;
+        for (index, key) in r.keys.enumerate() {
+            let waiter = Waiter {
+                loop_index,
+                conn: self.slot,
+                generation,
+                handle,
+                index: index as u32,
+                step: r.step_id,
+            };
+            match rendezvous.take_or_wait(key, waiter) {
+                Some(t) => ready.push((index as u32, t)),
+                None => waiting += 1,
+            }
+        }
+        let tokens: Vec<u64> = ready
+            .iter()
+            .map(|(_, t)| self.out_tensors.insert(t.clone()) as u64)
+            .collect();
+        let items: Vec<ResponseItem<'_>> = ready
+            .iter()
+            .zip(&tokens)
+            .map(|((index, t), &token)| ResponseItem {
+                index: *index,
+                status: Status::Ok,
+                tensor: Some(OutTensor {
+                    meta: t.meta(),
+                    bytes: t.bytes(),
+                    token,
+                }),
+            })
+            .collect();
+        if waiting > 0 {
+            self.recvs.push((handle, waiting));
+            if !items.is_empty() {
+                send_items(enc, handle, false, &items);
+            }
+        } else {
+            respond(enc, handle, &items);
+        }
+    }
+
     fn serve_pull(&mut self, handle: u64, ids: crate::wire::VarIds<'_>, enc: &mut Encoder) {
         let Some(service) = self.service else {
             let _ = enc.error(handle, Status::Unimplemented, "no pull service");
@@ -1585,34 +1849,80 @@ impl Dispatch<'_> {
     }
 }
 
-/// Sends `items` as one or more `RESPONSE` frames that fit the peer's frame limit, `END` on
-/// the last. Returns false (and sends an `ERROR` instead) when they cannot be encoded.
-fn respond(enc: &mut Encoder, handle: u64, items: &[ResponseItem<'_>]) -> bool {
+/// Answers item `index` of the recv `handle` with a tensor delivered by the rendezvous (or
+/// a failure); the last item owed carries `END`.
+fn answer_recv(conn: &mut Conn, handle: u64, index: u32, result: Result<Arc<Tensor>, Status>) {
+    let Some(pos) = conn.recvs.iter().position(|&(h, _)| h == handle) else {
+        return;
+    };
+    conn.recvs[pos].1 -= 1;
+    let last = conn.recvs[pos].1 == 0;
+    if last {
+        conn.recvs.swap_remove(pos);
+    }
+    let (item, token) = match &result {
+        Ok(t) => {
+            let token = conn.out_tensors.insert(t.clone()) as u64;
+            let item = ResponseItem {
+                index,
+                status: Status::Ok,
+                tensor: Some(OutTensor {
+                    meta: t.meta(),
+                    bytes: t.bytes(),
+                    token,
+                }),
+            };
+            (item, Some(token))
+        }
+        Err(s) => (
+            ResponseItem {
+                index,
+                status: *s,
+                tensor: None,
+            },
+            None,
+        ),
+    };
+    let enc = conn.proto.encoder();
+    if !send_items(enc, handle, last, &[item]) {
+        if let Some(t) = token {
+            conn.out_tensors.try_remove(t as usize);
+        }
+    }
+}
+
+/// Sends `items` in `RESPONSE` frames that fit the peer's limit; `end` on the last.
+fn send_items(enc: &mut Encoder, handle: u64, end: bool, items: &[ResponseItem<'_>]) -> bool {
     let budget = (enc.config().max_frame / 2) as usize;
     let mut start = 0;
-    while start < items.len() || start == 0 {
-        let mut end = start;
+    loop {
+        let mut stop = start;
         let mut size = 0;
-        while end < items.len() {
-            let len = 8 + items[end].tensor.map_or(0, |t| t.meta.buffer_len());
-            if end > start && size + len > budget {
+        while stop < items.len() {
+            let len = 8 + items[stop].tensor.map_or(0, |t| t.meta.buffer_len());
+            if stop > start && size + len > budget {
                 break;
             }
             size += len;
-            end += 1;
+            stop += 1;
         }
-        let last = end >= items.len();
-        if let Err(e) = enc.response(handle, last, &items[start..end]) {
+        let last = stop >= items.len();
+        if let Err(e) = enc.response(handle, end && last, &items[start..stop]) {
             log::warn!("cannot encode response: {e}");
             let _ = enc.error(handle, Status::Internal, "response not encodable");
             return false;
         }
         if last {
-            break;
+            return true;
         }
-        start = end;
+        start = stop;
     }
-    true
+}
+
+/// Sends `items` as one or more `RESPONSE` frames that fit the peer's frame limit, `END` on
+/// the last. Returns false (and sends an `ERROR` instead) when they cannot be encoded.
+fn respond(enc: &mut Encoder, handle: u64, items: &[ResponseItem<'_>]) -> bool {
+    send_items(enc, handle, true, items)
 }
 
 /// The tensor receiving payload for item `index` of the request or push `handle`.
@@ -1699,6 +2009,47 @@ fn release_tokens(conn: &mut Conn) {
     proto.encoder().take_released(|t| {
         out_tensors.try_remove(t as usize);
     });
+}
+
+/// Completes a request: its own completion, or, for recvs the loop fused, one completion
+/// per original recv with its entry of the answer.
+fn notify(
+    outbox: &mut Outbox,
+    shared: &LoopShared,
+    origin: Origin,
+    tag: u64,
+    kind: RequestKind,
+    fused: &[(Origin, u64)],
+    result: Result<Reply, Error>,
+) {
+    if fused.is_empty() {
+        return deliver(outbox, shared, origin, tag, kind, result);
+    }
+    match result {
+        Ok(Reply::Received(results)) => {
+            for (&(o, t), r) in fused.iter().zip(results) {
+                let one = Ok(Reply::Received(vec![r]));
+                deliver(outbox, shared, o, t, RequestKind::Recv, one);
+            }
+        }
+        Ok(_) => {
+            for &(o, t) in fused {
+                deliver(
+                    outbox,
+                    shared,
+                    o,
+                    t,
+                    RequestKind::Recv,
+                    Err(Error::Protocol),
+                );
+            }
+        }
+        Err(e) => {
+            for &(o, t) in fused {
+                deliver(outbox, shared, o, t, RequestKind::Recv, Err(e));
+            }
+        }
+    }
 }
 
 /// Where completions go: the handles' rings (or callbacks) and the embedding thread.

@@ -24,6 +24,7 @@ use crate::core::{
     Callback, Completion, Endpoint, Loop, LoopParts, LoopShared, Request, RequestOp,
 };
 use crate::error::Error;
+use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
 use crate::spsc::{self, Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
@@ -42,6 +43,9 @@ pub struct Options {
     /// Answers the pulls and pushes that arrive; without one they fail with
     /// `UNIMPLEMENTED`.
     pub service: Option<SharedService>,
+    /// The task's rendezvous: recvs from peers take the tensors published in it. Without
+    /// one, recvs fail with `UNIMPLEMENTED`.
+    pub rendezvous: Option<Arc<Rendezvous>>,
     /// Memory for received tensors; [`HeapAllocator`] when `None`.
     pub allocator: Option<SharedAllocator>,
     /// Payload of at least this many bytes is received in place (default
@@ -58,9 +62,11 @@ impl Options {
         }
     }
 
-    fn parts(&self) -> LoopParts {
+    fn parts(&self, index: usize) -> LoopParts {
         LoopParts {
             service: self.service.clone(),
+            rendezvous: self.rendezvous.clone(),
+            index,
             allocator: self
                 .allocator
                 .clone()
@@ -104,7 +110,6 @@ impl Runtime {
     /// Starts the loops with a service, an allocator, or other [`Options`].
     pub fn start_with(config: Config, options: Options) -> io::Result<Runtime> {
         let listen = options.listen;
-        let parts = options.parts();
         let (backend, caps) = sys::select(config.backend)?;
         log::info!(
             "starwire: backend {backend}{}",
@@ -134,6 +139,9 @@ impl Runtime {
         let shared: Vec<Arc<LoopShared>> = (0..n)
             .map(|_| LoopShared::new().map(Arc::new))
             .collect::<io::Result<_>>()?;
+        if let Some(r) = &options.rendezvous {
+            r.attach(shared.clone());
+        }
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
             loops: shared.clone(),
@@ -150,7 +158,7 @@ impl Runtime {
             let cfg = cfg.clone();
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
-            let parts = parts.clone();
+            let parts = options.parts(i);
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {
@@ -348,6 +356,39 @@ impl Handle {
         self.submit(op, peer, deadline)
     }
 
+    /// Receives the tensor published under `key` in `peer`'s rendezvous for step `step`.
+    /// Completes when it is published (before or after this request arrives). The reply is
+    /// [`Reply::Received`](crate::Reply::Received) with one entry.
+    pub fn recv(
+        &mut self,
+        peer: SocketAddr,
+        step: u64,
+        key: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        let op = RequestOp::Recv {
+            step,
+            keys: vec![key.to_vec()],
+        };
+        self.submit(op, peer, deadline)
+    }
+
+    /// Receives many keys in one round trip (one `FUSED_RECV` frame). The peer sends each
+    /// tensor as soon as it is published, so a late one does not hold back the others; the
+    /// request completes when all have arrived, each with its own status.
+    pub fn recv_many(
+        &mut self,
+        peer: SocketAddr,
+        step: u64,
+        keys: Vec<Vec<u8>>,
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        if keys.is_empty() {
+            return Err(Error::InvalidArgument);
+        }
+        self.submit(RequestOp::Recv { step, keys }, peer, deadline)
+    }
+
     /// Delivers tensors (gradients) for variables to `peer`. Their bytes are sent from the
     /// tensors themselves (no copy above a small size), which the runtime holds until they
     /// are written. The reply is [`Reply::Pushed`](crate::Reply::Pushed), one status per
@@ -518,12 +559,15 @@ impl Embedded {
             None => None,
         };
         let shared = Arc::new(LoopShared::new()?);
+        if let Some(r) = &options.rendezvous {
+            r.attach(vec![shared.clone()]);
+        }
         let lp = Loop::new(
             Arc::new(config),
             shared.clone(),
             backend,
             listener,
-            options.parts(),
+            options.parts(0),
         )?;
         Ok(Embedded {
             lp,
@@ -559,6 +603,17 @@ impl Embedded {
     /// Queues a pull; returns its tag.
     pub fn pull(&mut self, peer: SocketAddr, ids: Vec<u64>, deadline: Option<Instant>) -> u64 {
         self.local(RequestOp::Pull { ids, alloc: None }, peer, deadline)
+    }
+
+    /// Queues a recv of `keys` (one or more); returns its tag.
+    pub fn recv_many(
+        &mut self,
+        peer: SocketAddr,
+        step: u64,
+        keys: Vec<Vec<u8>>,
+        deadline: Option<Instant>,
+    ) -> u64 {
+        self.local(RequestOp::Recv { step, keys }, peer, deadline)
     }
 
     /// Queues a push; returns its tag.

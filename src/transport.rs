@@ -9,8 +9,10 @@ use crate::wire::{PushEntries, ResponseEntries, Status};
 pub(crate) enum ReplyState {
     /// A ping: answered by one `PONG`.
     Ping,
-    /// A pull: one tensor per id.
+    /// A pull (one tensor per id) or a recv (one tensor per key).
     Pull {
+        /// A recv: dead tensors are allowed and the reply is `Received`.
+        recv: bool,
         results: Vec<Option<Result<Tensor, Status>>>,
         /// Chunked tensors still arriving: item index and byte length.
         chunks: Vec<(u32, u64)>,
@@ -29,6 +31,16 @@ pub(crate) type Violation = &'static str;
 impl ReplyState {
     pub(crate) fn pull(n: usize) -> ReplyState {
         ReplyState::Pull {
+            recv: false,
+            results: (0..n).map(|_| None).collect(),
+            chunks: Vec::new(),
+            end: false,
+        }
+    }
+
+    pub(crate) fn recv(n: usize) -> ReplyState {
+        ReplyState::Pull {
+            recv: true,
             results: (0..n).map(|_| None).collect(),
             chunks: Vec::new(),
             end: false,
@@ -57,6 +69,7 @@ impl ReplyState {
                 results,
                 chunks,
                 end: e,
+                ..
             } => {
                 for entry in entries {
                     let slot = results
@@ -131,12 +144,17 @@ impl ReplyState {
     /// The finished answer; items the responder never answered fail with `PROTOCOL`.
     pub(crate) fn finish(self) -> crate::core::Reply {
         match self {
-            ReplyState::Pull { results, .. } => crate::core::Reply::Pulled(
-                results
+            ReplyState::Pull { results, recv, .. } => {
+                let results = results
                     .into_iter()
                     .map(|r| r.unwrap_or(Err(Status::Protocol)))
-                    .collect(),
-            ),
+                    .collect();
+                if recv {
+                    crate::core::Reply::Received(results)
+                } else {
+                    crate::core::Reply::Pulled(results)
+                }
+            }
             ReplyState::Push { statuses, .. } => crate::core::Reply::Pushed(
                 statuses
                     .into_iter()

@@ -1,0 +1,237 @@
+//! Send/recv rendezvous over real sockets: recv before and after publish, exactly once,
+//! fused recv of 1, 100 and 10,000 tensors, streaming of ready tensors, dead tensors,
+//! step abort.
+
+mod common;
+
+use common::*;
+use starwire::wire::{DType, Status};
+use starwire::{Error, Options, Rendezvous, Reply, Runtime, Tensor};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn serve(rv: Arc<Rendezvous>) -> Runtime {
+    Runtime::start_with(
+        config("ps", 2).build().unwrap(),
+        Options {
+            rendezvous: Some(rv),
+            ..Options::listen("127.0.0.1:0".parse().unwrap())
+        },
+    )
+    .unwrap()
+}
+
+fn received(c: starwire::Completion) -> Vec<Result<Tensor, Status>> {
+    match c.result {
+        Ok(Reply::Received(v)) => v,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn bytes_of(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+#[test]
+fn recv_completes_whether_published_before_or_after_and_exactly_once() {
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    let client = client(1);
+    let mut h = client.handle(8);
+
+    // Published before the request.
+    let t = Tensor::from_f32(&[2], &[1.0, 2.0]).unwrap();
+    rv.publish(b"before", Arc::new(t)).unwrap();
+    let tag = h.recv(addr, 1, b"before", secs(10)).unwrap();
+    let v = received(h.wait(tag));
+    assert_eq!(v[0].as_ref().unwrap().to_f32(), [1.0, 2.0]);
+
+    // Published after the request arrived.
+    let tag = h.recv(addr, 1, b"after", secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        h.poll().is_none(),
+        "completed before the tensor was published"
+    );
+    rv.publish(b"after", Arc::new(Tensor::from_f32(&[1], &[5.0]).unwrap()))
+        .unwrap();
+    let v = received(h.wait(tag));
+    assert_eq!(v[0].as_ref().unwrap().to_f32(), [5.0]);
+
+    // Exactly once: a second recv of a consumed key waits (and here times out).
+    let tag = h
+        .recv(
+            addr,
+            1,
+            b"before",
+            Some(Instant::now() + Duration::from_millis(200)),
+        )
+        .unwrap();
+    assert_eq!(h.wait(tag).result, Err(Error::Timeout));
+    assert_eq!(rv.ready_count(), 0);
+    // Publishing twice before a recv is refused.
+    rv.publish(b"twice", Arc::new(Tensor::dead(DType::F32)))
+        .unwrap();
+    assert!(rv
+        .publish(b"twice", Arc::new(Tensor::dead(DType::F32)))
+        .is_err());
+}
+
+fn fused(n: usize, sizes: &[usize]) {
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    let client = client(1);
+    let mut h = client.handle(4);
+    let keys: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!("step7/edge_{i}").into_bytes())
+        .collect();
+    // Half published before, half after the request.
+    let tensor = |i: usize| {
+        let len = sizes[i % sizes.len()];
+        Tensor::from_bytes(DType::U8, &[len as u64], bytes_of(i, len)).unwrap()
+    };
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        rv.publish(k, Arc::new(tensor(i))).unwrap();
+    }
+    let frames_before = client.stats().frames_out;
+    let tag = h.recv_many(addr, 7, keys.clone(), secs(60)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        rv.publish(k, Arc::new(tensor(i))).unwrap();
+    }
+    let v = received(h.wait(tag));
+    assert_eq!(v.len(), n);
+    for (i, r) in v.iter().enumerate() {
+        let got = r.as_ref().unwrap();
+        let want = tensor(i);
+        assert_eq!(got.dims(), want.dims());
+        assert!(got.bytes() == want.bytes(), "tensor {i}");
+    }
+    // One request frame for all the keys.
+    assert_eq!(client.stats().frames_out - frames_before, 1);
+}
+
+#[test]
+fn fused_recv_of_1_tensor() {
+    fused(1, &[16]);
+}
+
+#[test]
+fn fused_recv_of_100_mixed_tensors() {
+    fused(100, &[0, 1, 64, 4096, 65_536, 1 << 20, 5 << 20]);
+}
+
+#[test]
+fn fused_recv_of_10000_tensors() {
+    fused(10_000, &[0, 8, 64, 256, 4096]);
+}
+
+#[test]
+fn ready_tensors_are_sent_without_waiting_for_slow_ones() {
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    let client = client(1);
+    let mut h = client.handle(4);
+    rv.publish(b"fast", Arc::new(Tensor::from_f32(&[1], &[1.0]).unwrap()))
+        .unwrap();
+    let in0 = client.stats().frames_in;
+    let tag = h
+        .recv_many(addr, 3, vec![b"fast".to_vec(), b"slow".to_vec()], secs(10))
+        .unwrap();
+    // The ready tensor's answer arrives while the slow one is not published.
+    let start = Instant::now();
+    // (the handshake is not counted in frames_in)
+    while client.stats().frames_in < in0 + 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "fast tensor not streamed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(h.poll().is_none());
+    rv.publish(b"slow", Arc::new(Tensor::dead(DType::F32)))
+        .unwrap();
+    let v = received(h.wait(tag));
+    assert_eq!(v[0].as_ref().unwrap().to_f32(), [1.0]);
+    // Dead tensors are carried as dead.
+    assert!(v[1].as_ref().unwrap().is_dead());
+}
+
+#[test]
+fn aborting_a_step_fails_its_pending_recvs() {
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    let client = client(1);
+    let mut h = client.handle(4);
+    rv.publish(b"k1", Arc::new(Tensor::from_f32(&[1], &[1.0]).unwrap()))
+        .unwrap();
+    let tag = h
+        .recv_many(addr, 9, vec![b"k1".to_vec(), b"k2".to_vec()], secs(10))
+        .unwrap();
+    let other = h.recv(addr, 10, b"k3", secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    rv.abort_step(9);
+    let v = received(h.wait(tag));
+    assert!(v[0].is_ok());
+    assert_eq!(v[1].as_ref().unwrap_err(), &Status::Aborted);
+    // Another step is untouched.
+    rv.publish(b"k3", Arc::new(Tensor::dead(DType::U8)))
+        .unwrap();
+    assert!(received(h.wait(other))[0].is_ok());
+}
+
+#[test]
+fn recv_from_a_task_without_rendezvous_is_unimplemented() {
+    let server = server(1);
+    let client = client(1);
+    let mut h = client.handle(4);
+    let tag = h
+        .recv(server.local_addr().unwrap(), 1, b"k", secs(10))
+        .unwrap();
+    assert_eq!(
+        h.wait(tag).result,
+        Err(Error::Remote(Status::Unimplemented))
+    );
+}
+
+fn fused_frames(fuse: bool) -> u64 {
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    for i in 0..50u32 {
+        let t = Tensor::from_bytes(DType::U8, &[4], i.to_le_bytes().to_vec()).unwrap();
+        rv.publish(format!("k{i}").as_bytes(), Arc::new(t)).unwrap();
+    }
+    let mut client =
+        starwire::Embedded::new(config("worker", 1).tensor_fuse(fuse).build().unwrap(), None)
+            .unwrap();
+    // 50 separate recvs, issued together: they reach the loop in one drain pass.
+    let tags: Vec<u64> = (0..50)
+        .map(|i| client.recv_many(addr, 4, vec![format!("k{i}").into_bytes()], secs(10)))
+        .collect();
+    let mut got = std::collections::HashMap::new();
+    let start = Instant::now();
+    while got.len() < 50 {
+        assert!(start.elapsed() < Duration::from_secs(10), "recvs stuck");
+        client.poll(Some(Duration::from_millis(5)));
+        while let Some(c) = client.completion() {
+            got.insert(c.tag, received(c));
+        }
+    }
+    for (i, tag) in tags.iter().enumerate() {
+        let v = &got[tag];
+        assert_eq!(v.len(), 1, "each recv gets its own entry");
+        assert_eq!(v[0].as_ref().unwrap().bytes(), (i as u32).to_le_bytes());
+    }
+    client.stats().frames_out
+}
+
+#[test]
+fn recvs_issued_together_leave_as_one_frame_with_fusion_on() {
+    assert_eq!(fused_frames(true), 1);
+    assert_eq!(fused_frames(false), 50);
+}
