@@ -34,6 +34,7 @@ use slab::Slab;
 use crate::config::Config;
 use crate::ctx::{CtxSlab, Full, Handle as CtxHandle};
 use crate::error::Error;
+use crate::pool::{Answer, Job, ReplyTo};
 use crate::proto::{
     ConnEvent, Connection, Encoder, EncoderConfig, Identity, NextRead, OutTensor, PayloadTarget,
     Piece, PushItem, ResponseItem, Side,
@@ -143,6 +144,12 @@ pub(crate) struct Endpoint {
     pub waker: Arc<ThreadWaker>,
 }
 
+/// Work other threads hand to a loop.
+pub(crate) enum Posted {
+    Recv(Delivery),
+    Answer(Answer),
+}
+
 /// State a loop shares with the runtime and the handles.
 pub(crate) struct LoopShared {
     pub doorbell: Doorbell,
@@ -151,8 +158,9 @@ pub(crate) struct LoopShared {
     pub stop: AtomicBool,
     pub new_endpoints: Mutex<Vec<Endpoint>>,
     pub has_new_endpoints: AtomicBool,
-    /// Rendezvous tensors for recvs waiting on this loop's connections.
-    deliveries: Mutex<Vec<Delivery>>,
+    /// Rendezvous tensors for recvs waiting on this loop's connections, and answers of
+    /// handlers run on the pool.
+    deliveries: Mutex<Vec<Posted>>,
     has_deliveries: AtomicBool,
     pub counters: CachePadded<Counters>,
 }
@@ -173,10 +181,19 @@ impl LoopShared {
 
     /// Hands a rendezvous delivery to this loop.
     pub(crate) fn post(&self, d: Delivery) {
+        self.post_any(Posted::Recv(d));
+    }
+
+    /// Hands a pool handler's answer to this loop.
+    pub(crate) fn post_answer(&self, a: Answer) {
+        self.post_any(Posted::Answer(a));
+    }
+
+    fn post_any(&self, p: Posted) {
         self.deliveries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(d);
+            .push(p);
         self.has_deliveries.store(true, Ordering::Release);
         self.wake();
     }
@@ -316,6 +333,8 @@ impl Conn {
 pub(crate) struct LoopParts {
     pub service: Option<SharedService>,
     pub rendezvous: Option<Arc<Rendezvous>>,
+    /// Where heavy handlers run; `None`: inline on the loop.
+    pub jobs: Option<std::sync::mpsc::Sender<Job>>,
     /// This loop's position among the runtime's loops.
     pub index: usize,
     pub allocator: SharedAllocator,
@@ -345,6 +364,7 @@ pub(crate) struct Loop {
     serial: u32,
     service: Option<SharedService>,
     rendezvous: Option<Arc<Rendezvous>>,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
     index: usize,
     allocator: SharedAllocator,
     /// Payload at least this long is received straight into its tensor.
@@ -400,6 +420,7 @@ impl Loop {
             serial: 0,
             service: parts.service,
             rendezvous: parts.rendezvous,
+            jobs: parts.jobs,
             index: parts.index,
             allocator: parts.allocator,
             zero_copy_min: parts.zero_copy_min,
@@ -554,11 +575,16 @@ impl Loop {
             self.shared.has_deliveries.store(false, Ordering::Release);
             std::mem::take(&mut *q)
         };
-        for d in batch {
+        for posted in batch {
+            let d = match posted {
+                Posted::Recv(d) => d,
+                Posted::Answer(a) => {
+                    self.take_answer(a);
+                    continue;
+                }
+            };
             let w = d.waiter;
-            let live = self.conns.get(w.conn as usize).is_some_and(|c| {
-                c.generation == w.generation && c.phase == Phase::Open && !c.proto.is_closed()
-            });
+            let live = self.conn_live(w.conn, w.generation);
             if !live {
                 // The requester went away: the tensor goes back for the next recv.
                 if let (Ok(t), Some(r)) = (d.result, &self.rendezvous) {
@@ -572,6 +598,34 @@ impl Loop {
             mark_dirty(&mut self.dirty, conn, w.conn);
         }
         true
+    }
+
+    fn conn_live(&self, slot: u32, generation: u32) -> bool {
+        self.conns.get(slot as usize).is_some_and(|c| {
+            c.generation == generation && c.phase == Phase::Open && !c.proto.is_closed()
+        })
+    }
+
+    /// Sends a pool handler's answer, if its connection is still there.
+    fn take_answer(&mut self, a: Answer) {
+        let to = match &a {
+            Answer::Pull { to, .. } | Answer::Push { to, .. } => *to,
+        };
+        if !self.conn_live(to.conn, to.generation) {
+            return;
+        }
+        let conn = &mut self.conns[to.conn as usize];
+        let Conn {
+            proto, out_tensors, ..
+        } = conn;
+        match a {
+            Answer::Pull { results, .. } => {
+                answer_pull(proto.encoder(), out_tensors, to.handle, &results)
+            }
+            Answer::Push { statuses, .. } => answer_push(proto.encoder(), to.handle, &statuses),
+        }
+        release_tokens(conn);
+        mark_dirty(&mut self.dirty, conn, to.conn);
     }
 
     fn drain_requests(&mut self, now: Instant) -> bool {
@@ -1119,6 +1173,7 @@ impl Loop {
             dirty,
             service,
             rendezvous,
+            jobs,
             allocator,
             index,
             ..
@@ -1142,6 +1197,7 @@ impl Loop {
             shared,
             service: service.as_deref(),
             rendezvous: rendezvous.as_deref(),
+            jobs: jobs.as_ref(),
             waiter_base: (*index, generation),
             recvs,
             allocator: &**allocator,
@@ -1522,6 +1578,7 @@ struct Dispatch<'a> {
     shared: &'a LoopShared,
     service: Option<&'a dyn crate::service::Service>,
     rendezvous: Option<&'a Rendezvous>,
+    jobs: Option<&'a std::sync::mpsc::Sender<Job>>,
     /// This loop's index and this connection's generation, for rendezvous waiters.
     waiter_base: (usize, u32),
     recvs: &'a mut Vec<(u64, u32)>,
@@ -1708,42 +1765,35 @@ impl Dispatch<'_> {
             return;
         };
         let push = self.incoming.swap_remove(i);
-        let n = push.items.len();
-        let mut statuses: Vec<Status> = vec![Status::Ok; n];
-        let mut ok = Vec::with_capacity(n);
-        let mut positions = Vec::with_capacity(n);
-        for (pos, (id, item)) in push.items.into_iter().enumerate() {
-            match item {
-                Ok(t) => {
-                    ok.push((id, t));
-                    positions.push(pos);
-                }
-                Err(s) => statuses[pos] = s,
+        let Some(service) = self.service else {
+            let statuses = vec![Status::Unimplemented; push.items.len()];
+            return answer_push(enc, handle, &statuses);
+        };
+        if let Some(jobs) = self.jobs {
+            let to = self.reply_to(handle);
+            if jobs
+                .send(Job::Push {
+                    to,
+                    items: push.items,
+                })
+                .is_err()
+            {
+                let _ = enc.error(handle, Status::Shutdown, "handler pool stopped");
             }
+            return;
         }
-        match self.service {
-            Some(service) if !ok.is_empty() => {
-                let mut got = Vec::with_capacity(ok.len());
-                service.push(ok, &mut got);
-                for (k, pos) in positions.into_iter().enumerate() {
-                    statuses[pos] = got.get(k).copied().unwrap_or(Status::Internal);
-                }
-            }
-            None => positions
-                .into_iter()
-                .for_each(|pos| statuses[pos] = Status::Unimplemented),
-            _ => {}
+        let statuses = crate::pool::apply_push(service, push.items);
+        answer_push(enc, handle, &statuses);
+    }
+
+    fn reply_to(&self, handle: u64) -> ReplyTo {
+        let (loop_index, generation) = self.waiter_base;
+        ReplyTo {
+            loop_index,
+            conn: self.slot,
+            generation,
+            handle,
         }
-        let items: Vec<ResponseItem<'_>> = statuses
-            .iter()
-            .enumerate()
-            .map(|(index, &status)| ResponseItem {
-                index: index as u32,
-                status,
-                tensor: None,
-            })
-            .collect();
-        respond(enc, handle, &items);
     }
 
     /// Answers at once the keys already published; leaves waiters for the others, which
@@ -1808,45 +1858,80 @@ impl Dispatch<'_> {
             return;
         };
         let ids: Vec<u64> = ids.iter().collect();
-        let mut out = Vec::with_capacity(ids.len());
-        service.pull(&ids, &mut out);
-        out.resize_with(ids.len(), || Err(Status::Internal));
-        let tokens: Vec<Option<u64>> = out
-            .iter()
-            .map(|r| {
-                r.as_ref()
-                    .ok()
-                    .map(|t| self.out_tensors.insert(t.clone()) as u64)
-            })
-            .collect();
-        let items: Vec<ResponseItem<'_>> = out
-            .iter()
-            .zip(&tokens)
-            .enumerate()
-            .map(|(index, (r, token))| match (r, token) {
-                (Ok(t), Some(token)) => ResponseItem {
-                    index: index as u32,
-                    status: Status::Ok,
-                    tensor: Some(OutTensor {
-                        meta: t.meta(),
-                        bytes: t.bytes(),
-                        token: *token,
-                    }),
-                },
-                (Err(s), _) => ResponseItem {
-                    index: index as u32,
-                    status: if s.is_ok() { Status::Internal } else { *s },
-                    tensor: None,
-                },
-                (Ok(_), None) => unreachable!("every Ok result got a token"),
-            })
-            .collect();
-        if !respond(enc, handle, &items) {
-            for t in tokens.into_iter().flatten() {
-                self.out_tensors.try_remove(t as usize);
+        if let Some(jobs) = self.jobs {
+            let to = self.reply_to(handle);
+            if jobs.send(Job::Pull { to, ids }).is_err() {
+                let _ = enc.error(handle, Status::Shutdown, "handler pool stopped");
             }
+            return;
+        }
+        let mut results = Vec::with_capacity(ids.len());
+        service.pull(&ids, &mut results);
+        results.resize_with(ids.len(), || Err(Status::Internal));
+        answer_pull(enc, self.out_tensors, handle, &results);
+    }
+}
+
+/// Answers a pull with `results`, the tensors sent by reference.
+fn answer_pull(
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    results: &[Result<Arc<Tensor>, Status>],
+) {
+    let tokens: Vec<Option<u64>> = results
+        .iter()
+        .map(|r| {
+            r.as_ref()
+                .ok()
+                .map(|t| out_tensors.insert(t.clone()) as u64)
+        })
+        .collect();
+    let items: Vec<ResponseItem<'_>> = results
+        .iter()
+        .zip(&tokens)
+        .enumerate()
+        .map(|(index, (r, token))| match (r, token) {
+            (Ok(t), Some(token)) => ResponseItem {
+                index: index as u32,
+                status: Status::Ok,
+                tensor: Some(OutTensor {
+                    meta: t.meta(),
+                    bytes: t.bytes(),
+                    token: *token,
+                }),
+            },
+            (Err(s), _) => ResponseItem {
+                index: index as u32,
+                status: if s.is_ok() { Status::Internal } else { *s },
+                tensor: None,
+            },
+            (Ok(_), None) => ResponseItem {
+                index: index as u32,
+                status: Status::Internal,
+                tensor: None,
+            },
+        })
+        .collect();
+    if !respond(enc, handle, &items) {
+        for t in tokens.into_iter().flatten() {
+            out_tensors.try_remove(t as usize);
         }
     }
+}
+
+/// Answers a push with one status per item.
+fn answer_push(enc: &mut Encoder, handle: u64, statuses: &[Status]) {
+    let items: Vec<ResponseItem<'_>> = statuses
+        .iter()
+        .enumerate()
+        .map(|(index, &status)| ResponseItem {
+            index: index as u32,
+            status,
+            tensor: None,
+        })
+        .collect();
+    respond(enc, handle, &items);
 }
 
 /// Answers item `index` of the recv `handle` with a tensor delivered by the rendezvous (or

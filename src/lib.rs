@@ -16,6 +16,7 @@ pub mod config;
 pub(crate) mod core;
 pub mod ctx;
 mod error;
+mod pool;
 pub mod proto;
 pub mod rendezvous;
 mod runtime;

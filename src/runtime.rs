@@ -24,12 +24,14 @@ use crate::core::{
     Callback, Completion, Endpoint, Loop, LoopParts, LoopShared, Request, RequestOp,
 };
 use crate::error::Error;
+use crate::pool::{HandlerPool, Job};
 use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
 use crate::spsc::{self, Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
 use crate::tensor::{HeapAllocator, SharedAllocator, Tensor};
+use std::sync::mpsc::Sender;
 
 /// Payload of at least this many bytes is received straight into the tensor's memory;
 /// shorter payload is copied once out of the receive buffer.
@@ -51,6 +53,9 @@ pub struct Options {
     /// Payload of at least this many bytes is received in place (default
     /// [`DEFAULT_ZERO_COPY_MIN`]).
     pub zero_copy_min: Option<u64>,
+    /// Threads that run the service's handlers. 0 (the default): handlers run inline on
+    /// the loop that received the request. See `docs/tuning.md` for when to use a pool.
+    pub handler_threads: usize,
 }
 
 impl Options {
@@ -62,10 +67,11 @@ impl Options {
         }
     }
 
-    fn parts(&self, index: usize) -> LoopParts {
+    fn parts(&self, index: usize, jobs: Option<Sender<Job>>) -> LoopParts {
         LoopParts {
             service: self.service.clone(),
             rendezvous: self.rendezvous.clone(),
+            jobs,
             index,
             allocator: self
                 .allocator
@@ -88,6 +94,8 @@ struct Inner {
 /// The running event loops of one task.
 pub struct Runtime {
     inner: Arc<Inner>,
+    /// Handler threads, when the service runs on a pool.
+    pool: Option<HandlerPool>,
     threads: Vec<JoinHandle<()>>,
     backend: Backend,
     local_addr: Option<SocketAddr>,
@@ -142,6 +150,12 @@ impl Runtime {
         if let Some(r) = &options.rendezvous {
             r.attach(shared.clone());
         }
+        let pool = match (&options.service, options.handler_threads) {
+            (Some(service), n) if n > 0 => {
+                Some(HandlerPool::start(n, service.clone(), shared.clone())?)
+            }
+            _ => None,
+        };
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
             loops: shared.clone(),
@@ -149,6 +163,7 @@ impl Runtime {
         });
         let mut rt = Runtime {
             inner,
+            pool: None,
             threads: Vec::with_capacity(n),
             backend,
             local_addr,
@@ -158,7 +173,7 @@ impl Runtime {
             let cfg = cfg.clone();
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
-            let parts = options.parts(i);
+            let parts = options.parts(i, pool.as_ref().and_then(|p| p.sender()));
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {
@@ -188,6 +203,7 @@ impl Runtime {
                 Err(_) => return Err(io::Error::other(format!("loop {i} died at start"))),
             }
         }
+        rt.pool = pool;
         Ok(rt)
     }
 
@@ -287,6 +303,9 @@ impl Runtime {
             if t.join().is_err() {
                 log::error!("a starwire loop thread panicked");
             }
+        }
+        if let Some(mut pool) = self.pool.take() {
+            pool.stop();
         }
         self.inner.stopped.store(true, Ordering::SeqCst);
     }
@@ -567,7 +586,7 @@ impl Embedded {
             shared.clone(),
             backend,
             listener,
-            options.parts(0),
+            options.parts(0, None),
         )?;
         Ok(Embedded {
             lp,

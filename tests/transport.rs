@@ -393,3 +393,63 @@ fn peer_lost_mid_transfer_fails_the_request() {
     assert!(start.elapsed() < Duration::from_secs(5));
     server.join().unwrap();
 }
+
+/// A service whose pull takes 300 ms.
+struct Slow;
+
+impl Service for Slow {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        std::thread::sleep(Duration::from_millis(300));
+        out.extend(
+            ids.iter()
+                .map(|&id| Ok(Arc::new(Tensor::from_f32(&[1], &[id as f32]).unwrap()))),
+        );
+    }
+}
+
+/// Round trip of a ping sent while a slow pull is being handled by a 1-loop server.
+fn ping_during_slow_pull(handler_threads: usize) -> Duration {
+    let server = Runtime::start_with(
+        config("ps", 1).build().unwrap(),
+        Options {
+            service: Some(Arc::new(Slow)),
+            handler_threads,
+            ..Options::listen("127.0.0.1:0".parse().unwrap())
+        },
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let client = Runtime::start(
+        config("worker", 1).connections_per_peer(2).build().unwrap(),
+        None,
+    )
+    .unwrap();
+    let mut h = client.handle(8);
+    // Open both lanes first.
+    for _ in 0..2 {
+        let t = h.ping(addr, 8, secs(10)).unwrap();
+        assert!(h.wait(t).result.is_ok());
+    }
+    let pull = h.pull(addr, vec![3, 4], secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    let p = h.ping(addr, 8, secs(10)).unwrap();
+    assert!(h.wait(p).result.is_ok());
+    let took = start.elapsed();
+    match h.wait(pull).result {
+        Ok(Reply::Pulled(v)) => {
+            assert_eq!(v[0].as_ref().unwrap().to_f32(), [3.0]);
+            assert_eq!(v[1].as_ref().unwrap().to_f32(), [4.0]);
+        }
+        other => panic!("{other:?}"),
+    }
+    took
+}
+
+#[test]
+fn heavy_handlers_on_the_pool_do_not_stall_the_loop() {
+    let pooled = ping_during_slow_pull(2);
+    let inline = ping_during_slow_pull(0);
+    assert!(pooled < Duration::from_millis(100), "pooled: {pooled:?}");
+    assert!(inline >= Duration::from_millis(150), "inline: {inline:?}");
+}

@@ -1,0 +1,172 @@
+//! A pool of threads for heavy service handlers.
+//!
+//! Inline handlers run on the loop that received the request: no hop, but a slow handler
+//! stalls every other connection of that loop. With a pool, the loop hands the request to a
+//! pool thread and goes on; the answer comes back through the loop's delivery queue and the
+//! loop sends it. Use the pool when a handler does real work (an optimizer step over large
+//! tensors, a lookup that may block); keep handlers inline when they take microseconds.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crate::core::LoopShared;
+use crate::service::SharedService;
+use crate::tensor::Tensor;
+use crate::wire::Status;
+
+/// Where an answer goes: loop, connection (slot and generation), request handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplyTo {
+    pub loop_index: usize,
+    pub conn: u32,
+    pub generation: u32,
+    pub handle: u64,
+}
+
+/// Work for a pool thread.
+pub(crate) enum Job {
+    Pull {
+        to: ReplyTo,
+        ids: Vec<u64>,
+    },
+    /// Received items, with the statuses of those that failed to arrive.
+    Push {
+        to: ReplyTo,
+        items: Vec<(u64, Result<Tensor, Status>)>,
+    },
+}
+
+/// A handler's answer, on its way back to the loop.
+pub(crate) enum Answer {
+    Pull {
+        to: ReplyTo,
+        results: Vec<Result<Arc<Tensor>, Status>>,
+    },
+    Push {
+        to: ReplyTo,
+        statuses: Vec<Status>,
+    },
+}
+
+/// The handler threads.
+pub(crate) struct HandlerPool {
+    jobs: Option<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl HandlerPool {
+    /// `n` threads running `service`, answering through `loops`.
+    pub(crate) fn start(
+        n: usize,
+        service: SharedService,
+        loops: Vec<Arc<LoopShared>>,
+    ) -> std::io::Result<HandlerPool> {
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let rx = rx.clone();
+            let service = service.clone();
+            let loops = loops.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("starwire-handler-{i}"))
+                    .spawn(move || work(&rx, &*service, &loops))?,
+            );
+        }
+        Ok(HandlerPool {
+            jobs: Some(tx),
+            threads,
+        })
+    }
+
+    /// A sender for the loops.
+    pub(crate) fn sender(&self) -> Option<Sender<Job>> {
+        self.jobs.clone()
+    }
+
+    /// Stops the threads once the queued jobs are done.
+    pub(crate) fn stop(&mut self) {
+        self.jobs = None;
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                log::error!("a starwire handler thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for HandlerPool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn work(
+    rx: &Mutex<Receiver<Job>>,
+    service: &dyn crate::service::Service,
+    loops: &[Arc<LoopShared>],
+) {
+    loop {
+        let job = {
+            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+            rx.recv()
+        };
+        let Ok(job) = job else {
+            return; // every sender is gone: the runtime stopped
+        };
+        let answer = run(job, service);
+        let to = match &answer {
+            Answer::Pull { to, .. } | Answer::Push { to, .. } => *to,
+        };
+        match loops.get(to.loop_index) {
+            Some(l) => l.post_answer(answer),
+            None => log::error!("handler pool: no loop {}", to.loop_index),
+        }
+    }
+}
+
+/// Runs one job against the service.
+pub(crate) fn run(job: Job, service: &dyn crate::service::Service) -> Answer {
+    match job {
+        Job::Pull { to, ids } => {
+            let mut results = Vec::with_capacity(ids.len());
+            service.pull(&ids, &mut results);
+            results.resize_with(ids.len(), || Err(Status::Internal));
+            Answer::Pull { to, results }
+        }
+        Job::Push { to, items } => Answer::Push {
+            to,
+            statuses: apply_push(service, items),
+        },
+    }
+}
+
+/// Hands the items that arrived to the service; items that failed keep their status.
+pub(crate) fn apply_push(
+    service: &dyn crate::service::Service,
+    items: Vec<(u64, Result<Tensor, Status>)>,
+) -> Vec<Status> {
+    let n = items.len();
+    let mut statuses = vec![Status::Ok; n];
+    let mut ok = Vec::with_capacity(n);
+    let mut positions = Vec::with_capacity(n);
+    for (pos, (id, item)) in items.into_iter().enumerate() {
+        match item {
+            Ok(t) => {
+                ok.push((id, t));
+                positions.push(pos);
+            }
+            Err(s) => statuses[pos] = s,
+        }
+    }
+    if !ok.is_empty() {
+        let mut got = Vec::with_capacity(ok.len());
+        service.push(ok, &mut got);
+        for (k, pos) in positions.into_iter().enumerate() {
+            statuses[pos] = got.get(k).copied().unwrap_or(Status::Internal);
+        }
+    }
+    statuses
+}
