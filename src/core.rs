@@ -52,6 +52,8 @@ use crate::wire::{Body, Kind, Status};
 
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
+/// Header and meta of a `CHUNK` frame.
+const CHUNK_HEAD: usize = crate::wire::HEADER_LEN + 16;
 /// How long a connection closing for an error may take to send its last frame.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// Most requests taken from one handle's ring per iteration (bounded work per step).
@@ -1150,8 +1152,14 @@ impl Loop {
             log::error!("connection {slot}: receive buffer full; closing");
             return self.lose(slot, Error::Protocol);
         }
-        let len = spare.len().min(u32::MAX as usize) as u32;
         let ptr = spare.as_mut_ptr();
+        let mut len = spare.len().min(u32::MAX as usize) as u32;
+        let decoder = conn.proto.decoder();
+        if decoder.chunks_pending() > 0 && decoder.is_idle() {
+            // A chunk is most likely next: read just its header and meta, so that its
+            // payload is received in place rather than read ahead into the buffer.
+            len = len.min(CHUNK_HEAD as u32);
+        }
         conn.reading = true;
         // SAFETY: `ptr..ptr+len` is the spare room of the connection's receive buffer. The
         // decoder neither moves nor touches it until `filled` after this completion, and

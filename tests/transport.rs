@@ -265,10 +265,44 @@ fn allocator_hook_is_called_once_per_tensor_and_failures_fail_only_that_tensor()
     assert!(matches!(wait_reply(&mut h, t), Reply::Pulled(v) if v[0].is_ok()));
 }
 
+/// `len` bytes, cheap to make in a debug build: a constant with a marker every 4 KiB.
+fn marked(len: usize) -> Vec<u8> {
+    let mut v = vec![0xA5u8; len];
+    for (i, at) in (0..len).step_by(4096).enumerate() {
+        v[at] = i as u8;
+    }
+    v
+}
+
 #[test]
-fn pings_interleave_with_a_chunked_transfer() {
+fn a_64_mib_tensor_is_received_in_place() {
     let store = Arc::new(Store::default());
-    let big = Tensor::from_bytes(DType::U8, &[256 << 20], pattern(9, 256 << 20)).unwrap();
+    let t = Tensor::from_bytes(DType::U8, &[64 << 20], marked(64 << 20)).unwrap();
+    store.vars.lock().unwrap().insert(1, Arc::new(t));
+    let server = serve(store);
+    let addr = server.local_addr().unwrap();
+    let client = client(1);
+    let mut h = client.handle(2);
+    let t = h.pull(addr, vec![1], secs(60)).unwrap();
+    match wait_reply(&mut h, t) {
+        Reply::Pulled(v) => assert!(v[0].as_ref().unwrap().bytes() == &marked(64 << 20)[..]),
+        other => panic!("{other:?}"),
+    }
+    let stats = client.stats();
+    eprintln!(
+        "64 MiB pull: {} bytes in place, {} copied",
+        stats.payload_direct, stats.payload_copied
+    );
+    assert_eq!(stats.payload_direct + stats.payload_copied, 64 << 20);
+    // At most the read-ahead of the read that brought the response frame is copied.
+    let recv_buffer = client.config().recv_buffer as u64;
+    assert!(stats.payload_copied <= recv_buffer, "{stats:?}");
+}
+
+#[test]
+fn pings_interleave_with_a_1_gib_chunked_transfer() {
+    let store = Arc::new(Store::default());
+    let big = Tensor::from_bytes(DType::U8, &[1 << 30], marked(1 << 30)).unwrap();
     store.vars.lock().unwrap().insert(9, Arc::new(big));
     let server = serve(store);
     let addr = server.local_addr().unwrap();
@@ -276,29 +310,41 @@ fn pings_interleave_with_a_chunked_transfer() {
     let mut bulk = client.handle(2);
     assert!(ping_once(&client, addr, secs(10)).is_ok());
     let start = Instant::now();
-    let t = bulk.pull(addr, vec![9], secs(120)).unwrap();
-    // Pings on the same connection while the 256 MiB answer streams in.
+    let t = bulk.pull(addr, vec![9], secs(300)).unwrap();
+    // Pings on the same connection while the 1 GiB answer streams in.
     let mut h = client.handle(4);
     let mut worst = Duration::ZERO;
     let mut pings = 0;
-    while bulk.poll().is_none() || pings == 0 {
+    let done = loop {
+        if let Some(c) = bulk.poll() {
+            break c;
+        }
         let p = h.ping(addr, 16, secs(30)).unwrap();
         match h.wait(p).result {
             Ok(Reply::Pong { rtt, .. }) => worst = worst.max(rtt),
             other => panic!("{other:?}"),
         }
         pings += 1;
-        if start.elapsed() > Duration::from_secs(60) {
-            panic!("transfer did not finish");
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "transfer did not finish"
+        );
+    };
+    assert_eq!(done.tag, t);
+    match done.result {
+        Ok(Reply::Pulled(v)) => {
+            let got = v[0].as_ref().unwrap();
+            assert_eq!(got.byte_len(), 1 << 30);
+            assert!(got.bytes() == &marked(1 << 30)[..]);
         }
-        if pings > 10_000 {
-            break;
-        }
+        other => panic!("{other:?}"),
     }
-    let _ = t;
-    eprintln!("{pings} pings during a 256 MiB chunked pull; worst round trip {worst:?}");
+    eprintln!(
+        "{pings} pings during a 1 GiB chunked pull of {:?}; worst round trip {worst:?}",
+        start.elapsed()
+    );
     assert!(pings >= 2, "pings were not interleaved");
-    assert!(worst < Duration::from_secs(2), "worst ping {worst:?}");
+    assert!(worst < Duration::from_secs(1), "worst ping {worst:?}");
 }
 
 #[test]
