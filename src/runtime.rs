@@ -53,6 +53,10 @@ pub struct Options {
     /// Payload of at least this many bytes is received in place (default
     /// [`DEFAULT_ZERO_COPY_MIN`]).
     pub zero_copy_min: Option<u64>,
+    /// Connections this task expects (its peers times `connections_per_peer`). The
+    /// default loop count is `min(16, connections)`, never more than the CPUs this process
+    /// may run on; unknown (`None`): as many loops as allowed CPUs, at most 16.
+    pub connections: Option<usize>,
     /// Threads that run the service's handlers. 0 (the default): handlers run inline on
     /// the loop that received the request. See `docs/tuning.md` for when to use a pool.
     pub handler_threads: usize,
@@ -124,7 +128,7 @@ impl Runtime {
             if caps.is_some() { " (probed)" } else { "" }
         );
         let allowed = affinity::allowed_cpus()?;
-        let n = config.loop_count(usize::MAX, allowed.len());
+        let n = config.loop_count(options.connections.unwrap_or(usize::MAX), allowed.len());
         let pins = if config.pin {
             Some(crate::config::pin_plan(n, &allowed).map_err(io::Error::other)?)
         } else {

@@ -261,3 +261,27 @@ fn a_lost_server_fails_requests_and_a_new_one_is_reached() {
         }
     }
 }
+
+#[test]
+fn default_loop_count_follows_connections_and_cpus() {
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let cfg = || {
+        starwire::config::ConfigBuilder::from_env("worker", 0)
+            .unwrap()
+            .build()
+            .unwrap()
+    };
+    let one = starwire::Options {
+        connections: Some(1),
+        ..starwire::Options::default()
+    };
+    assert_eq!(Runtime::start_with(cfg(), one).unwrap().loops(), 1);
+    let many = starwire::Options {
+        connections: Some(100),
+        ..starwire::Options::default()
+    };
+    assert_eq!(
+        Runtime::start_with(cfg(), many).unwrap().loops(),
+        cpus.min(16)
+    );
+}
