@@ -264,7 +264,15 @@ fn a_lost_server_fails_requests_and_a_new_one_is_reached() {
 
 #[test]
 fn default_loop_count_follows_connections_and_cpus() {
-    let cpus = std::thread::available_parallelism().unwrap().get();
+    // The CPUs in this process's affinity set, as the runtime counts them.
+    let cpus = {
+        // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+        assert_eq!(rc, 0);
+        // SAFETY: `set` was filled by the kernel above.
+        unsafe { libc::CPU_COUNT(&set) as usize }
+    };
     let cfg = || {
         starwire::config::ConfigBuilder::from_env("worker", 0)
             .unwrap()
