@@ -52,6 +52,8 @@ use crate::wire::{Body, Kind, Status};
 
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
+/// Wait before accepting again after EMFILE and friends.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Header and meta of a `CHUNK` frame.
 const CHUNK_HEAD: usize = crate::wire::HEADER_LEN + 16;
 /// How long a connection closing for an error may take to send its last frame.
@@ -262,6 +264,8 @@ enum Timer {
         slot: u32,
         generation: u32,
     },
+    /// Accepting again after running out of descriptors or memory.
+    Accept,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,8 +300,6 @@ struct Conn {
     reading: bool,
     writing: bool,
     connecting: bool,
-    /// Bytes handed to the send in flight.
-    sending: u64,
     /// `Some` for connections this loop opened: the peer and lane they serve.
     outgoing: Option<(SocketAddr, u32)>,
     attempts: u32,
@@ -347,7 +349,8 @@ pub(crate) struct LoopParts {
 pub(crate) struct Loop {
     cfg: Arc<Config>,
     shared: Arc<LoopShared>,
-    driver: Driver,
+    /// Dropped by hand in `Drop`, or leaked when the kernel may still use loop memory.
+    driver: std::mem::ManuallyDrop<Driver>,
     identity: Identity,
     listener: Option<OwnedFd>,
     accepting: bool,
@@ -388,7 +391,7 @@ impl Loop {
         parts: LoopParts,
     ) -> std::io::Result<Loop> {
         let entries = 1024u32;
-        let driver = Driver::new(backend, entries, &shared.doorbell)?;
+        let driver = std::mem::ManuallyDrop::new(Driver::new(backend, entries, &shared.doorbell)?);
         let mut job = arrayvec::ArrayVec::new();
         job.try_extend_from_slice(cfg.job.as_bytes()).ok();
         let token = cfg.cluster_token.as_ref().map(|t| {
@@ -858,7 +861,6 @@ impl Loop {
             reading: false,
             writing: false,
             connecting: false,
-            sending: 0,
             outgoing: Some((peer, lane)),
             attempts: 0,
             waiting: VecDeque::new(),
@@ -1062,11 +1064,22 @@ impl Loop {
             // SAFETY: a successful accept returns a new fd that nothing else owns.
             let fd = unsafe { OwnedFd::from_raw_fd(result) };
             self.adopt(fd, now);
-        } else if result != -libc::EAGAIN && result != -libc::EINTR {
-            // EMFILE and friends: log and keep accepting; the connection stays in the
-            // backlog until a descriptor is free.
-            log::warn!("accept: {}", errno_str(result));
+        } else if result != -libc::EAGAIN && result != -libc::EINTR && result != -libc::ECONNABORTED
+        {
+            // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays in the backlog; try again
+            // a little later instead of spinning on the same error.
+            log::warn!(
+                "accept: {}; retrying in {ACCEPT_BACKOFF:?}",
+                errno_str(result)
+            );
+            self.timers
+                .push(Reverse((Instant::now() + ACCEPT_BACKOFF, Timer::Accept)));
+            return;
         }
+        self.rearm_accept();
+    }
+
+    fn rearm_accept(&mut self) {
         if let Some(l) = &self.listener {
             let fd = l.as_raw_fd();
             match self.driver.accept(LISTENER, fd) {
@@ -1091,7 +1104,6 @@ impl Loop {
             reading: false,
             writing: false,
             connecting: false,
-            sending: 0,
             outgoing: None,
             attempts: 0,
             waiting: VecDeque::new(),
@@ -1246,6 +1258,12 @@ impl Loop {
                 _ => Error::Protocol,
             };
             conn.failure = failure;
+            // No new request may go out behind the connection's ERROR frame.
+            if let Some(key) = conn.outgoing {
+                if self.peers.get(&key) == Some(&slot) {
+                    self.peers.remove(&key);
+                }
+            }
             // Let the queued ERROR frame go out before closing, but not for long: a peer
             // that does not read must not keep the connection.
             mark_dirty(&mut self.dirty, conn, slot);
@@ -1324,7 +1342,6 @@ impl Loop {
             io.msg.msg_iov = io.iov.as_mut_ptr();
             io.msg.msg_iovlen = n as _;
             conn.writing = true;
-            conn.sending = total;
             let msg: *const libc::msghdr = &io.msg;
             // SAFETY: the msghdr and iovecs live in the connection's boxed `ConnIo`; the
             // iovecs point into the encoder's arena blocks, which do not move or get reused
@@ -1374,6 +1391,11 @@ impl Loop {
                         .is_some_and(|c| c.generation == generation && c.phase == Phase::Backoff);
                     if live {
                         self.start_connect(slot, now);
+                    }
+                }
+                Timer::Accept => {
+                    if !self.stopping && !self.accepting {
+                        self.rearm_accept();
                     }
                 }
                 Timer::Close { slot, generation } => {
@@ -1873,9 +1895,7 @@ impl Dispatch<'_> {
             }
             return;
         }
-        let mut results = Vec::with_capacity(ids.len());
-        service.pull(&ids, &mut results);
-        results.resize_with(ids.len(), || Err(Status::Internal));
+        let results = crate::service::pull(service, &ids);
         answer_pull(enc, self.out_tensors, handle, &results);
     }
 }
@@ -2106,6 +2126,25 @@ fn release_tokens(conn: &mut Conn) {
 
 /// Completes a request: its own completion, or, for recvs the loop fused, one completion
 /// per original recv with its entry of the answer.
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let in_flight = self.conns.iter().any(|(_, c)| c.ops_in_flight());
+        if in_flight && self.driver.backend() == Backend::Uring {
+            // Only after a panic: operations still in the kernel may write into connection
+            // buffers and tensors. Closing the ring cancels them asynchronously, so freeing
+            // that memory now could let the kernel write into freed memory. Leak it instead.
+            log::error!("event loop dropped with I/O in flight; leaking its buffers");
+            std::mem::forget(std::mem::take(&mut self.conns));
+            // Requests may own tensors that a receive writes into.
+            std::mem::forget(std::mem::replace(&mut self.ctxs, CtxSlab::with_capacity(0)));
+            return;
+        }
+        // SAFETY: dropped once, here; nothing in flight references loop memory (epoll has no
+        // kernel-side operations; io_uring has none left).
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.driver) };
+    }
+}
+
 fn notify(
     outbox: &mut Outbox,
     shared: &LoopShared,
@@ -2179,7 +2218,7 @@ fn deliver(
                 return;
             };
             if let Some(cb) = &ep.callback {
-                cb(completion);
+                crate::service::guarded("completion callback", || cb(completion));
             } else if ep.completions.push(completion).is_err() {
                 // The handle bounds its outstanding requests by the ring's capacity, so
                 // this cannot happen while the handle lives.

@@ -131,9 +131,7 @@ fn work(
 pub(crate) fn run(job: Job, service: &dyn crate::service::Service) -> Answer {
     match job {
         Job::Pull { to, ids } => {
-            let mut results = Vec::with_capacity(ids.len());
-            service.pull(&ids, &mut results);
-            results.resize_with(ids.len(), || Err(Status::Internal));
+            let results = crate::service::pull(service, &ids);
             Answer::Pull { to, results }
         }
         Job::Push { to, items } => Answer::Push {
@@ -163,7 +161,9 @@ pub(crate) fn apply_push(
     }
     if !ok.is_empty() {
         let mut got = Vec::with_capacity(ok.len());
-        service.push(ok, &mut got);
+        if crate::service::guarded("Service::push", || service.push(ok, &mut got)).is_none() {
+            got.clear();
+        }
         for (k, pos) in positions.into_iter().enumerate() {
             statuses[pos] = got.get(k).copied().unwrap_or(Status::Internal);
         }

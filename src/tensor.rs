@@ -14,7 +14,16 @@ use std::sync::Arc;
 use crate::wire::{DType, Dims, TensorMeta, MAX_RANK};
 
 /// Memory holding one tensor's contents.
-pub trait TensorMemory: Send + Sync {
+///
+/// # Safety
+///
+/// The runtime keeps raw pointers from [`bytes`](Self::bytes) and
+/// [`bytes_mut`](Self::bytes_mut) after the borrow ends: the kernel writes received payload
+/// into that memory, and reads sent payload from it, asynchronously. An implementation must
+/// therefore return the same memory, at the same address and of the same length, from every
+/// call, and must not move, free or reallocate it while the value lives.
+#[allow(unsafe_code)]
+pub unsafe trait TensorMemory: Send + Sync {
     /// The contents.
     fn bytes(&self) -> &[u8];
     /// The contents, writable. Must be the same memory as [`bytes`](Self::bytes), at least
@@ -81,9 +90,10 @@ impl AlignedBuf {
     }
 }
 
-// Viewing the lines as bytes needs a pointer cast; it is the only unsafe code in this module.
+// SAFETY: the lines are allocated once in `zeroed` and never moved or resized; `bytes` and
+// `bytes_mut` view that one allocation.
 #[allow(unsafe_code)]
-impl TensorMemory for AlignedBuf {
+unsafe impl TensorMemory for AlignedBuf {
     fn bytes(&self) -> &[u8] {
         // SAFETY: `blocks` holds `lines * 64 >= len` initialized bytes in one allocation
         // (`Line` is plain bytes with no padding), and the returned slice borrows `self`.
@@ -96,7 +106,10 @@ impl TensorMemory for AlignedBuf {
     }
 }
 
-impl TensorMemory for Vec<u8> {
+// SAFETY: the vector is never resized through this trait, so its buffer stays where it is
+// for as long as the value lives.
+#[allow(unsafe_code)]
+unsafe impl TensorMemory for Vec<u8> {
     fn bytes(&self) -> &[u8] {
         self
     }
@@ -292,7 +305,8 @@ impl Tensor {
             dims: &dims,
             byte_len: meta.byte_len,
         };
-        let memory = alloc.allocate(&desc)?;
+        let memory =
+            crate::service::guarded("TensorAllocator::allocate", || alloc.allocate(&desc))??;
         let len = usize::try_from(meta.byte_len).ok()?;
         if memory.bytes().len() < len {
             log::warn!(

@@ -62,6 +62,25 @@ fn signal(child: &Child, sig: i32) {
     assert_eq!(rc, 0);
 }
 
+/// Waits until the kernel reports the child stopped (SIGSTOP is delivered asynchronously).
+fn wait_stopped(child: &Child) {
+    let path = format!("/proc/{}/stat", child.id());
+    let start = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(&path).unwrap();
+        // The state follows the parenthesized command name.
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.as_bytes()[0]);
+        if state == Some(b'T') {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "child did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn killed_server_fails_requests_in_flight_and_a_restarted_one_is_reached() {
     let (mut child, addr) = spawn_server("127.0.0.1:0");
@@ -70,6 +89,7 @@ fn killed_server_fails_requests_in_flight_and_a_restarted_one_is_reached() {
 
     // Stop the server so requests stay unanswered, then kill it.
     signal(&child, libc::SIGSTOP);
+    wait_stopped(&child);
     let mut h = client.handle(64);
     let tags: Vec<u64> = (0..20)
         .map(|_| h.ping(addr, 64, secs(30)).unwrap())

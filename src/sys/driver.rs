@@ -294,13 +294,13 @@ fn errno_of_isize(rc: isize) -> i32 {
     }
 }
 
-/// io_uring half: a ring plus the armed doorbell read.
+/// io_uring half: a ring plus the armed doorbell poll.
 pub struct UringDriver {
     ring: Ring,
     doorbell_fd: RawFd,
-    /// Target of the doorbell read; boxed so the address is stable.
-    doorbell_buf: Box<u64>,
     doorbell_armed: bool,
+    /// Completions taken out of the ring to make room for a submission; delivered first.
+    overflow: Vec<(u64, i32)>,
 }
 
 impl UringDriver {
@@ -308,8 +308,8 @@ impl UringDriver {
         let mut d = UringDriver {
             ring: Ring::new(entries)?,
             doorbell_fd: doorbell.as_raw_fd(),
-            doorbell_buf: Box::new(0),
             doorbell_armed: false,
+            overflow: Vec::new(),
         };
         d.arm_doorbell()?;
         Ok(d)
@@ -319,12 +319,13 @@ impl UringDriver {
         if self.doorbell_armed {
             return Ok(());
         }
-        let buf: *mut u64 = &mut *self.doorbell_buf;
-        let entry = opcode::Read::new(types::Fd(self.doorbell_fd), buf.cast(), 8)
+        // A poll, not a read: no buffer is handed to the kernel, so nothing can be written
+        // after the driver is gone. The eventfd is drained in user space on completion.
+        let entry = opcode::PollAdd::new(types::Fd(self.doorbell_fd), libc::POLLIN as u32)
             .build()
             .user_data(USER_DATA_DOORBELL);
-        // SAFETY: `doorbell_buf` is boxed and owned by this driver, which lives as long as
-        // the ring (fields drop in order: the ring first, cancelling the read).
+        // SAFETY: the entry references no memory; the eventfd outlives the driver (it is
+        // owned by the loop's shared state).
         unsafe { self.push(&entry)? };
         self.doorbell_armed = true;
         Ok(())
@@ -337,10 +338,10 @@ impl UringDriver {
             // SAFETY: passed on from the caller.
             match unsafe { self.ring.push(entry) } {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
-                    // The completion queue is full: the caller reaps on its next `complete`;
-                    // here, make room by stashing what is ready.
-                    self.ring.submit().ok();
-                    std::hint::spin_loop();
+                    // The kernel has no room for more completions: take them out (they are
+                    // delivered first by the next `complete`), then submit again.
+                    let overflow = &mut self.overflow;
+                    self.ring.reap(|ud, res, _| overflow.push((ud, res)));
                 }
                 other => return other,
             }
@@ -353,7 +354,7 @@ impl UringDriver {
         timeout: Option<Duration>,
         f: &mut dyn FnMut(Completion),
     ) -> io::Result<usize> {
-        if wait && !self.ring.has_completions() {
+        if wait && self.overflow.is_empty() && !self.ring.has_completions() {
             self.ring.submit_and_wait(1, timeout)?;
         } else if self.ring.pending_submissions() > 0 {
             self.ring.submit()?;
@@ -361,7 +362,15 @@ impl UringDriver {
         // With nothing to submit, no syscall: completions are read from the shared ring
         // (the kernel posts them without our help, as COOP_TASKRUN is not set).
         let mut rearm = false;
-        let n = self.ring.reap(|user_data, result, _flags| {
+        let mut n = 0;
+        for (user_data, result) in self.overflow.drain(..) {
+            if let Some(c) = decode(user_data, result) {
+                rearm |= c == Completion::Doorbell;
+                f(c);
+                n += 1;
+            }
+        }
+        n += self.ring.reap(|user_data, result, _flags| {
             if let Some(c) = decode(user_data, result) {
                 if c == Completion::Doorbell {
                     rearm = true;
@@ -370,6 +379,9 @@ impl UringDriver {
             }
         });
         if rearm {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a local from the non-blocking eventfd.
+            unsafe { libc::read(self.doorbell_fd, (&mut v as *mut u64).cast(), 8) };
             self.doorbell_armed = false;
             self.arm_doorbell()?;
         }
