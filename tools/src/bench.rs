@@ -130,6 +130,22 @@ fn check_args(args: &BenchArgs) -> Result<(), Failure> {
             args.inflight
         )));
     }
+    if !(1..=4096).contains(&args.connections) {
+        return Err(Failure::usage(format!(
+            "-C {}: expected 1 to 4096 connections",
+            args.connections
+        )));
+    }
+    for (flag, n) in [
+        ("--loops", args.loops),
+        ("--server-loops", args.server_loops),
+    ] {
+        if !(1..=1024).contains(&n) {
+            return Err(Failure::usage(format!(
+                "{flag} {n}: expected 1 to 1024 loops"
+            )));
+        }
+    }
     if args.requests == Some(0) {
         return Err(Failure::usage("-n: expected at least 1 request"));
     }
@@ -165,7 +181,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             )));
         }
     }
-    let cfg = client_config(args.loops, args.connections, 2, timeout)?;
+    let cfg = client_config(args.loops, args.connections, 2)?;
     let rt = start_client(cfg)?;
     let watcher = Watcher::start(std::thread::current());
     let mut h = rt.handle(args.inflight.max(args.connections));
@@ -397,7 +413,9 @@ fn table(args: &BenchArgs, label: &str, server_note: &str, o: &Outcome) -> Strin
 }
 
 fn json(args: &BenchArgs, label: &str, o: &Outcome) -> J {
-    let ms = |d: Duration| J::Num(d.as_secs_f64() * 1000.0);
+    // Nanosecond precision is all there is; more digits are float noise.
+    let r6 = |x: f64| J::Num((x * 1e6).round() / 1e6);
+    let ms = |d: Duration| r6(d.as_secs_f64() * 1000.0);
     let l = &o.latency;
     J::Obj(vec![
         ("operation", J::s(&args.operation)),
@@ -407,7 +425,7 @@ fn json(args: &BenchArgs, label: &str, o: &Outcome) -> J {
         ("inflight", J::Int(args.inflight as i64)),
         ("connections", J::Int(args.connections as i64)),
         ("client_loops", J::Int(args.loops as i64)),
-        ("seconds", J::Num(o.elapsed.as_secs_f64())),
+        ("seconds", r6(o.elapsed.as_secs_f64())),
         ("ok", J::Int(o.ok as i64)),
         ("failed", J::Int(o.failed as i64)),
         (
@@ -424,8 +442,11 @@ fn json(args: &BenchArgs, label: &str, o: &Outcome) -> J {
                     .collect(),
             ),
         ),
-        ("requests_per_second", J::Num(rate(o))),
-        ("gigabytes_per_second", J::Num(gbps(args, o))),
+        (
+            "requests_per_second",
+            J::Num((rate(o) * 10.0).round() / 10.0),
+        ),
+        ("gigabytes_per_second", r6(gbps(args, o))),
         (
             "latency_ms",
             J::Obj(vec![
@@ -437,10 +458,10 @@ fn json(args: &BenchArgs, label: &str, o: &Outcome) -> J {
                 ("max", ms(l.max())),
             ]),
         ),
-        ("client_cpu_seconds", J::Num(o.client_cpu.as_secs_f64())),
+        ("client_cpu_seconds", r6(o.client_cpu.as_secs_f64())),
         (
             "server_cpu_seconds",
-            o.server_cpu.map_or(J::Null, |c| J::Num(c.as_secs_f64())),
+            o.server_cpu.map_or(J::Null, |c| r6(c.as_secs_f64())),
         ),
     ])
 }

@@ -5,7 +5,9 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use starwire::config::{ConfigBuilder, ENV_CONNECT_RETRIES, ENV_HANDSHAKE_TIMEOUT_MS};
+use starwire::config::{
+    ConfigBuilder, ENV_CONNECT_RETRIES, ENV_HANDSHAKE_TIMEOUT_MS, MAX_HANDSHAKE_TIMEOUT,
+};
 use starwire::{Config, Error, Reply, Runtime};
 
 use crate::cli::PingArgs;
@@ -18,14 +20,11 @@ use crate::target;
 const MAX_OUTSTANDING: usize = 1024;
 
 /// The configuration of a client: the environment as for any task (job `commctl`), with
-/// few connect retries (a tool should say "nothing listening" at once) and the handshake
-/// bounded by the request timeout, unless the environment sets those.
-pub fn client_config(
-    loops: usize,
-    connections: usize,
-    retries: u32,
-    timeout: Duration,
-) -> Result<Config, Failure> {
+/// `retries` connect retries (a tool should say "nothing listening" at once) and no
+/// handshake timeout of its own, unless the environment sets those: the deadline of each
+/// request is the one timeout, so a peer that accepts and never answers reads as "no
+/// reply within the timeout", request after request, as in ping(8).
+pub fn client_config(loops: usize, connections: usize, retries: u32) -> Result<Config, Failure> {
     let bad = |e: starwire::config::ConfigError| Failure::usage(e.to_string());
     let mut b = ConfigBuilder::from_env("commctl", 0)
         .map_err(bad)?
@@ -35,7 +34,7 @@ pub fn client_config(
         b = b.connect_retries(retries);
     }
     if std::env::var_os(ENV_HANDSHAKE_TIMEOUT_MS).is_none() {
-        b = b.handshake_timeout(timeout.clamp(Duration::from_millis(1), Duration::from_secs(600)));
+        b = b.handshake_timeout(MAX_HANDSHAKE_TIMEOUT);
     }
     b.build().map_err(bad)
 }
@@ -109,7 +108,7 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
     if args.count == Some(0) {
         return Err(Failure::usage("-c: the count must be at least 1"));
     }
-    let rt = start_client(client_config(1, 1, 0, timeout)?)?;
+    let rt = start_client(client_config(1, 1, 0)?)?;
     let watcher = Watcher::start(std::thread::current());
     let mut h = rt.handle(MAX_OUTSTANDING);
     let mut out = std::io::stdout().lock();
