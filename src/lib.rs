@@ -12,9 +12,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod config;
 pub(crate) mod core;
 pub mod ctx;
+pub mod endpoint_map;
 mod error;
 mod pool;
 pub mod proto;

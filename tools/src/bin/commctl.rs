@@ -1,20 +1,20 @@
-//! commctl: the starwire command-line tool.
-use argh::FromArgs;
-
-/// commctl: inspect and exercise starwire tasks.
-#[derive(FromArgs)]
-struct Commctl {
-    /// print the version and exit
-    #[argh(switch, short = 'V')]
-    version: bool,
-}
+//! commctl: the starwire command-line tool. See `commctl --help`.
 
 fn main() {
-    let args: Commctl = argh::from_env();
-    if args.version {
-        println!("commctl {}", env!("CARGO_PKG_VERSION"));
-        return;
-    }
-    eprintln!("commctl: no subcommand given (try --help)");
-    std::process::exit(2);
+    let args: Vec<String> = match std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect::<Result<_, _>>()
+    {
+        Ok(args) => args,
+        Err(bad) => {
+            eprintln!(
+                "commctl: argument {:?} is not valid UTF-8",
+                bad.to_string_lossy()
+            );
+            std::process::exit(starwire_tools::exit::USAGE);
+        }
+    };
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    std::process::exit(starwire_tools::run(&args));
 }

@@ -1,0 +1,448 @@
+//! The command line: argh structs for `commctl` and its subcommands, and value parsers.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use argh::FromArgs;
+
+/// check, reach and load starwire tasks
+#[derive(FromArgs, Debug)]
+#[argh(
+    help_triggers("-h", "--help"),
+    note = "A TARGET is HOST:PORT (a data address, where starwire listens) or JOB:INDEX\n\
+            (also /job:ps/task:0), looked up in the cluster spec and the .endpoint_map.\n\
+            The cluster spec comes from --cluster, --ps-hosts and --worker-hosts, or from\n\
+            $TF_CONFIG. The .endpoint_map is --endpoint-map, else the one in the folder\n\
+            $TF_SEASTAR_ENDPOINT_MAP_PATH, else the one in the current folder.\n\
+            Transport settings come from the environment as for any starwire task\n\
+            (STARWIRE_CLUSTER_ID, STARWIRE_CLUSTER_TOKEN, STARWIRE_BACKEND, ...).",
+    error_code(0, "success: valid, or every request answered"),
+    error_code(1, "validate found problems; ping or bench lost some requests"),
+    error_code(2, "usage or configuration error, unreadable file"),
+    error_code(3, "could not connect: nothing listening, or unreachable"),
+    error_code(4, "handshake refused: cluster id or token mismatch"),
+    error_code(5, "no reply within the timeout"),
+    error_code(6, "connection lost or protocol error")
+)]
+pub struct Commctl {
+    /// more log output on stderr (repeat for more: -v, -vv, -vvv)
+    #[argh(switch, short = 'v')]
+    pub verbose: u8,
+
+    /// print the version and exit
+    #[argh(switch, short = 'V')]
+    pub version: bool,
+
+    #[argh(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// A subcommand.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand)]
+pub enum Command {
+    /// `commctl validate`
+    Validate(ValidateArgs),
+    /// `commctl ping`
+    Ping(PingArgs),
+    /// `commctl serve`
+    Serve(ServeArgs),
+    /// `commctl bench`
+    Bench(BenchArgs),
+}
+
+/// The cluster-spec and endpoint-map options several subcommands share.
+#[derive(Debug, Default, Clone)]
+pub struct ClusterOpts {
+    /// `--cluster JOB=HOST:PORT,...`, repeated.
+    pub cluster: Vec<String>,
+    /// `--ps-hosts`.
+    pub ps_hosts: Option<String>,
+    /// `--worker-hosts`.
+    pub worker_hosts: Option<String>,
+    /// `--tf-config`.
+    pub tf_config: bool,
+    /// `--endpoint-map`.
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl ClusterOpts {
+    /// Whether a spec was given on the command line (not `TF_CONFIG`).
+    pub fn has_lists(&self) -> bool {
+        !self.cluster.is_empty() || self.ps_hosts.is_some() || self.worker_hosts.is_some()
+    }
+}
+
+/// check an .endpoint_map, and a cluster spec against it
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "validate",
+    help_triggers("-h", "--help"),
+    example = "commctl validate\n\
+               commctl validate /etc/training/.endpoint_map --ps-hosts ps0:2222,ps1:2222 \
+               --worker-hosts w0:2222,w1:2222\n\
+               TF_CONFIG='{{\"cluster\": ...}}' commctl validate --tf-config --json",
+    note = "Every problem is reported, as FILE:LINE: what is wrong. With a cluster spec,\n\
+            every task must have an entry in the map.",
+    error_code(0, "valid"),
+    error_code(1, "problems found"),
+    error_code(2, "usage error, or a file that cannot be read")
+)]
+pub struct ValidateArgs {
+    /// the endpoint map, or a folder holding one (default:
+    /// $TF_SEASTAR_ENDPOINT_MAP_PATH/.endpoint_map, else ./.endpoint_map)
+    #[argh(positional)]
+    pub file: Option<PathBuf>,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...] (same as --cluster ps=...)
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// read the cluster spec (and this task) from $TF_CONFIG
+    #[argh(switch)]
+    pub tf_config: bool,
+
+    /// print the report as JSON on stdout
+    #[argh(switch)]
+    pub json: bool,
+}
+
+impl ValidateArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: self.tf_config,
+            endpoint_map: self.file.clone(),
+        }
+    }
+}
+
+/// send pings to a starwire task and report round-trip times
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "ping",
+    help_triggers("-h", "--help"),
+    example = "commctl ping -c 3 127.0.0.1:5555\n\
+               commctl ping ps:0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222\n\
+               commctl ping -c 100 -i 0.01 -s 65536 /job:worker/task:1",
+    note = "Without -c, pings until interrupted (Ctrl-C prints the summary). Times are\n\
+            measured by the event loop, from the ping being queued on the connection to\n\
+            its pong being read; connecting is not included.",
+    error_code(0, "every ping answered"),
+    error_code(1, "some pings answered, not all"),
+    error_code(2, "usage or configuration error"),
+    error_code(3, "could not connect: nothing listening, or unreachable"),
+    error_code(4, "handshake refused: cluster id or token mismatch"),
+    error_code(5, "no reply within the timeout"),
+    error_code(6, "connection lost or protocol error")
+)]
+pub struct PingArgs {
+    /// HOST:PORT, or JOB:INDEX looked up in the cluster spec and the endpoint map
+    #[argh(positional)]
+    pub target: String,
+
+    /// stop after sending COUNT pings
+    #[argh(option, short = 'c')]
+    pub count: Option<u64>,
+
+    /// seconds between pings (default: 1)
+    #[argh(option, short = 'i', default = "1.0", from_str_fn(parse_seconds))]
+    pub interval: f64,
+
+    /// payload bytes of each ping (default: 56)
+    #[argh(option, short = 's', default = "56")]
+    pub size: u32,
+
+    /// seconds to wait for each reply (default: 5)
+    #[argh(
+        option,
+        short = 'W',
+        default = "5.0",
+        from_str_fn(parse_positive_seconds)
+    )]
+    pub timeout: f64,
+
+    /// print only the summary
+    #[argh(switch, short = 'q')]
+    pub quiet: bool,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// the endpoint map, or a folder holding one
+    #[argh(option, arg_name = "path")]
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl PingArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: false,
+            endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// run a standalone starwire server until interrupted
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "serve",
+    help_triggers("-h", "--help"),
+    example = "commctl serve --listen 127.0.0.1:5555\n\
+               commctl serve --task ps:1 --ps-hosts ps0:2222,ps1:2222\n\
+               commctl serve --tf-config      # the task named in $TF_CONFIG",
+    note = "Prints 'listening on ADDRESS ...' on stdout once it accepts connections.\n\
+            Answers ping. Stops cleanly on SIGINT or SIGTERM.",
+    error_code(0, "stopped by SIGINT or SIGTERM"),
+    error_code(2, "usage or configuration error, or the address cannot be bound")
+)]
+pub struct ServeArgs {
+    /// the address to listen on, HOST:PORT (port 0 picks a free one)
+    #[argh(option, short = 'l', arg_name = "addr")]
+    pub listen: Option<String>,
+
+    /// serve as this task, JOB:INDEX: listen on its data address from the cluster spec and
+    /// the endpoint map
+    #[argh(option, arg_name = "job:index")]
+    pub task: Option<String>,
+
+    /// event loops (default: from NETWORK_PS_CORE_NUMBER or NETWORK_WORKER_CORE_NUMBER,
+    /// else one per CPU, at most 16)
+    #[argh(option)]
+    pub loops: Option<usize>,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// read the cluster spec, and the task when --task is not given, from $TF_CONFIG
+    #[argh(switch)]
+    pub tf_config: bool,
+
+    /// the endpoint map, or a folder holding one
+    #[argh(option, arg_name = "path")]
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: self.tf_config,
+            endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// drive load against a starwire server; report rate, latency and CPU time
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "bench",
+    help_triggers("-h", "--help"),
+    example = "commctl bench                          # starts its own server\n\
+               commctl bench 10.0.0.1:5555 -d 30s -p 64 -C 4 --loops 2\n\
+               commctl bench ps:0 --server-pid 4242 --json",
+    note = "Without a TARGET, bench starts `commctl serve` on 127.0.0.1 and reports its\n\
+            CPU time too; with one, --server-pid reads the server's CPU time from /proc.\n\
+            Latency is measured by the client, from submitting a request to taking its\n\
+            completion. A progress line is shown while stderr is a terminal.",
+    error_code(0, "every request answered"),
+    error_code(1, "some requests failed"),
+    error_code(2, "usage or configuration error"),
+    error_code(3, "could not connect: nothing listening, or unreachable"),
+    error_code(4, "handshake refused: cluster id or token mismatch"),
+    error_code(5, "no reply within the timeout"),
+    error_code(6, "connection lost or protocol error")
+)]
+pub struct BenchArgs {
+    /// HOST:PORT or JOB:INDEX of the server (default: start one)
+    #[argh(positional)]
+    pub target: Option<String>,
+
+    /// the request to send: ping (default: ping)
+    #[argh(option, short = 'o', default = "String::from(\"ping\")")]
+    pub operation: String,
+
+    /// payload bytes of each request (default: 64)
+    #[argh(option, short = 's', default = "64")]
+    pub size: u32,
+
+    /// how long to run, as 10s, 500ms or 2m (default: 5s)
+    #[argh(option, short = 'd', from_str_fn(parse_duration))]
+    pub duration: Option<Duration>,
+
+    /// stop after this many requests instead
+    #[argh(option, short = 'n')]
+    pub requests: Option<u64>,
+
+    /// requests kept in flight (default: 16)
+    #[argh(option, short = 'p', default = "16")]
+    pub inflight: usize,
+
+    /// TCP connections to the server (default: 1)
+    #[argh(option, short = 'C', default = "1")]
+    pub connections: usize,
+
+    /// client event loops (default: 1)
+    #[argh(option, default = "1")]
+    pub loops: usize,
+
+    /// event loops of the server bench starts (default: 1)
+    #[argh(option, default = "1")]
+    pub server_loops: usize,
+
+    /// the server's process id, to report its CPU time
+    #[argh(option)]
+    pub server_pid: Option<u32>,
+
+    /// seconds before a request counts as failed (default: 5)
+    #[argh(
+        option,
+        short = 'W',
+        default = "5.0",
+        from_str_fn(parse_positive_seconds)
+    )]
+    pub timeout: f64,
+
+    /// print the report as JSON on stdout
+    #[argh(switch)]
+    pub json: bool,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// the endpoint map, or a folder holding one
+    #[argh(option, arg_name = "path")]
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: false,
+            endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// Seconds as a decimal number, 0 or more (at most a day).
+pub fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "{text:?}: expected seconds, a number from 0 to 86400"
+        )),
+    }
+}
+
+/// Seconds as a decimal number, more than 0 (at most a day).
+pub fn parse_positive_seconds(text: &str) -> Result<f64, String> {
+    match parse_seconds(text) {
+        Ok(s) if s >= 0.001 => Ok(s),
+        _ => Err(format!(
+            "{text:?}: expected seconds, a number from 0.001 to 86400"
+        )),
+    }
+}
+
+/// A duration: a number with an optional unit `ms`, `s`, `m` or `h` (seconds without one).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?}: expected a duration such as 500ms, 10s, 2m or 1h");
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(bad()),
+    };
+    if !(0.001..=7.0 * 86_400.0).contains(&secs) {
+        return Err(format!("{text:?}: expected a duration from 1ms to 7 days"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "10x", "-1s", "0", "1e3", "8000000s", "1.2.3s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("0.2"), Ok(0.2));
+        assert_eq!(parse_seconds("0"), Ok(0.0));
+        assert!(parse_seconds("-1").is_err());
+        assert!(parse_seconds("NaN").is_err());
+        assert!(parse_seconds("inf").is_err());
+        assert!(parse_positive_seconds("0").is_err());
+        assert_eq!(parse_positive_seconds("1"), Ok(1.0));
+    }
+}

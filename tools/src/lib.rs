@@ -1,0 +1,64 @@
+//! `commctl`: check, reach and load starwire tasks.
+//!
+//! The binary is `src/bin/commctl.rs`; everything it does lives here so it can be unit
+//! tested: the command line ([`cli`]), one module per subcommand, and the small helpers
+//! they share (exit codes, a stderr logger, signal handling, a latency histogram, a JSON
+//! writer, CPU time).
+
+pub mod bench;
+pub mod cli;
+pub mod cpu;
+pub mod exit;
+pub mod histogram;
+pub mod jsonw;
+pub mod logger;
+pub mod ping;
+pub mod serve;
+pub mod signals;
+pub mod target;
+pub mod validate;
+
+use cli::{Command, Commctl};
+use exit::Failure;
+
+/// Runs commctl with `args` (without the program name); returns the exit code.
+pub fn run(args: &[&str]) -> i32 {
+    let cmd = match <Commctl as argh::FromArgs>::from_args(&["commctl"], args) {
+        Ok(cmd) => cmd,
+        Err(early) => {
+            return match early.status {
+                Ok(()) => {
+                    println!("{}", early.output);
+                    exit::OK
+                }
+                Err(()) => {
+                    eprintln!("{}\nRun commctl --help for more information.", early.output);
+                    exit::USAGE
+                }
+            };
+        }
+    };
+    if cmd.version {
+        println!("commctl {}", env!("CARGO_PKG_VERSION"));
+        return exit::OK;
+    }
+    let Some(command) = cmd.command else {
+        eprintln!("commctl: no command given\nRun commctl --help for more information.");
+        return exit::USAGE;
+    };
+    let quiet_default = !matches!(command, Command::Serve(_));
+    logger::init(cmd.verbose, quiet_default);
+    let result = match command {
+        Command::Validate(a) => validate::run(&a),
+        Command::Ping(a) => ping::run(&a),
+        Command::Serve(a) => serve::run(&a),
+        Command::Bench(a) => bench::run(&a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(Failure { code, message }) => {
+            eprintln!("commctl: {message}");
+            code
+        }
+    }
+}

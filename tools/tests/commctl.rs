@@ -1,0 +1,633 @@
+//! commctl end to end: the real binary, real sockets, real files.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const COMMCTL: &str = env!("CARGO_BIN_EXE_commctl");
+
+/// `commctl ARGS` with a clean starwire environment (the backend choice is kept: CI runs
+/// the suite once per backend).
+fn commctl(args: &[&str]) -> Command {
+    let mut c = Command::new(COMMCTL);
+    c.args(args)
+        .env_remove("TF_CONFIG")
+        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
+        .env_remove("STARWIRE_CLUSTER_ID")
+        .env_remove("STARWIRE_CLUSTER_TOKEN")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    c
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(cmd: &mut Command) -> Run {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().expect("commctl runs");
+    Run {
+        code: status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(stdout).unwrap(),
+        stderr: String::from_utf8(stderr).unwrap(),
+    }
+}
+
+/// A scratch folder, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("commctl-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `commctl serve`; SIGKILLed if the test ends without stopping it.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = commctl(&["serve"]);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("serve prints its address");
+        let addr = line
+            .strip_prefix("listening on ")
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        Server { child, addr }
+    }
+
+    fn signal(&mut self, sig: &str) -> (i32, String) {
+        let ok = Command::new("kill")
+            .args(["-s", sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        let out = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap())
+            .wait_with_output()
+            .unwrap();
+        (
+            out.status.code().expect("exits, not killed"),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port nothing listens on (bound, then released).
+fn dead_addr() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    drop(l);
+    a.to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// Help and usage.
+
+#[test]
+fn help_for_every_subcommand() {
+    let r = run(&mut commctl(&["--help"]));
+    assert_eq!(r.code, 0);
+    for word in ["validate", "ping", "serve", "bench", "Error codes:"] {
+        assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
+    }
+    for sub in ["validate", "ping", "serve", "bench"] {
+        let r = run(&mut commctl(&[sub, "--help"]));
+        assert_eq!(r.code, 0, "{sub}");
+        assert!(
+            r.stdout.starts_with(&format!("Usage: commctl {sub}")),
+            "{}",
+            r.stdout
+        );
+        let r = run(&mut commctl(&[sub, "-h"]));
+        assert_eq!(r.code, 0, "{sub} -h");
+    }
+    let r = run(&mut commctl(&["-V"]));
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.starts_with("commctl "));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["ping"],
+        &["ping", "-c", "x", "127.0.0.1:1"],
+        &["ping", "-W", "0", "127.0.0.1:1"],
+        &["ping", "not an address"],
+        &["ping", "ps:0"],
+        &["bench", "-d", "forever", "127.0.0.1:1"],
+        &["serve"],
+        &["serve", "--listen", "300.1.1.1:5"],
+    ] {
+        let r = run(&mut commctl(args));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(!r.stderr.is_empty(), "{args:?}");
+        assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.stderr);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// validate.
+
+const GOOD_MAP: &str = "\
+# ps
+10.0.0.1:2222=10.0.0.1:5555
+10.0.0.2:2222=10.0.0.2:5555
+
+# workers
+10.0.0.3:2222=10.0.0.3:5555   # worker 0
+10.0.0.4:2222=10.0.0.4:5555
+";
+
+#[test]
+fn validate_a_good_map_from_each_place() {
+    let dir = Scratch::new("validate-good");
+    dir.file(".endpoint_map", GOOD_MAP);
+    // Explicit file, explicit folder, TF_SEASTAR_ENDPOINT_MAP_PATH, current folder.
+    let file = dir.0.join(".endpoint_map");
+    for cmd in [
+        commctl(&["validate", file.to_str().unwrap()]),
+        commctl(&["validate", dir.0.to_str().unwrap()]),
+        {
+            let mut c = commctl(&["validate"]);
+            c.env("TF_SEASTAR_ENDPOINT_MAP_PATH", &dir.0);
+            c
+        },
+        {
+            let mut c = commctl(&["validate"]);
+            c.current_dir(&dir.0);
+            c
+        },
+    ]
+    .iter_mut()
+    {
+        let r = run(cmd);
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains("OK, 4 entries"), "{}", r.stdout);
+    }
+}
+
+#[test]
+fn validate_reports_every_problem_with_file_and_line() {
+    let dir = Scratch::new("validate-bad");
+    let bad = dir.file(
+        "map",
+        "10.0.0.1:2222=10.0.0.1:5555\n\
+         10.0.0.2:2222=10.0.0.2:0\n\
+         10.0.0.3:2222 10.0.0.3:5555\n\
+         10.0.0.1:2222=10.0.0.9:5555\n\
+         10.0.0.4:2222=10.0.0.1:5555\n\
+         10.0.0.5:2222=10.0.0.1:2222\n\
+         10.0.0.6:2222=10.0.0.6:5555 worker 3\n\
+         10.0.0.7:99999=10.0.0.7:5555\n\
+         ::1:2222=[::1]:5555\n",
+    );
+    let path = bad.to_str().unwrap();
+    let r = run(&mut commctl(&["validate", path]));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 9, "{}", r.stdout);
+    for (i, want) in [
+        (2, "port 0 is not allowed"),
+        (3, "expected control_host:port=data_host:port"),
+        (
+            4,
+            "control address 10.0.0.1:2222 is already mapped on line 1",
+        ),
+        (
+            5,
+            "data address 10.0.0.1:5555 is already used by 10.0.0.1:2222 (line 1)",
+        ),
+        (
+            6,
+            "data address 10.0.0.1:2222 is also a control address (line 1)",
+        ),
+        (7, "unexpected \"worker 3\" after the data address"),
+        (8, "port out of range (1-65535)"),
+        (9, "must be in brackets"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let prefix = format!("{path}:{}: ", want.0);
+        assert!(
+            lines[i].starts_with(&prefix) && lines[i].contains(want.1),
+            "line {i}: {:?}",
+            lines[i]
+        );
+    }
+    assert_eq!(lines[8], "8 problems found");
+
+    let r = run(&mut commctl(&["validate", path, "--json"]));
+    assert_eq!(r.code, 1);
+    assert!(r.stdout.starts_with("{\"valid\":false,"), "{}", r.stdout);
+    assert!(r.stdout.contains(
+        "\"line\":2,\"message\":\"data address \\\"10.0.0.2:0\\\": port 0 is not allowed\""
+    ));
+    assert_eq!(r.stdout.matches("\"line\":").count(), 8);
+}
+
+#[test]
+fn validate_a_cluster_spec_against_the_map() {
+    let dir = Scratch::new("validate-cluster");
+    let map = dir.file(".endpoint_map", GOOD_MAP);
+    let map = map.to_str().unwrap();
+    let r = run(&mut commctl(&[
+        "validate",
+        map,
+        "--ps-hosts",
+        "10.0.0.1:2222,10.0.0.2:2222",
+        "--worker-hosts",
+        "10.0.0.3:2222,10.0.0.4:2222",
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("4 tasks, every one mapped"));
+    assert!(
+        r.stdout.contains("worker:1  10.0.0.4:2222  10.0.0.4:5555"),
+        "{}",
+        r.stdout
+    );
+
+    // A task without an entry is named by job and index.
+    let r = run(&mut commctl(&[
+        "validate",
+        map,
+        "--cluster",
+        "ps=10.0.0.1:2222",
+        "--cluster",
+        "worker=10.0.0.3:2222,10.0.0.9:2222",
+    ]));
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stdout
+            .contains("worker:1 (10.0.0.9:2222) has no entry in"),
+        "{}",
+        r.stdout
+    );
+
+    // TF_CONFIG, as a training operator sets it.
+    let tf = r#"{"cluster": {"ps": ["10.0.0.1:2222", "10.0.0.2:2222"],
+                 "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]},
+                 "task": {"type": "worker", "index": 1}, "environment": "cloud"}"#;
+    let r = run(commctl(&["validate", map, "--tf-config", "--json"]).env("TF_CONFIG", tf));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("\"source\":\"TF_CONFIG\",\"task\":\"worker:1\""),
+        "{}",
+        r.stdout
+    );
+    assert!(r
+        .stdout
+        .contains("{\"task\":\"ps:1\",\"control\":\"10.0.0.2:2222\",\"data\":\"10.0.0.2:5555\"}"));
+
+    // Bad TF_CONFIG: the byte offset of the JSON error; bad content: every problem.
+    let r = run(commctl(&["validate", map, "--tf-config"]).env("TF_CONFIG", r#"{"cluster": ["#));
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stdout.starts_with("TF_CONFIG: invalid JSON at byte 13: "),
+        "{}",
+        r.stdout
+    );
+    let r = run(commctl(&["validate", map, "--tf-config"]).env(
+        "TF_CONFIG",
+        r#"{"cluster": {"ps": ["10.0.0.1:0"], "worker": ["10.0.0.3:2222", 5]}}"#,
+    ));
+    assert_eq!(r.code, 1);
+    assert!(r
+        .stdout
+        .contains("TF_CONFIG: ps:0: address \"10.0.0.1:0\": port 0 is not allowed"));
+    assert!(r
+        .stdout
+        .contains("TF_CONFIG: worker:1: expected a \"host:port\" string"));
+
+    // Options that contradict, a variable that is not set, a file that is not there: 2.
+    let r = run(&mut commctl(&[
+        "validate",
+        map,
+        "--tf-config",
+        "--ps-hosts",
+        "a:1",
+    ]));
+    assert_eq!(r.code, 2);
+    let r = run(&mut commctl(&["validate", map, "--tf-config"]));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("TF_CONFIG is not set"));
+    let r = run(commctl(&["validate"])
+        .current_dir(&dir.0)
+        .env("TF_SEASTAR_ENDPOINT_MAP_PATH", "/nonexistent"));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("/nonexistent/.endpoint_map: "),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn validate_survives_hostile_files() {
+    let dir = Scratch::new("validate-hostile");
+    let mut junk = Vec::new();
+    for i in 0..5000u32 {
+        junk.extend_from_slice(&i.to_le_bytes());
+        junk.extend_from_slice(b"=[:\n\r\xff\x00#");
+    }
+    std::fs::write(dir.0.join("junk"), &junk).unwrap();
+    let r = run(&mut commctl(&[
+        "validate",
+        dir.0.join("junk").to_str().unwrap(),
+    ]));
+    assert_eq!(r.code, 1);
+    assert!(!r.stderr.contains("panicked"));
+    // A folder without a map in it.
+    let r = run(&mut commctl(&["validate", dir.0.to_str().unwrap()]));
+    assert_eq!(r.code, 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// serve, ping, bench.
+
+#[test]
+fn ping_a_server_by_address_and_by_task() {
+    let mut server = Server::start(&["--listen", "127.0.0.1:0", "--loops", "1"], &[]);
+    let addr = server.addr.to_string();
+    let r = run(&mut commctl(&["ping", "-c", "3", "-i", "0.05", &addr]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[0], format!("PING {addr}: 56 payload bytes"));
+    for (i, seq) in [1, 2, 3].iter().enumerate() {
+        let want = format!("56 bytes from {addr}: seq={seq} time=");
+        assert!(lines[1 + i].starts_with(&want), "{:?}", lines[1 + i]);
+    }
+    assert_eq!(lines[5], format!("--- {addr} ping statistics ---"));
+    assert!(lines[6].starts_with("3 pings sent, 3 replies received, 0% loss, time "));
+    assert!(
+        lines[7].starts_with("rtt min/avg/p50/p99/max = "),
+        "{}",
+        lines[7]
+    );
+
+    // job:index through the cluster spec and the endpoint map.
+    let dir = Scratch::new("ping-task");
+    dir.file(
+        ".endpoint_map",
+        &format!("10.1.1.1:2222={addr}\n10.1.1.2:2222=127.0.0.1:1\n"),
+    );
+    let r = run(commctl(&[
+        "ping",
+        "-c",
+        "2",
+        "-i",
+        "0.01",
+        "-s",
+        "1000",
+        "-q",
+        "ps:0",
+        "--ps-hosts",
+        "10.1.1.1:2222",
+        "--worker-hosts",
+        "10.1.1.2:2222",
+    ])
+    .current_dir(&dir.0));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .starts_with(&format!("PING ps:0 ({addr}): 1000 payload bytes")),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("2 pings sent, 2 replies received"));
+    // The same through TF_CONFIG, and the device form.
+    let tf = r#"{"cluster": {"ps": ["10.1.1.1:2222"], "worker": ["10.1.1.2:2222"]}}"#;
+    let r = run(commctl(&["ping", "-c", "1", "/job:ps/task:0"])
+        .env("TF_CONFIG", tf)
+        .env("TF_SEASTAR_ENDPOINT_MAP_PATH", &dir.0));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // A task the spec does not have.
+    let r = run(commctl(&["ping", "-c", "1", "ps:3"])
+        .env("TF_CONFIG", tf)
+        .current_dir(&dir.0));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr
+            .contains("ps:3 is not in the cluster spec from TF_CONFIG"),
+        "{}",
+        r.stderr
+    );
+
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("SIGTERM: stopped"), "{stderr}");
+}
+
+#[test]
+fn ping_errors_have_distinct_exit_codes() {
+    // Nothing listening: 3.
+    let dead = dead_addr();
+    let r = run(&mut commctl(&["ping", "-c", "2", "-W", "3", &dead]));
+    assert_eq!(r.code, 3, "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        r.stderr,
+        format!(
+            "commctl: {dead}: could not connect: connection refused (is a starwire server \
+             listening there?)\n"
+        )
+    );
+
+    // Handshake refused (another cluster id): 4.
+    let mut server = Server::start(
+        &["--listen", "127.0.0.1:0", "--loops", "1"],
+        &[("STARWIRE_CLUSTER_ID", "7")],
+    );
+    let addr = server.addr.to_string();
+    let r = run(commctl(&["ping", "-c", "1", &addr]).env("STARWIRE_CLUSTER_ID", "8"));
+    assert_eq!(r.code, 4, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("refused the handshake: cluster id differs"),
+        "{}",
+        r.stderr
+    );
+    let r = run(commctl(&["ping", "-c", "1", &addr]).env("STARWIRE_CLUSTER_ID", "7"));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let (code, _) = server.signal("INT");
+    assert_eq!(code, 0);
+
+    // Something that accepts and never answers: 5.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let r = run(&mut commctl(&[
+        "ping", "-c", "2", "-i", "0.1", "-W", "0.3", &addr,
+    ]));
+    assert_eq!(r.code, 5, "{}{}", r.stdout, r.stderr);
+    for seq in [1, 2] {
+        let want = format!("from {addr}: seq={seq} no reply within 0.3 s");
+        assert!(r.stdout.contains(&want), "{}", r.stdout);
+    }
+    assert!(
+        r.stdout
+            .contains("2 pings sent, 0 replies received, 100% loss"),
+        "{}",
+        r.stdout
+    );
+    drop(silent);
+}
+
+#[test]
+fn bench_a_server_and_its_own() {
+    let server = Server::start(&["--listen", "127.0.0.1:0", "--loops", "1"], &[]);
+    let addr = server.addr.to_string();
+    let pid = server.child.id().to_string();
+    let r = run(&mut commctl(&[
+        "bench",
+        &addr,
+        "-d",
+        "300ms",
+        "-p",
+        "4",
+        "-C",
+        "2",
+        "-s",
+        "128",
+        "--server-pid",
+        &pid,
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    for word in [
+        "requests",
+        "req/s",
+        "GB/s",
+        "p50",
+        "p99",
+        "p999",
+        "client CPU",
+        "server CPU",
+    ] {
+        assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
+    }
+    assert!(!r.stdout.contains("unknown (give --server-pid)"));
+    // Not a terminal: no progress line.
+    assert!(!r.stderr.contains('\r'), "{:?}", r.stderr);
+
+    let r = run(&mut commctl(&["bench", &addr, "-n", "500", "--json"]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.starts_with("{\"operation\":\"ping\","),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("\"ok\":500,\"failed\":0"), "{}", r.stdout);
+    assert!(r.stdout.contains("\"server_cpu_seconds\":null"));
+
+    // Without a target bench starts its own server and knows its CPU time.
+    let r = run(&mut commctl(&["bench", "-n", "300", "--json"]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("\"server_started_by_bench\":true"));
+    assert!(
+        !r.stdout.contains("\"server_cpu_seconds\":null"),
+        "{}",
+        r.stdout
+    );
+
+    // Operations that are not there.
+    let r = run(&mut commctl(&["bench", &addr, "-o", "pull"]));
+    assert_eq!(r.code, 2);
+    assert_eq!(
+        r.stderr,
+        "commctl: -o pull: not available yet; this version benchmarks: ping\n"
+    );
+    let r = run(&mut commctl(&["bench", &addr, "-o", "frob"]));
+    assert_eq!(r.code, 2);
+    assert_eq!(
+        r.stderr,
+        "commctl: -o frob: unknown operation (supported: ping)\n"
+    );
+
+    // Nothing listening.
+    let r = run(&mut commctl(&["bench", &dead_addr(), "-n", "10"]));
+    assert_eq!(r.code, 3, "{}{}", r.stdout, r.stderr);
+}
+
+#[test]
+fn serve_as_a_task_of_the_cluster() {
+    let dir = Scratch::new("serve-task");
+    // A free port for the data address.
+    let data = dead_addr();
+    dir.file(".endpoint_map", &format!("10.2.2.1:2222={data}\n"));
+    let tf = r#"{"cluster": {"ps": ["10.2.2.1:2222"]}, "task": {"type": "ps", "index": 0}}"#;
+    let mut cmd_env = [("TF_CONFIG", tf), ("TF_SEASTAR_ENDPOINT_MAP_PATH", "")];
+    let p = dir.0.to_str().unwrap().to_owned();
+    cmd_env[1].1 = &p;
+    let mut server = Server::start(&["--tf-config", "--loops", "1"], &cmd_env);
+    assert_eq!(server.addr.to_string(), data);
+    let r = run(&mut commctl(&["ping", "-c", "1", &data]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let (code, _) = server.signal("INT");
+    assert_eq!(code, 0);
+    // A task without an entry in the map: named in the error.
+    let r = run(commctl(&[
+        "serve",
+        "--task",
+        "ps:1",
+        "--ps-hosts",
+        "10.2.2.1:2222,10.2.2.2:2222",
+    ])
+    .current_dir(&dir.0));
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("ps:1 (10.2.2.2:2222) has no entry in"),
+        "{}",
+        r.stderr
+    );
+}
