@@ -1140,7 +1140,8 @@ impl Loop {
             return;
         }
         let fd = conn.fd();
-        if let Some((ptr, len)) = direct_target(conn, &mut self.ctxs, self.zero_copy_min) {
+        let alloc = &*self.allocator;
+        if let Some((ptr, len)) = direct_target(conn, &mut self.ctxs, self.zero_copy_min, alloc) {
             conn.reading = true;
             conn.direct = true;
             // SAFETY: `ptr..ptr+len` lies inside the memory of a tensor owned by a request
@@ -1171,6 +1172,9 @@ impl Loop {
             // A chunk is most likely next: read just its header and meta, so that its
             // payload is received in place rather than read ahead into the buffer.
             len = len.min(CHUNK_HEAD as u32);
+        } else if let Some(missing) = decoder.meta_missing().filter(|&m| m > 0) {
+            // The rest of a meta section: payload after it may go straight into place.
+            len = len.min(missing.min(u32::MAX as usize) as u32);
         }
         conn.reading = true;
         // SAFETY: `ptr..ptr+len` is the spare room of the connection's receive buffer. The
@@ -1766,7 +1770,7 @@ impl Dispatch<'_> {
             PayloadTarget::Opaque => return,
         };
         let end = offset + data.len() as u64;
-        if let Some(t) = tensor_for(self.ctxs, self.incoming, handle, index) {
+        if let Some(t) = tensor_for(self.ctxs, self.incoming, handle, index, self.allocator) {
             let dst = t.bytes_mut();
             let (start, stop) = (offset as usize, end as usize);
             if stop <= dst.len() {
@@ -1796,23 +1800,18 @@ impl Dispatch<'_> {
         };
         let push = self.incoming.swap_remove(i);
         let Some(service) = self.service else {
-            let statuses = vec![Status::Unimplemented; push.items.len()];
+            let statuses = vec![Status::Unimplemented; push.len()];
             return answer_push(enc, handle, &statuses);
         };
+        let items = push.into_items();
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
-            if jobs
-                .send(Job::Push {
-                    to,
-                    items: push.items,
-                })
-                .is_err()
-            {
+            if jobs.send(Job::Push { to, items }).is_err() {
                 let _ = enc.error(handle, Status::Shutdown, "handler pool stopped");
             }
             return;
         }
-        let statuses = crate::pool::apply_push(service, push.items);
+        let statuses = crate::pool::apply_push(service, items);
         answer_push(enc, handle, &statuses);
     }
 
@@ -2038,20 +2037,25 @@ fn respond(enc: &mut Encoder, handle: u64, items: &[ResponseItem<'_>]) -> bool {
     send_items(enc, handle, true, items)
 }
 
-/// The tensor receiving payload for item `index` of the request or push `handle`.
+/// The tensor receiving payload for item `index` of the request or push `handle`;
+/// memory for a chunked tensor is taken from the request's allocator (or `default`) when its
+/// first bytes arrive.
 fn tensor_for<'a>(
     ctxs: &'a mut CtxSlab<Pending>,
     incoming: &'a mut [IncomingPush],
     handle: u64,
     index: u32,
+    default: &dyn crate::tensor::TensorAllocator,
 ) -> Option<&'a mut Tensor> {
     if let Some(p) = incoming.iter_mut().find(|p| p.handle == handle) {
-        return p.tensor_mut(index);
+        return p.tensor_mut(index, default);
     }
-    ctxs.get_mut(CtxHandle::from_raw(handle))
-        .ok()?
-        .state
-        .tensor_mut(index)
+    let p = ctxs.get_mut(CtxHandle::from_raw(handle)).ok()?;
+    let alloc: &dyn crate::tensor::TensorAllocator = match &p.alloc {
+        Some(a) => &**a,
+        None => default,
+    };
+    p.state.tensor_mut(index, alloc)
 }
 
 /// Queues a push whose tensors are referenced (not copied) while they are written.
@@ -2088,7 +2092,12 @@ fn encode_push(
 /// Where the next payload bytes of `conn` may be received directly: a pointer into the
 /// destination tensor and the length, when the decoder offers at least `min` bytes of a
 /// tensor that has memory.
-fn direct_target(conn: &mut Conn, ctxs: &mut CtxSlab<Pending>, min: u64) -> Option<(*mut u8, u32)> {
+fn direct_target(
+    conn: &mut Conn,
+    ctxs: &mut CtxSlab<Pending>,
+    min: u64,
+    alloc: &dyn crate::tensor::TensorAllocator,
+) -> Option<(*mut u8, u32)> {
     let NextRead::Payload {
         target,
         offset,
@@ -2097,15 +2106,17 @@ fn direct_target(conn: &mut Conn, ctxs: &mut CtxSlab<Pending>, min: u64) -> Opti
     else {
         return None;
     };
-    if len < min {
-        return None;
-    }
     let (handle, index) = match target {
         PayloadTarget::Tensor { index } => (conn.cur_handle, index),
         PayloadTarget::Chunk { handle, index } => (handle, index),
         PayloadTarget::Opaque => return None,
     };
-    let tensor = tensor_for(ctxs, &mut conn.incoming, handle, index)?;
+    let tensor = tensor_for(ctxs, &mut conn.incoming, handle, index, alloc)?;
+    // The tensor's size decides, not what is left of it: once a large tensor is being
+    // received in place, its tail is too (a buffered read would also pull in what follows).
+    if (tensor.byte_len() as u64) < min {
+        return None;
+    }
     let dst = tensor.bytes_mut().get_mut(offset as usize..)?;
     let n = (len.min(u32::MAX as u64) as usize).min(dst.len());
     if n == 0 {

@@ -69,40 +69,69 @@ impl TensorAllocator for HeapAllocator {
 /// A shared allocator.
 pub type SharedAllocator = Arc<dyn TensorAllocator>;
 
-/// 64-byte aligned, zero-initialized heap bytes.
+/// 64-byte aligned, zero-initialized heap bytes. Allocated with `alloc_zeroed`, so a large
+/// buffer takes fresh zero pages from the kernel rather than being written up front.
 pub struct AlignedBuf {
-    blocks: Vec<Line>,
+    ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
+// SAFETY: `AlignedBuf` owns its allocation exclusively, like a `Box<[u8]>`.
+#[allow(unsafe_code)]
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads.
+#[allow(unsafe_code)]
+unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// `len` zero bytes; `None` if the size cannot be represented.
+    const ALIGN: usize = HeapAllocator::ALIGN;
+
+    fn layout(len: usize) -> Option<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(len, Self::ALIGN).ok()
+    }
+
+    /// `len` zero bytes; `None` if the size cannot be represented or memory is exhausted.
+    #[allow(unsafe_code)]
     pub fn zeroed(len: usize) -> Option<AlignedBuf> {
-        let lines = len.checked_add(63)? / 64;
-        let mut blocks = Vec::new();
-        blocks.try_reserve_exact(lines).ok()?;
-        blocks.resize(lines, Line([0; 64]));
-        Some(AlignedBuf { blocks, len })
+        let layout = Self::layout(len)?;
+        if len == 0 {
+            // An aligned, dangling pointer: no allocation for an empty buffer.
+            let ptr = std::ptr::NonNull::new(Self::ALIGN as *mut u8)?;
+            return Some(AlignedBuf { ptr, len });
+        }
+        // SAFETY: `layout` has a nonzero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(raw)?;
+        Some(AlignedBuf { ptr, len })
     }
 }
 
-// SAFETY: the lines are allocated once in `zeroed` and never moved or resized; `bytes` and
+impl Drop for AlignedBuf {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        if let Some(layout) = Self::layout(self.len) {
+            // SAFETY: allocated in `zeroed` with this very layout, freed once.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+// SAFETY: the allocation is made once in `zeroed` and never moved or resized; `bytes` and
 // `bytes_mut` view that one allocation.
 #[allow(unsafe_code)]
 unsafe impl TensorMemory for AlignedBuf {
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `blocks` holds `lines * 64 >= len` initialized bytes in one allocation
-        // (`Line` is plain bytes with no padding), and the returned slice borrows `self`.
-        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len) }
+        // SAFETY: `ptr` points at `len` initialized (zeroed, then written) bytes owned by
+        // `self` (or is a dangling aligned pointer with `len == 0`).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `bytes`, and the slice borrows `self` mutably, so it is unique.
-        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -296,10 +325,13 @@ impl Tensor {
         if meta.dead {
             return Some(Tensor::dead(meta.dtype));
         }
-        let mut dims: ArrayVec<u64, MAX_RANK> = ArrayVec::new();
-        for d in meta.dims.iter() {
-            dims.try_push(d).ok()?;
-        }
+        Self::receive_owned(&OwnedMeta::of(meta)?, alloc)
+    }
+
+    /// A tensor for a meta kept from an earlier frame (a chunked tensor, allocated when its
+    /// first chunk arrives).
+    pub(crate) fn receive_owned(meta: &OwnedMeta, alloc: &dyn TensorAllocator) -> Option<Tensor> {
+        let dims = meta.dims.clone();
         let desc = TensorDesc {
             dtype: meta.dtype,
             dims: &dims,
@@ -321,6 +353,28 @@ impl Tensor {
             dead: false,
             byte_len: len,
             memory: Some(memory),
+        })
+    }
+}
+
+/// A tensor meta copied out of a frame.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedMeta {
+    pub dtype: DType,
+    pub dims: ArrayVec<u64, MAX_RANK>,
+    pub byte_len: u64,
+}
+
+impl OwnedMeta {
+    pub(crate) fn of(meta: &TensorMeta<'_>) -> Option<OwnedMeta> {
+        let mut dims = ArrayVec::new();
+        for d in meta.dims.iter() {
+            dims.try_push(d).ok()?;
+        }
+        Some(OwnedMeta {
+            dtype: meta.dtype,
+            dims,
+            byte_len: meta.byte_len,
         })
     }
 }

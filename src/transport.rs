@@ -2,7 +2,49 @@
 //! the pushes a server is receiving. Pure bookkeeping: the loop feeds it frames and
 //! payload, it says where payload goes and when a request is complete.
 
-use crate::tensor::{Tensor, TensorAllocator};
+use crate::tensor::{OwnedMeta, Tensor, TensorAllocator};
+
+/// One item of an answer or of an incoming push.
+pub(crate) enum Item {
+    /// Not answered yet.
+    Open,
+    /// A chunked tensor announced, whose memory is taken when its first chunk arrives: a
+    /// peer cannot make us commit memory for contents it has not started to send.
+    Deferred(OwnedMeta),
+    /// Answered: a tensor (in memory) or why there is none.
+    Done(Result<Tensor, Status>),
+}
+
+impl Item {
+    /// The tensor receiving this item's contents, allocated now if it was deferred.
+    fn tensor_mut(&mut self, alloc: &dyn TensorAllocator) -> Option<&mut Tensor> {
+        if let Item::Deferred(meta) = self {
+            let t = Tensor::receive_owned(meta, alloc).ok_or(Status::ResourceExhausted);
+            *self = Item::Done(t);
+        }
+        match self {
+            Item::Done(Ok(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// For a tensor entry: deferred when chunked, received now otherwise.
+    fn of(meta: &crate::wire::TensorMeta<'_>, alloc: &dyn TensorAllocator) -> Item {
+        if meta.chunked {
+            if let Some(m) = OwnedMeta::of(meta) {
+                return Item::Deferred(m);
+            }
+        }
+        Item::Done(Tensor::receive(meta, alloc).ok_or(Status::ResourceExhausted))
+    }
+
+    fn finish(self) -> Result<Tensor, Status> {
+        match self {
+            Item::Done(r) => r,
+            Item::Open | Item::Deferred(_) => Err(Status::Protocol),
+        }
+    }
+}
 use crate::wire::{PushEntries, ResponseEntries, Status};
 
 /// What the client knows of a request's answer so far.
@@ -13,7 +55,7 @@ pub(crate) enum ReplyState {
     Pull {
         /// A recv: dead tensors are allowed and the reply is `Received`.
         recv: bool,
-        results: Vec<Option<Result<Tensor, Status>>>,
+        results: Vec<Item>,
         /// Chunked tensors still arriving: item index and byte length.
         chunks: Vec<(u32, u64)>,
         end: bool,
@@ -32,7 +74,7 @@ impl ReplyState {
     pub(crate) fn pull(n: usize) -> ReplyState {
         ReplyState::Pull {
             recv: false,
-            results: (0..n).map(|_| None).collect(),
+            results: (0..n).map(|_| Item::Open).collect(),
             chunks: Vec::new(),
             end: false,
         }
@@ -41,7 +83,7 @@ impl ReplyState {
     pub(crate) fn recv(n: usize) -> ReplyState {
         ReplyState::Pull {
             recv: true,
-            results: (0..n).map(|_| None).collect(),
+            results: (0..n).map(|_| Item::Open).collect(),
             chunks: Vec::new(),
             end: false,
         }
@@ -75,24 +117,23 @@ impl ReplyState {
                     let slot = results
                         .get_mut(entry.index as usize)
                         .ok_or("response item out of range")?;
-                    if slot.is_some() {
+                    if !matches!(slot, Item::Open) {
                         return Err("response item answered twice");
                     }
-                    let answer = match entry.tensor {
+                    *slot = match entry.tensor {
                         None if entry.status.is_ok() => return Err("pull answer without a tensor"),
-                        None => Err(entry.status),
+                        None => Item::Done(Err(entry.status)),
                         Some(meta) => {
                             if meta.chunked {
                                 chunks.push((entry.index, meta.byte_len));
                             }
                             if abandoned {
-                                Err(Status::Cancelled)
+                                Item::Done(Err(Status::Cancelled))
                             } else {
-                                Tensor::receive(&meta, alloc).ok_or(Status::ResourceExhausted)
+                                Item::of(&meta, alloc)
                             }
                         }
                     };
-                    *slot = Some(answer);
                 }
                 *e |= end;
             }
@@ -114,13 +155,15 @@ impl ReplyState {
         Ok(())
     }
 
-    /// Memory for item `index`'s contents, if it has any.
-    pub(crate) fn tensor_mut(&mut self, index: u32) -> Option<&mut Tensor> {
+    /// Memory for item `index`'s contents, if it has any (allocated from `alloc` now for
+    /// a chunked tensor whose first chunk is arriving).
+    pub(crate) fn tensor_mut(
+        &mut self,
+        index: u32,
+        alloc: &dyn TensorAllocator,
+    ) -> Option<&mut Tensor> {
         match self {
-            ReplyState::Pull { results, .. } => match results.get_mut(index as usize) {
-                Some(Some(Ok(t))) => Some(t),
-                _ => None,
-            },
+            ReplyState::Pull { results, .. } => results.get_mut(index as usize)?.tensor_mut(alloc),
             _ => None,
         }
     }
@@ -145,10 +188,7 @@ impl ReplyState {
     pub(crate) fn finish(self) -> crate::core::Reply {
         match self {
             ReplyState::Pull { results, recv, .. } => {
-                let results = results
-                    .into_iter()
-                    .map(|r| r.unwrap_or(Err(Status::Protocol)))
-                    .collect();
+                let results = results.into_iter().map(Item::finish).collect();
                 if recv {
                     crate::core::Reply::Received(results)
                 } else {
@@ -169,7 +209,7 @@ impl ReplyState {
 /// A push a server is receiving.
 pub(crate) struct IncomingPush {
     pub handle: u64,
-    pub items: Vec<(u64, Result<Tensor, Status>)>,
+    items: Vec<(u64, Item)>,
     chunks: Vec<(u32, u64)>,
     frame_done: bool,
 }
@@ -183,8 +223,7 @@ impl IncomingPush {
                 if e.meta.chunked {
                     chunks.push((i as u32, e.meta.byte_len));
                 }
-                let t = Tensor::receive(&e.meta, alloc).ok_or(Status::ResourceExhausted);
-                (e.var_id, t)
+                (e.var_id, Item::of(&e.meta, alloc))
             })
             .collect();
         IncomingPush {
@@ -195,11 +234,25 @@ impl IncomingPush {
         }
     }
 
-    pub(crate) fn tensor_mut(&mut self, index: u32) -> Option<&mut Tensor> {
-        match self.items.get_mut(index as usize) {
-            Some((_, Ok(t))) => Some(t),
-            _ => None,
-        }
+    pub(crate) fn tensor_mut(
+        &mut self,
+        index: u32,
+        alloc: &dyn TensorAllocator,
+    ) -> Option<&mut Tensor> {
+        self.items.get_mut(index as usize)?.1.tensor_mut(alloc)
+    }
+
+    /// The received items, each a tensor or why it failed to arrive.
+    pub(crate) fn into_items(self) -> Vec<(u64, Result<Tensor, Status>)> {
+        self.items
+            .into_iter()
+            .map(|(id, item)| (id, item.finish()))
+            .collect()
+    }
+
+    /// Number of items.
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
     }
 
     pub(crate) fn chunk_progress(&mut self, index: u32, end_offset: u64) {

@@ -499,3 +499,70 @@ fn heavy_handlers_on_the_pool_do_not_stall_the_loop() {
     assert!(pooled < Duration::from_millis(100), "pooled: {pooled:?}");
     assert!(inline >= Duration::from_millis(150), "inline: {inline:?}");
 }
+
+#[test]
+fn declared_chunked_tensors_get_no_memory_before_their_bytes_arrive() {
+    use starwire::proto::{Encoder, EncoderConfig, OutTensor, PushItem};
+    use starwire::wire::{HelloRepr, TensorMeta};
+    use std::io::{Read, Write};
+    struct Counting(AtomicUsize);
+    impl TensorAllocator for Counting {
+        fn allocate(&self, d: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Some(Box::new(vec![0u8; d.byte_len as usize]))
+        }
+    }
+    let alloc = Arc::new(Counting(AtomicUsize::new(0)));
+    let server = Runtime::start_with(
+        config("ps", 1).build().unwrap(),
+        Options {
+            service: Some(Arc::new(Store::default())),
+            allocator: Some(alloc.clone()),
+            ..Options::listen("127.0.0.1:0".parse().unwrap())
+        },
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    // A raw client: HELLO, then a PUSH announcing 1,000 chunked tensors of 1 GiB each,
+    // and not one chunk.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut enc = Encoder::new(EncoderConfig::default());
+    let hello = HelloRepr {
+        cluster_id: 0,
+        task_index: 0,
+        max_frame: 1 << 24,
+        job: b"worker",
+        token: b"",
+    };
+    enc.hello(&hello, false).unwrap();
+    let dims = [1u64 << 30];
+    let items: Vec<PushItem<'_>> = (0..1000)
+        .map(|i| PushItem {
+            var_id: i,
+            tensor: OutTensor {
+                meta: TensorMeta::new(DType::U8, &dims).unwrap(),
+                bytes: &[],
+                token: i,
+            },
+        })
+        .collect();
+    enc.push(1 << 32 | 1, &items).unwrap();
+    let mut out = Vec::new();
+    for p in enc.pieces() {
+        if let starwire::proto::Piece::Bytes(b) = p {
+            out.extend_from_slice(b);
+        }
+    }
+    s.write_all(&out).unwrap();
+    let mut ack = [0u8; 32];
+    s.read_exact(&mut ack).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        alloc.0.load(Ordering::SeqCst),
+        0,
+        "memory taken before any chunk"
+    );
+    // The server is fine and serves others.
+    let client = client(1);
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
+}

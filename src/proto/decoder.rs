@@ -167,6 +167,16 @@ impl Decoder {
         matches!(self.state, State::Header) && self.buffered() == 0
     }
 
+    /// Bytes still missing from the meta section being received, if the decoder is in one.
+    /// Reading exactly that much keeps the payload that follows out of the buffer, so it
+    /// can be received in place.
+    pub fn meta_missing(&self) -> Option<usize> {
+        match self.state {
+            State::Meta(h) => Some((h.meta_len as usize).saturating_sub(self.buffered())),
+            _ => None,
+        }
+    }
+
     /// Chunked tensors declared whose chunks have not all arrived.
     pub fn chunks_pending(&self) -> usize {
         self.chunks.len()
