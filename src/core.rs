@@ -52,6 +52,11 @@ use crate::wire::{Body, Kind, Status};
 
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
+/// Requests a peer may have waiting on one connection (recvs for unpublished keys, pushes
+/// still arriving); more are refused with `RESOURCE_EXHAUSTED`.
+const MAX_SERVED: usize = 4096;
+/// Requests given up by deadline whose late answers are recognised and ignored.
+const ABANDONED_KEPT: usize = 4096;
 /// Wait before accepting again after EMFILE and friends.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Header and meta of a `CHUNK` frame.
@@ -242,15 +247,28 @@ struct Pending {
     conn: u32,
     /// When the request was queued on the connection.
     sent: Option<Instant>,
-    /// Completed (by deadline) while its answer may still arrive: the answer is dropped.
-    abandoned: bool,
     /// For recvs fused by the loop: the original requests, one per key, in key order.
-    fused: Vec<(Origin, u64)>,
+    fused: Vec<Member>,
+}
+
+/// One of the recvs the loop fused into a request; each keeps its own deadline.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    origin: Origin,
+    tag: u64,
+    deadline: Option<Instant>,
+    /// Already completed (its deadline passed).
+    done: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     Deadline(u64),
+    /// The deadline of one recv fused into the request `handle`.
+    Member {
+        handle: u64,
+        index: u32,
+    },
     Reconnect {
         slot: u32,
         generation: u32,
@@ -338,7 +356,7 @@ pub(crate) struct LoopParts {
     pub service: Option<SharedService>,
     pub rendezvous: Option<Arc<Rendezvous>>,
     /// Where heavy handlers run; `None`: inline on the loop.
-    pub jobs: Option<std::sync::mpsc::Sender<Job>>,
+    pub jobs: Option<std::sync::mpsc::SyncSender<Job>>,
     /// This loop's position among the runtime's loops.
     pub index: usize,
     pub allocator: SharedAllocator,
@@ -369,7 +387,7 @@ pub(crate) struct Loop {
     serial: u32,
     service: Option<SharedService>,
     rendezvous: Option<Arc<Rendezvous>>,
-    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    jobs: Option<std::sync::mpsc::SyncSender<Job>>,
     index: usize,
     allocator: SharedAllocator,
     /// Payload at least this long is received straight into its tensor.
@@ -378,6 +396,8 @@ pub(crate) struct Loop {
     local_requests: VecDeque<Request>,
     /// Single-key recvs of the current drain pass, when tensor fusion is on.
     fuse_buf: Vec<(Request, Origin)>,
+    /// Requests given up by deadline after they were sent: handle and connection.
+    abandoned: VecDeque<(u64, u32)>,
 }
 
 impl Loop {
@@ -431,6 +451,7 @@ impl Loop {
             zero_copy_min: parts.zero_copy_min,
             local_requests: VecDeque::new(),
             fuse_buf: Vec::new(),
+            abandoned: VecDeque::new(),
         };
         if let Some(l) = &lp.listener {
             let fd = l.as_raw_fd();
@@ -700,26 +721,28 @@ impl Loop {
                 self.submit(first, origin, now);
                 continue;
             }
-            let mut members = vec![(origin, first.tag)];
-            let mut deadline = first.deadline;
+            let member = |origin, r: &Request| Member {
+                origin,
+                tag: r.tag,
+                deadline: r.deadline,
+                done: false,
+            };
+            let mut members = vec![member(origin, &first)];
             let RequestOp::Recv { step, mut keys } = first.op else {
                 continue;
             };
             for (r, o) in group {
-                members.push((o, r.tag));
-                deadline = match (deadline, r.deadline) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                members.push(member(o, &r));
                 if let RequestOp::Recv { keys: k, .. } = r.op {
                     keys.extend(k);
                 }
             }
+            // No deadline for the group: each member keeps its own.
             let fused = Request {
                 op: RequestOp::Recv { step, keys },
                 peer: key.0,
                 lane: key.1,
-                deadline,
+                deadline: None,
                 tag: 0,
             };
             self.submit_group(fused, Origin::Local, members, now);
@@ -734,13 +757,7 @@ impl Loop {
     }
 
     /// Starts a request; `fused` lists the original recvs when the loop fused several.
-    fn submit_group(
-        &mut self,
-        req: Request,
-        origin: Origin,
-        fused: Vec<(Origin, u64)>,
-        now: Instant,
-    ) {
+    fn submit_group(&mut self, req: Request, origin: Origin, fused: Vec<Member>, now: Instant) {
         let kind = req.op.kind();
         if self.stopping {
             return self.notify(origin, req.tag, kind, &fused, Err(Error::Shutdown));
@@ -762,7 +779,6 @@ impl Loop {
             alloc,
             conn: slot,
             sent: None,
-            abandoned: false,
             fused,
         };
         let handle = match self.ctxs.insert(pending) {
@@ -773,6 +789,15 @@ impl Loop {
         };
         if let Some(deadline) = req.deadline {
             self.push_deadline(deadline, handle);
+        }
+        if let Ok(p) = self.ctxs.get(CtxHandle::from_raw(handle)) {
+            let timers: Vec<(Instant, u32)> = (p.fused.iter().enumerate())
+                .filter_map(|(i, m)| m.deadline.map(|d| (d, i as u32)))
+                .collect();
+            for (at, index) in timers {
+                self.timers
+                    .push(Reverse((at, Timer::Member { handle, index })));
+            }
         }
         let open = self.conns[slot as usize].phase == Phase::Open;
         if open {
@@ -802,10 +827,6 @@ impl Loop {
         let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) else {
             return;
         };
-        if p.abandoned {
-            self.ctxs.remove(CtxHandle::from_raw(handle)).ok();
-            return;
-        }
         p.sent = Some(now);
         let Some(op) = p.op.take() else {
             return;
@@ -1192,6 +1213,7 @@ impl Loop {
         let Loop {
             conns,
             ctxs,
+            abandoned,
             outbox,
             shared,
             dirty,
@@ -1217,6 +1239,7 @@ impl Loop {
             slot,
             now,
             ctxs,
+            abandoned,
             outbox,
             shared,
             service: service.as_deref(),
@@ -1374,17 +1397,34 @@ impl Loop {
             progress = true;
             match timer {
                 Timer::Deadline(h) => {
-                    let h = CtxHandle::from_raw(h);
-                    if let Ok(p) = self.ctxs.get_mut(h) {
-                        if !p.abandoned {
-                            p.abandoned = true;
-                            let (origin, tag, kind) = (p.origin, p.tag, p.kind);
-                            let fused = std::mem::take(&mut p.fused);
-                            // Not yet sent: nothing can answer it, free the slot now.
-                            if p.sent.is_none() {
-                                self.ctxs.remove(h).ok();
-                            }
-                            self.notify(origin, tag, kind, &fused, Err(Error::Timeout));
+                    if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
+                        self.abandon(h, &p);
+                        self.notify(p.origin, p.tag, p.kind, &p.fused, Err(Error::Timeout));
+                    }
+                }
+                Timer::Member { handle, index } => {
+                    let h = CtxHandle::from_raw(handle);
+                    let Ok(p) = self.ctxs.get_mut(h) else {
+                        continue;
+                    };
+                    let Some(m) = p.fused.get_mut(index as usize).filter(|m| !m.done) else {
+                        continue;
+                    };
+                    m.done = true;
+                    let (origin, tag) = (m.origin, m.tag);
+                    let all_done = p.fused.iter().all(|m| m.done);
+                    let timeout = Err(Error::Timeout);
+                    deliver(
+                        &mut self.outbox,
+                        &self.shared,
+                        origin,
+                        tag,
+                        RequestKind::Recv,
+                        timeout,
+                    );
+                    if all_done {
+                        if let Ok(p) = self.ctxs.remove(h) {
+                            self.abandon(handle, &p);
                         }
                     }
                 }
@@ -1427,12 +1467,25 @@ impl Loop {
         progress
     }
 
+    /// Remembers a request given up while its answer may still come, so that the answer is
+    /// ignored rather than taken for a forged handle. Bounded: the oldest is forgotten
+    /// first (a very late answer to it then closes the connection as a protocol violation).
+    fn abandon(&mut self, handle: u64, p: &Pending) {
+        if p.sent.is_none() {
+            return;
+        }
+        if self.abandoned.len() == ABANDONED_KEPT {
+            self.abandoned.pop_front();
+        }
+        self.abandoned.push_back((handle, p.conn));
+    }
+
     fn notify(
         &mut self,
         origin: Origin,
         tag: u64,
         kind: RequestKind,
-        fused: &[(Origin, u64)],
+        fused: &[Member],
         result: Result<Reply, Error>,
     ) {
         notify(
@@ -1501,9 +1554,7 @@ impl Loop {
         }
         for h in failed.drain(..) {
             if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
-                if !p.abandoned {
-                    self.notify(p.origin, p.tag, p.kind, &p.fused, Err(why));
-                }
+                self.notify(p.origin, p.tag, p.kind, &p.fused, Err(why));
             }
         }
         self.scratch = failed;
@@ -1516,6 +1567,10 @@ impl Loop {
             return;
         }
         self.fail_requests(slot);
+        let conn = &self.conns[slot as usize];
+        if let (false, Some(r)) = (conn.recvs.is_empty(), &self.rendezvous) {
+            r.forget(self.index, slot, conn.generation);
+        }
         if self.conns[slot as usize].fd.is_some() {
             self.driver.deregister(slot);
         }
@@ -1608,11 +1663,12 @@ struct Dispatch<'a> {
     slot: u32,
     now: Instant,
     ctxs: &'a mut CtxSlab<Pending>,
+    abandoned: &'a mut VecDeque<(u64, u32)>,
     outbox: &'a mut Outbox,
     shared: &'a LoopShared,
     service: Option<&'a dyn crate::service::Service>,
     rendezvous: Option<&'a Rendezvous>,
-    jobs: Option<&'a std::sync::mpsc::Sender<Job>>,
+    jobs: Option<&'a std::sync::mpsc::SyncSender<Job>>,
     /// This loop's index and this connection's generation, for rendezvous waiters.
     waiter_base: (usize, u32),
     recvs: &'a mut Vec<(u64, u32)>,
@@ -1639,6 +1695,13 @@ impl Dispatch<'_> {
                 match f.body {
                     Body::Pong | Body::Error(_) => self.on_pong_or_error(&f),
                     Body::Response(entries) => self.on_response(h, entries, f.header.end),
+                    Body::Pull(_) | Body::Push(_) | Body::Recv(_) | Body::FusedRecv(_)
+                        if self.incoming.len() + self.recvs.len() >= MAX_SERVED =>
+                    {
+                        // A peer may not pile up unanswered requests without limit. Its
+                        // payload, if any, is still read and dropped.
+                        let _ = enc.error(h, Status::ResourceExhausted, "too many requests");
+                    }
                     Body::Pull(ids) => self.serve_pull(h, ids, enc),
                     Body::Push(entries) => {
                         if self.incoming.iter().any(|p| p.handle == h) {
@@ -1670,7 +1733,10 @@ impl Dispatch<'_> {
                     }
                     self.finish_push(h.handle, enc);
                 }
-                Kind::Response => self.try_complete(h.handle),
+                Kind::Response => {
+                    self.deliver_ready_members(h.handle);
+                    self.try_complete(h.handle);
+                }
                 Kind::Chunk => {
                     // All of the chunk's bytes have arrived, copied or received in place.
                     let (handle, index, end) = *self.cur_chunk;
@@ -1685,6 +1751,10 @@ impl Dispatch<'_> {
     /// protocol violation.
     fn answered(&mut self, handle: u64) -> Option<&mut Pending> {
         let slot = self.slot;
+        if self.abandoned.contains(&(handle, slot)) {
+            // A late answer to a request given up by deadline: ignored, payload dropped.
+            return None;
+        }
         match self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
             Ok(p) if p.conn == slot && p.sent.is_some() => Some(p),
             _ => {
@@ -1712,17 +1782,15 @@ impl Dispatch<'_> {
             }
         };
         if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
-            if !p.abandoned {
-                notify(
-                    self.outbox,
-                    self.shared,
-                    p.origin,
-                    p.tag,
-                    p.kind,
-                    &p.fused,
-                    reply,
-                );
-            }
+            notify(
+                self.outbox,
+                self.shared,
+                p.origin,
+                p.tag,
+                p.kind,
+                &p.fused,
+                reply,
+            );
         }
     }
 
@@ -1735,8 +1803,50 @@ impl Dispatch<'_> {
             Some(a) => &**a,
             None => default,
         };
-        if let Err(why) = p.state.accept(entries, end, alloc, p.abandoned) {
+        if let Err(why) = p.state.accept(entries, end, alloc) {
             self.violation = Some(why);
+        }
+    }
+
+    /// For recvs the loop fused: completes each member whose tensor is fully in, without
+    /// waiting for the others. Runs at the end of a `RESPONSE` frame (its inline payload has
+    /// arrived) and at the end of a chunked tensor.
+    fn deliver_ready_members(&mut self, handle: u64) {
+        let h = CtxHandle::from_raw(handle);
+        let Ok(p) = self.ctxs.get_mut(h) else {
+            return;
+        };
+        if p.fused.is_empty() {
+            return;
+        }
+        for i in 0..p.fused.len() {
+            if p.fused[i].done {
+                continue;
+            }
+            if let Some(r) = p.state.take_ready(i as u32) {
+                p.fused[i].done = true;
+                let m = p.fused[i];
+                let one = Ok(Reply::Received(vec![r]));
+                deliver(
+                    self.outbox,
+                    self.shared,
+                    m.origin,
+                    m.tag,
+                    RequestKind::Recv,
+                    one,
+                );
+            }
+        }
+        if p.fused.iter().all(|m| m.done) {
+            let answered_fully = p.state.is_complete();
+            self.ctxs.remove(h).ok();
+            if !answered_fully {
+                // More frames may still come for it; they are recognised and dropped.
+                if self.abandoned.len() == ABANDONED_KEPT {
+                    self.abandoned.pop_front();
+                }
+                self.abandoned.push_back((handle, self.slot));
+            }
         }
     }
 
@@ -1748,18 +1858,16 @@ impl Dispatch<'_> {
             return;
         }
         if let Ok(p) = self.ctxs.remove(h) {
-            if !p.abandoned {
-                let reply = Ok(p.state.finish());
-                notify(
-                    self.outbox,
-                    self.shared,
-                    p.origin,
-                    p.tag,
-                    p.kind,
-                    &p.fused,
-                    reply,
-                );
-            }
+            let reply = Ok(p.state.finish());
+            notify(
+                self.outbox,
+                self.shared,
+                p.origin,
+                p.tag,
+                p.kind,
+                &p.fused,
+                reply,
+            );
         }
     }
 
@@ -1785,6 +1893,7 @@ impl Dispatch<'_> {
             self.finish_push(handle, enc);
         } else if let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
             p.state.chunk_progress(index, end);
+            self.deliver_ready_members(handle);
             self.try_complete(handle);
         }
     }
@@ -1806,9 +1915,7 @@ impl Dispatch<'_> {
         let items = push.into_items();
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
-            if jobs.send(Job::Push { to, items }).is_err() {
-                let _ = enc.error(handle, Status::Shutdown, "handler pool stopped");
-            }
+            refuse_if_unsent(jobs.try_send(Job::Push { to, items }), enc, handle);
             return;
         }
         let statuses = crate::pool::apply_push(service, items);
@@ -1889,13 +1996,24 @@ impl Dispatch<'_> {
         let ids: Vec<u64> = ids.iter().collect();
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
-            if jobs.send(Job::Pull { to, ids }).is_err() {
-                let _ = enc.error(handle, Status::Shutdown, "handler pool stopped");
-            }
+            refuse_if_unsent(jobs.try_send(Job::Pull { to, ids }), enc, handle);
             return;
         }
         let results = crate::service::pull(service, &ids);
         answer_pull(enc, self.out_tensors, handle, &results);
+    }
+}
+
+/// Answers a request the handler pool could not take.
+fn refuse_if_unsent(r: Result<(), std::sync::mpsc::TrySendError<Job>>, enc: &mut Encoder, h: u64) {
+    match r {
+        Ok(()) => {}
+        Err(std::sync::mpsc::TrySendError::Full(_)) => {
+            let _ = enc.error(h, Status::ResourceExhausted, "handlers are behind; retry");
+        }
+        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+            let _ = enc.error(h, Status::Shutdown, "handler pool stopped");
+        }
     }
 }
 
@@ -2162,34 +2280,30 @@ fn notify(
     origin: Origin,
     tag: u64,
     kind: RequestKind,
-    fused: &[(Origin, u64)],
+    fused: &[Member],
     result: Result<Reply, Error>,
 ) {
     if fused.is_empty() {
         return deliver(outbox, shared, origin, tag, kind, result);
     }
+    // Members whose own deadline already passed got their completion then.
+    let live = fused.iter().filter(|m| !m.done);
     match result {
         Ok(Reply::Received(results)) => {
-            for (&(o, t), r) in fused.iter().zip(results) {
+            for (m, r) in fused.iter().zip(results).filter(|(m, _)| !m.done) {
                 let one = Ok(Reply::Received(vec![r]));
-                deliver(outbox, shared, o, t, RequestKind::Recv, one);
+                deliver(outbox, shared, m.origin, m.tag, RequestKind::Recv, one);
             }
         }
         Ok(_) => {
-            for &(o, t) in fused {
-                deliver(
-                    outbox,
-                    shared,
-                    o,
-                    t,
-                    RequestKind::Recv,
-                    Err(Error::Protocol),
-                );
+            for m in live {
+                let e = Err(Error::Protocol);
+                deliver(outbox, shared, m.origin, m.tag, RequestKind::Recv, e);
             }
         }
         Err(e) => {
-            for &(o, t) in fused {
-                deliver(outbox, shared, o, t, RequestKind::Recv, Err(e));
+            for m in live {
+                deliver(outbox, shared, m.origin, m.tag, RequestKind::Recv, Err(e));
             }
         }
     }

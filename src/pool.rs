@@ -6,7 +6,7 @@
 //! loop sends it. Use the pool when a handler does real work (an optimizer step over large
 //! tensors, a lookup that may block); keep handlers inline when they take microseconds.
 
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -14,6 +14,9 @@ use crate::core::LoopShared;
 use crate::service::SharedService;
 use crate::tensor::Tensor;
 use crate::wire::Status;
+
+/// Jobs waiting for a handler thread, at most.
+const QUEUE: usize = 4096;
 
 /// Where an answer goes: loop, connection (slot and generation), request handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +54,7 @@ pub(crate) enum Answer {
 
 /// The handler threads.
 pub(crate) struct HandlerPool {
-    jobs: Option<Sender<Job>>,
+    jobs: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -62,7 +65,9 @@ impl HandlerPool {
         service: SharedService,
         loops: Vec<Arc<LoopShared>>,
     ) -> std::io::Result<HandlerPool> {
-        let (tx, rx) = channel::<Job>();
+        // Bounded: when handlers fall behind, requests are refused (RESOURCE_EXHAUSTED)
+        // instead of queueing without limit.
+        let (tx, rx) = sync_channel::<Job>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
@@ -82,7 +87,7 @@ impl HandlerPool {
     }
 
     /// A sender for the loops.
-    pub(crate) fn sender(&self) -> Option<Sender<Job>> {
+    pub(crate) fn sender(&self) -> Option<SyncSender<Job>> {
         self.jobs.clone()
     }
 

@@ -182,6 +182,23 @@ impl Rendezvous {
         }
     }
 
+    /// Removes the waiters of a connection that closed.
+    pub(crate) fn forget(&self, loop_index: usize, conn: u32, generation: u32) {
+        for shard in &self.shards {
+            lock(shard).retain(|_, entry| {
+                if let Entry::Waiting(waiters) = entry {
+                    waiters.retain(|w| {
+                        !(w.loop_index == loop_index
+                            && w.conn == conn
+                            && w.generation == generation)
+                    });
+                    return !waiters.is_empty();
+                }
+                true
+            });
+        }
+    }
+
     /// Puts back a tensor whose receiver went away, so the next recv of `key` gets it.
     pub(crate) fn restore(&self, key: &[u8], tensor: Arc<Tensor>) {
         if self.publish(key, tensor).is_err() {

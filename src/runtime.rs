@@ -31,7 +31,7 @@ use crate::spsc::{self, Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
 use crate::tensor::{HeapAllocator, SharedAllocator, Tensor};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::SyncSender;
 
 /// Payload of at least this many bytes is received straight into the tensor's memory;
 /// shorter payload is copied once out of the receive buffer.
@@ -71,7 +71,7 @@ impl Options {
         }
     }
 
-    fn parts(&self, index: usize, jobs: Option<Sender<Job>>) -> LoopParts {
+    fn parts(&self, index: usize, jobs: Option<SyncSender<Job>>) -> LoopParts {
         LoopParts {
             service: self.service.clone(),
             rendezvous: self.rendezvous.clone(),

@@ -13,6 +13,8 @@ pub(crate) enum Item {
     Deferred(OwnedMeta),
     /// Answered: a tensor (in memory) or why there is none.
     Done(Result<Tensor, Status>),
+    /// Answered and already handed to its requester.
+    Taken,
 }
 
 impl Item {
@@ -41,7 +43,7 @@ impl Item {
     fn finish(self) -> Result<Tensor, Status> {
         match self {
             Item::Done(r) => r,
-            Item::Open | Item::Deferred(_) => Err(Status::Protocol),
+            Item::Open | Item::Deferred(_) | Item::Taken => Err(Status::Protocol),
         }
     }
 }
@@ -96,14 +98,12 @@ impl ReplyState {
         }
     }
 
-    /// Takes the entries of a `RESPONSE`. Tensors get memory from `alloc`, unless the
-    /// request was abandoned (its payload is then discarded).
+    /// Takes the entries of a `RESPONSE`. Tensors get memory from `alloc`.
     pub(crate) fn accept(
         &mut self,
         entries: ResponseEntries<'_>,
         end: bool,
         alloc: &dyn TensorAllocator,
-        abandoned: bool,
     ) -> Result<(), Violation> {
         match self {
             ReplyState::Ping => return Err("response to a ping"),
@@ -127,11 +127,7 @@ impl ReplyState {
                             if meta.chunked {
                                 chunks.push((entry.index, meta.byte_len));
                             }
-                            if abandoned {
-                                Item::Done(Err(Status::Cancelled))
-                            } else {
-                                Item::of(&meta, alloc)
-                            }
+                            Item::of(&meta, alloc)
                         }
                     };
                 }
@@ -164,6 +160,28 @@ impl ReplyState {
     ) -> Option<&mut Tensor> {
         match self {
             ReplyState::Pull { results, .. } => results.get_mut(index as usize)?.tensor_mut(alloc),
+            _ => None,
+        }
+    }
+
+    /// Takes item `index` out if it is completely received (for fused recvs, whose members
+    /// complete one by one).
+    pub(crate) fn take_ready(&mut self, index: u32) -> Option<Result<Tensor, Status>> {
+        let ReplyState::Pull {
+            results, chunks, ..
+        } = self
+        else {
+            return None;
+        };
+        if chunks.iter().any(|&(i, _)| i == index) {
+            return None;
+        }
+        let item = results.get_mut(index as usize)?;
+        if !matches!(item, Item::Done(_)) {
+            return None;
+        }
+        match std::mem::replace(item, Item::Taken) {
+            Item::Done(r) => Some(r),
             _ => None,
         }
     }

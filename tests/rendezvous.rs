@@ -235,3 +235,70 @@ fn recvs_issued_together_leave_as_one_frame_with_fusion_on() {
     assert_eq!(fused_frames(true), 1);
     assert_eq!(fused_frames(false), 50);
 }
+
+#[test]
+fn timed_out_requests_free_their_slots_and_late_answers_are_ignored() {
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    let client =
+        Runtime::start(config("worker", 1).max_inflight(16).build().unwrap(), None).unwrap();
+    let mut h = client.handle(64);
+    // More timed-out requests than the loop has request slots.
+    for i in 0..40 {
+        let key = format!("never-{i}");
+        let deadline = Some(Instant::now() + Duration::from_millis(20));
+        let tag = h.recv(addr, 1, key.as_bytes(), deadline).unwrap();
+        assert_eq!(h.wait(tag).result, Err(Error::Timeout), "request {i}");
+    }
+    // A late answer (the key published after the requester gave up) is ignored.
+    rv.publish(b"never-39", Arc::new(Tensor::dead(DType::U8)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
+    assert_eq!(client.stats().connections_lost, 0);
+}
+
+#[test]
+fn fused_recvs_keep_their_own_deadlines() {
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    let mut client =
+        starwire::Embedded::new(config("worker", 1).tensor_fuse(true).build().unwrap(), None)
+            .unwrap();
+    let short = Some(Instant::now() + Duration::from_millis(100));
+    let a = client.recv_many(addr, 2, vec![b"late".to_vec()], short);
+    let b = client.recv_many(addr, 2, vec![b"later".to_vec()], None);
+    let start = Instant::now();
+    let mut results = std::collections::HashMap::new();
+    let mut published = false;
+    while results.len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "stuck: {:?}",
+            results.keys()
+        );
+        client.poll(Some(Duration::from_millis(5)));
+        while let Some(c) = client.completion() {
+            results.insert(c.tag, (start.elapsed(), c.result));
+        }
+        if !published && start.elapsed() > Duration::from_millis(300) {
+            rv.publish(b"later", Arc::new(Tensor::dead(DType::F32)))
+                .unwrap();
+            published = true;
+        }
+    }
+    let (at_a, ra) = &results[&a];
+    assert_eq!(ra, &Err(Error::Timeout));
+    assert!(
+        *at_a < Duration::from_millis(290),
+        "a timed out at {at_a:?}"
+    );
+    let (_, rb) = &results[&b];
+    assert!(
+        matches!(rb, Ok(Reply::Received(v)) if v[0].is_ok()),
+        "{rb:?}"
+    );
+    assert_eq!(client.stats().frames_out, 1, "the two recvs were fused");
+}
