@@ -1,13 +1,19 @@
 //! `commctl bench`: keep N requests in flight against a server for a while; report rate,
 //! bandwidth, latency percentiles and CPU time.
+//!
+//! Against `commctl serve` (see [`crate::serve`]): pulls ask for ids and recvs for keys
+//! `t/i`, with `i` running through `0..--variables` in turn; pushes send one shared
+//! tensor of `--tensor-size` bytes for each id.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use starwire::{Error, Reply};
+use starwire::wire::{DType, Status};
+use starwire::{Error, Handle, Reply, Tensor};
 
 use crate::cli::BenchArgs;
 use crate::cpu;
@@ -15,6 +21,7 @@ use crate::exit::{self, Failure};
 use crate::histogram::Histogram;
 use crate::jsonw::J;
 use crate::ping::{client_config, fatal, fmt_ms, start_client};
+use crate::serve::{recv_key, MAX_TENSORS, MAX_TENSOR_SIZE};
 use crate::signals::{self, Watcher};
 use crate::target;
 
@@ -25,8 +32,152 @@ const MAX_INFLIGHT: usize = 65_536;
 /// How often the progress line is redrawn.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
+/// Most tensors in one request.
+const MAX_PER_REQUEST: usize = 65_536;
+
 /// The operations bench can drive.
-const OPERATIONS: &[&str] = &["ping"];
+const OPERATIONS: &[&str] = &["ping", "pull", "push", "recv", "fused-recv"];
+
+/// An operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Ping,
+    Pull,
+    Push,
+    Recv,
+    FusedRecv,
+}
+
+impl Op {
+    fn parse(text: &str) -> Option<Op> {
+        Some(match text {
+            "ping" => Op::Ping,
+            "pull" => Op::Pull,
+            "push" => Op::Push,
+            "recv" => Op::Recv,
+            "fused-recv" | "fused_recv" => Op::FusedRecv,
+            _ => return None,
+        })
+    }
+
+    /// Tensors in each request.
+    fn per_request(self, args: &BenchArgs) -> usize {
+        match self {
+            Op::Ping => 0,
+            Op::Recv => 1,
+            _ => args.tensors,
+        }
+    }
+}
+
+/// What bench sends: the next request's ids or keys, and the tensor it pushes.
+struct Load {
+    op: Op,
+    addr: SocketAddr,
+    ping_size: u32,
+    per_request: usize,
+    variables: u64,
+    next: u64,
+    push: Option<Arc<Tensor>>,
+}
+
+impl Load {
+    fn new(op: Op, addr: SocketAddr, args: &BenchArgs) -> Result<Load, Failure> {
+        let push = match op {
+            Op::Push => {
+                let size = args.tensor_size;
+                let t = Tensor::from_bytes(DType::U8, &[size], vec![1u8; size as usize])
+                    .map_err(|e| Failure::usage(format!("--tensor-size {size}: {e}")))?;
+                Some(Arc::new(t))
+            }
+            _ => None,
+        };
+        Ok(Load {
+            op,
+            addr,
+            ping_size: args.size,
+            per_request: op.per_request(args),
+            variables: args.variables,
+            next: 0,
+            push,
+        })
+    }
+
+    /// The ids of the next request.
+    fn ids(&mut self) -> Vec<u64> {
+        let ids = (0..self.per_request as u64)
+            .map(|j| (self.next + j) % self.variables)
+            .collect();
+        self.next = (self.next + self.per_request as u64) % self.variables;
+        ids
+    }
+
+    /// Submits the next request.
+    fn submit(&mut self, h: &mut Handle, deadline: Instant) -> Result<u64, Error> {
+        let deadline = Some(deadline);
+        match self.op {
+            Op::Ping => h.ping(self.addr, self.ping_size, deadline),
+            Op::Pull => {
+                let ids = self.ids();
+                h.pull(self.addr, ids, deadline)
+            }
+            Op::Push => {
+                let t = self
+                    .push
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(Tensor::dead(DType::U8)));
+                let items = self.ids().into_iter().map(|i| (i, t.clone())).collect();
+                h.push(self.addr, items, deadline)
+            }
+            Op::Recv => {
+                let key = recv_key(self.ids()[0]);
+                h.recv(self.addr, 0, &key, deadline)
+            }
+            Op::FusedRecv => {
+                let keys = self.ids().into_iter().map(recv_key).collect();
+                h.recv_many(self.addr, 0, keys, deadline)
+            }
+        }
+    }
+
+    /// What an answer moved: tensors and bytes, and the first failure in it.
+    fn tally(&self, reply: Reply) -> (u64, u64, Option<Error>) {
+        let mut tensors = 0u64;
+        let mut bytes = 0u64;
+        let mut failure = None;
+        match (self.op, reply) {
+            (Op::Ping, Reply::Pong { payload, .. }) => bytes = u64::from(payload),
+            (Op::Pull, Reply::Pulled(items))
+            | (Op::Recv | Op::FusedRecv, Reply::Received(items)) => {
+                for item in items {
+                    match item {
+                        Ok(t) => {
+                            tensors += 1;
+                            bytes += t.byte_len() as u64;
+                        }
+                        Err(s) => failure = failure.or(Some(Error::Remote(s))),
+                    }
+                }
+            }
+            (Op::Push, Reply::Pushed(statuses)) => {
+                let size = self.push.as_ref().map_or(0, |t| t.byte_len() as u64);
+                for s in statuses {
+                    if s == Status::Ok {
+                        tensors += 1;
+                        bytes += size;
+                    } else {
+                        failure = failure.or(Some(Error::Remote(s)));
+                    }
+                }
+            }
+            (_, other) => {
+                log::warn!("unexpected reply: {other:?}");
+                failure = Some(Error::Protocol);
+            }
+        }
+        (tensors, bytes, failure)
+    }
+}
 
 /// A `commctl serve` started by bench; stopped (SIGTERM) when dropped.
 struct Spawned {
@@ -35,12 +186,16 @@ struct Spawned {
 }
 
 impl Spawned {
-    fn start(loops: usize) -> Result<Spawned, Failure> {
+    fn start(args: &BenchArgs) -> Result<Spawned, Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::usage(format!("cannot find the commctl binary: {e}")))?;
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--loops"])
-            .arg(loops.to_string())
+            .arg(args.server_loops.to_string())
+            .arg("--tensors")
+            .arg(args.variables.to_string())
+            .arg("--tensor-size")
+            .arg(args.tensor_size.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -96,6 +251,8 @@ impl Drop for Spawned {
 struct Outcome {
     ok: u64,
     failed: u64,
+    tensors: u64,
+    bytes: u64,
     errors: Vec<(Error, u64)>,
     elapsed: Duration,
     latency: Histogram,
@@ -104,25 +261,37 @@ struct Outcome {
     fatal: Option<Failure>,
 }
 
-fn check_args(args: &BenchArgs) -> Result<(), Failure> {
-    if !OPERATIONS.contains(&args.operation.as_str()) {
-        let known = matches!(
-            args.operation.as_str(),
-            "recv" | "fused-recv" | "fused_recv" | "pull" | "push"
-        );
-        return Err(Failure::usage(if known {
-            format!(
-                "-o {}: not available yet; this version benchmarks: {}",
-                args.operation,
-                OPERATIONS.join(", ")
-            )
-        } else {
-            format!(
-                "-o {}: unknown operation (supported: {})",
-                args.operation,
-                OPERATIONS.join(", ")
-            )
-        }));
+fn check_args(args: &BenchArgs) -> Result<Op, Failure> {
+    let Some(op) = Op::parse(&args.operation) else {
+        return Err(Failure::usage(format!(
+            "-o {}: unknown operation (supported: {})",
+            args.operation,
+            OPERATIONS.join(", ")
+        )));
+    };
+    if !(1..=MAX_PER_REQUEST).contains(&args.tensors) {
+        return Err(Failure::usage(format!(
+            "-k {}: expected 1 to {MAX_PER_REQUEST} tensors per request",
+            args.tensors
+        )));
+    }
+    if op == Op::Recv && args.tensors != 1 {
+        return Err(Failure::usage(format!(
+            "-k {}: a recv asks for one key; use -o fused-recv for several per request",
+            args.tensors
+        )));
+    }
+    if !(1..=MAX_TENSORS).contains(&args.variables) {
+        return Err(Failure::usage(format!(
+            "--variables {}: expected 1 to {MAX_TENSORS}",
+            args.variables
+        )));
+    }
+    if args.tensor_size > MAX_TENSOR_SIZE {
+        return Err(Failure::usage(format!(
+            "--tensor-size {}: expected at most {MAX_TENSOR_SIZE} bytes",
+            args.tensor_size
+        )));
     }
     if !(1..=MAX_INFLIGHT).contains(&args.inflight) {
         return Err(Failure::usage(format!(
@@ -154,12 +323,12 @@ fn check_args(args: &BenchArgs) -> Result<(), Failure> {
             "--server-loops applies only to the server bench starts (no TARGET)",
         ));
     }
-    Ok(())
+    Ok(op)
 }
 
 /// Runs `commctl bench`.
 pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
-    check_args(args)?;
+    let op = check_args(args)?;
     signals::block()?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let (spawned, label, addr) = match &args.target {
@@ -168,7 +337,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             (None, t.label, t.addr)
         }
         None => {
-            let s = Spawned::start(args.server_loops)?;
+            let s = Spawned::start(args)?;
             let addr = s.addr;
             (Some(s), addr.to_string(), addr)
         }
@@ -185,6 +354,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let rt = start_client(cfg)?;
     let watcher = Watcher::start(std::thread::current());
     let mut h = rt.handle(args.inflight.max(args.connections));
+    let mut load = Load::new(op, addr, args)?;
 
     // Open every connection before the clock starts: one ping per lane.
     for _ in 0..args.connections {
@@ -216,6 +386,8 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let mut o = Outcome {
         ok: 0,
         failed: 0,
+        tensors: 0,
+        bytes: 0,
         errors: Vec::new(),
         elapsed: Duration::ZERO,
         latency: Histogram::default(),
@@ -225,6 +397,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     };
     let mut last_draw = start;
     let mut last_ok = 0u64;
+    let mut last_bytes = 0u64;
     let mut window = Histogram::default();
     loop {
         let now = Instant::now();
@@ -234,7 +407,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             || args.requests.is_some_and(|n| submitted >= n);
         if !stopping {
             while inflight.len() < args.inflight && args.requests.map_or(true, |n| submitted < n) {
-                match h.ping(addr, args.size, Some(now + timeout)) {
+                match load.submit(&mut h, now + timeout) {
                     Ok(tag) => {
                         inflight.insert(tag, Instant::now());
                         submitted += 1;
@@ -258,16 +431,24 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         let Some(sent) = inflight.remove(&c.tag) else {
             continue;
         };
-        match c.result {
-            Ok(Reply::Pong { .. }) => {
+        let failure = match c.result {
+            Ok(reply) => {
+                let (tensors, bytes, failure) = load.tally(reply);
+                o.tensors += tensors;
+                o.bytes += bytes;
+                failure
+            }
+            Err(e) => Some(e),
+        };
+        match failure {
+            None => {
                 o.ok += 1;
                 o.latency.record(done - sent);
                 if progress {
                     window.record(done - sent);
                 }
             }
-            Ok(_) => o.failed += 1,
-            Err(e) => {
+            Some(e) => {
                 o.failed += 1;
                 match o.errors.iter_mut().find(|(k, _)| *k == e) {
                     Some((_, n)) => *n += 1,
@@ -281,15 +462,18 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         if progress && done - last_draw >= PROGRESS_EVERY {
             let secs = (done - last_draw).as_secs_f64();
             eprint!(
-                "\r\x1b[2K[{:5.1} s] {:>10.0} req/s  p50 {} ms  p99 {} ms  failed {}",
+                "\r\x1b[2K[{:5.1} s] {:>10.0} req/s  {:>7.3} GB/s  p50 {} ms  p99 {} ms  \
+                 failed {}",
                 (done - start).as_secs_f64(),
                 (o.ok - last_ok) as f64 / secs,
+                (o.bytes - last_bytes) as f64 / secs / 1e9,
                 fmt_ms(window.quantile(0.5)),
                 fmt_ms(window.quantile(0.99)),
                 o.failed
             );
             last_draw = done;
             last_ok = o.ok;
+            last_bytes = o.bytes;
             window = Histogram::default();
         }
     }
@@ -317,9 +501,9 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
 
     let mut out = std::io::stdout().lock();
     let text = if args.json {
-        json(args, &label, &o).render() + "\n"
+        json(args, op, &label, &o).render() + "\n"
     } else {
-        table(args, &label, &server_note, &o)
+        table(args, op, &label, &server_note, &o)
     };
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
@@ -331,9 +515,11 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     } else if o.ok > 0 {
         exit::FAILED
     } else {
-        o.errors
-            .first()
-            .map_or(exit::FAILED, |(e, _)| exit::code_of(e))
+        // An error status from the server is an answer: the transport works.
+        o.errors.first().map_or(exit::FAILED, |(e, _)| match e {
+            Error::Remote(_) => exit::FAILED,
+            e => exit::code_of(e),
+        })
     })
 }
 
@@ -341,25 +527,39 @@ fn rate(o: &Outcome) -> f64 {
     o.ok as f64 / o.elapsed.as_secs_f64().max(1e-9)
 }
 
-fn gbps(args: &BenchArgs, o: &Outcome) -> f64 {
-    rate(o) * f64::from(args.size) / 1e9
+fn gbps(o: &Outcome) -> f64 {
+    o.bytes as f64 / o.elapsed.as_secs_f64().max(1e-9) / 1e9
+}
+
+fn tensor_rate(o: &Outcome) -> f64 {
+    o.tensors as f64 / o.elapsed.as_secs_f64().max(1e-9)
 }
 
 fn pct_of_wall(cpu: Duration, o: &Outcome) -> f64 {
     cpu.as_secs_f64() * 100.0 / o.elapsed.as_secs_f64().max(1e-9)
 }
 
-fn table(args: &BenchArgs, label: &str, server_note: &str, o: &Outcome) -> String {
+fn table(args: &BenchArgs, op: Op, label: &str, server_note: &str, o: &Outcome) -> String {
     let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    let what = match op {
+        Op::Ping => format!("{} B payload", args.size),
+        Op::Push => format!(
+            "{} of {} B per request",
+            plural(args.tensors, "tensor"),
+            args.tensor_size
+        ),
+        Op::Recv => "1 key per request".to_owned(),
+        Op::Pull => format!("{} per request", plural(args.tensors, "id")),
+        Op::FusedRecv => format!("{} per request", plural(args.tensors, "key")),
+    };
     let mut s = format!(
-        "{} to {label}{}: {} B payload, {} in flight, {}, {}\n\n",
+        "{} to {label}{}: {what}, {} in flight, {}, {}\n\n",
         args.operation,
         if server_note.is_empty() {
             String::new()
         } else {
             format!(" ({server_note})")
         },
-        args.size,
         args.inflight,
         plural(args.connections, "connection"),
         plural(args.loops, "client loop"),
@@ -375,10 +575,36 @@ fn table(args: &BenchArgs, label: &str, server_note: &str, o: &Outcome) -> Strin
         ),
     );
     for (e, n) in &o.errors {
-        row("", format!("{n} x {e}"));
+        let hint = match (op, e) {
+            (Op::Pull | Op::Push, Error::Remote(Status::NotFound)) => {
+                " (ids past the server's --tensors? see --variables)"
+            }
+            (Op::Push, Error::Remote(Status::InvalidArgument)) => {
+                " (--tensor-size must be the server's)"
+            }
+            _ => "",
+        };
+        row("", format!("{n} x {e}{hint}"));
     }
     row("rate", format!("{:.0} req/s", rate(o)));
-    row("payload", format!("{:.3} GB/s each way", gbps(args, o)));
+    if op == Op::Ping {
+        row("payload", format!("{:.3} GB/s each way", gbps(o)));
+    } else {
+        row(
+            "tensors",
+            format!(
+                "{} in all, {:.0} tensors/s, {} B",
+                o.tensors,
+                tensor_rate(o),
+                o.bytes
+            ),
+        );
+        let dir = if op == Op::Push { "sent" } else { "received" };
+        row(
+            "bandwidth",
+            format!("{:.3} GB/s of tensor bytes {dir}", gbps(o)),
+        );
+    }
     let l = &o.latency;
     row(
         "latency",
@@ -412,7 +638,7 @@ fn table(args: &BenchArgs, label: &str, server_note: &str, o: &Outcome) -> Strin
     s
 }
 
-fn json(args: &BenchArgs, label: &str, o: &Outcome) -> J {
+fn json(args: &BenchArgs, op: Op, label: &str, o: &Outcome) -> J {
     // Nanosecond precision is all there is; more digits are float noise.
     let r6 = |x: f64| J::Num((x * 1e6).round() / 1e6);
     let ms = |d: Duration| r6(d.as_secs_f64() * 1000.0);
@@ -422,12 +648,16 @@ fn json(args: &BenchArgs, label: &str, o: &Outcome) -> J {
         ("target", J::s(label)),
         ("server_started_by_bench", J::Bool(args.target.is_none())),
         ("payload_bytes", J::Int(i64::from(args.size))),
+        ("tensors_per_request", J::Int(op.per_request(args) as i64)),
+        ("tensor_bytes", J::Int(args.tensor_size as i64)),
         ("inflight", J::Int(args.inflight as i64)),
         ("connections", J::Int(args.connections as i64)),
         ("client_loops", J::Int(args.loops as i64)),
         ("seconds", r6(o.elapsed.as_secs_f64())),
         ("ok", J::Int(o.ok as i64)),
         ("failed", J::Int(o.failed as i64)),
+        ("tensors", J::Int(o.tensors as i64)),
+        ("bytes", J::Int(o.bytes as i64)),
         (
             "errors",
             J::Arr(
@@ -446,7 +676,11 @@ fn json(args: &BenchArgs, label: &str, o: &Outcome) -> J {
             "requests_per_second",
             J::Num((rate(o) * 10.0).round() / 10.0),
         ),
-        ("gigabytes_per_second", r6(gbps(args, o))),
+        (
+            "tensors_per_second",
+            J::Num((tensor_rate(o) * 10.0).round() / 10.0),
+        ),
+        ("gigabytes_per_second", r6(gbps(o))),
         (
             "latency_ms",
             J::Obj(vec![

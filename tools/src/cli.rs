@@ -219,7 +219,16 @@ impl PingArgs {
                commctl serve --task ps:1 --ps-hosts ps0:2222,ps1:2222\n\
                commctl serve --tf-config      # the task named in $TF_CONFIG",
     note = "Prints 'listening on ADDRESS ...' on stdout once it accepts connections.\n\
-            Answers ping. Stops cleanly on SIGINT or SIGTERM.",
+            Answers ping, pull, push, recv and fused recv from a synthetic store of\n\
+            --tensors variables (ids 0..N-1), each a u8 tensor of --tensor-size bytes:\n\
+            - pull of id i < N returns variable i; other ids: NOT_FOUND.\n\
+            - push is checked and dropped: OK for id i < N with a tensor of\n\
+              --tensor-size bytes; NOT_FOUND for other ids; INVALID_ARGUMENT for other\n\
+              sizes. Variables never change.\n\
+            - recv keys are t/0 .. t/N-1 (variable i under t/i), any step: a producer\n\
+              thread publishes each key again soon after a recv took it, so every key\n\
+              can be received any number of times. Other keys wait until the deadline.\n\
+            Stops cleanly on SIGINT or SIGTERM.",
     error_code(0, "stopped by SIGINT or SIGTERM"),
     error_code(2, "usage or configuration error, or the address cannot be bound")
 )]
@@ -237,6 +246,23 @@ pub struct ServeArgs {
     /// else one per CPU, at most 16)
     #[argh(option)]
     pub loops: Option<usize>,
+
+    /// variables in the store, ids 0..N-1, and recv keys t/0..t/N-1 (default: 1024)
+    #[argh(option, default = "crate::serve::DEFAULT_TENSORS", arg_name = "n")]
+    pub tensors: u64,
+
+    /// bytes of each tensor (default: 4096)
+    #[argh(
+        option,
+        default = "crate::serve::DEFAULT_TENSOR_SIZE",
+        arg_name = "bytes"
+    )]
+    pub tensor_size: u64,
+
+    /// threads that run pull and push handlers; 0 runs them on the event loops
+    /// (default: 0)
+    #[argh(option, default = "0")]
+    pub handler_threads: usize,
 
     /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
     #[argh(option, arg_name = "job=hosts")]
@@ -280,9 +306,17 @@ impl ServeArgs {
     help_triggers("-h", "--help"),
     example = "commctl bench                          # starts its own server\n\
                commctl bench 10.0.0.1:5555 -d 30s -p 64 -C 4 --loops 2\n\
+               commctl bench -o fused-recv -k 16 --tensor-size 65536 -d 10s\n\
                commctl bench ps:0 --server-pid 4242 --json",
     note = "Without a TARGET, bench starts `commctl serve` on 127.0.0.1 and reports its\n\
             CPU time too; with one, --server-pid reads the server's CPU time from /proc.\n\
+            Operations, against `commctl serve` (see commctl serve --help):\n\
+            - ping: a ping of -s bytes each way.\n\
+            - pull: -k ids per request; push: -k tensors of --tensor-size bytes.\n\
+            - recv: one key t/i per request; fused-recv: -k keys in one request.\n\
+            Ids and keys i run through 0..--variables in turn, continuing across requests.\n\
+            A request counts as ok when every tensor in it is; bytes are tensor bytes\n\
+            moved (received for pull and recv, sent for push; ping: payload).\n\
             Latency is measured by the client, from submitting a request to taking its\n\
             completion. A progress line is shown while stderr is a terminal.",
     error_code(0, "every request answered"),
@@ -298,13 +332,32 @@ pub struct BenchArgs {
     #[argh(positional)]
     pub target: Option<String>,
 
-    /// the request to send: ping (default: ping)
+    /// the request to send: ping, pull, push, recv or fused-recv (default: ping)
     #[argh(option, short = 'o', default = "String::from(\"ping\")")]
     pub operation: String,
 
-    /// payload bytes of each request (default: 64)
+    /// payload bytes of each ping (default: 64)
     #[argh(option, short = 's', default = "64")]
     pub size: u32,
+
+    /// tensors per pull, push or fused recv: ids or keys in each request (default: 1;
+    /// recv always asks for one)
+    #[argh(option, short = 'k', default = "1", arg_name = "k")]
+    pub tensors: usize,
+
+    /// bytes of each pushed tensor, and of the store of the server bench starts
+    /// (default: 4096)
+    #[argh(
+        option,
+        default = "crate::serve::DEFAULT_TENSOR_SIZE",
+        arg_name = "bytes"
+    )]
+    pub tensor_size: u64,
+
+    /// ids and keys are taken in turn from 0..N-1: at most the server's --tensors;
+    /// the server bench starts gets N (default: 1024)
+    #[argh(option, default = "crate::serve::DEFAULT_TENSORS", arg_name = "n")]
+    pub variables: u64,
 
     /// how long to run, as 10s, 500ms or 2m (default: 5s)
     #[argh(option, short = 'd', from_str_fn(parse_duration))]

@@ -1,34 +1,237 @@
 //! `commctl serve`: a standalone starwire server.
 //!
-//! The server is the runtime in listening mode: its event loops answer pings themselves.
-//! Request kinds that need a service behind them (recv, pull, push) are answered by the
-//! service given to the runtime, once the runtime takes one; [`Server::start`] is where it
-//! will be passed.
+//! The server is the runtime in listening mode: its event loops answer pings themselves,
+//! pulls and pushes go to a synthetic tensor [`Store`], and recvs take tensors from a
+//! rendezvous that a producer thread keeps filled (see [`Producer`]).
+//!
+//! The store holds `--tensors N` variables, ids `0..N`, each a `u8` tensor of
+//! `--tensor-size` bytes. A pull of id `i < N` returns variable `i` (no copy: the stored
+//! tensor is shared); any other id is `NOT_FOUND`. A push of `(i, t)` checks and drops:
+//! `OK` when `i < N` and `t` has `--tensor-size` bytes, `NOT_FOUND` for another id,
+//! `INVALID_ARGUMENT` for another size.
+//!
+//! Recv keys are `t/0` .. `t/N-1` (the decimal id after `t/`). The producer keeps every
+//! one of them published: it checks [`Rendezvous::ready_count`], and when a key is
+//! missing it tries to publish all of them again (a key still published refuses). It
+//! sleeps between passes, [`PRODUCER_BUSY`] after one that published something and up
+//! to [`PRODUCER_IDLE`] when idle, so a key received is back within about a pass and a
+//! pause. A recv of a key not published yet waits for it (a recv of any other key waits
+//! until its deadline). Keys may be received by any number of clients and runs, any
+//! number of times; the step is ignored. The producer's CPU time is part of the
+//! server's: a pass costs one publish attempt per key, so with a large `--tensors` and
+//! few keys per request it is most of the recv cost.
 
 use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use starwire::cluster::TaskId;
 use starwire::config::ConfigBuilder;
 use starwire::endpoint_map::{AddrError, HostPort};
-use starwire::{Config, Runtime, Stats};
+use starwire::wire::DType;
+use starwire::wire::Status;
+use starwire::{Config, Options, Rendezvous, Runtime, Service, Stats, Tensor};
 
 use crate::cli::ServeArgs;
 use crate::exit::{self, Failure};
 use crate::signals;
 use crate::target;
 
+/// Default `--tensors`.
+pub const DEFAULT_TENSORS: u64 = 1024;
+/// Default `--tensor-size`, bytes.
+pub const DEFAULT_TENSOR_SIZE: u64 = 4096;
+/// Most `--tensors`.
+pub const MAX_TENSORS: u64 = 1 << 20;
+/// Largest `--tensor-size` (1 GiB); the store holds `tensors * size` bytes at most
+/// [`MAX_STORE_BYTES`].
+pub const MAX_TENSOR_SIZE: u64 = 1 << 30;
+/// Most bytes the store may hold (4 GiB).
+pub const MAX_STORE_BYTES: u64 = 4 << 30;
+/// How long the producer sleeps after a pass that published something.
+pub const PRODUCER_BUSY: Duration = Duration::from_micros(50);
+/// The longest it sleeps: after passes that published nothing, the pause doubles from
+/// [`PRODUCER_BUSY`] up to this.
+pub const PRODUCER_IDLE: Duration = Duration::from_millis(5);
+
+/// The recv key of variable `i`.
+pub fn recv_key(i: u64) -> Vec<u8> {
+    format!("t/{i}").into_bytes()
+}
+
+/// The synthetic tensor store: `n` variables of `size` bytes each.
+pub struct Store {
+    vars: Vec<Arc<Tensor>>,
+    size: usize,
+    pushed: AtomicU64,
+}
+
+impl Store {
+    /// `n` variables of `size` bytes; variable `i` is filled with the byte `i % 251`.
+    pub fn new(n: u64, size: u64) -> Result<Store, Failure> {
+        let size_usize = usize::try_from(size)
+            .map_err(|_| Failure::usage(format!("--tensor-size {size}: too large")))?;
+        let mut vars = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let t = Tensor::from_bytes(DType::U8, &[size], vec![(i % 251) as u8; size_usize])
+                .map_err(|e| Failure::usage(format!("--tensor-size {size}: {e}")))?;
+            vars.push(Arc::new(t));
+        }
+        Ok(Store {
+            vars,
+            size: size_usize,
+            pushed: AtomicU64::new(0),
+        })
+    }
+
+    /// Tensors pushed and accepted so far.
+    pub fn pushed(&self) -> u64 {
+        self.pushed.load(Ordering::Relaxed)
+    }
+}
+
+impl Service for Store {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        out.extend(ids.iter().map(|&id| {
+            usize::try_from(id)
+                .ok()
+                .and_then(|i| self.vars.get(i))
+                .cloned()
+                .ok_or(Status::NotFound)
+        }));
+    }
+
+    fn push(&self, items: Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+        let mut ok = 0;
+        statuses.extend(items.iter().map(|(id, t)| {
+            if *id >= self.vars.len() as u64 {
+                Status::NotFound
+            } else if t.byte_len() != self.size {
+                Status::InvalidArgument
+            } else {
+                ok += 1;
+                Status::Ok
+            }
+        }));
+        self.pushed.fetch_add(ok, Ordering::Relaxed);
+    }
+}
+
+/// The thread that keeps every recv key of the store published.
+pub struct Producer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<u64>>,
+}
+
+impl Producer {
+    /// Starts publishing `t/i` = variable `i` into `rv`, for every variable of `store`.
+    pub fn start(store: &Store, rv: Arc<Rendezvous>) -> Result<Producer, Failure> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let items: Vec<(Vec<u8>, Arc<Tensor>)> = store
+            .vars
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (recv_key(i as u64), t.clone()))
+            .collect();
+        let thread = std::thread::Builder::new()
+            .name("commctl-producer".into())
+            .spawn(move || {
+                let mut published = 0u64;
+                let mut idle = PRODUCER_BUSY;
+                while !flag.load(Ordering::Relaxed) {
+                    // Every key still published (the cheap check): nothing to do.
+                    let fresh = if rv.ready_count() < items.len() {
+                        let mut fresh = 0u64;
+                        for (key, t) in &items {
+                            // AlreadyPublished: not received yet, nothing to do.
+                            if rv.publish(key, t.clone()).is_ok() {
+                                fresh += 1;
+                            }
+                        }
+                        fresh
+                    } else {
+                        0
+                    };
+                    published += fresh;
+                    idle = if fresh > 0 {
+                        PRODUCER_BUSY
+                    } else {
+                        (idle * 2).min(PRODUCER_IDLE)
+                    };
+                    std::thread::sleep(idle);
+                }
+                published
+            })
+            .map_err(|e| Failure::usage(format!("cannot start the producer thread: {e}")))?;
+        Ok(Producer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread; returns how many tensors it published.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the server serves.
+pub struct Content {
+    /// Variables.
+    pub tensors: u64,
+    /// Bytes of each.
+    pub tensor_size: u64,
+    /// Threads running pull/push handlers (0: inline on the loops).
+    pub handler_threads: usize,
+}
+
 /// A running server.
 pub struct Server {
     rt: Runtime,
     task: TaskId,
+    store: Arc<Store>,
+    producer: Producer,
+}
+
+/// What a server did, once stopped.
+pub struct Final {
+    /// The runtime's counters.
+    pub stats: Stats,
+    /// Tensors the producer published for recvs.
+    pub published: u64,
+    /// Tensors pushed and accepted.
+    pub pushed: u64,
 }
 
 impl Server {
-    /// Starts the loops on `listen`.
-    pub fn start(cfg: Config, listen: SocketAddr) -> Result<Server, Failure> {
+    /// Builds the store and starts the loops on `listen`, and the producer.
+    pub fn start(cfg: Config, listen: SocketAddr, content: &Content) -> Result<Server, Failure> {
         let task = TaskId::new(&cfg.job, cfg.task_index);
-        let rt = Runtime::start(cfg, Some(listen)).map_err(|e| {
+        let store = Arc::new(Store::new(content.tensors, content.tensor_size)?);
+        let rv = Rendezvous::new();
+        let service: Arc<dyn Service> = store.clone();
+        let options = Options {
+            listen: Some(listen),
+            service: Some(service),
+            rendezvous: Some(rv.clone()),
+            handler_threads: content.handler_threads,
+            ..Options::default()
+        };
+        let rt = Runtime::start_with(cfg, options).map_err(|e| {
             let hint = match e.kind() {
                 std::io::ErrorKind::AddrNotAvailable => {
                     " (not an address of this host; try --listen 0.0.0.0:PORT)"
@@ -39,7 +242,19 @@ impl Server {
             };
             Failure::usage(format!("cannot listen on {listen}: {e}{hint}"))
         })?;
-        Ok(Server { rt, task })
+        let producer = match Producer::start(&store, rv) {
+            Ok(p) => p,
+            Err(f) => {
+                rt.shutdown();
+                return Err(f);
+            }
+        };
+        Ok(Server {
+            rt,
+            task,
+            store,
+            producer,
+        })
     }
 
     /// The address the server listens on.
@@ -47,11 +262,16 @@ impl Server {
         self.rt.local_addr()
     }
 
-    /// Stops the loops; returns the final counters.
-    pub fn stop(self) -> Stats {
+    /// Stops the producer and the loops; returns the final counters.
+    pub fn stop(self) -> Final {
+        let published = self.producer.stop();
         let stats = self.rt.stats();
         self.rt.shutdown();
-        stats
+        Final {
+            stats,
+            published,
+            pushed: self.store.pushed(),
+        }
     }
 }
 
@@ -112,24 +332,29 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
         b = b.loops(n);
     }
     let cfg = b.build().map_err(|e| Failure::usage(e.to_string()))?;
-    let server = Server::start(cfg, listen)?;
+    let content = content(args)?;
+    let server = Server::start(cfg, listen, &content)?;
     let addr = server.local_addr().unwrap_or(listen);
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "listening on {addr} as {} ({} event loop{}, {} backend)",
+            "listening on {addr} as {} ({} event loop{}, {} backend; {} tensors of {} B)",
             server.task,
             server.rt.loops(),
             if server.rt.loops() == 1 { "" } else { "s" },
-            server.rt.backend()
+            server.rt.backend(),
+            content.tensors,
+            content.tensor_size
         );
         let _ = out.flush();
     }
     let signal = signals::wait();
-    let stats = server.stop();
+    let f = server.stop();
+    let stats = f.stats;
     eprintln!(
-        "commctl serve: {signal}: stopped after {} connection{}, {} bytes in, {} bytes out",
+        "commctl serve: {signal}: stopped after {} connection{}, {} bytes in, {} bytes out, \
+         {} tensors published for recv, {} pushed",
         stats.connections_accepted,
         if stats.connections_accepted == 1 {
             ""
@@ -137,7 +362,42 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
             "s"
         },
         stats.bytes_in,
-        stats.bytes_out
+        stats.bytes_out,
+        f.published,
+        f.pushed
     );
     Ok(exit::OK)
+}
+
+/// The store of `--tensors` and `--tensor-size`, checked.
+fn content(args: &ServeArgs) -> Result<Content, Failure> {
+    if !(1..=MAX_TENSORS).contains(&args.tensors) {
+        return Err(Failure::usage(format!(
+            "--tensors {}: expected 1 to {MAX_TENSORS}",
+            args.tensors
+        )));
+    }
+    if args.tensor_size > MAX_TENSOR_SIZE {
+        return Err(Failure::usage(format!(
+            "--tensor-size {}: expected at most {MAX_TENSOR_SIZE} bytes",
+            args.tensor_size
+        )));
+    }
+    if args.tensors.saturating_mul(args.tensor_size) > MAX_STORE_BYTES {
+        return Err(Failure::usage(format!(
+            "--tensors {} x --tensor-size {}: the store would exceed {MAX_STORE_BYTES} bytes",
+            args.tensors, args.tensor_size
+        )));
+    }
+    if args.handler_threads > 256 {
+        return Err(Failure::usage(format!(
+            "--handler-threads {}: expected 0 to 256",
+            args.handler_threads
+        )));
+    }
+    Ok(Content {
+        tensors: args.tensors,
+        tensor_size: args.tensor_size,
+        handler_threads: args.handler_threads,
+    })
 }

@@ -580,19 +580,19 @@ fn bench_a_server_and_its_own() {
         r.stdout
     );
 
-    // Operations that are not there.
-    let r = run(&mut commctl(&["bench", &addr, "-o", "pull"]));
-    assert_eq!(r.code, 2);
-    assert_eq!(
-        r.stderr,
-        "commctl: -o pull: not available yet; this version benchmarks: ping\n"
-    );
+    // Operations that are not there, and flags that do not fit the operation.
     let r = run(&mut commctl(&["bench", &addr, "-o", "frob"]));
     assert_eq!(r.code, 2);
     assert_eq!(
         r.stderr,
-        "commctl: -o frob: unknown operation (supported: ping)\n"
+        "commctl: -o frob: unknown operation (supported: ping, pull, push, recv, \
+         fused-recv)\n"
     );
+    let r = run(&mut commctl(&["bench", &addr, "-o", "recv", "-k", "4"]));
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("use -o fused-recv"), "{}", r.stderr);
+    let r = run(&mut commctl(&["bench", &addr, "-o", "pull", "-k", "0"]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
 
     // Nothing listening.
     let r = run(&mut commctl(&["bench", &dead_addr(), "-n", "10"]));
@@ -630,4 +630,184 @@ fn serve_as_a_task_of_the_cluster() {
         "{}",
         r.stderr
     );
+}
+
+/// The integer `"key":N` of a one-line JSON report.
+fn json_int(json: &str, key: &str) -> i64 {
+    let pat = format!("\"{key}\":");
+    let at = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    let digits: String = json[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not an integer in {json}"))
+}
+
+#[test]
+fn bench_every_tensor_operation_against_serve() {
+    let mut server = Server::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--loops",
+            "1",
+            "--tensors",
+            "64",
+            "--tensor-size",
+            "1000",
+        ],
+        &[],
+    );
+    let addr = server.addr.to_string();
+    let pid = server.child.id().to_string();
+    // recv and fused-recv twice: a second run receives the same keys again.
+    for (op, k) in [
+        ("pull", "8"),
+        ("push", "8"),
+        ("recv", "1"),
+        ("fused-recv", "16"),
+        ("recv", "1"),
+        ("fused-recv", "16"),
+    ] {
+        let r = run(&mut commctl(&[
+            "bench",
+            &addr,
+            "-o",
+            op,
+            "-k",
+            k,
+            "--tensor-size",
+            "1000",
+            "--variables",
+            "64",
+            "-d",
+            "300ms",
+            "-p",
+            "8",
+            "--server-pid",
+            &pid,
+            "--json",
+        ]));
+        assert_eq!(r.code, 0, "{op}: {}{}", r.stdout, r.stderr);
+        let j = r.stdout.trim();
+        assert!(j.starts_with(&format!("{{\"operation\":\"{op}\",")), "{j}");
+        let ok = json_int(j, "ok");
+        assert!(ok > 0, "{op}: {j}");
+        assert_eq!(json_int(j, "failed"), 0, "{op}: {j}");
+        assert!(j.contains("\"errors\":[]"), "{j}");
+        let k: i64 = k.parse().unwrap();
+        assert_eq!(json_int(j, "tensors"), ok * k, "{op}: {j}");
+        assert_eq!(json_int(j, "bytes"), ok * k * 1000, "{op}: {j}");
+        assert!(!j.contains("\"server_cpu_seconds\":null"), "{j}");
+    }
+
+    // The table names tensors/s and bandwidth.
+    let r = run(&mut commctl(&[
+        "bench",
+        &addr,
+        "-o",
+        "pull",
+        "-k",
+        "4",
+        "--variables",
+        "64",
+        "-n",
+        "50",
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    for word in [
+        "4 ids per request",
+        "tensors/s",
+        "GB/s of tensor bytes received",
+        "p999",
+    ] {
+        assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
+    }
+
+    // Ids past the store, and pushes of the wrong size: answered with an error status,
+    // exit 1 (requests failed), not a transport error.
+    let r = run(&mut commctl(&[
+        "bench",
+        &addr,
+        "-o",
+        "pull",
+        "--variables",
+        "100",
+        "-k",
+        "100",
+        "-n",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert_eq!(json_int(&r.stdout, "failed"), 3, "{}", r.stdout);
+    assert!(r.stdout.contains("NotFound"), "{}", r.stdout);
+    let r = run(&mut commctl(&[
+        "bench",
+        &addr,
+        "-o",
+        "push",
+        "--tensor-size",
+        "999",
+        "-n",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("InvalidArgument"), "{}", r.stdout);
+
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.starts_with("commctl serve: SIGTERM: stopped after "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("tensors published for recv"), "{stderr}");
+}
+
+#[test]
+fn bench_starts_a_server_with_the_tensor_flags() {
+    let r = run(&mut commctl(&[
+        "bench",
+        "-o",
+        "fused-recv",
+        "-k",
+        "4",
+        "--variables",
+        "16",
+        "--tensor-size",
+        "256",
+        "-d",
+        "200ms",
+        "--json",
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let ok = json_int(&r.stdout, "ok");
+    assert!(ok > 0, "{}", r.stdout);
+    assert_eq!(json_int(&r.stdout, "bytes"), ok * 4 * 256, "{}", r.stdout);
+}
+
+#[test]
+fn serve_rejects_bad_store_flags() {
+    for args in [
+        &["serve", "-l", "127.0.0.1:0", "--tensors", "0"][..],
+        &["serve", "-l", "127.0.0.1:0", "--tensor-size", "2000000000"][..],
+        &[
+            "serve",
+            "-l",
+            "127.0.0.1:0",
+            "--tensors",
+            "1048576",
+            "--tensor-size",
+            "1048576",
+        ][..],
+    ] {
+        let r = run(&mut commctl(args));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+    }
 }
