@@ -1770,18 +1770,27 @@ impl Dispatch<'_> {
         let Some(p) = self.answered(handle) else {
             return;
         };
+        // An ERROR for a request: items already answered keep their answer (the others get
+        // the status); with none answered the whole request fails.
+        let partial = matches!(f.body, Body::Error(_)) && p.state.fail_open(f.header.status);
         let reply = match f.body {
+            Body::Error(_) if partial => Ok(None),
             Body::Error(_) => Err(Error::Remote(f.header.status)),
-            _ if matches!(p.state, ReplyState::Ping) => Ok(Reply::Pong {
+            _ if matches!(p.state, ReplyState::Ping) => Ok(Some(Reply::Pong {
                 rtt: p.sent.map_or(Duration::ZERO, |s| now - s),
                 payload: f.header.payload_len,
-            }),
+            })),
             _ => {
                 self.violation = Some("pong for a request that is not a ping");
                 return;
             }
         };
         if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+            let reply = match reply {
+                Ok(Some(pong)) => Ok(pong),
+                Ok(None) => Ok(p.state.finish()),
+                Err(e) => Err(e),
+            };
             notify(
                 self.outbox,
                 self.shared,
@@ -1980,11 +1989,11 @@ impl Dispatch<'_> {
             .collect();
         if waiting > 0 {
             self.recvs.push((handle, waiting));
-            if !items.is_empty() {
-                send_items(enc, handle, false, &items);
+        }
+        if waiting == 0 || !items.is_empty() {
+            if let Err(k) = send_items(enc, handle, waiting == 0, &items) {
+                release_unsent(self.out_tensors, tokens[k..].iter().copied());
             }
-        } else {
-            respond(enc, handle, &items);
         }
     }
 
@@ -2058,10 +2067,16 @@ fn answer_pull(
             },
         })
         .collect();
-    if !respond(enc, handle, &items) {
-        for t in tokens.into_iter().flatten() {
-            out_tensors.try_remove(t as usize);
-        }
+    if let Err(k) = send_items(enc, handle, true, &items) {
+        release_unsent(out_tensors, tokens[k..].iter().flatten().copied());
+    }
+}
+
+/// Drops the references of tensors whose items were not encoded (those already queued keep
+/// theirs until written).
+fn release_unsent(out_tensors: &mut Slab<Arc<Tensor>>, tokens: impl Iterator<Item = u64>) {
+    for t in tokens {
+        out_tensors.try_remove(t as usize);
     }
 }
 
@@ -2076,7 +2091,7 @@ fn answer_push(enc: &mut Encoder, handle: u64, statuses: &[Status]) {
             tensor: None,
         })
         .collect();
-    respond(enc, handle, &items);
+    let _ = send_items(enc, handle, true, &items);
 }
 
 /// Answers item `index` of the recv `handle` with a tensor delivered by the rendezvous (or
@@ -2114,15 +2129,20 @@ fn answer_recv(conn: &mut Conn, handle: u64, index: u32, result: Result<Arc<Tens
         ),
     };
     let enc = conn.proto.encoder();
-    if !send_items(enc, handle, last, &[item]) {
-        if let Some(t) = token {
-            conn.out_tensors.try_remove(t as usize);
-        }
+    if send_items(enc, handle, last, &[item]).is_err() {
+        release_unsent(&mut conn.out_tensors, token.into_iter());
     }
 }
 
-/// Sends `items` in `RESPONSE` frames that fit the peer's limit; `end` on the last.
-fn send_items(enc: &mut Encoder, handle: u64, end: bool, items: &[ResponseItem<'_>]) -> bool {
+/// Sends `items` in `RESPONSE` frames that fit the peer's frame limit, `end` on the last.
+/// When a frame cannot be encoded, sends an `ERROR` for the request instead and returns
+/// the index of the first item not sent.
+fn send_items(
+    enc: &mut Encoder,
+    handle: u64,
+    end: bool,
+    items: &[ResponseItem<'_>],
+) -> Result<(), usize> {
     let budget = (enc.config().max_frame / 2) as usize;
     let mut start = 0;
     loop {
@@ -2140,19 +2160,13 @@ fn send_items(enc: &mut Encoder, handle: u64, end: bool, items: &[ResponseItem<'
         if let Err(e) = enc.response(handle, end && last, &items[start..stop]) {
             log::warn!("cannot encode response: {e}");
             let _ = enc.error(handle, Status::Internal, "response not encodable");
-            return false;
+            return Err(start);
         }
         if last {
-            return true;
+            return Ok(());
         }
         start = stop;
     }
-}
-
-/// Sends `items` as one or more `RESPONSE` frames that fit the peer's frame limit, `END` on
-/// the last. Returns false (and sends an `ERROR` instead) when they cannot be encoded.
-fn respond(enc: &mut Encoder, handle: u64, items: &[ResponseItem<'_>]) -> bool {
-    send_items(enc, handle, true, items)
 }
 
 /// The tensor receiving payload for item `index` of the request or push `handle`;

@@ -151,6 +151,45 @@ impl ReplyState {
         Ok(())
     }
 
+    /// Fails every item not answered yet with `status` (an `ERROR` for the request). Returns
+    /// whether any item had been answered: then the request completes with the items it got.
+    pub(crate) fn fail_open(&mut self, status: Status) -> bool {
+        match self {
+            ReplyState::Ping => false,
+            ReplyState::Pull {
+                results,
+                chunks,
+                end,
+                ..
+            } => {
+                let mut any = false;
+                for item in results.iter_mut() {
+                    match item {
+                        Item::Open | Item::Deferred(_) => *item = Item::Done(Err(status)),
+                        _ => any = true,
+                    }
+                }
+                // A chunked tensor cut short fails too.
+                for &(i, _) in chunks.iter() {
+                    if let Some(item) = results.get_mut(i as usize) {
+                        *item = Item::Done(Err(status));
+                    }
+                }
+                chunks.clear();
+                *end = true;
+                any
+            }
+            ReplyState::Push { statuses, end } => {
+                let any = statuses.iter().any(Option::is_some);
+                for s in statuses.iter_mut().filter(|s| s.is_none()) {
+                    *s = Some(status);
+                }
+                *end = true;
+                any
+            }
+        }
+    }
+
     /// Memory for item `index`'s contents, if it has any (allocated from `alloc` now for
     /// a chunked tensor whose first chunk is arriving).
     pub(crate) fn tensor_mut(
@@ -284,5 +323,31 @@ impl IncomingPush {
 
     pub(crate) fn is_complete(&self) -> bool {
         self.frame_done && self.chunks.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_fails_only_the_items_not_answered() {
+        let mut s = ReplyState::push(3);
+        if let ReplyState::Push { statuses, .. } = &mut s {
+            statuses[1] = Some(Status::Ok);
+        }
+        assert!(s.fail_open(Status::Aborted), "one item was answered");
+        assert!(s.is_complete());
+        match s.finish() {
+            crate::core::Reply::Pushed(v) => {
+                assert_eq!(v, [Status::Aborted, Status::Ok, Status::Aborted])
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut none = ReplyState::recv(2);
+        assert!(
+            !none.fail_open(Status::Aborted),
+            "nothing answered: the request fails"
+        );
     }
 }
