@@ -341,6 +341,30 @@ struct Conn {
 }
 
 impl Conn {
+    fn new(fd: Option<OwnedFd>, proto: Connection, phase: Phase, generation: u32) -> Conn {
+        Conn {
+            fd,
+            proto,
+            io: new_conn_io(),
+            phase,
+            generation,
+            reading: false,
+            writing: false,
+            connecting: false,
+            outgoing: None,
+            attempts: 0,
+            waiting: VecDeque::new(),
+            dirty: false,
+            failure: Error::ConnectionLost,
+            out_tensors: Slab::new(),
+            cur_handle: 0,
+            cur_chunk: (0, 0, 0),
+            incoming: Vec::new(),
+            recvs: Vec::new(),
+            direct: false,
+        }
+    }
+
     fn fd(&self) -> RawFd {
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
@@ -874,25 +898,8 @@ impl Loop {
         }
         let proto = self.new_proto(Side::Client);
         let conn = Conn {
-            fd: None,
-            proto,
-            io: new_conn_io(),
-            phase: Phase::Backoff,
-            generation: self.next_serial(),
-            reading: false,
-            writing: false,
-            connecting: false,
             outgoing: Some((peer, lane)),
-            attempts: 0,
-            waiting: VecDeque::new(),
-            dirty: false,
-            failure: Error::ConnectionLost,
-            out_tensors: Slab::new(),
-            cur_handle: 0,
-            cur_chunk: (0, 0, 0),
-            incoming: Vec::new(),
-            recvs: Vec::new(),
-            direct: false,
+            ..Conn::new(None, proto, Phase::Backoff, self.next_serial())
         };
         let slot = self.conns.insert(conn) as u32;
         self.peers.insert((peer, lane), slot);
@@ -1116,27 +1123,8 @@ impl Loop {
         let proto = self.new_proto(Side::Server);
         let raw = fd.as_raw_fd();
         let generation = self.next_serial();
-        let slot = self.conns.insert(Conn {
-            fd: Some(fd),
-            proto,
-            io: new_conn_io(),
-            phase: Phase::Handshaking,
-            generation,
-            reading: false,
-            writing: false,
-            connecting: false,
-            outgoing: None,
-            attempts: 0,
-            waiting: VecDeque::new(),
-            dirty: false,
-            failure: Error::ConnectionLost,
-            out_tensors: Slab::new(),
-            cur_handle: 0,
-            cur_chunk: (0, 0, 0),
-            incoming: Vec::new(),
-            recvs: Vec::new(),
-            direct: false,
-        }) as u32;
+        let conn = Conn::new(Some(fd), proto, Phase::Handshaking, generation);
+        let slot = self.conns.insert(conn) as u32;
         if let Err(e) = self.driver.register(slot, raw) {
             log::warn!("register accepted socket: {e}");
             self.conns.remove(slot as usize);
