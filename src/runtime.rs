@@ -86,6 +86,9 @@ impl Options {
     }
 }
 
+/// How long a waiting thread spins before it parks (when not polling).
+const WAIT_SPIN: Duration = Duration::from_micros(20);
+
 /// Listen backlog of each loop's listener.
 const BACKLOG: i32 = 1024;
 
@@ -486,8 +489,8 @@ impl Handle {
         self.take(None)
     }
 
-    /// Waits for the completion of `tag`: spins for the configured budget
-    /// (`STARWIRE_SPIN_US`; without end when polling), then parks until woken.
+    /// Waits for the completion of `tag`: spins for 20 µs (without end when polling), then
+    /// parks until woken.
     pub fn wait(&mut self, tag: u64) -> Completion {
         self.wait_for(Some(tag))
     }
@@ -523,10 +526,10 @@ impl Handle {
                     result: Err(Error::Shutdown),
                 };
             }
-            // A waiting thread spins like a loop does: for the configured budget, or without
-            // end when polling.
-            let cfg = &self.inner.cfg;
-            if cfg.polling || start.elapsed() < cfg.spin {
+            // Spin briefly (without end when polling), then park. Not the loop's spin budget:
+            // where the caller shares a CPU with its loop, a long spin takes the CPU the loop
+            // needs to bring the answer in (measured: docs/performance.md).
+            if self.inner.cfg.polling || start.elapsed() < WAIT_SPIN {
                 core::hint::spin_loop();
                 continue;
             }
