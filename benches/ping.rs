@@ -1,8 +1,9 @@
 //! Ping-pong latency and pipelined ping throughput of starwire beside a raw blocking-socket
 //! ping-pong measured in the same run, plus idle CPU and the spin-budget sweep.
 //!
-//! `cargo bench --bench ping` runs the default set (about two minutes on two cores) and prints
-//! markdown tables. Subsets: `cargo bench --bench ping -- --help`.
+//! `cargo bench --bench ping` runs the default set (two to six minutes on two cores: the
+//! Runtime+Handle spin sweep is the slow part) and prints markdown tables. Subsets:
+//! `cargo bench --bench ping -- --help`.
 //!
 //! Placement: the bench needs two CPUs. The client (this process) restricts itself to the
 //! first allowed CPU with `sched_setaffinity` before it starts any thread; every server is a
@@ -15,10 +16,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
-use starwire::config::{BackendChoice, ConfigBuilder};
-use starwire::{Completion, Config, Embedded, Handle, Reply, Runtime, Stats};
+use starwire::{Completion, Embedded, Handle, Reply, Runtime, Stats};
+
+mod common;
+use common::*;
 
 /// Size of the header of the raw baseline's messages (the same as a starwire frame header).
 const RAW_HEADER: usize = 32;
@@ -115,131 +116,6 @@ fn parse_opts(args: &[String]) -> Opts {
         i += 1;
     }
     o
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Backend {
-    Uring,
-    Epoll,
-}
-
-impl Backend {
-    fn parse(s: &str) -> Backend {
-        match s {
-            "uring" => Backend::Uring,
-            "epoll" => Backend::Epoll,
-            _ => panic!("backend {s:?}: expected uring or epoll"),
-        }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Uring => "uring",
-            Backend::Epoll => "epoll",
-        }
-    }
-    fn choice(self) -> BackendChoice {
-        match self {
-            Backend::Uring => BackendChoice::Uring,
-            Backend::Epoll => BackendChoice::Epoll,
-        }
-    }
-}
-
-/// Everything that defines one starwire end's configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct SwCfg {
-    backend: Backend,
-    polling: bool,
-    spin: Duration,
-}
-
-impl SwCfg {
-    fn config(&self, job: &str) -> Config {
-        ConfigBuilder::from_env(job, 0)
-            .expect("environment")
-            .loops(1)
-            .pin(true)
-            .polling(self.polling)
-            .spin(self.spin)
-            .backend(self.backend.choice())
-            .build()
-            .expect("config")
-    }
-    fn args(&self) -> Vec<String> {
-        vec![
-            self.backend.name().into(),
-            on_off(self.polling).into(),
-            self.spin.as_micros().to_string(),
-        ]
-    }
-    fn from_args(a: &[String]) -> SwCfg {
-        SwCfg {
-            backend: Backend::parse(&a[0]),
-            polling: a[1] == "on",
-            spin: Duration::from_micros(a[2].parse().expect("spin µs")),
-        }
-    }
-}
-
-fn on_off(b: bool) -> &'static str {
-    if b {
-        "on"
-    } else {
-        "off"
-    }
-}
-
-// ----- CPU placement -----
-
-fn allowed_cpus() -> Vec<usize> {
-    let set = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
-    (0..CpuSet::count())
-        .filter(|&c| set.is_set(c).unwrap_or(false))
-        .collect()
-}
-
-/// Restricts the calling thread (and the threads it starts afterwards) to `cpu`.
-fn restrict_to(cpu: usize) {
-    let mut set = CpuSet::new();
-    set.set(cpu).expect("cpu number");
-    sched_setaffinity(Pid::from_raw(0), &set)
-        .unwrap_or_else(|e| panic!("sched_setaffinity to CPU {cpu}: {e}"));
-}
-
-fn restrict_to_set(cpus: &[usize]) {
-    let mut set = CpuSet::new();
-    for &c in cpus {
-        set.set(c).expect("cpu number");
-    }
-    sched_setaffinity(Pid::from_raw(0), &set).expect("sched_setaffinity");
-}
-
-fn rusage(who: libc::c_int) -> libc::rusage {
-    // SAFETY: getrusage only writes into the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; `who` is RUSAGE_SELF or RUSAGE_THREAD.
-    let rc = unsafe { libc::getrusage(who, &mut ru) };
-    assert_eq!(rc, 0, "getrusage");
-    ru
-}
-
-/// Process CPU time (user + system) so far.
-fn process_cpu_time() -> Duration {
-    let ru = rusage(libc::RUSAGE_SELF);
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-/// Voluntary context switches (sleeps) of the calling thread so far.
-fn thread_sleeps() -> u64 {
-    rusage(libc::RUSAGE_THREAD).ru_nvcsw as u64
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
 }
 
 // ----- server child process -----
@@ -760,29 +636,8 @@ fn session(
     s
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 fn med(samples: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
     median(samples.iter().map(f).collect())
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "**missed**"
-    }
 }
 
 // ----- sections -----
