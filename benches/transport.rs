@@ -592,7 +592,9 @@ struct Pooled {
     pool: Arc<Pool>,
 }
 
-impl TensorMemory for Pooled {
+// SAFETY: the buffer is never resized while the value lives; `Drop` hands it back to the
+// pool only when the tensor is gone.
+unsafe impl TensorMemory for Pooled {
     fn bytes(&self) -> &[u8] {
         &self.buf
     }
