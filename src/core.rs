@@ -36,8 +36,8 @@ use crate::ctx::{CtxSlab, Full, Handle as CtxHandle};
 use crate::error::Error;
 use crate::pool::{Answer, Job, ReplyTo};
 use crate::proto::{
-    ConnEvent, Connection, Encoder, EncoderConfig, Identity, NextRead, OutTensor, PayloadTarget,
-    Piece, PushItem, ResponseItem, Side,
+    ConnEvent, Connection, Encoder, EncoderConfig, Identity, NextRead, PayloadTarget, Piece,
+    PushItem, ResponseItem, Side,
 };
 use crate::rendezvous::{Delivery, Rendezvous, Waiter};
 use crate::service::SharedService;
@@ -1968,11 +1968,7 @@ impl Dispatch<'_> {
             .map(|((index, t), &token)| ResponseItem {
                 index: *index,
                 status: Status::Ok,
-                tensor: Some(OutTensor {
-                    meta: t.meta(),
-                    bytes: t.bytes(),
-                    token,
-                }),
+                tensor: Some(t.out(token)),
             })
             .collect();
         if waiting > 0 {
@@ -2037,11 +2033,7 @@ fn answer_pull(
             (Ok(t), Some(token)) => ResponseItem {
                 index: index as u32,
                 status: Status::Ok,
-                tensor: Some(OutTensor {
-                    meta: t.meta(),
-                    bytes: t.bytes(),
-                    token: *token,
-                }),
+                tensor: Some(t.out(*token)),
             },
             (Err(s), _) => ResponseItem {
                 index: index as u32,
@@ -2099,11 +2091,7 @@ fn answer_recv(conn: &mut Conn, handle: u64, index: u32, result: Result<Arc<Tens
             let item = ResponseItem {
                 index,
                 status: Status::Ok,
-                tensor: Some(OutTensor {
-                    meta: t.meta(),
-                    bytes: t.bytes(),
-                    token,
-                }),
+                tensor: Some(t.out(token)),
             };
             (item, Some(token))
         }
@@ -2193,11 +2181,7 @@ fn encode_push(
         .zip(&tokens)
         .map(|((id, t), &token)| PushItem {
             var_id: *id,
-            tensor: OutTensor {
-                meta: t.meta(),
-                bytes: t.bytes(),
-                token,
-            },
+            tensor: t.out(token),
         })
         .collect();
     let r = conn.proto.encoder().push(handle, &push);

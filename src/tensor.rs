@@ -305,6 +305,15 @@ impl Tensor {
             .collect()
     }
 
+    /// This tensor as encoder input: its meta, its bytes, and the caller's `token` for them.
+    pub(crate) fn out(&self, token: u64) -> crate::proto::OutTensor<'_> {
+        crate::proto::OutTensor {
+            meta: self.meta(),
+            bytes: self.bytes(),
+            token,
+        }
+    }
+
     /// The wire meta of this tensor.
     pub(crate) fn meta(&self) -> TensorMeta<'_> {
         if self.dead {
