@@ -330,8 +330,14 @@ struct Conn {
     out_tensors: Slab<Arc<Tensor>>,
     /// Handle of the last frame decoded: payload of inline tensors belongs to it.
     cur_handle: u64,
+    /// Whether the last frame decoded is a `PUSH` (the peer's request) rather than a
+    /// `RESPONSE` (an answer to ours): the peer's handles and ours are separate namespaces.
+    cur_is_push: bool,
     /// The last `CHUNK` decoded: handle, item index, and where its bytes end.
     cur_chunk: (u64, u32, u64),
+    /// Chunked tensors declared and not complete, in the decoder's order: whether each was
+    /// declared by a `PUSH`, and its length.
+    chunk_owners: VecDeque<(bool, u64)>,
     /// Pushes being received (server side).
     incoming: Vec<IncomingPush>,
     /// Recvs being answered (server side): handle and items still owed.
@@ -358,7 +364,9 @@ impl Conn {
             failure: Error::ConnectionLost,
             out_tensors: Slab::new(),
             cur_handle: 0,
+            cur_is_push: false,
             cur_chunk: (0, 0, 0),
+            chunk_owners: VecDeque::new(),
             incoming: Vec::new(),
             recvs: Vec::new(),
             direct: false,
@@ -1150,7 +1158,8 @@ impl Loop {
         }
         let fd = conn.fd();
         let alloc = &*self.allocator;
-        if let Some((ptr, len)) = direct_target(conn, &mut self.ctxs, self.zero_copy_min, alloc) {
+        let direct = direct_target(conn, &mut self.ctxs, self.zero_copy_min, alloc, slot);
+        if let Some((ptr, len)) = direct {
             conn.reading = true;
             conn.direct = true;
             // SAFETY: `ptr..ptr+len` lies inside the memory of a tensor owned by a request
@@ -1218,7 +1227,9 @@ impl Loop {
             proto,
             out_tensors,
             cur_handle,
+            cur_is_push,
             cur_chunk,
+            chunk_owners,
             incoming,
             recvs,
             ..
@@ -1238,7 +1249,9 @@ impl Loop {
             allocator: &**allocator,
             out_tensors,
             cur_handle,
+            cur_is_push,
             cur_chunk,
+            chunk_owners,
             incoming,
             opened: false,
             violation: None,
@@ -1663,7 +1676,9 @@ struct Dispatch<'a> {
     allocator: &'a dyn crate::tensor::TensorAllocator,
     out_tensors: &'a mut Slab<Arc<Tensor>>,
     cur_handle: &'a mut u64,
+    cur_is_push: &'a mut bool,
     cur_chunk: &'a mut (u64, u32, u64),
+    chunk_owners: &'a mut VecDeque<(bool, u64)>,
     incoming: &'a mut Vec<IncomingPush>,
     opened: bool,
     violation: Option<&'static str>,
@@ -1679,6 +1694,13 @@ impl Dispatch<'_> {
             ConnEvent::Frame(f) => {
                 add(&self.shared.counters.frames_in, 1);
                 *self.cur_handle = f.header.handle;
+                let is_push = f.header.kind == Kind::Push;
+                *self.cur_is_push = is_push;
+                // Mirror the decoder's queue of chunked tensors (it keeps every one it
+                // accepted, whatever we do with the frame), noting whose they are.
+                for t in f.body.tensors().filter(|t| t.meta.chunked) {
+                    self.chunk_owners.push_back((is_push, t.meta.byte_len));
+                }
                 let h = f.header.handle;
                 match f.body {
                     Body::Pong | Body::Error(_) => self.on_pong_or_error(&f),
@@ -1728,7 +1750,12 @@ impl Dispatch<'_> {
                 Kind::Chunk => {
                     // All of the chunk's bytes have arrived, copied or received in place.
                     let (handle, index, end) = *self.cur_chunk;
-                    self.chunk_progress(handle, index, end, enc);
+                    if let Some(&(is_push, len)) = self.chunk_owners.front() {
+                        if end == len {
+                            self.chunk_owners.pop_front();
+                        }
+                        self.chunk_progress(is_push, handle, index, end, enc);
+                    }
                 }
                 _ => {}
             },
@@ -1869,13 +1896,17 @@ impl Dispatch<'_> {
     }
 
     fn on_payload(&mut self, target: PayloadTarget, offset: u64, data: &[u8]) {
-        let (handle, index) = match target {
-            PayloadTarget::Tensor { index } => (*self.cur_handle, index),
-            PayloadTarget::Chunk { handle, index } => (handle, index),
-            PayloadTarget::Opaque => return,
+        let Some(route) = route(
+            target,
+            *self.cur_handle,
+            *self.cur_is_push,
+            self.chunk_owners,
+        ) else {
+            return;
         };
         let end = offset + data.len() as u64;
-        if let Some(t) = tensor_for(self.ctxs, self.incoming, handle, index, self.allocator) {
+        let slot = self.slot;
+        if let Some(t) = tensor_for(self.ctxs, self.incoming, slot, route, self.allocator) {
             let dst = t.bytes_mut();
             let (start, stop) = (offset as usize, end as usize);
             if stop <= dst.len() {
@@ -1884,11 +1915,24 @@ impl Dispatch<'_> {
         }
     }
 
-    fn chunk_progress(&mut self, handle: u64, index: u32, end: u64, enc: &mut Encoder) {
-        if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == handle) {
-            p.chunk_progress(index, end);
-            self.finish_push(handle, enc);
-        } else if let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
+    fn chunk_progress(
+        &mut self,
+        is_push: bool,
+        handle: u64,
+        index: u32,
+        end: u64,
+        enc: &mut Encoder,
+    ) {
+        if is_push {
+            if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == handle) {
+                p.chunk_progress(index, end);
+                self.finish_push(handle, enc);
+            }
+            return;
+        }
+        let slot = self.slot;
+        let ours = self.ctxs.get_mut(CtxHandle::from_raw(handle));
+        if let Some(p) = ours.into_iter().find(|p| p.conn == slot) {
             p.state.chunk_progress(index, end);
             self.deliver_ready_members(handle);
             self.try_complete(handle);
@@ -2151,19 +2195,59 @@ fn send_items(
 fn tensor_for<'a>(
     ctxs: &'a mut CtxSlab<Pending>,
     incoming: &'a mut [IncomingPush],
-    handle: u64,
-    index: u32,
+    slot: u32,
+    route: Route,
     default: &dyn crate::tensor::TensorAllocator,
 ) -> Option<&'a mut Tensor> {
-    if let Some(p) = incoming.iter_mut().find(|p| p.handle == handle) {
+    let Route {
+        handle,
+        index,
+        is_push,
+    } = route;
+    if is_push {
+        let p = incoming.iter_mut().find(|p| p.handle == handle)?;
         return p.tensor_mut(index, default);
     }
     let p = ctxs.get_mut(CtxHandle::from_raw(handle)).ok()?;
+    if p.conn != slot {
+        return None;
+    }
     let alloc: &dyn crate::tensor::TensorAllocator = match &p.alloc {
         Some(a) => &**a,
         None => default,
     };
     p.state.tensor_mut(index, alloc)
+}
+
+/// Where payload goes: the item of a push the peer sent, or of an answer to our request.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    handle: u64,
+    index: u32,
+    is_push: bool,
+}
+
+/// The route of payload for `target`, from the current frame (inline tensors) or the
+/// oldest incomplete chunked tensor (chunks).
+fn route(
+    target: PayloadTarget,
+    cur_handle: u64,
+    cur_is_push: bool,
+    chunk_owners: &VecDeque<(bool, u64)>,
+) -> Option<Route> {
+    match target {
+        PayloadTarget::Tensor { index } => Some(Route {
+            handle: cur_handle,
+            index,
+            is_push: cur_is_push,
+        }),
+        PayloadTarget::Chunk { handle, index } => Some(Route {
+            handle,
+            index,
+            is_push: chunk_owners.front()?.0,
+        }),
+        PayloadTarget::Opaque => None,
+    }
 }
 
 /// Queues a push whose tensors are referenced (not copied) while they are written.
@@ -2201,6 +2285,7 @@ fn direct_target(
     ctxs: &mut CtxSlab<Pending>,
     min: u64,
     alloc: &dyn crate::tensor::TensorAllocator,
+    slot: u32,
 ) -> Option<(*mut u8, u32)> {
     let NextRead::Payload {
         target,
@@ -2210,12 +2295,13 @@ fn direct_target(
     else {
         return None;
     };
-    let (handle, index) = match target {
-        PayloadTarget::Tensor { index } => (conn.cur_handle, index),
-        PayloadTarget::Chunk { handle, index } => (handle, index),
-        PayloadTarget::Opaque => return None,
-    };
-    let tensor = tensor_for(ctxs, &mut conn.incoming, handle, index, alloc)?;
+    let route = route(
+        target,
+        conn.cur_handle,
+        conn.cur_is_push,
+        &conn.chunk_owners,
+    )?;
+    let tensor = tensor_for(ctxs, &mut conn.incoming, slot, route, alloc)?;
     // The tensor's size decides, not what is left of it: once a large tensor is being
     // received in place, its tail is too (a buffered read would also pull in what follows).
     if (tensor.byte_len() as u64) < min {

@@ -566,3 +566,117 @@ fn declared_chunked_tensors_get_no_memory_before_their_bytes_arrive() {
     let client = client(1);
     assert!(ping_once(&client, addr, secs(10)).is_ok());
 }
+
+#[test]
+fn a_peer_reusing_our_handle_for_its_push_cannot_redirect_our_answer() {
+    use starwire::proto::{Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem};
+    use starwire::wire::{Header, HeaderRepr, HelloRepr, Limits, TensorMeta, HEADER_LEN};
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let read_frame = |s: &mut std::net::TcpStream| {
+            let mut hdr = [0u8; HEADER_LEN];
+            s.read_exact(&mut hdr).unwrap();
+            let h =
+                HeaderRepr::parse(&Header::new_unchecked(&hdr[..]), &Limits::default()).unwrap();
+            let mut rest = vec![0u8; (h.meta_len + h.payload_len) as usize];
+            s.read_exact(&mut rest).unwrap();
+            h
+        };
+        // The answer is sent inline (under the chunk size, over the zero-copy threshold);
+        // the decoy push is chunked, so its tensor is still incomplete when the answer comes.
+        let answer = vec![0x11u8; 32_000];
+        let decoy = vec![0xEEu8; 100_000];
+        let send = |enc: &mut Encoder, s: &mut std::net::TcpStream| {
+            enc.fill(u64::MAX);
+            let mut out = Vec::new();
+            for p in enc.pieces() {
+                match p {
+                    Piece::Bytes(b) => out.extend_from_slice(b),
+                    Piece::Tensor { token, offset, len } => {
+                        let src = if token == 1 { &answer } else { &decoy };
+                        out.extend_from_slice(&src[offset as usize..(offset + len) as usize]);
+                    }
+                }
+            }
+            s.write_all(&out).unwrap();
+            enc.advance(out.len() as u64);
+        };
+        read_frame(&mut s); // HELLO
+        let mut enc = Encoder::new(EncoderConfig {
+            chunk_size: 64 << 10,
+            ..EncoderConfig::default()
+        });
+        let ack = HelloRepr {
+            cluster_id: 0,
+            task_index: 0,
+            max_frame: 1 << 24,
+            job: b"ps",
+            token: b"",
+        };
+        enc.hello(&ack, true).unwrap();
+        send(&mut enc, &mut s);
+        let pull = read_frame(&mut s); // our PULL: its handle is H
+        let (decoy_dims, answer_dims) = ([100_000u64], [32_000u64]);
+        // A PUSH with the same handle H, declaring a chunked tensor; its chunks come later.
+        let push = PushItem {
+            var_id: 1,
+            tensor: OutTensor {
+                meta: TensorMeta::new(DType::U8, &decoy_dims).unwrap(),
+                bytes: &decoy,
+                token: 2,
+            },
+        };
+        enc.push(pull.handle, &[push]).unwrap();
+        // The real answer to H, inline, sent before the push's chunks.
+        let item = ResponseItem {
+            index: 0,
+            status: Status::Ok,
+            tensor: Some(OutTensor {
+                meta: TensorMeta::new(DType::U8, &answer_dims).unwrap(),
+                bytes: &answer,
+                token: 1,
+            }),
+        };
+        // Frame order on the wire: PUSH header, RESPONSE, then the push's chunks.
+        enc.fill(0);
+        let mut out = Vec::new();
+        let first: Vec<u8> = enc
+            .pieces()
+            .flat_map(|p| match p {
+                Piece::Bytes(b) => b.to_vec(),
+                Piece::Tensor { .. } => Vec::new(),
+            })
+            .collect();
+        enc.advance(first.len() as u64);
+        out.extend_from_slice(&first);
+        s.write_all(&out).unwrap();
+        enc.response(pull.handle, true, &[item]).unwrap();
+        send(&mut enc, &mut s);
+        // Keep the connection open until the client is done.
+        let mut sink = [0u8; 1024];
+        while let Ok(n) = s.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let client = client(1);
+    let mut h = client.handle(4);
+    let t = h.pull(addr, vec![1], secs(10)).unwrap();
+    match h.wait(t).result {
+        Ok(Reply::Pulled(v)) => {
+            let got = v[0].as_ref().unwrap();
+            assert_eq!(got.byte_len(), 32_000);
+            assert!(
+                got.bytes().iter().all(|&b| b == 0x11),
+                "answer was misrouted"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    client.shutdown();
+    server.join().unwrap();
+}
