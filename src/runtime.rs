@@ -80,7 +80,7 @@ impl Options {
             allocator: self
                 .allocator
                 .clone()
-                .unwrap_or_else(|| Arc::new(HeapAllocator)),
+                .unwrap_or_else(|| Arc::new(HeapAllocator::default())),
             zero_copy_min: self.zero_copy_min.unwrap_or(DEFAULT_ZERO_COPY_MIN),
         }
     }

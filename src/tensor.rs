@@ -51,18 +51,102 @@ pub trait TensorAllocator: Send + Sync {
 }
 
 /// The default allocator: heap memory aligned to [`HeapAllocator::ALIGN`] bytes.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct HeapAllocator;
+///
+/// Buffers of at least [`HeapAllocator::CACHE_MIN`] bytes are kept when their tensor is
+/// dropped, up to [`HeapAllocator::CACHE_BYTES`] in all, and reused for the next tensor of
+/// the same size: a large tensor received step after step then costs no fresh zeroed pages
+/// (measured in `docs/performance.md`). Clones share the cache.
+#[derive(Default, Clone)]
+pub struct HeapAllocator {
+    cache: Arc<BufCache>,
+}
+
+/// Large buffers waiting for reuse, and their total size.
+#[derive(Default)]
+struct BufCache {
+    free: std::sync::Mutex<(Vec<AlignedBuf>, usize)>,
+}
+
+impl BufCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<AlignedBuf>, usize)> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl fmt::Debug for HeapAllocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (bufs, bytes) = &*self.cache.lock();
+        f.debug_struct("HeapAllocator")
+            .field("cached_buffers", &bufs.len())
+            .field("cached_bytes", bytes)
+            .finish()
+    }
+}
 
 impl HeapAllocator {
     /// Alignment of every allocation: a cache line, enough for any dtype and for SIMD.
     pub const ALIGN: usize = 64;
+    /// Buffers at least this large are cached for reuse.
+    pub const CACHE_MIN: usize = 1 << 20;
+    /// Most bytes kept in the cache.
+    pub const CACHE_BYTES: usize = 256 << 20;
 }
 
 impl TensorAllocator for HeapAllocator {
     fn allocate(&self, desc: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
         let len = usize::try_from(desc.byte_len).ok()?;
-        Some(Box::new(AlignedBuf::zeroed(len)?))
+        if len < Self::CACHE_MIN {
+            return Some(Box::new(AlignedBuf::zeroed(len)?));
+        }
+        let reused = {
+            let (bufs, bytes) = &mut *self.cache.lock();
+            let found = bufs.iter().position(|b| b.len == len);
+            found.map(|i| {
+                *bytes -= len;
+                bufs.swap_remove(i)
+            })
+        };
+        let buf = match reused {
+            Some(b) => b,
+            None => AlignedBuf::zeroed(len)?,
+        };
+        Some(Box::new(Cached {
+            buf: Some(buf),
+            cache: self.cache.clone(),
+        }))
+    }
+}
+
+/// A large buffer that goes back to its allocator's cache when its tensor is dropped.
+struct Cached {
+    buf: Option<AlignedBuf>,
+    cache: Arc<BufCache>,
+}
+
+// SAFETY: the buffer is an `AlignedBuf` (see its impl), moved neither in nor out while the
+// value lives; it leaves only in `drop`.
+#[allow(unsafe_code)]
+unsafe impl TensorMemory for Cached {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], |b| b.bytes())
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.buf {
+            Some(b) => b.bytes_mut(),
+            None => &mut [],
+        }
+    }
+}
+
+impl Drop for Cached {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            let (bufs, bytes) = &mut *self.cache.lock();
+            if *bytes + b.len <= HeapAllocator::CACHE_BYTES {
+                *bytes += b.len;
+                bufs.push(b);
+            }
+        }
     }
 }
 
@@ -456,7 +540,26 @@ mod tests {
         let dims = [4u64];
         let meta = TensorMeta::new(DType::U8, &dims).unwrap();
         assert!(Tensor::receive(&meta, &Short).is_none());
-        let t = Tensor::receive(&meta, &HeapAllocator).unwrap();
+        let t = Tensor::receive(&meta, &HeapAllocator::default()).unwrap();
         assert_eq!(t.byte_len(), 4);
+    }
+
+    #[test]
+    fn large_buffers_are_reused_after_their_tensor_is_dropped() {
+        let heap = HeapAllocator::default();
+        let dims = [2u64 << 20];
+        let meta = TensorMeta::new(DType::U8, &dims).unwrap();
+        let mut t = Tensor::receive(&meta, &heap).unwrap();
+        t.bytes_mut()[0] = 7;
+        let first = t.bytes().as_ptr();
+        drop(t);
+        let again = Tensor::receive(&meta, &heap).unwrap();
+        assert_eq!(again.bytes().as_ptr(), first, "the cached buffer is reused");
+        assert_eq!(again.byte_len(), 2 << 20);
+        // Small tensors are not cached.
+        let small = TensorMeta::new(DType::U8, &[16]).unwrap();
+        let s = Tensor::receive(&small, &heap).unwrap();
+        drop(s);
+        assert_eq!(heap.cache.lock().0.len(), 0);
     }
 }
