@@ -8,6 +8,11 @@
 //! - `bulk`: pull of one 4 MiB and one 64 MiB tensor, GB/s.
 //! - `alloc`: heap allocations per request in steady state (ping, pull 100 x 64 B, push
 //!   100 x 64 B), counted by this binary's global allocator in both processes.
+//! - `sparse` (not in the default set): a sparse step of 500 tensors received from the
+//!   server's rendezvous as one fused recv (`recv_many`) or as 500 separate recvs
+//!   (pipelined, pipelined with `tensor_fuse(true)`, sequential), steps/s.
+//! - `zerocopy` (not in the default set): pull throughput for tensors of 4 KiB–1 MiB with
+//!   `Options::zero_copy_min` at never, 4, 16 and 64 KiB.
 //! - `--sites`: where those allocations come from (backtraces; build with
 //!   `CARGO_PROFILE_BENCH_DEBUG=line-tables-only` for file:line).
 //!
@@ -28,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use starwire::wire::{DType, Status};
 use starwire::{
-    Completion, Embedded, Handle, Options, Reply, Runtime, Service, Stats, Tensor, TensorAllocator,
-    TensorDesc, TensorMemory,
+    Completion, Embedded, Handle, Options, Rendezvous, Reply, Runtime, Service, Stats, Tensor,
+    TensorAllocator, TensorDesc, TensorMemory,
 };
 
 mod common;
@@ -196,6 +201,17 @@ struct Opts {
     bulk_4m: usize,
     bulk_64m: usize,
     sites: bool,
+    /// Window per run of the sparse section.
+    sparse_window: Duration,
+    /// Window per tensor size per run of the zero-copy section.
+    zc_window: Duration,
+    /// Size mixes of the sparse section.
+    sparse_mixes: Vec<String>,
+    /// Sparse section: steps the server publishes before serving (0: a producer thread).
+    sparse_prefill: u64,
+    /// Workloads of the zero-copy section: 1 (one tensor per request) or 2 (also 1 MiB
+    /// per request).
+    zc_workloads: usize,
 }
 
 const HELP: &str = "\
@@ -207,7 +223,16 @@ OPTIONS
   --quick             1 run, 0.2 s windows, fewer bulk transfers
   --runs N            runs per configuration (default 5)
   --secs F            throughput window in seconds (default 0.3)
-  --sections LIST     comma list of small,bulk,alloc (default all)
+  --sections LIST     comma list of small,bulk,alloc,sparse,zerocopy (default
+                      small,bulk,alloc)
+  --sparse-secs F     window per run of the sparse section (default 1.0)
+  --sparse-mix LIST   comma list of mixed,small: the sparse step's tensor sizes, 64 B-64 KiB
+                      cycled or all 64 B (default both)
+  --sparse-prefill N  sparse section: the server publishes N steps before it serves and
+                      runs no producer; each run times steps 3..N (isolates the
+                      producer's share of the server CPU)
+  --zc-single         zerocopy section: only the one-tensor-per-request workload
+  --zc-secs F         window per size per run of the zerocopy section (default 0.25)
   --backends LIST     comma list of uring,epoll (default both)
   --alloc-n N         requests per allocation count (default 1000)
   --one WORKLOAD VARIANT BACKEND MEM SECS
@@ -231,6 +256,11 @@ fn parse_opts(args: &[String]) -> Opts {
         bulk_4m: 32,
         bulk_64m: 4,
         sites: false,
+        sparse_window: Duration::from_millis(1000),
+        zc_window: Duration::from_millis(250),
+        sparse_mixes: vec!["mixed".into(), "small".into()],
+        zc_workloads: 2,
+        sparse_prefill: 0,
     };
     let mut i = 0;
     let value = |i: usize| -> &str {
@@ -245,6 +275,26 @@ fn parse_opts(args: &[String]) -> Opts {
                 o.bulk_4m = 8;
                 o.bulk_64m = 2;
                 o.alloc_n = 200;
+                o.sparse_window = Duration::from_millis(300);
+                o.zc_window = Duration::from_millis(100);
+            }
+            "--sparse-secs" => {
+                o.sparse_window =
+                    Duration::from_secs_f64(value(i).parse().expect("--sparse-secs F"));
+                i += 1;
+            }
+            "--sparse-mix" => {
+                o.sparse_mixes = value(i).split(',').map(str::to_string).collect();
+                i += 1;
+            }
+            "--zc-single" => o.zc_workloads = 1,
+            "--sparse-prefill" => {
+                o.sparse_prefill = value(i).parse().expect("--sparse-prefill N");
+                i += 1;
+            }
+            "--zc-secs" => {
+                o.zc_window = Duration::from_secs_f64(value(i).parse().expect("--zc-secs F"));
+                i += 1;
             }
             "--runs" => {
                 o.runs = value(i).parse().expect("--runs N");
@@ -286,11 +336,16 @@ const SMALL_BYTES: usize = 64;
 const ID_4M: u64 = 1_000_000;
 const ID_64M: u64 = 1_000_001;
 const MIB: usize = 1 << 20;
+/// Ids ZC_BASE + k are tensors of ZC_SIZES[k] bytes (the zero-copy threshold sweep).
+const ZC_BASE: u64 = 2_000_000;
+const KIB: usize = 1 << 10;
+const ZC_SIZES: [usize; 5] = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB];
 
 fn bytes_of(id: u64) -> usize {
     match id {
         ID_4M => 4 * MIB,
         ID_64M => 64 * MIB,
+        ZC_BASE..=2_000_004 => ZC_SIZES[(id - ZC_BASE) as usize],
         _ => SMALL_BYTES,
     }
 }
@@ -307,13 +362,17 @@ fn tensor(id: u64) -> Tensor {
 }
 
 fn all_ids() -> Vec<u64> {
-    (0..SMALL_COUNT).chain([ID_4M, ID_64M]).collect()
+    (0..SMALL_COUNT)
+        .chain([ID_4M, ID_64M])
+        .chain(ZC_BASE..ZC_BASE + ZC_SIZES.len() as u64)
+        .collect()
 }
 
 /// Pull reads a fixed table (no lock, no allocation); push accepts every item and drops it.
 struct Table {
     small: Vec<Arc<Tensor>>,
     big: [Arc<Tensor>; 2],
+    zc: Vec<Arc<Tensor>>,
 }
 
 impl Table {
@@ -321,6 +380,9 @@ impl Table {
         Table {
             small: (0..SMALL_COUNT).map(|id| Arc::new(tensor(id))).collect(),
             big: [Arc::new(tensor(ID_4M)), Arc::new(tensor(ID_64M))],
+            zc: (ZC_BASE..ZC_BASE + ZC_SIZES.len() as u64)
+                .map(|id| Arc::new(tensor(id)))
+                .collect(),
         }
     }
 }
@@ -331,6 +393,7 @@ impl Service for Table {
             out.push(match id {
                 ID_4M => Ok(self.big[0].clone()),
                 ID_64M => Ok(self.big[1].clone()),
+                ZC_BASE..=2_000_004 => Ok(self.zc[(id - ZC_BASE) as usize].clone()),
                 _ => self.small.get(id as usize).cloned().ok_or(Status::NotFound),
             });
         }
@@ -505,6 +568,10 @@ trait SwClient {
     /// The next completion, waiting as the loop would.
     fn next(&mut self) -> Completion;
     fn stats(&self) -> Stats;
+    /// Submits one recv of one key (`Handle::recv`; `Embedded::recv_many` with one key).
+    fn recv_one(&mut self, step: u64, key: &[u8]);
+    /// Submits one fused recv of `keys` (`recv_many`).
+    fn recv_many(&mut self, step: u64, keys: Vec<Vec<u8>>);
 }
 
 struct HandleClient {
@@ -528,6 +595,14 @@ impl SwClient for HandleClient {
     }
     fn stats(&self) -> Stats {
         self.rt.stats()
+    }
+    fn recv_one(&mut self, step: u64, key: &[u8]) {
+        self.h.recv(self.peer, step, key, None).expect("recv");
+    }
+    fn recv_many(&mut self, step: u64, keys: Vec<Vec<u8>>) {
+        self.h
+            .recv_many(self.peer, step, keys, None)
+            .expect("recv_many");
     }
 }
 
@@ -569,6 +644,12 @@ impl SwClient for EmbeddedClient {
     }
     fn stats(&self) -> Stats {
         self.e.stats()
+    }
+    fn recv_one(&mut self, step: u64, key: &[u8]) {
+        self.e.recv_many(self.peer, step, vec![key.to_vec()], None);
+    }
+    fn recv_many(&mut self, step: u64, keys: Vec<Vec<u8>>) {
+        self.e.recv_many(self.peer, step, keys, None);
     }
 }
 
@@ -647,21 +728,55 @@ impl Variant {
 }
 
 fn sw_client(variant: Variant, cfg: SwCfg, mem: Mem, peer: SocketAddr) -> Box<dyn SwClient> {
+    sw_client_with(variant, cfg, mem, peer, ClientExtra::default())
+}
+
+/// Client settings beyond `SwCfg` and `Mem` (the sparse and zero-copy sections).
+#[derive(Clone, Copy, Debug)]
+struct ClientExtra {
+    /// `Options::zero_copy_min` (`None`: the default).
+    zero_copy_min: Option<u64>,
+    /// `Config::tensor_fuse`.
+    tensor_fuse: bool,
+    /// `Runtime::handle` capacity.
+    handle_capacity: usize,
+}
+
+impl Default for ClientExtra {
+    fn default() -> Self {
+        ClientExtra {
+            zero_copy_min: None,
+            tensor_fuse: false,
+            handle_capacity: 64,
+        }
+    }
+}
+
+fn sw_client_with(
+    variant: Variant,
+    cfg: SwCfg,
+    mem: Mem,
+    peer: SocketAddr,
+    extra: ClientExtra,
+) -> Box<dyn SwClient> {
     let options = Options {
         allocator: match mem {
             Mem::Heap => None,
             Mem::Pool => Some(Arc::new(PoolAlloc(Arc::new(Pool::default())))),
         },
+        zero_copy_min: extra.zero_copy_min,
         ..Options::default()
     };
+    let mut config = cfg.config("worker");
+    config.tensor_fuse = extra.tensor_fuse;
     match variant {
         Variant::Handle => {
-            let rt = Runtime::start_with(cfg.config("worker"), options).expect("client runtime");
-            let h = rt.handle(64);
+            let rt = Runtime::start_with(config, options).expect("client runtime");
+            let h = rt.handle(extra.handle_capacity);
             Box::new(HandleClient { h, rt, peer })
         }
         Variant::Embedded => Box::new(EmbeddedClient {
-            e: Embedded::with_options(cfg.config("worker"), options).expect("embedded client"),
+            e: Embedded::with_options(config, options).expect("embedded client"),
             peer,
             polling: cfg.polling,
             spin: cfg.spin,
@@ -841,6 +956,32 @@ fn server_main(args: &[String]) {
             .expect("server runtime");
             writeln!(out, "ADDR {}", server.local_addr().unwrap()).unwrap();
             rt = Some(server);
+        }
+        "rv" => {
+            // The sparse-step server: a rendezvous kept filled by a producer thread, or
+            // (prefill > 0) filled with that many steps before it starts serving.
+            let sizes = sparse_sizes(&args[2]);
+            let prefill: u64 = args[3].parse().expect("prefill steps");
+            let cfg = SwCfg::from_args(&args[4..]);
+            let rv = Rendezvous::new();
+            let server = Runtime::start_with(
+                cfg.config("ps"),
+                Options {
+                    rendezvous: Some(rv.clone()),
+                    ..Options::listen("127.0.0.1:0".parse().unwrap())
+                },
+            )
+            .expect("server runtime");
+            writeln!(out, "ADDR {}", server.local_addr().unwrap()).unwrap();
+            rt = Some(server);
+            if prefill > 0 {
+                let tensors = sparse_tensors(sizes);
+                for step in 0..prefill {
+                    sparse_publish(&rv, &tensors, step);
+                }
+            } else {
+                std::thread::spawn(move || sparse_producer(&rv, sizes));
+            }
         }
         other => panic!("server kind {other:?}"),
     }
@@ -1293,6 +1434,452 @@ fn alloc_section(o: &Opts, cpus: (usize, usize)) {
     }
 }
 
+// ----- sparse step: one fused recv vs separate recvs -----
+
+/// Keys per step, their sizes (cycled by key index) and how many steps the producer keeps
+/// published ahead of the client.
+const SPARSE_KEYS: usize = 500;
+const SPARSE_MIXED: [usize; 6] = [64, 256, 1024, 4096, 16384, 65536];
+
+/// The tensor sizes of a sparse mix, cycled by key index: `mixed` (64 B–64 KiB, the
+/// issue's) or `small` (all 64 B: per-request cost only).
+fn sparse_sizes(mix: &str) -> &'static [usize] {
+    match mix {
+        "mixed" => &SPARSE_MIXED,
+        "small" => &[64],
+        m => panic!("sparse mix {m:?}: expected mixed or small"),
+    }
+}
+const SPARSE_AHEAD: usize = 4;
+
+fn sparse_key(step: u64, i: usize) -> Vec<u8> {
+    format!("s{step}/t{i}").into_bytes()
+}
+
+fn sparse_step_bytes(sizes: &[usize]) -> usize {
+    (0..SPARSE_KEYS).map(|i| sizes[i % sizes.len()]).sum()
+}
+
+/// Server side: publishes step s's keys `s{s}/t{i}`, keeping at most `SPARSE_AHEAD` steps
+/// of published, not yet received tensors.
+fn sparse_producer(rv: &Rendezvous, sizes: &[usize]) {
+    let tensors = sparse_tensors(sizes);
+    for step in 0u64.. {
+        while rv.ready_count() > (SPARSE_AHEAD - 1) * SPARSE_KEYS {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        sparse_publish(rv, &tensors, step);
+    }
+}
+
+/// Publishes the keys of `step`.
+fn sparse_publish(rv: &Rendezvous, tensors: &[Arc<Tensor>], step: u64) {
+    for i in 0..SPARSE_KEYS {
+        rv.publish(&sparse_key(step, i), tensors[i % tensors.len()].clone())
+            .expect("publish");
+    }
+}
+
+/// One tensor per size, shared by every key of that size.
+fn sparse_tensors(sizes: &[usize]) -> Vec<Arc<Tensor>> {
+    sizes
+        .iter()
+        .map(|&b| {
+            let bytes = (0..b).map(|i| i as u8).collect();
+            Arc::new(Tensor::from_bytes(DType::F32, &[(b / 4) as u64], bytes).unwrap())
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SparseMode {
+    /// One `recv_many` of the step's 500 keys.
+    Fused,
+    /// 500 single-key recvs all submitted, then 500 completions waited for.
+    Pipelined,
+    /// The same with `tensor_fuse(true)` on the client.
+    PipelinedAutoFuse,
+    /// 500 single-key recvs one at a time.
+    Sequential,
+}
+
+impl SparseMode {
+    fn name(self) -> &'static str {
+        match self {
+            SparseMode::Fused => "fused: 1 recv_many of 500 keys",
+            SparseMode::Pipelined => "500 separate recvs, pipelined",
+            SparseMode::PipelinedAutoFuse => "500 separate recvs, pipelined, tensor_fuse(true)",
+            SparseMode::Sequential => "500 separate recvs, sequential",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct SparseSample {
+    steps_per_s: f64,
+    client_cpu_us: f64,
+    server_cpu_us: f64,
+    server_busy_us: f64,
+    client_busy_us: f64,
+}
+
+/// Checks a recv completion; returns its received bytes.
+fn recv_bytes(c: &Completion, expect: Option<&[usize]>) -> usize {
+    match &c.result {
+        Ok(Reply::Received(v)) => {
+            if let Some(e) = expect {
+                assert_eq!(v.len(), e.len(), "recv results");
+            }
+            v.iter()
+                .enumerate()
+                .map(|(k, r)| match r {
+                    Ok(t) => {
+                        if let Some(e) = expect {
+                            assert_eq!(t.byte_len(), e[k], "recv of key {k}");
+                        }
+                        t.byte_len()
+                    }
+                    Err(st) => panic!("recv of key {k}: {st:?}"),
+                })
+                .sum()
+        }
+        other => panic!("recv failed: {other:?}"),
+    }
+}
+
+fn sparse_step(c: &mut dyn SwClient, mode: SparseMode, step: u64, sizes: &[usize]) {
+    let total = match mode {
+        SparseMode::Fused => {
+            let keys = (0..SPARSE_KEYS).map(|i| sparse_key(step, i)).collect();
+            c.recv_many(step, keys);
+            recv_bytes(&c.next(), Some(sizes))
+        }
+        SparseMode::Pipelined | SparseMode::PipelinedAutoFuse => {
+            for i in 0..SPARSE_KEYS {
+                c.recv_one(step, &sparse_key(step, i));
+            }
+            (0..SPARSE_KEYS).map(|_| recv_bytes(&c.next(), None)).sum()
+        }
+        SparseMode::Sequential => (0..SPARSE_KEYS)
+            .map(|i| {
+                c.recv_one(step, &sparse_key(step, i));
+                recv_bytes(&c.next(), Some(&sizes[i..i + 1]))
+            })
+            .sum(),
+    };
+    assert_eq!(total, sizes.iter().sum::<usize>(), "bytes of step {step}");
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SparseConf {
+    variant: Variant,
+    cfg: SwCfg,
+    mode: SparseMode,
+    mix: &'static str,
+}
+
+fn sparse_session(o: &Opts, cpus: (usize, usize), conf: &SparseConf) -> SparseSample {
+    let mut kind = vec![
+        "rv".to_string(),
+        conf.mix.to_string(),
+        o.sparse_prefill.to_string(),
+    ];
+    kind.extend(conf.cfg.args());
+    let mut server = Server::spawn(cpus.1, &kind);
+    let extra = ClientExtra {
+        tensor_fuse: conf.mode == SparseMode::PipelinedAutoFuse,
+        handle_capacity: 1024,
+        ..ClientExtra::default()
+    };
+    let mut c = sw_client_with(conf.variant, conf.cfg, Mem::Heap, server.addr, extra);
+    let sizes: Vec<usize> = (0..SPARSE_KEYS)
+        .map(|i| sparse_sizes(conf.mix)[i % sparse_sizes(conf.mix).len()])
+        .collect();
+    let mut step = 0u64;
+    for _ in 0..3 {
+        sparse_step(c.as_mut(), conf.mode, step, &sizes);
+        step += 1;
+    }
+    let st0 = c.stats();
+    let (s0, cpu0, t0) = (server.counts(), process_cpu_time(), Instant::now());
+    let mut n = 0u64;
+    // Prefilled: exactly the published steps; otherwise the window.
+    while if o.sparse_prefill > 0 {
+        step < o.sparse_prefill
+    } else {
+        t0.elapsed() < o.sparse_window
+    } {
+        sparse_step(c.as_mut(), conf.mode, step, &sizes);
+        step += 1;
+        n += 1;
+    }
+    let el = t0.elapsed().as_secs_f64();
+    let (s1, cpu1) = (server.counts(), process_cpu_time());
+    let st1 = c.stats();
+    drop(c);
+    server.stop();
+    let n = n as f64;
+    SparseSample {
+        client_busy_us: (st1.busy - st0.busy).as_secs_f64() * 1e6 / n,
+        steps_per_s: n / el,
+        client_cpu_us: (cpu1 - cpu0).as_secs_f64() * 1e6 / n,
+        server_cpu_us: (s1.cpu_ns - s0.cpu_ns) as f64 / 1e3 / n,
+        server_busy_us: (s1.busy_ns - s0.busy_ns) as f64 / 1e3 / n,
+    }
+}
+
+fn sparse_section(o: &Opts, cpus: (usize, usize)) {
+    let modes = [
+        SparseMode::Fused,
+        SparseMode::Pipelined,
+        SparseMode::PipelinedAutoFuse,
+        SparseMode::Sequential,
+    ];
+    let mut confs = Vec::new();
+    for mix in &o.sparse_mixes {
+        let mix: &'static str = if mix == "small" { "small" } else { "mixed" };
+        for &backend in &o.backends {
+            for variant in [Variant::Embedded, Variant::Handle] {
+                for mode in modes {
+                    confs.push(SparseConf {
+                        variant,
+                        cfg: default_cfg(backend),
+                        mode,
+                        mix,
+                    });
+                }
+            }
+        }
+    }
+    let label = |c: &SparseConf| {
+        format!(
+            "{} {}: {}",
+            c.variant.name(),
+            c.cfg.backend.name(),
+            c.mode.name()
+        )
+    };
+    let mut rows: Vec<Vec<SparseSample>> = confs.iter().map(|_| Vec::new()).collect();
+    for run in 0..o.runs {
+        for (conf, row) in confs.iter().zip(rows.iter_mut()) {
+            let s = sparse_session(o, cpus, conf);
+            eprintln!(
+                "run {}/{} {} {:<68} {:.1} steps/s",
+                run + 1,
+                o.runs,
+                conf.mix,
+                label(conf),
+                s.steps_per_s
+            );
+            row.push(s);
+        }
+    }
+    let mut last_mix = "";
+    for (k, (conf, row)) in confs.iter().zip(&rows).enumerate() {
+        let sizes = sparse_sizes(conf.mix);
+        let mb = sparse_step_bytes(sizes) as f64 / 1e6;
+        if conf.mix != last_mix {
+            last_mix = conf.mix;
+            println!(
+                "\n### Sparse step, {} mix: {SPARSE_KEYS} tensors of {:?} B cycled ({:.3} MB per step), one fused recv vs separate recvs (median of {} runs, {})\n",
+                conf.mix,
+                sizes,
+                mb,
+                o.runs,
+                if o.sparse_prefill > 0 {
+                    format!(
+                        "{} steps prefilled by the server, steps 3..{} timed, no producer thread",
+                        o.sparse_prefill, o.sparse_prefill
+                    )
+                } else {
+                    format!("{:.1} s windows", o.sparse_window.as_secs_f64())
+                }
+            );
+            println!("Target: fused ≥ 5x the steps/s of 500 separate recvs (pipelined). \"fused / this\" is the fused row's steps/s over this row's (same client and backend). CPU is process user+system µs per step; loop busy is that end's loop `Stats.busy` per step (work only). Unless prefilled, the server's producer thread (publishing, ≤ {SPARSE_AHEAD} steps ahead) shares the server CPU.\n");
+            println!("| configuration | steps/s | GB/s | fused / this | client CPU µs/step | client loop busy µs/step | server CPU µs/step | server loop busy µs/step |");
+            println!("|---|---:|---:|---|---:|---:|---:|---:|");
+        }
+        let fused_row = &rows[k - modes.iter().position(|&m| m == conf.mode).unwrap()];
+        let fused = med(fused_row, |s| s.steps_per_s);
+        let r = med(row, |s| s.steps_per_s);
+        let ratio = fused / r;
+        let cell = match conf.mode {
+            SparseMode::Fused => "1.00x".to_string(),
+            SparseMode::Pipelined => format!("{ratio:.2}x: {}", verdict(ratio >= 5.0)),
+            _ => format!("{ratio:.2}x"),
+        };
+        println!(
+            "| {} | {:.1} | {:.3} | {} | {:.0} | {} | {:.0} | {:.0} |",
+            label(conf),
+            r,
+            r * mb / 1e3,
+            cell,
+            med(row, |s| s.client_cpu_us),
+            // Embedded keeps no busy time (the caller drives its loop).
+            match conf.variant {
+                Variant::Embedded => "—".to_string(),
+                _ => format!("{:.0}", med(row, |s| s.client_busy_us)),
+            },
+            med(row, |s| s.server_cpu_us),
+            med(row, |s| s.server_busy_us),
+        );
+    }
+}
+
+// ----- zero-copy threshold sweep -----
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ZcSample {
+    /// Per workload (0: one tensor per request; 1: 1 MiB of such tensors per request) and
+    /// size in ZC_SIZES: requests per second, fraction received in place.
+    rate: [[f64; 5]; 2],
+    direct: [[f64; 5]; 2],
+}
+
+const ZC_THRESHOLDS: [u64; 4] = [u64::MAX, 4 * 1024, 16 * 1024, 64 * 1024];
+
+fn zc_name(x: u64) -> String {
+    match x {
+        u64::MAX => "never (u64::MAX)".into(),
+        x => format!("{} KiB", x / 1024),
+    }
+}
+
+fn size_name(b: usize) -> String {
+    if b >= MIB {
+        format!("{} MiB", b / MIB)
+    } else {
+        format!("{} KiB", b / KIB)
+    }
+}
+
+/// Tensors per request of workload `w` for size index `k`.
+fn zc_count(w: usize, k: usize) -> usize {
+    if w == 0 {
+        1
+    } else {
+        (MIB / ZC_SIZES[k]).max(1)
+    }
+}
+
+fn zc_session(o: &Opts, cpus: (usize, usize), conf: &ZcConf) -> ZcSample {
+    let server = Server::new(cpus.1, Variant::Embedded, conf.cfg);
+    let extra = ClientExtra {
+        zero_copy_min: Some(conf.x),
+        ..ClientExtra::default()
+    };
+    let mut c = sw_client_with(conf.variant, conf.cfg, conf.mem, server.addr, extra);
+    let mut s = ZcSample::default();
+    for w in 0..o.zc_workloads {
+        for k in 0..ZC_SIZES.len() {
+            let work = Work::Pull(vec![ZC_BASE + k as u64; zc_count(w, k)]);
+            for _ in 0..30 {
+                c.submit(&work);
+                work.check(&c.next());
+            }
+            let st0 = c.stats();
+            let t0 = Instant::now();
+            let (n, _) = sw_serial(c.as_mut(), &work, o.zc_window);
+            s.rate[w][k] = n as f64 / t0.elapsed().as_secs_f64();
+            let st1 = c.stats();
+            let d = (st1.payload_direct - st0.payload_direct) as f64;
+            let cp = (st1.payload_copied - st0.payload_copied) as f64;
+            s.direct[w][k] = d / (d + cp);
+        }
+    }
+    drop(c);
+    server.stop();
+    s
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ZcConf {
+    variant: Variant,
+    cfg: SwCfg,
+    mem: Mem,
+    x: u64,
+}
+
+fn zerocopy_section(o: &Opts, cpus: (usize, usize)) {
+    let mut confs = Vec::new();
+    for &backend in &o.backends {
+        for mem in [Mem::Heap, Mem::Pool] {
+            for x in ZC_THRESHOLDS {
+                confs.push(ZcConf {
+                    variant: Variant::Embedded,
+                    cfg: default_cfg(backend),
+                    mem,
+                    x,
+                });
+            }
+        }
+    }
+    let label = |c: &ZcConf| {
+        format!(
+            "{} {}{}, zero_copy_min {}",
+            c.variant.name(),
+            c.cfg.backend.name(),
+            if c.mem == Mem::Pool {
+                " (pooled buffers)"
+            } else {
+                ""
+            },
+            zc_name(c.x)
+        )
+    };
+    let mut rows: Vec<Vec<ZcSample>> = confs.iter().map(|_| Vec::new()).collect();
+    for run in 0..o.runs {
+        for (conf, row) in confs.iter().zip(rows.iter_mut()) {
+            let t = Instant::now();
+            let s = zc_session(o, cpus, conf);
+            eprintln!(
+                "run {}/{} {:<60} {:?} ({:.1}s)",
+                run + 1,
+                o.runs,
+                label(conf),
+                s.rate.map(|w| w.map(|r| r.round())),
+                t.elapsed().as_secs_f64()
+            );
+            row.push(s);
+        }
+    }
+    for w in 0..o.zc_workloads {
+        println!(
+            "\n### Zero-copy threshold sweep, {}, 1 in flight (median of {} runs, {:.2} s per size)\n",
+            if w == 0 {
+                "pull of one tensor per request"
+            } else {
+                "pull of 1 MiB per request in tensors of the column's size (256 x 4 KiB ... 1 x 1 MiB)"
+            },
+            o.runs,
+            o.zc_window.as_secs_f64()
+        );
+        println!("Each cell: GB/s (1e9 bytes/s of tensor contents) / ratio to `never` (u64::MAX: always copied) of the same client and memory / share of payload received in place (`payload_direct`).\n");
+        println!(
+            "| configuration | {} |",
+            ZC_SIZES.map(size_name).join(" | ")
+        );
+        println!("|---|{}", "---:|".repeat(ZC_SIZES.len()));
+        for (k, (conf, row)) in confs.iter().zip(&rows).enumerate() {
+            let never_row = &rows[k - ZC_THRESHOLDS.iter().position(|&x| x == conf.x).unwrap()];
+            let cells: Vec<String> = (0..ZC_SIZES.len())
+                .map(|j| {
+                    let r = med(row, |s| s.rate[w][j]);
+                    let never = med(never_row, |s| s.rate[w][j]);
+                    let bytes = (ZC_SIZES[j] * zc_count(w, j)) as f64;
+                    format!(
+                        "{:.2} / {:.2}x / {:.0} %",
+                        r * bytes / 1e9,
+                        r / never,
+                        med(row, |s| s.direct[w][j]) * 100.0
+                    )
+                })
+                .collect();
+            println!("| {} | {} |", label(conf), cells.join(" | "));
+        }
+    }
+}
+
 /// `--sites`: allocation sites per request of each workload, Embedded client, both ends.
 fn sites_main(o: &Opts, cpus: (usize, usize)) {
     const TRACED: usize = 4;
@@ -1409,6 +1996,8 @@ fn main() {
             "small" => small_section(&o, cpus),
             "bulk" => bulk_section(&o, cpus),
             "alloc" => alloc_section(&o, cpus),
+            "sparse" => sparse_section(&o, cpus),
+            "zerocopy" => zerocopy_section(&o, cpus),
             other => panic!("unknown section {other:?}"),
         }
     }
