@@ -430,6 +430,8 @@ pub(crate) struct Loop {
     fuse_buf: Vec<(Request, Origin)>,
     /// Requests given up by deadline after they were sent: handle and connection.
     abandoned: VecDeque<(u64, u32)>,
+    /// Spare vector swapped with the delivery queue, so neither is reallocated.
+    posted: Vec<Posted>,
 }
 
 impl Loop {
@@ -484,6 +486,7 @@ impl Loop {
             local_requests: VecDeque::new(),
             fuse_buf: Vec::new(),
             abandoned: VecDeque::new(),
+            posted: Vec::new(),
         };
         if let Some(l) = &lp.listener {
             let fd = l.as_raw_fd();
@@ -624,16 +627,19 @@ impl Loop {
         if !self.shared.has_deliveries.load(Ordering::Acquire) {
             return false;
         }
-        let batch = {
+        // Swap the queue with the loop's spare vector: both keep their capacity, so steady
+        // delivery allocates nothing.
+        let mut batch = std::mem::take(&mut self.posted);
+        {
             let mut q = self
                 .shared
                 .deliveries
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             self.shared.has_deliveries.store(false, Ordering::Release);
-            std::mem::take(&mut *q)
-        };
-        for posted in batch {
+            std::mem::swap(&mut *q, &mut batch);
+        }
+        for posted in batch.drain(..) {
             let d = match posted {
                 Posted::Recv(d) => d,
                 Posted::Answer(a) => {
@@ -655,6 +661,7 @@ impl Loop {
             release_tokens(conn);
             mark_dirty(&mut self.dirty, conn, w.conn);
         }
+        self.posted = batch;
         true
     }
 
