@@ -399,7 +399,7 @@ impl Service for Table {
         }
     }
 
-    fn push(&self, items: Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
         statuses.extend(items.iter().map(|_| Status::Ok));
     }
 }
@@ -563,10 +563,18 @@ impl Work {
 
 /// A starwire client: submits requests and returns their completions.
 trait SwClient {
-    /// Submits `w` (cloning its vector: the API takes it by value).
+    /// Submits `w` through the allocation-free calls (`pull_slice`, `push_slice`).
     fn submit(&mut self, w: &Work);
     /// The next completion, waiting as the loop would.
     fn next(&mut self) -> Completion;
+    /// Hands a used completion back (`recycle`), so that its vectors serve the next request.
+    fn recycle(&mut self, c: Completion);
+    /// The next completion, checked against `w`, then recycled.
+    fn next_checked(&mut self, w: &Work) {
+        let c = self.next();
+        w.check(&c);
+        self.recycle(c);
+    }
     fn stats(&self) -> Stats;
     /// Submits one recv of one key (`Handle::recv`; `Embedded::recv_many` with one key).
     fn recv_one(&mut self, step: u64, key: &[u8]);
@@ -585,13 +593,16 @@ impl SwClient for HandleClient {
     fn submit(&mut self, w: &Work) {
         let r = match w {
             Work::Ping => self.h.ping(self.peer, 32, None),
-            Work::Pull(ids) => self.h.pull(self.peer, ids.clone(), None),
-            Work::Push(items) => self.h.push(self.peer, items.clone(), None),
+            Work::Pull(ids) => self.h.pull_slice(self.peer, ids, None),
+            Work::Push(items) => self.h.push_slice(self.peer, items, None),
         };
         r.expect("submit");
     }
     fn next(&mut self) -> Completion {
         self.h.wait_any()
+    }
+    fn recycle(&mut self, c: Completion) {
+        self.h.recycle(c);
     }
     fn stats(&self) -> Stats {
         self.rt.stats()
@@ -618,9 +629,12 @@ impl SwClient for EmbeddedClient {
     fn submit(&mut self, w: &Work) {
         match w {
             Work::Ping => self.e.ping(self.peer, 32, None),
-            Work::Pull(ids) => self.e.pull(self.peer, ids.clone(), None),
-            Work::Push(items) => self.e.push(self.peer, items.clone(), None),
+            Work::Pull(ids) => self.e.pull_slice(self.peer, ids, None),
+            Work::Push(items) => self.e.push_slice(self.peer, items, None),
         };
+    }
+    fn recycle(&mut self, c: Completion) {
+        self.e.recycle(c);
     }
     fn next(&mut self) -> Completion {
         let mut idle_since: Option<Instant> = None;
@@ -795,6 +809,7 @@ fn sw_serial(c: &mut dyn SwClient, w: &Work, window: Duration) -> (u64, f64) {
         let done = c.next();
         lat.push(t.elapsed().as_nanos() as u64);
         w.check(&done);
+        c.recycle(done);
     }
     (lat.len() as u64, p50_us(lat))
 }
@@ -808,8 +823,7 @@ fn sw_pipelined(c: &mut dyn SwClient, w: &Work, inflight: usize, window: Duratio
     let mut done = 0;
     let mut outstanding = inflight;
     loop {
-        let r = c.next();
-        w.check(&r);
+        c.next_checked(w);
         outstanding -= 1;
         if Instant::now() >= end {
             break;
@@ -819,7 +833,7 @@ fn sw_pipelined(c: &mut dyn SwClient, w: &Work, inflight: usize, window: Duratio
         outstanding += 1;
     }
     while outstanding > 0 {
-        w.check(&c.next());
+        c.next_checked(w);
         outstanding -= 1;
     }
     done
@@ -1169,7 +1183,7 @@ fn small_session(o: &Opts, cpus: (usize, usize), conf: &Conf) -> SmallSample {
         let w = Work::Pull(ids);
         for _ in 0..300 {
             c.submit(&w);
-            w.check(&c.next());
+            c.next_checked(&w);
         }
         let (s0, cpu0) = (server.counts(), process_cpu_time());
         let (n, p50) = sw_serial(c.as_mut(), &w, o.window);
@@ -1267,7 +1281,7 @@ fn bulk_session(o: &Opts, cpus: (usize, usize), conf: &Conf) -> BulkSample {
             } else {
                 let c = sw.as_mut().unwrap();
                 c.submit(&w);
-                w.check(&c.next());
+                c.next_checked(&w);
             }
         };
         // Warm-up: connection, pool buffers, page cache of the server's memory.
@@ -1383,7 +1397,7 @@ fn alloc_session(o: &Opts, cpus: (usize, usize), conf: &Conf) -> AllocSample {
         for (k, w) in workloads().iter().enumerate() {
             for _ in 0..300 {
                 c.submit(w);
-                w.check(&c.next());
+                c.next_checked(w);
             }
             let s0 = server.counts();
             let c0 = allocs();
@@ -1391,6 +1405,7 @@ fn alloc_session(o: &Opts, cpus: (usize, usize), conf: &Conf) -> AllocSample {
                 c.submit(w);
                 let done = c.next();
                 w.check(&done);
+                c.recycle(done);
             }
             let c1 = allocs();
             let s1 = server.counts();
@@ -1414,7 +1429,7 @@ fn alloc_section(o: &Opts, cpus: (usize, usize)) {
         "\n### Heap allocations per request in steady state (median of {} runs × {} requests after 300 warm-up, 1 in flight)\n",
         o.runs, o.alloc_n
     );
-    println!("Allocation calls (alloc, alloc_zeroed, realloc) counted by the bench's global allocator in each whole process. Target: 0. The client count includes the one vector per request the API takes by value (ids or items), which the bench clones.\n");
+    println!("Allocation calls (alloc, alloc_zeroed, realloc) counted by the bench's global allocator in each whole process. Target: 0. The client submits with the allocation-free calls (`pull_slice`, `push_slice`) and hands each completion back (`recycle`).\n");
     println!("| configuration | ping client | ping server | pull client | pull server | push client | push server |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let cell = |v: f64| {
@@ -1775,7 +1790,7 @@ fn zc_session(o: &Opts, cpus: (usize, usize), conf: &ZcConf) -> ZcSample {
             let work = Work::Pull(vec![ZC_BASE + k as u64; zc_count(w, k)]);
             for _ in 0..30 {
                 c.submit(&work);
-                work.check(&c.next());
+                c.next_checked(&work);
             }
             let st0 = c.stats();
             let t0 = Instant::now();
@@ -1890,7 +1905,7 @@ fn sites_main(o: &Opts, cpus: (usize, usize)) {
         for (k, w) in workloads().iter().enumerate() {
             for _ in 0..300 {
                 c.submit(w);
-                w.check(&c.next());
+                c.next_checked(w);
             }
             eprintln!(
                 "\n== {} {}: allocation sites over {TRACED} requests (count = total) ==",
@@ -1903,6 +1918,7 @@ fn sites_main(o: &Opts, cpus: (usize, usize)) {
                 c.submit(w);
                 let done = c.next();
                 w.check(&done);
+                c.recycle(done);
             }
             let sites = stop_trace();
             assert!(server.ask("U").starts_with("OK"));

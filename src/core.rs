@@ -34,6 +34,7 @@ use slab::Slab;
 use crate::config::Config;
 use crate::ctx::{CtxSlab, Full, Handle as CtxHandle};
 use crate::error::Error;
+use crate::pool::PushScratch;
 use crate::pool::{Answer, Job, ReplyTo};
 use crate::proto::{
     ConnEvent, Connection, Encoder, EncoderConfig, Identity, NextRead, PayloadTarget, Piece,
@@ -47,7 +48,7 @@ use crate::sys::doorbell::Doorbell;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
 use crate::sys::{socket, Backend};
 use crate::tensor::{SharedAllocator, Tensor};
-use crate::transport::{IncomingPush, ReplyState};
+use crate::transport::{IncomingPush, PushVecs, ReplyState, Spare};
 use crate::wire::{Body, Kind, Status};
 
 /// Most iovecs in one send.
@@ -92,12 +93,13 @@ impl RequestOp {
         }
     }
 
-    fn reply_state(&self) -> ReplyState {
+    /// The state its answer is assembled in, in `spare`'s vectors.
+    fn reply_state(&self, spare: &mut Spare) -> ReplyState {
         match self {
             RequestOp::Ping { .. } => ReplyState::Ping,
-            RequestOp::Pull { ids, .. } => ReplyState::pull(ids.len()),
-            RequestOp::Push { items } => ReplyState::push(items.len()),
-            RequestOp::Recv { keys, .. } => ReplyState::recv(keys.len()),
+            RequestOp::Pull { ids, .. } => ReplyState::pull(ids.len(), false, spare),
+            RequestOp::Push { items } => ReplyState::push(items.len(), spare),
+            RequestOp::Recv { keys, .. } => ReplyState::pull(keys.len(), true, spare),
         }
     }
 }
@@ -111,6 +113,8 @@ pub(crate) struct Request {
     pub deadline: Option<Instant>,
     /// The submitter's name for the request, echoed in its completion.
     pub tag: u64,
+    /// Vectors for the answer, returned with the completion.
+    pub spare: Spare,
 }
 
 /// The answer to a request.
@@ -140,6 +144,27 @@ pub struct Completion {
     pub tag: u64,
     /// The answer, or why there is none.
     pub result: Result<Reply, Error>,
+    /// Vectors the request used, for the submitter's next requests.
+    pub(crate) spare: Spare,
+}
+
+impl Completion {
+    pub(crate) fn new(tag: u64, result: Result<Reply, Error>) -> Completion {
+        Completion {
+            tag,
+            result,
+            spare: Spare::default(),
+        }
+    }
+
+    /// Every vector this completion holds, emptied, for reuse by later requests.
+    pub(crate) fn into_spare(self) -> Spare {
+        let mut spare = self.spare;
+        if let Ok(reply) = self.result {
+            spare.reclaim(reply);
+        }
+        spare
+    }
 }
 
 /// Callback run on the loop thread for every completion of a handle.
@@ -249,6 +274,8 @@ struct Pending {
     sent: Option<Instant>,
     /// For recvs fused by the loop: the original requests, one per key, in key order.
     fused: Vec<Member>,
+    /// The submitter's vectors, returned with the completion.
+    spare: Spare,
 }
 
 /// One of the recvs the loop fused into a request; each keeps its own deadline.
@@ -428,6 +455,10 @@ pub(crate) struct Loop {
     local_requests: VecDeque<Request>,
     /// Single-key recvs of the current drain pass, when tensor fusion is on.
     fuse_buf: Vec<(Request, Origin)>,
+    /// Vectors the serving side reuses.
+    serve: ServeScratch,
+    /// Vectors for encoding pushes.
+    push_scratch: PushEncodeScratch,
     /// Requests given up by deadline after they were sent: handle and connection.
     abandoned: VecDeque<(u64, u32)>,
     /// Spare vector swapped with the delivery queue, so neither is reallocated.
@@ -485,6 +516,8 @@ impl Loop {
             zero_copy_min: parts.zero_copy_min,
             local_requests: VecDeque::new(),
             fuse_buf: Vec::new(),
+            serve: ServeScratch::default(),
+            push_scratch: PushEncodeScratch::default(),
             abandoned: VecDeque::new(),
             posted: Vec::new(),
         };
@@ -683,11 +716,19 @@ impl Loop {
         let Conn {
             proto, out_tensors, ..
         } = conn;
+        let scratch = &mut self.serve;
         match a {
-            Answer::Pull { results, .. } => {
-                answer_pull(proto.encoder(), out_tensors, to.handle, &results)
+            Answer::Pull { results, .. } => answer_pull(
+                proto.encoder(),
+                out_tensors,
+                to.handle,
+                &results,
+                &mut scratch.tokens,
+                &mut scratch.items,
+            ),
+            Answer::Push { statuses, .. } => {
+                answer_push(proto.encoder(), to.handle, &statuses, &mut scratch.items)
             }
-            Answer::Push { statuses, .. } => answer_push(proto.encoder(), to.handle, &statuses),
         }
         release_tokens(conn);
         mark_dirty(&mut self.dirty, conn, to.conn);
@@ -783,6 +824,7 @@ impl Loop {
                 lane: key.1,
                 deadline: None,
                 tag: 0,
+                spare: Spare::default(),
             };
             self.submit_group(fused, Origin::Local, members, now);
         }
@@ -798,12 +840,13 @@ impl Loop {
     /// Starts a request; `fused` lists the original recvs when the loop fused several.
     fn submit_group(&mut self, req: Request, origin: Origin, fused: Vec<Member>, now: Instant) {
         let kind = req.op.kind();
+        let mut spare = req.spare;
         if self.stopping {
-            return self.notify(origin, req.tag, kind, &fused, Err(Error::Shutdown));
+            return self.notify(origin, req.tag, kind, &fused, Err(Error::Shutdown), spare);
         }
         let slot = match self.peer_conn(req.peer, req.lane, now) {
             Ok(s) => s,
-            Err(e) => return self.notify(origin, req.tag, kind, &fused, Err(e)),
+            Err(e) => return self.notify(origin, req.tag, kind, &fused, Err(e), spare),
         };
         let alloc = match &req.op {
             RequestOp::Pull { alloc, .. } => alloc.clone(),
@@ -813,29 +856,31 @@ impl Loop {
             tag: req.tag,
             origin,
             kind,
-            state: req.op.reply_state(),
+            state: req.op.reply_state(&mut spare),
             op: Some(req.op),
             alloc,
             conn: slot,
             sent: None,
             fused,
+            spare,
         };
         let handle = match self.ctxs.insert(pending) {
             Ok(h) => h.to_raw(),
             Err(Full(p)) => {
-                return self.notify(origin, p.tag, kind, &p.fused, Err(Error::Backpressure))
+                let e = Err(Error::Backpressure);
+                return self.notify(origin, p.tag, kind, &p.fused, e, p.spare);
             }
         };
         if let Some(deadline) = req.deadline {
             self.push_deadline(deadline, handle);
         }
         if let Ok(p) = self.ctxs.get(CtxHandle::from_raw(handle)) {
-            let timers: Vec<(Instant, u32)> = (p.fused.iter().enumerate())
-                .filter_map(|(i, m)| m.deadline.map(|d| (d, i as u32)))
-                .collect();
-            for (at, index) in timers {
-                self.timers
-                    .push(Reverse((at, Timer::Member { handle, index })));
+            for (i, m) in p.fused.iter().enumerate() {
+                if let Some(at) = m.deadline {
+                    let index = i as u32;
+                    self.timers
+                        .push(Reverse((at, Timer::Member { handle, index })));
+                }
             }
         }
         let open = self.conns[slot as usize].phase == Phase::Open;
@@ -880,12 +925,24 @@ impl Loop {
                 conn.proto.encoder().ping(handle, &self.zeros[..n])
             }
             RequestOp::Pull { ids, .. } => conn.proto.encoder().pull(handle, ids),
-            RequestOp::Push { items } => encode_push(conn, handle, items),
+            RequestOp::Push { items } => encode_push(conn, handle, items, &mut self.push_scratch),
             RequestOp::Recv { step, keys } => {
                 let fused = keys.len() != 1;
                 conn.proto.encoder().recv(handle, *step, keys, fused)
             }
         };
+        // The request's vectors go back to its submitter with the completion.
+        match op {
+            RequestOp::Pull { mut ids, .. } => {
+                ids.clear();
+                p.spare.ids = ids;
+            }
+            RequestOp::Push { mut items } => {
+                items.clear();
+                p.spare.items = items;
+            }
+            _ => {}
+        }
         match result {
             Ok(()) => {
                 add(&self.shared.counters.frames_out, 1);
@@ -894,13 +951,8 @@ impl Loop {
             Err(e) => {
                 log::debug!("request not encodable: {e}");
                 if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
-                    self.notify(
-                        p.origin,
-                        p.tag,
-                        p.kind,
-                        &p.fused,
-                        Err(Error::InvalidArgument),
-                    );
+                    let e = Err(Error::InvalidArgument);
+                    self.notify(p.origin, p.tag, p.kind, &p.fused, e, p.spare);
                 }
             }
         }
@@ -1226,6 +1278,7 @@ impl Loop {
             jobs,
             allocator,
             index,
+            serve,
             ..
         } = self;
         let conn = &mut conns[slot as usize];
@@ -1260,6 +1313,7 @@ impl Loop {
             cur_chunk,
             chunk_owners,
             incoming,
+            serve,
             opened: false,
             violation: None,
         };
@@ -1407,7 +1461,8 @@ impl Loop {
                 Timer::Deadline(h) => {
                     if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
                         self.abandon(h, &p);
-                        self.notify(p.origin, p.tag, p.kind, &p.fused, Err(Error::Timeout));
+                        let e = Err(Error::Timeout);
+                        self.notify(p.origin, p.tag, p.kind, &p.fused, e, p.spare);
                     }
                 }
                 Timer::Member { handle, index } => {
@@ -1429,6 +1484,7 @@ impl Loop {
                         tag,
                         RequestKind::Recv,
                         timeout,
+                        Spare::default(),
                     );
                     if all_done {
                         if let Ok(p) = self.ctxs.remove(h) {
@@ -1495,6 +1551,7 @@ impl Loop {
         kind: RequestKind,
         fused: &[Member],
         result: Result<Reply, Error>,
+        spare: Spare,
     ) {
         notify(
             &mut self.outbox,
@@ -1504,6 +1561,7 @@ impl Loop {
             kind,
             fused,
             result,
+            spare,
         );
     }
 
@@ -1562,7 +1620,7 @@ impl Loop {
         }
         for h in failed.drain(..) {
             if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
-                self.notify(p.origin, p.tag, p.kind, &p.fused, Err(why));
+                self.notify(p.origin, p.tag, p.kind, &p.fused, Err(why), p.spare);
             }
         }
         self.scratch = failed;
@@ -1687,6 +1745,7 @@ struct Dispatch<'a> {
     cur_chunk: &'a mut (u64, u32, u64),
     chunk_owners: &'a mut VecDeque<(bool, u64)>,
     incoming: &'a mut Vec<IncomingPush>,
+    serve: &'a mut ServeScratch,
     opened: bool,
     violation: Option<&'static str>,
 }
@@ -1725,8 +1784,9 @@ impl Dispatch<'_> {
                             self.violation = Some("push with a handle already in use");
                             return;
                         }
-                        self.incoming
-                            .push(IncomingPush::new(h, entries, self.allocator));
+                        let spare = self.serve.push_vecs.pop().unwrap_or_default();
+                        let push = IncomingPush::new(h, entries, self.allocator, spare);
+                        self.incoming.push(push);
                     }
                     Body::Recv(r) | Body::FusedRecv(r) => self.serve_recv(h, r, enc),
                     Body::Chunk(c) => {
@@ -1807,10 +1867,10 @@ impl Dispatch<'_> {
                 return;
             }
         };
-        if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+        if let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
             let reply = match reply {
                 Ok(Some(pong)) => Ok(pong),
-                Ok(None) => Ok(p.state.finish()),
+                Ok(None) => Ok(p.state.finish(&mut p.spare)),
                 Err(e) => Err(e),
             };
             notify(
@@ -1821,6 +1881,7 @@ impl Dispatch<'_> {
                 p.kind,
                 &p.fused,
                 reply,
+                p.spare,
             );
         }
     }
@@ -1865,6 +1926,7 @@ impl Dispatch<'_> {
                     m.tag,
                     RequestKind::Recv,
                     one,
+                    Spare::default(),
                 );
             }
         }
@@ -1888,8 +1950,8 @@ impl Dispatch<'_> {
         if !done {
             return;
         }
-        if let Ok(p) = self.ctxs.remove(h) {
-            let reply = Ok(p.state.finish());
+        if let Ok(mut p) = self.ctxs.remove(h) {
+            let reply = Ok(p.state.finish(&mut p.spare));
             notify(
                 self.outbox,
                 self.shared,
@@ -1898,6 +1960,7 @@ impl Dispatch<'_> {
                 p.kind,
                 &p.fused,
                 reply,
+                p.spare,
             );
         }
     }
@@ -1956,18 +2019,24 @@ impl Dispatch<'_> {
             return;
         };
         let push = self.incoming.swap_remove(i);
+        let s = &mut *self.serve;
         let Some(service) = self.service else {
-            let statuses = vec![Status::Unimplemented; push.len()];
-            return answer_push(enc, handle, &statuses);
+            s.statuses.clear();
+            s.statuses.resize(push.len(), Status::Unimplemented);
+            return answer_push(enc, handle, &s.statuses, &mut s.items);
         };
-        let items = push.into_items();
+        let PushVecs { ids, mut results } = push.into_parts();
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
-            refuse_if_unsent(jobs.try_send(Job::Push { to, items }), enc, handle);
+            let job = Job::Push { to, ids, results };
+            refuse_if_unsent(jobs.try_send(job), enc, handle);
             return;
         }
-        let statuses = crate::pool::apply_push(service, items);
-        answer_push(enc, handle, &statuses);
+        crate::pool::apply_push(service, &ids, &mut results, &mut s.statuses, &mut s.push);
+        answer_push(enc, handle, &s.statuses, &mut s.items);
+        if s.push_vecs.len() < PUSH_VECS_KEPT {
+            s.push_vecs.push(PushVecs { ids, results });
+        }
     }
 
     fn reply_to(&self, handle: u64) -> ReplyTo {
@@ -2037,14 +2106,25 @@ impl Dispatch<'_> {
             let _ = enc.error(handle, Status::Unimplemented, "no pull service");
             return;
         };
-        let ids: Vec<u64> = ids.iter().collect();
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
+            let ids = ids.iter().collect();
             refuse_if_unsent(jobs.try_send(Job::Pull { to, ids }), enc, handle);
             return;
         }
-        let results = crate::service::pull(service, &ids);
-        answer_pull(enc, self.out_tensors, handle, &results);
+        let s = &mut *self.serve;
+        s.ids.clear();
+        s.ids.extend(ids.iter());
+        crate::service::pull(service, &s.ids, &mut s.pulled);
+        answer_pull(
+            enc,
+            self.out_tensors,
+            handle,
+            &s.pulled,
+            &mut s.tokens,
+            &mut s.items,
+        );
+        s.pulled.clear();
     }
 }
 
@@ -2061,46 +2141,50 @@ fn refuse_if_unsent(r: Result<(), std::sync::mpsc::TrySendError<Job>>, enc: &mut
     }
 }
 
-/// Answers a pull with `results`, the tensors sent by reference.
+/// Answers a pull with `results`, the tensors sent by reference; `tokens` and `spare` lend
+/// their allocations.
 fn answer_pull(
     enc: &mut Encoder,
     out_tensors: &mut Slab<Arc<Tensor>>,
     handle: u64,
     results: &[Result<Arc<Tensor>, Status>],
+    tokens: &mut Vec<Option<u64>>,
+    spare: &mut Vec<ResponseItem<'static>>,
 ) {
-    let tokens: Vec<Option<u64>> = results
-        .iter()
-        .map(|r| {
-            r.as_ref()
-                .ok()
-                .map(|t| out_tensors.insert(t.clone()) as u64)
-        })
-        .collect();
-    let items: Vec<ResponseItem<'_>> = results
-        .iter()
-        .zip(&tokens)
-        .enumerate()
-        .map(|(index, (r, token))| match (r, token) {
-            (Ok(t), Some(token)) => ResponseItem {
-                index: index as u32,
-                status: Status::Ok,
-                tensor: Some(t.out(*token)),
-            },
-            (Err(s), _) => ResponseItem {
-                index: index as u32,
-                status: if s.is_ok() { Status::Internal } else { *s },
-                tensor: None,
-            },
-            (Ok(_), None) => ResponseItem {
-                index: index as u32,
-                status: Status::Internal,
-                tensor: None,
-            },
-        })
-        .collect();
+    tokens.clear();
+    tokens.extend(results.iter().map(|r| {
+        r.as_ref()
+            .ok()
+            .map(|t| out_tensors.insert(t.clone()) as u64)
+    }));
+    let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
+    items.extend(
+        results
+            .iter()
+            .zip(tokens.iter())
+            .enumerate()
+            .map(|(index, (r, token))| match (r, token) {
+                (Ok(t), Some(token)) => ResponseItem {
+                    index: index as u32,
+                    status: Status::Ok,
+                    tensor: Some(t.out(*token)),
+                },
+                (Err(s), _) => ResponseItem {
+                    index: index as u32,
+                    status: if s.is_ok() { Status::Internal } else { *s },
+                    tensor: None,
+                },
+                (Ok(_), None) => ResponseItem {
+                    index: index as u32,
+                    status: Status::Internal,
+                    tensor: None,
+                },
+            }),
+    );
     if let Err(k) = send_items(enc, handle, true, &items) {
         release_unsent(out_tensors, tokens[k..].iter().flatten().copied());
     }
+    *spare = recast(items);
 }
 
 /// Drops the references of tensors whose items were not encoded (those already queued keep
@@ -2111,18 +2195,59 @@ fn release_unsent(out_tensors: &mut Slab<Arc<Tensor>>, tokens: impl Iterator<Ite
     }
 }
 
-/// Answers a push with one status per item.
-fn answer_push(enc: &mut Encoder, handle: u64, statuses: &[Status]) {
-    let items: Vec<ResponseItem<'_>> = statuses
-        .iter()
-        .enumerate()
-        .map(|(index, &status)| ResponseItem {
-            index: index as u32,
-            status,
-            tensor: None,
-        })
-        .collect();
+/// Answers a push with one status per item; `spare` lends its allocation.
+fn answer_push(
+    enc: &mut Encoder,
+    handle: u64,
+    statuses: &[Status],
+    spare: &mut Vec<ResponseItem<'static>>,
+) {
+    let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
+    items.extend(
+        statuses
+            .iter()
+            .enumerate()
+            .map(|(index, &status)| ResponseItem {
+                index: index as u32,
+                status,
+                tensor: None,
+            }),
+    );
     let _ = send_items(enc, handle, true, &items);
+    *spare = recast(items);
+}
+
+/// An empty vector of another item type in `v`'s allocation, when the two have the same
+/// layout (here: the same items, borrowing for another lifetime), so that a vector of
+/// borrowing items can be kept between uses. std collects a vector's `into_iter` in place
+/// when layouts match (a test checks that it still does); otherwise this allocates anew.
+fn recast<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
+/// Vectors the serving side reuses from request to request, so that answering allocates
+/// nothing in steady state.
+#[derive(Default)]
+struct ServeScratch {
+    ids: Vec<u64>,
+    pulled: Vec<Result<Arc<Tensor>, Status>>,
+    tokens: Vec<Option<u64>>,
+    items: Vec<ResponseItem<'static>>,
+    statuses: Vec<Status>,
+    push: PushScratch,
+    /// Vectors of finished pushes, for the next ones (at most `PUSH_VECS_KEPT`).
+    push_vecs: Vec<PushVecs>,
+}
+
+/// Most sets of push vectors a loop keeps for reuse.
+const PUSH_VECS_KEPT: usize = 64;
+
+/// Vectors for encoding a push, reused from push to push.
+#[derive(Default)]
+struct PushEncodeScratch {
+    tokens: Vec<u64>,
+    items: Vec<PushItem<'static>>,
 }
 
 /// Answers item `index` of the recv `handle` with a tensor delivered by the rendezvous (or
@@ -2262,22 +2387,29 @@ fn encode_push(
     conn: &mut Conn,
     handle: u64,
     items: &[(u64, Arc<Tensor>)],
+    scratch: &mut PushEncodeScratch,
 ) -> Result<(), crate::proto::EncodeError> {
-    let tokens: Vec<u64> = items
-        .iter()
-        .map(|(_, t)| conn.out_tensors.insert(t.clone()) as u64)
-        .collect();
-    let push: Vec<PushItem<'_>> = items
-        .iter()
-        .zip(&tokens)
-        .map(|((id, t), &token)| PushItem {
-            var_id: *id,
-            tensor: t.out(token),
-        })
-        .collect();
+    let tokens = &mut scratch.tokens;
+    tokens.clear();
+    tokens.extend(
+        items
+            .iter()
+            .map(|(_, t)| conn.out_tensors.insert(t.clone()) as u64),
+    );
+    let mut push: Vec<PushItem<'_>> = recast(std::mem::take(&mut scratch.items));
+    push.extend(
+        items
+            .iter()
+            .zip(tokens.iter())
+            .map(|((id, t), &token)| PushItem {
+                var_id: *id,
+                tensor: t.out(token),
+            }),
+    );
     let r = conn.proto.encoder().push(handle, &push);
+    scratch.items = recast(push);
     if r.is_err() {
-        for t in tokens {
+        for &t in tokens.iter() {
             conn.out_tensors.try_remove(t as usize);
         }
     }
@@ -2311,7 +2443,7 @@ fn direct_target(
     let tensor = tensor_for(ctxs, &mut conn.incoming, slot, route, alloc)?;
     // The tensor's size decides, not what is left of it: once a large tensor is being
     // received in place, its tail is too (a buffered read would also pull in what follows).
-    if (tensor.byte_len() as u64) < min {
+    if (tensor.byte_len() as u64) < min || tensor.is_inline() {
         return None;
     }
     let dst = tensor.bytes_mut().get_mut(offset as usize..)?;
@@ -2353,6 +2485,7 @@ impl Drop for Loop {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn notify(
     outbox: &mut Outbox,
     shared: &LoopShared,
@@ -2361,9 +2494,10 @@ fn notify(
     kind: RequestKind,
     fused: &[Member],
     result: Result<Reply, Error>,
+    spare: Spare,
 ) {
     if fused.is_empty() {
-        return deliver(outbox, shared, origin, tag, kind, result);
+        return deliver(outbox, shared, origin, tag, kind, result, spare);
     }
     // Members whose own deadline already passed got their completion then.
     let live = fused.iter().filter(|m| !m.done);
@@ -2371,18 +2505,43 @@ fn notify(
         Ok(Reply::Received(results)) => {
             for (m, r) in fused.iter().zip(results).filter(|(m, _)| !m.done) {
                 let one = Ok(Reply::Received(vec![r]));
-                deliver(outbox, shared, m.origin, m.tag, RequestKind::Recv, one);
+                deliver(
+                    outbox,
+                    shared,
+                    m.origin,
+                    m.tag,
+                    RequestKind::Recv,
+                    one,
+                    Spare::default(),
+                );
             }
         }
         Ok(_) => {
             for m in live {
                 let e = Err(Error::Protocol);
-                deliver(outbox, shared, m.origin, m.tag, RequestKind::Recv, e);
+                deliver(
+                    outbox,
+                    shared,
+                    m.origin,
+                    m.tag,
+                    RequestKind::Recv,
+                    e,
+                    Spare::default(),
+                );
             }
         }
         Err(e) => {
             for m in live {
-                deliver(outbox, shared, m.origin, m.tag, RequestKind::Recv, Err(e));
+                let e = Err(e);
+                deliver(
+                    outbox,
+                    shared,
+                    m.origin,
+                    m.tag,
+                    RequestKind::Recv,
+                    e,
+                    Spare::default(),
+                );
             }
         }
     }
@@ -2404,6 +2563,7 @@ fn deliver(
     tag: u64,
     kind: RequestKind,
     result: Result<Reply, Error>,
+    spare: Spare,
 ) {
     let counter = if result.is_ok() {
         &shared.counters.completed[kind as usize]
@@ -2411,7 +2571,7 @@ fn deliver(
         &shared.counters.failed[kind as usize]
     };
     add(counter, 1);
-    let completion = Completion { tag, result };
+    let completion = Completion { tag, result, spare };
     match origin {
         Origin::Local => outbox.local.push_back(completion),
         Origin::Endpoint(i, generation) => {

@@ -33,10 +33,12 @@ pub(crate) enum Job {
         to: ReplyTo,
         ids: Vec<u64>,
     },
-    /// Received items, with the statuses of those that failed to arrive.
+    /// Received items (variable ids, and per item its tensor or the status of its failure
+    /// to arrive).
     Push {
         to: ReplyTo,
-        items: Vec<(u64, Result<Tensor, Status>)>,
+        ids: Vec<u64>,
+        results: Vec<Result<Tensor, Status>>,
     },
 }
 
@@ -136,26 +138,49 @@ fn work(
 pub(crate) fn run(job: Job, service: &dyn crate::service::Service) -> Answer {
     match job {
         Job::Pull { to, ids } => {
-            let results = crate::service::pull(service, &ids);
+            let mut results = Vec::with_capacity(ids.len());
+            crate::service::pull(service, &ids, &mut results);
             Answer::Pull { to, results }
         }
-        Job::Push { to, items } => Answer::Push {
+        Job::Push {
             to,
-            statuses: apply_push(service, items),
-        },
+            ids,
+            mut results,
+        } => {
+            let mut statuses = Vec::new();
+            let scratch = &mut PushScratch::default();
+            apply_push(service, &ids, &mut results, &mut statuses, scratch);
+            Answer::Push { to, statuses }
+        }
     }
 }
 
-/// Hands the items that arrived to the service; items that failed keep their status.
+/// Vectors a push is applied with, kept between pushes so that applying one allocates
+/// nothing.
+#[derive(Default)]
+pub(crate) struct PushScratch {
+    ok: Vec<(u64, Tensor)>,
+    positions: Vec<usize>,
+    got: Vec<Status>,
+}
+
+/// Hands the items that arrived (variable `ids[i]`, `results[i]`) to the service; items
+/// that failed keep their status. One status per item goes into `statuses` (emptied
+/// first); `results` is left empty.
 pub(crate) fn apply_push(
     service: &dyn crate::service::Service,
-    items: Vec<(u64, Result<Tensor, Status>)>,
-) -> Vec<Status> {
-    let n = items.len();
-    let mut statuses = vec![Status::Ok; n];
-    let mut ok = Vec::with_capacity(n);
-    let mut positions = Vec::with_capacity(n);
-    for (pos, (id, item)) in items.into_iter().enumerate() {
+    ids: &[u64],
+    results: &mut Vec<Result<Tensor, Status>>,
+    statuses: &mut Vec<Status>,
+    scratch: &mut PushScratch,
+) {
+    let PushScratch { ok, positions, got } = scratch;
+    statuses.clear();
+    statuses.resize(results.len(), Status::Ok);
+    ok.clear();
+    positions.clear();
+    got.clear();
+    for (pos, (&id, item)) in ids.iter().zip(results.drain(..)).enumerate() {
         match item {
             Ok(t) => {
                 ok.push((id, t));
@@ -165,13 +190,12 @@ pub(crate) fn apply_push(
         }
     }
     if !ok.is_empty() {
-        let mut got = Vec::with_capacity(ok.len());
-        if crate::service::guarded("Service::push", || service.push(ok, &mut got)).is_none() {
+        if crate::service::guarded("Service::push", || service.push(ok, got)).is_none() {
             got.clear();
         }
-        for (k, pos) in positions.into_iter().enumerate() {
+        for (k, &pos) in positions.iter().enumerate() {
             statuses[pos] = got.get(k).copied().unwrap_or(Status::Internal);
         }
     }
-    statuses
+    ok.clear();
 }

@@ -31,6 +31,7 @@ use crate::spsc::{self, Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
 use crate::tensor::{HeapAllocator, SharedAllocator, Tensor};
+use crate::transport::Spare;
 use std::sync::mpsc::SyncSender;
 
 /// Payload of at least this many bytes is received straight into the tensor's memory;
@@ -91,6 +92,8 @@ const WAIT_SPIN: Duration = Duration::from_micros(20);
 
 /// Listen backlog of each loop's listener.
 const BACKLOG: i32 = 1024;
+/// Most recycled completions an embedded loop keeps for reuse.
+const SPARES_KEPT: usize = 1024;
 
 struct Inner {
     cfg: Arc<Config>,
@@ -282,6 +285,7 @@ impl Runtime {
             next_tag: 1,
             done: Vec::with_capacity(ring_capacity),
             next_lane: 0,
+            spares: Vec::new(),
         }
     }
 
@@ -341,6 +345,8 @@ pub struct Handle {
     next_tag: u64,
     done: Vec<Completion>,
     next_lane: u32,
+    /// Vectors of recycled completions, for the next requests.
+    spares: Vec<Spare>,
 }
 
 impl Handle {
@@ -364,6 +370,49 @@ impl Handle {
         deadline: Option<Instant>,
     ) -> Result<u64, Error> {
         self.submit(RequestOp::Pull { ids, alloc: None }, peer, deadline)
+    }
+
+    /// Like [`pull`](Self::pull), with the ids copied into a vector this handle keeps: with
+    /// completions handed back through [`recycle`](Self::recycle), a steady stream of
+    /// `pull_slice` / `wait` / `recycle` allocates nothing (tensors of at most
+    /// [`Tensor::INLINE_MAX`] bytes from the default allocator live inside their `Tensor`).
+    pub fn pull_slice(
+        &mut self,
+        peer: SocketAddr,
+        ids: &[u64],
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        let mut spare = self.spares.pop().unwrap_or_default();
+        let op = RequestOp::Pull {
+            ids: spare.take_ids(ids),
+            alloc: None,
+        };
+        self.submit_with(op, peer, deadline, spare)
+    }
+
+    /// Like [`push`](Self::push), with the items (reference counts, not tensor bytes)
+    /// copied into a vector this handle keeps; allocation-free with
+    /// [`recycle`](Self::recycle), as [`pull_slice`](Self::pull_slice).
+    pub fn push_slice(
+        &mut self,
+        peer: SocketAddr,
+        items: &[(u64, Arc<Tensor>)],
+        deadline: Option<Instant>,
+    ) -> Result<u64, Error> {
+        let mut spare = self.spares.pop().unwrap_or_default();
+        let op = RequestOp::Push {
+            items: spare.take_items(items),
+        };
+        self.submit_with(op, peer, deadline, spare)
+    }
+
+    /// Hands a completion back once its reply has been used: its vectors (the reply's, and
+    /// those the request was submitted with) serve the next requests of this handle, so
+    /// that they allocate nothing. Tensors still in the reply are dropped.
+    pub fn recycle(&mut self, completion: Completion) {
+        if self.spares.len() < self.capacity.max(1) {
+            self.spares.push(completion.into_spare());
+        }
     }
 
     /// Like [`pull`](Self::pull), with received tensors placed in memory from `alloc` — for
@@ -434,6 +483,17 @@ impl Handle {
         peer: SocketAddr,
         deadline: Option<Instant>,
     ) -> Result<u64, Error> {
+        let spare = self.spares.pop().unwrap_or_default();
+        self.submit_with(op, peer, deadline, spare)
+    }
+
+    fn submit_with(
+        &mut self,
+        op: RequestOp,
+        peer: SocketAddr,
+        deadline: Option<Instant>,
+        spare: Spare,
+    ) -> Result<u64, Error> {
         if self.inner.stopped.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
@@ -451,8 +511,10 @@ impl Handle {
             lane,
             deadline,
             tag,
+            spare,
         };
-        if self.lanes[index].requests.push(req).is_err() {
+        if let Err(req) = self.lanes[index].requests.push(req) {
+            self.spares.push(req.spare);
             return Err(Error::Backpressure);
         }
         self.next_tag += 1;
@@ -509,10 +571,7 @@ impl Handle {
             }
             if self.callback || self.outstanding == 0 {
                 // Nothing can arrive: callbacks consume completions, or none is owed.
-                return Completion {
-                    tag: tag.unwrap_or(0),
-                    result: Err(Error::InvalidArgument),
-                };
+                return Completion::new(tag.unwrap_or(0), Err(Error::InvalidArgument));
             }
             if self.inner.stopped.load(Ordering::Acquire) {
                 // The loops are gone; whatever they did not answer never will be.
@@ -521,10 +580,7 @@ impl Handle {
                     return c;
                 }
                 self.outstanding -= 1;
-                return Completion {
-                    tag: tag.unwrap_or(0),
-                    result: Err(Error::Shutdown),
-                };
+                return Completion::new(tag.unwrap_or(0), Err(Error::Shutdown));
             }
             // Spin briefly (without end when polling), then park. Not the loop's spin budget:
             // where the caller shares a CPU with its loop, a long spin takes the CPU the loop
@@ -561,6 +617,8 @@ pub struct Embedded {
     lp: Loop,
     shared: Arc<LoopShared>,
     next_tag: u64,
+    /// Vectors of recycled completions, for the next requests.
+    spares: Vec<Spare>,
 }
 
 impl Embedded {
@@ -599,6 +657,7 @@ impl Embedded {
             lp,
             shared,
             next_tag: 1,
+            spares: Vec::new(),
         })
     }
 
@@ -614,21 +673,45 @@ impl Embedded {
 
     /// Queues a ping; returns its tag. Nothing is sent before the next `poll`.
     pub fn ping(&mut self, peer: SocketAddr, payload: u32, deadline: Option<Instant>) -> u64 {
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.lp.submit_local(Request {
-            op: RequestOp::Ping { payload },
-            peer,
-            lane: 0,
-            deadline,
-            tag,
-        });
-        tag
+        self.local(RequestOp::Ping { payload }, peer, deadline)
     }
 
     /// Queues a pull; returns its tag.
     pub fn pull(&mut self, peer: SocketAddr, ids: Vec<u64>, deadline: Option<Instant>) -> u64 {
         self.local(RequestOp::Pull { ids, alloc: None }, peer, deadline)
+    }
+
+    /// Queues a pull of `ids`, copied into a vector this loop keeps; allocation-free with
+    /// [`recycle`](Self::recycle), as [`Handle::pull_slice`].
+    pub fn pull_slice(&mut self, peer: SocketAddr, ids: &[u64], deadline: Option<Instant>) -> u64 {
+        let mut spare = self.spares.pop().unwrap_or_default();
+        let op = RequestOp::Pull {
+            ids: spare.take_ids(ids),
+            alloc: None,
+        };
+        self.local_with(op, peer, deadline, spare)
+    }
+
+    /// Queues a push of `items`, copied into a vector this loop keeps; allocation-free with
+    /// [`recycle`](Self::recycle), as [`Handle::push_slice`].
+    pub fn push_slice(
+        &mut self,
+        peer: SocketAddr,
+        items: &[(u64, Arc<Tensor>)],
+        deadline: Option<Instant>,
+    ) -> u64 {
+        let mut spare = self.spares.pop().unwrap_or_default();
+        let op = RequestOp::Push {
+            items: spare.take_items(items),
+        };
+        self.local_with(op, peer, deadline, spare)
+    }
+
+    /// Hands a completion back once its reply has been used, as [`Handle::recycle`].
+    pub fn recycle(&mut self, completion: Completion) {
+        if self.spares.len() < SPARES_KEPT {
+            self.spares.push(completion.into_spare());
+        }
     }
 
     /// Queues a recv of `keys` (one or more); returns its tag.
@@ -653,6 +736,17 @@ impl Embedded {
     }
 
     fn local(&mut self, op: RequestOp, peer: SocketAddr, deadline: Option<Instant>) -> u64 {
+        let spare = self.spares.pop().unwrap_or_default();
+        self.local_with(op, peer, deadline, spare)
+    }
+
+    fn local_with(
+        &mut self,
+        op: RequestOp,
+        peer: SocketAddr,
+        deadline: Option<Instant>,
+        spare: Spare,
+    ) -> u64 {
         let tag = self.next_tag;
         self.next_tag += 1;
         self.lp.submit_local(Request {
@@ -661,6 +755,7 @@ impl Embedded {
             lane: 0,
             deadline,
             tag,
+            spare,
         });
         tag
     }

@@ -21,9 +21,11 @@ pub trait Service: Send + Sync {
     }
 
     /// Applies pushed tensors (gradients): push one status per item, in order, into
-    /// `statuses`. The tensors arrive in memory from the runtime's allocator. The default
-    /// answers every item with `UNIMPLEMENTED`.
-    fn push(&self, items: Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+    /// `statuses`. The tensors arrive in memory from the runtime's allocator. Take what you
+    /// keep out of `items` (`items.drain(..)`, or `std::mem::replace` of an entry); what is
+    /// left is dropped after the call, and the vector itself is reused for the next push.
+    /// The default answers every item with `UNIMPLEMENTED`.
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
         statuses.extend(items.iter().map(|_| Status::Unimplemented));
     }
 }
@@ -43,13 +45,13 @@ pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Option<T> {
     }
 }
 
-/// `service.pull`, one result per id whatever the service did (a panic: `INTERNAL`).
-pub(crate) fn pull(service: &dyn Service, ids: &[u64]) -> Vec<Result<Arc<Tensor>, Status>> {
-    let mut out = Vec::with_capacity(ids.len());
-    if guarded("Service::pull", || service.pull(ids, &mut out)).is_none() {
+/// `service.pull` into `out` (emptied first), one result per id whatever the service did
+/// (a panic: `INTERNAL`).
+pub(crate) fn pull(service: &dyn Service, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+    out.clear();
+    if guarded("Service::pull", || service.pull(ids, out)).is_none() {
         out.clear();
     }
     out.resize_with(ids.len(), || Err(Status::Internal));
     out.truncate(ids.len());
-    out
 }

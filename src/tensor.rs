@@ -48,6 +48,15 @@ pub struct TensorDesc<'a> {
 pub trait TensorAllocator: Send + Sync {
     /// Memory of at least `desc.byte_len` bytes, or `None`.
     fn allocate(&self, desc: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>>;
+
+    /// Whether tensors of at most [`Tensor::INLINE_MAX`] bytes may be kept inside the
+    /// [`Tensor`] value itself (64-byte aligned) instead of in memory from
+    /// [`allocate`](Self::allocate), which is then not called for them. Such tensors cost no
+    /// allocation at all. [`HeapAllocator`] says yes; the default says no, so a trainer's
+    /// hook sees every tensor.
+    fn inline_small(&self) -> bool {
+        false
+    }
 }
 
 /// The default allocator: heap memory aligned to [`HeapAllocator::ALIGN`] bytes.
@@ -93,6 +102,10 @@ impl HeapAllocator {
 }
 
 impl TensorAllocator for HeapAllocator {
+    fn inline_small(&self) -> bool {
+        true
+    }
+
     fn allocate(&self, desc: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
         let len = usize::try_from(desc.byte_len).ok()?;
         if len < Self::CACHE_MIN {
@@ -273,10 +286,29 @@ pub struct Tensor {
     dims: ArrayVec<u64, MAX_RANK>,
     dead: bool,
     byte_len: usize,
-    memory: Option<Box<dyn TensorMemory>>,
+    memory: Contents,
 }
 
+/// Where a tensor's contents are.
+enum Contents {
+    /// None (dead, or empty).
+    Empty,
+    /// Inside the tensor value: small tensors, no allocation.
+    Inline(Inline),
+    /// Memory from an allocator or the caller.
+    Memory(Box<dyn TensorMemory>),
+}
+
+/// The contents of a small tensor, kept in the tensor itself.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Inline([u8; Tensor::INLINE_MAX]);
+
 impl Tensor {
+    /// Most bytes of contents kept inside the tensor value (see
+    /// [`TensorAllocator::inline_small`] and [`from_slice`](Self::from_slice)).
+    pub const INLINE_MAX: usize = 128;
+
     fn check(dtype: DType, dims: &[u64]) -> Result<(ArrayVec<u64, MAX_RANK>, u64), TensorError> {
         let mut shape = ArrayVec::new();
         shape
@@ -313,15 +345,52 @@ impl Tensor {
             dims: shape,
             dead: false,
             byte_len: len as usize,
-            memory: Some(memory),
+            memory: Contents::Memory(memory),
         })
     }
 
-    /// A zero-filled tensor in 64-byte aligned heap memory.
+    /// A tensor holding a copy of `bytes`: kept inside the tensor value (no allocation) up
+    /// to [`INLINE_MAX`](Self::INLINE_MAX) bytes, in 64-byte aligned heap memory above.
+    pub fn from_slice(dtype: DType, dims: &[u64], bytes: &[u8]) -> Result<Tensor, TensorError> {
+        let mut t = Self::zeros(dtype, dims)?;
+        let got = bytes.len() as u64;
+        if got != t.byte_len as u64 {
+            return Err(TensorError::LengthMismatch {
+                expected: t.byte_len as u64,
+                got,
+            });
+        }
+        t.bytes_mut().copy_from_slice(bytes);
+        Ok(t)
+    }
+
+    /// A zero-filled tensor: inside the tensor value up to [`INLINE_MAX`](Self::INLINE_MAX)
+    /// bytes, in 64-byte aligned heap memory above.
     pub fn zeros(dtype: DType, dims: &[u64]) -> Result<Tensor, TensorError> {
-        let (_, len) = Self::check(dtype, dims)?;
+        let (shape, len) = Self::check(dtype, dims)?;
+        if len as usize <= Self::INLINE_MAX {
+            return Ok(Self::inline(dtype, shape, len as usize));
+        }
         let buf = AlignedBuf::zeroed(len as usize).ok_or(TensorError::TooLarge)?;
         Self::from_memory(dtype, dims, Box::new(buf))
+    }
+
+    /// A zero-filled tensor of `len <= INLINE_MAX` bytes kept inside the value.
+    fn inline(dtype: DType, dims: ArrayVec<u64, MAX_RANK>, len: usize) -> Tensor {
+        debug_assert!(len <= Self::INLINE_MAX);
+        Tensor {
+            dtype,
+            dims,
+            dead: false,
+            byte_len: len,
+            memory: Contents::Inline(Inline([0; Self::INLINE_MAX])),
+        }
+    }
+
+    /// Whether the contents live inside the tensor value, so move with it (never a target
+    /// of an asynchronous receive).
+    pub(crate) fn is_inline(&self) -> bool {
+        matches!(self.memory, Contents::Inline(_))
     }
 
     /// A tensor whose contents are `values` (any dtype whose elements are 4-byte floats).
@@ -337,7 +406,7 @@ impl Tensor {
             dims: ArrayVec::new(),
             dead: true,
             byte_len: 0,
-            memory: None,
+            memory: Contents::Empty,
         }
     }
 
@@ -364,8 +433,9 @@ impl Tensor {
     /// The contents.
     pub fn bytes(&self) -> &[u8] {
         match &self.memory {
-            Some(m) => &m.bytes()[..self.byte_len],
-            None => &[],
+            Contents::Memory(m) => &m.bytes()[..self.byte_len],
+            Contents::Inline(b) => &b.0[..self.byte_len],
+            Contents::Empty => &[],
         }
     }
 
@@ -373,8 +443,9 @@ impl Tensor {
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.byte_len;
         match &mut self.memory {
-            Some(m) => &mut m.bytes_mut()[..len],
-            None => &mut [],
+            Contents::Memory(m) => &mut m.bytes_mut()[..len],
+            Contents::Inline(b) => &mut b.0[..len],
+            Contents::Empty => &mut [],
         }
     }
 
@@ -425,6 +496,9 @@ impl Tensor {
     /// first chunk arrives).
     pub(crate) fn receive_owned(meta: &OwnedMeta, alloc: &dyn TensorAllocator) -> Option<Tensor> {
         let dims = meta.dims.clone();
+        if meta.byte_len <= Self::INLINE_MAX as u64 && alloc.inline_small() {
+            return Some(Self::inline(meta.dtype, dims, meta.byte_len as usize));
+        }
         let desc = TensorDesc {
             dtype: meta.dtype,
             dims: &dims,
@@ -445,7 +519,7 @@ impl Tensor {
             dims,
             dead: false,
             byte_len: len,
-            memory: Some(memory),
+            memory: Contents::Memory(memory),
         })
     }
 }

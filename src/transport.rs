@@ -1,70 +1,90 @@
 //! Tensor requests in flight: the answers a pull or push is assembling on the client, and
 //! the pushes a server is receiving. Pure bookkeeping: the loop feeds it frames and
 //! payload, it says where payload goes and when a request is complete.
+//!
+//! Every vector here is handed in by the caller and handed back when the request is done
+//! (the client's through its completion, the server's to the loop's scratch), so that a
+//! steady stream of requests allocates nothing.
 
 use crate::tensor::{OwnedMeta, Tensor, TensorAllocator};
-
-/// One item of an answer or of an incoming push.
-pub(crate) enum Item {
-    /// Not answered yet.
-    Open,
-    /// A chunked tensor announced, whose memory is taken when its first chunk arrives: a
-    /// peer cannot make us commit memory for contents it has not started to send.
-    Deferred(OwnedMeta),
-    /// Answered: a tensor (in memory) or why there is none.
-    Done(Result<Tensor, Status>),
-    /// Answered and already handed to its requester.
-    Taken,
-}
-
-impl Item {
-    /// The tensor receiving this item's contents, allocated now if it was deferred.
-    fn tensor_mut(&mut self, alloc: &dyn TensorAllocator) -> Option<&mut Tensor> {
-        if let Item::Deferred(meta) = self {
-            let t = Tensor::receive_owned(meta, alloc).ok_or(Status::ResourceExhausted);
-            *self = Item::Done(t);
-        }
-        match self {
-            Item::Done(Ok(t)) => Some(t),
-            _ => None,
-        }
-    }
-
-    /// For a tensor entry: deferred when chunked, received now otherwise.
-    fn of(meta: &crate::wire::TensorMeta<'_>, alloc: &dyn TensorAllocator) -> Item {
-        if meta.chunked {
-            if let Some(m) = OwnedMeta::of(meta) {
-                return Item::Deferred(m);
-            }
-        }
-        Item::Done(Tensor::receive(meta, alloc).ok_or(Status::ResourceExhausted))
-    }
-
-    fn finish(self) -> Result<Tensor, Status> {
-        match self {
-            Item::Done(r) => r,
-            Item::Open | Item::Deferred(_) | Item::Taken => Err(Status::Protocol),
-        }
-    }
-}
 use crate::wire::{PushEntries, ResponseEntries, Status};
+
+/// A chunked tensor still arriving.
+pub(crate) struct Chunked {
+    index: u32,
+    byte_len: u64,
+    /// Its meta until its first chunk arrives: memory is taken only then, so a peer cannot
+    /// make us commit memory for contents it has not started to send.
+    deferred: Option<Box<OwnedMeta>>,
+}
+
+/// The first value of item `index`, announced with `meta`: its tensor, received now; or,
+/// for a chunked tensor, a placeholder, with the meta kept in `chunks` until the first
+/// chunk arrives.
+fn announced(
+    index: u32,
+    meta: &crate::wire::TensorMeta<'_>,
+    alloc: &dyn TensorAllocator,
+    chunks: &mut Vec<Chunked>,
+) -> Result<Tensor, Status> {
+    if meta.chunked {
+        if let Some(m) = OwnedMeta::of(meta) {
+            chunks.push(Chunked {
+                index,
+                byte_len: meta.byte_len,
+                deferred: Some(Box::new(m)),
+            });
+            return Err(Status::Protocol);
+        }
+    }
+    Tensor::receive(meta, alloc).ok_or(Status::ResourceExhausted)
+}
+
+/// The tensor receiving item `index`'s contents, allocated now if it was deferred.
+fn tensor_in<'r>(
+    results: &'r mut [Result<Tensor, Status>],
+    chunks: &mut [Chunked],
+    index: u32,
+    alloc: &dyn TensorAllocator,
+) -> Option<&'r mut Tensor> {
+    let slot = results.get_mut(index as usize)?;
+    if let Some(c) = chunks.iter_mut().find(|c| c.index == index) {
+        if let Some(meta) = c.deferred.take() {
+            *slot = Tensor::receive_owned(&meta, alloc).ok_or(Status::ResourceExhausted);
+        }
+    }
+    slot.as_mut().ok()
+}
+
+/// Notes that chunk bytes of item `index` up to `end_offset` arrived.
+fn chunk_done(chunks: &mut Vec<Chunked>, index: u32, end_offset: u64) {
+    chunks.retain(|c| !(c.index == index && end_offset == c.byte_len));
+}
+
+/// Item states of an answer being assembled.
+const OPEN: u8 = 0;
+const ANSWERED: u8 = 1;
+const TAKEN: u8 = 2;
 
 /// What the client knows of a request's answer so far.
 pub(crate) enum ReplyState {
     /// A ping: answered by one `PONG`.
     Ping,
-    /// A pull (one tensor per id) or a recv (one tensor per key).
+    /// A pull (one tensor per id) or a recv (one tensor per key). Items not answered hold
+    /// `Err(PROTOCOL)`, which is what they finish as.
     Pull {
         /// A recv: dead tensors are allowed and the reply is `Received`.
         recv: bool,
-        results: Vec<Item>,
-        /// Chunked tensors still arriving: item index and byte length.
-        chunks: Vec<(u32, u64)>,
+        results: Vec<Result<Tensor, Status>>,
+        /// Per item: `OPEN`, `ANSWERED` or `TAKEN` (handed to a fused member).
+        state: Vec<u8>,
+        chunks: Vec<Chunked>,
         end: bool,
     },
     /// A push: one status per item.
     Push {
-        statuses: Vec<Option<Status>>,
+        statuses: Vec<Status>,
+        state: Vec<u8>,
         end: bool,
     },
 }
@@ -72,28 +92,98 @@ pub(crate) enum ReplyState {
 /// Why an answer is a protocol violation.
 pub(crate) type Violation = &'static str;
 
+/// Vectors that travel with a request and come back with its completion, so that a
+/// submitter that recycles its completions allocates nothing per request.
+#[derive(Default)]
+pub(crate) struct Spare {
+    /// A pull's ids, back once encoded.
+    pub ids: Vec<u64>,
+    /// A push's items, back (emptied) once encoded.
+    pub items: Vec<(u64, std::sync::Arc<Tensor>)>,
+    /// For a pull's or recv's answer.
+    pub results: Vec<Result<Tensor, Status>>,
+    /// For a push's answer.
+    pub statuses: Vec<Status>,
+    /// Item states while an answer is assembled.
+    pub state: Vec<u8>,
+}
+
+impl Spare {
+    /// The ids vector, holding a copy of `ids`.
+    pub(crate) fn take_ids(&mut self, ids: &[u64]) -> Vec<u64> {
+        let mut v = std::mem::take(&mut self.ids);
+        v.clear();
+        v.extend_from_slice(ids);
+        v
+    }
+
+    /// The items vector, holding a copy of `items` (new references to the same tensors).
+    pub(crate) fn take_items(
+        &mut self,
+        items: &[(u64, std::sync::Arc<Tensor>)],
+    ) -> Vec<(u64, std::sync::Arc<Tensor>)> {
+        let mut v = std::mem::take(&mut self.items);
+        v.clear();
+        v.extend_from_slice(items);
+        v
+    }
+
+    /// Takes back what a finished reply carries.
+    pub(crate) fn reclaim(&mut self, reply: crate::core::Reply) {
+        match reply {
+            crate::core::Reply::Pulled(mut v) | crate::core::Reply::Received(mut v) => {
+                v.clear();
+                self.results = v;
+            }
+            crate::core::Reply::Pushed(mut v) => {
+                v.clear();
+                self.statuses = v;
+            }
+            crate::core::Reply::Pong { .. } => {}
+        }
+    }
+}
+
+impl std::fmt::Debug for Spare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Spare")
+    }
+}
+
+/// Spare vectors carry no meaning: two completions are equal whatever they hold.
+impl PartialEq for Spare {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// `v`, emptied, with room for `n` items set to `fill`.
+fn filled<T: Clone>(mut v: Vec<T>, n: usize, fill: T) -> Vec<T> {
+    v.clear();
+    v.resize(n, fill);
+    v
+}
+
 impl ReplyState {
-    pub(crate) fn pull(n: usize) -> ReplyState {
+    /// The state of a pull (or recv, with `recv`) of `n` items, in `spare`'s vectors.
+    pub(crate) fn pull(n: usize, recv: bool, spare: &mut Spare) -> ReplyState {
+        let mut results = std::mem::take(&mut spare.results);
+        results.clear();
+        results.resize_with(n, || Err(Status::Protocol));
         ReplyState::Pull {
-            recv: false,
-            results: (0..n).map(|_| Item::Open).collect(),
+            recv,
+            results,
+            state: filled(std::mem::take(&mut spare.state), n, OPEN),
             chunks: Vec::new(),
             end: false,
         }
     }
 
-    pub(crate) fn recv(n: usize) -> ReplyState {
-        ReplyState::Pull {
-            recv: true,
-            results: (0..n).map(|_| Item::Open).collect(),
-            chunks: Vec::new(),
-            end: false,
-        }
-    }
-
-    pub(crate) fn push(n: usize) -> ReplyState {
+    /// The state of a push of `n` items, in `spare`'s vectors.
+    pub(crate) fn push(n: usize, spare: &mut Spare) -> ReplyState {
         ReplyState::Push {
-            statuses: vec![None; n],
+            statuses: filled(std::mem::take(&mut spare.statuses), n, Status::Protocol),
+            state: filled(std::mem::take(&mut spare.state), n, OPEN),
             end: false,
         }
     }
@@ -109,41 +199,44 @@ impl ReplyState {
             ReplyState::Ping => return Err("response to a ping"),
             ReplyState::Pull {
                 results,
+                state,
                 chunks,
                 end: e,
                 ..
             } => {
                 for entry in entries {
-                    let slot = results
-                        .get_mut(entry.index as usize)
+                    let i = entry.index;
+                    let st = state
+                        .get_mut(i as usize)
                         .ok_or("response item out of range")?;
-                    if !matches!(slot, Item::Open) {
+                    if *st != OPEN {
                         return Err("response item answered twice");
                     }
-                    *slot = match entry.tensor {
+                    *st = ANSWERED;
+                    match entry.tensor {
                         None if entry.status.is_ok() => return Err("pull answer without a tensor"),
-                        None => Item::Done(Err(entry.status)),
-                        Some(meta) => {
-                            if meta.chunked {
-                                chunks.push((entry.index, meta.byte_len));
-                            }
-                            Item::of(&meta, alloc)
-                        }
-                    };
+                        None => results[i as usize] = Err(entry.status),
+                        Some(meta) => results[i as usize] = announced(i, &meta, alloc, chunks),
+                    }
                 }
                 *e |= end;
             }
-            ReplyState::Push { statuses, end: e } => {
+            ReplyState::Push {
+                statuses,
+                state,
+                end: e,
+            } => {
                 for entry in entries {
                     if entry.tensor.is_some() {
                         return Err("push answer with a tensor");
                     }
-                    let slot = statuses
-                        .get_mut(entry.index as usize)
-                        .ok_or("response item out of range")?;
-                    if slot.replace(entry.status).is_some() {
+                    let i = entry.index as usize;
+                    let st = state.get_mut(i).ok_or("response item out of range")?;
+                    if *st != OPEN {
                         return Err("response item answered twice");
                     }
+                    *st = ANSWERED;
+                    statuses[i] = entry.status;
                 }
                 *e |= end;
             }
@@ -158,31 +251,43 @@ impl ReplyState {
             ReplyState::Ping => false,
             ReplyState::Pull {
                 results,
+                state,
                 chunks,
                 end,
                 ..
             } => {
                 let mut any = false;
-                for item in results.iter_mut() {
-                    match item {
-                        Item::Open | Item::Deferred(_) => *item = Item::Done(Err(status)),
-                        _ => any = true,
+                for (r, st) in results.iter_mut().zip(state.iter_mut()) {
+                    if *st == OPEN {
+                        *st = ANSWERED;
+                        *r = Err(status);
+                    } else {
+                        any = true;
                     }
                 }
                 // A chunked tensor cut short fails too.
-                for &(i, _) in chunks.iter() {
-                    if let Some(item) = results.get_mut(i as usize) {
-                        *item = Item::Done(Err(status));
+                for c in chunks.iter() {
+                    if let Some(r) = results.get_mut(c.index as usize) {
+                        *r = Err(status);
                     }
                 }
                 chunks.clear();
                 *end = true;
                 any
             }
-            ReplyState::Push { statuses, end } => {
-                let any = statuses.iter().any(Option::is_some);
-                for s in statuses.iter_mut().filter(|s| s.is_none()) {
-                    *s = Some(status);
+            ReplyState::Push {
+                statuses,
+                state,
+                end,
+            } => {
+                let mut any = false;
+                for (s, st) in statuses.iter_mut().zip(state.iter_mut()) {
+                    if *st == OPEN {
+                        *st = ANSWERED;
+                        *s = status;
+                    } else {
+                        any = true;
+                    }
                 }
                 *end = true;
                 any
@@ -198,7 +303,9 @@ impl ReplyState {
         alloc: &dyn TensorAllocator,
     ) -> Option<&mut Tensor> {
         match self {
-            ReplyState::Pull { results, .. } => results.get_mut(index as usize)?.tensor_mut(alloc),
+            ReplyState::Pull {
+                results, chunks, ..
+            } => tensor_in(results, chunks, index, alloc),
             _ => None,
         }
     }
@@ -207,28 +314,32 @@ impl ReplyState {
     /// complete one by one).
     pub(crate) fn take_ready(&mut self, index: u32) -> Option<Result<Tensor, Status>> {
         let ReplyState::Pull {
-            results, chunks, ..
+            results,
+            state,
+            chunks,
+            ..
         } = self
         else {
             return None;
         };
-        if chunks.iter().any(|&(i, _)| i == index) {
+        if chunks.iter().any(|c| c.index == index) {
             return None;
         }
-        let item = results.get_mut(index as usize)?;
-        if !matches!(item, Item::Done(_)) {
+        let st = state.get_mut(index as usize)?;
+        if *st != ANSWERED {
             return None;
         }
-        match std::mem::replace(item, Item::Taken) {
-            Item::Done(r) => Some(r),
-            _ => None,
-        }
+        *st = TAKEN;
+        Some(std::mem::replace(
+            &mut results[index as usize],
+            Err(Status::Protocol),
+        ))
     }
 
     /// Notes that chunk bytes of item `index` up to `end_offset` arrived.
     pub(crate) fn chunk_progress(&mut self, index: u32, end_offset: u64) {
         if let ReplyState::Pull { chunks, .. } = self {
-            chunks.retain(|&(i, len)| !(i == index && end_offset == len));
+            chunk_done(chunks, index, end_offset);
         }
     }
 
@@ -241,23 +352,29 @@ impl ReplyState {
         }
     }
 
-    /// The finished answer; items the responder never answered fail with `PROTOCOL`.
-    pub(crate) fn finish(self) -> crate::core::Reply {
+    /// The finished answer (items the responder never answered fail with `PROTOCOL`); the
+    /// vectors it does not hand out go back to `spare`.
+    pub(crate) fn finish(self, spare: &mut Spare) -> crate::core::Reply {
         match self {
-            ReplyState::Pull { results, recv, .. } => {
-                let results = results.into_iter().map(Item::finish).collect();
+            ReplyState::Pull {
+                results,
+                recv,
+                state,
+                ..
+            } => {
+                spare.state = state;
                 if recv {
                     crate::core::Reply::Received(results)
                 } else {
                     crate::core::Reply::Pulled(results)
                 }
             }
-            ReplyState::Push { statuses, .. } => crate::core::Reply::Pushed(
-                statuses
-                    .into_iter()
-                    .map(|s| s.unwrap_or(Status::Protocol))
-                    .collect(),
-            ),
+            ReplyState::Push {
+                statuses, state, ..
+            } => {
+                spare.state = state;
+                crate::core::Reply::Pushed(statuses)
+            }
             ReplyState::Ping => crate::core::Reply::Pushed(Vec::new()),
         }
     }
@@ -266,26 +383,42 @@ impl ReplyState {
 /// A push a server is receiving.
 pub(crate) struct IncomingPush {
     pub handle: u64,
-    items: Vec<(u64, Item)>,
-    chunks: Vec<(u32, u64)>,
+    ids: Vec<u64>,
+    results: Vec<Result<Tensor, Status>>,
+    chunks: Vec<Chunked>,
     frame_done: bool,
 }
 
+/// The vectors of a finished push, for the next one.
+#[derive(Default)]
+pub(crate) struct PushVecs {
+    pub ids: Vec<u64>,
+    pub results: Vec<Result<Tensor, Status>>,
+}
+
 impl IncomingPush {
-    pub(crate) fn new(handle: u64, entries: PushEntries<'_>, alloc: &dyn TensorAllocator) -> Self {
+    /// A push of `entries`, in the vectors of `spare` (emptied first).
+    pub(crate) fn new(
+        handle: u64,
+        entries: PushEntries<'_>,
+        alloc: &dyn TensorAllocator,
+        spare: PushVecs,
+    ) -> Self {
+        let PushVecs {
+            mut ids,
+            mut results,
+        } = spare;
+        ids.clear();
+        results.clear();
         let mut chunks = Vec::new();
-        let items = entries
-            .enumerate()
-            .map(|(i, e)| {
-                if e.meta.chunked {
-                    chunks.push((i as u32, e.meta.byte_len));
-                }
-                (e.var_id, Item::of(&e.meta, alloc))
-            })
-            .collect();
+        for (i, e) in entries.enumerate() {
+            ids.push(e.var_id);
+            results.push(announced(i as u32, &e.meta, alloc, &mut chunks));
+        }
         IncomingPush {
             handle,
-            items,
+            ids,
+            results,
             chunks,
             frame_done: false,
         }
@@ -296,25 +429,24 @@ impl IncomingPush {
         index: u32,
         alloc: &dyn TensorAllocator,
     ) -> Option<&mut Tensor> {
-        self.items.get_mut(index as usize)?.1.tensor_mut(alloc)
+        tensor_in(&mut self.results, &mut self.chunks, index, alloc)
     }
 
-    /// The received items, each a tensor or why it failed to arrive.
-    pub(crate) fn into_items(self) -> Vec<(u64, Result<Tensor, Status>)> {
-        self.items
-            .into_iter()
-            .map(|(id, item)| (id, item.finish()))
-            .collect()
+    /// The received items: variable ids, and per item its tensor or why it failed to arrive.
+    pub(crate) fn into_parts(self) -> PushVecs {
+        PushVecs {
+            ids: self.ids,
+            results: self.results,
+        }
     }
 
     /// Number of items.
     pub(crate) fn len(&self) -> usize {
-        self.items.len()
+        self.ids.len()
     }
 
     pub(crate) fn chunk_progress(&mut self, index: u32, end_offset: u64) {
-        self.chunks
-            .retain(|&(i, len)| !(i == index && end_offset == len));
+        chunk_done(&mut self.chunks, index, end_offset);
     }
 
     pub(crate) fn frame_done(&mut self) {
@@ -332,19 +464,24 @@ mod tests {
 
     #[test]
     fn an_error_fails_only_the_items_not_answered() {
-        let mut s = ReplyState::push(3);
-        if let ReplyState::Push { statuses, .. } = &mut s {
-            statuses[1] = Some(Status::Ok);
+        let mut spare = Spare::default();
+        let mut s = ReplyState::push(3, &mut spare);
+        if let ReplyState::Push {
+            statuses, state, ..
+        } = &mut s
+        {
+            statuses[1] = Status::Ok;
+            state[1] = ANSWERED;
         }
         assert!(s.fail_open(Status::Aborted), "one item was answered");
         assert!(s.is_complete());
-        match s.finish() {
+        match s.finish(&mut spare) {
             crate::core::Reply::Pushed(v) => {
                 assert_eq!(v, [Status::Aborted, Status::Ok, Status::Aborted])
             }
             other => panic!("{other:?}"),
         }
-        let mut none = ReplyState::recv(2);
+        let mut none = ReplyState::pull(2, true, &mut spare);
         assert!(
             !none.fail_open(Status::Aborted),
             "nothing answered: the request fails"

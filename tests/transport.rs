@@ -29,9 +29,9 @@ impl Service for Store {
         );
     }
 
-    fn push(&self, items: Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
         let mut vars = self.vars.lock().unwrap();
-        for (id, grad) in items {
+        for (id, grad) in items.drain(..) {
             let status = match vars.get(&id).cloned() {
                 None => {
                     vars.insert(id, Arc::new(grad));

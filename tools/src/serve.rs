@@ -104,7 +104,7 @@ impl Service for Store {
         }));
     }
 
-    fn push(&self, items: Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
         let mut ok = 0;
         statuses.extend(items.iter().map(|(id, t)| {
             if *id >= self.vars.len() as u64 {
