@@ -2638,3 +2638,36 @@ fn write_sockaddr(addr: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::
 fn errno_str(result: i32) -> String {
     std::io::Error::from_raw_os_error(-result).to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recast_keeps_the_allocation_of_borrowing_items() {
+        let mut v: Vec<ResponseItem<'static>> = Vec::with_capacity(100);
+        v.push(ResponseItem {
+            index: 1,
+            status: Status::Ok,
+            tensor: None,
+        });
+        let ptr = v.as_ptr() as usize;
+        let bytes = [0u8; 4];
+        let mut w: Vec<ResponseItem<'_>> = recast(v);
+        assert!(w.is_empty());
+        assert_eq!((w.as_ptr() as usize, w.capacity()), (ptr, 100));
+        w.push(ResponseItem {
+            index: 0,
+            status: Status::Ok,
+            tensor: Some(crate::proto::OutTensor {
+                meta: crate::wire::TensorMeta::dead(crate::wire::DType::U8),
+                bytes: &bytes,
+                token: 0,
+            }),
+        });
+        let back: Vec<ResponseItem<'static>> = recast(w);
+        assert_eq!((back.as_ptr() as usize, back.capacity()), (ptr, 100));
+        let push: Vec<PushItem<'static>> = recast(Vec::<PushItem<'_>>::with_capacity(8));
+        assert_eq!(push.capacity(), 8);
+    }
+}

@@ -571,6 +571,55 @@ mod tests {
     use super::*;
 
     #[test]
+    fn small_tensors_live_inline_aligned_and_keep_their_bytes() {
+        for len in [0usize, 1, 64, Tensor::INLINE_MAX] {
+            let bytes: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
+            let t = Tensor::from_slice(DType::U8, &[len as u64], &bytes).unwrap();
+            assert!(t.is_inline(), "{len} bytes");
+            assert_eq!(t.bytes(), &bytes[..]);
+            assert_eq!(t.bytes().as_ptr() as usize % HeapAllocator::ALIGN, 0);
+            // Moving the tensor moves its contents with it.
+            let moved = [t];
+            assert_eq!(moved[0].bytes(), &bytes[..]);
+        }
+        let big = Tensor::zeros(DType::U8, &[Tensor::INLINE_MAX as u64 + 1]).unwrap();
+        assert!(!big.is_inline());
+        assert_eq!(
+            Tensor::from_slice(DType::F32, &[2], &[0; 4]).unwrap_err(),
+            TensorError::LengthMismatch {
+                expected: 8,
+                got: 4
+            }
+        );
+    }
+
+    #[test]
+    fn only_allocators_that_allow_it_get_small_tensors_inline() {
+        struct Counting(std::sync::atomic::AtomicUsize);
+        impl TensorAllocator for Counting {
+            fn allocate(&self, d: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Some(Box::new(vec![0u8; d.byte_len as usize]))
+            }
+        }
+        let dims = [16u64];
+        let meta = TensorMeta {
+            dtype: DType::F32,
+            dead: false,
+            chunked: false,
+            byte_len: 64,
+            dims: Dims::Native(&dims),
+        };
+        let hook = Counting(Default::default());
+        let t = Tensor::receive(&meta, &hook).unwrap();
+        assert!(!t.is_inline());
+        assert_eq!(hook.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let t = Tensor::receive(&meta, &HeapAllocator::default()).unwrap();
+        assert!(t.is_inline());
+        assert_eq!(t.byte_len(), 64);
+    }
+
+    #[test]
     fn heap_memory_is_aligned_and_zeroed() {
         for len in [0usize, 1, 63, 64, 65, 4096, 100_003] {
             let b = AlignedBuf::zeroed(len).unwrap();

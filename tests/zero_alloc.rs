@@ -1,0 +1,219 @@
+//! No heap allocation per request in steady state: a pull of 100 small tensors and a push of
+//! 100 small tensors, over real sockets, counted by this test binary's global allocator
+//! across the whole process (client and server loops both run here). Contents are checked
+//! on every request, so the allocation-free path is also the correct one.
+
+mod common;
+
+use common::*;
+use starwire::wire::{DType, Status};
+use starwire::{Embedded, Options, Reply, Runtime, Service, Tensor};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Counts allocation calls (`alloc`, `alloc_zeroed`, `realloc`) of the whole process.
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting has no
+// effect on the memory returned.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.realloc(p, l, new) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocation-counting tests must not overlap: the count is per process.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const N: usize = 100;
+const LEN: usize = 64;
+
+/// Variable `i` holds 64 bytes of value `i`; a push is accepted when each byte equals the
+/// low byte of its id plus one.
+struct Table {
+    vars: Vec<Arc<Tensor>>,
+}
+
+impl Table {
+    fn new() -> Table {
+        let vars = (0..N as u64)
+            .map(|i| {
+                Arc::new(Tensor::from_slice(DType::U8, &[LEN as u64], &[i as u8; LEN]).unwrap())
+            })
+            .collect();
+        Table { vars }
+    }
+}
+
+impl Service for Table {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        out.extend(
+            ids.iter()
+                .map(|&i| self.vars.get(i as usize).cloned().ok_or(Status::NotFound)),
+        );
+    }
+
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+        statuses.extend(items.iter().map(|(id, t)| {
+            if t.bytes().iter().all(|&b| b == (*id as u8).wrapping_add(1)) {
+                Status::Ok
+            } else {
+                Status::InvalidArgument
+            }
+        }));
+    }
+}
+
+fn serve() -> Runtime {
+    let options = Options {
+        service: Some(Arc::new(Table::new())),
+        ..Options::listen("127.0.0.1:0".parse().unwrap())
+    };
+    Runtime::start_with(config("ps", 1).build().unwrap(), options).expect("server starts")
+}
+
+fn ids() -> Vec<u64> {
+    (0..N as u64).rev().collect()
+}
+
+fn grads() -> Vec<(u64, Arc<Tensor>)> {
+    (0..N as u64)
+        .map(|i| {
+            let t = Tensor::from_slice(DType::U8, &[LEN as u64], &[(i as u8).wrapping_add(1); LEN]);
+            (i, Arc::new(t.unwrap()))
+        })
+        .collect()
+}
+
+fn check_pulled(reply: &Reply, ids: &[u64]) {
+    let Reply::Pulled(ts) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(ts.len(), ids.len());
+    for (t, &id) in ts.iter().zip(ids) {
+        let t = t.as_ref().expect("pulled");
+        assert_eq!(t.dims(), [LEN as u64]);
+        assert_eq!(t.bytes(), [id as u8; LEN]);
+    }
+}
+
+fn check_pushed(reply: &Reply) {
+    let Reply::Pushed(s) = reply else {
+        panic!("{reply:?}")
+    };
+    // Compared without building an expected vector: the check itself must not allocate.
+    assert_eq!(s.len(), N);
+    assert!(s.iter().all(|&st| st == Status::Ok), "{s:?}");
+}
+
+/// Runs `step` 200 times to warm up, then counts the allocations of 500 more.
+fn allocations_per_request(mut step: impl FnMut()) -> u64 {
+    for _ in 0..200 {
+        step();
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..500 {
+        step();
+    }
+    ALLOCS.load(Ordering::Relaxed) - before
+}
+
+#[test]
+fn embedded_pull_and_push_allocate_nothing_in_steady_state() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let server = serve();
+    let peer = server.local_addr().unwrap();
+    let mut e = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
+    let ids = ids();
+    let grads = grads();
+
+    let pulls = allocations_per_request(|| {
+        let tag = e.pull_slice(peer, &ids, secs(10));
+        let c = e.wait(tag);
+        check_pulled(c.result.as_ref().expect("pull"), &ids);
+        e.recycle(c);
+    });
+    let pushes = allocations_per_request(|| {
+        let tag = e.push_slice(peer, &grads, secs(10));
+        let c = e.wait(tag);
+        check_pushed(c.result.as_ref().expect("push"));
+        e.recycle(c);
+    });
+    assert_eq!(
+        (pulls, pushes),
+        (0, 0),
+        "allocations over 500 pulls, 500 pushes"
+    );
+}
+
+#[test]
+fn handle_pull_and_push_allocate_nothing_in_steady_state() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let server = serve();
+    let peer = server.local_addr().unwrap();
+    let rt = client(1);
+    let mut h = rt.handle(64);
+    let ids = ids();
+    let grads = grads();
+
+    let pulls = allocations_per_request(|| {
+        let tag = h.pull_slice(peer, &ids, secs(10)).unwrap();
+        let c = h.wait(tag);
+        check_pulled(c.result.as_ref().expect("pull"), &ids);
+        h.recycle(c);
+    });
+    let pushes = allocations_per_request(|| {
+        let tag = h.push_slice(peer, &grads, secs(10)).unwrap();
+        let c = h.wait(tag);
+        check_pushed(c.result.as_ref().expect("push"));
+        h.recycle(c);
+    });
+    assert_eq!(
+        (pulls, pushes),
+        (0, 0),
+        "allocations over 500 pulls, 500 pushes"
+    );
+}
+
+#[test]
+fn without_recycling_a_pull_allocates_only_its_vectors() {
+    // The plain calls still work and still keep tensors inline: what a pull allocates is
+    // the vectors that cross the API (ids in, results out), not per-tensor memory.
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let server = serve();
+    let peer = server.local_addr().unwrap();
+    let mut e = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
+    let ids = ids();
+    let pulls = allocations_per_request(|| {
+        let tag = e.pull(peer, ids.clone(), secs(10));
+        let c = e.wait(tag);
+        check_pulled(c.result.as_ref().expect("pull"), &ids);
+    });
+    assert!(pulls > 0, "the ids clone allocates");
+    assert!(
+        pulls <= 3 * 500,
+        "{pulls} allocations over 500 pulls: more than the vectors crossing the API"
+    );
+}
