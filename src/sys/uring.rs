@@ -543,10 +543,15 @@ fn setup_error(err: io::Error, entries: u32) -> io::Error {
 fn register_error(err: io::Error, bufs: &[libc::iovec]) -> io::Error {
     let bytes: u64 = bufs.iter().map(|b| b.iov_len as u64).sum();
     let count = bufs.len();
-    let msg = if err.raw_os_error() == Some(libc::ENOMEM) {
+    let msg = if matches!(err.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EPERM)) {
+        let name = if err.raw_os_error() == Some(libc::EPERM) {
+            "EPERM"
+        } else {
+            "ENOMEM"
+        };
         format!(
             "io_uring register_buffers: cannot pin {count} buffers totalling {bytes} bytes \
-             (ENOMEM); {}; raise the limit (ulimit -l, systemd LimitMEMLOCK=) or grant \
+             ({name}); {}; raise the limit (ulimit -l, systemd LimitMEMLOCK=) or grant \
              CAP_IPC_LOCK, or register fewer bytes",
             memlock_limits()
         )
