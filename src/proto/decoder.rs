@@ -373,23 +373,21 @@ impl Decoder {
                     self.segments.clear();
                     self.seg_at = 0;
                     self.seg_done = 0;
-                    if let Err(e) = plan_payload(
+                    let largest = match plan_payload(
                         &h,
                         &body,
                         &self.limits,
                         &mut self.segments,
                         &mut self.chunks,
                     ) {
-                        self.state = State::Failed;
-                        return Err(e);
-                    }
+                        Ok(largest) => largest,
+                        Err(e) => {
+                            self.state = State::Failed;
+                            return Err(e);
+                        }
+                    };
                     if !matches!(body, Body::Hello(_) | Body::HelloAck(_)) {
-                        let inline = self.segments.iter().map(|s| s.len);
-                        let chunked = body
-                            .tensors()
-                            .filter(|t| t.meta.chunked)
-                            .map(|t| t.meta.byte_len);
-                        self.last_payload_max = Some(inline.chain(chunked).max().unwrap_or(0));
+                        self.last_payload_max = Some(largest);
                     }
                     self.consume = meta_len;
                     self.state = State::Payload(h);
@@ -426,22 +424,28 @@ impl Decoder {
 }
 
 /// Lays out the payload section of a frame whose meta was validated, and applies the
-/// chunked-tensor sequencing rules (specification 4.8).
+/// chunked-tensor sequencing rules (specification 4.8). Returns the longest payload piece,
+/// counting a chunked tensor the frame declares with its whole length.
 fn plan_payload(
     h: &HeaderRepr,
     body: &Body<'_>,
     limits: &Limits,
     segments: &mut Vec<Segment>,
     chunks: &mut VecDeque<ChunkState>,
-) -> Result<(), Error> {
+) -> Result<u64, Error> {
+    let mut largest = 0u64;
     match body {
-        Body::Ping | Body::Pong if h.payload_len > 0 => segments.push(Segment {
-            target: PayloadTarget::Opaque,
-            offset: 0,
-            len: h.payload_len as u64,
-        }),
+        Body::Ping | Body::Pong if h.payload_len > 0 => {
+            largest = h.payload_len as u64;
+            segments.push(Segment {
+                target: PayloadTarget::Opaque,
+                offset: 0,
+                len: h.payload_len as u64,
+            })
+        }
         Body::Push(_) | Body::Response(_) => {
             for t in body.tensors() {
+                largest = largest.max(t.meta.byte_len);
                 if t.meta.chunked {
                     if chunks.len() >= limits.max_tensors as usize {
                         return Err(Error::TooManyChunked);
@@ -475,6 +479,7 @@ fn plan_payload(
             if state.next == state.byte_len {
                 chunks.pop_front();
             }
+            largest = len;
             segments.push(Segment {
                 target: PayloadTarget::Chunk {
                     handle: h.handle,
@@ -486,5 +491,5 @@ fn plan_payload(
         }
         _ => {}
     }
-    Ok(())
+    Ok(largest)
 }
