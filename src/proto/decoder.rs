@@ -137,8 +137,8 @@ impl Decoder {
 
     /// A decoder whose receive buffer is `buf` (its length is the capacity; grown to the
     /// header length if shorter). The buffer is used in place and never reallocated; a
-    /// frame that needs more room gets a separate, temporary one. [`take_buffer`]
-    /// (Self::take_buffer) gives it back.
+    /// frame that needs more room gets a separate, temporary one.
+    /// [`swap_buffer`](Self::swap_buffer) gives it back.
     pub fn with_buffer(limits: Limits, mut buf: Vec<u8>) -> Decoder {
         if buf.len() < HEADER_LEN {
             buf.resize(HEADER_LEN, 0);
