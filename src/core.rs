@@ -1229,6 +1229,7 @@ impl Loop {
         if let Some((ptr, len)) = direct {
             conn.reading = true;
             conn.direct = true;
+            add(&self.shared.counters.reads, 1);
             // SAFETY: `ptr..ptr+len` lies inside the memory of a tensor owned by a request
             // context or an incoming push of this connection. Neither is dropped while this
             // receive is in flight: requests are failed and the connection dropped only
@@ -1273,6 +1274,7 @@ impl Loop {
             .pool_buf
             .filter(|&i| self.bufs.is_registered() && self.bufs.contains(i, ptr, len as usize));
         conn.reading = true;
+        add(&self.shared.counters.reads, 1);
         // `ptr..ptr+len` is the spare room of the connection's receive buffer. The decoder
         // neither moves nor touches it until `filled` after this completion, and the
         // connection is dropped only once the completion has been reaped.

@@ -44,6 +44,7 @@ pub(crate) struct Counters {
     pub buf_pool_bytes: AtomicU64,
     pub buf_registered_bytes: AtomicU64,
     pub fixed_reads: AtomicU64,
+    pub reads: AtomicU64,
     pub busy_ns: AtomicU64,
     pub spin_ns: AtomicU64,
     pub parked_ns: AtomicU64,
@@ -90,8 +91,10 @@ pub struct Stats {
     /// `buf_pool_bytes` when registered, 0 on epoll or when registration was refused
     /// (the reason is logged).
     pub buf_registered_bytes: u64,
-    /// Receives into a registered buffer (`READ_FIXED`).
+    /// Receives into a registered buffer (`READ_FIXED`); part of `reads`.
     pub fixed_reads: u64,
+    /// Receives started on connections: into a receive buffer or straight into a tensor.
+    pub reads: u64,
     /// Time loops spent doing work.
     pub busy: Duration,
     /// Time loops spent spinning with nothing to do.
@@ -122,6 +125,7 @@ impl Stats {
         self.buf_pool_bytes += l(&c.buf_pool_bytes);
         self.buf_registered_bytes += l(&c.buf_registered_bytes);
         self.fixed_reads += l(&c.fixed_reads);
+        self.reads += l(&c.reads);
         self.busy += Duration::from_nanos(l(&c.busy_ns));
         self.spin += Duration::from_nanos(l(&c.spin_ns));
         self.parked += Duration::from_nanos(l(&c.parked_ns));

@@ -141,6 +141,79 @@ fn more_connections_than_pool_buffers() {
     assert!(ping_once(&server, server.local_addr().unwrap(), secs(10)).is_ok());
 }
 
+#[test]
+fn small_frames_take_one_read_each_and_large_ones_arrive_uncopied() {
+    let (server, client) = start_pair(0);
+    let addr = server.local_addr().unwrap();
+    let mut h = client.handle(8);
+    let mut ping = |n: usize| {
+        for _ in 0..n {
+            let t = h.ping(addr, 64, secs(10)).unwrap();
+            assert!(matches!(
+                h.wait(t).result,
+                Ok(Reply::Pong { payload: 64, .. })
+            ));
+        }
+    };
+    ping(5);
+    // Sequential pings: each frame arrives alone and is read whole by one receive (a
+    // header read on its own would make it two). The receive for the next frame is
+    // started just after a completion is handed out, so a snapshot may miss one.
+    let (s0, c0) = (server.stats(), client.stats());
+    ping(200);
+    let (s1, c1) = (server.stats(), client.stats());
+    let (server_reads, client_reads) = (s1.reads - s0.reads, c1.reads - c0.reads);
+    assert!((199..=203).contains(&server_reads), "{server_reads}");
+    assert!((199..=203).contains(&client_reads), "{client_reads}");
+
+    // A large tensor after small frames: its first bytes come with the header's read and
+    // are copied. The next one is read header-first: nothing copied.
+    let mut h = client.handle(8);
+    let mut pull_1mib = || {
+        let before = client.stats();
+        let t = h.pull(addr, vec![1 << 20], secs(10)).unwrap();
+        match h.wait(t).result {
+            Ok(Reply::Pulled(v)) => assert!(v[0].as_ref().unwrap().bytes() == [0u8; 1 << 20]),
+            other => panic!("{other:?}"),
+        }
+        let after = client.stats();
+        (
+            after.payload_copied - before.payload_copied,
+            after.payload_direct - before.payload_direct,
+        )
+    };
+    let (copied, direct) = pull_1mib();
+    // A pong completes at its header; its 64 payload bytes may be counted (as copied)
+    // just after, inside this pull's window.
+    let pong = (copied + direct).saturating_sub(1 << 20);
+    assert!(pong == 0 || pong == 64, "{copied} + {direct}");
+    let copied = copied - pong;
+    assert!(
+        copied > 0 && copied <= 64 << 10,
+        "at most one receive buffer: {copied}"
+    );
+    assert_eq!(copied + direct, 1 << 20);
+    assert_eq!(pull_1mib(), (0, 1 << 20));
+    assert_eq!(pull_1mib(), (0, 1 << 20));
+
+    // Back to small frames: after the first pong, one read per pong again.
+    let mut h = client.handle(8);
+    let mut ping = |n: usize| {
+        for _ in 0..n {
+            let t = h.ping(addr, 64, secs(10)).unwrap();
+            assert!(matches!(
+                h.wait(t).result,
+                Ok(Reply::Pong { payload: 64, .. })
+            ));
+        }
+    };
+    ping(1);
+    let c0 = client.stats();
+    ping(100);
+    let client_reads = client.stats().reads - c0.reads;
+    assert!((99..=102).contains(&client_reads), "{client_reads}");
+}
+
 /// Keeps the warnings logged, for the child process.
 struct Warnings(Mutex<Vec<String>>);
 
