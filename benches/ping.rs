@@ -53,8 +53,9 @@ OPTIONS
   --runs N            runs per configuration (default 5)
   --rtts N            round trips per latency measurement (default 20000)
   --secs F            length of each throughput window in seconds (default 0.5)
-  --sections LIST     comma list of idle,main,spin,big (default idle,main,spin;
-                      big = latency with a 4 KiB payload)
+  --sections LIST     comma list of idle,main,spin,big,regbuf (default
+                      idle,main,spin; big = latency with a 4 KiB payload; regbuf =
+                      64 B pings with the receive-buffer pool off and on)
   --backends LIST     comma list of uring,epoll (default both)
   --all               also Runtime+Handle with polling on (oversubscribes the client
                       CPU) and the Embedded client in the spin sweep
@@ -1024,6 +1025,107 @@ fn one_main(args: &[String], cpus: (usize, usize)) {
     server.stop();
 }
 
+// ----- regbuf: the receive-buffer pool off and on -----
+
+/// Pool sizes compared: off, and 64 receive buffers of 64 KiB per loop.
+const REGBUF_POOLS: [u64; 2] = [0, 4 << 20];
+
+/// 64 B pings with `STARWIRE_BUF_SIZE` at 0 and at 4 MiB (registered as io_uring fixed
+/// buffers on io_uring, plain memory on epoll), interleaved, beside the raw socket.
+fn regbuf_section(o: &Opts, cpus: (usize, usize)) {
+    const PAYLOAD: u32 = 64;
+    let name = starwire::config::ENV_BUF_SIZE;
+    let saved = std::env::var_os(name);
+    let cfg = |backend| SwCfg {
+        backend,
+        polling: false,
+        spin: starwire::config::DEFAULT_SPIN,
+    };
+    let mut rows: Vec<(Variant, SwCfg, u64, Vec<Sample>)> =
+        vec![(Variant::Raw, cfg(Backend::Uring), 0, Vec::new())];
+    for &backend in &o.backends {
+        for variant in [Variant::Embedded, Variant::Handle] {
+            for pool in REGBUF_POOLS {
+                rows.push((variant, cfg(backend), pool, Vec::new()));
+            }
+        }
+    }
+    let what = Measure {
+        latency: true,
+        rate1: true,
+        rate64: true,
+    };
+    for run in 0..o.runs {
+        for (variant, cfg, pool, samples) in rows.iter_mut() {
+            // Read by the client's `ConfigBuilder::from_env` and inherited by the server
+            // child; set between sessions, when no runtime of this process is running.
+            std::env::set_var(name, pool.to_string());
+            let t = Instant::now();
+            let s = session(o, cpus, *variant, *cfg, PAYLOAD, &what);
+            eprintln!(
+                "run {}/{} {:<15} {} pool {:>7}: p50 {:.1}µs 1-inflight {:.0}/s 64-inflight {:.0}/s ({:.1}s)",
+                run + 1,
+                o.runs,
+                variant.name(),
+                cfg.backend.name(),
+                pool,
+                s.p50_us,
+                s.rate1,
+                s.rate64,
+                t.elapsed().as_secs_f64()
+            );
+            samples.push(s);
+        }
+    }
+    match saved {
+        Some(v) => std::env::set_var(name, v),
+        None => std::env::remove_var(name),
+    }
+    println!(
+        "\n### 64 B ping, receive-buffer pool off and on (median of {} runs; {} round trips, {:.1} s windows)\n",
+        o.runs,
+        o.rtts,
+        o.window.as_secs_f64()
+    );
+    println!("\"vs off\" is the ratio to the same client and backend with the pool off, same run (for p50, lower is better). On io_uring a pool is registered (fixed buffers, `READ_FIXED`); on epoll it is the same memory, unregistered.\n");
+    println!("| configuration | STARWIRE_BUF_SIZE | p50 µs | vs off | 1 in flight /s | vs off | 64 in flight /s | vs off | server loop busy µs/rt |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut off = [0.0f64; 3];
+    for (variant, cfg, pool, samples) in &rows {
+        let v = [
+            med(samples, |s| s.p50_us),
+            med(samples, |s| s.rate1),
+            med(samples, |s| s.rate64),
+        ];
+        if *pool == 0 {
+            off = v;
+        }
+        let ratio = |k: usize| match (variant, *pool) {
+            (Variant::Raw, _) | (_, 0) => "—".to_string(),
+            _ => format!("{:.2}x", v[k] / off[k]),
+        };
+        let label = match variant {
+            Variant::Raw => "raw blocking".to_string(),
+            v => format!("{} {}", v.name(), cfg.backend.name()),
+        };
+        println!(
+            "| {} | {} | {:.1} | {} | {:.0} | {} | {:.0} | {} | {} |",
+            label,
+            pool,
+            v[0],
+            ratio(0),
+            v[1],
+            ratio(1),
+            v[2],
+            ratio(2),
+            match variant {
+                Variant::Raw => "—".to_string(),
+                _ => format!("{:.1}", med(samples, |s| s.server.busy)),
+            }
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -1061,6 +1163,7 @@ fn main() {
             "main" => main_section(&o, cpus, 32, true),
             "big" => main_section(&o, cpus, 4096, false),
             "spin" => spin_section(&o, cpus),
+            "regbuf" => regbuf_section(&o, cpus),
             "idle" => {}
             other => panic!("unknown section {other:?}"),
         }

@@ -13,6 +13,9 @@
 //!   (pipelined, pipelined with `tensor_fuse(true)`, sequential), steps/s.
 //! - `zerocopy` (not in the default set): pull throughput for tensors of 4 KiB–1 MiB with
 //!   `Options::zero_copy_min` at never, 4, 16 and 64 KiB.
+//! - `regbuf` (not in the default set): the `small` and `bulk` pulls with the receive-buffer
+//!   pool off (`STARWIRE_BUF_SIZE=0`) and on (4 MiB per loop; registered as io_uring fixed
+//!   buffers on io_uring), interleaved in one run.
 //! - `--sites`: where those allocations come from (backtraces; build with
 //!   `CARGO_PROFILE_BENCH_DEBUG=line-tables-only` for file:line).
 //!
@@ -223,8 +226,8 @@ OPTIONS
   --quick             1 run, 0.2 s windows, fewer bulk transfers
   --runs N            runs per configuration (default 5)
   --secs F            throughput window in seconds (default 0.3)
-  --sections LIST     comma list of small,bulk,alloc,sparse,zerocopy (default
-                      small,bulk,alloc)
+  --sections LIST     comma list of small,bulk,alloc,sparse,zerocopy,regbuf
+                      (default small,bulk,alloc)
   --sparse-secs F     window per run of the sparse section (default 1.0)
   --sparse-mix LIST   comma list of mixed,small: the sparse step's tensor sizes, 64 B-64 KiB
                       cycled or all 64 B (default both)
@@ -1975,6 +1978,113 @@ fn one_main(args: &[String], cpus: (usize, usize)) {
     server.stop();
 }
 
+// ----- regbuf: the receive-buffer pool off and on -----
+
+/// Pool sizes compared: off, and 64 receive buffers of 64 KiB per loop.
+const REGBUF_POOLS: [u64; 2] = [0, 4 << 20];
+
+/// Sets `STARWIRE_BUF_SIZE`, which the client's config (`ConfigBuilder::from_env`) and the
+/// server child (which inherits the environment) read. Called between sessions, when no
+/// runtime of this process is running.
+fn set_buf_size(bytes: u64) {
+    std::env::set_var(starwire::config::ENV_BUF_SIZE, bytes.to_string());
+}
+
+fn regbuf_section(o: &Opts, cpus: (usize, usize)) {
+    let saved = std::env::var_os(starwire::config::ENV_BUF_SIZE);
+    let mut confs = vec![(
+        Conf {
+            variant: Variant::Raw,
+            cfg: default_cfg(Backend::Uring),
+            mem: Mem::Heap,
+        },
+        0,
+    )];
+    for &backend in &o.backends {
+        for pool in REGBUF_POOLS {
+            let conf = Conf {
+                variant: Variant::Handle,
+                cfg: default_cfg(backend),
+                mem: Mem::Heap,
+            };
+            confs.push((conf, pool));
+        }
+    }
+    let mut rows: Vec<Vec<(SmallSample, BulkSample)>> = confs.iter().map(|_| Vec::new()).collect();
+    for run in 0..o.runs {
+        for ((conf, pool), row) in confs.iter().zip(rows.iter_mut()) {
+            set_buf_size(*pool);
+            let t = Instant::now();
+            let small = small_session(o, cpus, conf);
+            let bulk = bulk_session(o, cpus, conf);
+            eprintln!(
+                "run {}/{} {:<28} pool {:>7}: 100x64B 1-inflight {:.0}/s 64-inflight {:.0}/s, 4 MiB {:.2} GB/s, 64 MiB {:.2} GB/s ({:.1}s)",
+                run + 1,
+                o.runs,
+                conf.label(),
+                pool,
+                small.rate1,
+                small.rate64,
+                bulk.gbps[0],
+                bulk.gbps[1],
+                t.elapsed().as_secs_f64()
+            );
+            row.push((small, bulk));
+        }
+    }
+    match saved {
+        Some(v) => std::env::set_var(starwire::config::ENV_BUF_SIZE, v),
+        None => std::env::remove_var(starwire::config::ENV_BUF_SIZE),
+    }
+    println!(
+        "\n### Receive-buffer pool off and on: pull 100 x 64 B and single 4 MiB / 64 MiB tensors (median of {} runs, {:.1} s windows; {} x 4 MiB, {} x 64 MiB per run)\n",
+        o.runs,
+        o.window.as_secs_f64(),
+        o.bulk_4m,
+        o.bulk_64m
+    );
+    println!("\"vs off\" is the ratio to the same backend with the pool off, same run. On io_uring a pool is registered (fixed buffers, `READ_FIXED`); on epoll it is the same memory, unregistered.\n");
+    println!("| configuration | STARWIRE_BUF_SIZE | 100x64B 1 in flight /s | vs off | 64 in flight /s | vs off | 4 MiB GB/s | vs off | 64 MiB GB/s | vs off | 64 MiB in place |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut off = [0.0f64; 4];
+    for ((conf, pool), row) in confs.iter().zip(&rows) {
+        let v = [
+            median(row.iter().map(|r| r.0.rate1).collect()),
+            median(row.iter().map(|r| r.0.rate64).collect()),
+            median(row.iter().map(|r| r.1.gbps[0]).collect()),
+            median(row.iter().map(|r| r.1.gbps[1]).collect()),
+        ];
+        if *pool == 0 {
+            off = v;
+        }
+        let ratio = |k: usize| match (conf.variant, *pool) {
+            (Variant::Raw, _) | (_, 0) => "—".to_string(),
+            _ => format!("{:.2}x", v[k] / off[k]),
+        };
+        let in_place = match conf.variant {
+            Variant::Raw => "—".to_string(),
+            _ => format!(
+                "{:.1} %",
+                median(row.iter().map(|r| r.1.direct[1]).collect()) * 100.0
+            ),
+        };
+        println!(
+            "| {} | {} | {:.0} | {} | {:.0} | {} | {:.2} | {} | {:.2} | {} | {} |",
+            conf.label(),
+            pool,
+            v[0],
+            ratio(0),
+            v[1],
+            ratio(1),
+            v[2],
+            ratio(2),
+            v[3],
+            ratio(3),
+            in_place
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -2014,6 +2124,7 @@ fn main() {
             "alloc" => alloc_section(&o, cpus),
             "sparse" => sparse_section(&o, cpus),
             "zerocopy" => zerocopy_section(&o, cpus),
+            "regbuf" => regbuf_section(&o, cpus),
             other => panic!("unknown section {other:?}"),
         }
     }

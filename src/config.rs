@@ -133,10 +133,14 @@ pub const MIN_ACC_SIZE: u32 = 4 << 10;
 /// Largest accepted [`Config::acc_size`], 64 MiB.
 pub const MAX_ACC_SIZE: u32 = 64 << 20;
 
-/// Default [`Config::buf_size`], 64 MiB.
-pub const DEFAULT_BUF_SIZE: u64 = 64 << 20;
-/// Smallest nonzero [`Config::buf_size`], 4 KiB (one page).
+/// Default [`Config::buf_size`]: 0, no pool. Registering the pool measured no faster on
+/// loopback (`docs/performance.md`, runs R1 and R2), and it locks memory.
+pub const DEFAULT_BUF_SIZE: u64 = 0;
+/// Smallest nonzero [`Config::buf_size`], 4 KiB (one page); it must also hold at least one
+/// receive buffer ([`Config::recv_buffer`]).
 pub const MIN_BUF_SIZE: u64 = 4 << 10;
+/// Largest accepted [`Config::buf_size`], 1 GiB per loop.
+pub const MAX_BUF_SIZE: u64 = 1 << 30;
 
 /// Default [`Config::tensor_fuse`]: off, as in the originals.
 pub const DEFAULT_TENSOR_FUSE: bool = false;
@@ -271,7 +275,9 @@ pub struct Config {
     pub chunk_size: u32,
     /// Most bytes of queued frames one write (`sendmsg`) coalesces.
     pub acc_size: u32,
-    /// Bytes of the registered (io_uring fixed) buffer pool per loop; 0 turns it off.
+    /// Bytes of each loop's receive-buffer pool, cut into buffers of `recv_buffer` bytes
+    /// that connections use for their life, registered as io_uring fixed buffers on
+    /// io_uring; 0 turns it off.
     pub buf_size: u64,
     /// Fuse the recv requests for one peer found in one drain pass into one frame.
     pub tensor_fuse: bool,
@@ -934,7 +940,7 @@ impl ConfigBuilder {
             "bytes",
         )?;
         let buf = self.buf_size;
-        if buf.value != 0 && buf.value < MIN_BUF_SIZE {
+        if buf.value != 0 && !(MIN_BUF_SIZE..=MAX_BUF_SIZE).contains(&buf.value) {
             return Err(ConfigError::new(
                 label(buf.origin, ENV_BUF_SIZE, "buf_size"),
                 shown(buf.origin, buf.value, buf.value),
@@ -949,6 +955,17 @@ impl ConfigBuilder {
             MAX_RECV_BUFFER,
             "bytes",
         )?;
+        let recv = self.recv_buffer.value as u64;
+        if buf.value != 0 && buf.value < recv {
+            return Err(ConfigError::new(
+                label(buf.origin, ENV_BUF_SIZE, "buf_size"),
+                shown(buf.origin, buf.value, buf.value),
+                format!(
+                    "0 (no pool) or at least one receive buffer ({recv} bytes, the recv_buffer \
+                     setting {ENV_RECV_BUFFER})"
+                ),
+            ));
+        }
         check_range(
             &self.max_inflight,
             ENV_MAX_INFLIGHT,
@@ -1114,7 +1131,7 @@ fn set_limit(l: &mut Limits, i: usize, v: u64) {
     }
 }
 
-const BUF_SIZE_EXPECTED: &str = "0 (no registered buffers) or a number of bytes of at least 4096";
+const BUF_SIZE_EXPECTED: &str = "0 (no buffer pool) or a number of bytes from 4096 to 1073741824";
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -1266,7 +1283,7 @@ impl<F: Fn(&str) -> Option<OsString>> Env<'_, F> {
             return Ok(None);
         };
         match parse_decimal(&s) {
-            Some(v) if v == 0 || v >= MIN_BUF_SIZE => Ok(Some(v)),
+            Some(v) if v == 0 || (MIN_BUF_SIZE..=MAX_BUF_SIZE).contains(&v) => Ok(Some(v)),
             _ => Err(ConfigError::new(
                 ENV_BUF_SIZE,
                 format!("{s:?}"),
@@ -1382,7 +1399,7 @@ mod tests {
         assert_eq!(DEFAULT_SPIN, Duration::from_micros(50));
         assert_eq!(DEFAULT_CHUNK_SIZE, 4 * 1024 * 1024);
         assert_eq!(DEFAULT_ACC_SIZE, 256 * 1024);
-        assert_eq!(DEFAULT_BUF_SIZE, 64 * 1024 * 1024);
+        assert_eq!(DEFAULT_BUF_SIZE, 0);
         assert_eq!(DEFAULT_RECV_BUFFER, 64 * 1024);
         assert_eq!(
             (DEFAULT_POLLING, DEFAULT_PIN, DEFAULT_TENSOR_FUSE),
@@ -1751,6 +1768,27 @@ mod tests {
     }
 
     #[test]
+    fn buf_size_must_hold_one_receive_buffer() {
+        let e = error("ps", &[("STARWIRE_BUF_SIZE", "8192")]);
+        let msg = e.to_string();
+        assert!(msg.contains("STARWIRE_BUF_SIZE"), "{msg}");
+        assert!(msg.contains("\"8192\""), "{msg}");
+        assert!(msg.contains("65536 bytes"), "{msg}");
+        let e = error("ps", &[("STARWIRE_BUF_SIZE", "1073741825")]);
+        assert!(e.to_string().contains("1073741824"), "{e}");
+        let c = config(
+            "ps",
+            &[
+                ("STARWIRE_BUF_SIZE", "8192"),
+                ("STARWIRE_RECV_BUFFER", "8192"),
+            ],
+        )
+        .unwrap();
+        assert_eq!((c.buf_size, c.recv_buffer), (8192, 8192));
+        assert_eq!(config("ps", &[]).unwrap().buf_size, 0, "off by default");
+    }
+
+    #[test]
     fn builder_values_are_validated_and_named() {
         let b = || Config::builder("ps", 0);
         let cases: Vec<(ConfigBuilder, &str)> = vec![
@@ -1763,6 +1801,8 @@ mod tests {
             (b().chunk_size(4095), "ConfigBuilder::chunk_size"),
             (b().acc_size(MAX_ACC_SIZE + 1), "ConfigBuilder::acc_size"),
             (b().buf_size(1), "ConfigBuilder::buf_size"),
+            (b().buf_size(MAX_BUF_SIZE + 1), "ConfigBuilder::buf_size"),
+            (b().buf_size(32 << 10), "ConfigBuilder::buf_size"),
             (b().recv_buffer(0), "ConfigBuilder::recv_buffer"),
             (b().max_inflight(0), "ConfigBuilder::max_inflight"),
             (

@@ -44,6 +44,7 @@ use crate::rendezvous::{Delivery, Rendezvous, Waiter};
 use crate::service::SharedService;
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::{add, Counters, RequestKind};
+use crate::sys::bufpool::BufPool;
 use crate::sys::doorbell::Doorbell;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
 use crate::sys::{socket, Backend};
@@ -371,6 +372,8 @@ struct Conn {
     recvs: Vec<(u64, u32)>,
     /// The receive in flight reads straight into a tensor, not into the buffer.
     direct: bool,
+    /// Index of the pool buffer the decoder receives into, if it has one.
+    pool_buf: Option<u16>,
 }
 
 impl Conn {
@@ -397,6 +400,7 @@ impl Conn {
             incoming: Vec::new(),
             recvs: Vec::new(),
             direct: false,
+            pool_buf: None,
         }
     }
 
@@ -463,6 +467,8 @@ pub(crate) struct Loop {
     abandoned: VecDeque<(u64, u32)>,
     /// Spare vector swapped with the delivery queue, so neither is reallocated.
     posted: Vec<Posted>,
+    /// Receive buffers lent to connections, registered with io_uring when possible.
+    bufs: BufPool,
 }
 
 impl Loop {
@@ -520,7 +526,9 @@ impl Loop {
             push_scratch: PushEncodeScratch::default(),
             abandoned: VecDeque::new(),
             posted: Vec::new(),
+            bufs: BufPool::new(0, 1),
         };
+        lp.start_buf_pool();
         if let Some(l) = &lp.listener {
             let fd = l.as_raw_fd();
             lp.driver.register(LISTENER, fd)?;
@@ -528,6 +536,56 @@ impl Loop {
             lp.accepting = true;
         }
         Ok(lp)
+    }
+
+    /// Allocates the receive-buffer pool and registers it with io_uring. A registration
+    /// the kernel refuses (usually `RLIMIT_MEMLOCK`) is logged once per loop with the
+    /// numbers, and the pool is used unregistered.
+    fn start_buf_pool(&mut self) {
+        self.bufs = BufPool::new(self.cfg.buf_size, self.cfg.recv_buffer);
+        if self.cfg.buf_size > 0 && self.bufs.count() == 0 {
+            log::warn!(
+                "{}={} is less than one receive buffer ({} bytes): no buffer pool",
+                crate::config::ENV_BUF_SIZE,
+                self.cfg.buf_size,
+                self.cfg.recv_buffer
+            );
+        }
+        if self.bufs.count() == 0 {
+            return;
+        }
+        let counters = &self.shared.counters;
+        add(&counters.buf_pool_bytes, self.bufs.bytes());
+        let iov = self.bufs.iovecs();
+        // SAFETY: the pool's buffers are allocated once and never freed before the loop is
+        // dropped, after its driver (whose ring holds the registration); a buffer lent to a
+        // connection comes back at the same address (`BufPool::give_back` retires any
+        // other), and when the loop leaks its connections it leaks the pool too.
+        match unsafe { self.driver.register_buffers(&iov) } {
+            Ok(registered) => {
+                self.bufs.set_registered(registered);
+                if registered {
+                    add(&counters.buf_registered_bytes, self.bufs.bytes());
+                    log::debug!(
+                        "registered {} receive buffers ({} bytes) as io_uring fixed buffers",
+                        self.bufs.count(),
+                        self.bufs.bytes()
+                    );
+                }
+            }
+            Err(e) => log::warn!("{e}; using the receive buffers unregistered"),
+        }
+    }
+
+    /// Gives connection `slot`'s decoder a pool buffer, if one is free.
+    fn lend_buffer(&mut self, slot: u32) {
+        let Some((index, buf)) = self.bufs.lend() else {
+            return;
+        };
+        let conn = &mut self.conns[slot as usize];
+        // Replaced before any byte arrived: nothing buffered is lost.
+        drop(conn.proto.decoder().swap_buffer(buf));
+        conn.pool_buf = Some(index);
     }
 
     fn next_serial(&mut self) -> u32 {
@@ -969,6 +1027,7 @@ impl Loop {
             ..Conn::new(None, proto, Phase::Backoff, self.next_serial())
         };
         let slot = self.conns.insert(conn) as u32;
+        self.lend_buffer(slot);
         self.peers.insert((peer, lane), slot);
         self.start_connect(slot, now);
         Ok(slot)
@@ -1197,6 +1256,7 @@ impl Loop {
             self.conns.remove(slot as usize);
             return;
         }
+        self.lend_buffer(slot);
         add(&self.shared.counters.connections_accepted, 1);
         let deadline = now + self.cfg.handshake_timeout;
         let generation = self.conns[slot as usize].generation;
@@ -1221,6 +1281,7 @@ impl Loop {
         if let Some((ptr, len)) = direct {
             conn.reading = true;
             conn.direct = true;
+            add(&self.shared.counters.reads, 1);
             // SAFETY: `ptr..ptr+len` lies inside the memory of a tensor owned by a request
             // context or an incoming push of this connection. Neither is dropped while this
             // receive is in flight: requests are failed and the connection dropped only
@@ -1252,12 +1313,34 @@ impl Loop {
         } else if let Some(missing) = decoder.meta_missing().filter(|&m| m > 0) {
             // The rest of a meta section: payload after it may go straight into place.
             len = len.min(missing.min(u32::MAX as usize) as u32);
+        } else if decoder.is_idle()
+            && !matches!(decoder.last_payload_max(), Some(m) if m < self.zero_copy_min)
+        {
+            // Large frames are arriving (or none has since the handshake): read the next
+            // header on its own, then its meta section (above), so that a large payload
+            // goes straight into place from its first byte. Connections carrying small
+            // frames keep reading as much as the buffer holds.
+            len = len.min(crate::wire::HEADER_LEN as u32);
         }
+        let fixed = conn
+            .pool_buf
+            .filter(|&i| self.bufs.is_registered() && self.bufs.contains(i, ptr, len as usize));
         conn.reading = true;
-        // SAFETY: `ptr..ptr+len` is the spare room of the connection's receive buffer. The
-        // decoder neither moves nor touches it until `filled` after this completion, and
-        // the connection is dropped only once the completion has been reaped.
-        if let Err(e) = unsafe { self.driver.recv(slot, fd, ptr, len) } {
+        add(&self.shared.counters.reads, 1);
+        // `ptr..ptr+len` is the spare room of the connection's receive buffer. The decoder
+        // neither moves nor touches it until `filled` after this completion, and the
+        // connection is dropped only once the completion has been reaped.
+        let armed = match fixed {
+            Some(index) => {
+                add(&self.shared.counters.fixed_reads, 1);
+                // SAFETY: as above; and the range was just checked to lie in pool buffer
+                // `index`, which stays registered for the life of the driver.
+                unsafe { self.driver.recv_fixed(slot, fd, ptr, len, index) }
+            }
+            // SAFETY: as above.
+            None => unsafe { self.driver.recv(slot, fd, ptr, len) },
+        };
+        if let Err(e) = armed {
             log::warn!("connection {slot}: recv: {e}");
             self.conns[slot as usize].reading = false;
             self.lose(slot, Error::ConnectionLost);
@@ -1640,7 +1723,12 @@ impl Loop {
         if self.conns[slot as usize].fd.is_some() {
             self.driver.deregister(slot);
         }
-        self.conns.remove(slot as usize);
+        let mut conn = self.conns.remove(slot as usize);
+        if let Some(index) = conn.pool_buf {
+            // No operation is in flight: the buffer is the loop's again.
+            let buf = conn.proto.decoder().swap_buffer(Vec::new());
+            self.bufs.give_back(index, buf);
+        }
     }
 
     fn begin_stop(&mut self) {
@@ -2477,6 +2565,8 @@ impl Drop for Loop {
             std::mem::forget(std::mem::take(&mut self.conns));
             // Requests may own tensors that a receive writes into.
             std::mem::forget(std::mem::replace(&mut self.ctxs, CtxSlab::with_capacity(0)));
+            // Registered buffers, and reads into them, may outlive the loop in the kernel.
+            std::mem::forget(std::mem::replace(&mut self.bufs, BufPool::new(0, 1)));
             return;
         }
         // SAFETY: dropped once, here; nothing in flight references loop memory (epoll has no

@@ -41,6 +41,10 @@ pub(crate) struct Counters {
     pub reconnects: AtomicU64,
     pub payload_direct: AtomicU64,
     pub payload_copied: AtomicU64,
+    pub buf_pool_bytes: AtomicU64,
+    pub buf_registered_bytes: AtomicU64,
+    pub fixed_reads: AtomicU64,
+    pub reads: AtomicU64,
     pub busy_ns: AtomicU64,
     pub spin_ns: AtomicU64,
     pub parked_ns: AtomicU64,
@@ -80,6 +84,17 @@ pub struct Stats {
     pub payload_direct: u64,
     /// Tensor payload bytes copied out of a receive buffer.
     pub payload_copied: u64,
+    /// Bytes of the loops' receive-buffer pools (`STARWIRE_BUF_SIZE`, rounded down to
+    /// whole receive buffers).
+    pub buf_pool_bytes: u64,
+    /// Bytes of those pools registered with io_uring as fixed buffers: equal to
+    /// `buf_pool_bytes` when registered, 0 on epoll or when registration was refused
+    /// (the reason is logged).
+    pub buf_registered_bytes: u64,
+    /// Receives into a registered buffer (`READ_FIXED`); part of `reads`.
+    pub fixed_reads: u64,
+    /// Receives started on connections: into a receive buffer or straight into a tensor.
+    pub reads: u64,
     /// Time loops spent doing work.
     pub busy: Duration,
     /// Time loops spent spinning with nothing to do.
@@ -107,6 +122,10 @@ impl Stats {
         self.reconnects += l(&c.reconnects);
         self.payload_direct += l(&c.payload_direct);
         self.payload_copied += l(&c.payload_copied);
+        self.buf_pool_bytes += l(&c.buf_pool_bytes);
+        self.buf_registered_bytes += l(&c.buf_registered_bytes);
+        self.fixed_reads += l(&c.fixed_reads);
+        self.reads += l(&c.reads);
         self.busy += Duration::from_nanos(l(&c.busy_ns));
         self.spin += Duration::from_nanos(l(&c.spin_ns));
         self.parked += Duration::from_nanos(l(&c.parked_ns));

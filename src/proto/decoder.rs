@@ -109,6 +109,13 @@ pub struct Decoder {
     /// Capacity to return to once a large meta section has been decoded.
     initial: usize,
     buf: Vec<u8>,
+    /// The initial buffer while a large meta section is received in a larger one. The
+    /// initial buffer never moves or reallocates, so memory registered with the kernel
+    /// (io_uring fixed buffers) stays the buffer after any growth.
+    home: Vec<u8>,
+    /// Longest payload piece (or chunked tensor) of the last frame decoded after the
+    /// handshake; `None` before the first one.
+    last_payload_max: Option<u64>,
     head: usize,
     tail: usize,
     consume: usize,
@@ -125,10 +132,23 @@ impl Decoder {
     /// A decoder enforcing `limits`, with a receive buffer of `capacity` bytes
     /// (at least the header length).
     pub fn new(limits: Limits, capacity: usize) -> Decoder {
+        Decoder::with_buffer(limits, vec![0; capacity.max(HEADER_LEN)])
+    }
+
+    /// A decoder whose receive buffer is `buf` (its length is the capacity; grown to the
+    /// header length if shorter). The buffer is used in place and never reallocated; a
+    /// frame that needs more room gets a separate, temporary one.
+    /// [`swap_buffer`](Self::swap_buffer) gives it back.
+    pub fn with_buffer(limits: Limits, mut buf: Vec<u8>) -> Decoder {
+        if buf.len() < HEADER_LEN {
+            buf.resize(HEADER_LEN, 0);
+        }
         Decoder {
             limits,
-            initial: capacity.max(HEADER_LEN),
-            buf: vec![0; capacity.max(HEADER_LEN)],
+            initial: buf.len(),
+            buf,
+            home: Vec::new(),
+            last_payload_max: None,
             head: 0,
             tail: 0,
             consume: 0,
@@ -155,6 +175,40 @@ impl Decoder {
     /// Payload bytes the I/O layer placed directly ([`payload_received`](Self::payload_received)).
     pub fn bytes_direct(&self) -> u64 {
         self.bytes_direct
+    }
+
+    /// Replaces the receive buffer with `buf` and returns the one given at creation (by
+    /// [`new`](Self::new), [`with_buffer`](Self::with_buffer) or an earlier call). Bytes
+    /// buffered and not decoded are lost: call it when the connection is done, or before
+    /// its first byte arrives.
+    pub fn swap_buffer(&mut self, mut buf: Vec<u8>) -> Vec<u8> {
+        if buf.len() < HEADER_LEN {
+            buf.resize(HEADER_LEN, 0);
+        }
+        if !self.home.is_empty() {
+            self.buf = std::mem::take(&mut self.home);
+        }
+        self.head = 0;
+        self.tail = 0;
+        self.consume = 0;
+        self.initial = buf.len();
+        std::mem::replace(&mut self.buf, buf)
+    }
+
+    /// Whether the next read lands in the buffer given at creation (or by
+    /// [`swap_buffer`](Self::swap_buffer)), rather than in a temporary larger one.
+    pub fn in_home_buffer(&self) -> bool {
+        self.home.is_empty()
+    }
+
+    /// Longest payload piece of the last frame decoded after the handshake (`HELLO` and
+    /// `HELLO_ACK` do not count): an inline tensor, a chunk, or a ping's payload; a
+    /// chunked tensor a `PUSH` or `RESPONSE` declares counts with its whole length. 0 for
+    /// frames without payload; `None` until such a frame has been decoded. The I/O layer
+    /// uses it to guess whether the next frame is large enough to read its header on its
+    /// own.
+    pub fn last_payload_max(&self) -> Option<u64> {
+        self.last_payload_max
     }
 
     /// Bytes received but not yet decoded.
@@ -203,11 +257,13 @@ impl Decoder {
     /// buffered bytes must be decoded first (call [`poll`](Self::poll)).
     pub fn spare(&mut self) -> &mut [u8] {
         self.apply_consume();
-        if self.head == self.tail && self.buf.len() > self.initial && self.is_idle() {
-            // A large meta section grew the buffer; between frames, give the memory back so
-            // a peer cannot keep it pinned for the life of the connection.
-            self.buf.truncate(self.initial);
-            self.buf.shrink_to_fit();
+        if self.head == self.tail && !self.home.is_empty() && self.is_idle() {
+            // A large meta section needed a larger buffer; between frames, return to the
+            // initial one and free the other, so a peer cannot keep it for the life of the
+            // connection.
+            self.buf = std::mem::take(&mut self.home);
+            self.head = 0;
+            self.tail = 0;
         }
         if self.tail == self.buf.len() {
             let unread = self.tail - self.head;
@@ -218,7 +274,15 @@ impl Decoder {
             } else if unread < self.wanted() {
                 // Bounded: `wanted` is at most a meta length that passed the max_frame check.
                 let grown = (self.buf.len() * 2).min(self.wanted().max(self.buf.len()));
-                self.buf.resize(grown, 0);
+                if self.home.is_empty() {
+                    // Keep the initial buffer where it is; grow a separate one.
+                    let mut bigger = Vec::with_capacity(grown);
+                    bigger.extend_from_slice(&self.buf);
+                    bigger.resize(grown, 0);
+                    self.home = std::mem::replace(&mut self.buf, bigger);
+                } else {
+                    self.buf.resize(grown, 0);
+                }
             }
         }
         &mut self.buf[self.tail..]
@@ -309,15 +373,21 @@ impl Decoder {
                     self.segments.clear();
                     self.seg_at = 0;
                     self.seg_done = 0;
-                    if let Err(e) = plan_payload(
+                    let largest = match plan_payload(
                         &h,
                         &body,
                         &self.limits,
                         &mut self.segments,
                         &mut self.chunks,
                     ) {
-                        self.state = State::Failed;
-                        return Err(e);
+                        Ok(largest) => largest,
+                        Err(e) => {
+                            self.state = State::Failed;
+                            return Err(e);
+                        }
+                    };
+                    if !matches!(body, Body::Hello(_) | Body::HelloAck(_)) {
+                        self.last_payload_max = Some(largest);
                     }
                     self.consume = meta_len;
                     self.state = State::Payload(h);
@@ -354,22 +424,28 @@ impl Decoder {
 }
 
 /// Lays out the payload section of a frame whose meta was validated, and applies the
-/// chunked-tensor sequencing rules (specification 4.8).
+/// chunked-tensor sequencing rules (specification 4.8). Returns the longest payload piece,
+/// counting a chunked tensor the frame declares with its whole length.
 fn plan_payload(
     h: &HeaderRepr,
     body: &Body<'_>,
     limits: &Limits,
     segments: &mut Vec<Segment>,
     chunks: &mut VecDeque<ChunkState>,
-) -> Result<(), Error> {
+) -> Result<u64, Error> {
+    let mut largest = 0u64;
     match body {
-        Body::Ping | Body::Pong if h.payload_len > 0 => segments.push(Segment {
-            target: PayloadTarget::Opaque,
-            offset: 0,
-            len: h.payload_len as u64,
-        }),
+        Body::Ping | Body::Pong if h.payload_len > 0 => {
+            largest = h.payload_len as u64;
+            segments.push(Segment {
+                target: PayloadTarget::Opaque,
+                offset: 0,
+                len: h.payload_len as u64,
+            })
+        }
         Body::Push(_) | Body::Response(_) => {
             for t in body.tensors() {
+                largest = largest.max(t.meta.byte_len);
                 if t.meta.chunked {
                     if chunks.len() >= limits.max_tensors as usize {
                         return Err(Error::TooManyChunked);
@@ -403,6 +479,7 @@ fn plan_payload(
             if state.next == state.byte_len {
                 chunks.pop_front();
             }
+            largest = len;
             segments.push(Segment {
                 target: PayloadTarget::Chunk {
                     handle: h.handle,
@@ -414,5 +491,5 @@ fn plan_payload(
         }
         _ => {}
     }
-    Ok(())
+    Ok(largest)
 }

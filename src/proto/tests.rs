@@ -607,6 +607,56 @@ fn buffer_returns_to_its_capacity_after_a_large_meta() {
 }
 
 #[test]
+fn a_given_buffer_stays_in_place_through_growth_and_comes_back() {
+    let keys: Vec<Vec<u8>> = (0..2000)
+        .map(|i| format!("key-{i:06}").into_bytes())
+        .collect();
+    let mut enc = Encoder::new(EncoderConfig::default());
+    enc.ping(1, b"first").unwrap();
+    enc.recv(2, 0, &keys, true).unwrap();
+    enc.ping(3, b"x").unwrap();
+    let bytes = drain(&mut enc, &HashMap::new(), u64::MAX);
+    let mut given = vec![0u8; 4096];
+    let home = given.as_mut_ptr() as usize;
+    let mut dec = Decoder::with_buffer(Limits::default(), given);
+    assert_eq!(dec.last_payload_max(), None);
+    let (mut at, mut grew, mut frames) = (0, false, 0);
+    while at < bytes.len() {
+        let spare = dec.spare();
+        let (start, len) = (spare.as_ptr() as usize, spare.len());
+        // Every read lands in the given buffer, unless a larger one holds a large meta.
+        let inside = start >= home && start + len <= home + 4096;
+        assert_eq!(dec.in_home_buffer(), inside);
+        grew |= !dec.in_home_buffer();
+        let spare = dec.spare();
+        let n = spare.len().min(bytes.len() - at).min(1000);
+        spare[..n].copy_from_slice(&bytes[at..at + n]);
+        dec.filled(n);
+        at += n;
+        while let Ok(Some(ev)) = dec.poll() {
+            if let Event::Frame(f) = ev {
+                frames += 1;
+                let expect = match f.header.kind {
+                    Kind::Ping => 5,
+                    _ => 0,
+                };
+                if frames == 1 {
+                    assert_eq!(f.header.kind, Kind::Ping);
+                    assert_eq!(dec.last_payload_max(), Some(expect));
+                }
+            }
+        }
+    }
+    assert!(grew, "the meta section needed a larger buffer");
+    assert_eq!(frames, 3);
+    assert_eq!(dec.last_payload_max(), Some(1), "the last ping's payload");
+    assert!(dec.in_home_buffer());
+    assert_eq!(dec.spare().as_ptr() as usize, home);
+    let back = dec.swap_buffer(vec![0; 64]);
+    assert_eq!((back.as_ptr() as usize, back.len()), (home, 4096));
+}
+
+#[test]
 fn tokens_are_released_once_their_bytes_are_no_longer_needed() {
     fn t<'a>(dims: &'a [u64], bytes: &'a [u8], token: u64) -> OutTensor<'a> {
         OutTensor {

@@ -229,6 +229,53 @@ impl Driver {
         }
     }
 
+    /// As [`recv`](Self::recv), into memory inside the buffer registered under `buf_index`
+    /// by [`register_buffers`](Self::register_buffers): on io_uring a `READ_FIXED`, which
+    /// skips mapping the user pages for each operation; on epoll a plain receive.
+    ///
+    /// # Safety
+    /// As [`recv`](Self::recv); and on io_uring `buf..buf+len` must lie inside registered
+    /// buffer `buf_index` (the kernel checks the range and fails the operation with
+    /// `-EFAULT` otherwise).
+    pub unsafe fn recv_fixed(
+        &mut self,
+        slot: u32,
+        fd: RawFd,
+        buf: *mut u8,
+        len: u32,
+        buf_index: u16,
+    ) -> io::Result<()> {
+        match self {
+            Driver::Uring(d) => {
+                // Offset 0 on a socket (not seekable): the kernel reads at the stream's
+                // current position.
+                let entry = opcode::ReadFixed::new(types::Fd(fd), buf, len, buf_index)
+                    .build()
+                    .user_data(user_data(slot, Op::Recv));
+                // SAFETY: the caller keeps the buffer valid until the completion, and it
+                // lies in a buffer that stays registered as long as the ring.
+                unsafe { d.push(&entry) }
+            }
+            // SAFETY: passed on from the caller.
+            Driver::Epoll(_) => unsafe { self.recv(slot, fd, buf, len) },
+        }
+    }
+
+    /// Registers `bufs` with the kernel as fixed buffers, indexed in order. `Ok(false)` on
+    /// epoll, which has nothing to register with. Errors carry the sizes asked for and, for
+    /// ENOMEM, the `RLIMIT_MEMLOCK` numbers.
+    ///
+    /// # Safety
+    /// Every buffer must stay allocated, and not be handed to the allocator for reuse,
+    /// for as long as the driver exists (a ring keeps its registration until it is closed).
+    pub unsafe fn register_buffers(&mut self, bufs: &[libc::iovec]) -> io::Result<bool> {
+        match self {
+            // SAFETY: passed on from the caller.
+            Driver::Uring(d) => unsafe { d.ring.register_buffers(bufs) }.map(|()| true),
+            Driver::Epoll(_) => Ok(false),
+        }
+    }
+
     /// Sends the message `msg` describes (with `MSG_NOSIGNAL`); completes with the bytes
     /// sent or `-errno`.
     ///

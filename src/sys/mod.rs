@@ -7,12 +7,15 @@
 //! - [`doorbell`]: [`doorbell::Doorbell`], the eventfd a producer rings to wake a parked loop.
 //! - [`affinity`]: the allowed CPU set and thread pinning.
 //! - [`socket`]: non-blocking TCP helpers on owned file descriptors.
+//! - [`bufpool`]: [`bufpool::BufPool`], the per-loop receive buffers registered as io_uring
+//!   fixed buffers.
 //!
 //! The backend is chosen once, here: [`select`] probes io_uring and falls back to epoll only
 //! when io_uring is *unavailable* (ENOSYS, EPERM, EINVAL, or a required opcode missing).
 #![allow(unsafe_code)]
 
 pub mod affinity;
+pub mod bufpool;
 pub mod doorbell;
 pub mod driver;
 pub mod epoll;

@@ -543,10 +543,15 @@ fn setup_error(err: io::Error, entries: u32) -> io::Error {
 fn register_error(err: io::Error, bufs: &[libc::iovec]) -> io::Error {
     let bytes: u64 = bufs.iter().map(|b| b.iov_len as u64).sum();
     let count = bufs.len();
-    let msg = if err.raw_os_error() == Some(libc::ENOMEM) {
+    let msg = if matches!(err.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EPERM)) {
+        let name = if err.raw_os_error() == Some(libc::EPERM) {
+            "EPERM"
+        } else {
+            "ENOMEM"
+        };
         format!(
             "io_uring register_buffers: cannot pin {count} buffers totalling {bytes} bytes \
-             (ENOMEM); {}; raise the limit (ulimit -l, systemd LimitMEMLOCK=) or grant \
+             ({name}); {}; raise the limit (ulimit -l, systemd LimitMEMLOCK=) or grant \
              CAP_IPC_LOCK, or register fewer bytes",
             memlock_limits()
         )
@@ -798,6 +803,47 @@ mod tests {
         producer.join().unwrap();
         assert_eq!(got, vec![(USER_DATA_DOORBELL, 8)]);
         assert_eq!(u64::from_ne_bytes(*counter), 1);
+    }
+
+    #[test]
+    fn read_fixed_receives_from_a_stream_socket_into_a_registered_buffer() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut ring = Ring::new(8).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }];
+        // SAFETY: `buf` outlives the registration, which ends when `ring` is dropped first.
+        if let Err(err) = unsafe { ring.register_buffers(&iov) } {
+            // Only a memlock limit too low for one page may refuse it.
+            assert!(err.to_string().contains("RLIMIT_MEMLOCK"), "{err}");
+            return;
+        }
+        let at = buf[100..].as_mut_ptr();
+        let read = opcode::ReadFixed::new(types::Fd(b.as_raw_fd()), at, 64, 0)
+            .build()
+            .user_data(9);
+        // SAFETY: `buf[100..164]` is registered buffer 0, and it and `b` outlive the
+        // completion, reaped below.
+        unsafe { ring.push(&read).unwrap() };
+        ring.submit().unwrap();
+        a.write_all(b"fixed bytes").unwrap();
+        assert_eq!(reap_all(&mut ring, 1), vec![(9, 11)]);
+        // A range outside the registered buffer is refused by the kernel, not written.
+        let mut other = vec![0u8; 64];
+        let read = opcode::ReadFixed::new(types::Fd(b.as_raw_fd()), other.as_mut_ptr(), 64, 0)
+            .build()
+            .user_data(10);
+        // SAFETY: the kernel rejects the range before touching memory; `other` outlives
+        // the completion anyway.
+        unsafe { ring.push(&read).unwrap() };
+        ring.submit().unwrap();
+        a.write_all(b"more").unwrap();
+        assert_eq!(reap_all(&mut ring, 1), vec![(10, -libc::EFAULT)]);
+        drop(ring);
+        assert_eq!(&buf[100..111], b"fixed bytes");
+        assert!(other.iter().all(|&x| x == 0));
     }
 
     #[test]
