@@ -1,8 +1,1300 @@
-//! C ABI for starwire. For now it exposes only the library version; the full
-//! embedding API (runtime, server callbacks, client handles) follows.
+//! C ABI for starwire: runtimes, PS services as C callbacks, per-thread client handles,
+//! tensor allocator hooks, the rendezvous, and stats. The header `include/starwire.h` is
+//! generated from this file by cbindgen (see `cbindgen.toml`; `tests/header.rs` fails when
+//! the committed header drifts from the code).
+//!
+//! Conventions, for every function:
+//! - the body runs inside a panic boundary: a panic returns `SW_ERR_PANIC`, never unwinds
+//!   into C;
+//! - every pointer is checked for NULL (`SW_ERR_NULL`);
+//! - outputs are written only when the call returns `SW_OK`;
+//! - on failure, `sw_last_error()` describes it (per thread, until the next call).
+#![allow(non_camel_case_types)]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use starwire::config::ConfigBuilder;
+use starwire::wire::{DType, Status};
+use starwire::{
+    Completion, Error, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor,
+    TensorAllocator, TensorDesc, TensorMemory,
+};
+
+// ----- results and errors -----
+
+/// What a call returned. `SW_OK` is 0; the values are stable.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum sw_result {
+    /// Success.
+    SW_OK = 0,
+    /// A required pointer was NULL.
+    SW_ERR_NULL = 1,
+    /// An argument is invalid (bad address, dtype, shape, length, empty list, unknown tag).
+    SW_ERR_INVALID_ARGUMENT = 2,
+    /// A setting is malformed or out of range (the message names it).
+    SW_ERR_CONFIG = 3,
+    /// An operating-system error (listening, starting loops).
+    SW_ERR_IO = 4,
+    /// The request's deadline passed.
+    SW_ERR_TIMEOUT = 5,
+    /// The connection to the peer was lost.
+    SW_ERR_CONNECTION_LOST = 6,
+    /// The peer could not be reached.
+    SW_ERR_CONNECT_FAILED = 7,
+    /// The peer refused the handshake (cluster id or token).
+    SW_ERR_REFUSED = 8,
+    /// The peer answered the request with an error status (see the message).
+    SW_ERR_REMOTE = 9,
+    /// The peer violated the protocol; its connection was closed.
+    SW_ERR_PROTOCOL = 10,
+    /// Too many requests in flight on this client.
+    SW_ERR_BACKPRESSURE = 11,
+    /// The runtime is shutting down.
+    SW_ERR_SHUTDOWN = 12,
+    /// starwire panicked inside this call (a bug); the call had no effect.
+    SW_ERR_PANIC = 13,
+    /// The rendezvous key is already published and not yet received.
+    SW_ERR_ALREADY_PUBLISHED = 14,
+}
+
+use sw_result::*;
+
+/// A failure: its code and message.
+struct Failure(sw_result, String);
+
+impl Failure {
+    fn null(what: &str) -> Failure {
+        Failure(SW_ERR_NULL, format!("{what} is NULL"))
+    }
+    fn invalid(msg: impl Into<String>) -> Failure {
+        Failure(SW_ERR_INVALID_ARGUMENT, msg.into())
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        let code = match e {
+            Error::Timeout => SW_ERR_TIMEOUT,
+            Error::ConnectionLost => SW_ERR_CONNECTION_LOST,
+            Error::ConnectFailed => SW_ERR_CONNECT_FAILED,
+            Error::Refused(_) => SW_ERR_REFUSED,
+            Error::Remote(_) => SW_ERR_REMOTE,
+            Error::Protocol => SW_ERR_PROTOCOL,
+            Error::Backpressure => SW_ERR_BACKPRESSURE,
+            Error::Shutdown => SW_ERR_SHUTDOWN,
+            _ => SW_ERR_INVALID_ARGUMENT,
+        };
+        Failure(code, e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// Runs `f` inside the panic boundary, recording the error message of a failure.
+fn boundary(f: impl FnOnce() -> Result<(), Failure>) -> sw_result {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => SW_OK,
+        Ok(Err(Failure(code, msg))) => {
+            set_last_error(&msg);
+            code
+        }
+        Err(_) => {
+            set_last_error("starwire panicked inside this call");
+            SW_ERR_PANIC
+        }
+    }
+}
+
+/// Runs `f`, a getter that cannot fail, inside the panic boundary (`default` on a panic).
+fn boundary_value<T>(default: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(default)
+}
+
+/// The message of this thread's last failed call: a NUL-terminated string owned by
+/// starwire, valid until the next starwire call on this thread. Empty if none failed.
+#[no_mangle]
+pub extern "C" fn sw_last_error() -> *const c_char {
+    boundary_value(c"".as_ptr(), || LAST_ERROR.with(|e| e.borrow().as_ptr()))
+}
 
 /// The starwire version as a NUL-terminated C string with static lifetime.
 #[no_mangle]
-pub extern "C" fn starwire_version() -> *const std::ffi::c_char {
+pub extern "C" fn starwire_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+// ----- pointer helpers -----
+
+/// `p` as a reference, or `SW_ERR_NULL` naming `what`.
+///
+/// # Safety
+/// `p` is NULL or points at a live `T` for the returned lifetime.
+unsafe fn reference<'a, T>(p: *const T, what: &str) -> Result<&'a T, Failure> {
+    // SAFETY: the caller guarantees `p` is NULL or valid.
+    unsafe { p.as_ref() }.ok_or_else(|| Failure::null(what))
+}
+
+/// `p` as a mutable reference, or `SW_ERR_NULL` naming `what`.
+///
+/// # Safety
+/// `p` is NULL or points at a live `T`, used by no one else for the returned lifetime.
+unsafe fn reference_mut<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, Failure> {
+    // SAFETY: the caller guarantees `p` is NULL or valid and unaliased.
+    unsafe { p.as_mut() }.ok_or_else(|| Failure::null(what))
+}
+
+/// `n` elements at `p` (NULL allowed only when `n` is 0).
+///
+/// # Safety
+/// `p` points at `n` initialized elements, or `n` is 0.
+unsafe fn slice<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T], Failure> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Failure::null(what));
+    }
+    // SAFETY: non-null, and the caller guarantees `n` initialized elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// A NUL-terminated string argument.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn string<'a>(p: *const c_char, what: &str) -> Result<&'a str, Failure> {
+    if p.is_null() {
+        return Err(Failure::null(what));
+    }
+    // SAFETY: non-null and NUL-terminated per the caller.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map_err(|_| Failure::invalid(format!("{what} is not UTF-8")))
+}
+
+/// A `host:port` argument.
+///
+/// # Safety
+/// As [`string`].
+unsafe fn address(p: *const c_char, what: &str) -> Result<SocketAddr, Failure> {
+    // SAFETY: forwarded.
+    let s = unsafe { string(p, what) }?;
+    s.parse()
+        .map_err(|_| Failure::invalid(format!("{what} {s:?} is not an address (host:port)")))
+}
+
+/// Writes `value` through an output pointer checked earlier.
+///
+/// # Safety
+/// `out` is valid for a write of `T`.
+unsafe fn write<T>(out: *mut T, value: T) {
+    // SAFETY: per the caller.
+    unsafe { out.write(value) }
+}
+
+fn deadline(timeout_ms: u64) -> Option<Instant> {
+    (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms))
+}
+
+// ----- tensors -----
+
+/// A tensor: dtype, shape and contents (shared; freeing a handle drops one reference).
+pub struct sw_tensor {
+    tensor: Arc<Tensor>,
+}
+
+fn new_handle(tensor: Arc<Tensor>) -> *mut sw_tensor {
+    Box::into_raw(Box::new(sw_tensor { tensor }))
+}
+
+/// Creates a tensor holding a copy of `byte_len` bytes at `data`, of element type `dtype`
+/// (the wire code: 1 bool, 2 u8, 3 i8, 4 u16, 5 i16, 6 f16, 7 bf16, 8 u32, 9 i32, 10 f32,
+/// 11 u64, 12 i64, 13 f64, ...) and shape `dims[0..rank]`. `byte_len` must equal the
+/// element size times the number of elements. On `SW_OK`, `*out` is a new handle the
+/// caller frees with `sw_tensor_free`.
+///
+/// # Safety
+/// `dims` points at `rank` values (may be NULL when `rank` is 0); `data` at `byte_len`
+/// bytes (may be NULL when `byte_len` is 0); `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_new(
+    dtype: u8,
+    dims: *const u64,
+    rank: u32,
+    data: *const c_void,
+    byte_len: u64,
+    out: *mut *mut sw_tensor,
+) -> sw_result {
+    boundary(|| {
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        // SAFETY: per this function's contract.
+        let dims = unsafe { slice(dims, rank as usize, "dims") }?;
+        let len = usize::try_from(byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
+        // SAFETY: per this function's contract.
+        let bytes = unsafe { slice(data.cast::<u8>(), len, "data") }?;
+        let t = Tensor::from_slice(DType::from(dtype), dims, bytes)
+            .map_err(|e| Failure::invalid(format!("tensor: {e}")))?;
+        // SAFETY: checked non-null above.
+        unsafe { write(out, new_handle(Arc::new(t))) };
+        Ok(())
+    })
+}
+
+/// A new handle to the same tensor (no copy). Returns NULL if `t` is NULL.
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_clone(t: *const sw_tensor) -> *mut sw_tensor {
+    boundary_value(std::ptr::null_mut(), || {
+        // SAFETY: per this function's contract.
+        match unsafe { t.as_ref() } {
+            Some(t) => new_handle(t.tensor.clone()),
+            None => std::ptr::null_mut(),
+        }
+    })
+}
+
+/// Releases a tensor handle. NULL is ignored.
+///
+/// # Safety
+/// `t` is NULL or a handle from starwire not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_free(t: *mut sw_tensor) {
+    boundary_value((), || {
+        if !t.is_null() {
+            // SAFETY: made by `Box::into_raw` in `new_handle`, freed once per the contract.
+            drop(unsafe { Box::from_raw(t) });
+        }
+    })
+}
+
+/// The tensor's dtype code (0 if `t` is NULL).
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_dtype(t: *const sw_tensor) -> u8 {
+    // SAFETY: per this function's contract.
+    boundary_value(0, || {
+        unsafe { t.as_ref() }.map_or(0, |t| t.tensor.dtype().into())
+    })
+}
+
+/// The tensor's rank (0 if `t` is NULL).
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_rank(t: *const sw_tensor) -> u32 {
+    // SAFETY: per this function's contract.
+    boundary_value(0, || {
+        unsafe { t.as_ref() }.map_or(0, |t| t.tensor.dims().len() as u32)
+    })
+}
+
+/// The tensor's shape, `rank` values owned by the tensor (NULL if `t` is NULL).
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle; the pointer is valid while the handle lives.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_dims(t: *const sw_tensor) -> *const u64 {
+    boundary_value(std::ptr::null(), || {
+        // SAFETY: per this function's contract.
+        unsafe { t.as_ref() }.map_or(std::ptr::null(), |t| t.tensor.dims().as_ptr())
+    })
+}
+
+/// The tensor's contents, `sw_tensor_byte_len` bytes owned by the tensor (NULL if `t` is
+/// NULL). Read-only: a tensor may be shared.
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle; the pointer is valid while the handle lives.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_data(t: *const sw_tensor) -> *const c_void {
+    boundary_value(std::ptr::null(), || {
+        // SAFETY: per this function's contract.
+        unsafe { t.as_ref() }.map_or(std::ptr::null(), |t| t.tensor.bytes().as_ptr().cast())
+    })
+}
+
+/// Bytes of contents (0 if `t` is NULL).
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_byte_len(t: *const sw_tensor) -> u64 {
+    // SAFETY: per this function's contract.
+    boundary_value(0, || {
+        unsafe { t.as_ref() }.map_or(0, |t| t.tensor.byte_len() as u64)
+    })
+}
+
+/// Whether the tensor is dead (a rendezvous value whose producer did not run).
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_is_dead(t: *const sw_tensor) -> bool {
+    // SAFETY: per this function's contract.
+    boundary_value(false, || {
+        unsafe { t.as_ref() }.is_some_and(|t| t.tensor.is_dead())
+    })
+}
+
+// ----- allocator hook -----
+
+/// Memory for received tensors, chosen by the trainer. `allocate` is called once per
+/// received tensor of at least one byte, before any of its payload is read, on a loop
+/// thread; it returns memory of at least `byte_len` bytes (which starwire writes the
+/// payload into, from the socket directly for large tensors), or NULL to fail that tensor
+/// (status `RESOURCE_EXHAUSTED`; the request and connection go on). `release` is called
+/// with the same pointer when the tensor is dropped, on any thread. Both must be
+/// thread-safe; the memory must stay valid and unmoved until `release`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct sw_allocator {
+    /// Passed to both callbacks.
+    pub user_data: *mut c_void,
+    /// Returns memory for a tensor, or NULL.
+    pub allocate: Option<
+        unsafe extern "C" fn(
+            user_data: *mut c_void,
+            dtype: u8,
+            dims: *const u64,
+            rank: u32,
+            byte_len: u64,
+        ) -> *mut c_void,
+    >,
+    /// Takes back memory `allocate` returned.
+    pub release:
+        Option<unsafe extern "C" fn(user_data: *mut c_void, data: *mut c_void, byte_len: u64)>,
+}
+
+/// A C allocator, callable from any thread (its contract says so).
+struct CAllocator(sw_allocator);
+
+// SAFETY: `sw_allocator`'s contract requires thread-safe callbacks and user data.
+unsafe impl Send for CAllocator {}
+// SAFETY: as above.
+unsafe impl Sync for CAllocator {}
+
+/// Memory from a C allocator, released through it when dropped.
+struct CMemory {
+    ptr: *mut u8,
+    len: usize,
+    alloc: sw_allocator,
+}
+
+// SAFETY: the memory is owned by this value until `release`; the callbacks are thread-safe
+// per `sw_allocator`'s contract.
+unsafe impl Send for CMemory {}
+// SAFETY: shared access only reads the bytes.
+unsafe impl Sync for CMemory {}
+
+// SAFETY: `ptr`/`len` never change while the value lives, and the allocator's contract keeps
+// the memory valid and unmoved until `release` (in `drop`).
+unsafe impl TensorMemory for CMemory {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes at `ptr` stay valid until `release`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for CMemory {
+    fn drop(&mut self) {
+        if let Some(release) = self.alloc.release {
+            // SAFETY: the pointer came from this allocator's `allocate`, released once.
+            unsafe { release(self.alloc.user_data, self.ptr.cast(), self.len as u64) };
+        }
+    }
+}
+
+impl TensorAllocator for CAllocator {
+    fn allocate(&self, desc: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
+        let len = usize::try_from(desc.byte_len).ok()?;
+        if len == 0 {
+            return Some(Box::new(Vec::<u8>::new()));
+        }
+        let allocate = self.0.allocate?;
+        // SAFETY: a C callback with valid arguments; `dims` lives for the call.
+        let ptr = unsafe {
+            allocate(
+                self.0.user_data,
+                desc.dtype.into(),
+                desc.dims.as_ptr(),
+                desc.dims.len() as u32,
+                desc.byte_len,
+            )
+        };
+        if ptr.is_null() {
+            return None;
+        }
+        Some(Box::new(CMemory {
+            ptr: ptr.cast(),
+            len,
+            alloc: self.0,
+        }))
+    }
+}
+
+/// # Safety
+/// `p` is NULL or a valid `sw_allocator`.
+unsafe fn allocator(p: *const sw_allocator) -> Result<Option<Arc<dyn TensorAllocator>>, Failure> {
+    // SAFETY: per the caller.
+    let Some(a) = (unsafe { p.as_ref() }) else {
+        return Ok(None);
+    };
+    if a.allocate.is_none() {
+        return Err(Failure::null("sw_allocator.allocate"));
+    }
+    Ok(Some(Arc::new(CAllocator(*a))))
+}
+
+// ----- service -----
+
+/// A PS task's service, as C callbacks. They run on a loop thread (or a handler thread when
+/// `handler_threads > 0`), possibly several at once: they must be thread-safe.
+///
+/// `pull` gets `n` variable ids and fills, for each `i`, `out_tensors[i]` with a tensor
+/// handle whose ownership passes to starwire (from `sw_tensor_new` or `sw_tensor_clone`),
+/// or leaves it NULL and sets `out_statuses[i]` to why there is none (wire status codes:
+/// 5 `NOT_FOUND`, ...). `out_tensors` starts all NULL and `out_statuses` all 0 (`OK`).
+///
+/// `push` gets `n` pushed tensors, borrowed for the call (`sw_tensor_clone` keeps one), and
+/// sets `out_statuses[i]` per item (it starts all 0, `OK`).
+///
+/// A NULL callback answers its requests with `UNIMPLEMENTED`. Rendezvous recvs are not a
+/// callback: they are answered from what the task publishes (`sw_runtime_publish`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct sw_service {
+    /// Passed to both callbacks.
+    pub user_data: *mut c_void,
+    /// Answers a pull.
+    pub pull: Option<
+        unsafe extern "C" fn(
+            user_data: *mut c_void,
+            ids: *const u64,
+            n: usize,
+            out_tensors: *mut *mut sw_tensor,
+            out_statuses: *mut u32,
+        ),
+    >,
+    /// Applies a push.
+    pub push: Option<
+        unsafe extern "C" fn(
+            user_data: *mut c_void,
+            ids: *const u64,
+            tensors: *const *const sw_tensor,
+            n: usize,
+            out_statuses: *mut u32,
+        ),
+    >,
+}
+
+struct CService(sw_service);
+
+// SAFETY: `sw_service`'s contract requires thread-safe callbacks and user data.
+unsafe impl Send for CService {}
+// SAFETY: as above.
+unsafe impl Sync for CService {}
+
+impl Service for CService {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        let Some(pull) = self.0.pull else {
+            out.extend(ids.iter().map(|_| Err(Status::Unimplemented)));
+            return;
+        };
+        let mut tensors: Vec<*mut sw_tensor> = vec![std::ptr::null_mut(); ids.len()];
+        let mut statuses = vec![0u32; ids.len()];
+        // SAFETY: the arrays hold `ids.len()` elements each and live for the call.
+        unsafe {
+            pull(
+                self.0.user_data,
+                ids.as_ptr(),
+                ids.len(),
+                tensors.as_mut_ptr(),
+                statuses.as_mut_ptr(),
+            )
+        };
+        for (t, s) in tensors.into_iter().zip(statuses) {
+            out.push(if t.is_null() {
+                let s = Status::from(s.min(u16::MAX as u32) as u16);
+                Err(if s.is_ok() { Status::NotFound } else { s })
+            } else {
+                // SAFETY: the callback passed ownership of a handle made by starwire.
+                Ok(unsafe { Box::from_raw(t) }.tensor)
+            });
+        }
+    }
+
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+        let Some(push) = self.0.push else {
+            statuses.extend(items.iter().map(|_| Status::Unimplemented));
+            return;
+        };
+        let ids: Vec<u64> = items.iter().map(|(id, _)| *id).collect();
+        let handles: Vec<sw_tensor> = items
+            .drain(..)
+            .map(|(_, t)| sw_tensor {
+                tensor: Arc::new(t),
+            })
+            .collect();
+        let ptrs: Vec<*const sw_tensor> = handles.iter().map(|h| h as *const _).collect();
+        let mut out = vec![0u32; ids.len()];
+        // SAFETY: the arrays hold `ids.len()` elements each and live for the call.
+        unsafe {
+            push(
+                self.0.user_data,
+                ids.as_ptr(),
+                ptrs.as_ptr(),
+                ids.len(),
+                out.as_mut_ptr(),
+            )
+        };
+        statuses.extend(
+            out.into_iter()
+                .map(|s| Status::from(s.min(u16::MAX as u32) as u16)),
+        );
+    }
+}
+
+// ----- runtime -----
+
+/// How to start a runtime. Settings are named by their environment variables
+/// (`STARWIRE_BACKEND`, `NETWORK_PS_CORE_NUMBER`, `STARWIRE_CLUSTER_TOKEN`, ... see
+/// `docs/tuning.md`) and validated the same way.
+#[repr(C)]
+pub struct sw_runtime_options {
+    /// Job name (`ps`, `worker`, `chief`, ...): decides which role variables apply. Required.
+    pub job: *const c_char,
+    /// Task index within the job.
+    pub task_index: u32,
+    /// `settings` names and values (NUL-terminated strings); may be NULL when 0.
+    pub setting_names: *const *const c_char,
+    /// Values, in the order of `setting_names`.
+    pub setting_values: *const *const c_char,
+    /// Number of settings.
+    pub settings: usize,
+    /// Whether settings not given are read from the process environment.
+    pub use_env: bool,
+    /// `host:port` to listen on (port 0 picks one), or NULL for a client-only runtime.
+    pub listen: *const c_char,
+    /// The PS service, or NULL.
+    pub service: *const sw_service,
+    /// Memory for received tensors, or NULL for starwire's heap allocator.
+    pub allocator: *const sw_allocator,
+    /// Handler threads for the service (0: handlers run inline on the loops).
+    pub handler_threads: u32,
+}
+
+/// A running starwire runtime: event loops, and the task's rendezvous.
+pub struct sw_runtime {
+    runtime: Runtime,
+    rendezvous: Arc<Rendezvous>,
+}
+
+/// Starts a runtime. On `SW_OK`, `*out` is a runtime the caller stops with
+/// `sw_runtime_free`.
+///
+/// # Safety
+/// `options` points at valid options (their strings NUL-terminated, arrays of `settings`
+/// entries); `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_new(
+    options: *const sw_runtime_options,
+    out: *mut *mut sw_runtime,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let o = unsafe { reference(options, "options") }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        // SAFETY: per this function's contract.
+        let job = unsafe { string(o.job, "options.job") }?;
+        // SAFETY: per this function's contract.
+        let names = unsafe { slice(o.setting_names, o.settings, "options.setting_names") }?;
+        // SAFETY: per this function's contract.
+        let values = unsafe { slice(o.setting_values, o.settings, "options.setting_values") }?;
+        let mut settings = Vec::with_capacity(names.len());
+        for (&n, &v) in names.iter().zip(values) {
+            // SAFETY: per this function's contract.
+            let (n, v) = unsafe { (string(n, "setting name")?, string(v, "setting value")?) };
+            settings.push((n.to_string(), std::ffi::OsString::from(v)));
+        }
+        let use_env = o.use_env;
+        let lookup = |name: &str| {
+            let given = settings
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone());
+            given.or_else(|| {
+                if use_env {
+                    std::env::var_os(name)
+                } else {
+                    None
+                }
+            })
+        };
+        let config = ConfigBuilder::from_lookup(job, o.task_index, lookup)
+            .and_then(|b| b.build())
+            .map_err(|e| Failure(SW_ERR_CONFIG, e.to_string()))?;
+        let listen = if o.listen.is_null() {
+            None
+        } else {
+            // SAFETY: per this function's contract.
+            Some(unsafe { address(o.listen, "options.listen") }?)
+        };
+        // SAFETY: per this function's contract.
+        let service =
+            unsafe { o.service.as_ref() }.map(|s| Arc::new(CService(*s)) as Arc<dyn Service>);
+        let rendezvous = Rendezvous::new();
+        let options = Options {
+            listen,
+            service,
+            rendezvous: Some(rendezvous.clone()),
+            // SAFETY: per this function's contract.
+            allocator: unsafe { allocator(o.allocator) }?,
+            handler_threads: o.handler_threads as usize,
+            ..Options::default()
+        };
+        let runtime = Runtime::start_with(config, options)
+            .map_err(|e| Failure(SW_ERR_IO, format!("starting the runtime: {e}")))?;
+        let rt = Box::new(sw_runtime {
+            runtime,
+            rendezvous,
+        });
+        // SAFETY: checked non-null above.
+        unsafe { write(out, Box::into_raw(rt)) };
+        Ok(())
+    })
+}
+
+/// The port the runtime listens on (0 if it does not listen, or `rt` is NULL).
+///
+/// # Safety
+/// `rt` is NULL or a live runtime.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_port(rt: *const sw_runtime) -> u16 {
+    boundary_value(0, || {
+        // SAFETY: per this function's contract.
+        unsafe { rt.as_ref() }
+            .and_then(|r| r.runtime.local_addr())
+            .map_or(0, |a| a.port())
+    })
+}
+
+/// Publishes `tensor` under `key` (`key_len` bytes) in this task's rendezvous: a recv of
+/// `key` from a peer, waiting or future, gets it, exactly once. The tensor is shared, not
+/// copied; the caller keeps its handle.
+///
+/// # Safety
+/// `rt` and `tensor` are live handles; `key` points at `key_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_publish(
+    rt: *const sw_runtime,
+    key: *const u8,
+    key_len: usize,
+    tensor: *const sw_tensor,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let (rt, t) = unsafe { (reference(rt, "rt")?, reference(tensor, "tensor")?) };
+        // SAFETY: per this function's contract.
+        let key = unsafe { slice(key, key_len, "key") }?;
+        if key.is_empty() {
+            return Err(Failure::invalid("empty rendezvous key"));
+        }
+        rt.rendezvous
+            .publish(key, t.tensor.clone())
+            .map_err(|e| Failure(SW_ERR_ALREADY_PUBLISHED, e.to_string()))
+    })
+}
+
+/// Fails every recv of `step` still waiting in this task's rendezvous (status `ABORTED`).
+///
+/// # Safety
+/// `rt` is a live runtime.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_abort_step(rt: *const sw_runtime, step: u64) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        unsafe { reference(rt, "rt") }?.rendezvous.abort_step(step);
+        Ok(())
+    })
+}
+
+/// Counters of all the runtime's loops.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct sw_stats {
+    /// Frames received.
+    pub frames_in: u64,
+    /// Frames sent.
+    pub frames_out: u64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Requests completed successfully.
+    pub requests_completed: u64,
+    /// Requests failed.
+    pub requests_failed: u64,
+    /// Connections accepted.
+    pub connections_accepted: u64,
+    /// Connections opened to peers.
+    pub connections_opened: u64,
+    /// Connections lost.
+    pub connections_lost: u64,
+    /// Tensor payload bytes received straight into tensor memory.
+    pub payload_direct: u64,
+    /// Tensor payload bytes copied out of receive buffers.
+    pub payload_copied: u64,
+}
+
+/// Writes a snapshot of the runtime's counters to `*out`.
+///
+/// # Safety
+/// `rt` is a live runtime; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_stats(rt: *const sw_runtime, out: *mut sw_stats) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let rt = unsafe { reference(rt, "rt") }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        let s = rt.runtime.stats();
+        let stats = sw_stats {
+            frames_in: s.frames_in,
+            frames_out: s.frames_out,
+            bytes_in: s.bytes_in,
+            bytes_out: s.bytes_out,
+            requests_completed: s.completed.iter().sum(),
+            requests_failed: s.failed.iter().sum(),
+            connections_accepted: s.connections_accepted,
+            connections_opened: s.connections_opened,
+            connections_lost: s.connections_lost,
+            payload_direct: s.payload_direct,
+            payload_copied: s.payload_copied,
+        };
+        // SAFETY: checked non-null above.
+        unsafe { write(out, stats) };
+        Ok(())
+    })
+}
+
+/// Stops the runtime: in-flight requests fail with `SW_ERR_SHUTDOWN`, loops are joined.
+/// Free every client of this runtime first. NULL is ignored.
+///
+/// # Safety
+/// `rt` is NULL or a runtime from `sw_runtime_new` not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_free(rt: *mut sw_runtime) {
+    boundary_value((), || {
+        if !rt.is_null() {
+            // SAFETY: made by `Box::into_raw` in `sw_runtime_new`, freed once.
+            let rt = unsafe { Box::from_raw(rt) };
+            rt.runtime.shutdown();
+        }
+    })
+}
+
+// ----- replies -----
+
+/// The answer to a request: per item, a tensor or a status (a pull or recv); per item, a
+/// status (a push); or a round-trip time (a ping).
+pub struct sw_reply {
+    tensors: Vec<Option<sw_tensor>>,
+    statuses: Vec<u32>,
+    rtt_us: f64,
+}
+
+fn reply_of(reply: Reply) -> sw_reply {
+    let mut r = sw_reply {
+        tensors: Vec::new(),
+        statuses: Vec::new(),
+        rtt_us: 0.0,
+    };
+    match reply {
+        Reply::Pulled(items) | Reply::Received(items) => {
+            for item in items {
+                match item {
+                    Ok(t) => {
+                        r.tensors.push(Some(sw_tensor {
+                            tensor: Arc::new(t),
+                        }));
+                        r.statuses.push(0);
+                    }
+                    Err(s) => {
+                        r.tensors.push(None);
+                        r.statuses.push(u16::from(s) as u32);
+                    }
+                }
+            }
+        }
+        Reply::Pushed(statuses) => {
+            r.statuses = statuses.into_iter().map(|s| u16::from(s) as u32).collect();
+        }
+        Reply::Pong { rtt, .. } => r.rtt_us = rtt.as_secs_f64() * 1e6,
+        _ => {}
+    }
+    r
+}
+
+/// A completion as C sees it: the result code and, on success, a reply.
+fn outcome(c: Completion) -> (sw_result, Option<Box<sw_reply>>) {
+    match c.result {
+        Ok(reply) => (SW_OK, Some(Box::new(reply_of(reply)))),
+        Err(e) => {
+            let Failure(code, msg) = Failure::from(e);
+            set_last_error(&msg);
+            (code, None)
+        }
+    }
+}
+
+/// Items in the reply (0 for a ping, or if `r` is NULL).
+///
+/// # Safety
+/// `r` is NULL or a live reply.
+#[no_mangle]
+pub unsafe extern "C" fn sw_reply_count(r: *const sw_reply) -> usize {
+    // SAFETY: per this function's contract.
+    boundary_value(0, || unsafe { r.as_ref() }.map_or(0, |r| r.statuses.len()))
+}
+
+/// Item `i`'s wire status: 0 (`OK`) or why it failed (5 `NOT_FOUND`, 8
+/// `RESOURCE_EXHAUSTED` when the allocator refused, ...). `u32::MAX` if out of range.
+///
+/// # Safety
+/// `r` is NULL or a live reply.
+#[no_mangle]
+pub unsafe extern "C" fn sw_reply_status(r: *const sw_reply, i: usize) -> u32 {
+    boundary_value(u32::MAX, || {
+        // SAFETY: per this function's contract.
+        unsafe { r.as_ref() }
+            .and_then(|r| r.statuses.get(i).copied())
+            .unwrap_or(u32::MAX)
+    })
+}
+
+/// Item `i`'s tensor, borrowed from the reply (valid until `sw_reply_free`; use
+/// `sw_tensor_clone` to keep it), or NULL if it has none.
+///
+/// # Safety
+/// `r` is NULL or a live reply.
+#[no_mangle]
+pub unsafe extern "C" fn sw_reply_tensor(r: *const sw_reply, i: usize) -> *const sw_tensor {
+    boundary_value(std::ptr::null(), || {
+        // SAFETY: per this function's contract.
+        unsafe { r.as_ref() }
+            .and_then(|r| r.tensors.get(i))
+            .and_then(|t| t.as_ref())
+            .map_or(std::ptr::null(), |t| t as *const sw_tensor)
+    })
+}
+
+/// A ping's round-trip time in microseconds (0 for other replies).
+///
+/// # Safety
+/// `r` is NULL or a live reply.
+#[no_mangle]
+pub unsafe extern "C" fn sw_reply_rtt_us(r: *const sw_reply) -> f64 {
+    // SAFETY: per this function's contract.
+    boundary_value(0.0, || unsafe { r.as_ref() }.map_or(0.0, |r| r.rtt_us))
+}
+
+/// Releases a reply and the tensors it still holds. NULL is ignored.
+///
+/// # Safety
+/// `r` is NULL or a reply from starwire not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sw_reply_free(r: *mut sw_reply) {
+    boundary_value((), || {
+        if !r.is_null() {
+            // SAFETY: made by `Box::into_raw` in this crate, freed once.
+            drop(unsafe { Box::from_raw(r) });
+        }
+    })
+}
+
+// ----- clients -----
+
+/// A thread's way to submit requests. Used by one thread at a time (it may move between
+/// threads); make one per submitting thread.
+pub struct sw_client {
+    handle: Handle,
+}
+
+/// A client of `rt` with room for `capacity` requests in flight, whose completions are
+/// taken with `sw_client_wait`. Free it with `sw_client_free` before its runtime.
+///
+/// # Safety
+/// `rt` is a live runtime; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_new(
+    rt: *const sw_runtime,
+    capacity: u32,
+    out: *mut *mut sw_client,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let rt = unsafe { reference(rt, "rt") }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        let handle = rt.runtime.handle(capacity.max(1) as usize);
+        // SAFETY: checked non-null above.
+        unsafe { write(out, Box::into_raw(Box::new(sw_client { handle }))) };
+        Ok(())
+    })
+}
+
+/// Callback and user data, callable from loop threads (the callback's contract says so).
+struct CCallback(
+    unsafe extern "C" fn(*mut c_void, u64, sw_result, *mut sw_reply),
+    *mut c_void,
+);
+// SAFETY: `sw_completion_fn` callers promise thread-safe callbacks and user data.
+unsafe impl Send for CCallback {}
+// SAFETY: as above.
+unsafe impl Sync for CCallback {}
+
+impl CCallback {
+    fn call(&self, tag: u64, code: sw_result, reply: *mut sw_reply) {
+        // SAFETY: a C callback with the caller's user data; the reply's ownership passes to
+        // it.
+        unsafe { (self.0)(self.1, tag, code, reply) };
+    }
+}
+
+/// A client whose completions are delivered to `callback` (with `user_data`) instead of
+/// through `sw_client_wait`: it is called once per completed request, on a loop thread
+/// (keep it short; it must not wait on a client). `result` is the request's outcome;
+/// `reply` is its answer when `result` is `SW_OK` (owned by the callback: free it with
+/// `sw_reply_free`), NULL otherwise.
+///
+/// # Safety
+/// `rt` is a live runtime; `callback` and `user_data` are safe to use from loop threads
+/// until the client's runtime is freed; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_new_with_callback(
+    rt: *const sw_runtime,
+    capacity: u32,
+    callback: Option<
+        unsafe extern "C" fn(
+            user_data: *mut c_void,
+            tag: u64,
+            result: sw_result,
+            reply: *mut sw_reply,
+        ),
+    >,
+    user_data: *mut c_void,
+    out: *mut *mut sw_client,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let rt = unsafe { reference(rt, "rt") }?;
+        let callback = callback.ok_or_else(|| Failure::null("callback"))?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        let cb = CCallback(callback, user_data);
+        let handle = rt.runtime.handle_with_callback(
+            capacity.max(1) as usize,
+            Arc::new(move |c: Completion| {
+                let tag = c.tag;
+                let (code, reply) = outcome(c);
+                cb.call(tag, code, reply.map_or(std::ptr::null_mut(), Box::into_raw));
+            }),
+        );
+        // SAFETY: checked non-null above.
+        unsafe { write(out, Box::into_raw(Box::new(sw_client { handle }))) };
+        Ok(())
+    })
+}
+
+/// Releases a client (its requests still in flight complete unobserved). NULL is ignored.
+///
+/// # Safety
+/// `c` is NULL or a client from starwire not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
+    boundary_value((), || {
+        if !c.is_null() {
+            // SAFETY: made by `Box::into_raw` in this crate, freed once.
+            drop(unsafe { Box::from_raw(c) });
+        }
+    })
+}
+
+/// The common part of every submission: checks `c`, `peer` and `tag`, submits, writes the
+/// tag.
+///
+/// # Safety
+/// As the submitting functions.
+unsafe fn submit(
+    c: *mut sw_client,
+    peer: *const c_char,
+    tag: *mut u64,
+    f: impl FnOnce(&mut Handle, SocketAddr) -> Result<u64, Error>,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per the caller.
+        let client = unsafe { reference_mut(c, "client") }?;
+        // SAFETY: per the caller.
+        let peer = unsafe { address(peer, "peer") }?;
+        if tag.is_null() {
+            return Err(Failure::null("tag"));
+        }
+        let t = f(&mut client.handle, peer)?;
+        // SAFETY: checked non-null above.
+        unsafe { write(tag, t) };
+        Ok(())
+    })
+}
+
+/// Pings `peer` (`host:port`) with `payload` bytes. `timeout_ms` 0: no deadline. On `SW_OK`,
+/// `*tag` names the request.
+///
+/// # Safety
+/// `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_ping(
+    c: *mut sw_client,
+    peer: *const c_char,
+    payload: u32,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    // SAFETY: per this function's contract.
+    unsafe {
+        submit(c, peer, tag, |h, p| {
+            h.ping(p, payload, deadline(timeout_ms))
+        })
+    }
+}
+
+/// Pulls variables `ids[0..n]` from `peer`: the reply has one tensor (or status) per id,
+/// in memory from the runtime's allocator.
+///
+/// # Safety
+/// As `sw_client_ping`; `ids` points at `n` values.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_pull(
+    c: *mut sw_client,
+    peer: *const c_char,
+    ids: *const u64,
+    n: usize,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    // SAFETY: per this function's contract.
+    let ids = match unsafe { slice(ids, n, "ids") } {
+        Ok(ids) => ids,
+        Err(f) => return boundary(|| Err(f)),
+    };
+    // SAFETY: per this function's contract.
+    unsafe {
+        submit(c, peer, tag, |h, p| {
+            h.pull_slice(p, ids, deadline(timeout_ms))
+        })
+    }
+}
+
+/// Like `sw_client_pull`, with the received tensors in memory from `alloc` (for instance
+/// buffers the caller already owns).
+///
+/// # Safety
+/// As `sw_client_pull`; `alloc` points at a valid allocator that outlives the reply's
+/// tensors.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_pull_into(
+    c: *mut sw_client,
+    peer: *const c_char,
+    ids: *const u64,
+    n: usize,
+    alloc: *const sw_allocator,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    // SAFETY: per this function's contract.
+    let prepared = unsafe { slice(ids, n, "ids") }.and_then(|ids| {
+        if alloc.is_null() {
+            return Err(Failure::null("alloc"));
+        }
+        // SAFETY: per this function's contract.
+        Ok((ids.to_vec(), unsafe { allocator(alloc) }?))
+    });
+    let (ids, Some(alloc)) = (match prepared {
+        Ok(p) => p,
+        Err(f) => return boundary(|| Err(f)),
+    }) else {
+        return boundary(|| Err(Failure::null("alloc")));
+    };
+    // SAFETY: per this function's contract.
+    unsafe {
+        submit(c, peer, tag, |h, p| {
+            h.pull_into(p, ids, alloc, deadline(timeout_ms))
+        })
+    }
+}
+
+/// Pushes `tensors[i]` for variable `ids[i]`, `i < n`, to `peer`. The tensors are shared
+/// with the runtime until sent (not copied); the caller keeps its handles.
+///
+/// # Safety
+/// As `sw_client_ping`; `ids` and `tensors` point at `n` values, each tensor a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_push(
+    c: *mut sw_client,
+    peer: *const c_char,
+    ids: *const u64,
+    tensors: *const *const sw_tensor,
+    n: usize,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    let items = (|| {
+        // SAFETY: per this function's contract.
+        let (ids, ts) = unsafe { (slice(ids, n, "ids")?, slice(tensors, n, "tensors")?) };
+        ids.iter()
+            .zip(ts)
+            .map(|(&id, &t)| {
+                // SAFETY: per this function's contract.
+                let t = unsafe { reference(t, "tensors[i]") }?;
+                Ok((id, t.tensor.clone()))
+            })
+            .collect::<Result<Vec<_>, Failure>>()
+    })();
+    let items = match items {
+        Ok(items) => items,
+        Err(f) => return boundary(|| Err(f)),
+    };
+    // SAFETY: per this function's contract.
+    unsafe { submit(c, peer, tag, |h, p| h.push(p, items, deadline(timeout_ms))) }
+}
+
+/// Receives the tensor `peer` publishes under `key` (`key_len` bytes) for `step`: completes
+/// when it is published there, before or after this request arrives.
+///
+/// # Safety
+/// As `sw_client_ping`; `key` points at `key_len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_recv(
+    c: *mut sw_client,
+    peer: *const c_char,
+    step: u64,
+    key: *const u8,
+    key_len: usize,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    // SAFETY: per this function's contract.
+    let key = match unsafe { slice(key, key_len, "key") } {
+        Ok(k) => k,
+        Err(f) => return boundary(|| Err(f)),
+    };
+    // SAFETY: per this function's contract.
+    unsafe {
+        submit(c, peer, tag, |h, p| {
+            h.recv(p, step, key, deadline(timeout_ms))
+        })
+    }
+}
+
+/// Receives `n` keys (`keys[i]`, `key_lens[i]` bytes) in one round trip (one fused frame);
+/// each tensor is sent as soon as it is published, and the reply has one entry per key.
+///
+/// # Safety
+/// As `sw_client_ping`; `keys` and `key_lens` point at `n` values, `keys[i]` at
+/// `key_lens[i]` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_recv_many(
+    c: *mut sw_client,
+    peer: *const c_char,
+    step: u64,
+    keys: *const *const u8,
+    key_lens: *const usize,
+    n: usize,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    let keys = (|| {
+        // SAFETY: per this function's contract.
+        let (ks, lens) = unsafe { (slice(keys, n, "keys")?, slice(key_lens, n, "key_lens")?) };
+        ks.iter()
+            .zip(lens)
+            // SAFETY: per this function's contract.
+            .map(|(&k, &len)| unsafe { slice(k, len, "keys[i]") }.map(<[u8]>::to_vec))
+            .collect::<Result<Vec<_>, Failure>>()
+    })();
+    let keys = match keys {
+        Ok(k) => k,
+        Err(f) => return boundary(|| Err(f)),
+    };
+    // SAFETY: per this function's contract.
+    unsafe {
+        submit(c, peer, tag, |h, p| {
+            h.recv_many(p, step, keys, deadline(timeout_ms))
+        })
+    }
+}
+
+/// Waits for request `tag` of this client (spins briefly, then parks). Returns the
+/// request's outcome; on `SW_OK`, `*reply` is its answer, which the caller frees with
+/// `sw_reply_free`. Completions of other requests that arrive meanwhile are kept for their
+/// own wait. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `c` is a live client used by this thread only; `reply` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_wait(
+    c: *mut sw_client,
+    tag: u64,
+    reply: *mut *mut sw_reply,
+) -> sw_result {
+    let mut code = SW_OK;
+    let r = boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { reference_mut(c, "client") }?;
+        if reply.is_null() {
+            return Err(Failure::null("reply"));
+        }
+        let completion = client.handle.wait(tag);
+        let (result, answer) = outcome(completion);
+        code = result;
+        if let Some(answer) = answer {
+            // SAFETY: checked non-null above.
+            unsafe { write(reply, Box::into_raw(answer)) };
+        }
+        Ok(())
+    });
+    if r != SW_OK {
+        return r;
+    }
+    code
 }
