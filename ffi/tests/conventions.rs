@@ -1,0 +1,142 @@
+//! The C ABI's conventions, called as C would: NULL pointers are refused with
+//! `SW_ERR_NULL`, outputs are written only on success, and every failure leaves a message.
+
+use starwire_ffi::*;
+use std::ffi::{c_char, CStr};
+use std::ptr;
+
+fn last_error() -> String {
+    // SAFETY: `sw_last_error` returns a NUL-terminated string valid until the next call.
+    unsafe { CStr::from_ptr(sw_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn null_pointers_are_refused_and_outputs_untouched() {
+    let dims = [2u64];
+    let data = [1u8, 2];
+    // SAFETY: every pointer is valid or NULL, as each function allows.
+    unsafe {
+        assert_eq!(
+            sw_tensor_new(
+                2,
+                dims.as_ptr(),
+                1,
+                data.as_ptr().cast(),
+                2,
+                ptr::null_mut()
+            ),
+            sw_result::SW_ERR_NULL
+        );
+        assert!(last_error().contains("out"), "{}", last_error());
+        let mut rt = 0x1 as *mut sw_runtime;
+        assert_eq!(sw_runtime_new(ptr::null(), &mut rt), sw_result::SW_ERR_NULL);
+        assert_eq!(rt as usize, 0x1, "no partial success");
+        let mut tag = 7u64;
+        assert_eq!(
+            sw_client_ping(ptr::null_mut(), c"127.0.0.1:1".as_ptr(), 0, 0, &mut tag),
+            sw_result::SW_ERR_NULL
+        );
+        assert_eq!(tag, 7);
+        // Getters and frees accept NULL.
+        assert_eq!(sw_tensor_byte_len(ptr::null()), 0);
+        assert!(sw_tensor_data(ptr::null()).is_null());
+        assert_eq!(sw_reply_count(ptr::null()), 0);
+        sw_tensor_free(ptr::null_mut());
+        sw_reply_free(ptr::null_mut());
+        sw_client_free(ptr::null_mut());
+        sw_runtime_free(ptr::null_mut());
+    }
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let dims = [3u64];
+    let data = [0u8; 8];
+    let mut t = ptr::null_mut();
+    // SAFETY: valid pointers; the length is wrong on purpose.
+    let r = unsafe { sw_tensor_new(10, dims.as_ptr(), 1, data.as_ptr().cast(), 8, &mut t) };
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(t.is_null());
+    assert!(last_error().contains("12"), "{}", last_error());
+
+    let names: [*const c_char; 1] = [c"STARWIRE_BACKEND".as_ptr()];
+    let values: [*const c_char; 1] = [c"carrier-pigeon".as_ptr()];
+    let opts = sw_runtime_options {
+        job: c"ps".as_ptr(),
+        task_index: 0,
+        setting_names: names.as_ptr(),
+        setting_values: values.as_ptr(),
+        settings: 1,
+        use_env: false,
+        listen: ptr::null(),
+        service: ptr::null(),
+        allocator: ptr::null(),
+        handler_threads: 0,
+    };
+    let mut rt = ptr::null_mut();
+    // SAFETY: valid options and output.
+    assert_eq!(
+        unsafe { sw_runtime_new(&opts, &mut rt) },
+        sw_result::SW_ERR_CONFIG
+    );
+    assert!(rt.is_null());
+    assert!(
+        last_error().contains("STARWIRE_BACKEND"),
+        "{}",
+        last_error()
+    );
+}
+
+#[test]
+fn a_runtime_starts_answers_a_ping_and_stops() {
+    let opts = sw_runtime_options {
+        job: c"ps".as_ptr(),
+        task_index: 0,
+        setting_names: ptr::null(),
+        setting_values: ptr::null(),
+        settings: 0,
+        use_env: true,
+        listen: c"127.0.0.1:0".as_ptr(),
+        service: ptr::null(),
+        allocator: ptr::null(),
+        handler_threads: 0,
+    };
+    // SAFETY: valid handles and pointers throughout; each handle freed once.
+    unsafe {
+        let mut rt = ptr::null_mut();
+        assert_eq!(sw_runtime_new(&opts, &mut rt), sw_result::SW_OK);
+        let port = sw_runtime_port(rt);
+        assert_ne!(port, 0);
+        let mut client = ptr::null_mut();
+        assert_eq!(sw_client_new(rt, 4, &mut client), sw_result::SW_OK);
+        let peer = std::ffi::CString::new(format!("127.0.0.1:{port}")).unwrap();
+        let mut tag = 0;
+        assert_eq!(
+            sw_client_ping(client, peer.as_ptr(), 16, 5000, &mut tag),
+            sw_result::SW_OK
+        );
+        let mut reply = ptr::null_mut();
+        assert_eq!(sw_client_wait(client, tag, &mut reply), sw_result::SW_OK);
+        assert!(sw_reply_rtt_us(reply) > 0.0);
+        sw_reply_free(reply);
+        // A pull from a task without a service fails with the peer's status.
+        let ids = [1u64];
+        assert_eq!(
+            sw_client_pull(client, peer.as_ptr(), ids.as_ptr(), 1, 5000, &mut tag),
+            sw_result::SW_OK
+        );
+        let mut reply = 0x1 as *mut sw_reply;
+        assert_eq!(
+            sw_client_wait(client, tag, &mut reply),
+            sw_result::SW_ERR_REMOTE
+        );
+        assert_eq!(reply as usize, 0x1, "no reply written on failure");
+        let mut stats = sw_stats::default();
+        assert_eq!(sw_runtime_stats(rt, &mut stats), sw_result::SW_OK);
+        assert!(stats.requests_completed >= 1 && stats.frames_in >= 2);
+        sw_client_free(client);
+        sw_runtime_free(rt);
+    }
+}
