@@ -140,3 +140,84 @@ fn a_runtime_starts_answers_a_ping_and_stops() {
         sw_runtime_free(rt);
     }
 }
+
+/// Completions counted by `on_done`, with the tag of the last.
+struct Seen {
+    done: std::sync::atomic::AtomicU64,
+    last_tag: std::sync::atomic::AtomicU64,
+}
+
+unsafe extern "C" fn on_done(
+    user: *mut std::ffi::c_void,
+    tag: u64,
+    r: sw_result,
+    reply: *mut sw_reply,
+) {
+    // SAFETY: `user` is the `Seen` the test passed, alive until the runtime is freed.
+    let seen = unsafe { &*(user as *const Seen) };
+    assert_eq!(r, sw_result::SW_OK);
+    // SAFETY: the reply is ours to free.
+    unsafe {
+        assert!(sw_reply_rtt_us(reply) > 0.0);
+        sw_reply_free(reply);
+    }
+    seen.last_tag
+        .store(tag, std::sync::atomic::Ordering::SeqCst);
+    seen.done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+fn completion_callbacks_get_every_request_with_its_tag() {
+    let opts = sw_runtime_options {
+        job: c"ps".as_ptr(),
+        task_index: 0,
+        setting_names: ptr::null(),
+        setting_values: ptr::null(),
+        settings: 0,
+        use_env: true,
+        listen: c"127.0.0.1:0".as_ptr(),
+        service: ptr::null(),
+        allocator: ptr::null(),
+        handler_threads: 0,
+    };
+    let seen = Seen {
+        done: Default::default(),
+        last_tag: Default::default(),
+    };
+    // SAFETY: valid handles and pointers throughout; `seen` outlives the runtime.
+    unsafe {
+        let mut rt = ptr::null_mut();
+        assert_eq!(sw_runtime_new(&opts, &mut rt), sw_result::SW_OK);
+        let peer = std::ffi::CString::new(format!("127.0.0.1:{}", sw_runtime_port(rt))).unwrap();
+        let mut client = ptr::null_mut();
+        let user = &seen as *const Seen as *mut std::ffi::c_void;
+        assert_eq!(
+            sw_client_new_with_callback(rt, 16, Some(on_done), user, &mut client),
+            sw_result::SW_OK
+        );
+        let mut tag = 0;
+        for _ in 0..10 {
+            assert_eq!(
+                sw_client_ping(client, peer.as_ptr(), 8, 5000, &mut tag),
+                sw_result::SW_OK
+            );
+        }
+        let start = std::time::Instant::now();
+        while seen.done.load(std::sync::atomic::Ordering::SeqCst) < 10 {
+            assert!(
+                start.elapsed().as_secs() < 10,
+                "callbacks did not all arrive"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(seen.last_tag.load(std::sync::atomic::Ordering::SeqCst), tag);
+        // A callback client has nothing to wait on.
+        let mut reply = ptr::null_mut();
+        assert_eq!(
+            sw_client_wait(client, tag, &mut reply),
+            sw_result::SW_ERR_INVALID_ARGUMENT
+        );
+        sw_client_free(client);
+        sw_runtime_free(rt);
+    }
+}
