@@ -56,12 +56,12 @@ static void ps_pull(void *user, const uint64_t *ids, size_t n, sw_tensor **out,
   pthread_mutex_lock(&t->lock);
   for (size_t i = 0; i < n; i++) {
     if (ids[i] >= N_VARS) {
-      statuses[i] = 5; /* NOT_FOUND */
+      statuses[i] = 1; /* NOT_FOUND */
       continue;
     }
     /* A copy of the row; its ownership passes to starwire. */
     if (sw_tensor_new(F32, dims, 1, t->rows[ids[i]], sizeof t->rows[0], &out[i]) != SW_OK)
-      statuses[i] = 13; /* INTERNAL */
+      statuses[i] = 8; /* INTERNAL */
   }
   pthread_mutex_unlock(&t->lock);
 }
@@ -72,7 +72,7 @@ static void ps_push(void *user, const uint64_t *ids, const sw_tensor *const *ten
   pthread_mutex_lock(&t->lock);
   for (size_t i = 0; i < n; i++) {
     if (ids[i] >= N_VARS || sw_tensor_byte_len(tensors[i]) != sizeof t->rows[0]) {
-      statuses[i] = 3; /* INVALID_ARGUMENT */
+      statuses[i] = 7; /* INVALID_ARGUMENT */
       continue;
     }
     const float *g = sw_tensor_data(tensors[i]);
@@ -191,7 +191,7 @@ int main(void) {
     const float *row = sw_tensor_data(sw_reply_tensor(reply, (size_t)v));
     EXPECT(row[3] == (float)v + 0.03f);
   }
-  EXPECT(sw_reply_status(reply, N_VARS) == 5 && sw_reply_tensor(reply, N_VARS) == NULL);
+  EXPECT(sw_reply_status(reply, N_VARS) == 1 && sw_reply_tensor(reply, N_VARS) == NULL);
   sw_reply_free(reply);
   printf("pull: %d rows, and NOT_FOUND for id 1000\n", N_VARS);
 

@@ -117,7 +117,8 @@ typedef struct sw_tensor sw_tensor;
  `pull` gets `n` variable ids and fills, for each `i`, `out_tensors[i]` with a tensor
  handle whose ownership passes to starwire (from `sw_tensor_new` or `sw_tensor_clone`),
  or leaves it NULL and sets `out_statuses[i]` to why there is none (wire status codes:
- 5 `NOT_FOUND`, ...). `out_tensors` starts all NULL and `out_statuses` all 0 (`OK`).
+ 1 `NOT_FOUND`, 7 `INVALID_ARGUMENT`, 8 `INTERNAL`, as in `docs/wire-format.md`).
+ `out_tensors` starts all NULL and `out_statuses` all 0 (`OK`).
 
  `push` gets `n` pushed tensors, borrowed for the call (`sw_tensor_clone` keeps one), and
  sets `out_statuses[i]` per item (it starts all 0, `OK`).
@@ -437,8 +438,9 @@ void sw_runtime_free(struct sw_runtime *rt);
 size_t sw_reply_count(const struct sw_reply *r);
 
 /*
- Item `i`'s wire status: 0 (`OK`) or why it failed (5 `NOT_FOUND`, 8
- `RESOURCE_EXHAUSTED` when the allocator refused, ...). `u32::MAX` if out of range.
+ Item `i`'s wire status: 0 (`OK`) or why it failed (1 `NOT_FOUND`, 6
+ `RESOURCE_EXHAUSTED` when the allocator refused, ... as in `docs/wire-format.md`).
+ `u32::MAX` if out of range.
 
  # Safety
  `r` is NULL or a live reply.

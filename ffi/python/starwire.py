@@ -38,7 +38,8 @@ _DTYPES = {
 }
 _CODES = {np.dtype(t): code for code, t in _DTYPES.items()}
 
-OK, NOT_FOUND = 0, 5
+# Wire status codes (docs/wire-format.md).
+OK, NOT_FOUND, INVALID_ARGUMENT = 0, 1, 7
 
 _ERRORS = {
     1: "NULL argument", 2: "invalid argument", 3: "configuration error", 4: "I/O error",

@@ -24,7 +24,7 @@ class Table:
             out = []
             for i, a in zip(ids, arrays):
                 if i >= len(self.rows) or a.shape != (8,):
-                    out.append(3)
+                    out.append(starwire.INVALID_ARGUMENT)
                 else:
                     self.rows[i] += a
                     out.append(0)
@@ -57,7 +57,7 @@ class StarwireTest(unittest.TestCase):
     def test_push_then_pull_sees_the_update(self):
         statuses = self.client.push(self.peer, [(5, np.ones(8, dtype=np.float32)),
                                                 (6, np.ones(3, dtype=np.float32))])
-        self.assertEqual(statuses, [0, 3])
+        self.assertEqual(statuses, [starwire.OK, starwire.INVALID_ARGUMENT])
         np.testing.assert_array_equal(self.client.pull(self.peer, [5])[0],
                                       np.full(8, 6, dtype=np.float32))
 

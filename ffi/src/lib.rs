@@ -478,7 +478,8 @@ unsafe fn allocator(p: *const sw_allocator) -> Result<Option<Arc<dyn TensorAlloc
 /// `pull` gets `n` variable ids and fills, for each `i`, `out_tensors[i]` with a tensor
 /// handle whose ownership passes to starwire (from `sw_tensor_new` or `sw_tensor_clone`),
 /// or leaves it NULL and sets `out_statuses[i]` to why there is none (wire status codes:
-/// 5 `NOT_FOUND`, ...). `out_tensors` starts all NULL and `out_statuses` all 0 (`OK`).
+/// 1 `NOT_FOUND`, 7 `INVALID_ARGUMENT`, 8 `INTERNAL`, as in `docs/wire-format.md`).
+/// `out_tensors` starts all NULL and `out_statuses` all 0 (`OK`).
 ///
 /// `push` gets `n` pushed tensors, borrowed for the call (`sw_tensor_clone` keeps one), and
 /// sets `out_statuses[i]` per item (it starts all 0, `OK`).
@@ -885,8 +886,9 @@ pub unsafe extern "C" fn sw_reply_count(r: *const sw_reply) -> usize {
     boundary_value(0, || unsafe { r.as_ref() }.map_or(0, |r| r.statuses.len()))
 }
 
-/// Item `i`'s wire status: 0 (`OK`) or why it failed (5 `NOT_FOUND`, 8
-/// `RESOURCE_EXHAUSTED` when the allocator refused, ...). `u32::MAX` if out of range.
+/// Item `i`'s wire status: 0 (`OK`) or why it failed (1 `NOT_FOUND`, 6
+/// `RESOURCE_EXHAUSTED` when the allocator refused, ... as in `docs/wire-format.md`).
+/// `u32::MAX` if out of range.
 ///
 /// # Safety
 /// `r` is NULL or a live reply.
@@ -1297,4 +1299,20 @@ pub unsafe extern "C" fn sw_client_wait(
         return r;
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_the_boundary_becomes_an_error_code() {
+        let r = boundary(|| panic!("a bug"));
+        assert_eq!(r, SW_ERR_PANIC);
+        // SAFETY: `sw_last_error` returns a NUL-terminated string valid until the next call.
+        let msg = unsafe { CStr::from_ptr(sw_last_error()) };
+        assert!(msg.to_string_lossy().contains("panicked"));
+        assert_eq!(boundary_value(7, || -> u32 { panic!("in a getter") }), 7);
+        assert_eq!(boundary(|| Ok(())), SW_OK);
+    }
 }
