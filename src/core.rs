@@ -2606,31 +2606,19 @@ fn notify(
                 );
             }
         }
-        Ok(_) => {
+        other => {
+            // A fused recv answered as something else is the peer's protocol error.
+            let e = other.err().unwrap_or(Error::Protocol);
             for m in live {
-                let e = Err(Error::Protocol);
+                let spare = Spare::default();
                 deliver(
                     outbox,
                     shared,
                     m.origin,
                     m.tag,
                     RequestKind::Recv,
-                    e,
-                    Spare::default(),
-                );
-            }
-        }
-        Err(e) => {
-            for m in live {
-                let e = Err(e);
-                deliver(
-                    outbox,
-                    shared,
-                    m.origin,
-                    m.tag,
-                    RequestKind::Recv,
-                    e,
-                    Spare::default(),
+                    Err(e),
+                    spare,
                 );
             }
         }

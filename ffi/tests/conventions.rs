@@ -12,6 +12,22 @@ fn last_error() -> String {
         .into_owned()
 }
 
+/// A PS runtime listening on a free loopback port, settings from the environment.
+fn listening_ps() -> sw_runtime_options {
+    sw_runtime_options {
+        job: c"ps".as_ptr(),
+        task_index: 0,
+        setting_names: ptr::null(),
+        setting_values: ptr::null(),
+        settings: 0,
+        use_env: true,
+        listen: c"127.0.0.1:0".as_ptr(),
+        service: ptr::null(),
+        allocator: ptr::null(),
+        handler_threads: 0,
+    }
+}
+
 #[test]
 fn null_pointers_are_refused_and_outputs_untouched() {
     let dims = [2u64];
@@ -91,18 +107,7 @@ fn bad_arguments_fail_with_a_message() {
 
 #[test]
 fn a_runtime_starts_answers_a_ping_and_stops() {
-    let opts = sw_runtime_options {
-        job: c"ps".as_ptr(),
-        task_index: 0,
-        setting_names: ptr::null(),
-        setting_values: ptr::null(),
-        settings: 0,
-        use_env: true,
-        listen: c"127.0.0.1:0".as_ptr(),
-        service: ptr::null(),
-        allocator: ptr::null(),
-        handler_threads: 0,
-    };
+    let opts = listening_ps();
     // SAFETY: valid handles and pointers throughout; each handle freed once.
     unsafe {
         let mut rt = ptr::null_mut();
@@ -168,18 +173,7 @@ unsafe extern "C" fn on_done(
 
 #[test]
 fn completion_callbacks_get_every_request_with_its_tag() {
-    let opts = sw_runtime_options {
-        job: c"ps".as_ptr(),
-        task_index: 0,
-        setting_names: ptr::null(),
-        setting_values: ptr::null(),
-        settings: 0,
-        use_env: true,
-        listen: c"127.0.0.1:0".as_ptr(),
-        service: ptr::null(),
-        allocator: ptr::null(),
-        handler_threads: 0,
-    };
+    let opts = listening_ps();
     let seen = Seen {
         done: Default::default(),
         last_tag: Default::default(),
