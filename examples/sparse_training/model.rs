@@ -302,8 +302,9 @@ pub fn forward_backward(
         for (i, &slot) in slots.iter().enumerate() {
             let grad = &mut grads[slot as usize * dim..(slot as usize + 1) * dim];
             grad[0] += g;
-            for k in 1..dim {
-                grad[k] += g * (scratch.sums[k - 1] - scratch.rows[i * dim + k]);
+            let own = &scratch.rows[i * dim + 1..(i + 1) * dim];
+            for ((gk, &sum), &v) in grad[1..].iter_mut().zip(&scratch.sums).zip(own) {
+                *gk += g * (sum - v);
             }
         }
     }
@@ -395,7 +396,8 @@ impl Shard {
             None => {
                 let at = self.index.len();
                 self.index.insert(id, at as u32);
-                self.state.resize((at + 1) * 2 * dim, self.cfg.initial_accumulator);
+                self.state
+                    .resize((at + 1) * 2 * dim, self.cfg.initial_accumulator);
                 let mut row = vec![0.0; dim];
                 self.initial(id, &mut row);
                 self.state[at * 2 * dim..][..dim].copy_from_slice(&row);

@@ -1,0 +1,987 @@
+//! A sparse model trained over starwire by PS and worker processes on this machine.
+//!
+//! ```console
+//! $ cargo run --release --example sparse_training            # about a minute
+//! $ cargo run --release --example sparse_training -- --help
+//! ```
+//!
+//! The program writes a `.endpoint_map` for a cluster of `--ps` PS tasks and `--workers`
+//! worker tasks on loopback, starts each task as a process of its own (this program again,
+//! with `--role`), and prints what the workers report. Each task finds its data address the
+//! way a real job does: from the cluster spec and the `.endpoint_map`.
+//!
+//! The model (`sparse_training/model.rs`) is a factorization machine over hashed
+//! categorical features: one row of `--dim` f32 per feature id, sharded over the PS tasks by
+//! id. Labels come from a ground-truth model of the same form, so the best reachable loss is
+//! known and printed next to the reached one. Per step, a worker draws a batch, pulls the
+//! rows of the batch's distinct ids with one request per PS task (a fused pull: hundreds of
+//! rows, one round trip), computes the gradients, and pushes one gradient row per id, again
+//! one request per PS task. The PS tasks apply Adagrad in their push handler. With
+//! `--unfused`, every row is pulled and pushed by a request of its own instead (64 in
+//! flight), to show what fusion saves.
+
+#[path = "sparse_training/model.rs"]
+mod model;
+
+use model::{Batch, Generator, ModelConfig, Scratch, Shard};
+use starwire::cluster::{Cluster, ClusterSpec, TaskId};
+use starwire::config::ConfigBuilder;
+use starwire::endpoint_map::EndpointMap;
+use starwire::wire::{DType, Status};
+use starwire::{Handle, Options, Reply, Runtime, Service, Tensor};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const USAGE: &str = "\
+usage: sparse_training [OPTIONS]
+
+Trains a factorization machine over hashed categorical features with PS and worker
+processes on loopback, and compares the reached loss with the known optimum.
+
+options:
+  --ps N            PS tasks (default 1)
+  --workers N       worker tasks (default 2)
+  --seconds S       training time (default 50)
+  --interval S      seconds between reports (default 5)
+  --batch N         examples per step and worker (default 512)
+  --fields N        categorical fields per example (default 16)
+  --vocab N         values per field (default 300)
+  --dim N           f32 per row (default 16: 64-byte rows)
+  --lr X            Adagrad learning rate (default 0.05)
+  --eval N          held-out examples evaluated at the end (default 100000)
+  --unfused         one request per row instead of one per PS task and step
+  --check           exit with status 1 unless training went well (for tests)
+  --help            this text
+";
+
+/// Settings of a run, parsed from the command line (and passed on to the tasks).
+#[derive(Clone, Debug)]
+struct Args {
+    ps: usize,
+    workers: usize,
+    seconds: f64,
+    interval: f64,
+    model: ModelConfig,
+    eval: usize,
+    unfused: bool,
+    check: bool,
+    /// Set for the tasks this program starts: `ps:0`, `worker:1`, ...
+    role: Option<TaskId>,
+    /// The cluster's directory (with `.endpoint_map`), for tasks.
+    dir: Option<PathBuf>,
+    /// Cluster spec, for tasks: `ps=HOSTS` and `worker=HOSTS` control addresses.
+    ps_hosts: String,
+    worker_hosts: String,
+    /// Wall-clock start of training (ms since the epoch), so that workers' report
+    /// intervals line up.
+    start_ms: u64,
+}
+
+impl Args {
+    fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut a = Args {
+            ps: 1,
+            workers: 2,
+            seconds: 50.0,
+            interval: 5.0,
+            model: ModelConfig::default(),
+            eval: 100_000,
+            unfused: false,
+            check: false,
+            role: None,
+            dir: None,
+            ps_hosts: String::new(),
+            worker_hosts: String::new(),
+            start_ms: 0,
+        };
+        while let Some(flag) = argv.next() {
+            let mut value = || argv.next().ok_or_else(|| format!("{flag} needs a value"));
+            fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+                v.parse()
+                    .map_err(|_| format!("{flag}: not a valid number: {v:?}"))
+            }
+            match flag.as_str() {
+                "--ps" => a.ps = num(&flag, value()?)?,
+                "--workers" => a.workers = num(&flag, value()?)?,
+                "--seconds" => a.seconds = num(&flag, value()?)?,
+                "--interval" => a.interval = num(&flag, value()?)?,
+                "--batch" => a.model.batch = num(&flag, value()?)?,
+                "--fields" => a.model.fields = num(&flag, value()?)?,
+                "--vocab" => a.model.vocab = num(&flag, value()?)?,
+                "--dim" => a.model.dim = num(&flag, value()?)?,
+                "--lr" => a.model.learning_rate = num(&flag, value()?)?,
+                "--eval" => a.eval = num(&flag, value()?)?,
+                "--unfused" => a.unfused = true,
+                "--check" => a.check = true,
+                "--role" => {
+                    let v = value()?;
+                    a.role = Some(TaskId::parse(&v).map_err(|e| format!("--role {v}: {e}"))?);
+                }
+                "--dir" => a.dir = Some(PathBuf::from(value()?)),
+                "--ps-hosts" => a.ps_hosts = value()?,
+                "--worker-hosts" => a.worker_hosts = value()?,
+                "--start-ms" => a.start_ms = num(&flag, value()?)?,
+                "--help" | "-h" => return Err(String::new()),
+                other => return Err(format!("unknown option {other:?}")),
+            }
+        }
+        let m = &a.model;
+        if a.ps == 0 || a.workers == 0 || m.batch == 0 || m.fields == 0 || m.vocab == 0 {
+            return Err("--ps, --workers, --batch, --fields and --vocab must be at least 1".into());
+        }
+        if m.dim == 0 || m.dim > 1024 {
+            return Err("--dim must be between 1 and 1024".into());
+        }
+        if !(a.seconds > 0.0 && a.interval > 0.0) {
+            return Err("--seconds and --interval must be positive".into());
+        }
+        Ok(a)
+    }
+
+    /// The options a task is started with: the run's settings, then its own.
+    fn task_args(&self, task: &TaskId, dir: &Path) -> Vec<String> {
+        let m = &self.model;
+        let mut v: Vec<String> = [
+            ("--ps", self.ps.to_string()),
+            ("--workers", self.workers.to_string()),
+            ("--seconds", self.seconds.to_string()),
+            ("--interval", self.interval.to_string()),
+            ("--batch", m.batch.to_string()),
+            ("--fields", m.fields.to_string()),
+            ("--vocab", m.vocab.to_string()),
+            ("--dim", m.dim.to_string()),
+            ("--lr", m.learning_rate.to_string()),
+            ("--eval", self.eval.to_string()),
+            ("--role", task.to_string()),
+            ("--dir", dir.display().to_string()),
+            ("--ps-hosts", self.ps_hosts.clone()),
+            ("--worker-hosts", self.worker_hosts.clone()),
+            ("--start-ms", self.start_ms.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect();
+        if self.unfused {
+            v.push("--unfused".into());
+        }
+        v
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("sparse_training: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match &args.role {
+        None => coordinate(args.clone()),
+        Some(task) if task.job == "ps" => run_ps(&args, task),
+        Some(task) => run_worker(&args, task),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            let who = args
+                .role
+                .as_ref()
+                .map_or("sparse_training".into(), |t| t.to_string());
+            eprintln!("{who}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, String>;
+
+/// Where each task's data address is, as the job itself would find it: the cluster spec
+/// (control addresses) resolved through the `.endpoint_map`.
+fn resolve(args: &Args) -> Res<(Vec<SocketAddr>, Vec<SocketAddr>)> {
+    let dir = args.dir.as_ref().ok_or("--dir is missing")?;
+    let path = dir.join(".endpoint_map");
+    let map = EndpointMap::load(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut spec = ClusterSpec::new();
+    for (job, hosts) in [("ps", &args.ps_hosts), ("worker", &args.worker_hosts)] {
+        spec.add_job(job, hosts)
+            .map_err(|e| format!("cluster spec ({job}): {e:?}"))?;
+    }
+    let cluster = Cluster::resolve(&spec, &map).map_err(|e| format!("cluster: {e:?}"))?;
+    let data = |job: &str, n: usize| -> Res<Vec<SocketAddr>> {
+        (0..n)
+            .map(|i| {
+                let task = cluster
+                    .task(&TaskId::new(job, i as u32))
+                    .ok_or_else(|| format!("{job}:{i} is not in the cluster"))?;
+                task.data
+                    .resolve()
+                    .map_err(|e| format!("{job}:{i} data address: {e}"))
+            })
+            .collect()
+    };
+    Ok((data("ps", args.ps)?, data("worker", args.workers)?))
+}
+
+// ---------------------------------------------------------------------------------------
+// PS task
+
+/// A PS task's shard of the model. Each PS runs one event loop, so the lock is never
+/// contended: it only makes the shard `Sync` as `Service` requires.
+struct Ps {
+    shard: Mutex<Shard>,
+    dim: usize,
+    pulled: std::sync::atomic::AtomicU64,
+    pushed: std::sync::atomic::AtomicU64,
+}
+
+impl Service for Ps {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        let shard = self.shard.lock().unwrap();
+        let mut row = [0f32; 1024];
+        let row = &mut row[..self.dim];
+        for &id in ids {
+            shard.read(id, row);
+            let tensor = Tensor::from_f32(&[self.dim as u64], row).expect("row shape");
+            out.push(Ok(Arc::new(tensor)));
+        }
+        let n = ids.len() as u64;
+        self.pulled
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+        let mut shard = self.shard.lock().unwrap();
+        let mut grad = [0f32; 1024];
+        for (id, t) in items.iter() {
+            if t.dtype() != DType::F32 || t.byte_len() != self.dim * 4 {
+                statuses.push(Status::InvalidArgument);
+                continue;
+            }
+            let grad = &mut grad[..self.dim];
+            for (g, b) in grad.iter_mut().zip(t.bytes().chunks_exact(4)) {
+                *g = f32::from_le_bytes(b.try_into().unwrap());
+            }
+            shard.apply(*id, grad);
+            statuses.push(Status::Ok);
+        }
+        let n = items.len() as u64;
+        self.pushed
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
+    let (ps_addrs, _) = resolve(args)?;
+    let addr = ps_addrs[task.index as usize];
+    let config = ConfigBuilder::from_env("ps", task.index)
+        .and_then(|b| b.loops(1).build())
+        .map_err(|e| e.to_string())?;
+    let ps = Arc::new(Ps {
+        shard: Mutex::new(Shard::new(&args.model)),
+        dim: args.model.dim,
+        pulled: Default::default(),
+        pushed: Default::default(),
+    });
+    let service: Arc<dyn Service> = ps.clone();
+    let options = Options {
+        service: Some(service),
+        ..Options::listen(addr)
+    };
+    let rt = Runtime::start_with(config, options).map_err(|e| format!("listen on {addr}: {e}"))?;
+    println!("READY");
+    // Serve until the coordinator closes our stdin.
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    let stats = rt.stats();
+    rt.shutdown();
+    let rows = ps.shard.lock().unwrap().len();
+    use std::sync::atomic::Ordering::Relaxed;
+    println!(
+        "ps:{}: {} rows stored, {} rows read by pulls, {} gradient rows applied; \
+         {} bytes in, {} out",
+        task.index,
+        rows,
+        ps.pulled.load(Relaxed),
+        ps.pushed.load(Relaxed),
+        stats.bytes_in,
+        stats.bytes_out
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker task
+
+/// What a worker did in one report interval; one line on its stdout.
+#[derive(Default, Debug, Clone)]
+struct Interval {
+    index: u64,
+    steps: u64,
+    examples: u64,
+    loss: f64,
+    optimum: f64,
+    auc: f64,
+    optimum_auc: f64,
+    pull_rpcs: u64,
+    push_rpcs: u64,
+    rows: u64,
+    failed: u64,
+}
+
+impl Interval {
+    fn to_line(&self) -> String {
+        format!(
+            "INTERVAL {} {} {} {} {} {} {} {} {} {} {}",
+            self.index,
+            self.steps,
+            self.examples,
+            self.loss,
+            self.optimum,
+            self.auc,
+            self.optimum_auc,
+            self.pull_rpcs,
+            self.push_rpcs,
+            self.rows,
+            self.failed
+        )
+    }
+
+    fn from_line(line: &str) -> Option<Interval> {
+        let mut f = line.strip_prefix("INTERVAL ")?.split(' ');
+        let mut n = || f.next()?.parse::<f64>().ok();
+        Some(Interval {
+            index: n()? as u64,
+            steps: n()? as u64,
+            examples: n()? as u64,
+            loss: n()?,
+            optimum: n()?,
+            auc: n()?,
+            optimum_auc: n()?,
+            pull_rpcs: n()? as u64,
+            push_rpcs: n()? as u64,
+            rows: n()? as u64,
+            failed: n()? as u64,
+        })
+    }
+}
+
+/// A worker's connection to the PS tasks, and the buffers its steps reuse.
+struct Worker {
+    handle: Handle,
+    ps: Vec<SocketAddr>,
+    dim: usize,
+    unfused: bool,
+    /// Per PS task: the ids it owns in this batch, and their positions in `batch.unique`.
+    ids: Vec<Vec<u64>>,
+    positions: Vec<Vec<u32>>,
+    /// Per PS task: the gradient tensors pushed last step, reused once the push is done.
+    grads: Vec<Vec<(u64, Arc<Tensor>)>>,
+    pull_rpcs: u64,
+    push_rpcs: u64,
+}
+
+const DEADLINE: Duration = Duration::from_secs(10);
+const UNFUSED_WINDOW: usize = 64;
+
+impl Worker {
+    /// Pulls the rows of `unique` into `rows` (`dim` f32 each, in `unique` order).
+    fn pull(&mut self, unique: &[u64], rows: &mut [f32]) -> Res<()> {
+        for (s, (ids, pos)) in self.ids.iter_mut().zip(&mut self.positions).enumerate() {
+            ids.clear();
+            pos.clear();
+            for (i, &id) in unique.iter().enumerate() {
+                if model::shard_of(id, self.ps.len()) == s {
+                    ids.push(id);
+                    pos.push(i as u32);
+                }
+            }
+        }
+        let deadline = Some(Instant::now() + DEADLINE);
+        if self.unfused {
+            return self.pull_unfused(unique, rows, deadline);
+        }
+        let mut tags = [0u64; 64];
+        for (s, ids) in self.ids.iter().enumerate() {
+            tags[s] = self
+                .handle
+                .pull_slice(self.ps[s], ids, deadline)
+                .map_err(|e| format!("pull: {e}"))?;
+            self.pull_rpcs += 1;
+        }
+        for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
+            let done = self.handle.wait(tag);
+            match &done.result {
+                Ok(Reply::Pulled(tensors)) => {
+                    for (t, &at) in tensors.iter().zip(&self.positions[s]) {
+                        let t = t.as_ref().map_err(|st| format!("pull: row {st:?}"))?;
+                        copy_row(t, &mut rows[at as usize * self.dim..][..self.dim])?;
+                    }
+                }
+                other => return Err(format!("pull from ps:{s}: {other:?}")),
+            }
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+
+    fn pull_unfused(
+        &mut self,
+        unique: &[u64],
+        rows: &mut [f32],
+        deadline: Option<Instant>,
+    ) -> Res<()> {
+        let mut next = 0;
+        let mut inflight = std::collections::HashMap::new();
+        while next < unique.len() || !inflight.is_empty() {
+            while next < unique.len() && inflight.len() < UNFUSED_WINDOW {
+                let id = unique[next];
+                let peer = self.ps[model::shard_of(id, self.ps.len())];
+                let tag = self.handle.pull_slice(peer, &[id], deadline);
+                inflight.insert(tag.map_err(|e| format!("pull: {e}"))?, next);
+                self.pull_rpcs += 1;
+                next += 1;
+            }
+            let done = self.handle.wait_any();
+            let at = inflight
+                .remove(&done.tag)
+                .ok_or("completion of an unknown request")?;
+            match &done.result {
+                Ok(Reply::Pulled(t)) if t.len() == 1 => {
+                    let t = t[0].as_ref().map_err(|st| format!("pull: row {st:?}"))?;
+                    copy_row(t, &mut rows[at * self.dim..][..self.dim])?;
+                }
+                other => return Err(format!("pull: {other:?}")),
+            }
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+
+    /// Pushes the gradient rows `grads` (`dim` f32 each, in `unique` order).
+    fn push(&mut self, unique: &[u64], grads: &[f32]) -> Res<()> {
+        let deadline = Some(Instant::now() + DEADLINE);
+        let dim = self.dim;
+        // Fill the gradient tensors, reusing last step's where the runtime let go of them.
+        for (s, pos) in self.positions.iter().enumerate() {
+            let items = &mut self.grads[s];
+            items.truncate(pos.len());
+            for (n, &at) in pos.iter().enumerate() {
+                let values = &grads[at as usize * dim..][..dim];
+                let id = unique[at as usize];
+                if n == items.len() {
+                    items.push((
+                        id,
+                        Arc::new(Tensor::zeros(DType::F32, &[dim as u64]).unwrap()),
+                    ));
+                }
+                let item = &mut items[n];
+                item.0 = id;
+                if Arc::get_mut(&mut item.1).is_none() {
+                    item.1 = Arc::new(Tensor::zeros(DType::F32, &[dim as u64]).unwrap());
+                }
+                let bytes = Arc::get_mut(&mut item.1).unwrap().bytes_mut();
+                for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        if self.unfused {
+            return self.push_unfused(deadline);
+        }
+        let mut tags = [0u64; 64];
+        for (s, tag) in tags.iter_mut().enumerate().take(self.ps.len()) {
+            *tag = self
+                .handle
+                .push_slice(self.ps[s], &self.grads[s], deadline)
+                .map_err(|e| format!("push: {e}"))?;
+            self.push_rpcs += 1;
+        }
+        for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
+            let done = self.handle.wait(tag);
+            check_pushed(&done.result, s)?;
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+
+    fn push_unfused(&mut self, deadline: Option<Instant>) -> Res<()> {
+        let mut inflight = 0;
+        for s in 0..self.ps.len() {
+            for n in 0..self.grads[s].len() {
+                if inflight == UNFUSED_WINDOW {
+                    let done = self.handle.wait_any();
+                    check_pushed(&done.result, s)?;
+                    self.handle.recycle(done);
+                    inflight -= 1;
+                }
+                let item = std::slice::from_ref(&self.grads[s][n]);
+                let tag = self.handle.push_slice(self.ps[s], item, deadline);
+                tag.map_err(|e| format!("push: {e}"))?;
+                self.push_rpcs += 1;
+                inflight += 1;
+            }
+        }
+        for _ in 0..inflight {
+            let done = self.handle.wait_any();
+            check_pushed(&done.result, 0)?;
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+}
+
+fn copy_row(t: &Tensor, out: &mut [f32]) -> Res<()> {
+    if t.dtype() != DType::F32 || t.byte_len() != out.len() * 4 {
+        return Err(format!(
+            "pull: a row of {} bytes, {:?}",
+            t.byte_len(),
+            t.dtype()
+        ));
+    }
+    for (v, b) in out.iter_mut().zip(t.bytes().chunks_exact(4)) {
+        *v = f32::from_le_bytes(b.try_into().unwrap());
+    }
+    Ok(())
+}
+
+fn check_pushed(result: &Result<Reply, starwire::Error>, s: usize) -> Res<()> {
+    match result {
+        Ok(Reply::Pushed(st)) if st.iter().all(|s| *s == Status::Ok) => Ok(()),
+        other => Err(format!("push to ps:{s}: {other:?}")),
+    }
+}
+
+fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
+    let (ps_addrs, _) = resolve(args)?;
+    if ps_addrs.len() > 64 {
+        return Err("at most 64 PS tasks".into());
+    }
+    let index = task.index;
+    let config = ConfigBuilder::from_env("worker", index)
+        .and_then(|b| b.loops(1).build())
+        .map_err(|e| e.to_string())?;
+    let rt = Runtime::start(config, None).map_err(|e| e.to_string())?;
+    let cfg = &args.model;
+    let shards = ps_addrs.len();
+    let mut w = Worker {
+        handle: rt.handle(UNFUSED_WINDOW.max(shards) * 2),
+        ps: ps_addrs,
+        dim: cfg.dim,
+        unfused: args.unfused,
+        ids: vec![Vec::new(); shards],
+        positions: vec![Vec::new(); shards],
+        grads: vec![Vec::new(); shards],
+        pull_rpcs: 0,
+        push_rpcs: 0,
+    };
+    let mut gen = Generator::new(cfg, 1000 + index as u64);
+    let mut batch = Batch::default();
+    let (mut rows, mut grads, mut preds) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scratch = Scratch::default();
+    // This interval's predictions, labels and the ground truth's predictions, for AUC.
+    let (mut all_preds, mut all_labels, mut all_true) = (Vec::new(), Vec::new(), Vec::new());
+
+    let start = UNIX_EPOCH + Duration::from_millis(args.start_ms);
+    let since_start = || SystemTime::now().duration_since(start).unwrap_or_default();
+    let interval = Duration::from_secs_f64(args.interval);
+    let end = Duration::from_secs_f64(args.seconds);
+    let mut cur = Interval::default();
+    let mut out = std::io::stdout().lock();
+    // Every worker starts at the same moment, so that report intervals line up.
+    if let Ok(wait) = start.duration_since(SystemTime::now()) {
+        std::thread::sleep(wait);
+    }
+    loop {
+        let now = since_start();
+        let index_now = (now.as_nanos() / interval.as_nanos()) as u64;
+        if index_now != cur.index || now >= end {
+            cur.auc = model::auc(&all_preds, &all_labels);
+            cur.optimum_auc = model::auc(&all_true, &all_labels);
+            cur.pull_rpcs = std::mem::take(&mut w.pull_rpcs);
+            cur.push_rpcs = std::mem::take(&mut w.push_rpcs);
+            if cur.steps > 0 {
+                writeln!(out, "{}", cur.to_line()).map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+            }
+            all_preds.clear();
+            all_labels.clear();
+            all_true.clear();
+            cur = Interval {
+                index: index_now,
+                ..Interval::default()
+            };
+            if now >= end {
+                break;
+            }
+        }
+        gen.next_batch(&mut batch);
+        let n = batch.unique.len() * cfg.dim;
+        rows.resize(n, 0.0);
+        grads.resize(n, 0.0);
+        w.pull(&batch.unique, &mut rows)?;
+        let loss =
+            model::forward_backward(cfg, &batch, &rows, &mut grads, &mut preds, &mut scratch);
+        w.push(&batch.unique, &grads)?;
+        cur.steps += 1;
+        cur.examples += batch.len() as u64;
+        cur.loss += loss;
+        cur.optimum += model::optimal_loss(&batch);
+        cur.rows += batch.unique.len() as u64;
+        all_preds.extend_from_slice(&preds);
+        all_labels.extend_from_slice(&batch.labels);
+        all_true.extend(batch.true_logits.iter().map(|&l| model::sigmoid(l)));
+    }
+    if index == 0 {
+        let line = evaluate(args, &mut w)?;
+        writeln!(out, "{line}").map_err(|e| e.to_string())?;
+    }
+    rt.shutdown();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loss and AUC of the trained model, of the ground truth and of the best constant on
+/// held-out examples (a seed no worker trained on): `EVAL examples loss optimum constant auc
+/// optimum_auc`.
+fn evaluate(args: &Args, w: &mut Worker) -> Res<String> {
+    let cfg = ModelConfig {
+        batch: 4096,
+        ..args.model.clone()
+    };
+    let mut gen = Generator::new(&cfg, 1);
+    let mut batch = Batch::default();
+    let (mut rows, mut grads, mut preds) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scratch = Scratch::default();
+    let (mut loss, mut optimum, mut n) = (0.0, 0.0, 0usize);
+    let (mut all_preds, mut all_labels, mut all_true) = (Vec::new(), Vec::new(), Vec::new());
+    while n < args.eval {
+        gen.next_batch(&mut batch);
+        let k = batch.unique.len() * cfg.dim;
+        rows.resize(k, 0.0);
+        grads.resize(k, 0.0);
+        w.pull(&batch.unique, &mut rows)?;
+        loss += model::forward_backward(&cfg, &batch, &rows, &mut grads, &mut preds, &mut scratch);
+        optimum += model::optimal_loss(&batch);
+        n += batch.len();
+        all_preds.extend_from_slice(&preds);
+        all_labels.extend_from_slice(&batch.labels);
+        all_true.extend(batch.true_logits.iter().map(|&l| model::sigmoid(l)));
+    }
+    let rate = all_labels.iter().sum::<f32>() / n as f32;
+    let logit = (rate / (1.0 - rate)).ln();
+    let constant: f64 = all_labels.iter().map(|&y| model::log_loss(logit, y)).sum();
+    Ok(format!(
+        "EVAL {} {} {} {} {} {}",
+        n,
+        loss / n as f64,
+        optimum / n as f64,
+        constant / n as f64,
+        model::auc(&all_preds, &all_labels),
+        model::auc(&all_true, &all_labels)
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// Coordinator
+
+/// A port on loopback that was free a moment ago.
+fn free_port() -> Res<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Started tasks; killed if the coordinator returns early.
+struct Tasks(Vec<(String, Child)>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn coordinate(mut args: Args) -> Res<ExitCode> {
+    let dir = std::env::temp_dir().join(format!("sparse_training.{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // Control addresses name the tasks in the cluster spec; the map gives their data
+    // (starwire) addresses.
+    let mut map = String::from("# generated by sparse_training: control = data\n");
+    let mut hosts = |n: usize| -> Res<String> {
+        let mut list = Vec::new();
+        for _ in 0..n {
+            let (control, data) = (free_port()?, free_port()?);
+            map.push_str(&format!("127.0.0.1:{control}=127.0.0.1:{data}\n"));
+            list.push(format!("127.0.0.1:{control}"));
+        }
+        Ok(list.join(","))
+    };
+    args.ps_hosts = hosts(args.ps)?;
+    args.worker_hosts = hosts(args.workers)?;
+    let map_path = dir.join(".endpoint_map");
+    std::fs::write(&map_path, &map).map_err(|e| format!("{}: {e}", map_path.display()))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let m = &args.model;
+    println!(
+        "sparse_training: {} PS, {} workers (processes), {} s; cluster in {}",
+        args.ps,
+        args.workers,
+        args.seconds,
+        map_path.display()
+    );
+    println!(
+        "model: factorization machine, {} fields x {} values (hashed), rows of {} f32 ({} B), \
+         batch {}, Adagrad lr {}; pulls and pushes {}",
+        m.fields,
+        m.vocab,
+        m.dim,
+        m.row_bytes(),
+        m.batch,
+        m.learning_rate,
+        if args.unfused {
+            "unfused: one request per row"
+        } else {
+            "fused: one request per PS task and step"
+        }
+    );
+
+    let mut tasks = Tasks(Vec::new());
+    let spawn = |task: TaskId, args: &Args| -> Res<Child> {
+        Command::new(&exe)
+            .args(args.task_args(&task, &dir))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("start {task}: {e}"))
+    };
+    for i in 0..args.ps {
+        let task = TaskId::new("ps", i as u32);
+        let mut child = spawn(task.clone(), &args)?;
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).map_err(|e| e.to_string())?;
+        if line.trim() != "READY" {
+            let _ = child.kill();
+            return Err(format!("{task} did not start"));
+        }
+        child.stdout = Some(out.into_inner());
+        tasks.0.push((task.to_string(), child));
+    }
+    args.start_ms = (SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+        + Duration::from_millis(200))
+    .as_millis() as u64;
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut workers = Vec::new();
+    for i in 0..args.workers {
+        let task = TaskId::new("worker", i as u32);
+        let mut child = spawn(task.clone(), &args)?;
+        let out = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        workers.push(std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send((i, line)).is_err() {
+                    break;
+                }
+            }
+        }));
+        tasks.0.push((task.to_string(), child));
+    }
+    drop(tx);
+
+    println!(
+        "\n{:>6} {:>8} {:>10} {:>8} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9}",
+        "time",
+        "steps/s",
+        "examples/s",
+        "loss",
+        "optimum",
+        "AUC",
+        "opt AUC",
+        "pull RPCs",
+        "push RPCs",
+        "rows/RPC"
+    );
+    let mut pending: std::collections::BTreeMap<u64, Vec<Interval>> = Default::default();
+    let mut eval = None;
+    let mut totals = Interval::default();
+    let mut last: Option<Interval> = None;
+    for (_, line) in rx {
+        if let Some(iv) = Interval::from_line(&line) {
+            let index = iv.index;
+            let group = pending.entry(index).or_default();
+            group.push(iv);
+            if group.len() == args.workers {
+                let group = pending.remove(&index).unwrap();
+                let row = report(&group, &args);
+                totals.steps += row.steps;
+                totals.examples += row.examples;
+                totals.pull_rpcs += row.pull_rpcs;
+                totals.push_rpcs += row.push_rpcs;
+                totals.rows += row.rows;
+                last = Some(row);
+            }
+        } else if let Some(rest) = line.strip_prefix("EVAL ") {
+            eval = Some(rest.to_owned());
+        } else {
+            println!("{line}");
+        }
+    }
+    // Any interval not every worker reported (the last one can be cut short).
+    for group in pending.values() {
+        let row = report(group, &args);
+        totals.steps += row.steps;
+        totals.examples += row.examples;
+        totals.pull_rpcs += row.pull_rpcs;
+        totals.push_rpcs += row.push_rpcs;
+        totals.rows += row.rows;
+    }
+    for t in workers {
+        let _ = t.join();
+    }
+    let mut failed = Vec::new();
+    let mut ps_lines = Vec::new();
+    for (name, child) in &mut tasks.0 {
+        if name.starts_with("worker") {
+            let status = child.wait().map_err(|e| e.to_string())?;
+            if !status.success() {
+                failed.push(format!("{name} exited with {status}"));
+            }
+        }
+    }
+    for (name, child) in &mut tasks.0 {
+        if name.starts_with("ps") {
+            drop(child.stdin.take()); // the PS stops when its stdin closes
+            let mut s = String::new();
+            if let Some(mut out) = child.stdout.take() {
+                let _ = out.read_to_string(&mut s);
+            }
+            ps_lines.extend(s.lines().map(str::to_owned));
+            let status = child.wait().map_err(|e| e.to_string())?;
+            if !status.success() {
+                failed.push(format!("{name} exited with {status}"));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!("\nsummary");
+    let secs = args.seconds;
+    println!(
+        "  trained        {} steps, {} examples in {:.0} s: {:.0} steps/s, {:.0} examples/s",
+        totals.steps,
+        totals.examples,
+        secs,
+        totals.steps as f64 / secs,
+        totals.examples as f64 / secs
+    );
+    let rpcs = totals.pull_rpcs + totals.push_rpcs;
+    println!(
+        "  requests       {} pulls and {} pushes moving {} rows each way ({:.1} rows per request; \
+         {} requests had every row been its own)",
+        totals.pull_rpcs,
+        totals.push_rpcs,
+        totals.rows,
+        2.0 * totals.rows as f64 / rpcs.max(1) as f64,
+        2 * totals.rows
+    );
+    for line in &ps_lines {
+        println!("  {line}");
+    }
+    if let Some(row) = &last {
+        println!(
+            "  last interval  loss {:.4}, optimum {:.4} (gap {:.4}); AUC {:.4}, optimum {:.4}",
+            row.loss,
+            row.optimum,
+            row.loss - row.optimum,
+            row.auc,
+            row.optimum_auc
+        );
+    }
+    let mut ok = failed.is_empty();
+    for f in &failed {
+        println!("  FAILED: {f}");
+    }
+    match eval.as_deref().map(parse_eval) {
+        Some(Some([n, loss, optimum, constant, auc, optimum_auc])) => {
+            let share = (constant - loss) / (constant - optimum);
+            println!(
+                "  held-out       {n:.0} examples: loss {loss:.4}, optimum {optimum:.4} (gap {:.4}), \
+                 best constant {constant:.4}; AUC {auc:.4}, optimum {optimum_auc:.4}",
+                loss - optimum
+            );
+            println!(
+                "  the model reached {:.1} % of the loss reduction the ground truth achieves over \
+                 the best constant",
+                100.0 * share
+            );
+            if args.check && !(loss < constant && auc > 0.6) {
+                println!("  CHECK FAILED: the model did not learn (loss not below the constant's)");
+                ok = false;
+            }
+        }
+        _ => {
+            println!("  held-out evaluation missing");
+            ok = false;
+        }
+    }
+    if args.check && totals.steps == 0 {
+        ok = false;
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn parse_eval(s: &str) -> Option<[f64; 6]> {
+    let v: Vec<f64> = s.split(' ').filter_map(|x| x.parse().ok()).collect();
+    v.try_into().ok()
+}
+
+/// Prints one interval, summed over workers, and returns the sums (loss and AUC as
+/// example-weighted means).
+fn report(group: &[Interval], args: &Args) -> Interval {
+    let mut s = Interval {
+        index: group[0].index,
+        ..Interval::default()
+    };
+    for iv in group {
+        s.steps += iv.steps;
+        s.examples += iv.examples;
+        s.loss += iv.loss;
+        s.optimum += iv.optimum;
+        s.auc += iv.auc * iv.examples as f64;
+        s.optimum_auc += iv.optimum_auc * iv.examples as f64;
+        s.pull_rpcs += iv.pull_rpcs;
+        s.push_rpcs += iv.push_rpcs;
+        s.rows += iv.rows;
+        s.failed += iv.failed;
+    }
+    let n = s.examples.max(1) as f64;
+    (s.loss, s.optimum, s.auc, s.optimum_auc) =
+        (s.loss / n, s.optimum / n, s.auc / n, s.optimum_auc / n);
+    let secs = args.interval;
+    println!(
+        "{:>5.0}s {:>8.0} {:>10.0} {:>8.4} {:>8.4} {:>6.4} {:>7.4} {:>9} {:>9} {:>9.1}",
+        (s.index + 1) as f64 * secs,
+        s.steps as f64 / secs,
+        s.examples as f64 / secs,
+        s.loss,
+        s.optimum,
+        s.auc,
+        s.optimum_auc,
+        s.pull_rpcs,
+        s.push_rpcs,
+        2.0 * s.rows as f64 / (s.pull_rpcs + s.push_rpcs).max(1) as f64
+    );
+    s
+}
