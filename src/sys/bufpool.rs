@@ -30,6 +30,8 @@ pub struct BufPool {
     /// Start address of each buffer, as registered; never changes.
     bases: Vec<usize>,
     registered: bool,
+    /// Buffers that came back changed: kept, never reused (see [`BufPool::give_back`]).
+    retired: Vec<Vec<u8>>,
 }
 
 impl BufPool {
@@ -51,6 +53,7 @@ impl BufPool {
             free: (0..count as u16).rev().collect(),
             bases,
             registered: false,
+            retired: Vec::new(),
         }
     }
 
@@ -109,13 +112,18 @@ impl BufPool {
             && self.slots[i].is_none();
         if !same {
             log::error!("receive buffer {index} came back changed; retiring it");
-            // Leaked rather than freed: memory the loop cannot account for may be registered
-            // memory, which the kernel may still write to.
-            std::mem::forget(buf);
+            // Kept rather than freed: memory the loop cannot account for may be registered
+            // memory, which the kernel may still write to (see `Drop`).
+            self.retired.push(buf);
             return;
         }
         self.slots[i] = Some(buf);
         self.free.push(index);
+    }
+
+    /// Buffers retired because they came back changed.
+    pub fn retired(&self) -> usize {
+        self.retired.len()
     }
 
     /// Whether `ptr..ptr+len` lies inside buffer `index` (so a fixed read may target it).
@@ -125,6 +133,18 @@ impl BufPool {
         };
         let start = ptr as usize;
         start >= base && start.saturating_add(len) <= base + self.each
+    }
+}
+
+impl Drop for BufPool {
+    fn drop(&mut self) {
+        if self.registered {
+            // A retired buffer may be registered memory the kernel still holds: leaked, not
+            // freed. Unregistered pools free them.
+            for buf in self.retired.drain(..) {
+                std::mem::forget(buf);
+            }
+        }
     }
 }
 
@@ -162,6 +182,7 @@ mod tests {
         let (i, _kept) = pool.lend().unwrap();
         pool.give_back(i, vec![0; 4 << 10]);
         assert_eq!(pool.available(), 1, "index {i} is retired");
+        assert_eq!(pool.retired(), 1);
         // Giving back an index that is not lent is refused too.
         let (j, b) = pool.lend().unwrap();
         pool.give_back(j, b);
