@@ -1,0 +1,277 @@
+//! What every kind of transport serves and measures: the data, the workloads, the samples.
+
+use starwire_tools::histogram::Histogram;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::model::{ModelConfig, Shard};
+
+/// Bench rows: ids `0..ROWS`, `ROW_BYTES` each, every byte the id's low byte.
+pub const ROWS: u64 = 1024;
+pub const ROW_BYTES: usize = 64;
+/// Ids per pull or push of the small-tensor workloads.
+pub const IDS: usize = 100;
+/// The id of the one large tensor.
+pub const BIG_ID: u64 = 1 << 40;
+pub const BIG_BYTES: usize = 4 << 20;
+/// Ids with this bit are the training step's model rows.
+pub const STEP_BIT: u64 = 1 << 62;
+/// Ping payload bytes.
+pub const PING_BYTES: usize = 64;
+
+/// Push statuses (as the gRPC reply carries them).
+pub const OK: i32 = 0;
+pub const NOT_FOUND: i32 = 1;
+pub const INVALID: i32 = 7;
+
+/// The server side's data, the same for every kind.
+pub struct Store {
+    pub rows: Vec<Vec<u8>>,
+    pub big: Vec<u8>,
+    pub model: ModelConfig,
+    pub shard: Mutex<Shard>,
+}
+
+impl Store {
+    pub fn new() -> Store {
+        let model = ModelConfig::default();
+        Store {
+            rows: (0..ROWS).map(|i| vec![i as u8; ROW_BYTES]).collect(),
+            big: (0..BIG_BYTES).map(|i| (i % 251) as u8).collect(),
+            shard: Mutex::new(Shard::new(&model)),
+            model,
+        }
+    }
+
+    /// A bench row or the large tensor.
+    pub fn fixed(&self, id: u64) -> Option<&[u8]> {
+        match id {
+            BIG_ID => Some(&self.big),
+            i if i < ROWS => Some(&self.rows[i as usize]),
+            _ => None,
+        }
+    }
+
+    /// A model row as little-endian f32 bytes, appended to `out`.
+    pub fn read_model(&self, shard: &Shard, id: u64, out: &mut Vec<u8>) {
+        let mut row = [0f32; 64];
+        let row = &mut row[..self.model.dim];
+        shard.read(id & !STEP_BIT, row);
+        for v in row.iter() {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// Applies one pushed tensor: a gradient for a model row, or a bench row (checked and
+    /// dropped).
+    pub fn push_one<'a>(
+        &'a self,
+        shard: &mut Option<std::sync::MutexGuard<'a, Shard>>,
+        id: u64,
+        bytes: &[u8],
+    ) -> i32 {
+        if id & STEP_BIT != 0 {
+            let dim = self.model.dim;
+            if bytes.len() != dim * 4 {
+                return INVALID;
+            }
+            let mut grad = [0f32; 64];
+            for (g, b) in grad.iter_mut().zip(bytes.chunks_exact(4)) {
+                *g = f32::from_le_bytes(b.try_into().unwrap());
+            }
+            let shard = shard.get_or_insert_with(|| self.shard.lock().unwrap());
+            shard.apply(id & !STEP_BIT, &grad[..dim]);
+            OK
+        } else if id < ROWS {
+            if bytes.len() == ROW_BYTES {
+                OK
+            } else {
+                INVALID
+            }
+        } else {
+            NOT_FOUND
+        }
+    }
+}
+
+/// The transports compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Starwire,
+    Grpc,
+    Raw,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Starwire => "starwire",
+            Kind::Grpc => "grpc",
+            Kind::Raw => "raw",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        [Kind::Starwire, Kind::Grpc, Kind::Raw]
+            .into_iter()
+            .find(|k| k.name() == s)
+    }
+}
+
+/// One measured workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Pings of `PING_BYTES`.
+    Ping,
+    /// Pulls of `IDS` bench rows.
+    Pull,
+    /// Pushes of `IDS` bench rows.
+    Push,
+    /// Pulls of the 4 MiB tensor.
+    PullBig,
+    /// Training steps: draw a batch, pull its rows, compute, push its gradients.
+    Step,
+}
+
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub name: String,
+    pub op: Op,
+    /// Requests in flight (for `Step`: concurrent workers).
+    pub inflight: usize,
+    /// Connections the load is spread over.
+    pub connections: usize,
+}
+
+/// What one run of one workload over one kind measured.
+#[derive(Default, Clone)]
+pub struct Sample {
+    /// Operations completed (requests, or steps).
+    pub ops: u64,
+    pub failed: u64,
+    pub elapsed: Duration,
+    pub latency: Histogram,
+}
+
+impl Sample {
+    pub fn rate(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub fn merge(&mut self, other: &Sample) {
+        self.ops += other.ops;
+        self.failed += other.failed;
+        self.elapsed = self.elapsed.max(other.elapsed);
+        self.latency.merge(&other.latency);
+    }
+}
+
+/// Checks a pulled bench row or large tensor.
+pub fn check_fixed(id: u64, bytes: &[u8]) -> bool {
+    match id {
+        BIG_ID => bytes.len() == BIG_BYTES && bytes[BIG_BYTES - 1] == ((BIG_BYTES - 1) % 251) as u8,
+        i => bytes.len() == ROW_BYTES && bytes[0] == i as u8 && bytes[ROW_BYTES - 1] == i as u8,
+    }
+}
+
+/// The ids of request number `n` of a small-tensor workload.
+pub fn ids_for(n: u64, out: &mut Vec<u64>) {
+    out.clear();
+    let base = (n * IDS as u64) % ROWS;
+    out.extend((0..IDS as u64).map(|i| (base + i) % ROWS));
+}
+
+/// Runs this thread (and the threads it starts later) on CPU `cpu`, when it exists.
+pub fn pin(cpu: usize) {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut set = CpuSet::new();
+    if set.set(cpu % cpus.max(1)).is_ok() {
+        let _ = sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+/// A training-step worker's state: its data and the buffers its steps reuse. A step is
+/// [`next_batch`](Self::next_batch), a pull of [`ids`](Self::ids) into
+/// [`rows`](Self::rows), [`compute`](Self::compute), and a push of
+/// [`grads`](Self::grads) for the same ids.
+pub struct StepWorker {
+    pub cfg: ModelConfig,
+    gen: crate::model::Generator,
+    batch: crate::model::Batch,
+    /// The batch's distinct ids, with `STEP_BIT` set: what is pulled and pushed.
+    pub ids: Vec<u64>,
+    /// `dim` f32 per id, in `ids` order.
+    pub rows: Vec<f32>,
+    pub grads: Vec<f32>,
+    predictions: Vec<f32>,
+    scratch: crate::model::Scratch,
+    /// Summed loss and examples, to check that training happens.
+    pub loss: f64,
+    pub examples: u64,
+}
+
+impl StepWorker {
+    pub fn new(seed: u64) -> StepWorker {
+        let cfg = ModelConfig::default();
+        StepWorker {
+            gen: crate::model::Generator::new(&cfg, seed),
+            cfg,
+            batch: Default::default(),
+            ids: Vec::new(),
+            rows: Vec::new(),
+            grads: Vec::new(),
+            predictions: Vec::new(),
+            scratch: Default::default(),
+            loss: 0.0,
+            examples: 0,
+        }
+    }
+
+    pub fn next_batch(&mut self) {
+        self.gen.next_batch(&mut self.batch);
+        self.ids.clear();
+        self.ids
+            .extend(self.batch.unique.iter().map(|&id| id | STEP_BIT));
+        self.rows.resize(self.ids.len() * self.cfg.dim, 0.0);
+        self.grads.resize(self.ids.len() * self.cfg.dim, 0.0);
+    }
+
+    /// Writes row `i` from little-endian f32 bytes; false if the size is wrong.
+    pub fn set_row(&mut self, i: usize, bytes: &[u8]) -> bool {
+        let dim = self.cfg.dim;
+        if bytes.len() != dim * 4 {
+            return false;
+        }
+        for (v, b) in self.rows[i * dim..(i + 1) * dim]
+            .iter_mut()
+            .zip(bytes.chunks_exact(4))
+        {
+            *v = f32::from_le_bytes(b.try_into().unwrap());
+        }
+        true
+    }
+
+    pub fn compute(&mut self) {
+        self.loss += crate::model::forward_backward(
+            &self.cfg,
+            &self.batch,
+            &self.rows,
+            &mut self.grads,
+            &mut self.predictions,
+            &mut self.scratch,
+        );
+        self.examples += self.batch.len() as u64;
+    }
+
+    /// Gradient row `i` as little-endian f32 bytes into `out`.
+    pub fn grad_bytes(&self, i: usize, out: &mut [u8]) {
+        let dim = self.cfg.dim;
+        for (b, v) in out
+            .chunks_exact_mut(4)
+            .zip(&self.grads[i * dim..(i + 1) * dim])
+        {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}

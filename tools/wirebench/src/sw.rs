@@ -1,0 +1,245 @@
+//! The workloads over starwire: a `Service` on a one-loop runtime, and clients that keep
+//! requests in flight on one `Handle` with the allocation-free calls.
+
+use starwire::config::ConfigBuilder;
+use starwire::wire::{DType, Status};
+use starwire::{Handle, Options, Reply, Runtime, Service, Tensor};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+struct Svc {
+    store: Arc<Store>,
+    rows: Vec<Arc<Tensor>>,
+    big: Arc<Tensor>,
+}
+
+fn status(code: i32) -> Status {
+    match code {
+        OK => Status::Ok,
+        NOT_FOUND => Status::NotFound,
+        _ => Status::InvalidArgument,
+    }
+}
+
+impl Service for Svc {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        let mut shard = None;
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if id & STEP_BIT != 0 {
+                let shard = shard.get_or_insert_with(|| self.store.shard.lock().unwrap());
+                bytes.clear();
+                self.store.read_model(shard, id, &mut bytes);
+                let t = Tensor::from_slice(DType::F32, &[self.store.model.dim as u64], &bytes);
+                out.push(Ok(Arc::new(t.expect("model row"))));
+            } else if id == BIG_ID {
+                out.push(Ok(self.big.clone()));
+            } else if id < ROWS {
+                out.push(Ok(self.rows[id as usize].clone()));
+            } else {
+                out.push(Err(Status::NotFound));
+            }
+        }
+    }
+
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+        let mut shard = None;
+        for (id, t) in items.iter() {
+            statuses.push(status(self.store.push_one(&mut shard, *id, t.bytes())));
+        }
+    }
+}
+
+/// Serves on `addr` until the process ends.
+pub fn serve(addr: SocketAddr) -> Result<(Runtime, SocketAddr), String> {
+    let store = Arc::new(Store::new());
+    let tensor = |b: &[u8]| Arc::new(Tensor::from_slice(DType::U8, &[b.len() as u64], b).unwrap());
+    let svc = Svc {
+        rows: store.rows.iter().map(|r| tensor(r)).collect(),
+        big: tensor(&store.big),
+        store,
+    };
+    let config = ConfigBuilder::from_env("ps", 0)
+        .and_then(|b| b.loops(1).build())
+        .map_err(|e| e.to_string())?;
+    let options = Options {
+        service: Some(Arc::new(svc)),
+        ..Options::listen(addr)
+    };
+    let rt = Runtime::start_with(config, options).map_err(|e| e.to_string())?;
+    let addr = rt.local_addr().ok_or("no address")?;
+    Ok((rt, addr))
+}
+
+fn client(connections: usize) -> Result<Runtime, String> {
+    let config = ConfigBuilder::from_env("worker", 0)
+        .and_then(|b| b.loops(1).connections_per_peer(connections).build())
+        .map_err(|e| e.to_string())?;
+    Runtime::start(config, None).map_err(|e| e.to_string())
+}
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Keeps `w.inflight` requests of `w.op` in flight for `time`.
+pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, String> {
+    let rt = client(w.connections)?;
+    if w.op == Op::Step {
+        return run_steps(&rt, w, addr, time);
+    }
+    let mut h = rt.handle(w.inflight.max(w.connections) + 1);
+    // Open every connection before the clock starts.
+    for _ in 0..w.connections {
+        let tag = h
+            .ping(addr, 8, Some(Instant::now() + TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        h.wait(tag).result.map_err(|e| format!("connect: {e}"))?;
+    }
+    let push_items: Vec<(u64, Arc<Tensor>)> = (0..IDS as u64)
+        .map(|i| {
+            (
+                i,
+                Arc::new(
+                    Tensor::from_slice(DType::U8, &[ROW_BYTES as u64], &[i as u8; ROW_BYTES])
+                        .unwrap(),
+                ),
+            )
+        })
+        .collect();
+    let mut ids = Vec::with_capacity(IDS);
+    let mut started: HashMap<u64, Instant> = HashMap::with_capacity(w.inflight * 2);
+    let mut s = Sample::default();
+    let mut n = 0u64;
+    let start = Instant::now();
+    let end = start + time;
+    loop {
+        let now = Instant::now();
+        while now < end && started.len() < w.inflight {
+            let deadline = Some(now + TIMEOUT);
+            let tag = match w.op {
+                Op::Ping => h.ping(addr, PING_BYTES as u32, deadline),
+                Op::Pull => {
+                    ids_for(n, &mut ids);
+                    h.pull_slice(addr, &ids, deadline)
+                }
+                Op::PullBig => h.pull_slice(addr, &[BIG_ID], deadline),
+                Op::Push => h.push_slice(addr, &push_items, deadline),
+                Op::Step => unreachable!(),
+            };
+            started.insert(tag.map_err(|e| e.to_string())?, Instant::now());
+            n += 1;
+        }
+        if started.is_empty() {
+            break;
+        }
+        let done = h.wait_any();
+        let t0 = started.remove(&done.tag).ok_or("unknown completion")?;
+        let ok = match &done.result {
+            Ok(Reply::Pong { .. }) => true,
+            Ok(Reply::Pulled(t)) => t.iter().all(|t| t.as_ref().is_ok_and(|t| t.byte_len() > 0)),
+            Ok(Reply::Pushed(st)) => st.iter().all(|s| *s == Status::Ok),
+            _ => false,
+        };
+        if let (true, Ok(Reply::Pulled(t))) = (ok, &done.result) {
+            // Spot-check contents (first tensor).
+            if let Some(Ok(first)) = t.first() {
+                if !(check_fixed(BIG_ID, first.bytes()) || first.bytes().len() == ROW_BYTES) {
+                    s.failed += 1;
+                }
+            }
+        }
+        if ok {
+            s.ops += 1;
+            s.latency.record(t0.elapsed());
+        } else {
+            s.failed += 1;
+        }
+        h.recycle(done);
+    }
+    s.elapsed = start.elapsed();
+    rt.shutdown();
+    Ok(s)
+}
+
+fn run_steps(
+    rt: &Runtime,
+    w: &Workload,
+    addr: SocketAddr,
+    time: Duration,
+) -> Result<Sample, String> {
+    let end = Instant::now() + time;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..w.inflight)
+            .map(|i| scope.spawn(move || step_loop(&mut rt.handle(4), i as u64, addr, end)))
+            .collect();
+        let mut total = Sample::default();
+        for t in threads {
+            let s = t.join().map_err(|_| "worker panicked")??;
+            total.merge(&s);
+        }
+        Ok(total)
+    })
+}
+
+fn step_loop(h: &mut Handle, seed: u64, addr: SocketAddr, end: Instant) -> Result<Sample, String> {
+    let mut wk = StepWorker::new(seed);
+    let dim = wk.cfg.dim;
+    let mut items: Vec<(u64, Arc<Tensor>)> = Vec::new();
+    let mut s = Sample::default();
+    let start = Instant::now();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        wk.next_batch();
+        let deadline = Some(t0 + TIMEOUT);
+        let tag = h
+            .pull_slice(addr, &wk.ids, deadline)
+            .map_err(|e| e.to_string())?;
+        let done = h.wait(tag);
+        let mut ok = false;
+        if let Ok(Reply::Pulled(t)) = &done.result {
+            ok = t.len() == wk.ids.len();
+            for (i, t) in t.iter().enumerate() {
+                ok &= t.as_ref().is_ok_and(|t| wk.set_row(i, t.bytes()));
+            }
+        }
+        h.recycle(done);
+        if !ok {
+            s.failed += 1;
+            continue;
+        }
+        wk.compute();
+        // Gradient tensors, reused once the runtime has let go of last step's.
+        items.truncate(wk.ids.len());
+        for i in 0..wk.ids.len() {
+            if i == items.len() {
+                items.push((
+                    0,
+                    Arc::new(Tensor::zeros(DType::F32, &[dim as u64]).unwrap()),
+                ));
+            }
+            let item = &mut items[i];
+            item.0 = wk.ids[i];
+            if Arc::get_mut(&mut item.1).is_none() {
+                item.1 = Arc::new(Tensor::zeros(DType::F32, &[dim as u64]).unwrap());
+            }
+            wk.grad_bytes(i, Arc::get_mut(&mut item.1).unwrap().bytes_mut());
+        }
+        let tag = h
+            .push_slice(addr, &items, deadline)
+            .map_err(|e| e.to_string())?;
+        let done = h.wait(tag);
+        match &done.result {
+            Ok(Reply::Pushed(st)) if st.iter().all(|s| *s == Status::Ok) => {
+                s.ops += 1;
+                s.latency.record(t0.elapsed());
+            }
+            _ => s.failed += 1,
+        }
+        h.recycle(done);
+    }
+    s.elapsed = start.elapsed();
+    Ok(s)
+}
