@@ -3,7 +3,7 @@
 
 use starwire::config::ConfigBuilder;
 use starwire::wire::{DType, Status};
-use starwire::{Handle, Options, Reply, Runtime, Service, Tensor};
+use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Tensor};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,28 +75,112 @@ pub fn serve(addr: SocketAddr) -> Result<(Runtime, SocketAddr), String> {
     Ok((rt, addr))
 }
 
-fn client(connections: usize) -> Result<Runtime, String> {
-    let config = ConfigBuilder::from_env("worker", 0)
-        .and_then(|b| b.loops(1).connections_per_peer(connections).build())
-        .map_err(|e| e.to_string())?;
-    Runtime::start(config, None).map_err(|e| e.to_string())
-}
-
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Keeps `w.inflight` requests of `w.op` in flight for `time`.
-pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, String> {
-    let rt = client(w.connections)?;
-    if w.op == Op::Step {
-        return run_steps(&rt, w, addr, time);
+/// The two ways to drive starwire from a client thread: a [`Handle`] to a runtime's own
+/// loop thread, or an [`Embedded`] loop that the calling thread runs itself.
+trait Client {
+    fn submit(
+        &mut self,
+        op: Op,
+        addr: SocketAddr,
+        ids: &[u64],
+        items: &[(u64, Arc<Tensor>)],
+        deadline: Instant,
+    ) -> Result<u64, String>;
+    fn next(&mut self) -> Completion;
+    fn recycle(&mut self, c: Completion);
+}
+
+impl Client for Handle {
+    fn submit(
+        &mut self,
+        op: Op,
+        addr: SocketAddr,
+        ids: &[u64],
+        items: &[(u64, Arc<Tensor>)],
+        deadline: Instant,
+    ) -> Result<u64, String> {
+        let d = Some(deadline);
+        let tag = match op {
+            Op::Ping => self.ping(addr, PING_BYTES as u32, d),
+            Op::Push => self.push_slice(addr, items, d),
+            _ => self.pull_slice(addr, ids, d),
+        };
+        tag.map_err(|e| e.to_string())
     }
-    let mut h = rt.handle(w.inflight.max(w.connections) + 1);
+    fn next(&mut self) -> Completion {
+        self.wait_any()
+    }
+    fn recycle(&mut self, c: Completion) {
+        Handle::recycle(self, c)
+    }
+}
+
+impl Client for Embedded {
+    fn submit(
+        &mut self,
+        op: Op,
+        addr: SocketAddr,
+        ids: &[u64],
+        items: &[(u64, Arc<Tensor>)],
+        deadline: Instant,
+    ) -> Result<u64, String> {
+        let d = Some(deadline);
+        Ok(match op {
+            Op::Ping => self.ping(addr, PING_BYTES as u32, d),
+            Op::Push => self.push_slice(addr, items, d),
+            _ => self.pull_slice(addr, ids, d),
+        })
+    }
+    fn next(&mut self) -> Completion {
+        loop {
+            if let Some(c) = self.completion() {
+                return c;
+            }
+            self.poll(Some(Duration::from_millis(10)));
+        }
+    }
+    fn recycle(&mut self, c: Completion) {
+        Embedded::recycle(self, c)
+    }
+}
+
+/// Keeps `w.inflight` requests of `w.op` in flight for `time`: training steps on threads
+/// with handles to a runtime, the other workloads from this thread with an embedded loop
+/// (one thread, as the gRPC client's runtime is pinned to one CPU too).
+pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, String> {
+    let config = client_config(w.connections)?;
+    if w.op == Op::Step {
+        let rt = Runtime::start(config, None).map_err(|e| e.to_string())?;
+        let s = run_steps(&rt, w, addr, time);
+        rt.shutdown();
+        return s;
+    }
+    let mut e = Embedded::new(config, None).map_err(|e| e.to_string())?;
+    run_ops(&mut e, w, addr, time)
+}
+
+fn client_config(connections: usize) -> Result<starwire::Config, String> {
+    ConfigBuilder::from_env("worker", 0)
+        .and_then(|b| b.loops(1).connections_per_peer(connections).build())
+        .map_err(|e| e.to_string())
+}
+
+fn run_ops(
+    c: &mut impl Client,
+    w: &Workload,
+    addr: SocketAddr,
+    time: Duration,
+) -> Result<Sample, String> {
     // Open every connection before the clock starts.
     for _ in 0..w.connections {
-        let tag = h
-            .ping(addr, 8, Some(Instant::now() + TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        h.wait(tag).result.map_err(|e| format!("connect: {e}"))?;
+        let tag = c.submit(Op::Ping, addr, &[], &[], Instant::now() + TIMEOUT)?;
+        let done = c.next();
+        if done.tag != tag {
+            return Err("unexpected completion".into());
+        }
+        done.result.map_err(|e| format!("connect: {e}"))?;
     }
     let push_items: Vec<(u64, Arc<Tensor>)> = (0..IDS as u64)
         .map(|i| {
@@ -118,24 +202,21 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, Str
     loop {
         let now = Instant::now();
         while now < end && started.len() < w.inflight {
-            let deadline = Some(now + TIMEOUT);
-            let tag = match w.op {
-                Op::Ping => h.ping(addr, PING_BYTES as u32, deadline),
-                Op::Pull => {
-                    ids_for(n, &mut ids);
-                    h.pull_slice(addr, &ids, deadline)
+            match w.op {
+                Op::Pull => ids_for(n, &mut ids),
+                _ => {
+                    ids.clear();
+                    ids.push(BIG_ID);
                 }
-                Op::PullBig => h.pull_slice(addr, &[BIG_ID], deadline),
-                Op::Push => h.push_slice(addr, &push_items, deadline),
-                Op::Step => unreachable!(),
-            };
-            started.insert(tag.map_err(|e| e.to_string())?, Instant::now());
+            }
+            let tag = c.submit(w.op, addr, &ids, &push_items, now + TIMEOUT)?;
+            started.insert(tag, Instant::now());
             n += 1;
         }
         if started.is_empty() {
             break;
         }
-        let done = h.wait_any();
+        let done = c.next();
         let t0 = started.remove(&done.tag).ok_or("unknown completion")?;
         let ok = match &done.result {
             Ok(Reply::Pong { .. }) => true,
@@ -157,10 +238,9 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, Str
         } else {
             s.failed += 1;
         }
-        h.recycle(done);
+        c.recycle(done);
     }
     s.elapsed = start.elapsed();
-    rt.shutdown();
     Ok(s)
 }
 
