@@ -443,6 +443,9 @@ struct Pending {
     /// The last receive emptied the socket: the next one waits for readiness instead of
     /// trying first (edge-triggered epoll reports any data that arrives later).
     drained: bool,
+    /// The peer closed its side (or the socket failed): no readiness edge will come again,
+    /// so receives always try, until they read the end of the stream.
+    read_closed: bool,
     accept: bool,
     connect: bool,
     recv: Option<(*mut u8, u32)>,
@@ -454,6 +457,7 @@ impl Pending {
         Pending {
             fd: -1,
             drained: false,
+            read_closed: false,
             accept: false,
             connect: false,
             recv: None,
@@ -554,8 +558,9 @@ impl EpollDriver {
                 if r == -libc::EAGAIN {
                     p.drained = true;
                 } else if r != -libc::EINTR {
-                    // A short read took everything there was.
-                    p.drained = r >= 0 && (r as u32) < len;
+                    // A short read took everything there was, except an end of stream
+                    // that arrived with the data: its edge is already spent.
+                    p.drained = r >= 0 && (r as u32) < len && !p.read_closed;
                     p.recv = None;
                     self.ready.push_back((user_data(slot, Op::Recv), r));
                 }
@@ -608,6 +613,7 @@ impl EpollDriver {
             if readable {
                 if let Some(p) = self.slots.get_mut(ev.token() as usize) {
                     p.drained = false;
+                    p.read_closed |= ev.is_read_closed() || gone;
                 }
             }
             self.retry(ev.token() as u32, readable, ev.is_writable() || gone);
