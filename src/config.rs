@@ -85,6 +85,11 @@ pub const ENV_CONNECTIONS_PER_PEER: &str = "STARWIRE_CONNECTIONS_PER_PEER";
 pub const ENV_CLUSTER_TOKEN: &str = "STARWIRE_CLUSTER_TOKEN";
 /// Environment variable: how long a handshake may take, in milliseconds.
 pub const ENV_HANDSHAKE_TIMEOUT_MS: &str = "STARWIRE_HANDSHAKE_TIMEOUT_MS";
+/// Environment variable: how long a frame's header and meta section may take to arrive, in
+/// milliseconds.
+pub const ENV_FRAME_TIMEOUT_MS: &str = "STARWIRE_FRAME_TIMEOUT_MS";
+/// Environment variable: the most connections a task accepts at once.
+pub const ENV_MAX_CONNECTIONS: &str = "STARWIRE_MAX_CONNECTIONS";
 
 // ---------------------------------------------------------------------------------------
 // Defaults and ranges.
@@ -183,6 +188,16 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(1);
 /// Largest accepted [`Config::handshake_timeout`], 10 minutes.
 pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default [`Config::frame_timeout`].
+pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
+/// Smallest accepted [`Config::frame_timeout`].
+pub const MIN_FRAME_TIMEOUT: Duration = Duration::from_millis(1);
+/// Largest accepted [`Config::frame_timeout`], 1 hour.
+pub const MAX_FRAME_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Default [`Config::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Largest accepted [`Config::max_connections`].
+pub const MAX_MAX_CONNECTIONS: usize = 1 << 20;
 
 const _: () = assert!(wire::HEADER_LEN as u32 + 16 <= CHUNK_FRAME_OVERHEAD);
 
@@ -296,6 +311,13 @@ pub struct Config {
     pub cluster_token: Option<Vec<u8>>,
     /// How long a connection may take from connect (or accept) to a completed handshake.
     pub handshake_timeout: Duration,
+    /// How long a frame's header and meta section may take to arrive once its first byte
+    /// has: a peer that stalls (or trickles bytes) inside them is disconnected. Payload
+    /// bytes are not timed, as a large tensor may take long on a slow link.
+    pub frame_timeout: Duration,
+    /// The most connections the task accepts at once, over all its event loops; more are
+    /// closed as soon as they are accepted. Connections the task opens are not counted.
+    pub max_connections: usize,
 }
 
 impl Config {
@@ -379,6 +401,8 @@ impl fmt::Debug for Config {
             .field("connections_per_peer", &self.connections_per_peer)
             .field("cluster_token", &Redacted(self.cluster_token.as_deref()))
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("frame_timeout", &self.frame_timeout)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
@@ -624,6 +648,8 @@ pub struct ConfigBuilder {
     connections_per_peer: Setting<usize>,
     cluster_token: Setting<Option<Vec<u8>>>,
     handshake_timeout: Setting<Duration>,
+    frame_timeout: Setting<Duration>,
+    max_connections: Setting<usize>,
 }
 
 impl fmt::Debug for ConfigBuilder {
@@ -652,6 +678,8 @@ impl fmt::Debug for ConfigBuilder {
                 &Redacted(self.cluster_token.value.as_deref()),
             )
             .field("handshake_timeout", &self.handshake_timeout.value)
+            .field("frame_timeout", &self.frame_timeout.value)
+            .field("max_connections", &self.max_connections.value)
             .finish()
     }
 }
@@ -691,6 +719,8 @@ impl ConfigBuilder {
             connections_per_peer: Setting::default(DEFAULT_CONNECTIONS_PER_PEER),
             cluster_token: Setting::default(None),
             handshake_timeout: Setting::default(DEFAULT_HANDSHAKE_TIMEOUT),
+            frame_timeout: Setting::default(DEFAULT_FRAME_TIMEOUT),
+            max_connections: Setting::default(DEFAULT_MAX_CONNECTIONS),
         }
     }
 
@@ -791,6 +821,21 @@ impl ConfigBuilder {
             )?
             .map(Duration::from_millis),
         );
+        b.frame_timeout.env(
+            env.number::<u64>(
+                ENV_FRAME_TIMEOUT_MS,
+                millis(MIN_FRAME_TIMEOUT),
+                millis(MAX_FRAME_TIMEOUT),
+                "milliseconds",
+            )?
+            .map(Duration::from_millis),
+        );
+        b.max_connections.env(env.number(
+            ENV_MAX_CONNECTIONS,
+            1,
+            MAX_MAX_CONNECTIONS as u64,
+            "connections",
+        )?);
         Ok(b)
     }
 
@@ -861,6 +906,16 @@ impl ConfigBuilder {
         /// [`Config::handshake_timeout`], [`MIN_HANDSHAKE_TIMEOUT`] to
         /// [`MAX_HANDSHAKE_TIMEOUT`]; overrides `STARWIRE_HANDSHAKE_TIMEOUT_MS`.
         handshake_timeout: Duration
+    );
+    setter!(
+        /// [`Config::frame_timeout`], [`MIN_FRAME_TIMEOUT`] to [`MAX_FRAME_TIMEOUT`];
+        /// overrides `STARWIRE_FRAME_TIMEOUT_MS`.
+        frame_timeout: Duration
+    );
+    setter!(
+        /// [`Config::max_connections`], 1 to [`MAX_MAX_CONNECTIONS`]; overrides
+        /// `STARWIRE_MAX_CONNECTIONS`.
+        max_connections: usize
     );
 
     /// [`Config::loops`]: a number (1 to [`MAX_LOOPS`]) fixes the loop count, `None`
@@ -1006,6 +1061,21 @@ impl ConfigBuilder {
             MIN_HANDSHAKE_TIMEOUT,
             MAX_HANDSHAKE_TIMEOUT,
         )?;
+        check_duration(
+            &self.frame_timeout,
+            ENV_FRAME_TIMEOUT_MS,
+            "frame_timeout",
+            MIN_FRAME_TIMEOUT,
+            MAX_FRAME_TIMEOUT,
+        )?;
+        check_range(
+            &self.max_connections,
+            ENV_MAX_CONNECTIONS,
+            "max_connections",
+            1,
+            MAX_MAX_CONNECTIONS,
+            "connections",
+        )?;
 
         Ok(Config {
             job: self.job,
@@ -1028,6 +1098,8 @@ impl ConfigBuilder {
             connections_per_peer: self.connections_per_peer.value,
             cluster_token: self.cluster_token.value,
             handshake_timeout: self.handshake_timeout.value,
+            frame_timeout: self.frame_timeout.value,
+            max_connections: self.max_connections.value,
         })
     }
 
@@ -1386,6 +1458,8 @@ mod tests {
         assert_eq!(c.connections_per_peer, DEFAULT_CONNECTIONS_PER_PEER);
         assert_eq!(c.cluster_token, None);
         assert_eq!(c.handshake_timeout, DEFAULT_HANDSHAKE_TIMEOUT);
+        assert_eq!(c.frame_timeout, DEFAULT_FRAME_TIMEOUT);
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
     }
 
     #[test]
@@ -1434,6 +1508,8 @@ mod tests {
                 ("STARWIRE_CONNECTIONS_PER_PEER", "4096"),
                 ("STARWIRE_CLUSTER_TOKEN", "s3cret"),
                 ("STARWIRE_HANDSHAKE_TIMEOUT_MS", "250"),
+                ("STARWIRE_FRAME_TIMEOUT_MS", "1500"),
+                ("STARWIRE_MAX_CONNECTIONS", "10"),
             ],
         )
         .unwrap();
@@ -1464,6 +1540,8 @@ mod tests {
         assert_eq!(c.connections_per_peer, 4096);
         assert_eq!(c.cluster_token.as_deref(), Some(&b"s3cret"[..]));
         assert_eq!(c.handshake_timeout, Duration::from_millis(250));
+        assert_eq!(c.frame_timeout, Duration::from_millis(1500));
+        assert_eq!(c.max_connections, 10);
 
         // The other ends of the ranges, and the other spellings.
         let c = config(
@@ -1589,6 +1667,8 @@ mod tests {
             ("ps", ENV_CONNECT_BACKOFF_MS, &["0", "60001"]),
             ("ps", ENV_CONNECTIONS_PER_PEER, &["0", "4097"]),
             ("ps", ENV_HANDSHAKE_TIMEOUT_MS, &["0", "600001"]),
+            ("ps", ENV_FRAME_TIMEOUT_MS, &["0", "3600001"]),
+            ("ps", ENV_MAX_CONNECTIONS, &["0", "1048577"]),
         ];
         for &(job, var, out_of_range) in cases {
             for bad in BAD_NUMBERS.iter().chain(out_of_range) {
@@ -1644,6 +1724,8 @@ mod tests {
             ENV_CONNECT_BACKOFF_MS,
             ENV_CONNECTIONS_PER_PEER,
             ENV_HANDSHAKE_TIMEOUT_MS,
+            ENV_FRAME_TIMEOUT_MS,
+            ENV_MAX_CONNECTIONS,
         ];
         for var in vars {
             let bad = move |name: &str| (name == var).then(|| OsString::from_vec(vec![b'1', 0xff]));

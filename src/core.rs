@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -312,6 +312,13 @@ enum Timer {
     },
     /// Accepting again after running out of descriptors or memory.
     Accept,
+    /// The frame head (header and meta section) number `serial` of a connection must be
+    /// complete by now.
+    FrameHead {
+        slot: u32,
+        generation: u32,
+        serial: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -374,6 +381,12 @@ struct Conn {
     direct: bool,
     /// Index of the pool buffer the decoder receives into, if it has one.
     pool_buf: Option<u16>,
+    /// Whether a frame head is partly received, and the number of the last one that was
+    /// (for its timer).
+    in_head: bool,
+    head_serial: u32,
+    /// Whether this is an accepted connection counted against `max_connections`.
+    counted: bool,
 }
 
 impl Conn {
@@ -401,6 +414,9 @@ impl Conn {
             recvs: Vec::new(),
             direct: false,
             pool_buf: None,
+            in_head: false,
+            head_serial: 0,
+            counted: false,
         }
     }
 
@@ -424,6 +440,8 @@ pub(crate) struct LoopParts {
     pub index: usize,
     pub allocator: SharedAllocator,
     pub zero_copy_min: u64,
+    /// Connections accepted and not yet closed, over all the runtime's loops.
+    pub accepted: Arc<AtomicUsize>,
 }
 
 /// The per-thread event loop.
@@ -455,6 +473,8 @@ pub(crate) struct Loop {
     allocator: SharedAllocator,
     /// Payload at least this long is received straight into its tensor.
     zero_copy_min: u64,
+    /// Accepted connections open, shared by the runtime's loops (`max_connections`).
+    accepted: Arc<AtomicUsize>,
     /// Requests of the embedding thread, taken in the next drain pass.
     local_requests: VecDeque<Request>,
     /// Single-key recvs of the current drain pass, when tensor fusion is on.
@@ -520,6 +540,7 @@ impl Loop {
             index: parts.index,
             allocator: parts.allocator,
             zero_copy_min: parts.zero_copy_min,
+            accepted: parts.accepted,
             local_requests: VecDeque::new(),
             fuse_buf: Vec::new(),
             serve: ServeScratch::default(),
@@ -1188,6 +1209,7 @@ impl Loop {
                     conn.proto.decoder().filled(result as usize);
                 }
                 self.process(slot, now);
+                self.watch_frame_head(slot, now);
                 self.arm_recv(slot);
             }
             Op::Send => {
@@ -1245,6 +1267,16 @@ impl Loop {
 
     /// Takes an accepted socket as a server-side connection.
     fn adopt(&mut self, fd: OwnedFd, now: Instant) {
+        let open = self.accepted.fetch_add(1, Ordering::Relaxed);
+        if open >= self.cfg.max_connections {
+            self.accepted.fetch_sub(1, Ordering::Relaxed);
+            add(&self.shared.counters.connections_refused, 1);
+            log::warn!(
+                "refusing a connection: {open} accepted connections are open, the limit \
+                 (STARWIRE_MAX_CONNECTIONS)"
+            );
+            return; // dropping `fd` closes it
+        }
         socket::set_nodelay(&fd, true).ok();
         let proto = self.new_proto(Side::Server);
         let raw = fd.as_raw_fd();
@@ -1254,8 +1286,10 @@ impl Loop {
         if let Err(e) = self.driver.register(slot, raw) {
             log::warn!("register accepted socket: {e}");
             self.conns.remove(slot as usize);
+            self.accepted.fetch_sub(1, Ordering::Relaxed);
             return;
         }
+        self.conns[slot as usize].counted = true;
         self.lend_buffer(slot);
         add(&self.shared.counters.connections_accepted, 1);
         let deadline = now + self.cfg.handshake_timeout;
@@ -1263,6 +1297,27 @@ impl Loop {
         self.timers
             .push(Reverse((deadline, Timer::Handshake { slot, generation })));
         self.arm_recv(slot);
+    }
+
+    /// Starts the frame-head timer when a frame's header or meta section has begun to
+    /// arrive and is not complete (`STARWIRE_FRAME_TIMEOUT_MS`): a peer that stalls or
+    /// trickles bytes there is disconnected instead of holding the connection forever.
+    fn watch_frame_head(&mut self, slot: u32, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        let in_head = conn.phase != Phase::Closing && conn.proto.decoder().in_frame_head();
+        if in_head && !conn.in_head {
+            conn.head_serial = conn.head_serial.wrapping_add(1);
+            let timer = Timer::FrameHead {
+                slot,
+                generation: conn.generation,
+                serial: conn.head_serial,
+            };
+            self.timers
+                .push(Reverse((now + self.cfg.frame_timeout, timer)));
+        }
+        conn.in_head = in_head;
     }
 
     /// Starts a receive into the connection's buffer if none is in flight.
@@ -1400,11 +1455,15 @@ impl Loop {
             opened: false,
             violation: None,
         };
+        let was_closed = proto.is_closed();
         proto.process(|ev, enc| d.on_event(ev, enc));
         let (opened, violation) = (d.opened, d.violation);
         if let Some(why) = violation {
             log::warn!("connection {slot}: {why}; closing");
             conn.proto.abort(Status::Protocol, why);
+        } else if let (false, Some(reason)) = (was_closed, conn.proto.close_reason()) {
+            // The codec closed it: a malformed frame, or a refused handshake.
+            log::warn!("connection {slot}: {reason}; closing");
         }
         release_tokens(conn);
         mark_dirty(dirty, conn, slot);
@@ -1599,6 +1658,26 @@ impl Loop {
                         self.lose(slot, failure);
                     }
                 }
+                Timer::FrameHead {
+                    slot,
+                    generation,
+                    serial,
+                } => {
+                    let stalled = self.conns.get(slot as usize).is_some_and(|c| {
+                        c.generation == generation
+                            && c.in_head
+                            && c.head_serial == serial
+                            && c.phase != Phase::Closing
+                    });
+                    if stalled {
+                        log::warn!(
+                            "connection {slot}: a frame's header and meta section did not \
+                             arrive within {:?} (STARWIRE_FRAME_TIMEOUT_MS); closing",
+                            self.cfg.frame_timeout
+                        );
+                        self.lose(slot, Error::Protocol);
+                    }
+                }
                 Timer::Handshake { slot, generation } => {
                     let stuck = self.conns.get(slot as usize).is_some_and(|c| {
                         c.generation == generation
@@ -1724,6 +1803,9 @@ impl Loop {
             self.driver.deregister(slot);
         }
         let mut conn = self.conns.remove(slot as usize);
+        if conn.counted {
+            self.accepted.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(index) = conn.pool_buf {
             // No operation is in flight: the buffer is the loop's again.
             let buf = conn.proto.decoder().swap_buffer(Vec::new());

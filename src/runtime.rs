@@ -14,7 +14,7 @@ use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -72,7 +72,12 @@ impl Options {
         }
     }
 
-    fn parts(&self, index: usize, jobs: Option<SyncSender<Job>>) -> LoopParts {
+    fn parts(
+        &self,
+        index: usize,
+        jobs: Option<SyncSender<Job>>,
+        accepted: &Arc<AtomicUsize>,
+    ) -> LoopParts {
         LoopParts {
             service: self.service.clone(),
             rendezvous: self.rendezvous.clone(),
@@ -83,6 +88,7 @@ impl Options {
                 .clone()
                 .unwrap_or_else(|| Arc::new(HeapAllocator::default())),
             zero_copy_min: self.zero_copy_min.unwrap_or(DEFAULT_ZERO_COPY_MIN),
+            accepted: accepted.clone(),
         }
     }
 }
@@ -178,12 +184,13 @@ impl Runtime {
             backend,
             local_addr,
         };
+        let accepted = Arc::new(AtomicUsize::new(0));
         for (i, listener) in listeners.into_iter().enumerate() {
             let (ready_tx, ready_rx) = mpsc::channel::<io::Result<()>>();
             let cfg = cfg.clone();
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
-            let parts = options.parts(i, pool.as_ref().and_then(|p| p.sender()));
+            let parts = options.parts(i, pool.as_ref().and_then(|p| p.sender()), &accepted);
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {
@@ -651,7 +658,7 @@ impl Embedded {
             shared.clone(),
             backend,
             listener,
-            options.parts(0, None),
+            options.parts(0, None, &Arc::new(AtomicUsize::new(0))),
         )?;
         Ok(Embedded {
             lp,

@@ -38,6 +38,7 @@ pub(crate) struct Counters {
     pub connections_accepted: AtomicU64,
     pub connections_opened: AtomicU64,
     pub connections_lost: AtomicU64,
+    pub connections_refused: AtomicU64,
     pub reconnects: AtomicU64,
     pub payload_direct: AtomicU64,
     pub payload_copied: AtomicU64,
@@ -78,6 +79,8 @@ pub struct Stats {
     pub connections_opened: u64,
     /// Connections lost or closed for an error.
     pub connections_lost: u64,
+    /// Connections closed as soon as they were accepted, at the `max_connections` limit.
+    pub connections_refused: u64,
     /// Connect attempts after a failed one.
     pub reconnects: u64,
     /// Tensor payload bytes received straight into their destination.
@@ -119,6 +122,7 @@ impl Stats {
         self.connections_accepted += l(&c.connections_accepted);
         self.connections_opened += l(&c.connections_opened);
         self.connections_lost += l(&c.connections_lost);
+        self.connections_refused += l(&c.connections_refused);
         self.reconnects += l(&c.reconnects);
         self.payload_direct += l(&c.payload_direct);
         self.payload_copied += l(&c.payload_copied);

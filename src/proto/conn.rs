@@ -83,7 +83,7 @@ impl fmt::Display for CloseReason {
                 write!(f, "refused by peer ({status:?}): {message}")
             }
             CloseReason::Rejected { status, reason } => {
-                write!(f, "peer rejected ({status:?}): {reason}")
+                write!(f, "rejected the peer ({status:?}): {reason}")
             }
         }
     }
@@ -401,10 +401,7 @@ fn close(
     if *state == State::Closed {
         return;
     }
-    match &reason {
-        CloseReason::Refused { .. } => log::warn!("connection closed: {reason}"),
-        _ => log::warn!("closing connection: {reason}"),
-    }
+    // The owner logs the reason (`close_reason`), with what it knows of the connection.
     if let Some(status) = status {
         let message = reason.to_string();
         if let Err(e) = encoder.error(0, status, &message) {

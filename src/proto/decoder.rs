@@ -221,6 +221,16 @@ impl Decoder {
         matches!(self.state, State::Header) && self.buffered() == 0
     }
 
+    /// Whether a frame's header or meta section has started to arrive and is not complete:
+    /// the part of a frame the receiver cannot act on until it is whole.
+    pub fn in_frame_head(&self) -> bool {
+        match self.state {
+            State::Header => self.buffered() > 0,
+            State::Meta(_) => true,
+            State::Payload(_) | State::Failed => false,
+        }
+    }
+
     /// Bytes still missing from the meta section being received, if the decoder is in one.
     /// Reading exactly that much keeps the payload that follows out of the buffer, so it
     /// can be received in place.
