@@ -1,12 +1,17 @@
-//! A server in another process, stopped and killed with requests in flight.
+//! A server in another process, stopped and killed with requests in flight; a client in
+//! another process killed in the middle of a large push.
 
 mod common;
 
 use common::*;
-use starwire::Error;
+use starwire::tensor::{TensorAllocator, TensorDesc, TensorMemory};
+use starwire::wire::{DType, Status};
+use starwire::{Error, Service, Tensor};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "STARWIRE_TEST_CHILD_SERVER";
@@ -114,4 +119,194 @@ fn killed_server_fails_requests_in_flight_and_a_restarted_one_is_reached() {
     }
     again.kill().ok();
     again.wait().ok();
+}
+
+const CHILD_CLIENT_ENV: &str = "STARWIRE_TEST_CHILD_CLIENT";
+const BIG: usize = 256 << 20;
+
+/// The child's entry point, not a test of its own: a task that listens (with a rendezvous
+/// where nothing is ever published), prints its address, and pushes a 256 MiB tensor to the
+/// server named by the environment over and over until it is killed.
+#[test]
+#[ignore = "entry point of the child client process"]
+fn child_client() {
+    let Ok(server) = std::env::var(CHILD_CLIENT_ENV) else {
+        return;
+    };
+    let server: SocketAddr = server.parse().unwrap();
+    let rt = starwire::Runtime::start_with(
+        config("worker", 1).build().unwrap(),
+        starwire::Options {
+            rendezvous: Some(starwire::Rendezvous::new()),
+            ..starwire::Options::listen("127.0.0.1:0".parse().unwrap())
+        },
+    )
+    .expect("child starts");
+    println!("LISTENING {}", rt.local_addr().unwrap());
+    let big = Arc::new(Tensor::zeros(DType::U8, &[BIG as u64]).unwrap());
+    let mut h = rt.handle(4);
+    loop {
+        let t = h.push(server, vec![(1, big.clone())], secs(120)).unwrap();
+        let _ = h.wait(t);
+    }
+}
+
+/// Accepts every push.
+struct Sink;
+
+impl Service for Sink {
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+        statuses.extend(items.iter().map(|_| Status::Ok));
+    }
+}
+
+/// Tensor memory that counts the bytes alive.
+struct Tracked {
+    bytes: Vec<u8>,
+    live: Arc<AtomicI64>,
+}
+
+// SAFETY: the vector is never resized, moved out or freed while the value lives, so both
+// methods always return the same memory of the same length.
+unsafe impl TensorMemory for Tracked {
+    fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.live
+            .fetch_sub(self.bytes.len() as i64, Ordering::SeqCst);
+    }
+}
+
+struct TrackingAllocator(Arc<AtomicI64>);
+
+impl TensorAllocator for TrackingAllocator {
+    fn allocate(&self, d: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
+        self.0.fetch_add(d.byte_len as i64, Ordering::SeqCst);
+        Some(Box::new(Tracked {
+            bytes: vec![0; d.byte_len as usize],
+            live: self.0.clone(),
+        }))
+    }
+}
+
+#[test]
+fn killed_client_mid_transfer_fails_requests_towards_it_and_frees_what_it_sent() {
+    // Bytes of tensors the server received (or is receiving) that are still alive.
+    let live = Arc::new(AtomicI64::new(0));
+    let server = starwire::Runtime::start_with(
+        config("ps", 1).build().unwrap(),
+        starwire::Options {
+            service: Some(Arc::new(Sink)),
+            allocator: Some(Arc::new(TrackingAllocator(live.clone()))),
+            ..starwire::Options::listen("127.0.0.1:0".parse().unwrap())
+        },
+    )
+    .unwrap();
+    let server_addr = server.local_addr().unwrap();
+
+    // Another client of the server keeps pinging it through the whole test.
+    let stop = Arc::new(AtomicBool::new(false));
+    let bystander = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let c = client(1);
+            let mut errors = Vec::new();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = ping_once(&c, server_addr, secs(5)) {
+                    errors.push(e);
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (n, errors)
+        })
+    };
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_client",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_CLIENT_ENV, server_addr.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child client");
+    let out = child.stdout.take().unwrap();
+    let child_addr: SocketAddr = BufReader::new(out)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.split_once("LISTENING ")
+                .map(|(_, a)| a.trim().parse().unwrap())
+        })
+        .expect("child address");
+
+    // This process also has a request in flight towards the child: a recv of a key the
+    // child never publishes.
+    let cl = client(1);
+    assert!(ping_once(&cl, child_addr, secs(10)).is_ok());
+    let mut h = cl.handle(4);
+    let recv = h.recv(child_addr, 1, b"never", secs(30)).unwrap();
+
+    // Kill the child while the server holds a partly received 256 MiB tensor.
+    let start = Instant::now();
+    while !(server.stats().bytes_in > 16 << 20 && live.load(Ordering::SeqCst) > 0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the push did not start"
+        );
+        std::hint::spin_loop();
+    }
+    let during = live.load(Ordering::SeqCst);
+    let killed = Instant::now();
+    signal(&child, libc::SIGKILL);
+    child.wait().unwrap();
+
+    // The recv towards the dead child fails at once, not at its deadline.
+    assert_eq!(h.wait(recv).result, Err(Error::ConnectionLost));
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(2), "failing took {took:?}");
+
+    // The server closes the child's connection and drops the half-received tensor.
+    let start = Instant::now();
+    loop {
+        let s = server.stats();
+        if s.connections_accepted - s.connections_lost == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "connection not closed: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    while live.load(Ordering::SeqCst) != 0 {
+        let l = live.load(Ordering::SeqCst);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{l} bytes of tensors still alive"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("{during} tensor bytes alive at the kill, 0 after; the recv failed after {took:?}");
+
+    stop.store(true, Ordering::Relaxed);
+    let (pings, errors) = bystander.join().unwrap();
+    assert!(
+        pings > 10 && errors.is_empty(),
+        "{pings} pings, errors {errors:?}"
+    );
+    cl.shutdown();
+    server.shutdown();
 }
