@@ -9,7 +9,11 @@
 //! Arena blocks never move or shrink while a segment refers to them, so an `iovec` built
 //! from [`Encoder::pieces`] stays valid while more frames are encoded — as an io_uring
 //! write in flight requires. A block returns to the free list when its last segment has
-//! been written; after warm-up, encoding allocates nothing.
+//! been written; after warm-up, encoding allocates nothing. An encoder keeps at most
+//! [`FREE_BLOCKS_KEPT`] idle blocks of the standard size, and no idle larger one: the memory
+//! of a burst of output (a peer slow to read, a frame with a very large meta section) is
+//! returned once it is written, so a task with many connections does not hold each one's
+//! largest backlog for its whole life.
 //!
 //! Large tensors are cut into `CHUNK` frames (specification 4.8). Chunks are added to the
 //! output only as it drains ([`Encoder::fill`]), so frames encoded during a large transfer
@@ -251,6 +255,9 @@ pub struct Encoder {
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
 
+/// Idle arena blocks an encoder keeps for the next frames; more are freed.
+pub const FREE_BLOCKS_KEPT: usize = 2;
+
 impl Encoder {
     /// An encoder with one arena block.
     pub fn new(cfg: EncoderConfig) -> Encoder {
@@ -303,9 +310,9 @@ impl Encoder {
         }
     }
 
-    /// Arena blocks allocated so far (they are reused, never freed before the encoder).
+    /// Arena blocks holding memory (in use, or idle and kept for reuse).
     pub fn block_count(&self) -> usize {
-        self.blocks.len()
+        self.blocks.iter().filter(|b| !b.buf.is_empty()).count()
     }
 
     /// Chunked tensors whose chunks are not all queued yet.
@@ -314,12 +321,42 @@ impl Encoder {
     }
 
     fn new_block(&mut self, size: usize) -> usize {
-        self.blocks.push(Block {
+        let block = Block {
             buf: vec![0; size].into_boxed_slice(),
             used: 0,
             refs: 0,
-        });
-        self.blocks.len() - 1
+        };
+        // The slot of a freed block, if any: segments name blocks by index.
+        match self.blocks.iter().position(|b| b.buf.is_empty()) {
+            Some(i) => {
+                self.blocks[i] = block;
+                i
+            }
+            None => {
+                self.blocks.push(block);
+                self.blocks.len() - 1
+            }
+        }
+    }
+
+    /// Frees idle block `i` when it is larger than standard or more than
+    /// [`FREE_BLOCKS_KEPT`] idle blocks would be kept.
+    fn trim(&mut self, i: usize) {
+        if i == self.current {
+            return;
+        }
+        let standard = self.cfg.block_size;
+        let oversized = self.blocks[i].buf.len() > standard;
+        let idle = self
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|&(j, b)| j != self.current && b.refs == 0 && !b.buf.is_empty())
+            .count();
+        if oversized || idle > FREE_BLOCKS_KEPT {
+            self.blocks[i].buf = Box::default();
+            self.blocks[i].used = 0;
+        }
     }
 
     /// Reserves `len` contiguous arena bytes; returns block and start.
@@ -727,6 +764,7 @@ impl Encoder {
                     b.refs -= 1;
                     if b.refs == 0 {
                         b.used = 0;
+                        self.trim(block as usize);
                     }
                 }
                 Segment::Tensor {

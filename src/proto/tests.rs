@@ -544,6 +544,39 @@ fn encoder_arena_is_reused_in_steady_state() {
 }
 
 #[test]
+fn encoder_returns_the_memory_of_a_backlog_once_written() {
+    let mut enc = Encoder::new(EncoderConfig::default());
+    let store = HashMap::new();
+    let keys: Vec<Vec<u8>> = (0..1000)
+        .map(|i| format!("key-{i:06}").into_bytes())
+        .collect();
+    // About 12 KB of meta per frame, 200 frames queued before anything is written: a
+    // backlog of dozens of blocks. One frame with a meta section larger than a block.
+    for round in 0..200u64 {
+        enc.recv(round + 1, round, &keys, true).unwrap();
+    }
+    let many: Vec<Vec<u8>> = (0..20_000)
+        .map(|i| format!("key-{i:06}").into_bytes())
+        .collect();
+    enc.recv(1000, 0, &many, true).unwrap();
+    let backlog = enc.block_count();
+    assert!(backlog > 20, "blocks: {backlog}");
+    let _ = drain(&mut enc, &store, u64::MAX);
+    assert!(enc.is_empty());
+    assert!(
+        enc.block_count() <= 1 + super::encoder::FREE_BLOCKS_KEPT,
+        "blocks after the backlog: {} (was {backlog})",
+        enc.block_count()
+    );
+    // Encoding goes on normally in the slots of the freed blocks.
+    for round in 0..100u64 {
+        enc.recv(round + 1, round, &keys, true).unwrap();
+        let _ = drain(&mut enc, &store, 1500);
+    }
+    assert!(enc.is_empty());
+}
+
+#[test]
 fn encoder_rejects_what_the_peer_cannot_take() {
     let mut enc = Encoder::new(EncoderConfig {
         max_frame: Limits::MIN_FRAME,
