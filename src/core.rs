@@ -312,12 +312,11 @@ enum Timer {
     },
     /// Accepting again after running out of descriptors or memory.
     Accept,
-    /// The frame head (header and meta section) number `serial` of a connection must be
-    /// complete by now.
+    /// A connection's frame head (header and meta section) in progress must be complete
+    /// `frame_timeout` after it started; at most one such timer per connection is pending.
     FrameHead {
         slot: u32,
         generation: u32,
-        serial: u32,
     },
 }
 
@@ -381,10 +380,10 @@ struct Conn {
     direct: bool,
     /// Index of the pool buffer the decoder receives into, if it has one.
     pool_buf: Option<u16>,
-    /// Whether a frame head is partly received, and the number of the last one that was
-    /// (for its timer).
-    in_head: bool,
-    head_serial: u32,
+    /// When the frame head being received (partly) started to arrive.
+    head_since: Option<Instant>,
+    /// Whether a `FrameHead` timer is pending for this connection.
+    head_timer: bool,
     /// Whether this is an accepted connection counted against `max_connections`.
     counted: bool,
 }
@@ -414,8 +413,8 @@ impl Conn {
             recvs: Vec::new(),
             direct: false,
             pool_buf: None,
-            in_head: false,
-            head_serial: 0,
+            head_since: None,
+            head_timer: false,
             counted: false,
         }
     }
@@ -1307,17 +1306,22 @@ impl Loop {
             return;
         };
         let in_head = conn.phase != Phase::Closing && conn.proto.decoder().in_frame_head();
-        if in_head && !conn.in_head {
-            conn.head_serial = conn.head_serial.wrapping_add(1);
+        if !in_head {
+            conn.head_since = None;
+            return;
+        }
+        conn.head_since.get_or_insert(now);
+        if !conn.head_timer {
+            // One timer per connection, however many frame heads arrive in pieces: when it
+            // fires early for a later head, it is set again for that head's deadline.
+            conn.head_timer = true;
             let timer = Timer::FrameHead {
                 slot,
                 generation: conn.generation,
-                serial: conn.head_serial,
             };
             self.timers
                 .push(Reverse((now + self.cfg.frame_timeout, timer)));
         }
-        conn.in_head = in_head;
     }
 
     /// Starts a receive into the connection's buffer if none is in flight.
@@ -1658,25 +1662,30 @@ impl Loop {
                         self.lose(slot, failure);
                     }
                 }
-                Timer::FrameHead {
-                    slot,
-                    generation,
-                    serial,
-                } => {
-                    let stalled = self.conns.get(slot as usize).is_some_and(|c| {
-                        c.generation == generation
-                            && c.in_head
-                            && c.head_serial == serial
-                            && c.phase != Phase::Closing
-                    });
-                    if stalled {
-                        log::warn!(
-                            "connection {slot}: a frame's header and meta section did not \
-                             arrive within {:?} (STARWIRE_FRAME_TIMEOUT_MS); closing",
-                            self.cfg.frame_timeout
-                        );
-                        self.lose(slot, Error::Protocol);
+                Timer::FrameHead { slot, generation } => {
+                    let timeout = self.cfg.frame_timeout;
+                    let Some(c) = self.conns.get_mut(slot as usize) else {
+                        continue;
+                    };
+                    if c.generation != generation || c.phase == Phase::Closing {
+                        continue;
                     }
+                    c.head_timer = false;
+                    let Some(since) = c.head_since else {
+                        continue;
+                    };
+                    if since + timeout > now {
+                        // A later frame head: its own deadline.
+                        c.head_timer = true;
+                        let timer = Timer::FrameHead { slot, generation };
+                        self.timers.push(Reverse((since + timeout, timer)));
+                        continue;
+                    }
+                    log::warn!(
+                        "connection {slot}: a frame's header and meta section did not arrive \
+                         within {timeout:?} (STARWIRE_FRAME_TIMEOUT_MS); closing"
+                    );
+                    self.lose(slot, Error::Protocol);
                 }
                 Timer::Handshake { slot, generation } => {
                     let stuck = self.conns.get(slot as usize).is_some_and(|c| {
