@@ -719,12 +719,18 @@ fn answer_class(evil: SocketAddr, log_text: &str, first_ok: bool) {
     );
     let line = logged(log_text);
     eprintln!("log: {line}");
-    for _ in 0..20 {
-        let t = h.ping(good_addr, 8, secs(5)).unwrap();
-        assert!(matches!(h.wait(t).result, Ok(Reply::Pong { .. })));
-    }
+    healthy_meanwhile(&mut h, good_addr);
     client.shutdown();
     good.shutdown();
+}
+
+/// The same client's pings to a healthy server succeed, after the bad peer's connection
+/// was closed.
+fn healthy_meanwhile(h: &mut starwire::Handle, good: SocketAddr) {
+    for _ in 0..20 {
+        let t = h.ping(good, 8, secs(5)).unwrap();
+        assert!(matches!(h.wait(t).result, Ok(Reply::Pong { .. })));
+    }
 }
 
 #[test]
@@ -759,9 +765,8 @@ fn duplicate_answer() {
             let _ = s.write_all(&pong(handle));
         }
     });
-    // The first ping completes; the duplicate closes the connection, so the second ping
-    // (sent on a new connection) is what the test sees fail or succeed: use a request in
-    // flight at the time of the duplicate instead.
+    // The first ping completes, and its duplicate closes the connection: a recv sent with
+    // it (never answered) is the request in flight that must fail.
     let (good, good_addr) = server();
     let client = Runtime::start(config("worker", 1).build().unwrap(), None).unwrap();
     let mut h = client.handle(16);
@@ -778,10 +783,7 @@ fn duplicate_answer() {
         start.elapsed()
     );
     logged("unknown or stale handle");
-    for _ in 0..20 {
-        let t = h.ping(good_addr, 8, secs(5)).unwrap();
-        assert!(matches!(h.wait(t).result, Ok(Reply::Pong { .. })));
-    }
+    healthy_meanwhile(&mut h, good_addr);
     client.shutdown();
     good.shutdown();
 }
