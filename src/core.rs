@@ -1485,6 +1485,12 @@ impl Loop {
         if conn.proto.is_closed() {
             let failure = match conn.proto.close_reason() {
                 Some(crate::proto::CloseReason::Refused { status, .. }) => Error::Refused(*status),
+                // We found the peer breaking the protocol: a protocol error, whichever side
+                // opened the connection.
+                Some(crate::proto::CloseReason::Rejected {
+                    status: Status::Protocol,
+                    ..
+                }) => Error::Protocol,
                 Some(crate::proto::CloseReason::Rejected { status, .. })
                     if conn.outgoing.is_some() =>
                 {

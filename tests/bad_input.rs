@@ -699,14 +699,14 @@ fn answer_class(evil: SocketAddr, log_text: &str, first_ok: bool) {
         assert!(matches!(first.result, Ok(Reply::Pong { .. })), "{first:?}");
         let b = h.ping(evil, 8, secs(10)).unwrap();
         let second = h.wait(b);
-        assert!(second.result.is_err(), "{second:?}");
+        assert_eq!(second.result, Err(Error::Protocol), "{second:?}");
         eprintln!(
             "in-flight ping: {:?} after {:?}",
             second.result,
             start.elapsed()
         );
     } else {
-        assert!(first.result.is_err(), "{first:?}");
+        assert_eq!(first.result, Err(Error::Protocol), "{first:?}");
         eprintln!(
             "in-flight ping: {:?} after {:?}",
             first.result,
@@ -775,7 +775,7 @@ fn duplicate_answer() {
     let start = Instant::now();
     assert!(matches!(h.wait(a).result, Ok(Reply::Pong { .. })));
     let recv = h.wait(b);
-    assert!(recv.result.is_err(), "{recv:?}");
+    assert_eq!(recv.result, Err(Error::Protocol), "{recv:?}");
     assert!(start.elapsed() < Duration::from_secs(5));
     eprintln!(
         "in-flight recv: {:?} after {:?}",
