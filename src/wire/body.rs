@@ -385,7 +385,7 @@ impl<'a> Iterator for PushEntries<'a> {
             return None;
         }
         let var_id = get_u64(self.bytes.get(..8)?, 0);
-        let (meta, len) = TensorMeta::parse(self.bytes.get(8..)?, &TRUSTED).ok()?;
+        let (meta, len) = TensorMeta::parse_validated(self.bytes.get(8..)?)?;
         self.bytes = self.bytes.get(8 + len..)?;
         self.remaining -= 1;
         Some(PushEntry { var_id, meta })
@@ -395,15 +395,6 @@ impl<'a> Iterator for PushEntries<'a> {
         (self.remaining as usize, Some(self.remaining as usize))
     }
 }
-
-/// Limits used to re-read metas that `Body::parse` already validated.
-const TRUSTED: Limits = Limits {
-    max_frame: u32::MAX,
-    max_key: u16::MAX,
-    max_tensors: u32::MAX,
-    max_rank: super::tensor::MAX_RANK as u8,
-    max_tensor_bytes: i64::MAX as u64,
-};
 
 /// A tensor meta that runs past the meta section is a length error of the section.
 fn truncated_meta(e: Error) -> Error {
@@ -505,7 +496,7 @@ impl<'a> Iterator for ResponseEntries<'a> {
         let has_tensor = get_u16(fixed, 6) & ENTRY_HAS_TENSOR != 0;
         let mut len = RESPONSE_ENTRY_FIXED_LEN;
         let tensor = if has_tensor {
-            let (t, l) = TensorMeta::parse(self.bytes.get(len..)?, &TRUSTED).ok()?;
+            let (t, l) = TensorMeta::parse_validated(self.bytes.get(len..)?)?;
             len += l;
             Some(t)
         } else {

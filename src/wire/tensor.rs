@@ -270,6 +270,28 @@ impl<'a> TensorMeta<'a> {
         Ok((meta, view.total_len()))
     }
 
+    /// Re-reads a meta that [`parse`](Self::parse) already accepted (the entries of a body
+    /// that `Body::parse` validated): the same result, without the checks. `None` only when
+    /// `buf` is shorter than the meta it starts with.
+    pub(crate) fn parse_validated(buf: &'a [u8]) -> Option<(TensorMeta<'a>, usize)> {
+        if buf.len() < TENSOR_META_FIXED_LEN {
+            return None;
+        }
+        let view = TensorMetaView::new_unchecked(buf);
+        let total = view.total_len();
+        if buf.len() < total {
+            return None;
+        }
+        let meta = TensorMeta {
+            dtype: view.dtype(),
+            dead: view.flags() & FLAG_DEAD != 0,
+            chunked: view.flags() & FLAG_CHUNKED != 0,
+            byte_len: view.byte_len(),
+            dims: Dims::Wire(view.dims_bytes()),
+        };
+        Some((meta, total))
+    }
+
     /// The checks of specification 4.7 on an already decoded meta.
     pub fn check(&self, limits: &Limits) -> Result<()> {
         let elem = match self.dtype.size() {
