@@ -7,7 +7,6 @@
 //! straight from the socket into that memory; small ones are copied once out of the
 //! connection's receive buffer.
 
-use arrayvec::ArrayVec;
 use core::fmt;
 use std::sync::Arc;
 
@@ -283,10 +282,60 @@ impl std::error::Error for TensorError {}
 /// A tensor: dtype, shape, dead flag, contents.
 pub struct Tensor {
     dtype: DType,
-    dims: ArrayVec<u64, MAX_RANK>,
+    dims: Shape,
     dead: bool,
     byte_len: usize,
     memory: Contents,
+}
+
+/// Dimensions a [`Shape`] keeps in the value.
+const SHAPE_INLINE: usize = 4;
+
+/// A tensor's dimensions: up to four inside the value (no allocation, and a small value to
+/// move: tensors move through several vectors on their way to the caller), higher ranks in
+/// one heap allocation.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Shape {
+    Inline(u8, [u64; SHAPE_INLINE]),
+    Heap(Box<[u64]>),
+}
+
+impl Shape {
+    /// Rank 0.
+    const SCALAR: Shape = Shape::Inline(0, [0; SHAPE_INLINE]);
+
+    /// The `n` dimensions of `dims`; `None` above [`MAX_RANK`].
+    fn new(n: usize, dims: impl Iterator<Item = u64>) -> Option<Shape> {
+        if n > MAX_RANK {
+            return None;
+        }
+        if n <= SHAPE_INLINE {
+            let mut a = [0; SHAPE_INLINE];
+            for (slot, d) in a.iter_mut().zip(dims) {
+                *slot = d;
+            }
+            Some(Shape::Inline(n as u8, a))
+        } else {
+            Some(Shape::Heap(dims.take(n).collect()))
+        }
+    }
+}
+
+impl fmt::Debug for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl core::ops::Deref for Shape {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        match self {
+            Shape::Inline(n, a) => &a[..*n as usize],
+            Shape::Heap(b) => b,
+        }
+    }
 }
 
 /// Where a tensor's contents are.
@@ -309,11 +358,9 @@ impl Tensor {
     /// [`TensorAllocator::inline_small`] and [`from_slice`](Self::from_slice)).
     pub const INLINE_MAX: usize = 128;
 
-    fn check(dtype: DType, dims: &[u64]) -> Result<(ArrayVec<u64, MAX_RANK>, u64), TensorError> {
-        let mut shape = ArrayVec::new();
-        shape
-            .try_extend_from_slice(dims)
-            .map_err(|_| TensorError::RankTooLarge)?;
+    fn check(dtype: DType, dims: &[u64]) -> Result<(Shape, u64), TensorError> {
+        let shape =
+            Shape::new(dims.len(), dims.iter().copied()).ok_or(TensorError::RankTooLarge)?;
         let elem = dtype.size().ok_or(TensorError::UnknownDType)?;
         let n = Dims::Native(dims).elements().ok_or(TensorError::TooLarge)?;
         let len = n.checked_mul(elem).ok_or(TensorError::TooLarge)?;
@@ -376,7 +423,7 @@ impl Tensor {
     }
 
     /// A zero-filled tensor of `len <= INLINE_MAX` bytes kept inside the value.
-    fn inline(dtype: DType, dims: ArrayVec<u64, MAX_RANK>, len: usize) -> Tensor {
+    fn inline(dtype: DType, dims: Shape, len: usize) -> Tensor {
         debug_assert!(len <= Self::INLINE_MAX);
         Tensor {
             dtype,
@@ -403,7 +450,7 @@ impl Tensor {
     pub fn dead(dtype: DType) -> Tensor {
         Tensor {
             dtype,
-            dims: ArrayVec::new(),
+            dims: Shape::SCALAR,
             dead: true,
             byte_len: 0,
             memory: Contents::Empty,
@@ -528,16 +575,13 @@ impl Tensor {
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedMeta {
     pub dtype: DType,
-    pub dims: ArrayVec<u64, MAX_RANK>,
+    pub dims: Shape,
     pub byte_len: u64,
 }
 
 impl OwnedMeta {
     pub(crate) fn of(meta: &TensorMeta<'_>) -> Option<OwnedMeta> {
-        let mut dims = ArrayVec::new();
-        for d in meta.dims.iter() {
-            dims.try_push(d).ok()?;
-        }
+        let dims = Shape::new(meta.dims.len(), meta.dims.iter())?;
         Some(OwnedMeta {
             dtype: meta.dtype,
             dims,
@@ -568,6 +612,28 @@ impl PartialEq for Tensor {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn shapes_up_to_rank_four_stay_in_the_value() {
+        assert!(
+            std::mem::size_of::<Tensor>() <= 256,
+            "{}",
+            std::mem::size_of::<Tensor>()
+        );
+        for rank in 0..=MAX_RANK {
+            let dims: Vec<u64> = (1..=rank as u64).map(|d| d % 3 + 1).collect();
+            let t = Tensor::zeros(DType::U8, &dims).unwrap();
+            assert_eq!(t.dims(), &dims[..]);
+            assert_eq!(matches!(t.dims, Shape::Inline(..)), rank <= SHAPE_INLINE);
+            assert_eq!(t.byte_len() as u64, dims.iter().product::<u64>());
+        }
+        let too_many = vec![1u64; MAX_RANK + 1];
+        assert_eq!(
+            Tensor::zeros(DType::U8, &too_many).unwrap_err(),
+            TensorError::RankTooLarge
+        );
+    }
+
     use super::*;
 
     #[test]
