@@ -260,6 +260,7 @@ fn coordinate(args: &Args) -> Result<bool, String> {
             .map(|k| Kind::parse(k).ok_or_else(|| format!("--kinds: unknown kind {k:?}")))
             .collect::<Result<_, _>>()?,
     };
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut results = vec![vec![Summary::default(); kinds.len()]; chosen.len()];
     for round in 0..runs {
         for k in 0..kinds.len() {
@@ -288,7 +289,9 @@ fn coordinate(args: &Args) -> Result<bool, String> {
             drop(server);
         }
     }
-    eprintln!("\r{:60}", "");
+    if progress {
+        eprintln!("\r{:60}", "");
+    }
     let failed: u64 = results.iter().flatten().map(|s| s.failed).sum();
     if args.json {
         print_json(&chosen, &kinds, &results, runs, seconds);
