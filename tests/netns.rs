@@ -111,6 +111,15 @@ fn hosts(tag: &str, clients: usize) -> Result<Hosts, String> {
     Ok(h)
 }
 
+/// The hosts of a test, or `None` (with the reason printed) where they cannot be made.
+fn hosts_or_skip(tag: &str, clients: usize) -> Option<Hosts> {
+    if let Some(why) = unavailable(tag) {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(hosts(tag, clients).expect("namespaces"))
+}
+
 /// The server end of client `i`'s link.
 fn server_link(h: &Hosts, i: usize) -> (String, String) {
     (h.names[0].clone(), format!("{}{i}", h.names[0]))
@@ -251,11 +260,9 @@ fn drain(rx: &mpsc::Receiver<Outcome>, until: Instant) -> Vec<Outcome> {
 
 #[test]
 fn a_partitioned_client_fails_by_deadline_and_recovers_while_another_is_untouched() {
-    if let Some(why) = unavailable("p") {
-        eprintln!("skipped: {why}");
+    let Some(h) = hosts_or_skip("p", 2) else {
         return;
-    }
-    let h = hosts("p", 2).expect("namespaces");
+    };
     let (server, port) = start_server(&h);
     let mut procs = Procs(vec![server]);
     let mut c1 = spawn_in(
@@ -333,11 +340,9 @@ fn a_partitioned_client_fails_by_deadline_and_recovers_while_another_is_untouche
 
 #[test]
 fn delay_and_loss_on_a_link() {
-    if let Some(why) = unavailable("d") {
-        eprintln!("skipped: {why}");
+    let Some(h) = hosts_or_skip("d", 1) else {
         return;
-    }
-    let h = hosts("d", 1).expect("namespaces");
+    };
     let (ns, link) = server_link(&h, 1);
     let netem = Command::new("ip")
         .args([
