@@ -14,25 +14,26 @@
 
 pub mod cluster;
 pub mod config;
-pub(crate) mod core;
 pub mod ctx;
 pub mod endpoint_map;
 mod error;
-mod pool;
+pub(crate) mod event_loop;
+mod panic;
 pub mod peer;
+mod pool;
 pub mod proto;
 pub mod rendezvous;
 mod runtime;
 pub mod service;
+pub(crate) mod session;
 pub mod spsc;
 pub mod stats;
 #[allow(dead_code)]
 pub(crate) mod sys;
 pub mod tensor;
-mod transport;
 pub mod wire;
 
-pub use crate::core::{Callback, Completion, Reply};
+pub use crate::session::{Callback, Completion, Reply};
 pub use config::Config;
 pub use error::Error;
 pub use peer::Peer;

@@ -10,7 +10,6 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::core::LoopShared;
 use crate::service::SharedService;
 use crate::tensor::Tensor;
 use crate::wire::Status;
@@ -54,6 +53,12 @@ pub(crate) enum Answer {
     },
 }
 
+/// Where handler threads hand answers back: the loop that serves the connection.
+pub(crate) trait AnswerSink: Send + Sync {
+    /// Hands `answer` to the loop and wakes it.
+    fn post_answer(&self, answer: Answer);
+}
+
 /// The handler threads.
 pub(crate) struct HandlerPool {
     jobs: Option<SyncSender<Job>>,
@@ -62,11 +67,15 @@ pub(crate) struct HandlerPool {
 
 impl HandlerPool {
     /// `n` threads running `service`, answering through `loops`.
-    pub(crate) fn start(
+    pub(crate) fn start<S: AnswerSink + 'static>(
         n: usize,
         service: SharedService,
-        loops: Vec<Arc<LoopShared>>,
+        loops: Vec<Arc<S>>,
     ) -> std::io::Result<HandlerPool> {
+        let loops: Vec<Arc<dyn AnswerSink>> = loops
+            .into_iter()
+            .map(|l| l as Arc<dyn AnswerSink>)
+            .collect();
         // Bounded: when handlers fall behind, requests are refused (RESOURCE_EXHAUSTED)
         // instead of queueing without limit.
         let (tx, rx) = sync_channel::<Job>(QUEUE);
@@ -113,7 +122,7 @@ impl Drop for HandlerPool {
 fn work(
     rx: &Mutex<Receiver<Job>>,
     service: &dyn crate::service::Service,
-    loops: &[Arc<LoopShared>],
+    loops: &[Arc<dyn AnswerSink>],
 ) {
     loop {
         let job = {
@@ -190,7 +199,7 @@ pub(crate) fn apply_push(
         }
     }
     if !ok.is_empty() {
-        if crate::service::guarded("Service::push", || service.push(ok, got)).is_none() {
+        if crate::panic::guarded("Service::push", || service.push(ok, got)).is_none() {
             got.clear();
         }
         for (k, &pos) in positions.iter().enumerate() {

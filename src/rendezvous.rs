@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::core::LoopShared;
 use crate::tensor::Tensor;
 use crate::wire::Status;
 
@@ -60,10 +59,16 @@ impl std::fmt::Display for PublishError {
 
 impl std::error::Error for PublishError {}
 
+/// Where the table hands a tensor for a waiting recv: the loop serving its connection.
+pub(crate) trait DeliverySink: Send + Sync {
+    /// Hands `d` to the loop and wakes it.
+    fn post(&self, d: Delivery);
+}
+
 /// The local rendezvous table of a task.
 pub struct Rendezvous {
     shards: Vec<Mutex<HashMap<Box<[u8]>, Entry>>>,
-    loops: OnceLock<Vec<Arc<LoopShared>>>,
+    loops: OnceLock<Vec<Arc<dyn DeliverySink>>>,
 }
 
 impl Default for Rendezvous {
@@ -100,7 +105,11 @@ impl Rendezvous {
     }
 
     /// Connects the table to the loops that serve it (once, at start).
-    pub(crate) fn attach(&self, loops: Vec<Arc<LoopShared>>) {
+    pub(crate) fn attach<S: DeliverySink + 'static>(&self, loops: Vec<Arc<S>>) {
+        let loops = loops
+            .into_iter()
+            .map(|l| l as Arc<dyn DeliverySink>)
+            .collect();
         if self.loops.set(loops).is_err() {
             log::warn!("rendezvous attached to a second runtime; keeping the first");
         }

@@ -20,18 +20,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::core::{
-    Callback, Completion, Endpoint, Loop, LoopParts, LoopShared, Request, RequestOp,
-};
 use crate::error::Error;
+use crate::event_loop::{Loop, LoopParts, LoopShared};
 use crate::pool::{HandlerPool, Job};
 use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
+use crate::session::{Callback, Completion, Endpoint, Request, RequestOp, Spare};
 use crate::spsc::{self, Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
 use crate::tensor::{HeapAllocator, SharedAllocator, Tensor};
-use crate::transport::Spare;
 use std::sync::mpsc::SyncSender;
 
 /// Payload of at least this many bytes is received straight into the tensor's memory;

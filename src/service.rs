@@ -33,23 +33,11 @@ pub trait Service: Send + Sync {
 /// A shared service.
 pub type SharedService = Arc<dyn Service>;
 
-/// Runs user code (a handler, an allocator hook, a callback) so that a panic in it becomes
-/// `None` and a log line, instead of unwinding through a loop that has buffers in flight.
-pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Option<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(v) => Some(v),
-        Err(_) => {
-            log::error!("{what} panicked; the request fails with INTERNAL");
-            None
-        }
-    }
-}
-
 /// `service.pull` into `out` (emptied first), one result per id whatever the service did
 /// (a panic: `INTERNAL`).
 pub(crate) fn pull(service: &dyn Service, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
     out.clear();
-    if guarded("Service::pull", || service.pull(ids, out)).is_none() {
+    if crate::panic::guarded("Service::pull", || service.pull(ids, out)).is_none() {
         out.clear();
     }
     out.resize_with(ids.len(), || Err(Status::Internal));

@@ -507,15 +507,6 @@ impl Tensor {
             .collect()
     }
 
-    /// This tensor as encoder input: its meta, its bytes, and the caller's `token` for them.
-    pub(crate) fn out(&self, token: u64) -> crate::proto::OutTensor<'_> {
-        crate::proto::OutTensor {
-            meta: self.meta(),
-            bytes: self.bytes(),
-            token,
-        }
-    }
-
     /// The wire meta of this tensor.
     pub(crate) fn meta(&self) -> TensorMeta<'_> {
         if self.dead {
@@ -551,8 +542,7 @@ impl Tensor {
             dims: &dims,
             byte_len: meta.byte_len,
         };
-        let memory =
-            crate::service::guarded("TensorAllocator::allocate", || alloc.allocate(&desc))??;
+        let memory = crate::panic::guarded("TensorAllocator::allocate", || alloc.allocate(&desc))??;
         let len = usize::try_from(meta.byte_len).ok()?;
         if memory.bytes().len() < len {
             log::warn!(

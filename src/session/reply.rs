@@ -129,17 +129,17 @@ impl Spare {
     }
 
     /// Takes back what a finished reply carries.
-    pub(crate) fn reclaim(&mut self, reply: crate::core::Reply) {
+    pub(crate) fn reclaim(&mut self, reply: crate::session::Reply) {
         match reply {
-            crate::core::Reply::Pulled(mut v) | crate::core::Reply::Received(mut v) => {
+            crate::session::Reply::Pulled(mut v) | crate::session::Reply::Received(mut v) => {
                 v.clear();
                 self.results = v;
             }
-            crate::core::Reply::Pushed(mut v) => {
+            crate::session::Reply::Pushed(mut v) => {
                 v.clear();
                 self.statuses = v;
             }
-            crate::core::Reply::Pong { .. } => {}
+            crate::session::Reply::Pong { .. } => {}
         }
     }
 }
@@ -354,7 +354,7 @@ impl ReplyState {
 
     /// The finished answer (items the responder never answered fail with `PROTOCOL`); the
     /// vectors it does not hand out go back to `spare`.
-    pub(crate) fn finish(self, spare: &mut Spare) -> crate::core::Reply {
+    pub(crate) fn finish(self, spare: &mut Spare) -> crate::session::Reply {
         match self {
             ReplyState::Pull {
                 results,
@@ -364,18 +364,18 @@ impl ReplyState {
             } => {
                 spare.state = state;
                 if recv {
-                    crate::core::Reply::Received(results)
+                    crate::session::Reply::Received(results)
                 } else {
-                    crate::core::Reply::Pulled(results)
+                    crate::session::Reply::Pulled(results)
                 }
             }
             ReplyState::Push {
                 statuses, state, ..
             } => {
                 spare.state = state;
-                crate::core::Reply::Pushed(statuses)
+                crate::session::Reply::Pushed(statuses)
             }
-            ReplyState::Ping => crate::core::Reply::Pushed(Vec::new()),
+            ReplyState::Ping => crate::session::Reply::Pushed(Vec::new()),
         }
     }
 }
@@ -476,7 +476,7 @@ mod tests {
         assert!(s.fail_open(Status::Aborted), "one item was answered");
         assert!(s.is_complete());
         match s.finish(&mut spare) {
-            crate::core::Reply::Pushed(v) => {
+            crate::session::Reply::Pushed(v) => {
                 assert_eq!(v, [Status::Aborted, Status::Ok, Status::Aborted])
             }
             other => panic!("{other:?}"),

@@ -1,0 +1,755 @@
+//! One event loop per thread, shared-nothing: the I/O half.
+//!
+//! A loop owns its listener socket (bound with `SO_REUSEPORT`, so the kernel spreads
+//! accepted connections over the loops), the sockets of its connections, its driver and its
+//! receive-buffer pool. What the bytes mean is the [`Session`]'s business: the loop accepts,
+//! connects, receives where the session says, sends what the session hands it, and tells it
+//! what happened and what time it is. Other threads reach a loop only through
+//! single-producer rings (one per submitting [`Handle`](crate::Handle)) and its
+//! [`LoopShared`].
+//!
+//! One iteration ([`Loop::turn`]): take new handles, posted work and requests, submit and
+//! reap I/O, start writes, fire the session's timers. Each step does a bounded amount of
+//! work and reports progress; with nothing to do the loop spins for its budget and then
+//! parks in the kernel (`io_uring_enter` or `epoll_wait`) until a completion, a timer or the
+//! doorbell.
+//!
+//! Buffer lifetime: memory the kernel reads or writes for a connection (the session's
+//! receive buffer or a tensor, the encoder's output, the boxed `ConnIo`) stays alive until
+//! every operation on the connection has completed. Closing is therefore two-phase:
+//! `shutdown(2)` the socket (its pending operations complete promptly), then release the
+//! connection in the session when the last one has.
+// The loop hands buffer pointers to the driver; each such call is an `unsafe` block below
+// whose SAFETY comment points at the two-phase close that keeps the memory alive.
+#![allow(unsafe_code)]
+
+mod io;
+mod shared;
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::libc;
+
+use crate::config::Config;
+use crate::pool::Job;
+use crate::rendezvous::Rendezvous;
+use crate::service::SharedService;
+use crate::session::{Action, Completion, RecvTarget, Request, Session, SessionParts};
+use crate::stats::add;
+use crate::sys::bufpool::BufPool;
+use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
+use crate::sys::{socket, Backend};
+use crate::tensor::SharedAllocator;
+
+use io::{empty_msghdr, errno_str, write_sockaddr, IoConn, MAX_IOV};
+pub(crate) use shared::{LoopShared, Posted};
+
+/// Wait before accepting again after EMFILE and friends.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What a loop serves and how it receives tensors.
+#[derive(Clone)]
+pub(crate) struct LoopParts {
+    pub service: Option<SharedService>,
+    pub rendezvous: Option<Arc<Rendezvous>>,
+    /// Where heavy handlers run; `None`: inline on the loop.
+    pub jobs: Option<std::sync::mpsc::SyncSender<Job>>,
+    /// This loop's position among the runtime's loops.
+    pub index: usize,
+    pub allocator: SharedAllocator,
+    pub zero_copy_min: u64,
+    /// Connections accepted and not yet closed, over all the runtime's loops.
+    pub accepted: Arc<AtomicUsize>,
+}
+
+/// The per-thread event loop.
+pub(crate) struct Loop {
+    cfg: Arc<Config>,
+    shared: Arc<LoopShared>,
+    /// Dropped by hand in `Drop`, or leaked when the kernel may still use loop memory.
+    driver: std::mem::ManuallyDrop<Driver>,
+    session: Session,
+    listener: Option<OwnedFd>,
+    accepting: bool,
+    /// When to accept again after running out of descriptors or memory.
+    accept_retry: Option<Instant>,
+    /// I/O state per connection slot (the session's slot numbers).
+    io: Vec<Option<IoConn>>,
+    dirty: Vec<u32>,
+    io_events: Vec<IoCompletion>,
+    stopping: bool,
+    /// Accepted connections open, shared by the runtime's loops (`max_connections`).
+    accepted: Arc<AtomicUsize>,
+    /// Spare vector swapped with the posted-work queue, so neither is reallocated.
+    posted: Vec<Posted>,
+    /// Receive buffers lent to connections, registered with io_uring when possible.
+    bufs: BufPool,
+}
+
+impl Loop {
+    /// A loop on `backend`, listening on `listener` if given. Call on the loop's thread,
+    /// after pinning: this allocates the loop's state.
+    pub(crate) fn new(
+        cfg: Arc<Config>,
+        shared: Arc<LoopShared>,
+        backend: Backend,
+        listener: Option<OwnedFd>,
+        parts: LoopParts,
+    ) -> std::io::Result<Loop> {
+        let entries = 1024u32;
+        let driver = std::mem::ManuallyDrop::new(Driver::new(backend, entries, &shared.doorbell)?);
+        let session_parts = SessionParts {
+            service: parts.service,
+            rendezvous: parts.rendezvous,
+            jobs: parts.jobs,
+            index: parts.index,
+            allocator: parts.allocator,
+            zero_copy_min: parts.zero_copy_min,
+        };
+        let session = Session::new(cfg.clone(), shared.counters.clone(), session_parts);
+        let mut lp = Loop {
+            cfg,
+            shared,
+            driver,
+            session,
+            listener,
+            accepting: false,
+            accept_retry: None,
+            io: Vec::with_capacity(64),
+            dirty: Vec::with_capacity(64),
+            io_events: Vec::with_capacity(1024),
+            stopping: false,
+            accepted: parts.accepted,
+            posted: Vec::new(),
+            bufs: BufPool::new(0, 1),
+        };
+        lp.start_buf_pool();
+        if let Some(l) = &lp.listener {
+            let fd = l.as_raw_fd();
+            lp.driver.register(LISTENER, fd)?;
+            lp.driver.accept(LISTENER, fd)?;
+            lp.accepting = true;
+        }
+        Ok(lp)
+    }
+
+    /// Allocates the receive-buffer pool and registers it with io_uring. A registration
+    /// the kernel refuses (usually `RLIMIT_MEMLOCK`) is logged once per loop with the
+    /// numbers, and the pool is used unregistered.
+    fn start_buf_pool(&mut self) {
+        self.bufs = BufPool::new(self.cfg.buf_size, self.cfg.recv_buffer);
+        if self.cfg.buf_size > 0 && self.bufs.count() == 0 {
+            log::warn!(
+                "{}={} is less than one receive buffer ({} bytes): no buffer pool",
+                crate::config::ENV_BUF_SIZE,
+                self.cfg.buf_size,
+                self.cfg.recv_buffer
+            );
+        }
+        if self.bufs.count() == 0 {
+            return;
+        }
+        let counters = &self.shared.counters;
+        add(&counters.buf_pool_bytes, self.bufs.bytes());
+        let iov = self.bufs.iovecs();
+        // SAFETY: the pool's buffers are allocated once and never freed before the loop is
+        // dropped, after its driver (whose ring holds the registration); a buffer lent to a
+        // connection comes back at the same address (`BufPool::give_back` retires any
+        // other), and when the loop leaks its connections it leaks the pool too.
+        match unsafe { self.driver.register_buffers(&iov) } {
+            Ok(registered) => {
+                self.bufs.set_registered(registered);
+                if registered {
+                    add(&counters.buf_registered_bytes, self.bufs.bytes());
+                    log::debug!(
+                        "registered {} receive buffers ({} bytes) as io_uring fixed buffers",
+                        self.bufs.count(),
+                        self.bufs.bytes()
+                    );
+                }
+            }
+            Err(e) => log::warn!("{e}; using the receive buffers unregistered"),
+        }
+    }
+
+    /// The I/O state of connection `slot`, created (with a pool buffer for its decoder, if
+    /// one is free) the first time.
+    fn io_for(&mut self, slot: u32) -> &mut IoConn {
+        let i = slot as usize;
+        if self.io.len() <= i {
+            self.io.resize_with(i + 1, || None);
+        }
+        if self.io[i].is_none() {
+            let mut conn = IoConn::new(None);
+            if let Some((index, buf)) = self.bufs.lend() {
+                // Replaced before any byte arrived: nothing buffered is lost.
+                drop(self.session.swap_buffer(slot, buf));
+                conn.pool_buf = Some(index);
+            }
+            self.io[i] = Some(conn);
+        }
+        self.io[i].as_mut().expect("just set")
+    }
+
+    fn io_mut(&mut self, slot: u32) -> Option<&mut IoConn> {
+        self.io.get_mut(slot as usize).and_then(Option::as_mut)
+    }
+
+    pub(crate) fn backend(&self) -> Backend {
+        self.driver.backend()
+    }
+
+    /// Runs until the runtime asks to stop and every operation has drained.
+    pub(crate) fn run(&mut self) {
+        let mut idle_since: Option<Instant> = None;
+        let mut last = Instant::now();
+        loop {
+            let progress = self.turn();
+            let now = Instant::now();
+            let spent = now.saturating_duration_since(last).as_nanos() as u64;
+            last = now;
+            if progress {
+                add(&self.shared.counters.busy_ns, spent);
+                idle_since = None;
+                continue;
+            }
+            if self.stopping && self.finished() {
+                return;
+            }
+            add(&self.shared.counters.spin_ns, spent);
+            if self.cfg.polling && !self.stopping {
+                core::hint::spin_loop();
+                continue;
+            }
+            let since = *idle_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < self.cfg.spin {
+                core::hint::spin_loop();
+                continue;
+            }
+            self.park(now);
+            let woke = Instant::now();
+            add(
+                &self.shared.counters.parked_ns,
+                woke.saturating_duration_since(now).as_nanos() as u64,
+            );
+            add(&self.shared.counters.parks, 1);
+            last = woke;
+            idle_since = None;
+        }
+    }
+
+    /// When the next timer (the session's, or the accept retry) is due, from `now`.
+    fn next_timer(&self, now: Instant) -> Option<Duration> {
+        let at = match (self.session.poll_timeout(), self.accept_retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        at.map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Parks in the kernel until I/O, the next timer, or the doorbell.
+    fn park(&mut self, now: Instant) {
+        self.shared.parked.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `LoopShared::wake`: a producer that published before it
+        // could see the flag is seen by this re-check; one that publishes after rings.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.work_queued() {
+            self.shared.parked.store(false, Ordering::SeqCst);
+            return;
+        }
+        let timeout = self.next_timer(now);
+        self.io(true, timeout);
+        self.shared.parked.store(false, Ordering::SeqCst);
+    }
+
+    fn work_queued(&self) -> bool {
+        self.shared.stop.load(Ordering::SeqCst) && !self.stopping
+            || self.shared.has_new_endpoints.load(Ordering::SeqCst)
+            || self.shared.has_deliveries.load(Ordering::SeqCst)
+            || self.session.requests_waiting()
+    }
+
+    fn finished(&self) -> bool {
+        self.session.is_empty() && !self.accepting
+    }
+
+    /// One bounded iteration; returns whether anything happened.
+    pub(crate) fn turn(&mut self) -> bool {
+        let now = Instant::now();
+        let mut progress = false;
+        if !self.stopping && self.shared.stop.load(Ordering::Acquire) {
+            self.begin_stop(now);
+            progress = true;
+        }
+        progress |= self.take_endpoints();
+        progress |= self.take_posted();
+        progress |= self.session.drain_requests(now);
+        self.apply_actions(now);
+        progress |= self.io(false, None);
+        progress |= self.flush(now);
+        progress |= self.session.handle_timeout(now);
+        if self.accept_retry.is_some_and(|at| at <= now) {
+            self.accept_retry = None;
+            progress = true;
+            if !self.stopping && !self.accepting {
+                self.rearm_accept();
+            }
+        }
+        self.apply_actions(now);
+        progress
+    }
+
+    fn take_endpoints(&mut self) -> bool {
+        if !self.shared.has_new_endpoints.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut new = match self.shared.new_endpoints.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        self.shared
+            .has_new_endpoints
+            .store(false, Ordering::Release);
+        for ep in new.drain(..) {
+            self.session.add_endpoint(ep);
+        }
+        true
+    }
+
+    /// Answers recvs whose keys were published by other threads, and sends the answers of
+    /// pool handlers.
+    fn take_posted(&mut self) -> bool {
+        if !self.shared.has_deliveries.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut batch = std::mem::take(&mut self.posted);
+        self.shared.take_posted(&mut batch);
+        for posted in batch.drain(..) {
+            match posted {
+                Posted::Recv(d) => self.session.deliver_recv(d),
+                Posted::Answer(a) => self.session.take_answer(a),
+            }
+        }
+        self.posted = batch;
+        true
+    }
+
+    /// Carries out what the session asked of the sockets.
+    fn apply_actions(&mut self, now: Instant) {
+        while let Some(action) = self.session.poll_action() {
+            match action {
+                Action::Connect { slot, addr } => self.connect(slot, addr, now),
+                Action::Close { slot } => self.close(slot),
+            }
+        }
+    }
+
+    /// Opens a socket for `slot` and starts connecting it; an immediate failure goes back
+    /// to the session, which retries with backoff or gives up.
+    fn connect(&mut self, slot: u32, peer: SocketAddr, now: Instant) {
+        let fd = match socket::tcp_socket(&peer) {
+            Ok(fd) => fd,
+            Err(e) => {
+                log::warn!("socket for {peer}: {e}");
+                self.io_for(slot);
+                return self.session.connect_failed(slot, now);
+            }
+        };
+        socket::set_nodelay(&fd, true).ok();
+        let raw = fd.as_raw_fd();
+        if let Err(e) = self.driver.register(slot, raw) {
+            log::warn!("register socket for {peer}: {e}");
+            self.io_for(slot);
+            return self.session.connect_failed(slot, now);
+        }
+        let conn = self.io_for(slot);
+        conn.io.addr_len = write_sockaddr(&peer, &mut conn.io.addr);
+        conn.fd = Some(fd);
+        conn.connecting = true;
+        let addr: *const libc::sockaddr = (&conn.io.addr as *const libc::sockaddr_storage).cast();
+        let len = conn.io.addr_len;
+        // SAFETY: `addr` points into the connection's boxed `ConnIo`, which is dropped only
+        // after this operation's completion has been reaped (two-phase close).
+        if let Err(e) = unsafe { self.driver.connect(slot, raw, addr, len) } {
+            log::warn!("connect to {peer}: {e}");
+            self.drop_socket(slot);
+            self.session.connect_failed(slot, now);
+        }
+    }
+
+    /// Closes the socket of `slot` (a failed connect attempt; the slot lives on).
+    fn drop_socket(&mut self, slot: u32) {
+        let Some(conn) = self.io_mut(slot) else {
+            return;
+        };
+        conn.connecting = false;
+        if let Some(fd) = conn.fd.take() {
+            self.driver.deregister(slot);
+            drop(fd);
+        }
+    }
+
+    /// The session closed `slot`: shut its socket so that pending operations complete, and
+    /// release it once none is left.
+    fn close(&mut self, slot: u32) {
+        let Some(conn) = self.io_mut(slot) else {
+            // It never had a socket (connect retries exhausted before one was made).
+            drop(self.session.release(slot));
+            return;
+        };
+        conn.closing = true;
+        let fd = conn.fd();
+        if fd >= 0 && conn.ops_in_flight() {
+            self.driver.shutdown(slot, fd);
+        }
+        self.maybe_finish(slot);
+    }
+
+    /// Releases a closing connection once nothing is in flight on it.
+    fn maybe_finish(&mut self, slot: u32) {
+        let Some(conn) = self.io_mut(slot) else {
+            return;
+        };
+        if !conn.closing || conn.ops_in_flight() {
+            return;
+        }
+        let conn = self.io[slot as usize].take().expect("checked above");
+        if conn.fd.is_some() {
+            self.driver.deregister(slot);
+        }
+        drop(conn.fd);
+        if conn.counted {
+            self.accepted.fetch_sub(1, Ordering::Relaxed);
+        }
+        // No operation is in flight: the buffer is the loop's again.
+        let buf = self.session.release(slot);
+        if let Some(index) = conn.pool_buf {
+            self.bufs.give_back(index, buf);
+        }
+    }
+
+    /// Submits and reaps I/O, handling every completion.
+    fn io(&mut self, wait: bool, timeout: Option<Duration>) -> bool {
+        let mut events = std::mem::take(&mut self.io_events);
+        let r = self.driver.complete(wait, timeout, |c| events.push(c));
+        if let Err(e) = r {
+            log::error!("event loop I/O wait failed: {e}");
+        }
+        let progress = !events.is_empty();
+        let now = Instant::now();
+        for c in events.drain(..) {
+            match c {
+                IoCompletion::Doorbell => {}
+                IoCompletion::Op { slot, op, result } => self.on_io(slot, op, result, now),
+            }
+            self.apply_actions(now);
+        }
+        self.io_events = events;
+        progress
+    }
+
+    fn on_io(&mut self, slot: u32, op: Op, result: i32, now: Instant) {
+        if slot == LISTENER {
+            return self.on_accept(result, now);
+        }
+        let Some(conn) = self.io_mut(slot) else {
+            log::error!("completion for unknown connection slot {slot}");
+            return;
+        };
+        match op {
+            Op::Connect => {
+                conn.connecting = false;
+                if conn.closing {
+                    return self.maybe_finish(slot);
+                }
+                if result < 0 {
+                    log::debug!("connection {slot}: connect: {}", errno_str(result));
+                    self.drop_socket(slot);
+                    return self.session.connect_failed(slot, now);
+                }
+                self.session.connected(slot);
+                self.arm_recv(slot);
+            }
+            Op::Recv => {
+                conn.reading = false;
+                if conn.closing {
+                    return self.maybe_finish(slot);
+                }
+                if result <= 0 {
+                    let why = if result == 0 {
+                        "peer closed the connection".to_string()
+                    } else {
+                        errno_str(result)
+                    };
+                    log::debug!("connection {slot}: {why}");
+                    return self.session.lose(slot, crate::Error::ConnectionLost);
+                }
+                let direct = std::mem::take(&mut conn.direct);
+                add(&self.shared.counters.bytes_in, result as u64);
+                if direct {
+                    add(&self.shared.counters.payload_direct, result as u64);
+                }
+                self.session.received(slot, result as usize, direct, now);
+                self.arm_recv(slot);
+            }
+            Op::Send => {
+                conn.writing = false;
+                if conn.closing {
+                    return self.maybe_finish(slot);
+                }
+                if result < 0 {
+                    log::debug!("connection {slot}: send: {}", errno_str(result));
+                    return self.session.lose(slot, crate::Error::ConnectionLost);
+                }
+                add(&self.shared.counters.bytes_out, result as u64);
+                self.session.sent(slot, result as usize);
+            }
+            Op::Accept => {}
+        }
+    }
+
+    fn on_accept(&mut self, result: i32, now: Instant) {
+        self.accepting = false;
+        if self.stopping {
+            return;
+        }
+        if result >= 0 {
+            // SAFETY: a successful accept returns a new fd that nothing else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(result) };
+            self.adopt(fd, now);
+        } else if result != -libc::EAGAIN && result != -libc::EINTR && result != -libc::ECONNABORTED
+        {
+            // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays in the backlog; try again
+            // a little later instead of spinning on the same error.
+            log::warn!(
+                "accept: {}; retrying in {ACCEPT_BACKOFF:?}",
+                errno_str(result)
+            );
+            self.accept_retry = Some(now + ACCEPT_BACKOFF);
+            return;
+        }
+        self.rearm_accept();
+    }
+
+    fn rearm_accept(&mut self) {
+        if let Some(l) = &self.listener {
+            let fd = l.as_raw_fd();
+            match self.driver.accept(LISTENER, fd) {
+                Ok(()) => self.accepting = true,
+                Err(e) => log::error!("accept: {e}"),
+            }
+        }
+    }
+
+    /// Takes an accepted socket as a server-side connection.
+    fn adopt(&mut self, fd: OwnedFd, now: Instant) {
+        let open = self.accepted.fetch_add(1, Ordering::Relaxed);
+        if open >= self.cfg.max_connections {
+            self.accepted.fetch_sub(1, Ordering::Relaxed);
+            add(&self.shared.counters.connections_refused, 1);
+            log::warn!(
+                "refusing a connection: {open} accepted connections are open, the limit \
+                 (STARWIRE_MAX_CONNECTIONS)"
+            );
+            return; // dropping `fd` closes it
+        }
+        socket::set_nodelay(&fd, true).ok();
+        let raw = fd.as_raw_fd();
+        let slot = self.session.adopt(now);
+        if let Err(e) = self.driver.register(slot, raw) {
+            log::warn!("register accepted socket: {e}");
+            drop(self.session.release(slot));
+            self.accepted.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        let conn = self.io_for(slot);
+        conn.fd = Some(fd);
+        conn.counted = true;
+        add(&self.shared.counters.connections_accepted, 1);
+        self.arm_recv(slot);
+    }
+
+    /// Starts a receive where the session wants the next bytes, if none is in flight.
+    fn arm_recv(&mut self, slot: u32) {
+        let Some(conn) = self.io.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.reading || conn.closing || conn.fd.is_none() {
+            return;
+        }
+        let fd = conn.fd();
+        let (ptr, len, direct) = match self.session.recv_target(slot) {
+            Some(RecvTarget::Direct(dst)) => (dst.as_mut_ptr(), dst.len() as u32, true),
+            Some(RecvTarget::Buffer(buf)) => (buf.as_mut_ptr(), buf.len() as u32, false),
+            None => return,
+        };
+        let fixed = conn
+            .pool_buf
+            .filter(|_| !direct && self.bufs.is_registered())
+            .filter(|&i| self.bufs.contains(i, ptr, len as usize));
+        conn.reading = true;
+        conn.direct = direct;
+        add(&self.shared.counters.reads, 1);
+        // `ptr..ptr+len` is the spare room of the connection's receive buffer, or a part of
+        // a tensor owned by a request context or an incoming push of this connection. The
+        // session neither moves nor frees either before `received` for this completion: a
+        // closed connection is released (its requests failed, its buffer returned) only
+        // once its operations have completed (`maybe_finish`).
+        let armed = match fixed {
+            Some(index) => {
+                add(&self.shared.counters.fixed_reads, 1);
+                // SAFETY: as above; and the range was just checked to lie in pool buffer
+                // `index`, which stays registered for the life of the driver.
+                unsafe { self.driver.recv_fixed(slot, fd, ptr, len, index) }
+            }
+            // SAFETY: as above.
+            None => unsafe { self.driver.recv(slot, fd, ptr, len) },
+        };
+        if let Err(e) = armed {
+            log::warn!("connection {slot}: recv: {e}");
+            if let Some(conn) = self.io_mut(slot) {
+                conn.reading = false;
+                conn.direct = false;
+            }
+            self.session.lose(slot, crate::Error::ConnectionLost);
+        }
+    }
+
+    /// Starts writes on connections with output.
+    fn flush(&mut self, now: Instant) -> bool {
+        let mut progress = false;
+        let mut dirty = std::mem::take(&mut self.dirty);
+        self.session.take_dirty(&mut dirty);
+        let acc = self.cfg.acc_size as u64;
+        for &slot in &dirty {
+            let Some(conn) = self.io.get_mut(slot as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            if conn.writing || conn.fd.is_none() || conn.connecting || conn.closing {
+                continue;
+            }
+            let io = &mut *conn.io;
+            let (mut n, mut total) = (0usize, 0u64);
+            let any = self.session.transmit(slot, acc, |bytes| {
+                if n == MAX_IOV || total >= acc {
+                    return false;
+                }
+                io.iov[n] = libc::iovec {
+                    iov_base: bytes.as_ptr() as *mut libc::c_void,
+                    iov_len: bytes.len(),
+                };
+                n += 1;
+                total += bytes.len() as u64;
+                true
+            });
+            if !any {
+                continue;
+            }
+            io.msg = empty_msghdr();
+            io.msg.msg_iov = io.iov.as_mut_ptr();
+            io.msg.msg_iovlen = n as _;
+            conn.writing = true;
+            let fd = conn.fd();
+            let msg: *const libc::msghdr = &conn.io.msg;
+            // SAFETY: the msghdr and iovecs live in the connection's boxed `ConnIo`; the
+            // iovecs point into the encoder's arena blocks and tensors it holds, which do
+            // not move or get released before `sent` (after this completion). The
+            // connection is released only once the completion has been reaped.
+            if let Err(e) = unsafe { self.driver.send(slot, fd, msg) } {
+                log::warn!("connection {slot}: send: {e}");
+                if let Some(conn) = self.io_mut(slot) {
+                    conn.writing = false;
+                }
+                self.session.lose(slot, crate::Error::ConnectionLost);
+            }
+            progress = true;
+        }
+        self.dirty = dirty;
+        self.apply_actions(now);
+        progress
+    }
+
+    fn begin_stop(&mut self, now: Instant) {
+        self.stopping = true;
+        self.session.shutdown(now);
+        self.apply_actions(now);
+        if let Some(l) = &self.listener {
+            if self.accepting {
+                self.driver.shutdown(LISTENER, l.as_raw_fd());
+            }
+        }
+    }
+
+    // ----- embedded mode -----
+
+    /// Submits a request from the embedding thread.
+    pub(crate) fn submit_local(&mut self, req: Request) {
+        self.session.submit_local(req);
+    }
+
+    /// Completions for the embedding thread.
+    pub(crate) fn take_local(&mut self) -> Option<Completion> {
+        self.session.take_local()
+    }
+
+    /// Runs iterations until one makes no progress, or parks for up to `timeout` when the
+    /// first makes none.
+    pub(crate) fn poll_local(&mut self, timeout: Option<Duration>) -> bool {
+        let mut progress = false;
+        while self.turn() {
+            progress = true;
+        }
+        if !progress && timeout != Some(Duration::ZERO) {
+            let next = self.next_timer(Instant::now());
+            let t = match (timeout, next) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            progress |= self.io(true, t);
+            while self.turn() {
+                progress = true;
+            }
+        }
+        progress
+    }
+
+    pub(crate) fn stop_local(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        while !(self.stopping && self.finished()) {
+            if !self.turn() {
+                self.io(true, Some(Duration::from_millis(10)));
+            }
+        }
+    }
+
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener
+            .as_ref()
+            .and_then(|l| socket::local_addr(l).ok())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let in_flight = self.io.iter().flatten().any(IoConn::ops_in_flight);
+        if in_flight && self.driver.backend() == Backend::Uring {
+            // Only after a panic: operations still in the kernel may write into connection
+            // buffers and tensors. Closing the ring cancels them asynchronously, so freeing
+            // that memory now could let the kernel write into freed memory. Leak it instead.
+            log::error!("event loop dropped with I/O in flight; leaking its buffers");
+            std::mem::forget(std::mem::take(&mut self.io));
+            // Connections and requests own the buffers and tensors receives write into.
+            self.session.leak();
+            // Registered buffers, and reads into them, may outlive the loop in the kernel.
+            std::mem::forget(std::mem::replace(&mut self.bufs, BufPool::new(0, 1)));
+            return;
+        }
+        // SAFETY: dropped once, here; nothing in flight references loop memory (epoll has no
+        // kernel-side operations; io_uring has none left).
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.driver) };
+    }
+}

@@ -1,0 +1,305 @@
+//! Acting on one connection's decoded frames: answers to this task's requests (matched by
+//! their echoed handle), and requests from the peer for the service (see `serve.rs`).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slab::Slab;
+
+use crate::ctx::{CtxSlab, Handle as CtxHandle};
+use crate::error::Error;
+use crate::pool::Job;
+use crate::proto::{ConnEvent, Encoder, Frame, PayloadTarget};
+use crate::rendezvous::Rendezvous;
+use crate::service::Service;
+use crate::stats::{add, Counters, RequestKind};
+use crate::tensor::Tensor;
+use crate::wire::{Body, Kind, ResponseEntries, Status};
+
+use super::conn::{route, tensor_for};
+use super::outbox::{Outbox, Reply};
+use super::reply::{IncomingPush, ReplyState, Spare};
+use super::request::{remember_abandoned, Pending};
+use super::serve::{ServeScratch, MAX_SERVED};
+
+/// Acts on one connection's decoded events: answers to our requests, and requests from
+/// the peer for the service.
+pub(super) struct Dispatch<'a> {
+    pub(super) slot: u32,
+    pub(super) now: Instant,
+    pub(super) ctxs: &'a mut CtxSlab<Pending>,
+    pub(super) abandoned: &'a mut VecDeque<(u64, u32)>,
+    pub(super) outbox: &'a mut Outbox,
+    pub(super) counters: &'a Counters,
+    pub(super) service: Option<&'a dyn Service>,
+    pub(super) rendezvous: Option<&'a Rendezvous>,
+    pub(super) jobs: Option<&'a std::sync::mpsc::SyncSender<Job>>,
+    /// This loop's index and this connection's generation, for rendezvous waiters.
+    pub(super) waiter_base: (usize, u32),
+    pub(super) recvs: &'a mut Vec<(u64, u32)>,
+    pub(super) allocator: &'a dyn crate::tensor::TensorAllocator,
+    pub(super) out_tensors: &'a mut Slab<Arc<Tensor>>,
+    pub(super) cur_handle: &'a mut u64,
+    pub(super) cur_is_push: &'a mut bool,
+    pub(super) cur_chunk: &'a mut (u64, u32, u64),
+    pub(super) chunk_owners: &'a mut VecDeque<(bool, u64)>,
+    pub(super) incoming: &'a mut Vec<IncomingPush>,
+    pub(super) serve: &'a mut ServeScratch,
+    pub(super) opened: bool,
+    pub(super) violation: Option<&'static str>,
+}
+
+impl Dispatch<'_> {
+    pub(super) fn on_event(&mut self, ev: ConnEvent<'_>, enc: &mut Encoder) {
+        if self.violation.is_some() {
+            return;
+        }
+        match ev {
+            ConnEvent::Opened => self.opened = true,
+            ConnEvent::Frame(f) => {
+                add(&self.counters.frames_in, 1);
+                *self.cur_handle = f.header.handle;
+                let is_push = f.header.kind == Kind::Push;
+                *self.cur_is_push = is_push;
+                // Mirror the decoder's queue of chunked tensors (it keeps every one it
+                // accepted, whatever we do with the frame), noting whose they are.
+                for t in f.body.tensors().filter(|t| t.meta.chunked) {
+                    self.chunk_owners.push_back((is_push, t.meta.byte_len));
+                }
+                let h = f.header.handle;
+                match f.body {
+                    Body::Pong | Body::Error(_) => self.on_pong_or_error(&f),
+                    Body::Response(entries) => self.on_response(h, entries, f.header.end),
+                    Body::Pull(_) | Body::Push(_) | Body::Recv(_) | Body::FusedRecv(_)
+                        if self.incoming.len() + self.recvs.len() >= MAX_SERVED =>
+                    {
+                        // A peer may not pile up unanswered requests without limit. Its
+                        // payload, if any, is still read and dropped.
+                        let _ = enc.error(h, Status::ResourceExhausted, "too many requests");
+                    }
+                    Body::Pull(ids) => self.serve_pull(h, ids, enc),
+                    Body::Push(entries) => {
+                        if self.incoming.iter().any(|p| p.handle == h) {
+                            self.violation = Some("push with a handle already in use");
+                            return;
+                        }
+                        let spare = self.serve.push_vecs.pop().unwrap_or_default();
+                        let push = IncomingPush::new(h, entries, self.allocator, spare);
+                        self.incoming.push(push);
+                    }
+                    Body::Recv(r) | Body::FusedRecv(r) => self.serve_recv(h, r, enc),
+                    Body::Chunk(c) => {
+                        *self.cur_chunk = (h, c.index, c.offset + f.header.payload_len as u64);
+                    }
+                    _ => {}
+                }
+            }
+            ConnEvent::Payload {
+                target,
+                offset,
+                data,
+            } => {
+                add(&self.counters.payload_copied, data.len() as u64);
+                self.on_payload(target, offset, data);
+            }
+            ConnEvent::FrameEnd(h) => match h.kind {
+                Kind::Push => {
+                    if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == h.handle) {
+                        p.frame_done();
+                    }
+                    self.finish_push(h.handle, enc);
+                }
+                Kind::Response => {
+                    self.deliver_ready_members(h.handle);
+                    self.try_complete(h.handle);
+                }
+                Kind::Chunk => {
+                    // All of the chunk's bytes have arrived, copied or received in place.
+                    let (handle, index, end) = *self.cur_chunk;
+                    if let Some(&(is_push, len)) = self.chunk_owners.front() {
+                        if end == len {
+                            self.chunk_owners.pop_front();
+                        }
+                        self.chunk_progress(is_push, handle, index, end, enc);
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+
+    /// Looks up the request an answer names; a forged, stale or foreign handle is a
+    /// protocol violation.
+    fn answered(&mut self, handle: u64) -> Option<&mut Pending> {
+        let slot = self.slot;
+        if self.abandoned.contains(&(handle, slot)) {
+            // A late answer to a request given up by deadline: ignored, payload dropped.
+            return None;
+        }
+        match self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
+            Ok(p) if p.conn == slot && p.sent.is_some() => Some(p),
+            _ => {
+                self.violation = Some("answer with an unknown or stale handle");
+                None
+            }
+        }
+    }
+
+    fn on_pong_or_error(&mut self, f: &Frame<'_>) {
+        let handle = f.header.handle;
+        let now = self.now;
+        let Some(p) = self.answered(handle) else {
+            return;
+        };
+        // An ERROR for a request: items already answered keep their answer (the others get
+        // the status); with none answered the whole request fails.
+        let partial = matches!(f.body, Body::Error(_)) && p.state.fail_open(f.header.status);
+        let reply = match f.body {
+            Body::Error(_) if partial => Ok(None),
+            Body::Error(_) => Err(Error::Remote(f.header.status)),
+            _ if matches!(p.state, ReplyState::Ping) => Ok(Some(Reply::Pong {
+                rtt: p.sent.map_or(Duration::ZERO, |s| now - s),
+                payload: f.header.payload_len,
+            })),
+            _ => {
+                self.violation = Some("pong for a request that is not a ping");
+                return;
+            }
+        };
+        if let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+            let reply = match reply {
+                Ok(Some(pong)) => Ok(pong),
+                Ok(None) => Ok(p.state.finish(&mut p.spare)),
+                Err(e) => Err(e),
+            };
+            self.outbox.notify(
+                self.counters,
+                p.origin,
+                p.tag,
+                p.kind,
+                &p.fused,
+                reply,
+                p.spare,
+            );
+        }
+    }
+
+    fn on_response(&mut self, handle: u64, entries: ResponseEntries<'_>, end: bool) {
+        let default = self.allocator;
+        let Some(p) = self.answered(handle) else {
+            return;
+        };
+        let alloc: &dyn crate::tensor::TensorAllocator = match &p.alloc {
+            Some(a) => &**a,
+            None => default,
+        };
+        if let Err(why) = p.state.accept(entries, end, alloc) {
+            self.violation = Some(why);
+        }
+    }
+
+    /// For recvs the loop fused: completes each member whose tensor is fully in, without
+    /// waiting for the others. Runs at the end of a `RESPONSE` frame (its inline payload has
+    /// arrived) and at the end of a chunked tensor.
+    fn deliver_ready_members(&mut self, handle: u64) {
+        let h = CtxHandle::from_raw(handle);
+        let Ok(p) = self.ctxs.get_mut(h) else {
+            return;
+        };
+        if p.fused.is_empty() {
+            return;
+        }
+        for i in 0..p.fused.len() {
+            if p.fused[i].done {
+                continue;
+            }
+            if let Some(r) = p.state.take_ready(i as u32) {
+                p.fused[i].done = true;
+                let m = p.fused[i];
+                let one = Ok(Reply::Received(vec![r]));
+                self.outbox.deliver(
+                    self.counters,
+                    m.origin,
+                    m.tag,
+                    RequestKind::Recv,
+                    one,
+                    Spare::default(),
+                );
+            }
+        }
+        if p.fused.iter().all(|m| m.done) {
+            let answered_fully = p.state.is_complete();
+            self.ctxs.remove(h).ok();
+            if !answered_fully {
+                // More frames may still come for it; they are recognised and dropped.
+                remember_abandoned(self.abandoned, handle, self.slot);
+            }
+        }
+    }
+
+    /// Completes request `handle` if its whole answer has arrived.
+    fn try_complete(&mut self, handle: u64) {
+        let h = CtxHandle::from_raw(handle);
+        let done = self.ctxs.get(h).is_ok_and(|p| p.state.is_complete());
+        if !done {
+            return;
+        }
+        if let Ok(mut p) = self.ctxs.remove(h) {
+            let reply = Ok(p.state.finish(&mut p.spare));
+            self.outbox.notify(
+                self.counters,
+                p.origin,
+                p.tag,
+                p.kind,
+                &p.fused,
+                reply,
+                p.spare,
+            );
+        }
+    }
+
+    fn on_payload(&mut self, target: PayloadTarget, offset: u64, data: &[u8]) {
+        let Some(route) = route(
+            target,
+            *self.cur_handle,
+            *self.cur_is_push,
+            self.chunk_owners,
+        ) else {
+            return;
+        };
+        let end = offset + data.len() as u64;
+        let slot = self.slot;
+        if let Some(t) = tensor_for(self.ctxs, self.incoming, slot, route, self.allocator) {
+            let dst = t.bytes_mut();
+            let (start, stop) = (offset as usize, end as usize);
+            if stop <= dst.len() {
+                dst[start..stop].copy_from_slice(data);
+            }
+        }
+    }
+
+    fn chunk_progress(
+        &mut self,
+        is_push: bool,
+        handle: u64,
+        index: u32,
+        end: u64,
+        enc: &mut Encoder,
+    ) {
+        if is_push {
+            if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == handle) {
+                p.chunk_progress(index, end);
+                self.finish_push(handle, enc);
+            }
+            return;
+        }
+        let slot = self.slot;
+        let ours = self.ctxs.get_mut(CtxHandle::from_raw(handle));
+        if let Some(p) = ours.into_iter().find(|p| p.conn == slot) {
+            p.state.chunk_progress(index, end);
+            self.deliver_ready_members(handle);
+            self.try_complete(handle);
+        }
+    }
+}

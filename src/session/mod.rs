@@ -1,0 +1,811 @@
+//! The sans-IO protocol state of one event loop: its connections' codecs and phases, the
+//! requests in flight and their matching, fusion, serving, routing requests to connections,
+//! and timers.
+//!
+//! A [`Session`] does no I/O and never reads the clock. The event loop feeds it what
+//! happened — requests from handles, bytes received, bytes sent, connects that completed
+//! or failed, the time — and asks it what to do: which connections have output
+//! ([`Session::take_dirty`] and [`Session::transmit`]), where the next bytes of a
+//! connection must land ([`Session::recv_target`]), which sockets to open or close
+//! ([`Session::poll_action`]) and when to call again ([`Session::poll_timeout`]). So the
+//! protocol is tested in memory with simulated time (`tests.rs`), no sockets involved.
+//!
+//! Files: `conn.rs` (one connection's state), `request.rs` (the client side: submitting,
+//! fusing and encoding requests), `dispatch.rs` (acting on decoded frames: answers),
+//! `serve.rs` (the serving side), `reply.rs` (answers being assembled, pushes being
+//! received), `outbox.rs` (completions), `timer.rs`.
+
+mod conn;
+mod dispatch;
+mod outbox;
+mod reply;
+mod request;
+mod serve;
+mod timer;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+use slab::Slab;
+
+use crate::config::Config;
+use crate::ctx::CtxSlab;
+use crate::error::Error;
+use crate::pool::{Answer, Job};
+use crate::proto::{CloseReason, Connection, EncoderConfig, Identity, OutTensor, Piece, Side};
+use crate::rendezvous::{Delivery, Rendezvous};
+use crate::service::SharedService;
+use crate::stats::{add, Counters, RequestKind};
+use crate::tensor::{SharedAllocator, Tensor};
+use crate::wire::{Status, HEADER_LEN};
+
+use conn::{direct_target, mark_dirty, Conn, Phase};
+use dispatch::Dispatch;
+use outbox::Outbox;
+use request::{Pending, PushEncodeScratch};
+use serve::{answer_pull, answer_push, answer_recv, ServeScratch};
+use timer::{Timer, Timers};
+
+pub use outbox::{Callback, Completion, Reply};
+pub(crate) use outbox::{Endpoint, Origin};
+pub(crate) use reply::Spare;
+pub(crate) use request::{Request, RequestOp};
+
+/// Most requests taken from one handle's ring per drain pass (bounded work per step).
+const DRAIN_BATCH: usize = 256;
+/// Header and meta of a `CHUNK` frame.
+const CHUNK_HEAD: usize = HEADER_LEN + 16;
+/// How long a connection closing for an error may take to send its last frame.
+const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the session serves and how it receives tensors.
+#[derive(Clone)]
+pub(crate) struct SessionParts {
+    pub service: Option<SharedService>,
+    pub rendezvous: Option<Arc<Rendezvous>>,
+    /// Where heavy handlers run; `None`: inline on the loop.
+    pub jobs: Option<std::sync::mpsc::SyncSender<Job>>,
+    /// The loop's position among the runtime's loops (rendezvous waiters and pool answers
+    /// find their way back by it).
+    pub index: usize,
+    pub allocator: SharedAllocator,
+    /// Payload at least this long is received straight into its tensor.
+    pub zero_copy_min: u64,
+}
+
+/// What the loop must do with a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Open a socket for connection `slot` and connect it to `addr`; report the outcome
+    /// with [`Session::connected`] or [`Session::connect_failed`].
+    Connect { slot: u32, addr: SocketAddr },
+    /// Connection `slot` is closed: stop its I/O (shut the socket down) and, once no
+    /// operation is in flight on it, call [`Session::release`].
+    Close { slot: u32 },
+}
+
+/// Where the next bytes of a connection go.
+pub(crate) enum RecvTarget<'a> {
+    /// Into the connection's receive buffer: at most this many bytes.
+    Buffer(&'a mut [u8]),
+    /// Straight into a tensor's memory (payload of a large tensor).
+    Direct(&'a mut [u8]),
+}
+
+/// The loop's sans-IO protocol state. See the module docs.
+pub(crate) struct Session {
+    cfg: Arc<Config>,
+    counters: Arc<CachePadded<Counters>>,
+    identity: Identity,
+    conns: Slab<Conn>,
+    /// The connection carrying requests to each (peer, lane).
+    peers: HashMap<(SocketAddr, u32), u32>,
+    ctxs: CtxSlab<Pending>,
+    timers: Timers,
+    outbox: Outbox,
+    /// Connections with output to write.
+    dirty: Vec<u32>,
+    actions: VecDeque<Action>,
+    scratch: Vec<u64>,
+    stopping: bool,
+    /// Ping payload.
+    zeros: Vec<u8>,
+    /// Source of connection generations.
+    serial: u32,
+    service: Option<SharedService>,
+    rendezvous: Option<Arc<Rendezvous>>,
+    jobs: Option<std::sync::mpsc::SyncSender<Job>>,
+    index: usize,
+    allocator: SharedAllocator,
+    zero_copy_min: u64,
+    /// Requests of the embedding thread, taken in the next drain pass.
+    local_requests: VecDeque<Request>,
+    /// Single-key recvs of the current drain pass, when tensor fusion is on.
+    fuse_buf: Vec<(Request, Origin)>,
+    /// Vectors the serving side reuses.
+    serve: ServeScratch,
+    /// Vectors for encoding pushes.
+    push_scratch: PushEncodeScratch,
+    /// Requests given up by deadline after they were sent: handle and connection.
+    abandoned: VecDeque<(u64, u32)>,
+}
+
+/// The tensor as encoder input: its meta, its bytes, and the caller's `token` for them.
+pub(crate) fn out_tensor(t: &Tensor, token: u64) -> OutTensor<'_> {
+    OutTensor {
+        meta: t.meta(),
+        bytes: t.bytes(),
+        token,
+    }
+}
+
+impl Session {
+    pub(crate) fn new(
+        cfg: Arc<Config>,
+        counters: Arc<CachePadded<Counters>>,
+        parts: SessionParts,
+    ) -> Session {
+        let mut job = arrayvec::ArrayVec::new();
+        job.try_extend_from_slice(cfg.job.as_bytes()).ok();
+        let token = cfg.cluster_token.as_ref().map(|t| {
+            let mut v = arrayvec::ArrayVec::new();
+            v.try_extend_from_slice(t).ok();
+            v
+        });
+        let identity = Identity {
+            cluster_id: cfg.cluster_id,
+            job,
+            task_index: cfg.task_index,
+            token,
+        };
+        Session {
+            ctxs: CtxSlab::with_capacity(cfg.max_inflight),
+            timers: Timers::with_capacity(cfg.max_inflight.min(1 << 16)),
+            cfg,
+            counters,
+            identity,
+            conns: Slab::with_capacity(64),
+            peers: HashMap::new(),
+            outbox: Outbox::default(),
+            dirty: Vec::with_capacity(64),
+            actions: VecDeque::new(),
+            scratch: Vec::new(),
+            stopping: false,
+            zeros: Vec::new(),
+            serial: 0,
+            service: parts.service,
+            rendezvous: parts.rendezvous,
+            jobs: parts.jobs,
+            index: parts.index,
+            allocator: parts.allocator,
+            zero_copy_min: parts.zero_copy_min,
+            local_requests: VecDeque::new(),
+            fuse_buf: Vec::new(),
+            serve: ServeScratch::default(),
+            push_scratch: PushEncodeScratch::default(),
+            abandoned: VecDeque::new(),
+        }
+    }
+
+    fn next_serial(&mut self) -> u32 {
+        self.serial = self.serial.wrapping_add(1);
+        self.serial
+    }
+
+    // ----- requests and completions -----
+
+    /// Takes a new handle's end.
+    pub(crate) fn add_endpoint(&mut self, ep: Endpoint) {
+        self.outbox.add(ep);
+    }
+
+    /// Whether a handle's ring holds requests not taken yet.
+    pub(crate) fn requests_waiting(&self) -> bool {
+        self.outbox.requests_waiting()
+    }
+
+    /// Queues a request of the embedding thread for the next drain pass.
+    pub(crate) fn submit_local(&mut self, req: Request) {
+        self.local_requests.push_back(req);
+    }
+
+    /// The next completion for the embedding thread.
+    pub(crate) fn take_local(&mut self) -> Option<Completion> {
+        self.outbox.local.pop_front()
+    }
+
+    /// Takes the requests waiting (a bounded batch per handle) and starts them; the recvs of
+    /// the pass are fused. Returns whether there were any.
+    pub(crate) fn drain_requests(&mut self, now: Instant) -> bool {
+        let mut progress = false;
+        // The embedding thread's requests first (embedded mode).
+        while let Some(req) = self.local_requests.pop_front() {
+            progress = true;
+            self.take_request(req, Origin::Local, now);
+        }
+        for i in 0..self.outbox.endpoints.len() {
+            let mut batch = 0;
+            while batch < DRAIN_BATCH {
+                let Some(ep) = self.outbox.endpoints[i].as_mut() else {
+                    break;
+                };
+                let Some(req) = ep.requests.pop() else {
+                    if ep.requests.is_closed() && ep.requests.is_empty() {
+                        // The handle is gone; completions still owed to it are dropped.
+                        self.outbox.endpoints[i] = None;
+                    }
+                    break;
+                };
+                batch += 1;
+                let origin = Origin::Endpoint(i as u32, self.outbox.generations[i]);
+                self.take_request(req, origin, now);
+            }
+            progress |= batch > 0;
+        }
+        self.submit_fused(now);
+        progress
+    }
+
+    fn notify(
+        &mut self,
+        origin: Origin,
+        tag: u64,
+        kind: RequestKind,
+        fused: &[outbox::Member],
+        result: Result<Reply, Error>,
+        spare: Spare,
+    ) {
+        let counters = &self.counters;
+        self.outbox
+            .notify(counters, origin, tag, kind, fused, result, spare);
+    }
+
+    /// Answers a recv whose key another thread published.
+    pub(crate) fn deliver_recv(&mut self, d: Delivery) {
+        let w = d.waiter;
+        if !self.conn_live(w.conn, w.generation) {
+            // The requester went away: the tensor goes back for the next recv.
+            if let (Ok(t), Some(r)) = (d.result, &self.rendezvous) {
+                r.restore(&d.key, t);
+            }
+            return;
+        }
+        let conn = &mut self.conns[w.conn as usize];
+        answer_recv(conn, w.handle, w.index, d.result);
+        conn.release_tokens();
+        mark_dirty(&mut self.dirty, conn, w.conn);
+    }
+
+    /// Sends a pool handler's answer, if its connection is still there.
+    pub(crate) fn take_answer(&mut self, a: Answer) {
+        let to = match &a {
+            Answer::Pull { to, .. } | Answer::Push { to, .. } => *to,
+        };
+        if !self.conn_live(to.conn, to.generation) {
+            return;
+        }
+        let conn = &mut self.conns[to.conn as usize];
+        let Conn {
+            proto, out_tensors, ..
+        } = conn;
+        let scratch = &mut self.serve;
+        match a {
+            Answer::Pull { results, .. } => answer_pull(
+                proto.encoder(),
+                out_tensors,
+                to.handle,
+                &results,
+                &mut scratch.tokens,
+                &mut scratch.items,
+            ),
+            Answer::Push { statuses, .. } => {
+                answer_push(proto.encoder(), to.handle, &statuses, &mut scratch.items)
+            }
+        }
+        conn.release_tokens();
+        mark_dirty(&mut self.dirty, conn, to.conn);
+    }
+
+    fn conn_live(&self, slot: u32, generation: u32) -> bool {
+        self.conns.get(slot as usize).is_some_and(|c| {
+            c.generation == generation && c.phase == Phase::Open && !c.proto.is_closed()
+        })
+    }
+
+    // ----- connections -----
+
+    fn new_proto(&self, side: Side) -> Connection {
+        let encoder = EncoderConfig {
+            chunk_size: self.cfg.chunk_size,
+            ..EncoderConfig::default()
+        };
+        Connection::new(
+            side,
+            self.identity.clone(),
+            self.cfg.limits,
+            self.cfg.recv_buffer,
+            encoder,
+        )
+    }
+
+    /// The connection for `(peer, lane)`, opened on demand.
+    fn peer_conn(&mut self, peer: SocketAddr, lane: u32, now: Instant) -> u32 {
+        if let Some(&slot) = self.peers.get(&(peer, lane)) {
+            return slot;
+        }
+        let proto = self.new_proto(Side::Client);
+        let conn = Conn {
+            outgoing: Some((peer, lane)),
+            ..Conn::new(proto, Phase::Backoff, self.next_serial())
+        };
+        let slot = self.conns.insert(conn) as u32;
+        self.peers.insert((peer, lane), slot);
+        self.start_connect(slot, now);
+        slot
+    }
+
+    /// Asks the loop to connect `slot`; connect and handshake share one time limit.
+    fn start_connect(&mut self, slot: u32, now: Instant) {
+        let conn = &mut self.conns[slot as usize];
+        let Some((addr, _)) = conn.outgoing else {
+            return;
+        };
+        conn.phase = Phase::Connecting;
+        let generation = conn.generation;
+        let deadline = now + self.cfg.handshake_timeout;
+        self.timers
+            .push(deadline, Timer::Handshake { slot, generation });
+        self.actions.push_back(Action::Connect { slot, addr });
+    }
+
+    /// The connect of `slot` succeeded: the handshake starts.
+    pub(crate) fn connected(&mut self, slot: u32) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if conn.phase != Phase::Connecting {
+            return;
+        }
+        conn.phase = Phase::Handshaking;
+        mark_dirty(&mut self.dirty, conn, slot);
+    }
+
+    /// A connect attempt of `slot` failed (the loop has closed its socket): retry with
+    /// backoff, or give up and fail what waits.
+    pub(crate) fn connect_failed(&mut self, slot: u32, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if conn.phase == Phase::Closing {
+            return;
+        }
+        conn.attempts += 1;
+        let peer = conn.outgoing.map(|(p, _)| p);
+        if conn.attempts <= self.cfg.connect_retries && !self.stopping {
+            let delay = self.cfg.connect_delay(conn.attempts);
+            conn.phase = Phase::Backoff;
+            self.serial = self.serial.wrapping_add(1);
+            conn.generation = self.serial;
+            let generation = conn.generation;
+            add(&self.counters.reconnects, 1);
+            log::debug!(
+                "connect to {peer:?} failed (attempt {}); retrying in {delay:?}",
+                conn.attempts
+            );
+            self.timers
+                .push(now + delay, Timer::Reconnect { slot, generation });
+        } else {
+            log::warn!(
+                "giving up on {peer:?} after {} connect attempts",
+                conn.attempts
+            );
+            conn.failure = Error::ConnectFailed;
+            self.finish_close(slot);
+        }
+    }
+
+    /// A connection accepted by the loop; returns its slot.
+    pub(crate) fn adopt(&mut self, now: Instant) -> u32 {
+        let proto = self.new_proto(Side::Server);
+        let generation = self.next_serial();
+        let conn = Conn::new(proto, Phase::Handshaking, generation);
+        let slot = self.conns.insert(conn) as u32;
+        let deadline = now + self.cfg.handshake_timeout;
+        self.timers
+            .push(deadline, Timer::Handshake { slot, generation });
+        slot
+    }
+
+    /// Replaces the receive buffer of connection `slot` (before any byte arrived, or after
+    /// it is released); returns the one it had.
+    pub(crate) fn swap_buffer(&mut self, slot: u32, buf: Vec<u8>) -> Vec<u8> {
+        match self.conns.get_mut(slot as usize) {
+            Some(c) => c.proto.decoder().swap_buffer(buf),
+            None => buf,
+        }
+    }
+
+    /// The next socket operation the loop must start, if any.
+    pub(crate) fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Moves the connections with output into `out` (emptied first).
+    pub(crate) fn take_dirty(&mut self, out: &mut Vec<u32>) {
+        out.clear();
+        std::mem::swap(&mut self.dirty, out);
+        for &slot in out.iter() {
+            if let Some(c) = self.conns.get_mut(slot as usize) {
+                c.dirty = false;
+            }
+        }
+    }
+
+    /// Where the next bytes of connection `slot` must land, or `None` when nothing is to be
+    /// received on it (closed; or its buffer is full, which closes it).
+    pub(crate) fn recv_target(&mut self, slot: u32) -> Option<RecvTarget<'_>> {
+        let conn = self.conns.get_mut(slot as usize)?;
+        if conn.phase == Phase::Closing || conn.proto.is_closed() {
+            return None;
+        }
+        let alloc = &*self.allocator;
+        let min = self.zero_copy_min;
+        if direct_target(conn, &mut self.ctxs, min, alloc, slot).is_some() {
+            // Borrowed again for the caller (the check above ends its borrow).
+            let conn = &mut self.conns[slot as usize];
+            let dst = direct_target(conn, &mut self.ctxs, min, alloc, slot)?;
+            return Some(RecvTarget::Direct(dst));
+        }
+        if self.conns[slot as usize].proto.decoder().spare().is_empty() {
+            // Buffered bytes are decoded after every receive; this means the decoder is
+            // stuck on a frame it cannot finish.
+            log::error!("connection {slot}: receive buffer full; closing");
+            self.lose(slot, Error::Protocol);
+            return None;
+        }
+        let conn = &mut self.conns[slot as usize];
+        let decoder = conn.proto.decoder();
+        let limit = if decoder.chunks_pending() > 0 && decoder.is_idle() {
+            // A chunk is most likely next: read just its header and meta, so that its
+            // payload is received in place rather than read ahead into the buffer.
+            CHUNK_HEAD
+        } else if let Some(missing) = decoder.meta_missing().filter(|&m| m > 0) {
+            // The rest of a meta section: payload after it may go straight into place.
+            missing
+        } else if decoder.is_idle() && !matches!(decoder.last_payload_max(), Some(m) if m < min) {
+            // Large frames are arriving (or none has since the handshake): read the next
+            // header on its own, then its meta section (above), so that a large payload
+            // goes straight into place from its first byte. Connections carrying small
+            // frames keep reading as much as the buffer holds.
+            HEADER_LEN
+        } else {
+            usize::MAX
+        };
+        let spare = decoder.spare();
+        let n = spare.len().min(limit).min(u32::MAX as usize);
+        Some(RecvTarget::Buffer(&mut spare[..n]))
+    }
+
+    /// `n` bytes arrived on connection `slot`, into what [`recv_target`](Self::recv_target)
+    /// gave (`direct`: a tensor). Decodes them and acts on what they complete.
+    pub(crate) fn received(&mut self, slot: u32, n: usize, direct: bool, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if conn.phase == Phase::Closing {
+            return;
+        }
+        if direct {
+            conn.proto.decoder().payload_received(n as u64);
+        } else {
+            conn.proto.decoder().filled(n);
+        }
+        self.process(slot, now);
+        self.watch_frame_head(slot, now);
+    }
+
+    /// Hands the output of connection `slot` to `sink`, piece by piece, until it returns
+    /// false; at most about `max` bytes are ready at once. Returns whether it gave any.
+    /// A connection closed by its protocol with nothing left to say is closed here.
+    pub(crate) fn transmit(
+        &mut self,
+        slot: u32,
+        max: u64,
+        mut sink: impl FnMut(&[u8]) -> bool,
+    ) -> bool {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return false;
+        };
+        if !matches!(conn.phase, Phase::Open | Phase::Handshaking) {
+            return false;
+        }
+        let enc = conn.proto.encoder();
+        enc.fill(max);
+        if enc.ready_bytes() == 0 {
+            if conn.proto.is_closed() {
+                // Nothing more to say: close.
+                let failure = conn.failure;
+                self.lose(slot, failure);
+            }
+            return false;
+        }
+        let Conn {
+            proto, out_tensors, ..
+        } = conn;
+        let mut any = false;
+        let mut bad = false;
+        for piece in proto.encoder().pieces() {
+            let bytes = match piece {
+                Piece::Bytes(b) => b,
+                Piece::Tensor { token, offset, len } => {
+                    let bytes = out_tensors.get(token as usize).map(|t| t.bytes());
+                    match bytes.and_then(|b| b.get(offset as usize..(offset + len) as usize)) {
+                        Some(b) => b,
+                        None => {
+                            bad = true;
+                            break;
+                        }
+                    }
+                }
+            };
+            if !sink(bytes) {
+                break;
+            }
+            any = true;
+        }
+        if bad {
+            log::error!("connection {slot}: output names a tensor it does not hold");
+            self.lose(slot, Error::Protocol);
+            return false;
+        }
+        any
+    }
+
+    /// `n` bytes of connection `slot`'s output were written.
+    pub(crate) fn sent(&mut self, slot: u32, n: usize) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if conn.phase == Phase::Closing {
+            return;
+        }
+        conn.proto.encoder().advance(n as u64);
+        conn.release_tokens();
+        mark_dirty(&mut self.dirty, conn, slot);
+    }
+
+    /// Starts the frame-head timer when a frame's header or meta section has begun to
+    /// arrive and is not complete (`STARWIRE_FRAME_TIMEOUT_MS`): a peer that stalls or
+    /// trickles bytes there is disconnected instead of holding the connection forever.
+    fn watch_frame_head(&mut self, slot: u32, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        let in_head = conn.phase != Phase::Closing && conn.proto.decoder().in_frame_head();
+        if !in_head {
+            conn.head_since = None;
+            return;
+        }
+        conn.head_since.get_or_insert(now);
+        if !conn.head_timer {
+            // One timer per connection, however many frame heads arrive in pieces: when it
+            // fires early for a later head, it is set again for that head's deadline.
+            conn.head_timer = true;
+            let timer = Timer::FrameHead {
+                slot,
+                generation: conn.generation,
+            };
+            self.timers.push(now + self.cfg.frame_timeout, timer);
+        }
+    }
+
+    /// Decodes what connection `slot` has received and acts on it.
+    fn process(&mut self, slot: u32, now: Instant) {
+        let Session {
+            conns,
+            ctxs,
+            abandoned,
+            outbox,
+            counters,
+            dirty,
+            service,
+            rendezvous,
+            jobs,
+            allocator,
+            index,
+            serve,
+            ..
+        } = self;
+        let conn = &mut conns[slot as usize];
+        let generation = conn.generation;
+        let Conn {
+            proto,
+            out_tensors,
+            cur_handle,
+            cur_is_push,
+            cur_chunk,
+            chunk_owners,
+            incoming,
+            recvs,
+            ..
+        } = conn;
+        let mut d = Dispatch {
+            slot,
+            now,
+            ctxs,
+            abandoned,
+            outbox,
+            counters,
+            service: service.as_deref(),
+            rendezvous: rendezvous.as_deref(),
+            jobs: jobs.as_ref(),
+            waiter_base: (*index, generation),
+            recvs,
+            allocator: &**allocator,
+            out_tensors,
+            cur_handle,
+            cur_is_push,
+            cur_chunk,
+            chunk_owners,
+            incoming,
+            serve,
+            opened: false,
+            violation: None,
+        };
+        let was_closed = proto.is_closed();
+        proto.process(|ev, enc| d.on_event(ev, enc));
+        let (opened, violation) = (d.opened, d.violation);
+        if let Some(why) = violation {
+            log::warn!("connection {slot}: {why}; closing");
+            conn.proto.abort(Status::Protocol, why);
+        } else if let (false, Some(reason)) = (was_closed, conn.proto.close_reason()) {
+            // The codec closed it: a malformed frame, or a refused handshake.
+            log::warn!("connection {slot}: {reason}; closing");
+        }
+        conn.release_tokens();
+        mark_dirty(dirty, conn, slot);
+        if opened {
+            conn.phase = Phase::Open;
+            if conn.outgoing.is_some() {
+                add(&counters.connections_opened, 1);
+                conn.attempts = 0;
+                while let Some(h) = self.conns[slot as usize].waiting.pop_front() {
+                    self.send_request(slot, h, now);
+                }
+            }
+        }
+        let conn = &mut self.conns[slot as usize];
+        if conn.proto.is_closed() {
+            let failure = match conn.proto.close_reason() {
+                Some(CloseReason::Refused { status, .. }) => Error::Refused(*status),
+                // We found the peer breaking the protocol: a protocol error, whichever side
+                // opened the connection.
+                Some(CloseReason::Rejected {
+                    status: Status::Protocol,
+                    ..
+                }) => Error::Protocol,
+                Some(CloseReason::Rejected { status, .. }) if conn.outgoing.is_some() => {
+                    Error::Refused(*status)
+                }
+                _ => Error::Protocol,
+            };
+            conn.failure = failure;
+            // No new request may go out behind the connection's ERROR frame.
+            if let Some(key) = conn.outgoing {
+                if self.peers.get(&key) == Some(&slot) {
+                    self.peers.remove(&key);
+                }
+            }
+            // Let the queued ERROR frame go out before closing, but not for long: a peer
+            // that does not read must not keep the connection.
+            mark_dirty(&mut self.dirty, conn, slot);
+            let generation = conn.generation;
+            self.timers
+                .push(now + CLOSE_LINGER, Timer::Close { slot, generation });
+        }
+    }
+
+    /// Closes connection `slot` for `why`: its requests fail once the loop releases it.
+    pub(crate) fn lose(&mut self, slot: u32, why: Error) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if conn.phase == Phase::Closing {
+            return;
+        }
+        add(&self.counters.connections_lost, 1);
+        // A reason the protocol found (a refusal, a violation) outranks what the socket
+        // said afterwards (usually the peer closing it).
+        if !conn.proto.is_closed() {
+            conn.failure = why;
+        }
+        self.finish_close(slot);
+    }
+
+    /// Marks `slot` closed and asks the loop to close its socket; later requests to its
+    /// peer open a new connection.
+    fn finish_close(&mut self, slot: u32) {
+        let conn = &mut self.conns[slot as usize];
+        conn.phase = Phase::Closing;
+        if let Some(key) = conn.outgoing {
+            if self.peers.get(&key) == Some(&slot) {
+                self.peers.remove(&key);
+            }
+        }
+        self.actions.push_back(Action::Close { slot });
+    }
+
+    /// Frees closed connection `slot` once the loop has no operation in flight on it (a
+    /// receive may write into a request's tensor until then): fails the requests waiting
+    /// for or in flight on it, and returns its receive buffer.
+    pub(crate) fn release(&mut self, slot: u32) -> Vec<u8> {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return Vec::new();
+        };
+        let why = conn.failure;
+        let mut failed = std::mem::take(&mut self.scratch);
+        failed.extend(conn.waiting.drain(..));
+        for (h, p) in self.ctxs.iter() {
+            if p.conn == slot && p.sent.is_some() {
+                failed.push(h.to_raw());
+            }
+        }
+        for h in failed.drain(..) {
+            if let Ok(p) = self.ctxs.remove(crate::ctx::Handle::from_raw(h)) {
+                self.notify(p.origin, p.tag, p.kind, &p.fused, Err(why), p.spare);
+            }
+        }
+        self.scratch = failed;
+        let conn = &self.conns[slot as usize];
+        if let (false, Some(r)) = (conn.recvs.is_empty(), &self.rendezvous) {
+            r.forget(self.index, slot, conn.generation);
+        }
+        if let Some((peer, lane)) = conn.outgoing {
+            if self.peers.get(&(peer, lane)) == Some(&slot) {
+                self.peers.remove(&(peer, lane));
+            }
+        }
+        let mut conn = self.conns.remove(slot as usize);
+        conn.proto.decoder().swap_buffer(Vec::new())
+    }
+
+    /// Stops: requests still in the rings fail with `SHUTDOWN`, every connection is
+    /// aborted (an `ERROR` frame is queued) and closed.
+    pub(crate) fn shutdown(&mut self, now: Instant) {
+        self.stopping = true;
+        for i in 0..self.outbox.endpoints.len() {
+            let origin = Origin::Endpoint(i as u32, self.outbox.generations[i]);
+            while let Some(req) = self.outbox.endpoints[i]
+                .as_mut()
+                .and_then(|e| e.requests.pop())
+            {
+                self.submit(req, origin, now);
+            }
+        }
+        let slots: Vec<u32> = self.conns.iter().map(|(s, _)| s as u32).collect();
+        for slot in slots {
+            let conn = &mut self.conns[slot as usize];
+            conn.proto.abort(Status::Shutdown, "shutting down");
+            conn.failure = Error::Shutdown;
+            self.lose(slot, Error::Shutdown);
+        }
+    }
+
+    /// Whether every connection has been released.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// Forgets, without dropping, every connection and request: used when the kernel may
+    /// still write into their memory (a loop dropped with I/O in flight).
+    pub(crate) fn leak(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.conns));
+        std::mem::forget(std::mem::replace(&mut self.ctxs, CtxSlab::with_capacity(0)));
+    }
+}

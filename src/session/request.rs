@@ -1,0 +1,346 @@
+//! The client side of requests: what a handle submits, the context each request keeps while
+//! in flight, fusing the recvs of one drain pass, and encoding requests on a connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::ctx::{Full, Handle as CtxHandle};
+use crate::error::Error;
+use crate::proto::PushItem;
+use crate::stats::{add, RequestKind};
+use crate::tensor::{SharedAllocator, Tensor};
+
+use super::conn::{mark_dirty, Conn, Phase};
+use super::outbox::{Member, Origin};
+use super::reply::{ReplyState, Spare};
+use super::serve::recast;
+use super::timer::Timer;
+use super::Session;
+
+/// Requests given up by deadline whose late answers are recognised and ignored.
+pub(crate) const ABANDONED_KEPT: usize = 4096;
+
+/// What a request asks for.
+pub(crate) enum RequestOp {
+    /// A ping with this many payload bytes.
+    Ping { payload: u32 },
+    /// Values of variables; received tensors get memory from `alloc` (or the runtime's).
+    Pull {
+        ids: Vec<u64>,
+        alloc: Option<SharedAllocator>,
+    },
+    /// Tensors for variables.
+    Push { items: Vec<(u64, Arc<Tensor>)> },
+    /// Rendezvous keys of a step (one key: `RECV`; more: `FUSED_RECV`).
+    Recv { step: u64, keys: Vec<Vec<u8>> },
+}
+
+impl RequestOp {
+    pub(crate) fn kind(&self) -> RequestKind {
+        match self {
+            RequestOp::Ping { .. } => RequestKind::Ping,
+            RequestOp::Pull { .. } => RequestKind::Pull,
+            RequestOp::Push { .. } => RequestKind::Push,
+            RequestOp::Recv { keys, .. } if keys.len() == 1 => RequestKind::Recv,
+            RequestOp::Recv { .. } => RequestKind::FusedRecv,
+        }
+    }
+
+    /// The state its answer is assembled in, in `spare`'s vectors.
+    fn reply_state(&self, spare: &mut Spare) -> ReplyState {
+        match self {
+            RequestOp::Ping { .. } => ReplyState::Ping,
+            RequestOp::Pull { ids, .. } => ReplyState::pull(ids.len(), false, spare),
+            RequestOp::Push { items } => ReplyState::push(items.len(), spare),
+            RequestOp::Recv { keys, .. } => ReplyState::pull(keys.len(), true, spare),
+        }
+    }
+}
+
+/// A request travelling from a handle to the loop that owns the peer's connection.
+pub(crate) struct Request {
+    pub op: RequestOp,
+    pub peer: SocketAddr,
+    /// Which of the peer's connections (0..connections_per_peer) carries it.
+    pub lane: u32,
+    pub deadline: Option<Instant>,
+    /// The submitter's name for the request, echoed in its completion.
+    pub tag: u64,
+    /// Vectors for the answer, returned with the completion.
+    pub spare: Spare,
+}
+
+/// An in-flight request.
+pub(crate) struct Pending {
+    pub tag: u64,
+    pub origin: Origin,
+    pub kind: RequestKind,
+    /// What to send; taken when the request is encoded.
+    pub op: Option<RequestOp>,
+    /// The answer so far.
+    pub state: ReplyState,
+    /// Memory for received tensors, when the request brings its own.
+    pub alloc: Option<SharedAllocator>,
+    pub conn: u32,
+    /// When the request was queued on the connection.
+    pub sent: Option<Instant>,
+    /// For recvs fused by the session: the original requests, one per key, in key order.
+    pub fused: Vec<Member>,
+    /// The submitter's vectors, returned with the completion.
+    pub spare: Spare,
+}
+
+/// Vectors for encoding a push, reused from push to push.
+#[derive(Default)]
+pub(crate) struct PushEncodeScratch {
+    tokens: Vec<u64>,
+    items: Vec<PushItem<'static>>,
+}
+
+impl Session {
+    /// Submits a request from this drain pass, or, with tensor fusion on, holds a
+    /// single-key recv back to be fused with the others of the pass.
+    pub(super) fn take_request(&mut self, req: Request, origin: Origin, now: Instant) {
+        let single_recv = matches!(&req.op, RequestOp::Recv { keys, .. } if keys.len() == 1);
+        if self.cfg.tensor_fuse && single_recv && !self.stopping {
+            self.fuse_buf.push((req, origin));
+        } else {
+            self.submit(req, origin, now);
+        }
+    }
+
+    /// Sends the recvs held back in this drain pass: one `FUSED_RECV` per peer, lane and
+    /// step. Nothing waits for a timer: what arrived in the same pass goes out together.
+    pub(super) fn submit_fused(&mut self, now: Instant) {
+        if self.fuse_buf.is_empty() {
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.fuse_buf);
+        let step_of = |r: &Request| match &r.op {
+            RequestOp::Recv { step, .. } => *step,
+            _ => 0,
+        };
+        buf.sort_by_key(|(r, _)| (r.peer, r.lane, step_of(r)));
+        let mut rest = buf.drain(..).peekable();
+        while let Some((first, origin)) = rest.next() {
+            let key = (first.peer, first.lane, step_of(&first));
+            let mut group = Vec::new();
+            while let Some((r, _)) = rest.peek() {
+                if (r.peer, r.lane, step_of(r)) != key {
+                    break;
+                }
+                group.push(rest.next().expect("peeked"));
+            }
+            if group.is_empty() {
+                self.submit(first, origin, now);
+                continue;
+            }
+            let member = |origin, r: &Request| Member {
+                origin,
+                tag: r.tag,
+                deadline: r.deadline,
+                done: false,
+            };
+            let mut members = vec![member(origin, &first)];
+            let RequestOp::Recv { step, mut keys } = first.op else {
+                continue;
+            };
+            for (r, o) in group {
+                members.push(member(o, &r));
+                if let RequestOp::Recv { keys: k, .. } = r.op {
+                    keys.extend(k);
+                }
+            }
+            // No deadline for the group: each member keeps its own.
+            let fused = Request {
+                op: RequestOp::Recv { step, keys },
+                peer: key.0,
+                lane: key.1,
+                deadline: None,
+                tag: 0,
+                spare: Spare::default(),
+            };
+            self.submit_group(fused, Origin::Local, members, now);
+        }
+        drop(rest);
+        self.fuse_buf = buf;
+    }
+
+    /// Starts a request (from a ring, or from the embedding thread).
+    pub(super) fn submit(&mut self, req: Request, origin: Origin, now: Instant) {
+        self.submit_group(req, origin, Vec::new(), now);
+    }
+
+    /// Starts a request; `fused` lists the original recvs when the session fused several.
+    fn submit_group(&mut self, req: Request, origin: Origin, fused: Vec<Member>, now: Instant) {
+        let kind = req.op.kind();
+        let mut spare = req.spare;
+        if self.stopping {
+            return self.notify(origin, req.tag, kind, &fused, Err(Error::Shutdown), spare);
+        }
+        let slot = self.peer_conn(req.peer, req.lane, now);
+        let alloc = match &req.op {
+            RequestOp::Pull { alloc, .. } => alloc.clone(),
+            _ => None,
+        };
+        let pending = Pending {
+            tag: req.tag,
+            origin,
+            kind,
+            state: req.op.reply_state(&mut spare),
+            op: Some(req.op),
+            alloc,
+            conn: slot,
+            sent: None,
+            fused,
+            spare,
+        };
+        let handle = match self.ctxs.insert(pending) {
+            Ok(h) => h.to_raw(),
+            Err(Full(p)) => {
+                let e = Err(Error::Backpressure);
+                return self.notify(origin, p.tag, kind, &p.fused, e, p.spare);
+            }
+        };
+        if let Some(deadline) = req.deadline {
+            self.push_deadline(deadline, handle);
+        }
+        if let Ok(p) = self.ctxs.get(CtxHandle::from_raw(handle)) {
+            for (i, m) in p.fused.iter().enumerate() {
+                if let Some(at) = m.deadline {
+                    let index = i as u32;
+                    self.timers.push(at, Timer::Member { handle, index });
+                }
+            }
+        }
+        let open = self.conns[slot as usize].phase == Phase::Open;
+        if open {
+            self.send_request(slot, handle, now);
+        } else {
+            self.conns[slot as usize].waiting.push_back(handle);
+        }
+    }
+
+    /// Adds a request deadline. Entries of requests answered earlier stay in the heap until
+    /// they come up; when they outnumber the live requests, they are swept out, so the heap
+    /// stays within a small multiple of the in-flight requests (amortized O(1) per request).
+    fn push_deadline(&mut self, deadline: Instant, handle: u64) {
+        if self.timers.len() > 2 * self.ctxs.len() + 1024 {
+            let ctxs = &self.ctxs;
+            self.timers.retain(|t| match *t {
+                Timer::Deadline(h) => ctxs.contains(CtxHandle::from_raw(h)),
+                _ => true,
+            });
+        }
+        self.timers.push(deadline, Timer::Deadline(handle));
+    }
+
+    /// Encodes request `handle` on connection `slot`.
+    pub(super) fn send_request(&mut self, slot: u32, handle: u64, now: Instant) {
+        let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) else {
+            return;
+        };
+        p.sent = Some(now);
+        let Some(op) = p.op.take() else {
+            return;
+        };
+        let conn = &mut self.conns[slot as usize];
+        let result = match &op {
+            RequestOp::Ping { payload } => {
+                let n = *payload as usize;
+                if self.zeros.len() < n {
+                    self.zeros.resize(n, 0);
+                }
+                conn.proto.encoder().ping(handle, &self.zeros[..n])
+            }
+            RequestOp::Pull { ids, .. } => conn.proto.encoder().pull(handle, ids),
+            RequestOp::Push { items } => encode_push(conn, handle, items, &mut self.push_scratch),
+            RequestOp::Recv { step, keys } => {
+                let fused = keys.len() != 1;
+                conn.proto.encoder().recv(handle, *step, keys, fused)
+            }
+        };
+        // The request's vectors go back to its submitter with the completion.
+        match op {
+            RequestOp::Pull { mut ids, .. } => {
+                ids.clear();
+                p.spare.ids = ids;
+            }
+            RequestOp::Push { mut items } => {
+                items.clear();
+                p.spare.items = items;
+            }
+            _ => {}
+        }
+        match result {
+            Ok(()) => {
+                add(&self.counters.frames_out, 1);
+                mark_dirty(&mut self.dirty, conn, slot);
+            }
+            Err(e) => {
+                log::debug!("request not encodable: {e}");
+                if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+                    let e = Err(Error::InvalidArgument);
+                    self.notify(p.origin, p.tag, p.kind, &p.fused, e, p.spare);
+                }
+            }
+        }
+    }
+
+    /// Remembers a request given up while its answer may still come, so that the answer is
+    /// ignored rather than taken for a forged handle. Bounded: the oldest is forgotten
+    /// first (a very late answer to it then closes the connection as a protocol violation).
+    pub(super) fn abandon(&mut self, handle: u64, p: &Pending) {
+        if p.sent.is_none() {
+            return;
+        }
+        remember_abandoned(&mut self.abandoned, handle, p.conn);
+    }
+}
+
+/// Notes that late answers to `handle` on connection `conn` are to be ignored.
+pub(super) fn remember_abandoned(
+    abandoned: &mut std::collections::VecDeque<(u64, u32)>,
+    handle: u64,
+    conn: u32,
+) {
+    if abandoned.len() == ABANDONED_KEPT {
+        abandoned.pop_front();
+    }
+    abandoned.push_back((handle, conn));
+}
+
+/// Queues a push whose tensors are referenced (not copied) while they are written.
+fn encode_push(
+    conn: &mut Conn,
+    handle: u64,
+    items: &[(u64, Arc<Tensor>)],
+    scratch: &mut PushEncodeScratch,
+) -> Result<(), crate::proto::EncodeError> {
+    let tokens = &mut scratch.tokens;
+    tokens.clear();
+    tokens.extend(
+        items
+            .iter()
+            .map(|(_, t)| conn.out_tensors.insert(t.clone()) as u64),
+    );
+    let mut push: Vec<PushItem<'_>> = recast(std::mem::take(&mut scratch.items));
+    push.extend(
+        items
+            .iter()
+            .zip(tokens.iter())
+            .map(|((id, t), &token)| PushItem {
+                var_id: *id,
+                tensor: super::out_tensor(t, token),
+            }),
+    );
+    let r = conn.proto.encoder().push(handle, &push);
+    scratch.items = recast(push);
+    if r.is_err() {
+        for &t in tokens.iter() {
+            conn.out_tensors.try_remove(t as usize);
+        }
+    }
+    r
+}

@@ -1,0 +1,370 @@
+//! The serving side: requests from the peer answered by the service (inline, or on the
+//! handler pool) or by the rendezvous, and the frames that carry the answers.
+
+use std::sync::Arc;
+
+use slab::Slab;
+
+use crate::pool::{Job, PushScratch, ReplyTo};
+use crate::proto::{Encoder, ResponseItem};
+use crate::rendezvous::Waiter;
+use crate::tensor::Tensor;
+use crate::wire::{RecvBody, Status, VarIds};
+
+use super::conn::Conn;
+use super::dispatch::Dispatch;
+use super::out_tensor;
+use super::reply::PushVecs;
+
+/// Requests a peer may have waiting on one connection (recvs for unpublished keys, pushes
+/// still arriving); more are refused with `RESOURCE_EXHAUSTED`.
+pub(crate) const MAX_SERVED: usize = 4096;
+
+impl Dispatch<'_> {
+    /// Applies a completely received push and answers it.
+    pub(super) fn finish_push(&mut self, handle: u64, enc: &mut Encoder) {
+        let Some(i) = self
+            .incoming
+            .iter()
+            .position(|p| p.handle == handle && p.is_complete())
+        else {
+            return;
+        };
+        let push = self.incoming.swap_remove(i);
+        let s = &mut *self.serve;
+        let Some(service) = self.service else {
+            s.statuses.clear();
+            s.statuses.resize(push.len(), Status::Unimplemented);
+            return answer_push(enc, handle, &s.statuses, &mut s.items);
+        };
+        let PushVecs { ids, mut results } = push.into_parts();
+        if let Some(jobs) = self.jobs {
+            let to = self.reply_to(handle);
+            let job = Job::Push { to, ids, results };
+            refuse_if_unsent(jobs.try_send(job), enc, handle);
+            return;
+        }
+        crate::pool::apply_push(service, &ids, &mut results, &mut s.statuses, &mut s.push);
+        answer_push(enc, handle, &s.statuses, &mut s.items);
+        if s.push_vecs.len() < PUSH_VECS_KEPT {
+            s.push_vecs.push(PushVecs { ids, results });
+        }
+    }
+
+    fn reply_to(&self, handle: u64) -> ReplyTo {
+        let (loop_index, generation) = self.waiter_base;
+        ReplyTo {
+            loop_index,
+            conn: self.slot,
+            generation,
+            handle,
+        }
+    }
+
+    /// Answers at once the keys already published; leaves waiters for the others, which
+    /// are answered one by one as they are published (each in its own frame, so a slow
+    /// tensor never holds back a ready one).
+    pub(super) fn serve_recv(&mut self, handle: u64, r: RecvBody<'_>, enc: &mut Encoder) {
+        let Some(rendezvous) = self.rendezvous else {
+            let _ = enc.error(handle, Status::Unimplemented, "no rendezvous on this task");
+            return;
+        };
+        if self.recvs.iter().any(|&(h, _)| h == handle) {
+            self.violation = Some("recv with a handle already in use");
+            return;
+        }
+        let (loop_index, generation) = self.waiter_base;
+        let mut ready = Vec::new();
+        let mut waiting = 0u32;
+        for (index, key) in r.keys.enumerate() {
+            let waiter = Waiter {
+                loop_index,
+                conn: self.slot,
+                generation,
+                handle,
+                index: index as u32,
+                step: r.step_id,
+            };
+            match rendezvous.take_or_wait(key, waiter) {
+                Some(t) => ready.push((index as u32, t)),
+                None => waiting += 1,
+            }
+        }
+        let tokens: Vec<u64> = ready
+            .iter()
+            .map(|(_, t)| self.out_tensors.insert(t.clone()) as u64)
+            .collect();
+        let items: Vec<ResponseItem<'_>> = ready
+            .iter()
+            .zip(&tokens)
+            .map(|((index, t), &token)| ResponseItem {
+                index: *index,
+                status: Status::Ok,
+                tensor: Some(out_tensor(t, token)),
+            })
+            .collect();
+        if waiting > 0 {
+            self.recvs.push((handle, waiting));
+        }
+        if waiting == 0 || !items.is_empty() {
+            if let Err(k) = send_items(enc, handle, waiting == 0, &items) {
+                release_unsent(self.out_tensors, tokens[k..].iter().copied());
+            }
+        }
+    }
+
+    pub(super) fn serve_pull(&mut self, handle: u64, ids: VarIds<'_>, enc: &mut Encoder) {
+        let Some(service) = self.service else {
+            let _ = enc.error(handle, Status::Unimplemented, "no pull service");
+            return;
+        };
+        if let Some(jobs) = self.jobs {
+            let to = self.reply_to(handle);
+            let ids = ids.iter().collect();
+            refuse_if_unsent(jobs.try_send(Job::Pull { to, ids }), enc, handle);
+            return;
+        }
+        let s = &mut *self.serve;
+        s.ids.clear();
+        s.ids.extend(ids.iter());
+        crate::service::pull(service, &s.ids, &mut s.pulled);
+        answer_pull(
+            enc,
+            self.out_tensors,
+            handle,
+            &s.pulled,
+            &mut s.tokens,
+            &mut s.items,
+        );
+        s.pulled.clear();
+    }
+}
+
+/// Answers a request the handler pool could not take.
+pub(super) fn refuse_if_unsent(
+    r: Result<(), std::sync::mpsc::TrySendError<Job>>,
+    enc: &mut Encoder,
+    h: u64,
+) {
+    match r {
+        Ok(()) => {}
+        Err(std::sync::mpsc::TrySendError::Full(_)) => {
+            let _ = enc.error(h, Status::ResourceExhausted, "handlers are behind; retry");
+        }
+        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+            let _ = enc.error(h, Status::Shutdown, "handler pool stopped");
+        }
+    }
+}
+
+/// Answers a pull with `results`, the tensors sent by reference; `tokens` and `spare` lend
+/// their allocations.
+pub(crate) fn answer_pull(
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    results: &[Result<Arc<Tensor>, Status>],
+    tokens: &mut Vec<Option<u64>>,
+    spare: &mut Vec<ResponseItem<'static>>,
+) {
+    tokens.clear();
+    tokens.extend(results.iter().map(|r| {
+        r.as_ref()
+            .ok()
+            .map(|t| out_tensors.insert(t.clone()) as u64)
+    }));
+    let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
+    items.extend(
+        results
+            .iter()
+            .zip(tokens.iter())
+            .enumerate()
+            .map(|(index, (r, token))| match (r, token) {
+                (Ok(t), Some(token)) => ResponseItem {
+                    index: index as u32,
+                    status: Status::Ok,
+                    tensor: Some(out_tensor(t, *token)),
+                },
+                (Err(s), _) => ResponseItem {
+                    index: index as u32,
+                    status: if s.is_ok() { Status::Internal } else { *s },
+                    tensor: None,
+                },
+                (Ok(_), None) => ResponseItem {
+                    index: index as u32,
+                    status: Status::Internal,
+                    tensor: None,
+                },
+            }),
+    );
+    if let Err(k) = send_items(enc, handle, true, &items) {
+        release_unsent(out_tensors, tokens[k..].iter().flatten().copied());
+    }
+    *spare = recast(items);
+}
+
+/// Drops the references of tensors whose items were not encoded (those already queued keep
+/// theirs until written).
+fn release_unsent(out_tensors: &mut Slab<Arc<Tensor>>, tokens: impl Iterator<Item = u64>) {
+    for t in tokens {
+        out_tensors.try_remove(t as usize);
+    }
+}
+
+/// Answers a push with one status per item; `spare` lends its allocation.
+pub(crate) fn answer_push(
+    enc: &mut Encoder,
+    handle: u64,
+    statuses: &[Status],
+    spare: &mut Vec<ResponseItem<'static>>,
+) {
+    let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
+    items.extend(
+        statuses
+            .iter()
+            .enumerate()
+            .map(|(index, &status)| ResponseItem {
+                index: index as u32,
+                status,
+                tensor: None,
+            }),
+    );
+    let _ = send_items(enc, handle, true, &items);
+    *spare = recast(items);
+}
+
+/// An empty vector of another item type in `v`'s allocation, when the two have the same
+/// layout (here: the same items, borrowing for another lifetime), so that a vector of
+/// borrowing items can be kept between uses. std collects a vector's `into_iter` in place
+/// when layouts match (a test checks that it still does); otherwise this allocates anew.
+pub(crate) fn recast<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
+/// Vectors the serving side reuses from request to request, so that answering allocates
+/// nothing in steady state.
+#[derive(Default)]
+pub(crate) struct ServeScratch {
+    pub(super) ids: Vec<u64>,
+    pub(super) pulled: Vec<Result<Arc<Tensor>, Status>>,
+    pub(super) tokens: Vec<Option<u64>>,
+    pub(super) items: Vec<ResponseItem<'static>>,
+    pub(super) statuses: Vec<Status>,
+    pub(super) push: PushScratch,
+    /// Vectors of finished pushes, for the next ones (at most `PUSH_VECS_KEPT`).
+    pub(super) push_vecs: Vec<PushVecs>,
+}
+
+/// Most sets of push vectors a loop keeps for reuse.
+pub(super) const PUSH_VECS_KEPT: usize = 64;
+
+/// Answers item `index` of the recv `handle` with a tensor delivered by the rendezvous (or
+/// a failure); the last item owed carries `END`.
+pub(crate) fn answer_recv(
+    conn: &mut Conn,
+    handle: u64,
+    index: u32,
+    result: Result<Arc<Tensor>, Status>,
+) {
+    let Some(pos) = conn.recvs.iter().position(|&(h, _)| h == handle) else {
+        return;
+    };
+    conn.recvs[pos].1 -= 1;
+    let last = conn.recvs[pos].1 == 0;
+    if last {
+        conn.recvs.swap_remove(pos);
+    }
+    let (item, token) = match &result {
+        Ok(t) => {
+            let token = conn.out_tensors.insert(t.clone()) as u64;
+            let item = ResponseItem {
+                index,
+                status: Status::Ok,
+                tensor: Some(out_tensor(t, token)),
+            };
+            (item, Some(token))
+        }
+        Err(s) => (
+            ResponseItem {
+                index,
+                status: *s,
+                tensor: None,
+            },
+            None,
+        ),
+    };
+    let enc = conn.proto.encoder();
+    if send_items(enc, handle, last, &[item]).is_err() {
+        release_unsent(&mut conn.out_tensors, token.into_iter());
+    }
+}
+
+/// Sends `items` in `RESPONSE` frames that fit the peer's frame limit, `end` on the last.
+/// When a frame cannot be encoded, sends an `ERROR` for the request instead and returns
+/// the index of the first item not sent.
+fn send_items(
+    enc: &mut Encoder,
+    handle: u64,
+    end: bool,
+    items: &[ResponseItem<'_>],
+) -> Result<(), usize> {
+    let budget = (enc.config().max_frame / 2) as usize;
+    let mut start = 0;
+    loop {
+        let mut stop = start;
+        let mut size = 0;
+        while stop < items.len() {
+            let len = 8 + items[stop].tensor.map_or(0, |t| t.meta.buffer_len());
+            if stop > start && size + len > budget {
+                break;
+            }
+            size += len;
+            stop += 1;
+        }
+        let last = stop >= items.len();
+        if let Err(e) = enc.response(handle, end && last, &items[start..stop]) {
+            log::warn!("cannot encode response: {e}");
+            let _ = enc.error(handle, Status::Internal, "response not encodable");
+            return Err(start);
+        }
+        if last {
+            return Ok(());
+        }
+        start = stop;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recast_keeps_the_allocation_of_borrowing_items() {
+        let mut v: Vec<ResponseItem<'static>> = Vec::with_capacity(100);
+        v.push(ResponseItem {
+            index: 1,
+            status: Status::Ok,
+            tensor: None,
+        });
+        let ptr = v.as_ptr() as usize;
+        let bytes = [0u8; 4];
+        let mut w: Vec<ResponseItem<'_>> = recast(v);
+        assert!(w.is_empty());
+        assert_eq!((w.as_ptr() as usize, w.capacity()), (ptr, 100));
+        w.push(ResponseItem {
+            index: 0,
+            status: Status::Ok,
+            tensor: Some(crate::proto::OutTensor {
+                meta: crate::wire::TensorMeta::dead(crate::wire::DType::U8),
+                bytes: &bytes,
+                token: 0,
+            }),
+        });
+        let back: Vec<ResponseItem<'static>> = recast(w);
+        assert_eq!((back.as_ptr() as usize, back.capacity()), (ptr, 100));
+        let push: Vec<crate::proto::PushItem<'static>> =
+            recast(Vec::<crate::proto::PushItem<'_>>::with_capacity(8));
+        assert_eq!(push.capacity(), 8);
+    }
+}

@@ -1,0 +1,618 @@
+//! The session in memory: a client session and a server session joined by a simulated
+//! wire, with simulated time. No sockets, no threads, no clock.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+
+use super::*;
+use crate::config::Config;
+use crate::rendezvous::{Delivery, DeliverySink, Rendezvous};
+use crate::service::Service;
+use crate::stats::Counters;
+use crate::tensor::{HeapAllocator, Tensor};
+use crate::wire::DType;
+
+const PEER: &str = "127.0.0.1:7000";
+
+/// Answers a pull of id `i` with `i` float values, each `i`; refuses id 0.
+struct Table;
+
+impl Service for Table {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        for &id in ids {
+            if id == 0 {
+                out.push(Err(Status::NotFound));
+                continue;
+            }
+            let values = vec![id as f32; id as usize];
+            out.push(Ok(Arc::new(Tensor::from_f32(&[id], &values).unwrap())));
+        }
+    }
+
+    fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
+        for (id, t) in items.iter() {
+            let ok = t.to_f32().iter().all(|&v| v == *id as f32);
+            statuses.push(if ok {
+                Status::Ok
+            } else {
+                Status::InvalidArgument
+            });
+        }
+    }
+}
+
+/// Keeps what a rendezvous hands to the loop, for the test to pass on.
+#[derive(Default)]
+struct Posted(Mutex<Vec<Delivery>>);
+
+impl DeliverySink for Posted {
+    fn post(&self, d: Delivery) {
+        self.0.lock().unwrap().push(d);
+    }
+}
+
+fn session(cfg: Config, service: Option<SharedService>, rv: Option<Arc<Rendezvous>>) -> Session {
+    let parts = SessionParts {
+        service,
+        rendezvous: rv,
+        jobs: None,
+        index: 0,
+        allocator: Arc::new(HeapAllocator::default()),
+        zero_copy_min: 16 * 1024,
+    };
+    let counters = Arc::new(CachePadded::new(Counters::default()));
+    Session::new(Arc::new(cfg), counters, parts)
+}
+
+/// A client session, a server session and the one connection between them.
+struct Pair {
+    client: Session,
+    server: Session,
+    /// The connection's slot in each.
+    c: Option<u32>,
+    s: Option<u32>,
+    now: Instant,
+    next_tag: u64,
+    posted: Arc<Posted>,
+    rendezvous: Arc<Rendezvous>,
+    /// Bytes the client sent, kept for replaying.
+    to_client: Vec<u8>,
+    dirty: Vec<u32>,
+}
+
+impl Pair {
+    fn new() -> Pair {
+        Pair::with(Config::builder("worker", 0), Config::builder("ps", 0))
+    }
+
+    fn with(client: crate::config::ConfigBuilder, server: crate::config::ConfigBuilder) -> Pair {
+        let rendezvous = Rendezvous::new();
+        let posted = Arc::new(Posted::default());
+        rendezvous.attach(vec![posted.clone()]);
+        let service: SharedService = Arc::new(Table);
+        Pair {
+            client: session(client.build().unwrap(), None, None),
+            server: session(
+                server.build().unwrap(),
+                Some(service),
+                Some(rendezvous.clone()),
+            ),
+            c: None,
+            s: None,
+            now: Instant::now(),
+            next_tag: 1,
+            posted,
+            rendezvous,
+            to_client: Vec::new(),
+            dirty: Vec::new(),
+        }
+    }
+
+    fn submit(&mut self, op: RequestOp, deadline: Option<Duration>) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.client.submit_local(Request {
+            op,
+            peer: PEER.parse().unwrap(),
+            lane: 0,
+            deadline: deadline.map(|d| self.now + d),
+            tag,
+            spare: Spare::default(),
+        });
+        tag
+    }
+
+    /// Runs the client's drain pass and carries out its socket actions: a connect is
+    /// accepted by the server at once.
+    fn drain(&mut self) {
+        self.client.drain_requests(self.now);
+        self.actions();
+    }
+
+    fn actions(&mut self) {
+        while let Some(a) = self.client.poll_action() {
+            match a {
+                Action::Connect { slot, addr } => {
+                    assert_eq!(addr, PEER.parse::<SocketAddr>().unwrap());
+                    self.c = Some(slot);
+                    self.s = Some(self.server.adopt(self.now));
+                    self.client.connected(slot);
+                }
+                Action::Close { slot } => {
+                    drop(self.client.release(slot));
+                    self.c = None;
+                }
+            }
+        }
+        while let Some(a) = self.server.poll_action() {
+            match a {
+                Action::Close { slot } => {
+                    drop(self.server.release(slot));
+                    self.s = None;
+                }
+                Action::Connect { .. } => panic!("the server connected somewhere"),
+            }
+        }
+    }
+
+    /// Everything `from` has to send on `slot`, as the wire would carry it.
+    fn output(from: &mut Session, dirty: &mut Vec<u32>, slot: Option<u32>) -> Vec<u8> {
+        let mut out = Vec::new();
+        from.take_dirty(dirty);
+        let Some(slot) = slot else {
+            return out;
+        };
+        loop {
+            let mut chunk = Vec::new();
+            from.transmit(slot, 1 << 20, |b| {
+                chunk.extend_from_slice(b);
+                true
+            });
+            if chunk.is_empty() {
+                return out;
+            }
+            from.sent(slot, chunk.len());
+            out.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Feeds `bytes` to `to`'s connection `slot` where it asks for them.
+    fn input(to: &mut Session, slot: Option<u32>, mut bytes: &[u8], now: Instant) {
+        let Some(slot) = slot else {
+            return;
+        };
+        while !bytes.is_empty() {
+            let (n, direct) = match to.recv_target(slot) {
+                Some(RecvTarget::Buffer(b)) => {
+                    let n = b.len().min(bytes.len());
+                    b[..n].copy_from_slice(&bytes[..n]);
+                    (n, false)
+                }
+                Some(RecvTarget::Direct(b)) => {
+                    let n = b.len().min(bytes.len());
+                    b[..n].copy_from_slice(&bytes[..n]);
+                    (n, true)
+                }
+                None => return,
+            };
+            to.received(slot, n, direct, now);
+            bytes = &bytes[n..];
+        }
+    }
+
+    /// Moves bytes both ways until neither side has anything to say.
+    fn pump(&mut self) {
+        loop {
+            let up = Pair::output(&mut self.client, &mut self.dirty, self.c);
+            Pair::input(&mut self.server, self.s, &up, self.now);
+            self.actions();
+            let posted: Vec<Delivery> = std::mem::take(&mut *self.posted.0.lock().unwrap());
+            for d in posted {
+                self.server.deliver_recv(d);
+            }
+            let down = Pair::output(&mut self.server, &mut self.dirty, self.s);
+            self.to_client.extend_from_slice(&down);
+            Pair::input(&mut self.client, self.c, &down, self.now);
+            self.actions();
+            if up.is_empty() && down.is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.client.handle_timeout(self.now);
+        self.server.handle_timeout(self.now);
+        self.actions();
+    }
+
+    fn completions(&mut self) -> Vec<Completion> {
+        std::iter::from_fn(|| self.client.take_local()).collect()
+    }
+
+    fn publish(&self, key: &[u8], v: f32) {
+        let t = Tensor::from_f32(&[1], &[v]).unwrap();
+        self.rendezvous.publish(key, Arc::new(t)).unwrap();
+    }
+}
+
+fn recv(step: u64, key: &[u8]) -> RequestOp {
+    RequestOp::Recv {
+        step,
+        keys: vec![key.to_vec()],
+    }
+}
+
+fn pull(ids: &[u64]) -> RequestOp {
+    RequestOp::Pull {
+        ids: ids.to_vec(),
+        alloc: None,
+    }
+}
+
+fn received_values(c: &Completion) -> Vec<f32> {
+    match &c.result {
+        Ok(Reply::Received(v)) => v
+            .iter()
+            .flat_map(|t| t.as_ref().unwrap().to_f32())
+            .collect(),
+        other => panic!("not a recv answer: {other:?}"),
+    }
+}
+
+#[test]
+fn a_ping_measures_simulated_time() {
+    let mut p = Pair::new();
+    // The first ping goes out when the handshake completes, and is answered at once.
+    p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    assert_eq!(p.completions().len(), 1);
+    // The second goes up now; its answer comes back 3 ms later.
+    let tag = p.submit(RequestOp::Ping { payload: 16 }, None);
+    p.drain();
+    let up = Pair::output(&mut p.client, &mut p.dirty, p.c);
+    Pair::input(&mut p.server, p.s, &up, p.now);
+    p.now += Duration::from_millis(3);
+    p.pump();
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, tag);
+    let want = Reply::Pong {
+        rtt: Duration::from_millis(3),
+        payload: 16,
+    };
+    assert_eq!(done[0].result, Ok(want));
+}
+
+#[test]
+fn a_pull_gets_each_id_or_its_status() {
+    let mut p = Pair::new();
+    p.submit(pull(&[3, 0, 1]), None);
+    p.drain();
+    p.pump();
+    let done = p.completions();
+    let Ok(Reply::Pulled(items)) = &done[0].result else {
+        panic!("{done:?}");
+    };
+    assert_eq!(items.len(), 3);
+    assert_eq!(items[0].as_ref().unwrap().to_f32(), vec![3.0; 3]);
+    assert_eq!(items[1].as_ref().unwrap_err(), &Status::NotFound);
+    assert_eq!(items[2].as_ref().unwrap().to_f32(), vec![1.0]);
+}
+
+#[test]
+fn large_tensors_arrive_in_chunks_in_place_and_intact() {
+    // 64 KiB chunks; tensors of 300 KB and 200 KB interleave their chunks on the wire.
+    let mut p = Pair::with(
+        Config::builder("worker", 0),
+        Config::builder("ps", 0).chunk_size(64 << 10),
+    );
+    p.submit(pull(&[75_000, 50_000, 2]), None);
+    p.drain();
+    p.pump();
+    let done = p.completions();
+    let Ok(Reply::Pulled(items)) = &done[0].result else {
+        panic!("{done:?}");
+    };
+    for (item, id) in items.iter().zip([75_000u64, 50_000, 2]) {
+        let values = item.as_ref().unwrap().to_f32();
+        assert_eq!(values.len(), id as usize);
+        assert!(values.iter().all(|&v| v == id as f32));
+    }
+    // Of the 500,008 payload bytes, at most one chunk's worth was read ahead into the
+    // receive buffer and copied; the rest went straight into the tensors.
+    let copied = p
+        .client
+        .counters
+        .payload_copied
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(copied <= 64 << 10, "{copied} payload bytes copied");
+}
+
+#[test]
+fn recvs_of_one_pass_go_out_as_one_frame_and_complete_one_by_one() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0).tensor_fuse(true),
+        Config::builder("ps", 0),
+    );
+    p.publish(b"a", 1.0);
+    p.publish(b"c", 3.0);
+    let (a, b, c) = (
+        p.submit(recv(7, b"a"), None),
+        p.submit(recv(7, b"b"), None),
+        p.submit(recv(7, b"c"), None),
+    );
+    p.drain();
+    p.pump();
+    // One request frame (after the handshake) carried all three keys.
+    let frames_in = p
+        .server
+        .counters
+        .frames_in
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(frames_in, 1);
+    // The two published keys are answered without waiting for the third.
+    let done = p.completions();
+    let tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
+    assert_eq!(tags, vec![a, c]);
+    assert_eq!(received_values(&done[0]), vec![1.0]);
+    assert_eq!(received_values(&done[1]), vec![3.0]);
+    p.publish(b"b", 2.0);
+    p.pump();
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, b);
+    assert_eq!(received_values(&done[0]), vec![2.0]);
+}
+
+#[test]
+fn a_deadline_fails_the_request_and_its_late_answer_is_ignored() {
+    let mut p = Pair::new();
+    let slow = p.submit(recv(1, b"late"), Some(Duration::from_millis(10)));
+    p.drain();
+    p.pump();
+    assert!(p.completions().is_empty());
+    p.advance(Duration::from_millis(9));
+    assert!(p.completions().is_empty());
+    p.advance(Duration::from_millis(1));
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (slow, Some(Error::Timeout))
+    );
+    // The answer comes after all; the connection stays up and serves the next request.
+    p.publish(b"late", 1.0);
+    p.pump();
+    assert!(p.completions().is_empty());
+    let ping = p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, ping);
+    assert!(done[0].result.is_ok());
+}
+
+#[test]
+fn fused_recvs_keep_their_own_deadlines() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0).tensor_fuse(true),
+        Config::builder("ps", 0),
+    );
+    p.publish(b"x", 5.0);
+    let quick = p.submit(recv(2, b"never"), Some(Duration::from_millis(5)));
+    let ready = p.submit(recv(2, b"x"), Some(Duration::from_millis(50)));
+    p.drain();
+    p.pump();
+    let frames_in = p
+        .server
+        .counters
+        .frames_in
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(frames_in, 1, "the two recvs went out fused");
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, ready);
+    p.advance(Duration::from_millis(5));
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (quick, Some(Error::Timeout))
+    );
+}
+
+#[test]
+fn a_duplicate_answer_closes_the_connection_and_fails_what_is_in_flight() {
+    let mut p = Pair::new();
+    p.submit(pull(&[1]), None);
+    p.drain();
+    p.pump();
+    assert_eq!(p.completions().len(), 1);
+    // A recv stays in flight while the server's last frame arrives a second time.
+    let waiting = p.submit(recv(1, b"pending"), None);
+    p.drain();
+    p.pump();
+    let replay = {
+        // The last frame the server sent: the pull's answer (it follows the handshake).
+        let hello_ack_len = p.to_client.len() - last_frame_len(&p.to_client);
+        p.to_client[hello_ack_len..].to_vec()
+    };
+    Pair::input(&mut p.client, p.c, &replay, p.now);
+    // The client answers with an ERROR frame and closes once it is written.
+    p.pump();
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (waiting, Some(Error::Protocol))
+    );
+    assert!(p.c.is_none(), "the client closed the connection");
+}
+
+/// The length of the last frame in `stream` (frames are walked by their headers).
+fn last_frame_len(stream: &[u8]) -> usize {
+    let mut at = 0;
+    let mut last = 0;
+    while at < stream.len() {
+        let h = crate::wire::Header::new_checked(&stream[at..]).unwrap();
+        let len = HEADER_LEN + h.meta_len() as usize + h.payload_len() as usize;
+        last = len;
+        at += len;
+    }
+    last
+}
+
+#[test]
+fn losing_the_peer_fails_requests_in_flight_and_waiting() {
+    let mut p = Pair::new();
+    let sent = p.submit(recv(1, b"k"), None);
+    p.drain();
+    p.pump();
+    // A second request queued behind a connection that is then lost.
+    let c = p.c.unwrap();
+    p.client.lose(c, Error::ConnectionLost);
+    let queued = p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.client.drain_requests(p.now);
+    // The close is carried out (release) only now: until then the memory of the
+    // request's answer may still be in use by a receive.
+    assert!(p.completions().is_empty());
+    let mut actions = Vec::new();
+    while let Some(a) = p.client.poll_action() {
+        actions.push(a);
+    }
+    assert_eq!(actions[0], Action::Close { slot: c });
+    drop(p.client.release(c));
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (sent, Some(Error::ConnectionLost))
+    );
+    // The ping went to a new connection.
+    assert!(matches!(actions[1], Action::Connect { .. }));
+    assert!(queued > sent);
+}
+
+#[test]
+fn a_refused_handshake_fails_requests_with_the_peer_s_status() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0).cluster_id(1),
+        Config::builder("ps", 0).cluster_id(2),
+    );
+    let tag = p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    // The server has queued its ERROR and closes after it is written; the client closes
+    // on reading it.
+    p.advance(Duration::from_secs(2));
+    p.pump();
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (tag, Some(Error::Refused(Status::ClusterMismatch)))
+    );
+}
+
+#[test]
+fn connects_are_retried_with_backoff_then_given_up() {
+    let cfg = Config::builder("worker", 0)
+        .connect_retries(2)
+        .connect_backoff(Duration::from_millis(100));
+    let mut s = session(cfg.build().unwrap(), None, None);
+    let now = Instant::now();
+    s.submit_local(Request {
+        op: RequestOp::Ping { payload: 0 },
+        peer: PEER.parse().unwrap(),
+        lane: 0,
+        deadline: None,
+        tag: 9,
+        spare: Spare::default(),
+    });
+    s.drain_requests(now);
+    let Some(Action::Connect { slot, .. }) = s.poll_action() else {
+        panic!("no connect");
+    };
+    let mut attempts = 1;
+    let mut t = now;
+    loop {
+        s.connect_failed(slot, t);
+        if let Some(Action::Close { slot: closed }) = s.poll_action() {
+            assert_eq!(closed, slot);
+            break;
+        }
+        // Nothing happens before the backoff is over.
+        let due = s.poll_timeout().unwrap();
+        assert!(due > t);
+        s.handle_timeout(due - Duration::from_nanos(1));
+        assert_eq!(s.poll_action(), None);
+        t = due;
+        s.handle_timeout(t);
+        assert_eq!(
+            s.poll_action(),
+            Some(Action::Connect {
+                slot,
+                addr: PEER.parse().unwrap()
+            })
+        );
+        attempts += 1;
+    }
+    assert_eq!(attempts, 3);
+    drop(s.release(slot));
+    let done = s.take_local().unwrap();
+    assert_eq!(
+        (done.tag, done.result.clone_err()),
+        (9, Some(Error::ConnectFailed))
+    );
+}
+
+#[test]
+fn a_stalled_frame_head_closes_the_connection_after_the_frame_timeout() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0),
+        Config::builder("ps", 0).frame_timeout(Duration::from_secs(1)),
+    );
+    p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    assert_eq!(p.completions().len(), 1);
+    // Ten bytes of a header, then nothing.
+    let s = p.s;
+    Pair::input(&mut p.server, s, &[0x53; 10], p.now);
+    p.advance(Duration::from_millis(999));
+    assert!(p.s.is_some());
+    p.advance(Duration::from_millis(1));
+    assert!(p.s.is_none(), "the server closed the stalled connection");
+}
+
+#[test]
+fn a_pushed_tensor_reaches_the_service() {
+    let mut p = Pair::new();
+    let good = Arc::new(Tensor::from_f32(&[2], &[4.0, 4.0]).unwrap());
+    let bad = Arc::new(Tensor::from_f32(&[1], &[1.0]).unwrap());
+    let big = Arc::new(Tensor::zeros(DType::F32, &[40_000]).unwrap());
+    let items = vec![(4, good), (5, bad), (0, big)];
+    p.submit(RequestOp::Push { items }, None);
+    p.drain();
+    p.pump();
+    let done = p.completions();
+    let want = vec![Status::Ok, Status::InvalidArgument, Status::Ok];
+    assert_eq!(done[0].result, Ok(Reply::Pushed(want)));
+}
+
+trait CloneErr {
+    fn clone_err(&self) -> Option<Error>;
+}
+
+impl CloneErr for Result<Reply, Error> {
+    fn clone_err(&self) -> Option<Error> {
+        self.as_ref().err().copied()
+    }
+}

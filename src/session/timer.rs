@@ -1,0 +1,190 @@
+//! The session's timers: request deadlines, connect retries, handshake and frame-head
+//! limits, and the linger of a closing connection. The session never reads the clock: the
+//! loop asks [`Session::poll_timeout`] when the next one is due and calls
+//! [`Session::handle_timeout`] with the time it read.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+use crate::ctx::Handle as CtxHandle;
+use crate::error::Error;
+use crate::stats::RequestKind;
+
+use super::conn::Phase;
+use super::reply::Spare;
+use super::Session;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Timer {
+    Deadline(u64),
+    /// The deadline of one recv fused into the request `handle`.
+    Member {
+        handle: u64,
+        index: u32,
+    },
+    Reconnect {
+        slot: u32,
+        generation: u32,
+    },
+    Handshake {
+        slot: u32,
+        generation: u32,
+    },
+    /// A connection whose protocol closed gets this long to flush its last frame.
+    Close {
+        slot: u32,
+        generation: u32,
+    },
+    /// A connection's frame head (header and meta section) in progress must be complete
+    /// `frame_timeout` after it started; at most one such timer per connection is pending.
+    FrameHead {
+        slot: u32,
+        generation: u32,
+    },
+}
+
+/// Timers by due time; entries whose object is gone are skipped when they come up.
+#[derive(Default)]
+pub(crate) struct Timers {
+    heap: BinaryHeap<Reverse<(Instant, Timer)>>,
+}
+
+impl Timers {
+    pub fn with_capacity(n: usize) -> Timers {
+        Timers {
+            heap: BinaryHeap::with_capacity(n),
+        }
+    }
+
+    pub fn push(&mut self, at: Instant, timer: Timer) {
+        self.heap.push(Reverse((at, timer)));
+    }
+
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn retain(&mut self, mut keep: impl FnMut(&Timer) -> bool) {
+        self.heap.retain(|Reverse((_, t))| keep(t));
+    }
+
+    /// When the next timer is due.
+    pub fn next(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// The next timer due at or before `now`.
+    fn pop_due(&mut self, now: Instant) -> Option<Timer> {
+        match self.heap.peek() {
+            Some(Reverse((at, _))) if *at <= now => self.heap.pop().map(|Reverse((_, t))| t),
+            _ => None,
+        }
+    }
+}
+
+impl Session {
+    /// When [`handle_timeout`](Self::handle_timeout) should next run.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// Fires every timer due at `now`; returns whether any fired.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> bool {
+        let mut progress = false;
+        while let Some(timer) = self.timers.pop_due(now) {
+            progress = true;
+            match timer {
+                Timer::Deadline(h) => {
+                    if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
+                        self.abandon(h, &p);
+                        let e = Err(Error::Timeout);
+                        self.notify(p.origin, p.tag, p.kind, &p.fused, e, p.spare);
+                    }
+                }
+                Timer::Member { handle, index } => self.member_timed_out(handle, index),
+                Timer::Reconnect { slot, generation } => {
+                    let live = self
+                        .conns
+                        .get(slot as usize)
+                        .is_some_and(|c| c.generation == generation && c.phase == Phase::Backoff);
+                    if live {
+                        self.start_connect(slot, now);
+                    }
+                }
+                Timer::Close { slot, generation } => {
+                    let lingering = self
+                        .conns
+                        .get(slot as usize)
+                        .is_some_and(|c| c.generation == generation && c.phase != Phase::Closing);
+                    if lingering {
+                        let failure = self.conns[slot as usize].failure;
+                        self.lose(slot, failure);
+                    }
+                }
+                Timer::FrameHead { slot, generation } => self.frame_head_due(slot, generation, now),
+                Timer::Handshake { slot, generation } => {
+                    let stuck = self.conns.get(slot as usize).is_some_and(|c| {
+                        c.generation == generation
+                            && matches!(c.phase, Phase::Handshaking | Phase::Connecting)
+                    });
+                    if stuck {
+                        log::warn!("connection {slot}: handshake timed out");
+                        self.lose(slot, Error::ConnectionLost);
+                    }
+                }
+            }
+        }
+        progress
+    }
+
+    /// One recv of a fused request reached its own deadline: it fails alone.
+    fn member_timed_out(&mut self, handle: u64, index: u32) {
+        let h = CtxHandle::from_raw(handle);
+        let Ok(p) = self.ctxs.get_mut(h) else {
+            return;
+        };
+        let Some(m) = p.fused.get_mut(index as usize).filter(|m| !m.done) else {
+            return;
+        };
+        m.done = true;
+        let (origin, tag) = (m.origin, m.tag);
+        let all_done = p.fused.iter().all(|m| m.done);
+        let timeout = Err(Error::Timeout);
+        let kind = RequestKind::Recv;
+        self.outbox
+            .deliver(&self.counters, origin, tag, kind, timeout, Spare::default());
+        if all_done {
+            if let Ok(p) = self.ctxs.remove(h) {
+                self.abandon(handle, &p);
+            }
+        }
+    }
+
+    /// A connection's frame-head timer came up: close it if the head it watches is late.
+    fn frame_head_due(&mut self, slot: u32, generation: u32, now: Instant) {
+        let timeout = self.cfg.frame_timeout;
+        let Some(c) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if c.generation != generation || c.phase == Phase::Closing {
+            return;
+        }
+        c.head_timer = false;
+        let Some(since) = c.head_since else {
+            return;
+        };
+        if since + timeout > now {
+            // A later frame head: its own deadline.
+            c.head_timer = true;
+            let timer = Timer::FrameHead { slot, generation };
+            self.timers.push(since + timeout, timer);
+            return;
+        }
+        log::warn!(
+            "connection {slot}: a frame's header and meta section did not arrive \
+             within {timeout:?} (STARWIRE_FRAME_TIMEOUT_MS); closing"
+        );
+        self.lose(slot, Error::Protocol);
+    }
+}
