@@ -19,9 +19,9 @@
 //! - `--sites`: where those allocations come from (backtraces; build with
 //!   `CARGO_PROFILE_BENCH_DEBUG=line-tables-only` for file:line).
 //!
-//! Placement is the ping bench's (see `docs/performance.md`): the client (this process) on the
-//! first allowed CPU, every server a child process (this binary re-executed with
-//! `--server ...`) on the second, one pinned loop per side.
+//! Placement is the ping bench's (see `docs/performance-log.md`, Method): the client (this
+//! process) on the first allowed CPU, every server a child process (this binary re-executed
+//! with `--server ...`) on the second, one pinned loop per side.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;

@@ -110,7 +110,7 @@ pub const DEFAULT_PIN: bool = false;
 
 /// Default [`Config::spin`]: how long an idle loop spins before it parks.
 ///
-/// A placeholder until it is measured (see `docs/performance.md`).
+/// A placeholder until it is measured (see `docs/performance-log.md`, spin budget, runs A to C).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Longest accepted [`Config::spin`].
 pub const MAX_SPIN: Duration = Duration::from_secs(10);
@@ -139,7 +139,7 @@ pub const MIN_ACC_SIZE: u32 = 4 << 10;
 pub const MAX_ACC_SIZE: u32 = 64 << 20;
 
 /// Default [`Config::buf_size`]: 0, no pool. Registering the pool measured no faster on
-/// loopback (`docs/performance.md`, runs R1 and R2), and it locks memory.
+/// loopback (`docs/performance-log.md`, runs R1 and R2), and it locks memory.
 pub const DEFAULT_BUF_SIZE: u64 = 0;
 /// Smallest nonzero [`Config::buf_size`], 4 KiB (one page); it must also hold at least one
 /// receive buffer ([`Config::recv_buffer`]).

@@ -589,7 +589,7 @@ impl Handle {
             }
             // Spin briefly (without end when polling), then park. Not the loop's spin budget:
             // where the caller shares a CPU with its loop, a long spin takes the CPU the loop
-            // needs to bring the answer in (measured: docs/performance.md).
+            // needs to bring the answer in (measured: docs/performance-log.md, run C).
             if self.inner.cfg.polling || start.elapsed() < WAIT_SPIN {
                 core::hint::spin_loop();
                 continue;

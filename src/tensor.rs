@@ -63,7 +63,7 @@ pub trait TensorAllocator: Send + Sync {
 /// Buffers of at least [`HeapAllocator::CACHE_MIN`] bytes are kept when their tensor is
 /// dropped, up to [`HeapAllocator::CACHE_BYTES`] in all, and reused for the next tensor of
 /// the same size: a large tensor received step after step then costs no fresh zeroed pages
-/// (measured in `docs/performance.md`). Clones share the cache.
+/// (measured in `docs/performance-log.md`, run U). Clones share the cache.
 #[derive(Default, Clone)]
 pub struct HeapAllocator {
     cache: Arc<BufCache>,
