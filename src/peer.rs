@@ -45,7 +45,7 @@
 //! let e = resolver.resolve("ps:2").unwrap_err();
 //! assert_eq!(
 //!     e.to_string(),
-//!     "ps:2 is not in the cluster spec from the host lists (job ps has 2 tasks)"
+//!     "ps:2 is not in the cluster spec (job ps has 2 tasks)"
 //! );
 //! # Ok::<(), starwire::peer::ResolveError>(())
 //! ```
@@ -120,10 +120,6 @@ impl fmt::Display for Peer {
 // ---------------------------------------------------------------------------------------
 // The resolver.
 
-/// Where the cluster spec came from when [`Resolver::from_spec`] or [`Resolver::for_spec`]
-/// was given it (rename it with [`Resolver::with_source`]).
-pub const SOURCE_HOST_LISTS: &str = "the host lists";
-
 /// A task of the spec: its control address, and its data address once a map gave one.
 #[derive(Clone, Debug)]
 struct Slot {
@@ -136,8 +132,8 @@ struct Slot {
 struct Known {
     /// Tasks by job, task 0 first.
     jobs: BTreeMap<String, Vec<Slot>>,
-    /// Where the spec came from (`TF_CONFIG`, the host lists), for messages.
-    source: String,
+    /// Where the spec came from (`TF_CONFIG`, an option), for messages.
+    source: Option<String>,
     /// The endpoint map's source; `None` until a map is given.
     map: Option<String>,
 }
@@ -170,7 +166,7 @@ impl Resolver {
         Resolver {
             cluster: Some(Known {
                 jobs,
-                source: SOURCE_HOST_LISTS.to_owned(),
+                source: None,
                 map: Some("the endpoint map".to_owned()),
             }),
         }
@@ -203,7 +199,7 @@ impl Resolver {
         Resolver {
             cluster: Some(Known {
                 jobs,
-                source: SOURCE_HOST_LISTS.to_owned(),
+                source: None,
                 map: None,
             }),
         }
@@ -219,7 +215,7 @@ impl Resolver {
     /// [`from_env`](Resolver::from_env) reading the environment through `lookup`.
     fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Resolver, ResolveError> {
         let spec_error = |errors| ResolveError::Spec {
-            source: ENV_TF_CONFIG.to_owned(),
+            spec_source: ENV_TF_CONFIG.to_owned(),
             errors,
         };
         let text = match lookup(ENV_TF_CONFIG) {
@@ -237,11 +233,11 @@ impl Resolver {
             .with_map(&map))
     }
 
-    /// Names where the cluster spec came from in messages (`TF_CONFIG`, `--ps_hosts`);
-    /// [`SOURCE_HOST_LISTS`] unless renamed.
+    /// Names where the cluster spec came from (`TF_CONFIG`, `--ps_hosts`), for messages:
+    /// "ps:3 is not in the cluster spec from TF_CONFIG".
     pub fn with_source(mut self, source: impl Into<String>) -> Resolver {
         if let Some(known) = &mut self.cluster {
-            known.source = source.into();
+            known.source = Some(source.into());
         }
         self
     }
@@ -335,12 +331,11 @@ impl Resolver {
                 // Also a task name (`ps:1`): say why it was not taken as one.
                 not_a_task: task.map(|t| match &self.cluster {
                     None => "no cluster spec is given".to_owned(),
-                    Some(known) => {
-                        format!(
-                            "the cluster spec from {} has no job {:?}",
-                            known.source, t.job
-                        )
-                    }
+                    Some(known) => format!(
+                        "the cluster spec{} has no job {:?}",
+                        FromSource(&known.source),
+                        t.job
+                    ),
                 }),
                 error,
             })
@@ -382,7 +377,7 @@ impl Resolver {
                 target: target.to_owned(),
                 task: task.clone(),
                 tasks: slots.len(),
-                source: known.source.clone(),
+                spec_source: known.source.clone(),
             });
         };
         let Some(map) = &known.map else {
@@ -420,7 +415,7 @@ impl Known {
             target: target.to_owned(),
             job: job.to_owned(),
             jobs: self.jobs.keys().cloned().collect(),
-            source: self.source.clone(),
+            spec_source: self.source.clone(),
         }
     }
 }
@@ -461,8 +456,9 @@ pub enum ResolveError {
         job: String,
         /// The jobs the spec has.
         jobs: Vec<String>,
-        /// Where the spec came from.
-        source: String,
+        /// Where the spec came from, when the resolver was told
+        /// ([`Resolver::with_source`]).
+        spec_source: Option<String>,
     },
     /// A task index past the last task of its job.
     NoSuchTask {
@@ -472,8 +468,9 @@ pub enum ResolveError {
         task: TaskId,
         /// How many tasks the job has.
         tasks: usize,
-        /// Where the spec came from.
-        source: String,
+        /// Where the spec came from, when the resolver was told
+        /// ([`Resolver::with_source`]).
+        spec_source: Option<String>,
     },
     /// A task name resolved before an endpoint map was given
     /// ([`Resolver::for_spec`] without [`Resolver::with_map`]).
@@ -508,7 +505,7 @@ pub enum ResolveError {
     /// The cluster spec ([`Resolver::from_env`]: `TF_CONFIG`) has problems.
     Spec {
         /// Where the spec came from.
-        source: String,
+        spec_source: String,
         /// Every problem (never empty).
         errors: Vec<ClusterError>,
     },
@@ -553,10 +550,11 @@ impl fmt::Display for ResolveError {
                 target,
                 job,
                 jobs,
-                source,
+                spec_source,
             } => write!(
                 f,
-                "{target}: the cluster spec from {source} has no job {job:?} (it has {})",
+                "{target}: the cluster spec{} has no job {job:?} (it has {})",
+                FromSource(spec_source),
                 if jobs.is_empty() {
                     "none".to_owned()
                 } else {
@@ -567,10 +565,11 @@ impl fmt::Display for ResolveError {
                 target,
                 task,
                 tasks,
-                source,
+                spec_source,
             } => write!(
                 f,
-                "{target} is not in the cluster spec from {source} (job {} has {tasks} task{})",
+                "{target} is not in the cluster spec{} (job {} has {tasks} task{})",
+                FromSource(spec_source),
                 task.job,
                 if *tasks == 1 { "" } else { "s" }
             ),
@@ -599,8 +598,11 @@ impl fmt::Display for ResolveError {
                     None => Ok(()),
                 }
             }
-            ResolveError::Spec { source, errors } => {
-                write!(f, "{source}: ")?;
+            ResolveError::Spec {
+                spec_source,
+                errors,
+            } => {
+                write!(f, "{spec_source}: ")?;
                 for (i, e) in errors.iter().enumerate() {
                     if i > 0 {
                         f.write_str("; ")?;
@@ -610,6 +612,18 @@ impl fmt::Display for ResolveError {
                 Ok(())
             }
             ResolveError::Map(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// ` from SOURCE` when the source is known, else nothing.
+struct FromSource<'a>(&'a Option<String>);
+
+impl fmt::Display for FromSource<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(source) => write!(f, " from {source}"),
+            None => Ok(()),
         }
     }
 }
@@ -732,7 +746,7 @@ mod tests {
         let e = r.peers("evaluator").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "evaluator: the cluster spec from the host lists has no job \"evaluator\" \
+            "evaluator: the cluster spec has no job \"evaluator\" \
              (it has chief, ps, worker)"
         );
         let e = Resolver::addresses_only().peers("ps").unwrap_err();
@@ -765,11 +779,11 @@ mod tests {
             (&r, "::1:5555", "::1:5555: an IPv6 address must be in brackets, as in [::1]:5555 (expected HOST:PORT, JOB:INDEX or /job:JOB/task:INDEX)"),
             (&r, "/job:ps", "/job:ps: expected /job:JOB/task:INDEX"),
             (&r, "/job:p s/task:0", "/job:p s/task:0: job name \"p s\": expected 1 to 64 characters from A-Z a-z 0-9 _ -"),
-            (&r, "/job:evaluator/task:0", "/job:evaluator/task:0: the cluster spec from the host lists has no job \"evaluator\" (it has chief, ps, worker)"),
+            (&r, "/job:evaluator/task:0", "/job:evaluator/task:0: the cluster spec has no job \"evaluator\" (it has chief, ps, worker)"),
             // Port 0: not an address, so a task name of an unknown job.
-            (&r, "evaluator:0", "evaluator:0: the cluster spec from the host lists has no job \"evaluator\" (it has chief, ps, worker)"),
-            (&r, "ps:2", "ps:2 is not in the cluster spec from the host lists (job ps has 2 tasks)"),
-            (&r, "/job:chief/task:1", "/job:chief/task:1 is not in the cluster spec from the host lists (job chief has 1 task)"),
+            (&r, "evaluator:0", "evaluator:0: the cluster spec has no job \"evaluator\" (it has chief, ps, worker)"),
+            (&r, "ps:2", "ps:2 is not in the cluster spec (job ps has 2 tasks)"),
+            (&r, "/job:chief/task:1", "/job:chief/task:1 is not in the cluster spec (job chief has 1 task)"),
             (&r, "worker:1", "worker:1 (10.0.0.9:2222) has no entry in /job/.endpoint_map"),
             (&Resolver::for_spec(&spec()), "ps:0", "ps:0: no endpoint map is given for its data address"),
             (&Resolver::addresses_only(), "/job:ps/task:0", "/job:ps/task:0: a task name, but no cluster spec is given"),
@@ -813,7 +827,7 @@ mod tests {
         let e = err(&r, "no-such-job-7f3a:1");
         assert!(
             e.to_string().ends_with(
-                "; as a task name: the cluster spec from the host lists has no job \
+                "; as a task name: the cluster spec has no job \
                  \"no-such-job-7f3a\""
             ),
             "{e}"
