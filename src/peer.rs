@@ -699,6 +699,11 @@ mod tests {
             r.resolve("ps:1").unwrap()
         );
         assert!(r.has_cluster());
+        // `task` names only tasks the spec has, whether or not the map has them.
+        assert_eq!(r.task("worker:1"), Some(TaskId::new("worker", 1)));
+        assert_eq!(r.task("ps:2"), None);
+        assert_eq!(r.task("/job:evaluator/task:0"), None);
+        assert_eq!(Resolver::addresses_only().task("ps:0"), None);
     }
 
     #[test]
