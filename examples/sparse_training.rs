@@ -24,11 +24,10 @@
 mod model;
 
 use model::{Batch, Generator, ModelConfig, Scratch, Shard};
-use starwire::cluster::{Cluster, ClusterSpec, TaskId};
+use starwire::cluster::{ClusterSpec, TaskId};
 use starwire::config::ConfigBuilder;
-use starwire::endpoint_map::EndpointMap;
 use starwire::wire::{DType, Status};
-use starwire::{Handle, Options, Reply, Runtime, Service, Tensor};
+use starwire::{Handle, Options, Peer, Reply, Resolver, Runtime, Service, Tensor};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -204,31 +203,18 @@ fn main() -> ExitCode {
 
 type Res<T> = Result<T, String>;
 
-/// Where each task's data address is, as the job itself would find it: the cluster spec
-/// (control addresses) resolved through the `.endpoint_map`.
-fn resolve(args: &Args) -> Res<(Vec<SocketAddr>, Vec<SocketAddr>)> {
+/// How the job's tasks find each other's data addresses, as a real job does: the cluster
+/// spec (control addresses) resolved through the `.endpoint_map` in `--dir`.
+fn resolver(args: &Args) -> Res<Resolver> {
     let dir = args.dir.as_ref().ok_or("--dir is missing")?;
-    let path = dir.join(".endpoint_map");
-    let map = EndpointMap::load(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut spec = ClusterSpec::new();
     for (job, hosts) in [("ps", &args.ps_hosts), ("worker", &args.worker_hosts)] {
         spec.add_job(job, hosts)
             .map_err(|e| format!("cluster spec ({job}): {e:?}"))?;
     }
-    let cluster = Cluster::resolve(&spec, &map).map_err(|e| format!("cluster: {e:?}"))?;
-    let data = |job: &str, n: usize| -> Res<Vec<SocketAddr>> {
-        (0..n)
-            .map(|i| {
-                let task = cluster
-                    .task(&TaskId::new(job, i as u32))
-                    .ok_or_else(|| format!("{job}:{i} is not in the cluster"))?;
-                task.data
-                    .resolve()
-                    .map_err(|e| format!("{job}:{i} data address: {e}"))
-            })
-            .collect()
-    };
-    Ok((data("ps", args.ps)?, data("worker", args.workers)?))
+    Resolver::for_spec(&spec)
+        .load_map(Some(dir))
+        .map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -280,8 +266,10 @@ impl Service for Ps {
 }
 
 fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
-    let (ps_addrs, _) = resolve(args)?;
-    let addr = ps_addrs[task.index as usize];
+    let addr = resolver(args)?
+        .resolve_task(task)
+        .map_err(|e| e.to_string())?
+        .addr();
     let config = ConfigBuilder::from_env("ps", task.index)
         .and_then(|b| b.loops(1).build())
         .map_err(|e| e.to_string())?;
@@ -560,7 +548,12 @@ fn check_pushed(result: &Result<Reply, starwire::Error>, s: usize) -> Res<()> {
 }
 
 fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
-    let (ps_addrs, _) = resolve(args)?;
+    let ps_addrs: Vec<SocketAddr> = resolver(args)?
+        .peers("ps")
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(Peer::addr)
+        .collect();
     if ps_addrs.len() > 64 {
         return Err("at most 64 PS tasks".into());
     }

@@ -36,7 +36,7 @@ pub mod wire;
 pub use crate::session::{Callback, Completion, Reply};
 pub use config::Config;
 pub use error::Error;
-pub use peer::Peer;
+pub use peer::{Peer, ResolveError, Resolver};
 pub use rendezvous::Rendezvous;
 pub use runtime::{Embedded, Handle, Options, Runtime, DEFAULT_ZERO_COPY_MIN};
 pub use service::Service;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use starwire::cluster::{ClusterError, ClusterSpec, TaskId, TfConfig, ENV_TF_CONFIG};
 use starwire::endpoint_map::{EndpointMap, HostPort, LoadError, ENV_PATH};
+use starwire::peer::{ResolveError, Resolver};
 
 use crate::cli::ClusterOpts;
 use crate::exit::Failure;
@@ -155,57 +156,65 @@ pub struct Target {
     pub task: Option<TaskId>,
 }
 
+/// The library's resolver over `spec`, with the endpoint map loaded only when `needs_map`
+/// (a task the spec has): a `host:port` target resolves without a map on disk.
+fn resolver(
+    spec: Option<&Spec>,
+    opts: &ClusterOpts,
+    needs_map: impl FnOnce(&Resolver) -> bool,
+) -> Result<Resolver, Failure> {
+    let Some(spec) = spec else {
+        return Ok(Resolver::addresses_only());
+    };
+    // "cluster spec from cluster spec" would say nothing.
+    let source = if spec.source == ENV_TF_CONFIG {
+        ENV_TF_CONFIG
+    } else {
+        "the command line"
+    };
+    let r = Resolver::for_spec(&spec.spec).with_source(source);
+    if needs_map(&r) {
+        Ok(r.with_map(&load_map(opts)?))
+    } else {
+        Ok(r)
+    }
+}
+
+/// How a failed resolution ends commctl: a name that does not resolve is "unreachable",
+/// everything else a usage error.
+fn failure(e: ResolveError) -> Failure {
+    match e {
+        ResolveError::Unresolvable { .. } => Failure {
+            code: crate::exit::UNREACHABLE,
+            message: e.to_string(),
+        },
+        ResolveError::NoClusterSpec { .. } => Failure::usage(format!(
+            "{e} (give --cluster, --ps-hosts or --worker-hosts, or set {ENV_TF_CONFIG})"
+        )),
+        _ => Failure::usage(e.to_string()),
+    }
+}
+
 /// Resolves `text`: `job:index` (or `/job:x/task:n`) through the cluster spec and the
 /// endpoint map when a spec names that job, else `host:port`.
 pub fn resolve(text: &str, opts: &ClusterOpts) -> Result<Target, Failure> {
-    let as_task = TaskId::parse(text).ok();
-    let explicit_task = text.starts_with("/job:");
-    let spec = if as_task.is_some() {
+    // The options' spec is read only for a text that may be a task name, so that a
+    // broken TF_CONFIG does not stop `commctl ping 10.0.0.1:5555`.
+    let spec = if TaskId::parse(text).is_ok() {
         spec(opts, true)?
     } else {
         None
     };
-    if let Some(task) = &as_task {
-        let named = spec
-            .as_ref()
-            .is_some_and(|s| s.spec.job(&task.job).is_some());
-        if named || explicit_task {
-            return resolve_task(task, spec.as_ref(), opts);
-        }
-    }
-    let hp = match HostPort::parse(text) {
-        Ok(hp) => hp,
-        Err(e) if as_task.is_some() => {
-            return Err(Failure::usage(format!(
-                "{text}: not a host:port ({e}), and no cluster spec has a job {:?} \
-                 (give --cluster, --ps-hosts or --worker-hosts, or set {ENV_TF_CONFIG})",
-                as_task.map(|t| t.job).unwrap_or_default()
-            )))
-        }
-        Err(e) => {
-            return Err(Failure::usage(format!(
-                "{text}: {e} (expected HOST:PORT or JOB:INDEX)"
-            )))
-        }
+    let resolver = resolver(spec.as_ref(), opts, |r| r.task(text).is_some())?;
+    let addr = resolver.resolve(text).map_err(failure)?.addr();
+    let task = resolver.task(text);
+    let label = match (&task, HostPort::parse(text)) {
+        (Some(t), _) => format!("{t} ({addr})"),
+        (None, Ok(hp)) if hp.host().ip().is_none() => format!("{hp} ({addr})"),
+        (None, Ok(hp)) => hp.to_string(),
+        (None, Err(_)) => addr.to_string(),
     };
-    let addr = lookup(&hp)?;
-    let label = if hp.host().ip().is_some() {
-        hp.to_string()
-    } else {
-        format!("{hp} ({addr})")
-    };
-    Ok(Target {
-        label,
-        addr,
-        task: None,
-    })
-}
-
-fn lookup(hp: &HostPort) -> Result<SocketAddr, Failure> {
-    hp.resolve().map_err(|e| Failure {
-        code: crate::exit::UNREACHABLE,
-        message: format!("{hp}: cannot resolve the host name: {e}"),
-    })
+    Ok(Target { label, addr, task })
 }
 
 /// The data address of `task`.
@@ -214,30 +223,8 @@ pub fn resolve_task(
     spec: Option<&Spec>,
     opts: &ClusterOpts,
 ) -> Result<Target, Failure> {
-    let Some(spec) = spec else {
-        return Err(Failure::usage(format!(
-            "{task}: no cluster spec (give --cluster, --ps-hosts or --worker-hosts, or set \
-             {ENV_TF_CONFIG})"
-        )));
-    };
-    let Some(control) = spec.spec.control_addr(task) else {
-        let why = match spec.spec.job(&task.job) {
-            Some(tasks) => format!("job {} has {} task(s)", task.job, tasks.len()),
-            None => format!("no job {:?}", task.job),
-        };
-        return Err(Failure::usage(format!(
-            "{task} is not in the cluster spec from {} ({why})",
-            spec.source
-        )));
-    };
-    let map = load_map(opts)?;
-    let Some(data) = map.data_addr(control) else {
-        return Err(Failure::usage(format!(
-            "{task} ({control}) has no entry in {}",
-            map.source()
-        )));
-    };
-    let addr = lookup(data)?;
+    let resolver = resolver(spec, opts, |r| r.task(&task.to_string()).is_some())?;
+    let addr = resolver.resolve_task(task).map_err(failure)?.addr();
     Ok(Target {
         label: format!("{task} ({addr})"),
         addr,

@@ -177,6 +177,47 @@ fn usage_errors_exit_2() {
     }
 }
 
+#[test]
+fn target_errors_say_what_failed() {
+    // A task name without a cluster spec: 2, with the options that give one.
+    let r = run(&mut commctl(&["ping", "/job:ps/task:0"]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(
+        r.stderr,
+        "commctl: /job:ps/task:0: a task name, but no cluster spec is given (give --cluster, \
+         --ps-hosts or --worker-hosts, or set TF_CONFIG)\n"
+    );
+    // A job the spec does not have; the map is not needed to say so.
+    let r = run(&mut commctl(&[
+        "ping",
+        "/job:chief/task:0",
+        "--ps-hosts",
+        "10.1.1.1:2222",
+        "--endpoint-map",
+        "/nonexistent",
+    ]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(
+        r.stderr,
+        "commctl: /job:chief/task:0: the cluster spec from the command line has no job \
+         \"chief\" (it has ps)\n"
+    );
+    // A host name with no address: 3, as for a peer that cannot be reached.
+    let r = run(&mut commctl(&[
+        "ping",
+        "-c",
+        "1",
+        "no-such-host.invalid:5555",
+    ]));
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .starts_with("commctl: no-such-host.invalid:5555: cannot resolve the host name: "),
+        "{}",
+        r.stderr
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // validate.
 
