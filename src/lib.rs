@@ -18,8 +18,8 @@ pub(crate) mod core;
 pub mod ctx;
 pub mod endpoint_map;
 mod error;
-pub mod peer;
 mod pool;
+pub mod peer;
 pub mod proto;
 pub mod rendezvous;
 mod runtime;
@@ -33,7 +33,7 @@ mod transport;
 pub mod wire;
 
 pub use crate::core::{Callback, Completion, Reply};
-pub use config::Config;
+pub use config::{Config, ConfigBuilder};
 pub use error::Error;
 pub use peer::Peer;
 pub use rendezvous::Rendezvous;

@@ -44,6 +44,10 @@ fn assert_defaults(c: &Config) {
     assert_eq!(c.handshake_timeout, DEFAULT_HANDSHAKE_TIMEOUT);
     assert_eq!(c.frame_timeout, DEFAULT_FRAME_TIMEOUT);
     assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+    assert_eq!(c.max_served, DEFAULT_MAX_SERVED);
+    assert_eq!(c.close_linger, DEFAULT_CLOSE_LINGER);
+    assert_eq!(c.zero_copy_min, DEFAULT_ZERO_COPY_MIN);
+    assert_eq!(c.handler_threads, DEFAULT_HANDLER_THREADS);
 }
 
 #[test]
@@ -253,6 +257,10 @@ fn every_number_variable_rejects_bad_and_out_of_range_values() {
         ("ps", ENV_HANDSHAKE_TIMEOUT_MS, &["0", "600001"]),
         ("ps", ENV_FRAME_TIMEOUT_MS, &["0", "3600001"]),
         ("ps", ENV_MAX_CONNECTIONS, &["0", "1048577"]),
+        ("ps", ENV_MAX_SERVED, &["0", "1048577"]),
+        ("ps", ENV_CLOSE_LINGER_MS, &["0", "60001"]),
+        ("ps", ENV_ZERO_COPY_MIN, &[]),
+        ("ps", ENV_HANDLER_THREADS, &["1025"]),
     ];
     for &(job, var, out_of_range) in cases {
         for bad in BAD_NUMBERS.iter().chain(out_of_range) {
@@ -310,7 +318,23 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_HANDSHAKE_TIMEOUT_MS,
         ENV_FRAME_TIMEOUT_MS,
         ENV_MAX_CONNECTIONS,
+        ENV_MAX_SERVED,
+        ENV_CLOSE_LINGER_MS,
+        ENV_ZERO_COPY_MIN,
+        ENV_HANDLER_THREADS,
     ];
+    // Every variable of the table is in the list.
+    let table: Vec<&str> = table::rows()
+        .iter()
+        .map(|row| row.env.of(Role::Ps))
+        .chain(LIMIT_FIELDS.iter().map(|f| f.env))
+        .filter(|&name| name != ENV_CLUSTER_TOKEN)
+        .collect();
+    assert_eq!(
+        sorted(table),
+        sorted(vars.to_vec()),
+        "variables of the table"
+    );
     for var in vars {
         let bad = move |name: &str| (name == var).then(|| OsString::from_vec(vec![b'1', 0xff]));
         let err = ConfigBuilder::from_lookup("ps", 0, bad).unwrap_err();
@@ -638,4 +662,187 @@ fn debug_hides_the_token() {
     let shown = format!("{c:?}");
     assert!(shown.contains("<7 bytes, not shown>"), "{shown}");
     assert!(!shown.contains("104, 117"), "{shown}");
+}
+
+fn sorted(mut v: Vec<&str>) -> Vec<&str> {
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn new_settings_parse_check_and_build() {
+    let c = config(
+        "ps",
+        &[
+            (ENV_MAX_SERVED, "1"),
+            (ENV_CLOSE_LINGER_MS, "60000"),
+            (ENV_ZERO_COPY_MIN, "18446744073709551615"),
+            (ENV_HANDLER_THREADS, "1024"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.max_served(), 1);
+    assert_eq!(c.close_linger(), Duration::from_secs(60));
+    assert_eq!(c.zero_copy_min(), u64::MAX);
+    assert_eq!(c.handler_threads(), 1024);
+    let c = config(
+        "ps",
+        &[
+            (ENV_MAX_SERVED, "1048576"),
+            (ENV_CLOSE_LINGER_MS, "1"),
+            (ENV_ZERO_COPY_MIN, "0"),
+            (ENV_HANDLER_THREADS, "0"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.max_served,
+            c.close_linger,
+            c.zero_copy_min,
+            c.handler_threads
+        ),
+        (1 << 20, Duration::from_millis(1), 0, 0)
+    );
+
+    // The builder overrides the environment and is checked.
+    let c = ConfigBuilder::from_lookup("ps", 0, lookup(&[(ENV_HANDLER_THREADS, "3")]))
+        .unwrap()
+        .handler_threads(2)
+        .zero_copy_min(4096)
+        .max_served(10)
+        .close_linger(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    assert_eq!(
+        (
+            c.handler_threads,
+            c.zero_copy_min,
+            c.max_served,
+            c.close_linger
+        ),
+        (2, 4096, 10, Duration::from_millis(250))
+    );
+    let b = || Config::builder("ps", 0);
+    for (builder, name) in [
+        (b().max_served(0), "ConfigBuilder::max_served"),
+        (
+            b().close_linger(Duration::ZERO),
+            "ConfigBuilder::close_linger",
+        ),
+        (
+            b().handler_threads(MAX_HANDLER_THREADS + 1),
+            "ConfigBuilder::handler_threads",
+        ),
+    ] {
+        assert_eq!(builder.build().unwrap_err().name(), name);
+    }
+    assert_eq!(
+        b().close_linger(Duration::from_secs(61))
+            .build()
+            .unwrap_err()
+            .to_string(),
+        "ConfigBuilder::close_linger=61s: expected a duration from 1ms to 60s"
+    );
+    assert_eq!(
+        error("ps", &[(ENV_MAX_SERVED, "0")]).to_string(),
+        "STARWIRE_MAX_SERVED=\"0\": expected a decimal number of requests from 1 to 1048576"
+    );
+}
+
+#[test]
+fn accessors_return_the_built_values() {
+    let c = Config::builder("worker", 7)
+        .cluster_id(5)
+        .loops(3)
+        .polling(true)
+        .pin(true)
+        .spin(Duration::from_micros(9))
+        .backend(BackendChoice::Epoll)
+        .chunk_size(8192)
+        .acc_size(8192)
+        .buf_size(1 << 20)
+        .tensor_fuse(true)
+        .recv_buffer(8192)
+        .max_inflight(11)
+        .connect_retries(2)
+        .connect_backoff(Duration::from_millis(4))
+        .connections_per_peer(3)
+        .cluster_token(b"tok".to_vec())
+        .handshake_timeout(Duration::from_millis(6))
+        .frame_timeout(Duration::from_millis(7))
+        .max_connections(12)
+        .build()
+        .unwrap();
+    assert_eq!(
+        (c.job(), c.task_index(), c.role()),
+        ("worker", 7, Role::Worker)
+    );
+    assert_eq!((c.cluster_id(), c.loops()), (5, Some(3)));
+    assert!(c.polling() && c.pin() && c.tensor_fuse());
+    assert_eq!(c.spin(), Duration::from_micros(9));
+    assert_eq!(c.backend(), BackendChoice::Epoll);
+    assert_eq!(c.limits(), Limits::default());
+    assert_eq!(
+        (c.chunk_size(), c.acc_size(), c.buf_size(), c.recv_buffer()),
+        (8192, 8192, 1 << 20, 8192)
+    );
+    assert_eq!((c.max_inflight(), c.connect_retries()), (11, 2));
+    assert_eq!(c.connect_backoff(), Duration::from_millis(4));
+    assert_eq!(c.connections_per_peer(), 3);
+    assert_eq!(c.cluster_token(), Some(&b"tok"[..]));
+    assert_eq!(c.handshake_timeout(), Duration::from_millis(6));
+    assert_eq!(c.frame_timeout(), Duration::from_millis(7));
+    assert_eq!(c.max_connections(), 12);
+}
+
+#[test]
+fn table_names_agree_with_the_rest_of_the_crate() {
+    assert_eq!(ENV_BACKEND, crate::sys::BACKEND_ENV);
+    for role in [Role::Worker, Role::Ps] {
+        let p = role.prefix();
+        assert_eq!(role.polling_env(), format!("{p}_ENABLE_POLLING"));
+        assert_eq!(role.loops_env(), format!("NETWORK_{p}_CORE_NUMBER"));
+        assert_eq!(role.disable_pin_env(), format!("{p}_DISABLE_PIN_CORES"));
+    }
+    // No variable is read by two settings.
+    for role in [Role::Worker, Role::Ps] {
+        let mut names: Vec<&str> = table::rows()
+            .iter()
+            .map(|row| row.env.of(role))
+            .chain(LIMIT_FIELDS.iter().map(|f| f.env))
+            .collect();
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all, "{names:?}");
+    }
+    // Each limit's getter and setter address the same field.
+    for (i, f) in LIMIT_FIELDS.iter().enumerate() {
+        let mut l = Limits::default();
+        (f.set)(&mut l, f.lo + 1);
+        assert_eq!((f.get)(&l), f.lo + 1, "{}", f.field);
+        for (j, other) in LIMIT_FIELDS.iter().enumerate() {
+            if i != j {
+                assert_eq!(
+                    (other.get)(&l),
+                    (other.get)(&Limits::default()),
+                    "{}",
+                    other.field
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn debug_shows_every_setting() {
+    let c = Config::builder("ps", 0).build().unwrap();
+    let shown = format!("{c:?}");
+    for row in table::rows() {
+        let name = row.method[1..].split('(').next().unwrap();
+        assert!(shown.contains(&format!("{name}: ")), "{name} in {shown}");
+    }
+    assert!(shown.contains("close_linger: 1s"), "{shown}");
+    assert!(shown.contains("cluster_token: None"), "{shown}");
 }
