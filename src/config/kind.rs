@@ -295,7 +295,7 @@ impl Time {
         u64::try_from(n).unwrap_or(u64::MAX)
     }
 
-    fn from_count(&self, n: u64) -> Duration {
+    fn duration(&self, n: u64) -> Duration {
         match self.unit {
             TimeUnit::Micros => Duration::from_micros(n),
             TimeUnit::Millis => Duration::from_millis(n),
@@ -321,7 +321,7 @@ impl Kind<Duration> for Time {
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<Duration>, ConfigError> {
         let (lo, hi) = (self.count(self.lo), self.count(self.hi));
         let n = env.number(name, lo, hi, self.unit_words())?;
-        Ok(n.map(|n| self.from_count(n)))
+        Ok(n.map(|n| self.duration(n)))
     }
 
     fn check(
