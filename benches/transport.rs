@@ -784,8 +784,11 @@ fn sw_client_with(
         zero_copy_min: extra.zero_copy_min,
         ..Options::default()
     };
-    let mut config = cfg.config("worker");
-    config.tensor_fuse = extra.tensor_fuse;
+    let config = cfg
+        .builder("worker")
+        .tensor_fuse(extra.tensor_fuse)
+        .build()
+        .expect("config");
     match variant {
         Variant::Handle => {
             let rt = Runtime::start_with(config, options).expect("client runtime");

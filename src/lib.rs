@@ -34,7 +34,7 @@ pub mod tensor;
 pub mod wire;
 
 pub use crate::session::{Callback, Completion, Reply};
-pub use config::Config;
+pub use config::{Config, ConfigBuilder};
 pub use error::Error;
 pub use peer::{Peer, ResolveError, Resolver};
 pub use rendezvous::Rendezvous;

@@ -49,6 +49,10 @@ pub struct SwCfg {
 
 impl SwCfg {
     pub fn config(&self, job: &str) -> Config {
+        self.builder(job).build().expect("config")
+    }
+    /// The builder of [`config`](SwCfg::config), for settings a bench adds.
+    pub fn builder(&self, job: &str) -> ConfigBuilder {
         ConfigBuilder::from_env(job, 0)
             .expect("environment")
             .loops(1)
@@ -56,8 +60,6 @@ impl SwCfg {
             .polling(self.polling)
             .spin(self.spin)
             .backend(self.backend.choice())
-            .build()
-            .expect("config")
     }
     pub fn args(&self) -> Vec<String> {
         vec![

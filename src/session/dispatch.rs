@@ -21,7 +21,7 @@ use super::conn::{route, tensor_for};
 use super::outbox::{Outbox, Reply};
 use super::reply::{IncomingPush, ReplyState, Spare};
 use super::request::{remember_abandoned, Pending};
-use super::serve::{ServeScratch, MAX_SERVED};
+use super::serve::ServeScratch;
 
 /// Acts on one connection's decoded events: answers to our requests, and requests from
 /// the peer for the service.
@@ -46,6 +46,8 @@ pub(super) struct Dispatch<'a> {
     pub(super) chunk_owners: &'a mut VecDeque<(bool, u64)>,
     pub(super) incoming: &'a mut Vec<IncomingPush>,
     pub(super) serve: &'a mut ServeScratch,
+    /// Requests the peer may have waiting on this connection (`max_served`).
+    pub(super) max_served: usize,
     pub(super) opened: bool,
     pub(super) violation: Option<&'static str>,
 }
@@ -72,7 +74,7 @@ impl Dispatch<'_> {
                     Body::Pong | Body::Error(_) => self.on_pong_or_error(&f),
                     Body::Response(entries) => self.on_response(h, entries, f.header.end),
                     Body::Pull(_) | Body::Push(_) | Body::Recv(_) | Body::FusedRecv(_)
-                        if self.incoming.len() + self.recvs.len() >= MAX_SERVED =>
+                        if self.incoming.len() + self.recvs.len() >= self.max_served =>
                     {
                         // A peer may not pile up unanswered requests without limit. Its
                         // payload, if any, is still read and dropped.

@@ -61,8 +61,6 @@ pub(crate) use request::{Request, RequestOp};
 const DRAIN_BATCH: usize = 256;
 /// Header and meta of a `CHUNK` frame.
 const CHUNK_HEAD: usize = HEADER_LEN + 16;
-/// How long a connection closing for an error may take to send its last frame.
-const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the session serves and how it receives tensors.
 #[derive(Clone)]
@@ -655,6 +653,7 @@ impl Session {
             chunk_owners,
             incoming,
             serve,
+            max_served: self.cfg.max_served,
             opened: false,
             violation: None,
         };
@@ -706,8 +705,10 @@ impl Session {
             // that does not read must not keep the connection.
             mark_dirty(&mut self.dirty, conn, slot);
             let generation = conn.generation;
-            self.timers
-                .push(now + CLOSE_LINGER, Timer::Close { slot, generation });
+            self.timers.push(
+                now + self.cfg.close_linger,
+                Timer::Close { slot, generation },
+            );
         }
     }
 

@@ -16,10 +16,6 @@ use super::dispatch::Dispatch;
 use super::out_tensor;
 use super::reply::PushVecs;
 
-/// Requests a peer may have waiting on one connection (recvs for unpublished keys, pushes
-/// still arriving); more are refused with `RESOURCE_EXHAUSTED`.
-pub(crate) const MAX_SERVED: usize = 4096;
-
 impl Dispatch<'_> {
     /// Applies a completely received push and answers it.
     pub(super) fn finish_push(&mut self, handle: u64, enc: &mut Encoder) {

@@ -607,6 +607,30 @@ fn a_pushed_tensor_reaches_the_service() {
     assert_eq!(done[0].result, Ok(Reply::Pushed(want)));
 }
 
+#[test]
+fn requests_over_max_served_fail_alone() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0),
+        Config::builder("ps", 0).max_served(2),
+    );
+    let waiting: Vec<u64> = (0..3)
+        .map(|i| p.submit(recv(1, format!("k{i}").as_bytes()), None))
+        .collect();
+    p.drain();
+    p.pump();
+    // Two recvs wait on the server; the third is refused, and only it fails.
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, waiting[2]);
+    let refused = Some(Error::Remote(Status::ResourceExhausted));
+    assert_eq!(done[0].result.clone_err(), refused);
+    p.publish(b"k0", 0.0);
+    p.publish(b"k1", 1.0);
+    p.pump();
+    let tags: Vec<u64> = p.completions().iter().map(|c| c.tag).collect();
+    assert_eq!(tags, waiting[..2]);
+}
+
 trait CloneErr {
     fn clone_err(&self) -> Option<Error>;
 }

@@ -220,7 +220,7 @@ pub struct Final {
 impl Server {
     /// Builds the store and starts the loops on `listen`, and the producer.
     pub fn start(cfg: Config, listen: SocketAddr, content: &Content) -> Result<Server, Failure> {
-        let task = TaskId::new(&cfg.job, cfg.task_index);
+        let task = TaskId::new(cfg.job(), cfg.task_index());
         let store = Arc::new(Store::new(content.tensors, content.tensor_size)?);
         let rv = Rendezvous::new();
         let service: Arc<dyn Service> = store.clone();

@@ -1,0 +1,458 @@
+//! The one table of settings. Each setting is written here once: its name, type, variable,
+//! default, kind (how it is read and checked) and doc; `settings!` (in `macros.rs`) makes
+//! the config, the builder, the environment reader, the checks, `Debug` and the rows of the
+//! table in `docs/tuning.md` from it.
+//!
+//! The first paragraph of a setting's doc is its line in `docs/tuning.md`: plain text, no
+//! rustdoc links.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::env::Env;
+use super::error::{ConfigError, Origin, Setting};
+use super::kind::{
+    Backend, FitsFrame, Flag, Kind, Num, Opt, Secret, Shown, Time, TimeUnit, ZeroOr,
+};
+use super::{BackendChoice, Role};
+use crate::wire::{self, Limits};
+
+settings! {
+    /// Both ends of a connection must have the same value, or the handshake fails.
+    cluster_id: u64 [] {
+        env: [ENV_CLUSTER_ID = "STARWIRE_CLUSTER_ID"],
+        default: [DEFAULT_CLUSTER_ID = 0],
+        kind: Num::new(0, u64::MAX, "an integer"),
+        setter: plain,
+    }
+
+    /// Event loops (threads) asked for explicitly; `None` computes them: min(16,
+    /// connections), at most the CPUs this process may run on.
+    ///
+    /// See [`Config::loop_count`].
+    loops: Option<usize> [] {
+        env: [role LOOPS_ENV = "NETWORK_WORKER_CORE_NUMBER", "NETWORK_PS_CORE_NUMBER"],
+        default: [None],
+        kind: Opt {
+            some: Num::new(1, MAX_LOOPS, "loops").env_unit("a number of loops"),
+            none: "computed: min(16, connections), at most the allowed CPUs",
+        },
+        setter: into,
+        consts: {
+            /// Most event loops that may be asked for explicitly (the size of a Linux CPU set).
+            pub const MAX_LOOPS: usize = 1024;
+        }
+    }
+
+    /// Busy-poll forever instead of spinning for `spin` and then parking. Costs a whole CPU
+    /// per loop; off in the originals too.
+    polling: bool [] {
+        env: [role POLLING_ENV = "WORKER_ENABLE_POLLING", "PS_ENABLE_POLLING"],
+        default: [DEFAULT_POLLING = false],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
+    /// Pin each loop thread to one CPU of the allowed set. Off by default, as in the
+    /// originals (their `*_DISABLE_PIN_CORES` defaults to true).
+    ///
+    /// The variable is inverted: `pin(true)` is `*_DISABLE_PIN_CORES=false`. See
+    /// [`pin_plan`](super::pin_plan).
+    pin: bool [] {
+        env: [role DISABLE_PIN_ENV = "WORKER_DISABLE_PIN_CORES", "PS_DISABLE_PIN_CORES"],
+        default: [DEFAULT_PIN = false],
+        kind: Flag { inverted: true },
+        setter: plain,
+    }
+
+    /// How long an idle loop spins before it parks (ignored when polling); 50 µs is the
+    /// smallest budget at which back-to-back round trips stop parking.
+    spin: Duration [] {
+        env: [ENV_SPIN_US = "STARWIRE_SPIN_US"],
+        default: [DEFAULT_SPIN = Duration::from_micros(50)],
+        kind: Time { lo: Duration::ZERO, hi: MAX_SPIN, unit: TimeUnit::Micros },
+        setter: plain,
+        consts: {
+            /// Longest accepted [`Config::spin`].
+            pub const MAX_SPIN: Duration = Duration::from_secs(10);
+        }
+    }
+
+    /// The I/O backend; `auto` uses io_uring when the start-up probe finds what the loops
+    /// need, else epoll; `uring` is io_uring or an error.
+    backend: BackendChoice [] {
+        env: [ENV_BACKEND = "STARWIRE_BACKEND"],
+        default: [BackendChoice::Auto],
+        kind: Backend,
+        setter: plain,
+    }
+
+    /// Tensors larger than this travel as chunks of this many bytes. When only `max_frame`
+    /// is lowered below the default plus 64, the default follows it down to the largest
+    /// multiple of 4 KiB that fits.
+    chunk_size: u32 [] {
+        env: [ENV_CHUNK_SIZE = "STARWIRE_CHUNK_SIZE"],
+        default: [DEFAULT_CHUNK_SIZE = 4 << 20],
+        kind: FitsFrame {
+            num: Num::new(MIN_CHUNK_SIZE, Limits::MAX_FRAME - CHUNK_FRAME_OVERHEAD, "bytes"),
+            overhead: CHUNK_FRAME_OVERHEAD,
+        },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::chunk_size`], 4 KiB.
+            pub const MIN_CHUNK_SIZE: u32 = 4 << 10;
+        }
+    }
+
+    /// Most bytes of queued frames one write (`sendmsg`) coalesces.
+    acc_size: u32 [] {
+        env: [ENV_ACC_SIZE = "STARWIRE_ACC_SIZE"],
+        default: [DEFAULT_ACC_SIZE = 256 << 10],
+        kind: Num::new(MIN_ACC_SIZE, MAX_ACC_SIZE, "bytes"),
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::acc_size`], 4 KiB.
+            pub const MIN_ACC_SIZE: u32 = 4 << 10;
+            /// Largest accepted [`Config::acc_size`], 64 MiB.
+            pub const MAX_ACC_SIZE: u32 = 64 << 20;
+        }
+    }
+
+    /// Bytes of each loop's receive-buffer pool, cut into buffers of `recv_buffer` bytes
+    /// that connections keep for their life, registered as io_uring fixed buffers; at least
+    /// one receive buffer. Off by default: it measured no faster on loopback, and it locks
+    /// memory.
+    buf_size: u64 [] {
+        env: [ENV_BUF_SIZE = "STARWIRE_BUF_SIZE"],
+        default: [DEFAULT_BUF_SIZE = 0],
+        kind: ZeroOr {
+            some: Num::new(MIN_BUF_SIZE, MAX_BUF_SIZE, "bytes"),
+            zero: "no buffer pool",
+        },
+        setter: plain,
+        consts: {
+            /// Smallest nonzero [`Config::buf_size`], 4 KiB (one page); it must also hold at
+            /// least one receive buffer ([`Config::recv_buffer`]).
+            pub const MIN_BUF_SIZE: u64 = 4 << 10;
+            /// Largest accepted [`Config::buf_size`], 1 GiB per loop.
+            pub const MAX_BUF_SIZE: u64 = 1 << 30;
+        }
+    }
+
+    /// Fuse the recv requests for one peer found in one drain pass into one frame.
+    tensor_fuse: bool [] {
+        env: [ENV_TENSOR_FUSE = "STARWIRE_TENSOR_FUSE"],
+        default: [DEFAULT_TENSOR_FUSE = false],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
+    /// Initial receive buffer of each connection; it grows up to one frame as needed.
+    recv_buffer: usize [] {
+        env: [ENV_RECV_BUFFER = "STARWIRE_RECV_BUFFER"],
+        default: [DEFAULT_RECV_BUFFER = 64 << 10],
+        kind: Num::new(MIN_RECV_BUFFER, MAX_RECV_BUFFER, "bytes"),
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::recv_buffer`], 4 KiB.
+            pub const MIN_RECV_BUFFER: usize = 4 << 10;
+            /// Largest accepted [`Config::recv_buffer`], 64 MiB.
+            pub const MAX_RECV_BUFFER: usize = 64 << 20;
+        }
+    }
+
+    /// Request contexts per loop: the most requests one loop has in flight at once.
+    max_inflight: usize [] {
+        env: [ENV_MAX_INFLIGHT = "STARWIRE_MAX_INFLIGHT"],
+        default: [DEFAULT_MAX_INFLIGHT = 65_536],
+        kind: Num::new(1, MAX_MAX_INFLIGHT, "request contexts"),
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::max_inflight`], 2^22.
+            pub const MAX_MAX_INFLIGHT: usize = 1 << 22;
+        }
+    }
+
+    /// Retries of a failed connect before the peer is reported unreachable (0: no retry).
+    connect_retries: u32 [] {
+        env: [ENV_CONNECT_RETRIES = "STARWIRE_CONNECT_RETRIES"],
+        default: [DEFAULT_CONNECT_RETRIES = 8],
+        kind: Num::new(0, u32::MAX, "retries"),
+        setter: plain,
+    }
+
+    /// Delay before the first connect retry; it doubles per retry up to 2 s.
+    ///
+    /// See [`Config::connect_delay`].
+    connect_backoff: Duration [] {
+        env: [ENV_CONNECT_BACKOFF_MS = "STARWIRE_CONNECT_BACKOFF_MS"],
+        default: [DEFAULT_CONNECT_BACKOFF = Duration::from_millis(10)],
+        kind: Time { lo: MIN_CONNECT_BACKOFF, hi: MAX_CONNECT_BACKOFF, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::connect_backoff`].
+            pub const MIN_CONNECT_BACKOFF: Duration = Duration::from_millis(1);
+            /// Largest accepted [`Config::connect_backoff`].
+            pub const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(60);
+        }
+    }
+
+    /// TCP connections opened to each peer.
+    connections_per_peer: usize [] {
+        env: [ENV_CONNECTIONS_PER_PEER = "STARWIRE_CONNECTIONS_PER_PEER"],
+        default: [DEFAULT_CONNECTIONS_PER_PEER = 1],
+        kind: Num::new(1, MAX_CONNECTIONS_PER_PEER, "connections"),
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::connections_per_peer`].
+            pub const MAX_CONNECTIONS_PER_PEER: usize = 4096;
+        }
+    }
+
+    /// Shared secret checked in the handshake (raw bytes); none sends and requires none.
+    /// Never shown in logs, errors or `Debug`, only its length.
+    cluster_token: Option<Vec<u8>> [Option<&[u8]>] {
+        env: [ENV_CLUSTER_TOKEN = "STARWIRE_CLUSTER_TOKEN"],
+        default: [None],
+        kind: Secret { max: MAX_CLUSTER_TOKEN },
+        setter: into,
+        consts: {
+            /// Longest [`Config::cluster_token`], in bytes (the wire format's limit).
+            pub const MAX_CLUSTER_TOKEN: usize = wire::MAX_TOKEN;
+        }
+    }
+
+    /// Time from connect (or accept) to a finished handshake.
+    handshake_timeout: Duration [] {
+        env: [ENV_HANDSHAKE_TIMEOUT_MS = "STARWIRE_HANDSHAKE_TIMEOUT_MS"],
+        default: [DEFAULT_HANDSHAKE_TIMEOUT = Duration::from_secs(5)],
+        kind: Time { lo: MIN_HANDSHAKE_TIMEOUT, hi: MAX_HANDSHAKE_TIMEOUT, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::handshake_timeout`].
+            pub const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(1);
+            /// Largest accepted [`Config::handshake_timeout`], 10 minutes.
+            pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(600);
+        }
+    }
+
+    /// Time a frame's header and meta section may take once its first byte arrived; a peer
+    /// that stalls or trickles inside them is disconnected. Payload bytes are not timed.
+    frame_timeout: Duration [] {
+        env: [ENV_FRAME_TIMEOUT_MS = "STARWIRE_FRAME_TIMEOUT_MS"],
+        default: [DEFAULT_FRAME_TIMEOUT = Duration::from_secs(30)],
+        kind: Time { lo: MIN_FRAME_TIMEOUT, hi: MAX_FRAME_TIMEOUT, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::frame_timeout`].
+            pub const MIN_FRAME_TIMEOUT: Duration = Duration::from_millis(1);
+            /// Largest accepted [`Config::frame_timeout`], 1 hour.
+            pub const MAX_FRAME_TIMEOUT: Duration = Duration::from_secs(3600);
+        }
+    }
+
+    /// Most accepted connections open at once, over all loops; more are closed as soon as
+    /// they are accepted. Connections the task opens are not counted.
+    max_connections: usize [] {
+        env: [ENV_MAX_CONNECTIONS = "STARWIRE_MAX_CONNECTIONS"],
+        default: [DEFAULT_MAX_CONNECTIONS = 4096],
+        kind: Num::new(1, MAX_MAX_CONNECTIONS, "connections"),
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::max_connections`].
+            pub const MAX_MAX_CONNECTIONS: usize = 1 << 20;
+        }
+    }
+
+    /// Requests a peer may have waiting on one connection (recvs for unpublished keys,
+    /// pushes still arriving); more are refused with `RESOURCE_EXHAUSTED`.
+    max_served: usize [] {
+        env: [ENV_MAX_SERVED = "STARWIRE_MAX_SERVED"],
+        default: [DEFAULT_MAX_SERVED = 4096],
+        kind: Num::new(1, MAX_MAX_SERVED, "requests"),
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::max_served`].
+            pub const MAX_MAX_SERVED: usize = 1 << 20;
+        }
+    }
+
+    /// How long a connection closing for an error may take to send its last frame.
+    close_linger: Duration [] {
+        env: [ENV_CLOSE_LINGER_MS = "STARWIRE_CLOSE_LINGER_MS"],
+        default: [DEFAULT_CLOSE_LINGER = Duration::from_secs(1)],
+        kind: Time { lo: MIN_CLOSE_LINGER, hi: MAX_CLOSE_LINGER, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::close_linger`].
+            pub const MIN_CLOSE_LINGER: Duration = Duration::from_millis(1);
+            /// Largest accepted [`Config::close_linger`].
+            pub const MAX_CLOSE_LINGER: Duration = Duration::from_secs(60);
+        }
+    }
+
+    /// Tensor payload of at least this many bytes is received straight into the tensor's
+    /// memory; shorter payload is copied once out of the receive buffer. Do not lower it
+    /// below the default: in place measured slower for 4 KiB tensors.
+    zero_copy_min: u64 [] {
+        env: [ENV_ZERO_COPY_MIN = "STARWIRE_ZERO_COPY_MIN"],
+        default: [DEFAULT_ZERO_COPY_MIN = 16 << 10],
+        kind: Num::new(0, u64::MAX, "bytes"),
+        setter: plain,
+    }
+
+    /// Threads that run a service's pull and push handlers; 0 runs them inline on the loop
+    /// that received the request.
+    handler_threads: usize [] {
+        env: [ENV_HANDLER_THREADS = "STARWIRE_HANDLER_THREADS"],
+        default: [DEFAULT_HANDLER_THREADS = 0],
+        kind: Num::new(0, MAX_HANDLER_THREADS, "threads"),
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::handler_threads`].
+            pub const MAX_HANDLER_THREADS: usize = 1024;
+        }
+    }
+}
+
+/// Longest job name, in bytes (the wire format's limit).
+pub const MAX_JOB_LEN: usize = wire::MAX_JOB_NAME;
+
+/// Cap of the computed loop count: `min(16, connections)`, the GRPC++ rule.
+pub const DEFAULT_LOOP_CAP: usize = 16;
+
+/// Room kept in a frame beside a chunk's bytes: the 32-byte header and the 16-byte chunk
+/// body, rounded up. [`Config::chunk_size`] is at most `max_frame - CHUNK_FRAME_OVERHEAD`.
+pub const CHUNK_FRAME_OVERHEAD: u32 = 64;
+const _: () = assert!(wire::HEADER_LEN as u32 + 16 <= CHUNK_FRAME_OVERHEAD);
+
+/// The doubling connect backoff stops growing here (see [`Config::connect_delay`]).
+pub const CONNECT_BACKOFF_CAP: Duration = Duration::from_secs(2);
+
+/// Environment variable: [`Limits::max_frame`].
+pub const ENV_MAX_FRAME: &str = "STARWIRE_MAX_FRAME";
+/// Environment variable: [`Limits::max_key`].
+pub const ENV_MAX_KEY: &str = "STARWIRE_MAX_KEY";
+/// Environment variable: [`Limits::max_tensors`].
+pub const ENV_MAX_TENSORS: &str = "STARWIRE_MAX_TENSORS";
+/// Environment variable: [`Limits::max_rank`].
+pub const ENV_MAX_RANK: &str = "STARWIRE_MAX_RANK";
+/// Environment variable: [`Limits::max_tensor_bytes`].
+pub const ENV_MAX_TENSOR_BYTES: &str = "STARWIRE_MAX_TENSOR_BYTES";
+
+/// One field of [`Limits`]: its variable, allowed range (those of [`Limits::validate`] and
+/// the wire format's section 6) and doc. All five are set at once with
+/// [`ConfigBuilder::limits`]; their defaults are [`Limits::default`].
+pub(crate) struct LimitField {
+    pub(crate) field: &'static str,
+    pub(crate) env: &'static str,
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+    pub(crate) unit: &'static str,
+    pub(crate) doc: &'static str,
+    pub(crate) get: fn(&Limits) -> u64,
+    /// Sets the field to a value within its range (so it fits the field's type).
+    pub(crate) set: fn(&mut Limits, u64),
+}
+
+pub(crate) const LIMIT_FIELDS: [LimitField; 5] = [
+    LimitField {
+        field: "max_frame",
+        env: ENV_MAX_FRAME,
+        lo: Limits::MIN_FRAME as u64,
+        hi: Limits::MAX_FRAME as u64,
+        unit: "bytes",
+        doc: "Largest frame accepted (and announced to peers).",
+        get: |l| u64::from(l.max_frame),
+        set: |l, v| l.max_frame = v.try_into().unwrap_or(u32::MAX),
+    },
+    LimitField {
+        field: "max_key",
+        env: ENV_MAX_KEY,
+        lo: 1,
+        hi: u16::MAX as u64,
+        unit: "bytes",
+        doc: "Longest rendezvous key.",
+        get: |l| u64::from(l.max_key),
+        set: |l, v| l.max_key = v.try_into().unwrap_or(u16::MAX),
+    },
+    LimitField {
+        field: "max_tensors",
+        env: ENV_MAX_TENSORS,
+        lo: 1,
+        hi: Limits::MAX_TENSORS as u64,
+        unit: "tensors",
+        doc: "Most tensors in one fused recv, pull, push or response.",
+        get: |l| u64::from(l.max_tensors),
+        set: |l, v| l.max_tensors = v.try_into().unwrap_or(u32::MAX),
+    },
+    LimitField {
+        field: "max_rank",
+        env: ENV_MAX_RANK,
+        lo: 0,
+        hi: wire::MAX_RANK as u64,
+        unit: "dimensions",
+        doc: "Highest tensor rank.",
+        get: |l| u64::from(l.max_rank),
+        set: |l, v| l.max_rank = v.try_into().unwrap_or(u8::MAX),
+    },
+    LimitField {
+        field: "max_tensor_bytes",
+        env: ENV_MAX_TENSOR_BYTES,
+        lo: 0,
+        hi: i64::MAX as u64,
+        unit: "bytes",
+        doc: "Largest tensor.",
+        get: |l| l.max_tensor_bytes,
+        set: |l, v| l.max_tensor_bytes = v,
+    },
+];
+
+/// The environment variable of a setting: one name, or one per [`Role`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum EnvName {
+    One(&'static str),
+    ByRole {
+        worker: &'static str,
+        ps: &'static str,
+    },
+}
+
+impl EnvName {
+    /// The name a task of `role` reads.
+    pub(crate) const fn of(self, role: Role) -> &'static str {
+        match (self, role) {
+            (EnvName::One(name), _) => name,
+            (EnvName::ByRole { worker, .. }, Role::Worker) => worker,
+            (EnvName::ByRole { ps, .. }, Role::Ps) => ps,
+        }
+    }
+}
+
+/// One setting as the docs table shows it.
+pub(crate) struct Row {
+    pub(crate) env: EnvName,
+    /// The builder method, `.name(Type)`.
+    pub(crate) method: String,
+    pub(crate) default: String,
+    pub(crate) range: String,
+    /// The rustdoc lines; the first paragraph is the effect.
+    pub(crate) doc: &'static [&'static str],
+}
+
+/// What an accessor returns for a stored value: a copy, or a borrow (the token).
+trait Get<'a, Out> {
+    fn get(&'a self) -> Out;
+}
+
+impl<T: Copy> Get<'_, T> for T {
+    fn get(&self) -> T {
+        *self
+    }
+}
+
+impl<'a> Get<'a, Option<&'a [u8]>> for Option<Vec<u8>> {
+    fn get(&'a self) -> Option<&'a [u8]> {
+        self.as_deref()
+    }
+}
