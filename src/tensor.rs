@@ -600,6 +600,32 @@ impl PartialEq for Tensor {
     }
 }
 
+/// Memory that counts its drops, for tests that check when received tensors are freed.
+#[cfg(test)]
+pub(crate) struct DropCounted {
+    pub buf: Vec<u8>,
+    pub drops: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+// SAFETY: the vector is never resized, so its buffer stays where it is while the value lives.
+#[cfg(test)]
+#[allow(unsafe_code)]
+unsafe impl TensorMemory for DropCounted {
+    fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+#[cfg(test)]
+impl Drop for DropCounted {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 #[cfg(test)]
 mod tests {
 

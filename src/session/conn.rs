@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::proto::{Connection, NextRead, PayloadTarget};
 use crate::tensor::{Tensor, TensorAllocator};
 
-use super::reply::IncomingPush;
+use super::reply::{IncomingPush, ReplyState};
 use super::request::Pending;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,10 @@ pub(crate) struct Conn {
     pub head_since: Option<Instant>,
     /// Whether a `FrameHead` timer is pending for this connection.
     pub head_timer: bool,
+    /// Answers of requests given up (by deadline) while a receive may still be writing
+    /// into one of their tensors: kept until the connection's next receive completes or
+    /// the connection is released.
+    pub buried: Vec<ReplyState>,
 }
 
 impl Conn {
@@ -87,6 +91,7 @@ impl Conn {
             recvs: Vec::new(),
             head_since: None,
             head_timer: false,
+            buried: Vec::new(),
         }
     }
 

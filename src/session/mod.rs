@@ -499,6 +499,8 @@ impl Session {
         if conn.phase == Phase::Closing {
             return;
         }
+        // The receive that may have been writing into a buried answer has completed.
+        conn.buried.clear();
         if direct {
             conn.proto.decoder().payload_received(n as u64);
         } else {

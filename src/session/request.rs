@@ -288,6 +288,17 @@ impl Session {
         }
     }
 
+    /// Drops a request given up before its answer arrived, keeping its answer's memory
+    /// with its connection until the next receive there completes: a receive may be
+    /// writing straight into one of its tensors right now.
+    pub(super) fn bury(&mut self, p: Pending) {
+        if let Some(conn) = self.conns.get_mut(p.conn as usize) {
+            if p.sent.is_some() && p.state.has_memory() {
+                conn.buried.push(p.state);
+            }
+        }
+    }
+
     /// Remembers a request given up while its answer may still come, so that the answer is
     /// ignored rather than taken for a forged handle. Bounded: the oldest is forgotten
     /// first (a very late answer to it then closes the connection as a protocol violation).

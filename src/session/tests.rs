@@ -631,6 +631,75 @@ fn requests_over_max_served_fail_alone() {
     assert_eq!(tags, waiting[..2]);
 }
 
+/// Memory from here counts its drops.
+struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl crate::tensor::TensorAllocator for Counting {
+    fn allocate(
+        &self,
+        desc: &crate::tensor::TensorDesc<'_>,
+    ) -> Option<Box<dyn crate::tensor::TensorMemory>> {
+        Some(Box::new(crate::tensor::DropCounted {
+            buf: vec![0; desc.byte_len as usize],
+            drops: self.0.clone(),
+        }))
+    }
+}
+
+#[test]
+fn a_tensor_being_received_in_place_outlives_its_request_s_deadline() {
+    let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut p = Pair::new();
+    let op = RequestOp::Pull {
+        ids: vec![75_000],
+        alloc: Some(Arc::new(Counting(drops.clone()))),
+    };
+    let tag = p.submit(op, Some(Duration::from_millis(10)));
+    p.drain();
+    // Handshake both ways, then the pull goes up and its 300 KB answer is produced.
+    for _ in 0..2 {
+        let up = Pair::output(&mut p.client, &mut p.dirty, p.c);
+        Pair::input(&mut p.server, p.s, &up, p.now);
+        let down = Pair::output(&mut p.server, &mut p.dirty, p.s);
+        p.to_client = down;
+        if p.to_client.len() > 300_000 {
+            break;
+        }
+        let down = std::mem::take(&mut p.to_client);
+        Pair::input(&mut p.client, p.c, &down, p.now);
+    }
+    let answer = std::mem::take(&mut p.to_client);
+    assert!(answer.len() > 300_000);
+    // Feed the answer until the client asks for payload straight into the tensor; the
+    // receive is then "in the kernel".
+    let c = p.c.unwrap();
+    let mut at = 0;
+    let direct_len = loop {
+        match p.client.recv_target(c) {
+            Some(RecvTarget::Buffer(b)) => {
+                let n = b.len().min(answer.len() - at);
+                b[..n].copy_from_slice(&answer[at..at + n]);
+                p.client.received(c, n, false, p.now);
+                at += n;
+            }
+            Some(RecvTarget::Direct(d)) => break d.len(),
+            None => panic!("no receive target"),
+        }
+    };
+    assert!(direct_len > 16 << 10);
+    // The deadline passes: the request fails now, but its tensor's memory stays until the
+    // receive writing into it completes.
+    p.advance(Duration::from_millis(10));
+    let done = p.completions();
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (tag, Some(Error::Timeout))
+    );
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 0);
+    p.client.received(c, 4096, true, p.now);
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 trait CloneErr {
     fn clone_err(&self) -> Option<Error>;
 }

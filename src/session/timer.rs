@@ -96,10 +96,12 @@ impl Session {
             progress = true;
             match timer {
                 Timer::Deadline(h) => {
-                    if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
+                    if let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
                         self.abandon(h, &p);
                         let e = Err(Error::Timeout);
-                        self.notify(p.origin, p.tag, p.kind, &p.fused, e, p.spare);
+                        let spare = std::mem::take(&mut p.spare);
+                        self.notify(p.origin, p.tag, p.kind, &p.fused, e, spare);
+                        self.bury(p);
                     }
                 }
                 Timer::Member { handle, index } => self.member_timed_out(handle, index),
@@ -157,6 +159,7 @@ impl Session {
         if all_done {
             if let Ok(p) = self.ctxs.remove(h) {
                 self.abandon(handle, &p);
+                self.bury(p);
             }
         }
     }
