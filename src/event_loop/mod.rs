@@ -19,20 +19,19 @@
 //! every operation on the connection has completed. Closing is therefore two-phase:
 //! `shutdown(2)` the socket (its pending operations complete promptly), then release the
 //! connection in the session when the last one has.
-// The loop hands buffer pointers to the driver; each such call is an `unsafe` block below
-// whose SAFETY comment points at the two-phase close that keeps the memory alive.
+// The loop hands the driver the memory a receive writes into and a send reads from, both
+// owned by the session: the two `unsafe` blocks below (`arm_recv`, `flush`) rely on the
+// two-phase close to keep that memory alive while the kernel uses it.
 #![allow(unsafe_code)]
 
 mod io;
 mod shared;
 
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use nix::libc;
 
 use crate::config::Config;
 use crate::pool::Job;
@@ -45,7 +44,7 @@ use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
 use crate::sys::{socket, Backend};
 use crate::tensor::SharedAllocator;
 
-use io::{empty_msghdr, errno_str, write_sockaddr, IoConn, MAX_IOV};
+use io::IoConn;
 pub(crate) use shared::{LoopShared, Posted};
 
 /// Wait before accepting again after EMFILE and friends.
@@ -70,8 +69,8 @@ pub(crate) struct LoopParts {
 pub(crate) struct Loop {
     cfg: Arc<Config>,
     shared: Arc<LoopShared>,
-    /// Dropped by hand in `Drop`, or leaked when the kernel may still use loop memory.
-    driver: std::mem::ManuallyDrop<Driver>,
+    /// Leaked in `Drop` when the kernel may still use loop memory.
+    driver: Driver,
     session: Session,
     listener: Option<OwnedFd>,
     accepting: bool,
@@ -86,8 +85,6 @@ pub(crate) struct Loop {
     accepted: Arc<AtomicUsize>,
     /// Spare vector swapped with the posted-work queue, so neither is reallocated.
     posted: Vec<Posted>,
-    /// Receive buffers lent to connections, registered with io_uring when possible.
-    bufs: BufPool,
 }
 
 impl Loop {
@@ -101,7 +98,7 @@ impl Loop {
         parts: LoopParts,
     ) -> std::io::Result<Loop> {
         let entries = 1024u32;
-        let driver = std::mem::ManuallyDrop::new(Driver::new(backend, entries, &shared.doorbell)?);
+        let driver = Driver::new(backend, entries, &shared.doorbell)?;
         let session_parts = SessionParts {
             service: parts.service,
             rendezvous: parts.rendezvous,
@@ -125,7 +122,6 @@ impl Loop {
             stopping: false,
             accepted: parts.accepted,
             posted: Vec::new(),
-            bufs: BufPool::new(0, 1),
         };
         lp.start_buf_pool();
         if let Some(l) = &lp.listener {
@@ -141,8 +137,8 @@ impl Loop {
     /// the kernel refuses (usually `RLIMIT_MEMLOCK`) is logged once per loop with the
     /// numbers, and the pool is used unregistered.
     fn start_buf_pool(&mut self) {
-        self.bufs = BufPool::new(self.cfg.buf_size, self.cfg.recv_buffer);
-        if self.cfg.buf_size > 0 && self.bufs.count() == 0 {
+        let pool = BufPool::new(self.cfg.buf_size, self.cfg.recv_buffer);
+        if self.cfg.buf_size > 0 && pool.count() == 0 {
             log::warn!(
                 "{}={} is less than one receive buffer ({} bytes): no buffer pool",
                 crate::config::ENV_BUF_SIZE,
@@ -150,28 +146,20 @@ impl Loop {
                 self.cfg.recv_buffer
             );
         }
-        if self.bufs.count() == 0 {
+        if pool.count() == 0 {
             return;
         }
+        let (count, bytes) = (pool.count(), pool.bytes());
         let counters = &self.shared.counters;
-        add(&counters.buf_pool_bytes, self.bufs.bytes());
-        let iov = self.bufs.iovecs();
-        // SAFETY: the pool's buffers are allocated once and never freed before the loop is
-        // dropped, after its driver (whose ring holds the registration); a buffer lent to a
-        // connection comes back at the same address (`BufPool::give_back` retires any
-        // other), and when the loop leaks its connections it leaks the pool too.
-        match unsafe { self.driver.register_buffers(&iov) } {
-            Ok(registered) => {
-                self.bufs.set_registered(registered);
-                if registered {
-                    add(&counters.buf_registered_bytes, self.bufs.bytes());
-                    log::debug!(
-                        "registered {} receive buffers ({} bytes) as io_uring fixed buffers",
-                        self.bufs.count(),
-                        self.bufs.bytes()
-                    );
-                }
+        add(&counters.buf_pool_bytes, bytes);
+        match self.driver.set_pool(pool) {
+            Ok(true) => {
+                add(&counters.buf_registered_bytes, bytes);
+                log::debug!(
+                    "registered {count} receive buffers ({bytes} bytes) as io_uring fixed buffers"
+                );
             }
+            Ok(false) => {}
             Err(e) => log::warn!("{e}; using the receive buffers unregistered"),
         }
     }
@@ -185,7 +173,7 @@ impl Loop {
         }
         if self.io[i].is_none() {
             let mut conn = IoConn::new(None);
-            if let Some((index, buf)) = self.bufs.lend() {
+            if let Some((index, buf)) = self.driver.pool().lend() {
                 // Replaced before any byte arrived: nothing buffered is lost.
                 drop(self.session.swap_buffer(slot, buf));
                 conn.pool_buf = Some(index);
@@ -367,14 +355,9 @@ impl Loop {
             return self.session.connect_failed(slot, now);
         }
         let conn = self.io_for(slot);
-        conn.io.addr_len = write_sockaddr(&peer, &mut conn.io.addr);
         conn.fd = Some(fd);
         conn.connecting = true;
-        let addr: *const libc::sockaddr = (&conn.io.addr as *const libc::sockaddr_storage).cast();
-        let len = conn.io.addr_len;
-        // SAFETY: `addr` points into the connection's boxed `ConnIo`, which is dropped only
-        // after this operation's completion has been reaped (two-phase close).
-        if let Err(e) = unsafe { self.driver.connect(slot, raw, addr, len) } {
+        if let Err(e) = self.driver.connect(slot, raw, &peer) {
             log::warn!("connect to {peer}: {e}");
             self.drop_socket(slot);
             self.session.connect_failed(slot, now);
@@ -428,7 +411,7 @@ impl Loop {
         // No operation is in flight: the buffer is the loop's again.
         let buf = self.session.release(slot);
         if let Some(index) = conn.pool_buf {
-            self.bufs.give_back(index, buf);
+            self.driver.pool().give_back(index, buf);
         }
     }
 
@@ -444,6 +427,7 @@ impl Loop {
         for c in events.drain(..) {
             match c {
                 IoCompletion::Doorbell => {}
+                IoCompletion::Accepted(result) => self.on_accept(result, now),
                 IoCompletion::Op { slot, op, result } => self.on_io(slot, op, result, now),
             }
             self.apply_actions(now);
@@ -452,10 +436,7 @@ impl Loop {
         progress
     }
 
-    fn on_io(&mut self, slot: u32, op: Op, result: i32, now: Instant) {
-        if slot == LISTENER {
-            return self.on_accept(result, now);
-        }
+    fn on_io(&mut self, slot: u32, op: Op, result: std::io::Result<u32>, now: Instant) {
         let Some(conn) = self.io_mut(slot) else {
             log::error!("completion for unknown connection slot {slot}");
             return;
@@ -466,8 +447,8 @@ impl Loop {
                 if conn.closing {
                     return self.maybe_finish(slot);
                 }
-                if result < 0 {
-                    log::debug!("connection {slot}: connect: {}", errno_str(result));
+                if let Err(e) = result {
+                    log::debug!("connection {slot}: connect: {e}");
                     self.drop_socket(slot);
                     return self.session.connect_failed(slot, now);
                 }
@@ -479,21 +460,23 @@ impl Loop {
                 if conn.closing {
                     return self.maybe_finish(slot);
                 }
-                if result <= 0 {
-                    let why = if result == 0 {
-                        "peer closed the connection".to_string()
-                    } else {
-                        errno_str(result)
-                    };
-                    log::debug!("connection {slot}: {why}");
-                    return self.session.lose(slot, crate::Error::ConnectionLost);
-                }
+                let n = match result {
+                    Ok(0) => {
+                        log::debug!("connection {slot}: peer closed the connection");
+                        return self.session.lose(slot, crate::Error::ConnectionLost);
+                    }
+                    Err(e) => {
+                        log::debug!("connection {slot}: {e}");
+                        return self.session.lose(slot, crate::Error::ConnectionLost);
+                    }
+                    Ok(n) => n,
+                };
                 let direct = std::mem::take(&mut conn.direct);
-                add(&self.shared.counters.bytes_in, result as u64);
+                add(&self.shared.counters.bytes_in, n as u64);
                 if direct {
-                    add(&self.shared.counters.payload_direct, result as u64);
+                    add(&self.shared.counters.payload_direct, n as u64);
                 }
-                self.session.received(slot, result as usize, direct, now);
+                self.session.received(slot, n as usize, direct, now);
                 self.arm_recv(slot);
             }
             Op::Send => {
@@ -501,36 +484,40 @@ impl Loop {
                 if conn.closing {
                     return self.maybe_finish(slot);
                 }
-                if result < 0 {
-                    log::debug!("connection {slot}: send: {}", errno_str(result));
-                    return self.session.lose(slot, crate::Error::ConnectionLost);
-                }
-                add(&self.shared.counters.bytes_out, result as u64);
-                self.session.sent(slot, result as usize);
+                let n = match result {
+                    Ok(n) => n,
+                    Err(e) => {
+                        log::debug!("connection {slot}: send: {e}");
+                        return self.session.lose(slot, crate::Error::ConnectionLost);
+                    }
+                };
+                add(&self.shared.counters.bytes_out, n as u64);
+                self.session.sent(slot, n as usize);
             }
             Op::Accept => {}
         }
     }
 
-    fn on_accept(&mut self, result: i32, now: Instant) {
+    fn on_accept(&mut self, result: std::io::Result<OwnedFd>, now: Instant) {
         self.accepting = false;
         if self.stopping {
             return;
         }
-        if result >= 0 {
-            // SAFETY: a successful accept returns a new fd that nothing else owns.
-            let fd = unsafe { OwnedFd::from_raw_fd(result) };
-            self.adopt(fd, now);
-        } else if result != -libc::EAGAIN && result != -libc::EINTR && result != -libc::ECONNABORTED
-        {
-            // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays in the backlog; try again
-            // a little later instead of spinning on the same error.
-            log::warn!(
-                "accept: {}; retrying in {ACCEPT_BACKOFF:?}",
-                errno_str(result)
-            );
-            self.accept_retry = Some(now + ACCEPT_BACKOFF);
-            return;
+        match result {
+            Ok(fd) => self.adopt(fd, now),
+            Err(e)
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(nix::libc::EAGAIN | nix::libc::EINTR | nix::libc::ECONNABORTED)
+                ) =>
+            {
+                // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays in the backlog; try
+                // again a little later instead of spinning on the same error.
+                log::warn!("accept: {e}; retrying in {ACCEPT_BACKOFF:?}");
+                self.accept_retry = Some(now + ACCEPT_BACKOFF);
+                return;
+            }
+            Err(_) => {}
         }
         self.rearm_accept();
     }
@@ -587,10 +574,11 @@ impl Loop {
             Some(RecvTarget::Buffer(buf)) => (buf.as_mut_ptr(), buf.len() as u32, false),
             None => return,
         };
+        let pool = self.driver.pool();
         let fixed = conn
             .pool_buf
-            .filter(|_| !direct && self.bufs.is_registered())
-            .filter(|&i| self.bufs.contains(i, ptr, len as usize));
+            .filter(|_| !direct && pool.is_registered())
+            .filter(|&i| pool.contains(i, ptr, len as usize));
         conn.reading = true;
         conn.direct = direct;
         add(&self.shared.counters.reads, 1);
@@ -632,34 +620,20 @@ impl Loop {
             if conn.writing || conn.fd.is_none() || conn.connecting || conn.closing {
                 continue;
             }
-            let io = &mut *conn.io;
-            let (mut n, mut total) = (0usize, 0u64);
+            let fd = conn.fd();
+            let mut gather = self.driver.gather(slot);
             let any = self.session.transmit(slot, acc, |bytes| {
-                if n == MAX_IOV || total >= acc {
-                    return false;
-                }
-                io.iov[n] = libc::iovec {
-                    iov_base: bytes.as_ptr() as *mut libc::c_void,
-                    iov_len: bytes.len(),
-                };
-                n += 1;
-                total += bytes.len() as u64;
-                true
+                gather.bytes() < acc && gather.push(bytes)
             });
             if !any {
                 continue;
             }
-            io.msg = empty_msghdr();
-            io.msg.msg_iov = io.iov.as_mut_ptr();
-            io.msg.msg_iovlen = n as _;
             conn.writing = true;
-            let fd = conn.fd();
-            let msg: *const libc::msghdr = &conn.io.msg;
-            // SAFETY: the msghdr and iovecs live in the connection's boxed `ConnIo`; the
-            // iovecs point into the encoder's arena blocks and tensors it holds, which do
-            // not move or get released before `sent` (after this completion). The
-            // connection is released only once the completion has been reaped.
-            if let Err(e) = unsafe { self.driver.send(slot, fd, msg) } {
+            // SAFETY: the pieces point into the encoder's arena blocks and the tensors its
+            // connection holds, which do not move or get released before `sent` (after
+            // this completion); the connection is released only once the completion has
+            // been reaped.
+            if let Err(e) = unsafe { self.driver.send(slot, fd) } {
                 log::warn!("connection {slot}: send: {e}");
                 if let Some(conn) = self.io_mut(slot) {
                     conn.writing = false;
@@ -733,23 +707,111 @@ impl Loop {
     }
 }
 
+impl Loop {
+    fn io_in_flight(&self) -> bool {
+        self.io.iter().flatten().any(IoConn::ops_in_flight)
+    }
+
+    /// Dropped with operations in flight (a panic unwound the loop thread): shut every
+    /// socket down and reap completions until none is left, so that no memory the kernel
+    /// may still use is freed. Bounded: about a second at most.
+    fn drain(&mut self) {
+        for (slot, conn) in self.io.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            if conn.ops_in_flight() && conn.fd() >= 0 {
+                self.driver.shutdown(slot as u32, conn.fd());
+            }
+        }
+        let mut events = std::mem::take(&mut self.io_events);
+        for _ in 0..1000 {
+            if !self.io_in_flight() {
+                break;
+            }
+            let wait = Some(Duration::from_millis(1));
+            if self
+                .driver
+                .complete(true, wait, |c| events.push(c))
+                .is_err()
+            {
+                break;
+            }
+            for c in events.drain(..) {
+                let IoCompletion::Op { slot, op, .. } = c else {
+                    continue;
+                };
+                if let Some(conn) = self.io.get_mut(slot as usize).and_then(Option::as_mut) {
+                    match op {
+                        Op::Connect => conn.connecting = false,
+                        Op::Recv => conn.reading = false,
+                        Op::Send => conn.writing = false,
+                        Op::Accept => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Loop {
     fn drop(&mut self) {
-        let in_flight = self.io.iter().flatten().any(IoConn::ops_in_flight);
-        if in_flight && self.driver.backend() == Backend::Uring {
-            // Only after a panic: operations still in the kernel may write into connection
-            // buffers and tensors. Closing the ring cancels them asynchronously, so freeing
-            // that memory now could let the kernel write into freed memory. Leak it instead.
-            log::error!("event loop dropped with I/O in flight; leaking its buffers");
+        if self.driver.backend() == Backend::Uring && self.io_in_flight() {
+            self.drain();
+        }
+        if self.driver.backend() == Backend::Uring && self.io_in_flight() {
+            // Operations still in the kernel may write into connection buffers and tensors
+            // and read the driver's slot memory. Closing the ring cancels them
+            // asynchronously, so freeing that memory now could let the kernel use freed
+            // memory. Leak it instead.
+            log::error!(
+                "event loop dropped with I/O in flight that did not drain; leaking its buffers"
+            );
             std::mem::forget(std::mem::take(&mut self.io));
             // Connections and requests own the buffers and tensors receives write into.
             self.session.leak();
-            // Registered buffers, and reads into them, may outlive the loop in the kernel.
-            std::mem::forget(std::mem::replace(&mut self.bufs, BufPool::new(0, 1)));
-            return;
+            // The ring (closing it would cancel the operations), the pool and slot memory.
+            self.driver.leak();
         }
-        // SAFETY: dropped once, here; nothing in flight references loop memory (epoll has no
-        // kernel-side operations; io_uring has none left).
-        unsafe { std::mem::ManuallyDrop::drop(&mut self.driver) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+    use crate::tensor::HeapAllocator;
+
+    #[test]
+    fn dropping_a_loop_with_receives_in_flight_drains_them_and_closes_its_sockets() {
+        let cfg = Arc::new(Config::builder("ps", 0).build().unwrap());
+        let shared = Arc::new(LoopShared::new().unwrap());
+        let (backend, _) = crate::sys::select(cfg.backend).unwrap();
+        let listener = socket::listen_tcp("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let parts = LoopParts {
+            service: None,
+            rendezvous: None,
+            jobs: None,
+            index: 0,
+            allocator: Arc::new(HeapAllocator::default()),
+            zero_copy_min: 16 << 10,
+            accepted: Arc::new(AtomicUsize::new(0)),
+        };
+        let mut lp = Loop::new(cfg, shared, backend, Some(listener), parts).unwrap();
+        let mut client = std::net::TcpStream::connect(lp.local_addr().unwrap()).unwrap();
+        // Turn until the accepted connection has a receive in flight (it waits for HELLO).
+        while !lp.io_in_flight() {
+            lp.poll_local(Some(Duration::from_millis(10)));
+        }
+        drop(lp);
+        // The loop's socket was closed, not leaked: the client reads the end of the stream.
+        // (The timeout only bounds a failing run.)
+        client
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        match client.read(&mut buf) {
+            Ok(n) => assert_eq!(n, 0, "unexpected bytes"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
     }
 }

@@ -8,20 +8,27 @@
 //! readiness arrives; either way it reports a completion. The loop above this is therefore
 //! the same code for both backends.
 //!
-//! Memory contract (both backends): every pointer passed to an operation stays valid, and
-//! is not moved, until that operation's completion has been delivered. To abandon the
-//! operations of a socket, `shutdown(2)` it ([`Driver::shutdown`]): pending operations then
-//! complete promptly (recv with 0, send with `-EPIPE`, accept with `-EINVAL`), after which
-//! the fd may be closed.
+//! Kernel memory: the driver owns what the kernel reads and writes for an operation besides
+//! the data itself — the socket address of a connect, the `msghdr` and iovec array of a
+//! send (one boxed [`SlotMem`] per slot, kept until the driver is dropped), and the
+//! registered receive-buffer pool — so a caller never keeps those alive by hand. The data a
+//! receive writes into and a send reads from belong to the caller: it keeps them valid, and
+//! unmoved, until that operation's completion has been delivered (the two `unsafe`
+//! operations, [`Driver::recv`] and [`Driver::send`]). To abandon the operations of a
+//! socket, `shutdown(2)` it ([`Driver::shutdown`]): pending operations then complete
+//! promptly (recv with 0, send with `EPIPE`, accept with `EINVAL`), after which the fd may
+//! be closed. Completions carry `io::Result`: the kernel's `-errno` is converted here.
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use io_uring::{opcode, types};
 use nix::libc;
 
+use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
 use super::uring::{Ring, USER_DATA_DOORBELL};
@@ -49,18 +56,21 @@ pub fn user_data(slot: u32, op: Op) -> u64 {
     ((slot as u64) << 8) | op as u64
 }
 
-/// A completion: the slot, the operation, and its result (`>= 0`, or `-errno`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A completion: the slot, the operation, and its result.
+#[derive(Debug)]
 pub enum Completion {
-    /// An operation finished.
+    /// An operation finished: bytes moved (0 at the end of a stream), or 0 for a connect.
     Op {
         /// The slot it was issued on.
         slot: u32,
-        /// Which operation.
+        /// Which operation (not `Accept`).
         op: Op,
-        /// Bytes, new fd, 0, or `-errno`.
-        result: i32,
+        /// Bytes, 0, or the error.
+        result: io::Result<u32>,
     },
+    /// An accept on the listener finished: the new socket (non-blocking, close-on-exec),
+    /// or the error.
+    Accepted(io::Result<OwnedFd>),
     /// The doorbell rang.
     Doorbell,
 }
@@ -76,52 +86,172 @@ fn decode(user_data: u64, result: i32) -> Option<Completion> {
         4 => Op::Send,
         _ => return None,
     };
-    Some(Completion::Op {
-        slot: (user_data >> 8) as u32,
-        op,
-        result,
+    if result < 0 {
+        let e = io::Error::from_raw_os_error(-result);
+        return Some(match op {
+            Op::Accept => Completion::Accepted(Err(e)),
+            _ => Completion::Op {
+                slot: (user_data >> 8) as u32,
+                op,
+                result: Err(e),
+            },
+        });
+    }
+    Some(match op {
+        // SAFETY: a successful accept returns a new fd that nothing else owns.
+        Op::Accept => Completion::Accepted(Ok(unsafe { OwnedFd::from_raw_fd(result) })),
+        _ => Completion::Op {
+            slot: (user_data >> 8) as u32,
+            op,
+            result: Ok(result as u32),
+        },
     })
+}
+
+/// Most iovecs in one send.
+pub const MAX_IOV: usize = 64;
+
+/// What the kernel reads for one slot's connect and send, owned by the driver; boxed so it
+/// never moves.
+pub struct SlotMem {
+    iov: [libc::iovec; MAX_IOV],
+    iov_len: usize,
+    msg: libc::msghdr,
+    addr: libc::sockaddr_storage,
+    addr_len: libc::socklen_t,
+}
+
+impl SlotMem {
+    fn new() -> Box<SlotMem> {
+        Box::new(SlotMem {
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV],
+            iov_len: 0,
+            // SAFETY: msghdr is plain old data; all-zero (null pointers, zero lengths) is
+            // valid.
+            msg: unsafe { std::mem::zeroed() },
+            // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+            addr: unsafe { std::mem::zeroed() },
+            addr_len: 0,
+        })
+    }
+}
+
+/// The iovecs of the next send on a slot, filled by [`Driver::gather`].
+pub struct Gather<'a> {
+    mem: &'a mut SlotMem,
+    bytes: u64,
+}
+
+impl Gather<'_> {
+    /// Adds `data` to the send; false (and nothing added) when the send is full.
+    pub fn push(&mut self, data: &[u8]) -> bool {
+        if self.mem.iov_len == MAX_IOV {
+            return false;
+        }
+        self.mem.iov[self.mem.iov_len] = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        self.mem.iov_len += 1;
+        self.bytes += data.len() as u64;
+        true
+    }
+
+    /// Pieces added so far.
+    pub fn len(&self) -> usize {
+        self.mem.iov_len
+    }
+
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.mem.iov_len == 0
+    }
+
+    /// Bytes added so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Writes `addr` as a C sockaddr into `out`; returns its length.
+fn write_sockaddr(addr: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    let storage = nix::sys::socket::SockaddrStorage::from(*addr);
+    use nix::sys::socket::SockaddrLike;
+    let len = storage.len();
+    // SAFETY: `storage.as_ptr()` points at `len` valid bytes of sockaddr, and `out` is a
+    // sockaddr_storage, large enough for any socket address.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            storage.as_ptr().cast::<u8>(),
+            (out as *mut libc::sockaddr_storage).cast::<u8>(),
+            len as usize,
+        );
+    }
+    len
 }
 
 /// The backend-specific half of a loop. One per loop, so the size difference between the
 /// variants costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
-pub enum Driver {
+enum Io {
     /// io_uring.
     Uring(UringDriver),
     /// epoll with eager non-blocking syscalls.
     Epoll(EpollDriver),
 }
 
+/// A loop's I/O: the backend, the kernel memory of each slot's operations, and the
+/// receive-buffer pool.
+pub struct Driver {
+    /// Dropped in `Drop`, unless the driver was leaked.
+    io: std::mem::ManuallyDrop<Io>,
+    /// Set by [`leak`](Driver::leak): nothing is freed or closed on drop.
+    leaked: bool,
+    /// Per slot, what a connect or send hands the kernel; allocated on a slot's first use
+    /// and reused (a slot is reused only once its operations have completed).
+    mem: Vec<Option<Box<SlotMem>>>,
+    /// Receive buffers lent to connections, registered with io_uring when possible.
+    pool: BufPool,
+}
+
 impl Driver {
     /// A driver for `backend` with room for about `entries` operations in flight, waking on
     /// `doorbell`.
     pub fn new(backend: Backend, entries: u32, doorbell: &Doorbell) -> io::Result<Driver> {
-        Ok(match backend {
-            Backend::Uring => Driver::Uring(UringDriver::new(entries, doorbell)?),
-            Backend::Epoll => Driver::Epoll(EpollDriver::new(doorbell)?),
+        let io = match backend {
+            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell)?),
+            Backend::Epoll => Io::Epoll(EpollDriver::new(doorbell)?),
+        };
+        Ok(Driver {
+            io: std::mem::ManuallyDrop::new(io),
+            leaked: false,
+            mem: Vec::new(),
+            pool: BufPool::new(0, 1),
         })
     }
 
     /// Which backend this is.
     pub fn backend(&self) -> Backend {
-        match self {
-            Driver::Uring(_) => Backend::Uring,
-            Driver::Epoll(_) => Backend::Epoll,
+        match &*self.io {
+            Io::Uring(_) => Backend::Uring,
+            Io::Epoll(_) => Backend::Epoll,
         }
     }
 
     /// Starts watching `fd` for `slot` (epoll registers it; io_uring needs nothing).
     pub fn register(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
-        match self {
-            Driver::Uring(_) => Ok(()),
-            Driver::Epoll(d) => d.register(slot, fd),
+        match &mut *self.io {
+            Io::Uring(_) => Ok(()),
+            Io::Epoll(d) => d.register(slot, fd),
         }
     }
 
     /// Stops watching `slot`'s fd. Call once its operations have all completed.
     pub fn deregister(&mut self, slot: u32) {
-        if let Driver::Epoll(d) = self {
+        if let Io::Epoll(d) = &mut *self.io {
             d.deregister(slot);
         }
     }
@@ -130,7 +260,7 @@ impl Driver {
     pub fn shutdown(&mut self, slot: u32, fd: RawFd) {
         // SAFETY: shutdown(2) on an fd we own; no memory is passed.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-        if let Driver::Uring(d) = self {
+        if let Io::Uring(d) = &mut *self.io {
             // shutdown(2) does not abort a connect still in progress (it would wait for the
             // TCP connect timeout): cancel it. Without such an operation the cancel
             // completes with -ENOENT, which is ignored (its user_data has no operation).
@@ -142,7 +272,7 @@ impl Driver {
                 log::warn!("cancelling connect on slot {slot}: {e}");
             }
         }
-        if let Driver::Epoll(d) = self {
+        if let Io::Epoll(d) = &mut *self.io {
             // Readiness for a shut-down socket arrives as an event; run the pending
             // operations now anyway so a socket that never reports still completes.
             d.retry(slot, true, true);
@@ -152,8 +282,8 @@ impl Driver {
     /// Accepts one connection on listener `fd`; completes with the new fd (non-blocking,
     /// close-on-exec) or `-errno`.
     pub fn accept(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
-        match self {
-            Driver::Uring(d) => {
+        match &mut *self.io {
+            Io::Uring(d) => {
                 let entry =
                     opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
                         .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
@@ -162,7 +292,7 @@ impl Driver {
                 // SAFETY: no memory is referenced (null address pointers).
                 unsafe { d.push(&entry) }
             }
-            Driver::Epoll(d) => {
+            Io::Epoll(d) => {
                 d.pending(slot).accept = true;
                 d.retry(slot, true, false);
                 Ok(())
@@ -170,27 +300,32 @@ impl Driver {
         }
     }
 
-    /// Connects `fd` to the address at `addr` (`len` bytes of sockaddr).
-    ///
-    /// # Safety
-    /// `addr` must stay valid until the completion is delivered.
-    pub unsafe fn connect(
-        &mut self,
-        slot: u32,
-        fd: RawFd,
-        addr: *const libc::sockaddr,
-        len: libc::socklen_t,
-    ) -> io::Result<()> {
-        match self {
-            Driver::Uring(d) => {
+    /// The kernel memory of `slot`, allocated on first use.
+    fn mem(&mut self, slot: u32) -> &mut SlotMem {
+        let i = slot as usize;
+        if self.mem.len() <= i {
+            self.mem.resize_with(i + 1, || None);
+        }
+        self.mem[i].get_or_insert_with(SlotMem::new)
+    }
+
+    /// Connects `fd` to `addr`; completes with 0 or the error.
+    pub fn connect(&mut self, slot: u32, fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
+        let mem = self.mem(slot);
+        mem.addr_len = write_sockaddr(addr, &mut mem.addr);
+        let len = mem.addr_len;
+        let addr: *const libc::sockaddr = (&mem.addr as *const libc::sockaddr_storage).cast();
+        match &mut *self.io {
+            Io::Uring(d) => {
                 let entry = opcode::Connect::new(types::Fd(fd), addr, len)
                     .build()
                     .user_data(user_data(slot, Op::Connect));
-                // SAFETY: the caller keeps `addr` valid until the completion.
+                // SAFETY: `addr` points into the slot's boxed memory, which the driver keeps
+                // until it is dropped (after its operations have completed).
                 unsafe { d.push(&entry) }
             }
-            Driver::Epoll(d) => {
-                // SAFETY: `addr`/`len` describe a valid sockaddr per the caller's contract.
+            Io::Epoll(d) => {
+                // SAFETY: `addr`/`len` describe the sockaddr just written.
                 let rc = unsafe { libc::connect(fd, addr, len) };
                 let err = errno_of(rc);
                 if err == -libc::EINPROGRESS {
@@ -210,15 +345,15 @@ impl Driver {
     /// # Safety
     /// `buf..buf+len` must stay valid and untouched until the completion is delivered.
     pub unsafe fn recv(&mut self, slot: u32, fd: RawFd, buf: *mut u8, len: u32) -> io::Result<()> {
-        match self {
-            Driver::Uring(d) => {
+        match &mut *self.io {
+            Io::Uring(d) => {
                 let entry = opcode::Recv::new(types::Fd(fd), buf, len)
                     .build()
                     .user_data(user_data(slot, Op::Recv));
                 // SAFETY: the caller keeps the buffer valid until the completion.
                 unsafe { d.push(&entry) }
             }
-            Driver::Epoll(d) => {
+            Io::Epoll(d) => {
                 let p = d.pending(slot);
                 p.recv = Some((buf, len));
                 if !p.drained {
@@ -245,8 +380,8 @@ impl Driver {
         len: u32,
         buf_index: u16,
     ) -> io::Result<()> {
-        match self {
-            Driver::Uring(d) => {
+        match &mut *self.io {
+            Io::Uring(d) => {
                 // Offset 0 on a socket (not seekable): the kernel reads at the stream's
                 // current position.
                 let entry = opcode::ReadFixed::new(types::Fd(fd), buf, len, buf_index)
@@ -257,52 +392,79 @@ impl Driver {
                 unsafe { d.push(&entry) }
             }
             // SAFETY: passed on from the caller.
-            Driver::Epoll(_) => unsafe { self.recv(slot, fd, buf, len) },
+            Io::Epoll(_) => unsafe { self.recv(slot, fd, buf, len) },
         }
     }
 
-    /// Registers `bufs` with the kernel as fixed buffers, indexed in order. `Ok(false)` on
-    /// epoll, which has nothing to register with. Errors carry the sizes asked for and, for
-    /// ENOMEM, the `RLIMIT_MEMLOCK` numbers.
-    ///
-    /// # Safety
-    /// Every buffer must stay allocated, and not be handed to the allocator for reuse,
-    /// for as long as the driver exists (a ring keeps its registration until it is closed).
-    pub unsafe fn register_buffers(&mut self, bufs: &[libc::iovec]) -> io::Result<bool> {
-        match self {
-            // SAFETY: passed on from the caller.
-            Driver::Uring(d) => unsafe { d.ring.register_buffers(bufs) }.map(|()| true),
-            Driver::Epoll(_) => Ok(false),
-        }
+    /// The pieces of the next send on `slot`, emptied; fill it, then call
+    /// [`send`](Self::send).
+    pub fn gather(&mut self, slot: u32) -> Gather<'_> {
+        let mem = self.mem(slot);
+        mem.iov_len = 0;
+        Gather { mem, bytes: 0 }
     }
 
-    /// Sends the message `msg` describes (with `MSG_NOSIGNAL`); completes with the bytes
-    /// sent or `-errno`.
+    /// Sends the pieces [`gather`](Self::gather) collected for `slot`, as one message (with
+    /// `MSG_NOSIGNAL`); completes with the bytes sent or the error.
     ///
     /// # Safety
-    /// `msg`, its iovec array and every buffer it names must stay valid until the
-    /// completion is delivered.
-    pub unsafe fn send(
-        &mut self,
-        slot: u32,
-        fd: RawFd,
-        msg: *const libc::msghdr,
-    ) -> io::Result<()> {
-        match self {
-            Driver::Uring(d) => {
+    /// Every piece must stay valid, and unmoved, until the completion is delivered.
+    pub unsafe fn send(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
+        let mem = self.mem(slot);
+        // SAFETY: msghdr is plain old data; all-zero (null pointers, zero lengths) is valid.
+        mem.msg = unsafe { std::mem::zeroed() };
+        mem.msg.msg_iov = mem.iov.as_mut_ptr();
+        mem.msg.msg_iovlen = mem.iov_len as _;
+        let msg: *const libc::msghdr = &mem.msg;
+        match &mut *self.io {
+            Io::Uring(d) => {
                 let entry = opcode::SendMsg::new(types::Fd(fd), msg)
                     .flags(libc::MSG_NOSIGNAL as u32)
                     .build()
                     .user_data(user_data(slot, Op::Send));
-                // SAFETY: the caller keeps the message and its buffers valid.
+                // SAFETY: the message and its iovecs live in the slot's boxed memory, kept
+                // until the driver is dropped; the caller keeps the pieces valid.
                 unsafe { d.push(&entry) }
             }
-            Driver::Epoll(d) => {
+            Io::Epoll(d) => {
                 d.pending(slot).send = Some(msg);
                 d.retry(slot, false, true);
                 Ok(())
             }
         }
+    }
+
+    /// Takes `pool` as the receive-buffer pool and registers it with io_uring as fixed
+    /// buffers. `Ok(false)` on epoll, or when the pool is empty; errors carry the sizes
+    /// asked for and, for ENOMEM, the `RLIMIT_MEMLOCK` numbers (the pool is then used
+    /// unregistered).
+    pub fn set_pool(&mut self, pool: BufPool) -> io::Result<bool> {
+        self.pool = pool;
+        if self.pool.count() == 0 {
+            return Ok(false);
+        }
+        let iov = self.pool.iovecs();
+        let registered = match &mut *self.io {
+            // SAFETY: the pool's buffers are allocated once and freed only with the driver
+            // (the pool is its field, and the ring that holds the registration is dropped
+            // first); a buffer lent out comes back at the same address, or is retired and
+            // kept (`BufPool::give_back`).
+            Io::Uring(d) => unsafe { d.ring.register_buffers(&iov) }.map(|()| true)?,
+            Io::Epoll(_) => false,
+        };
+        self.pool.set_registered(registered);
+        Ok(registered)
+    }
+
+    /// The receive-buffer pool.
+    pub fn pool(&mut self) -> &mut BufPool {
+        &mut self.pool
+    }
+
+    /// Makes dropping the driver free nothing and close nothing: for a loop that could not
+    /// drain its operations, whose memory the kernel may still use.
+    pub fn leak(&mut self) {
+        self.leaked = true;
     }
 
     /// Submits what is queued and delivers ready completions to `f`, waiting up to
@@ -314,10 +476,22 @@ impl Driver {
         timeout: Option<Duration>,
         mut f: impl FnMut(Completion),
     ) -> io::Result<usize> {
-        match self {
-            Driver::Uring(d) => d.complete(wait, timeout, &mut f),
-            Driver::Epoll(d) => d.complete(wait, timeout, &mut f),
+        match &mut *self.io {
+            Io::Uring(d) => d.complete(wait, timeout, &mut f),
+            Io::Epoll(d) => d.complete(wait, timeout, &mut f),
         }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.leaked {
+            std::mem::forget(std::mem::take(&mut self.mem));
+            std::mem::forget(std::mem::replace(&mut self.pool, BufPool::new(0, 1)));
+            return;
+        }
+        // SAFETY: dropped once, here, and not used after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.io) };
     }
 }
 
@@ -412,14 +586,14 @@ impl UringDriver {
         let mut n = 0;
         for (user_data, result) in self.overflow.drain(..) {
             if let Some(c) = decode(user_data, result) {
-                rearm |= c == Completion::Doorbell;
+                rearm |= matches!(c, Completion::Doorbell);
                 f(c);
                 n += 1;
             }
         }
         n += self.ring.reap(|user_data, result, _flags| {
             if let Some(c) = decode(user_data, result) {
-                if c == Completion::Doorbell {
+                if matches!(c, Completion::Doorbell) {
                     rearm = true;
                 }
                 f(c);
