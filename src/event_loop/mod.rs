@@ -175,8 +175,13 @@ impl Loop {
             let mut conn = IoConn::new(None);
             if let Some((index, buf)) = self.driver.pool().lend() {
                 // Replaced before any byte arrived: nothing buffered is lost.
-                drop(self.session.swap_buffer(slot, buf));
-                conn.pool_buf = Some(index);
+                match self.session.swap_buffer(slot, buf) {
+                    Ok(old) => {
+                        drop(old);
+                        conn.pool_buf = Some(index);
+                    }
+                    Err(buf) => self.driver.pool().give_back(index, buf),
+                }
             }
             self.io[i] = Some(conn);
         }
@@ -380,7 +385,8 @@ impl Loop {
     /// release it once none is left.
     fn close(&mut self, slot: u32) {
         let Some(conn) = self.io_mut(slot) else {
-            // It never had a socket (connect retries exhausted before one was made).
+            // No I/O state: nothing can be in flight (every path that connects or adopts
+            // creates it first, so this is only a safeguard).
             drop(self.session.release(slot));
             return;
         };
@@ -549,7 +555,7 @@ impl Loop {
         let slot = self.session.adopt(now);
         if let Err(e) = self.driver.register(slot, raw) {
             log::warn!("register accepted socket: {e}");
-            drop(self.session.release(slot));
+            self.session.discard(slot);
             self.accepted.fetch_sub(1, Ordering::Relaxed);
             return;
         }
@@ -585,8 +591,9 @@ impl Loop {
         // `ptr..ptr+len` is the spare room of the connection's receive buffer, or a part of
         // a tensor owned by a request context or an incoming push of this connection. The
         // session neither moves nor frees either before `received` for this completion: a
-        // closed connection is released (its requests failed, its buffer returned) only
-        // once its operations have completed (`maybe_finish`).
+        // request given up meanwhile leaves that tensor buried with the connection
+        // (`Session::bury`), and a closed connection is released (its requests failed, its
+        // buffer returned) only once its operations have completed (`maybe_finish`).
         let armed = match fixed {
             Some(index) => {
                 add(&self.shared.counters.fixed_reads, 1);

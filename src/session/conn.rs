@@ -65,10 +65,11 @@ pub(crate) struct Conn {
     pub head_since: Option<Instant>,
     /// Whether a `FrameHead` timer is pending for this connection.
     pub head_timer: bool,
-    /// Answers of requests given up (by deadline) while a receive may still be writing
-    /// into one of their tensors: kept until the connection's next receive completes or
-    /// the connection is released.
-    pub buried: Vec<ReplyState>,
+    /// The request whose tensor the receive in flight writes straight into, if any.
+    pub receiving_into: Option<u64>,
+    /// The answer of that request, when it was given up (by deadline) while the receive
+    /// was in flight: kept until the receive completes or the connection is released.
+    pub buried: Option<ReplyState>,
 }
 
 impl Conn {
@@ -91,7 +92,8 @@ impl Conn {
             recvs: Vec::new(),
             head_since: None,
             head_timer: false,
-            buried: Vec::new(),
+            receiving_into: None,
+            buried: None,
         }
     }
 
@@ -175,16 +177,32 @@ pub(crate) fn tensor_for<'a>(
     p.state.tensor_mut(index, alloc)
 }
 
-/// Where the next payload bytes of `conn` may be received directly: the part of the
-/// destination tensor they fill, when the decoder offers bytes of a tensor of at least
-/// `min` bytes that has memory of its own.
-pub(crate) fn direct_target<'a>(
-    conn: &'a mut Conn,
-    ctxs: &'a mut CtxSlab<Pending>,
+/// Where the next payload bytes of a connection may be received directly.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DirectPlace {
+    pub route: Route,
+    /// Where in the tensor, and how many bytes.
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl DirectPlace {
+    /// The request (not a push from the peer) whose tensor the bytes go into.
+    pub fn request(&self) -> Option<u64> {
+        (!self.route.is_push).then_some(self.route.handle)
+    }
+}
+
+/// Where the next payload bytes of `conn` may be received directly: when the decoder offers
+/// bytes of a tensor of at least `min` bytes that has memory of its own (allocated now, for
+/// a chunked tensor's first bytes).
+pub(crate) fn direct_place(
+    conn: &mut Conn,
+    ctxs: &mut CtxSlab<Pending>,
     min: u64,
     alloc: &dyn TensorAllocator,
     slot: u32,
-) -> Option<&'a mut [u8]> {
+) -> Option<DirectPlace> {
     let NextRead::Payload {
         target,
         offset,
@@ -205,10 +223,14 @@ pub(crate) fn direct_target<'a>(
     if (tensor.byte_len() as u64) < min || tensor.is_inline() {
         return None;
     }
-    let dst = tensor.bytes_mut().get_mut(offset as usize..)?;
-    let n = (len.min(u32::MAX as u64) as usize).min(dst.len());
+    let room = tensor.byte_len().checked_sub(offset as usize)?;
+    let n = (len.min(u32::MAX as u64) as usize).min(room);
     if n == 0 {
         return None;
     }
-    Some(&mut dst[..n])
+    Some(DirectPlace {
+        route,
+        offset: offset as usize,
+        len: n,
+    })
 }

@@ -45,7 +45,7 @@ use crate::stats::{add, Counters, RequestKind};
 use crate::tensor::{SharedAllocator, Tensor};
 use crate::wire::{Status, HEADER_LEN};
 
-use conn::{direct_target, mark_dirty, Conn, Phase};
+use conn::{direct_place, mark_dirty, tensor_for, Conn, Phase};
 use dispatch::Dispatch;
 use outbox::Outbox;
 use request::{Pending, PushEncodeScratch};
@@ -420,12 +420,12 @@ impl Session {
         slot
     }
 
-    /// Replaces the receive buffer of connection `slot` (before any byte arrived, or after
-    /// it is released); returns the one it had.
-    pub(crate) fn swap_buffer(&mut self, slot: u32, buf: Vec<u8>) -> Vec<u8> {
+    /// Replaces the receive buffer of connection `slot` before any byte arrived; returns
+    /// the one it had, or `buf` back as the error when there is no such connection.
+    pub(crate) fn swap_buffer(&mut self, slot: u32, buf: Vec<u8>) -> Result<Vec<u8>, Vec<u8>> {
         match self.conns.get_mut(slot as usize) {
-            Some(c) => c.proto.decoder().swap_buffer(buf),
-            None => buf,
+            Some(c) => Ok(c.proto.decoder().swap_buffer(buf)),
+            None => Err(buf),
         }
     }
 
@@ -454,11 +454,9 @@ impl Session {
         }
         let alloc = &*self.allocator;
         let min = self.zero_copy_min;
-        if direct_target(conn, &mut self.ctxs, min, alloc, slot).is_some() {
-            // Borrowed again for the caller (the check above ends its borrow).
-            let conn = &mut self.conns[slot as usize];
-            let dst = direct_target(conn, &mut self.ctxs, min, alloc, slot)?;
-            return Some(RecvTarget::Direct(dst));
+        if let Some(place) = direct_place(conn, &mut self.ctxs, min, alloc, slot) {
+            conn.receiving_into = place.request();
+            return self.direct_slice(slot, place);
         }
         if self.conns[slot as usize].proto.decoder().spare().is_empty() {
             // Buffered bytes are decoded after every receive; this means the decoder is
@@ -490,6 +488,19 @@ impl Session {
         Some(RecvTarget::Buffer(&mut spare[..n]))
     }
 
+    /// The memory `place` names (just found by `direct_place`, so it is there).
+    fn direct_slice(&mut self, slot: u32, place: conn::DirectPlace) -> Option<RecvTarget<'_>> {
+        let conn = self.conns.get_mut(slot as usize)?;
+        let alloc = &*self.allocator;
+        let Some(t) = tensor_for(&mut self.ctxs, &mut conn.incoming, slot, place.route, alloc)
+        else {
+            log::error!("connection {slot}: receive target vanished");
+            return None;
+        };
+        let range = place.offset..place.offset + place.len;
+        t.bytes_mut().get_mut(range).map(RecvTarget::Direct)
+    }
+
     /// `n` bytes arrived on connection `slot`, into what [`recv_target`](Self::recv_target)
     /// gave (`direct`: a tensor). Decodes them and acts on what they complete.
     pub(crate) fn received(&mut self, slot: u32, n: usize, direct: bool, now: Instant) {
@@ -500,7 +511,8 @@ impl Session {
             return;
         }
         // The receive that may have been writing into a buried answer has completed.
-        conn.buried.clear();
+        conn.receiving_into = None;
+        conn.buried = None;
         if direct {
             conn.proto.decoder().payload_received(n as u64);
         } else {
@@ -751,6 +763,7 @@ impl Session {
         let Some(conn) = self.conns.get_mut(slot as usize) else {
             return Vec::new();
         };
+        debug_assert_eq!(conn.phase, Phase::Closing, "released before it was closed");
         let why = conn.failure;
         let mut failed = std::mem::take(&mut self.scratch);
         failed.extend(conn.waiting.drain(..));
@@ -776,6 +789,15 @@ impl Session {
         }
         let mut conn = self.conns.remove(slot as usize);
         conn.proto.decoder().swap_buffer(Vec::new())
+    }
+
+    /// Forgets connection `slot`, just adopted, whose socket the loop could not take on
+    /// (nothing was received or sent on it).
+    pub(crate) fn discard(&mut self, slot: u32) {
+        if self.conns.contains(slot as usize) {
+            self.conns[slot as usize].phase = Phase::Closing;
+            drop(self.release(slot));
+        }
     }
 
     /// Stops: requests still in the rings fail with `SHUTDOWN`, every connection is

@@ -343,17 +343,6 @@ impl ReplyState {
         }
     }
 
-    /// Whether it holds a tensor with memory outside itself (a receive could be writing
-    /// into it).
-    pub(crate) fn has_memory(&self) -> bool {
-        match self {
-            ReplyState::Pull { results, .. } => results
-                .iter()
-                .any(|r| r.as_ref().is_ok_and(|t| !t.is_inline() && t.byte_len() > 0)),
-            _ => false,
-        }
-    }
-
     /// Whether everything the answer announced has arrived.
     pub(crate) fn is_complete(&self) -> bool {
         match self {

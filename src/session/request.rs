@@ -288,13 +288,13 @@ impl Session {
         }
     }
 
-    /// Drops a request given up before its answer arrived, keeping its answer's memory
-    /// with its connection until the next receive there completes: a receive may be
-    /// writing straight into one of its tensors right now.
-    pub(super) fn bury(&mut self, p: Pending) {
+    /// Drops request `handle`, given up before its answer arrived; when the receive in
+    /// flight on its connection writes straight into one of its tensors, its answer's
+    /// memory stays with the connection until that receive completes.
+    pub(super) fn bury(&mut self, handle: u64, p: Pending) {
         if let Some(conn) = self.conns.get_mut(p.conn as usize) {
-            if p.sent.is_some() && p.state.has_memory() {
-                conn.buried.push(p.state);
+            if conn.receiving_into == Some(handle) {
+                conn.buried = Some(p.state);
             }
         }
     }

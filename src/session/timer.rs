@@ -96,12 +96,22 @@ impl Session {
             progress = true;
             match timer {
                 Timer::Deadline(h) => {
+                    // A request on a closed connection fails with the connection's error
+                    // when the loop releases it.
+                    let closing = self.ctxs.get(CtxHandle::from_raw(h)).is_ok_and(|p| {
+                        self.conns
+                            .get(p.conn as usize)
+                            .is_some_and(|c| c.phase == Phase::Closing)
+                    });
+                    if closing {
+                        continue;
+                    }
                     if let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
                         self.abandon(h, &p);
                         let e = Err(Error::Timeout);
                         let spare = std::mem::take(&mut p.spare);
                         self.notify(p.origin, p.tag, p.kind, &p.fused, e, spare);
-                        self.bury(p);
+                        self.bury(h, p);
                     }
                 }
                 Timer::Member { handle, index } => self.member_timed_out(handle, index),
@@ -159,7 +169,7 @@ impl Session {
         if all_done {
             if let Ok(p) = self.ctxs.remove(h) {
                 self.abandon(handle, &p);
-                self.bury(p);
+                self.bury(handle, p);
             }
         }
     }
