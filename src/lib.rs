@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod cluster;
 pub mod config;
 pub(crate) mod core;
@@ -37,7 +38,8 @@ pub use config::Config;
 pub use error::Error;
 pub use peer::Peer;
 pub use rendezvous::Rendezvous;
-pub use runtime::{Embedded, Handle, Options, Runtime, DEFAULT_ZERO_COPY_MIN};
+pub use client::{Client, Embedded, Handle, Ticket};
+pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_ZERO_COPY_MIN};
 pub use service::Service;
 pub use stats::Stats;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};

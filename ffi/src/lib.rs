@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use starwire::config::ConfigBuilder;
 use starwire::wire::{DType, Status};
 use starwire::{
-    Completion, Error, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor,
+    Completion, Error, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor, Ticket,
     TensorAllocator, TensorDesc, TensorMemory,
 };
 
@@ -1057,11 +1057,11 @@ pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
 ///
 /// # Safety
 /// As the submitting functions.
-unsafe fn submit(
+unsafe fn submit<K>(
     c: *mut sw_client,
     peer: *const c_char,
     tag: *mut u64,
-    f: impl FnOnce(&mut Handle, SocketAddr) -> Result<u64, Error>,
+    f: impl FnOnce(&mut Handle, SocketAddr) -> Result<Ticket<K>, Error>,
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per the caller.
@@ -1073,7 +1073,7 @@ unsafe fn submit(
         }
         let t = f(&mut client.handle, peer)?;
         // SAFETY: checked non-null above.
-        unsafe { write(tag, t) };
+        unsafe { write(tag, t.tag()) };
         Ok(())
     })
 }
@@ -1286,7 +1286,12 @@ pub unsafe extern "C" fn sw_client_wait(
         if reply.is_null() {
             return Err(Failure::null("reply"));
         }
-        let completion = client.handle.wait(tag);
+        let completion = client.handle.wait_tag(tag).map_err(|_| {
+            Failure::invalid(format!(
+                "request {tag} is not outstanding (never submitted, already waited for, \
+                 or submitted through a client with a callback)"
+            ))
+        })?;
         let (result, answer) = outcome(completion);
         code = result;
         if let Some(answer) = answer {

@@ -116,10 +116,12 @@ impl Load {
     fn submit(&mut self, h: &mut Handle, deadline: Instant) -> Result<u64, Error> {
         let deadline = Some(deadline);
         match self.op {
-            Op::Ping => h.ping(self.addr, self.ping_size, deadline),
+            Op::Ping => h
+                .ping(self.addr, self.ping_size, deadline)
+                .map(|t| t.tag()),
             Op::Pull => {
                 let ids = self.ids();
-                h.pull(self.addr, ids, deadline)
+                h.pull(self.addr, ids, deadline).map(|t| t.tag())
             }
             Op::Push => {
                 let t = self
@@ -127,15 +129,15 @@ impl Load {
                     .clone()
                     .unwrap_or_else(|| Arc::new(Tensor::dead(DType::U8)));
                 let items = self.ids().into_iter().map(|i| (i, t.clone())).collect();
-                h.push(self.addr, items, deadline)
+                h.push(self.addr, items, deadline).map(|t| t.tag())
             }
             Op::Recv => {
                 let key = recv_key(self.ids()[0]);
-                h.recv(self.addr, 0, &key, deadline)
+                h.recv(self.addr, 0, &key, deadline).map(|t| t.tag())
             }
             Op::FusedRecv => {
                 let keys = self.ids().into_iter().map(recv_key).collect();
-                h.recv_many(self.addr, 0, keys, deadline)
+                h.recv_many(self.addr, 0, keys, deadline).map(|t| t.tag())
             }
         }
     }
@@ -361,7 +363,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         let tag = h
             .ping(addr, args.size, Some(Instant::now() + timeout))
             .map_err(|e| fatal(&e, &label, addr, timeout))?;
-        if let Err(e) = h.wait(tag).result {
+        if let Err(e) = h.wait(tag) {
             return Err(match e {
                 Error::InvalidArgument => Failure::usage(format!(
                     "-s {}: the payload is too large for a ping",
@@ -426,7 +428,8 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             }
             continue;
         }
-        let c = h.wait_any();
+        // Something is in flight, so this waits (an empty table cannot get here).
+        let Ok(c) = h.wait_any() else { break };
         let done = Instant::now();
         let Some(sent) = inflight.remove(&c.tag) else {
             continue;

@@ -135,9 +135,9 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
         let more = args.count.map_or(true, |c| sent < c);
         if more && now >= next && pending.len() < MAX_OUTSTANDING {
             match h.ping(target.addr, args.size, Some(now + timeout)) {
-                Ok(tag) => {
+                Ok(ticket) => {
                     sent += 1;
-                    pending.insert(tag, sent);
+                    pending.insert(ticket.tag(), sent);
                 }
                 Err(Error::Backpressure) => {}
                 Err(e) => {
