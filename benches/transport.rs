@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use starwire::client::Driver;
 use starwire::wire::{DType, Status};
 use starwire::{
-    Client, Completion, Embedded, Handle, Options, Rendezvous, Reply, Runtime, Service, Stats, Tensor,
-    TensorAllocator, TensorDesc, TensorMemory,
+    Client, Completion, Embedded, Handle, Options, Rendezvous, Reply, Runtime, Service, Stats,
+    Tensor, TensorAllocator, TensorDesc, TensorMemory,
 };
 
 mod common;
@@ -649,10 +649,7 @@ impl SwClient for EmbeddedClient {
         self.e.stats()
     }
     fn recv_one(&mut self, step: u64, key: &[u8]) {
-        let _ticket = self
-            .e
-            .recv(self.peer, step, key, None)
-            .expect("recv");
+        let _ticket = self.e.recv(self.peer, step, key, None).expect("recv");
     }
     fn recv_many(&mut self, step: u64, keys: Vec<Vec<u8>>) {
         let _ticket = self

@@ -418,7 +418,10 @@ impl Worker {
             self.pull_rpcs += 1;
         }
         for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
-            let done = self.handle.wait_tag(tag).map_err(|e| format!("wait: {e}"))?;
+            let done = self
+                .handle
+                .wait_tag(tag)
+                .map_err(|e| format!("wait: {e}"))?;
             // Borrowed, so the completion's vectors go back to the handle for the next step.
             let tensors = done
                 .pulled()
@@ -506,7 +509,10 @@ impl Worker {
             self.push_rpcs += 1;
         }
         for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
-            let done = self.handle.wait_tag(tag).map_err(|e| format!("wait: {e}"))?;
+            let done = self
+                .handle
+                .wait_tag(tag)
+                .map_err(|e| format!("wait: {e}"))?;
             check_pushed(&done, s)?;
             self.handle.recycle(done);
         }

@@ -21,9 +21,7 @@ use std::thread::JoinHandle;
 
 use crate::client::Handle;
 use crate::config::{BackendChoice, Config};
-use crate::core::{
-    Callback, Completion, Endpoint, Loop, LoopParts, LoopShared, Request,
-};
+use crate::core::{Callback, Completion, Endpoint, Loop, LoopParts, LoopShared, Request};
 use crate::pool::{HandlerPool, Job};
 use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
@@ -163,10 +161,11 @@ impl Runtime {
             local_addr = Some(bound);
             listeners.push(Some(first));
             for _ in 1..n {
-                let l = socket::listen_tcp(bound, BACKLOG).map_err(|source| StartError::Listen {
-                    addr: bound,
-                    source,
-                })?;
+                let l =
+                    socket::listen_tcp(bound, BACKLOG).map_err(|source| StartError::Listen {
+                        addr: bound,
+                        source,
+                    })?;
                 listeners.push(Some(l));
             }
         } else {
@@ -379,7 +378,6 @@ pub(crate) fn loop_for(peer: SocketAddr, lane: u32, loops: usize) -> usize {
     (h.finish() % loops as u64) as usize
 }
 
-
 /// Chooses the backend as [`sys::select`] does, keeping why io_uring was not used when
 /// `auto` fell back to epoll (the probe's error, or the features the ring lacks).
 pub(crate) fn select_backend(config: &Config) -> Result<(Backend, Option<String>), StartError> {
@@ -496,7 +494,11 @@ impl StartReport {
 impl fmt::Display for StartReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = if self.loops == 1 { "" } else { "s" };
-        write!(f, "starwire: {} event loop{s} on {}", self.loops, self.backend)?;
+        write!(
+            f,
+            "starwire: {} event loop{s} on {}",
+            self.loops, self.backend
+        )?;
         for note in &self.notes {
             write!(f, "\n  {note}")?;
         }
@@ -562,7 +564,9 @@ impl fmt::Display for StartError {
             }
             StartError::PinPlan(e) => write!(f, "pinning the event loops: {e}"),
             StartError::Listen { addr, source } => write!(f, "listening on {addr}: {source}"),
-            StartError::Loop { index, source } => write!(f, "setting up event loop {index}: {source}"),
+            StartError::Loop { index, source } => {
+                write!(f, "setting up event loop {index}: {source}")
+            }
             StartError::Thread(e) => write!(f, "starting an event loop thread: {e}"),
             StartError::HandlerPool(e) => write!(f, "starting the handler pool: {e}"),
         }

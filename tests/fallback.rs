@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use starwire::config::{Backend, BackendChoice};
-use starwire::Runtime;
+use starwire::{Embedded, Runtime, StartError, StartNote};
 use std::process::Command;
 
 const CHILD_ENV: &str = "STARWIRE_TEST_NO_URING";
@@ -82,6 +82,31 @@ fn auto_falls_back_to_epoll_when_io_uring_is_refused() {
     let auto = |job| config(job, 1).backend(BackendChoice::Auto).build().unwrap();
     let server = Runtime::start(auto("ps"), Some("127.0.0.1:0".parse().unwrap())).unwrap();
     assert_eq!(server.backend(), Backend::Epoll);
+    // The fallback and its reason are in the start-up report, not only in the log.
+    let report = server.report();
+    assert_eq!(report.backend(), Backend::Epoll);
+    let reason = report
+        .notes()
+        .iter()
+        .find_map(|n| match n {
+            StartNote::BackendFallback { reason } => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no fallback in the report: {report}"));
+    assert!(reason.contains("io_uring unavailable"), "{reason}");
+    assert!(
+        report.to_string().contains("epoll instead of io_uring"),
+        "{report}"
+    );
+    let embedded = Embedded::new(auto("worker"), None).unwrap();
+    assert!(
+        matches!(
+            embedded.report().notes(),
+            [StartNote::BackendFallback { .. }]
+        ),
+        "{}",
+        embedded.report()
+    );
     let client = Runtime::start(auto("worker"), None).unwrap();
     assert_eq!(client.backend(), Backend::Epoll);
     assert!(ping_once(&client, server.local_addr().unwrap(), secs(10)).is_ok());
@@ -93,5 +118,6 @@ fn auto_falls_back_to_epoll_when_io_uring_is_refused() {
     let err = Runtime::start(forced, None)
         .err()
         .expect("forced uring must fail");
+    assert!(matches!(err, StartError::Backend(_)), "{err:?}");
     assert!(err.to_string().contains("STARWIRE_BACKEND"), "{err}");
 }

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use starwire::wire::{DType, Status};
 use starwire::{
-    Error, Options, Runtime, Service, Tensor, Ticket, TensorAllocator, TensorDesc, TensorMemory,
+    Error, Options, Runtime, Service, Tensor, TensorAllocator, TensorDesc, TensorMemory, Ticket,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -97,11 +97,11 @@ fn push_then_pull_sees_the_update() {
     );
     let t = h.pull(addr, vec![7, 8], secs(10)).unwrap();
     let v = wait_ok(&mut h, t);
-        assert_eq!(v.len(), 2);
-        let t7 = v[0].as_ref().unwrap();
-        assert_eq!(t7.dims(), [2, 2]);
-        assert_eq!(t7.to_f32(), [1.5, 2.5, 3.5, 4.5]);
-        assert_eq!(v[1].as_ref().unwrap_err(), &Status::NotFound);
+    assert_eq!(v.len(), 2);
+    let t7 = v[0].as_ref().unwrap();
+    assert_eq!(t7.dims(), [2, 2]);
+    assert_eq!(t7.to_f32(), [1.5, 2.5, 3.5, 4.5]);
+    assert_eq!(v[1].as_ref().unwrap_err(), &Status::NotFound);
 }
 
 /// Sizes from 0 B to 64 MiB, with several dtypes and shapes.
@@ -147,13 +147,13 @@ fn pull_preserves_dtype_shape_and_contents_from_0_bytes_to_64_mib() {
     let ids: Vec<u64> = originals.iter().map(|(id, _)| *id).collect();
     let t = h.pull(addr, ids, secs(60)).unwrap();
     let v = wait_ok(&mut h, t);
-        assert_eq!(v.len(), originals.len());
-        for ((_, want), got) in originals.iter().zip(&v) {
-            let got = got.as_ref().expect("tensor");
-            assert_eq!(got.dtype(), want.dtype());
-            assert_eq!(got.dims(), want.dims());
-            assert!(got.bytes() == want.bytes(), "contents of {:?}", want.dims());
-        }
+    assert_eq!(v.len(), originals.len());
+    for ((_, want), got) in originals.iter().zip(&v) {
+        let got = got.as_ref().expect("tensor");
+        assert_eq!(got.dtype(), want.dtype());
+        assert_eq!(got.dims(), want.dims());
+        assert!(got.bytes() == want.bytes(), "contents of {:?}", want.dims());
+    }
     let stats = client.stats();
     let total: u64 = originals.iter().map(|(_, t)| t.byte_len() as u64).sum();
     assert_eq!(stats.payload_direct + stats.payload_copied, total);
@@ -240,9 +240,9 @@ fn allocator_hook_is_called_once_per_tensor_and_failures_fail_only_that_tensor()
         .pull_into(addr, vec![0, 1, 2], alloc.clone(), secs(10))
         .unwrap();
     let v = wait_ok(&mut h, t);
-        assert_eq!(v[0].as_ref().unwrap().bytes(), &pattern(0, 100_000)[..]);
-        assert_eq!(v[1].as_ref().unwrap().bytes(), &pattern(1, 100_000)[..]);
-        assert_eq!(v[2].as_ref().unwrap_err(), &Status::ResourceExhausted);
+    assert_eq!(v[0].as_ref().unwrap().bytes(), &pattern(0, 100_000)[..]);
+    assert_eq!(v[1].as_ref().unwrap().bytes(), &pattern(1, 100_000)[..]);
+    assert_eq!(v[2].as_ref().unwrap_err(), &Status::ResourceExhausted);
     assert!(alloc.0.lock().unwrap().is_empty());
     // The connection goes on.
     assert!(ping_once(&client, addr, secs(10)).is_ok());

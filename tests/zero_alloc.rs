@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use starwire::wire::{DType, Status};
 use starwire::client::Driver;
+use starwire::wire::{DType, Status};
 use starwire::{Client, Completion, Embedded, Options, Runtime, Service, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use starwire::config::ConfigBuilder;
 use starwire::wire::{DType, Status};
 use starwire::{
-    Completion, Error, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor, Ticket,
-    TensorAllocator, TensorDesc, TensorMemory,
+    Completion, Error, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor,
+    TensorAllocator, TensorDesc, TensorMemory, Ticket,
 };
 
 // ----- results and errors -----

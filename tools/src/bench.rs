@@ -116,9 +116,7 @@ impl Load {
     fn submit(&mut self, h: &mut Handle, deadline: Instant) -> Result<u64, Error> {
         let deadline = Some(deadline);
         match self.op {
-            Op::Ping => h
-                .ping(self.addr, self.ping_size, deadline)
-                .map(|t| t.tag()),
+            Op::Ping => h.ping(self.addr, self.ping_size, deadline).map(|t| t.tag()),
             Op::Pull => {
                 let ids = self.ids();
                 h.pull(self.addr, ids, deadline).map(|t| t.tag())
