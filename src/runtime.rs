@@ -7,8 +7,10 @@
 //! touches no line another submitter writes. A request goes to the loop that owns the
 //! connection to its peer (a hash of peer and lane), which also answers it.
 //!
-//! [`Embedded`] is the same loop driven by the caller's own thread: no loop threads, no
-//! rings, no cross-thread hop.
+//! [`Embedded`](crate::Embedded) is the same loop driven by the caller's own thread: no
+//! loop threads, no rings, no cross-thread hop. Both are a [`Client`](crate::Client)
+//! (`client.rs`). What start-up changed from what was asked is kept in a [`StartReport`];
+//! what kept it from starting is a [`StartError`].
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -340,7 +342,7 @@ impl Runtime {
         s
     }
 
-    /// Stops the loops: requests in flight or queued complete with [`Error::Shutdown`],
+    /// Stops the loops: requests in flight or queued complete with [`Error::Shutdown`](crate::Error::Shutdown),
     /// connections and listeners are closed, threads are joined.
     pub fn shutdown(mut self) {
         self.stop();

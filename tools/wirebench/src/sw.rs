@@ -1,8 +1,8 @@
 //! The workloads over starwire: a `Service` on a one-loop runtime, and clients that keep
 //! requests in flight on one `Handle` with the allocation-free calls.
 
-use starwire::config::ConfigBuilder;
 use starwire::client::Driver;
+use starwire::config::ConfigBuilder;
 use starwire::wire::{DType, Status};
 use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Tensor};
 use std::collections::HashMap;
