@@ -28,10 +28,11 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::core::{Completion, Loop, LoopShared, Reply, Request, RequestOp};
+use crate::core::{Callback, Completion, Loop, LoopShared, Reply, Request, RequestOp};
 use crate::error::Error;
 use crate::peer::Peer;
 use crate::runtime::{self, Options, StartError, StartReport};
@@ -43,7 +44,9 @@ use crate::transport::Spare;
 use crate::wire::Status;
 
 /// The requests of a [`Runtime`](crate::Runtime)'s loop threads: a `Client` over
-/// [`Threads`]. `Send` (it may move to another thread before use), not `Sync`.
+/// [`Threads`]. `Send`, not `Sync`: it may move to another thread; the loops wake the
+/// thread that submitted its first request, so use it there once it has been used
+/// (elsewhere its waits look every 100 µs instead of being woken).
 pub type Handle = Client<Threads>;
 
 /// A loop driven by the caller's own thread: a `Client` over [`Local`]. No loop threads,
@@ -57,6 +60,9 @@ pub type Embedded = Client<Local>;
 const HANDLE_WAIT_SPIN: Duration = Duration::from_micros(20);
 /// Longest a parked [`Handle`] sleeps before it looks again (a missed wake costs this).
 const HANDLE_PARK_MAX: Duration = Duration::from_millis(50);
+/// How often a [`Handle`] used on another thread than at its first request looks for its
+/// completions once it stops spinning (the loops wake the first thread).
+const MOVED_HANDLE_POLL: Duration = Duration::from_micros(100);
 /// Longest an [`Embedded`] loop parks in the kernel at once, so that a condition of
 /// [`Client::run_until`] set by another thread is seen soon.
 const LOCAL_PARK_MAX: Duration = Duration::from_millis(10);
@@ -171,6 +177,14 @@ impl<K> Ticket<K> {
     }
 }
 
+impl<K: Kind> Ticket<K> {
+    /// [`client.wait(ticket)`](Client::wait), for a request and its wait in one line:
+    /// `let pulled = h.pull(peer, ids, None)?.wait(&mut h)?;`.
+    pub fn wait<D: Driver>(self, client: &mut Client<D>) -> Result<K::Output, Error> {
+        client.wait(self)
+    }
+}
+
 impl<K> std::fmt::Debug for Ticket<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Ticket({})", self.tag)
@@ -273,8 +287,15 @@ pub struct Client<D: Driver> {
 }
 
 impl<D: Driver> Client<D> {
-    fn with_driver(driver: D, cfg: &Config, capacity: usize, callback: bool) -> Client<D> {
-        let kept = capacity.min(LOCAL_SPARES_KEPT);
+    fn with_driver(
+        driver: D,
+        cfg: &Config,
+        capacity: usize,
+        callback: bool,
+        spares_kept: usize,
+    ) -> Client<D> {
+        // Sized for the usual number in flight up front; they grow (once) past it.
+        let expected = capacity.min(LOCAL_SPARES_KEPT);
         Client {
             driver,
             lanes: cfg.connections_per_peer.max(1) as u32,
@@ -282,10 +303,10 @@ impl<D: Driver> Client<D> {
             next_tag: 1,
             capacity,
             callback,
-            outstanding: Vec::with_capacity(kept),
-            done: Vec::with_capacity(kept),
+            outstanding: Vec::with_capacity(expected),
+            done: Vec::with_capacity(expected),
             spares: Vec::new(),
-            spares_kept: kept.max(1),
+            spares_kept: spares_kept.max(1),
         }
     }
 
@@ -556,33 +577,50 @@ impl<D: Driver> Client<D> {
 pub struct Threads {
     inner: Arc<runtime::Inner>,
     lanes: Vec<runtime::Lane>,
-    waker: Arc<ThreadWaker>,
+    /// The loops' ends of the rings, handed over at first use: the loops then wake the
+    /// thread that uses the handle, not the one that made it.
+    unregistered: Vec<runtime::LoopEnds>,
+    callback: Option<Callback>,
+    /// The waker the loops ring, and the thread it wakes; set at first use.
+    waker: Option<(Arc<ThreadWaker>, ThreadId)>,
 }
 
 impl Client<Threads> {
     pub(crate) fn threads(
         inner: Arc<runtime::Inner>,
         lanes: Vec<runtime::Lane>,
-        waker: Arc<ThreadWaker>,
+        unregistered: Vec<runtime::LoopEnds>,
         capacity: usize,
-        callback: bool,
+        callback: Option<Callback>,
     ) -> Handle {
         let cfg = inner.cfg.clone();
+        let has_callback = callback.is_some();
         Client::with_driver(
             Threads {
                 inner,
                 lanes,
-                waker,
+                unregistered,
+                callback,
+                waker: None,
             },
             &cfg,
             capacity,
-            callback,
+            has_callback,
+            // As many as can be in flight: a full pipeline of recycled requests allocates
+            // nothing.
+            capacity,
         )
     }
 }
 
 impl sealed::Drive for Threads {
     fn send(&mut self, req: sealed::Outgoing) -> Result<(), sealed::Outgoing> {
+        if self.waker.is_none() {
+            let waker = ThreadWaker::current();
+            let ends = std::mem::take(&mut self.unregistered);
+            runtime::register(&self.inner, ends, self.callback.take(), &waker);
+            self.waker = Some((waker, std::thread::current().id()));
+        }
         let req = req.0;
         let index = runtime::loop_for(req.peer, req.lane, self.lanes.len());
         self.lanes[index]
@@ -608,12 +646,23 @@ impl sealed::Drive for Threads {
             core::hint::spin_loop();
             return;
         }
-        self.waker.prepare_park();
+        let Some((waker, home)) = &self.waker else {
+            // Nothing was ever submitted: nothing can arrive.
+            core::hint::spin_loop();
+            return;
+        };
+        if std::thread::current().id() != *home {
+            // Moved to another thread after first use: the loops wake the first one, so
+            // look again after a short sleep instead of parking until a wake.
+            std::thread::park_timeout(MOVED_HANDLE_POLL);
+            return;
+        }
+        waker.prepare_park();
         let ready = self.lanes.iter().any(|l| !l.completions.is_empty());
         if !ready && !self.stopped() {
-            self.waker.park(Some(HANDLE_PARK_MAX));
+            waker.park(Some(HANDLE_PARK_MAX));
         }
-        self.waker.clear_park();
+        waker.clear_park();
     }
 
     fn stopped(&self) -> bool {
@@ -702,17 +751,21 @@ impl Client<Local> {
             options.parts(0, None, &Arc::new(AtomicUsize::new(0))),
         )
         .map_err(loop_err)?;
+        // The fallback was logged where it was decided.
         let report = StartReport::new(backend, 1, fallback);
-        for note in report.notes() {
-            log::warn!("starwire: {note}");
-        }
         let local = Local {
             lp,
             shared,
             cfg: cfg.clone(),
             report,
         };
-        Ok(Client::with_driver(local, &cfg, usize::MAX, false))
+        Ok(Client::with_driver(
+            local,
+            &cfg,
+            usize::MAX,
+            false,
+            LOCAL_SPARES_KEPT,
+        ))
     }
 
     /// The address this loop listens on.

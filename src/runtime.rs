@@ -107,6 +107,32 @@ pub(crate) struct Lane {
     pub(crate) completions: Consumer<Completion>,
 }
 
+/// The loop's ends of a handle's rings, until the handle is first used.
+pub(crate) type LoopEnds = (Consumer<Request>, Producer<Completion>);
+
+/// Hands a handle's ring ends to each loop, with the waker of the thread that waits.
+pub(crate) fn register(
+    inner: &Inner,
+    ends: Vec<LoopEnds>,
+    callback: Option<Callback>,
+    waker: &Arc<ThreadWaker>,
+) {
+    for (shared, (requests, completions)) in inner.loops.iter().zip(ends) {
+        let endpoint = Endpoint {
+            requests,
+            completions,
+            callback: callback.clone(),
+            waker: waker.clone(),
+        };
+        match shared.new_endpoints.lock() {
+            Ok(mut v) => v.push(endpoint),
+            Err(p) => p.into_inner().push(endpoint),
+        }
+        shared.has_new_endpoints.store(true, Ordering::SeqCst);
+        shared.wake();
+    }
+}
+
 /// The running event loops of one task.
 pub struct Runtime {
     inner: Arc<Inner>,
@@ -220,6 +246,7 @@ impl Runtime {
                     let mut note = None;
                     if let Some(cpu) = cpu {
                         if let Err(e) = affinity::pin_current_thread(cpu) {
+                            log::warn!("starwire: loop {i} not pinned to CPU {cpu}: {e}");
                             note = Some(StartNote::NotPinned {
                                 index: i,
                                 cpu,
@@ -250,9 +277,6 @@ impl Runtime {
                     })
                 }
             }
-        }
-        for note in report.notes() {
-            log::warn!("starwire: {note}");
         }
         rt.report = report;
         rt.pool = pool;
@@ -300,25 +324,14 @@ impl Runtime {
     }
 
     fn new_handle(&self, capacity: usize, callback: Option<Callback>) -> Handle {
-        let waker = ThreadWaker::current();
         let mut lanes = Vec::with_capacity(self.inner.loops.len());
+        let mut loop_ends = Vec::with_capacity(self.inner.loops.len());
         let mut ring_capacity = 0;
-        for shared in &self.inner.loops {
+        for _ in &self.inner.loops {
             let (req_tx, req_rx) = spsc::channel::<Request>(capacity.max(2));
             let (done_tx, done_rx) = spsc::channel::<Completion>(capacity.max(2));
             ring_capacity = req_tx.capacity();
-            let endpoint = Endpoint {
-                requests: req_rx,
-                completions: done_tx,
-                callback: callback.clone(),
-                waker: waker.clone(),
-            };
-            match shared.new_endpoints.lock() {
-                Ok(mut v) => v.push(endpoint),
-                Err(p) => p.into_inner().push(endpoint),
-            }
-            shared.has_new_endpoints.store(true, Ordering::SeqCst);
-            shared.wake();
+            loop_ends.push((req_rx, done_tx));
             lanes.push(Lane {
                 requests: req_tx,
                 completions: done_rx,
@@ -327,9 +340,9 @@ impl Runtime {
         Handle::threads(
             self.inner.clone(),
             lanes,
-            waker,
+            loop_ends,
             ring_capacity,
-            callback.is_some(),
+            callback,
         )
     }
 

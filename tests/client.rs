@@ -77,8 +77,8 @@ fn every_kind<D: Driver>(c: &mut Client<D>, peer: SocketAddr, rv: &Rendezvous) {
     assert_eq!(pulled[1].as_ref().unwrap_err(), &Status::NotFound);
     assert_eq!(pulled[2].as_ref().unwrap().bytes(), [7u8; 8]);
 
-    let t = c.pull_slice(peer, &[9], secs(10)).unwrap();
-    let pulled = c.wait(t).unwrap();
+    // A request and its wait in one line.
+    let pulled = c.pull_slice(peer, &[9], secs(10)).unwrap().wait(c).unwrap();
     assert_eq!(pulled[0].as_ref().unwrap().bytes(), [9u8; 8]);
 
     let short = Arc::new(Tensor::from_slice(DType::U8, &[1], &[1]).unwrap());
@@ -337,4 +337,34 @@ fn a_listen_address_in_use_names_the_address() {
         .err()
         .expect("the address is taken");
     assert!(matches!(err, StartError::Listen { .. }), "{err:?}");
+}
+
+#[test]
+fn a_handle_may_move_to_another_thread() {
+    fn send<T: Send>(_: &T) {}
+    let server = serve(Arc::new(Table::default()), None);
+    let peer = server.local_addr().unwrap();
+    let rt = client(1);
+    let h = rt.handle(4);
+    send(&h);
+    // Made here, first used on another thread: that thread is the one woken.
+    let (got, mut h) = std::thread::scope(|s| {
+        s.spawn(move || {
+            let mut h = h;
+            let got = h.pull(peer, vec![4], secs(10)).unwrap().wait(&mut h);
+            (got, h)
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(got.unwrap()[0].as_ref().unwrap().bytes(), [4u8; 8]);
+    // Moved back after use: its waits still complete.
+    for i in 0..5u64 {
+        let v = h
+            .pull(peer, vec![i], secs(10))
+            .unwrap()
+            .wait(&mut h)
+            .unwrap();
+        assert_eq!(v[0].as_ref().unwrap().bytes(), [i as u8; 8]);
+    }
 }
