@@ -69,9 +69,9 @@ const LOCAL_PARK_MAX: Duration = Duration::from_millis(10);
 /// Most recycled completions an embedded loop keeps for reuse.
 const LOCAL_SPARES_KEPT: usize = 1024;
 
-/// The error a wait returns for a tag that is not outstanding, and typed accessors for a
-/// completion of another kind of request. A static so accessors can lend it.
-static NOT_OUTSTANDING: Error = Error::InvalidArgument;
+/// What the lending accessors give for a completion of another kind of request: a static,
+/// so they can lend it.
+static WRONG_KIND: Error = Error::InvalidArgument;
 
 // A full ring hands the request back by value, as the ring itself does: boxing it would
 // allocate on every submission.
@@ -235,7 +235,7 @@ impl Completion {
     pub fn pulled(&self) -> Result<&[Result<Tensor, Status>], &Error> {
         match &self.result {
             Ok(Reply::Pulled(items)) => Ok(items),
-            Ok(_) => Err(&NOT_OUTSTANDING),
+            Ok(_) => Err(&WRONG_KIND),
             Err(e) => Err(e),
         }
     }
@@ -244,7 +244,7 @@ impl Completion {
     pub fn received(&self) -> Result<&[Result<Tensor, Status>], &Error> {
         match &self.result {
             Ok(Reply::Received(items)) => Ok(items),
-            Ok(_) => Err(&NOT_OUTSTANDING),
+            Ok(_) => Err(&WRONG_KIND),
             Err(e) => Err(e),
         }
     }
@@ -253,7 +253,7 @@ impl Completion {
     pub fn pushed(&self) -> Result<&[Status], &Error> {
         match &self.result {
             Ok(Reply::Pushed(statuses)) => Ok(statuses),
-            Ok(_) => Err(&NOT_OUTSTANDING),
+            Ok(_) => Err(&WRONG_KIND),
             Err(e) => Err(e),
         }
     }
@@ -496,8 +496,10 @@ impl<D: Driver> Client<D> {
     }
 
     /// Waits for the completion tagged `tag`, keeping those of other requests that arrive
-    /// meanwhile. Waiting spins, then parks, as the configured spin and polling settings
-    /// say. A tag that is not outstanding (never submitted, already taken, or submitted
+    /// meanwhile. Waiting spins, then parks; with the `polling` setting it busy-polls. An
+    /// [`Embedded`] loop is run meanwhile, spinning for the `spin` budget before it parks
+    /// in the kernel, as a loop thread does; a [`Handle`] spins 20 µs (its loop needs the
+    /// CPU more) before it parks until its loop wakes it. A tag that is not outstanding (never submitted, already taken, or submitted
     /// through a callback client): [`Error::InvalidArgument`] at once, never a hang.
     pub fn wait_tag(&mut self, tag: u64) -> Result<Completion, Error> {
         if !self.outstanding.contains(&tag) {

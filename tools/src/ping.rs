@@ -41,8 +41,13 @@ pub fn client_config(loops: usize, connections: usize, retries: u32) -> Result<C
 
 /// Starts a client runtime.
 pub fn start_client(cfg: Config) -> Result<Runtime, Failure> {
-    Runtime::start(cfg, None)
-        .map_err(|e| Failure::usage(format!("cannot start the starwire client: {e}")))
+    let rt = Runtime::start(cfg, None)
+        .map_err(|e| Failure::usage(format!("cannot start the starwire client: {e}")))?;
+    // What start-up did differently from what was asked (fewer loops, a fallback).
+    for note in rt.report().notes() {
+        eprintln!("commctl: {note}");
+    }
+    Ok(rt)
 }
 
 /// The failure for a request error that ends the command.
