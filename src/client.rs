@@ -69,9 +69,12 @@ const LOCAL_PARK_MAX: Duration = Duration::from_millis(10);
 /// Most recycled completions an embedded loop keeps for reuse.
 const LOCAL_SPARES_KEPT: usize = 1024;
 
-/// What the lending accessors give for a completion of another kind of request: a static,
-/// so they can lend it.
-static WRONG_KIND: Error = Error::InvalidArgument;
+/// A copy of a completion's error for the lending accessors. `clone`, not a copy: an error
+/// that names its peer and carries the remote message is not `Copy`.
+#[allow(clippy::clone_on_copy)]
+fn owned(e: &Error) -> Error {
+    e.clone()
+}
 
 // A full ring hands the request back by value, as the ring itself does: boxing it would
 // allocate on every submission.
@@ -232,29 +235,29 @@ impl Completion {
 
     /// A pull's tensors, lent: the completion can then go back through
     /// [`Client::recycle`], so that a steady stream of pulls allocates nothing.
-    pub fn pulled(&self) -> Result<&[Result<Tensor, Status>], &Error> {
+    pub fn pulled(&self) -> Result<&[Result<Tensor, Status>], Error> {
         match &self.result {
             Ok(Reply::Pulled(items)) => Ok(items),
-            Ok(_) => Err(&WRONG_KIND),
-            Err(e) => Err(e),
+            Ok(_) => Err(Error::InvalidArgument),
+            Err(e) => Err(owned(e)),
         }
     }
 
     /// A recv's tensors, lent, as [`pulled`](Self::pulled).
-    pub fn received(&self) -> Result<&[Result<Tensor, Status>], &Error> {
+    pub fn received(&self) -> Result<&[Result<Tensor, Status>], Error> {
         match &self.result {
             Ok(Reply::Received(items)) => Ok(items),
-            Ok(_) => Err(&WRONG_KIND),
-            Err(e) => Err(e),
+            Ok(_) => Err(Error::InvalidArgument),
+            Err(e) => Err(owned(e)),
         }
     }
 
     /// A push's statuses, lent, as [`pulled`](Self::pulled).
-    pub fn pushed(&self) -> Result<&[Status], &Error> {
+    pub fn pushed(&self) -> Result<&[Status], Error> {
         match &self.result {
             Ok(Reply::Pushed(statuses)) => Ok(statuses),
-            Ok(_) => Err(&WRONG_KIND),
-            Err(e) => Err(e),
+            Ok(_) => Err(Error::InvalidArgument),
+            Err(e) => Err(owned(e)),
         }
     }
 }

@@ -214,8 +214,8 @@ fn a_typed_accessor_of_another_kind_is_an_error() {
     let mut e = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
     let t = e.ping(peer, 8, secs(10)).unwrap();
     let done = e.wait_tag(t.tag()).unwrap();
-    assert_eq!(done.pulled().err(), Some(&Error::InvalidArgument));
-    assert_eq!(done.pushed().err(), Some(&Error::InvalidArgument));
+    assert_eq!(done.pulled().err(), Some(Error::InvalidArgument));
+    assert_eq!(done.pushed().err(), Some(Error::InvalidArgument));
     assert!(done.into_pulled().is_err());
     let t = e.pull(peer, vec![1], secs(10)).unwrap();
     let done = e.wait_tag(t.tag()).unwrap();
