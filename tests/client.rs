@@ -237,7 +237,8 @@ fn embedded_spreads_requests_over_connections_per_peer() {
     assert_eq!(server.stats().connections_accepted, 2);
 
     // One lane: one connection, however many requests.
-    let mut one = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
+    let cfg = config("worker", 1).connections_per_peer(1).build().unwrap();
+    let mut one = Embedded::new(cfg, None).unwrap();
     for _ in 0..6 {
         let t = one.ping(peer, 8, secs(10)).unwrap();
         one.wait(t).unwrap();
@@ -265,7 +266,8 @@ fn an_embedded_server_is_run_by_its_driving_call() {
         })
     };
     let peer = addr_rx.recv().unwrap();
-    let rt = client(1);
+    let cfg = config("worker", 1).connections_per_peer(1).build().unwrap();
+    let rt = Runtime::start(cfg, None).unwrap();
     let mut h = rt.handle(8);
     for i in 0..20u64 {
         let t = h.pull(peer, vec![i], secs(10)).unwrap();
