@@ -310,15 +310,19 @@ impl Runtime {
         &self.inner.cfg
     }
 
-    /// A handle for the calling thread; completions are waited for with [`Handle::wait`].
+    /// A handle for a trainer thread: the thread that submits its first request, which
+    /// the loops then wake when its completions arrive (see [`Client::wait`]).
     /// `capacity` bounds the requests it may have outstanding (rounded up to a power of
     /// two).
+    ///
+    /// [`Client::wait`]: crate::Client::wait
     pub fn handle(&self, capacity: usize) -> Handle {
         self.new_handle(capacity, None)
     }
 
-    /// A handle whose completions run `callback` on the loop thread that completes them.
-    /// The callback must be quick and must not block.
+    /// A handle whose completions run `callback` on the loop thread that completes them
+    /// (read them with the typed accessors, e.g. [`Completion::into_pulled`]); its waits
+    /// have nothing to wait for. The callback must be quick and must not block.
     pub fn handle_with_callback(&self, capacity: usize, callback: Callback) -> Handle {
         self.new_handle(capacity, Some(callback))
     }
