@@ -98,7 +98,33 @@
 //!   with [`Embedded::run_until`](Client::run_until).
 //!
 //! Both are a [`Client`] with the same request methods, so code can serve both:
-//! `fn step<D: starwire::client::Driver>(c: &mut starwire::Client<D>)`.
+//!
+//! ```
+//! use starwire::client::Driver;
+//! use starwire::config::ConfigBuilder;
+//! use starwire::{Client, Embedded, Error, Runtime};
+//! use std::net::SocketAddr;
+//! use std::time::Duration;
+//!
+//! /// A round trip, whichever thread drives the loop.
+//! fn round_trip<D: Driver>(c: &mut Client<D>, peer: SocketAddr) -> Result<Duration, Error> {
+//!     let ticket = c.ping(peer, 64, None)?;
+//!     c.wait(ticket)
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = |job| ConfigBuilder::from_env(job, 0)?.build();
+//! let ps = Runtime::start(config("ps")?, Some("127.0.0.1:0".parse()?))?;
+//! let peer = ps.local_addr().ok_or("the PS listens")?;
+//!
+//! let worker = Runtime::start(config("worker")?, None)?;
+//! round_trip(&mut worker.handle(8), peer)?;
+//! // No loop thread: this thread's waits run the loop.
+//! let mut embedded = Embedded::new(config("worker")?, None)?;
+//! round_trip(&mut embedded, peer)?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Handlers of a [`Service`] run **inline** on the loop that received the request (the
 //! default, `handler_threads: 0`): no thread hop, right for short handlers (lookups, a
