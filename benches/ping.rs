@@ -422,27 +422,27 @@ fn expect_pong(c: &Completion, payload: u32) {
 impl Pinger for HandleClient {
     fn round_trip(&mut self, payload: u32) {
         let t = self.h.ping(self.peer, payload, None).expect("submit");
-        let c = self.h.wait(t);
+        let c = self.h.wait_tag(t.tag()).expect("outstanding");
         expect_pong(&c, payload);
     }
 
     fn pipelined(&mut self, payload: u32, inflight: usize, window: Duration) -> u64 {
         for _ in 0..inflight {
-            self.h.ping(self.peer, payload, None).expect("submit");
+            let _ticket = self.h.ping(self.peer, payload, None).expect("submit");
         }
         let end = Instant::now() + window;
         let mut done = 0;
         loop {
-            let c = self.h.wait_any();
+            let c = self.h.wait_any().expect("outstanding");
             expect_pong(&c, payload);
             if Instant::now() >= end {
                 break;
             }
             done += 1;
-            self.h.ping(self.peer, payload, None).expect("submit");
+            let _ticket = self.h.ping(self.peer, payload, None).expect("submit");
         }
         while self.h.outstanding() > 0 {
-            expect_pong(&self.h.wait_any(), payload);
+            expect_pong(&self.h.wait_any().expect("outstanding"), payload);
         }
         done
     }
@@ -452,49 +452,30 @@ impl Pinger for HandleClient {
     }
 }
 
-/// `Embedded` driven the way the loop thread drives itself: with polling on, poll without
-/// ever blocking; with polling off, poll without blocking for the spin budget, then block
-/// in the kernel.
+/// `Embedded`: its waits drive the loop the way the loop thread drives itself (with
+/// polling on, never blocking; with polling off, spinning for the spin budget, then
+/// blocking in the kernel).
 struct EmbeddedClient {
     e: Embedded,
     peer: SocketAddr,
-    polling: bool,
-    spin: Duration,
 }
 
 impl EmbeddedClient {
     fn next(&mut self) -> Completion {
-        let mut idle_since: Option<Instant> = None;
-        loop {
-            if let Some(c) = self.e.completion() {
-                return c;
-            }
-            if self.polling {
-                self.e.poll(Some(Duration::ZERO));
-                continue;
-            }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < self.spin {
-                if !self.e.poll(Some(Duration::ZERO)) {
-                    core::hint::spin_loop();
-                }
-            } else {
-                self.e.poll(Some(Duration::from_millis(100)));
-            }
-        }
+        self.e.wait_any().expect("a ping outstanding")
     }
 }
 
 impl Pinger for EmbeddedClient {
     fn round_trip(&mut self, payload: u32) {
-        self.e.ping(self.peer, payload, None);
+        let _ticket = self.e.ping(self.peer, payload, None).expect("submit");
         let c = self.next();
         expect_pong(&c, payload);
     }
 
     fn pipelined(&mut self, payload: u32, inflight: usize, window: Duration) -> u64 {
         for _ in 0..inflight {
-            self.e.ping(self.peer, payload, None);
+            let _ticket = self.e.ping(self.peer, payload, None).expect("submit");
         }
         let end = Instant::now() + window;
         let mut done = 0;
@@ -507,7 +488,7 @@ impl Pinger for EmbeddedClient {
                 break;
             }
             done += 1;
-            self.e.ping(self.peer, payload, None);
+            let _ticket = self.e.ping(self.peer, payload, None).expect("submit");
             outstanding += 1;
         }
         while outstanding > 0 {
@@ -529,8 +510,6 @@ fn client(variant: Variant, cfg: SwCfg, peer: SocketAddr) -> Box<dyn Pinger> {
         Variant::Embedded => Box::new(EmbeddedClient {
             e: Embedded::new(cfg.config("worker"), None).expect("embedded client"),
             peer,
-            polling: cfg.polling,
-            spin: cfg.spin,
         }),
     }
 }
@@ -915,7 +894,7 @@ fn idle_main(args: &[String]) {
     let peer = server.local_addr().unwrap();
     let mut h = client.handle(8);
     let t = h.ping(peer, 32, None).unwrap();
-    expect_pong(&h.wait(t), 32);
+    expect_pong(&h.wait_tag(t.tag()).unwrap(), 32);
     std::thread::sleep(Duration::from_millis(200));
     let (cpu0, wall0) = (process_cpu_time(), Instant::now());
     let (s0, c0) = (

@@ -34,10 +34,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use starwire::client::Driver;
 use starwire::wire::{DType, Status};
 use starwire::{
-    Completion, Embedded, Handle, Options, Rendezvous, Reply, Runtime, Service, Stats, Tensor,
-    TensorAllocator, TensorDesc, TensorMemory,
+    Client, Completion, Embedded, Handle, Options, Rendezvous, Reply, Runtime, Service, Stats,
+    Tensor, TensorAllocator, TensorDesc, TensorMemory,
 };
 
 mod common;
@@ -579,7 +580,7 @@ trait SwClient {
         self.recycle(c);
     }
     fn stats(&self) -> Stats;
-    /// Submits one recv of one key (`Handle::recv`; `Embedded::recv_many` with one key).
+    /// Submits one recv of one key (`recv`).
     fn recv_one(&mut self, step: u64, key: &[u8]);
     /// Submits one fused recv of `keys` (`recv_many`).
     fn recv_many(&mut self, step: u64, keys: Vec<Vec<u8>>);
@@ -594,15 +595,10 @@ struct HandleClient {
 
 impl SwClient for HandleClient {
     fn submit(&mut self, w: &Work) {
-        let r = match w {
-            Work::Ping => self.h.ping(self.peer, 32, None),
-            Work::Pull(ids) => self.h.pull_slice(self.peer, ids, None),
-            Work::Push(items) => self.h.push_slice(self.peer, items, None),
-        };
-        r.expect("submit");
+        submit(&mut self.h, self.peer, w);
     }
     fn next(&mut self) -> Completion {
-        self.h.wait_any()
+        self.h.wait_any().expect("a request outstanding")
     }
     fn recycle(&mut self, c: Completion) {
         self.h.recycle(c);
@@ -611,62 +607,55 @@ impl SwClient for HandleClient {
         self.rt.stats()
     }
     fn recv_one(&mut self, step: u64, key: &[u8]) {
-        self.h.recv(self.peer, step, key, None).expect("recv");
+        let _ticket = self.h.recv(self.peer, step, key, None).expect("recv");
     }
     fn recv_many(&mut self, step: u64, keys: Vec<Vec<u8>>) {
-        self.h
+        let _ticket = self
+            .h
             .recv_many(self.peer, step, keys, None)
             .expect("recv_many");
     }
 }
 
-/// `Embedded` driven the way `Loop::run` drives itself (see the ping bench).
+/// Submits `w` through the allocation-free calls, whichever mode drives the loop; its
+/// completion is taken by `wait_any`.
+fn submit<D: Driver>(c: &mut Client<D>, peer: SocketAddr, w: &Work) {
+    let queued = match w {
+        Work::Ping => c.ping(peer, 32, None).map(|t| t.tag()),
+        Work::Pull(ids) => c.pull_slice(peer, ids, None).map(|t| t.tag()),
+        Work::Push(items) => c.push_slice(peer, items, None).map(|t| t.tag()),
+    };
+    queued.expect("submit");
+}
+
+/// `Embedded`: its waits drive the loop the way `Loop::run` drives itself (see the ping
+/// bench).
 struct EmbeddedClient {
     e: Embedded,
     peer: SocketAddr,
-    polling: bool,
-    spin: Duration,
 }
 
 impl SwClient for EmbeddedClient {
     fn submit(&mut self, w: &Work) {
-        match w {
-            Work::Ping => self.e.ping(self.peer, 32, None),
-            Work::Pull(ids) => self.e.pull_slice(self.peer, ids, None),
-            Work::Push(items) => self.e.push_slice(self.peer, items, None),
-        };
+        submit(&mut self.e, self.peer, w);
     }
     fn recycle(&mut self, c: Completion) {
         self.e.recycle(c);
     }
     fn next(&mut self) -> Completion {
-        let mut idle_since: Option<Instant> = None;
-        loop {
-            if let Some(c) = self.e.completion() {
-                return c;
-            }
-            if self.polling {
-                self.e.poll(Some(Duration::ZERO));
-                continue;
-            }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < self.spin {
-                if !self.e.poll(Some(Duration::ZERO)) {
-                    core::hint::spin_loop();
-                }
-            } else {
-                self.e.poll(Some(Duration::from_millis(100)));
-            }
-        }
+        self.e.wait_any().expect("a request outstanding")
     }
     fn stats(&self) -> Stats {
         self.e.stats()
     }
     fn recv_one(&mut self, step: u64, key: &[u8]) {
-        self.e.recv_many(self.peer, step, vec![key.to_vec()], None);
+        let _ticket = self.e.recv(self.peer, step, key, None).expect("recv");
     }
     fn recv_many(&mut self, step: u64, keys: Vec<Vec<u8>>) {
-        self.e.recv_many(self.peer, step, keys, None);
+        let _ticket = self
+            .e
+            .recv_many(self.peer, step, keys, None)
+            .expect("recv_many");
     }
 }
 
@@ -798,8 +787,6 @@ fn sw_client_with(
         Variant::Embedded => Box::new(EmbeddedClient {
             e: Embedded::with_options(config, options).expect("embedded client"),
             peer,
-            polling: cfg.polling,
-            spin: cfg.spin,
         }),
         Variant::Raw => unreachable!("raw has its own client"),
     }

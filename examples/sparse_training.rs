@@ -27,7 +27,7 @@ use model::{Batch, Generator, ModelConfig, Scratch, Shard};
 use starwire::cluster::{ClusterSpec, TaskId};
 use starwire::config::ConfigBuilder;
 use starwire::wire::{DType, Status};
-use starwire::{Handle, Options, Peer, Reply, Resolver, Runtime, Service, Tensor};
+use starwire::{Completion, Handle, Options, Peer, Resolver, Runtime, Service, Tensor};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -401,19 +401,22 @@ impl Worker {
             tags[s] = self
                 .handle
                 .pull_slice(self.ps[s], ids, deadline)
-                .map_err(|e| format!("pull: {e}"))?;
+                .map_err(|e| format!("pull: {e}"))?
+                .tag();
             self.pull_rpcs += 1;
         }
         for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
-            let done = self.handle.wait(tag);
-            match &done.result {
-                Ok(Reply::Pulled(tensors)) => {
-                    for (t, &at) in tensors.iter().zip(&self.positions[s]) {
-                        let t = t.as_ref().map_err(|st| format!("pull: row {st:?}"))?;
-                        copy_row(t, &mut rows[at as usize * self.dim..][..self.dim])?;
-                    }
-                }
-                other => return Err(format!("pull from ps:{s}: {other:?}")),
+            let done = self
+                .handle
+                .wait_tag(tag)
+                .map_err(|e| format!("wait: {e}"))?;
+            // Borrowed, so the completion's vectors go back to the handle for the next step.
+            let tensors = done
+                .pulled()
+                .map_err(|e| format!("pull from ps:{s}: {e}"))?;
+            for (t, &at) in tensors.iter().zip(&self.positions[s]) {
+                let t = t.as_ref().map_err(|st| format!("pull: row {st:?}"))?;
+                copy_row(t, &mut rows[at as usize * self.dim..][..self.dim])?;
             }
             self.handle.recycle(done);
         }
@@ -432,21 +435,21 @@ impl Worker {
             while next < unique.len() && inflight.len() < UNFUSED_WINDOW {
                 let id = unique[next];
                 let peer = self.ps[model::shard_of(id, self.ps.len())];
-                let tag = self.handle.pull_slice(peer, &[id], deadline);
-                inflight.insert(tag.map_err(|e| format!("pull: {e}"))?, next);
+                let ticket = self.handle.pull_slice(peer, &[id], deadline);
+                inflight.insert(ticket.map_err(|e| format!("pull: {e}"))?.tag(), next);
                 self.pull_rpcs += 1;
                 next += 1;
             }
-            let done = self.handle.wait_any();
+            let done = self.handle.wait_any().map_err(|e| format!("wait: {e}"))?;
             let at = inflight
                 .remove(&done.tag)
                 .ok_or("completion of an unknown request")?;
-            match &done.result {
-                Ok(Reply::Pulled(t)) if t.len() == 1 => {
-                    let t = t[0].as_ref().map_err(|st| format!("pull: row {st:?}"))?;
+            match done.pulled().map_err(|e| format!("pull: {e}"))? {
+                [t] => {
+                    let t = t.as_ref().map_err(|st| format!("pull: row {st:?}"))?;
                     copy_row(t, &mut rows[at * self.dim..][..self.dim])?;
                 }
-                other => return Err(format!("pull: {other:?}")),
+                other => return Err(format!("pull of one row: {} answers", other.len())),
             }
             self.handle.recycle(done);
         }
@@ -489,12 +492,16 @@ impl Worker {
             *tag = self
                 .handle
                 .push_slice(self.ps[s], &self.grads[s], deadline)
-                .map_err(|e| format!("push: {e}"))?;
+                .map_err(|e| format!("push: {e}"))?
+                .tag();
             self.push_rpcs += 1;
         }
         for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
-            let done = self.handle.wait(tag);
-            check_pushed(&done.result, s)?;
+            let done = self
+                .handle
+                .wait_tag(tag)
+                .map_err(|e| format!("wait: {e}"))?;
+            check_pushed(&done, s)?;
             self.handle.recycle(done);
         }
         Ok(())
@@ -505,21 +512,22 @@ impl Worker {
         for s in 0..self.ps.len() {
             for n in 0..self.grads[s].len() {
                 if inflight == UNFUSED_WINDOW {
-                    let done = self.handle.wait_any();
-                    check_pushed(&done.result, s)?;
+                    let done = self.handle.wait_any().map_err(|e| format!("wait: {e}"))?;
+                    check_pushed(&done, s)?;
                     self.handle.recycle(done);
                     inflight -= 1;
                 }
                 let item = std::slice::from_ref(&self.grads[s][n]);
-                let tag = self.handle.push_slice(self.ps[s], item, deadline);
-                tag.map_err(|e| format!("push: {e}"))?;
+                // Its completion is taken by `wait_any`, in whatever order they finish.
+                let queued = self.handle.push_slice(self.ps[s], item, deadline);
+                let _ticket = queued.map_err(|e| format!("push: {e}"))?;
                 self.push_rpcs += 1;
                 inflight += 1;
             }
         }
         for _ in 0..inflight {
-            let done = self.handle.wait_any();
-            check_pushed(&done.result, 0)?;
+            let done = self.handle.wait_any().map_err(|e| format!("wait: {e}"))?;
+            check_pushed(&done, 0)?;
             self.handle.recycle(done);
         }
         Ok(())
@@ -540,10 +548,11 @@ fn copy_row(t: &Tensor, out: &mut [f32]) -> Res<()> {
     Ok(())
 }
 
-fn check_pushed(result: &Result<Reply, starwire::Error>, s: usize) -> Res<()> {
-    match result {
-        Ok(Reply::Pushed(st)) if st.iter().all(|s| *s == Status::Ok) => Ok(()),
-        other => Err(format!("push to ps:{s}: {other:?}")),
+fn check_pushed(done: &Completion, s: usize) -> Res<()> {
+    match done.pushed() {
+        Ok(st) if st.iter().all(|s| *s == Status::Ok) => Ok(()),
+        Ok(st) => Err(format!("push to ps:{s}: {st:?}")),
+        Err(e) => Err(format!("push to ps:{s}: {e}")),
     }
 }
 

@@ -7,9 +7,12 @@
 //! touches no line another submitter writes. A request goes to the loop that owns the
 //! connection to its peer (a hash of peer and lane), which also answers it.
 //!
-//! [`Embedded`] is the same loop driven by the caller's own thread: no loop threads, no
-//! rings, no cross-thread hop.
+//! [`Embedded`](crate::Embedded) is the same loop driven by the caller's own thread: no
+//! loop threads, no rings, no cross-thread hop. Both are a [`Client`](crate::Client)
+//! (`client.rs`). What start-up changed from what was asked is kept in a [`StartReport`];
+//! what kept it from starting is a [`StartError`].
 
+use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::SocketAddr;
@@ -17,19 +20,17 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
-use crate::config::Config;
-use crate::error::Error;
+use crate::config::{BackendChoice, Config};
 use crate::event_loop::{Loop, LoopParts, LoopShared};
 use crate::pool::{HandlerPool, Job};
 use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
-use crate::session::{Callback, Completion, Endpoint, Request, RequestOp, Spare};
-use crate::spsc::{self, Consumer, Producer, ThreadWaker};
+use crate::session::{Callback, Completion, Endpoint, Request};
+use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
-use crate::tensor::{HeapAllocator, SharedAllocator, Tensor};
+use crate::tensor::{HeapAllocator, SharedAllocator};
 use std::sync::mpsc::SyncSender;
 
 /// Payload of at least this many bytes is received straight into the tensor's memory;
@@ -70,7 +71,7 @@ impl Options {
         }
     }
 
-    fn parts(
+    pub(crate) fn parts(
         &self,
         index: usize,
         jobs: Option<SyncSender<Job>>,
@@ -91,18 +92,45 @@ impl Options {
     }
 }
 
-/// How long a waiting thread spins before it parks (when not polling).
-const WAIT_SPIN: Duration = Duration::from_micros(20);
-
 /// Listen backlog of each loop's listener.
-const BACKLOG: i32 = 1024;
-/// Most recycled completions an embedded loop keeps for reuse.
-const SPARES_KEPT: usize = 1024;
+pub(crate) const BACKLOG: i32 = 1024;
 
-struct Inner {
-    cfg: Arc<Config>,
-    loops: Vec<Arc<LoopShared>>,
-    stopped: AtomicBool,
+pub(crate) struct Inner {
+    pub(crate) cfg: Arc<Config>,
+    pub(crate) loops: Vec<Arc<LoopShared>>,
+    pub(crate) stopped: AtomicBool,
+}
+
+/// A handle's pair of rings with one loop.
+pub(crate) struct Lane {
+    pub(crate) requests: Producer<Request>,
+    pub(crate) completions: Consumer<Completion>,
+}
+
+/// The loop's ends of a handle's rings, until the handle is first used.
+pub(crate) type LoopEnds = (Consumer<Request>, Producer<Completion>);
+
+/// Hands a handle's ring ends to each loop, with the waker of the thread that waits.
+pub(crate) fn register(
+    inner: &Inner,
+    ends: Vec<LoopEnds>,
+    callback: Option<Callback>,
+    waker: &Arc<ThreadWaker>,
+) {
+    for (shared, (requests, completions)) in inner.loops.iter().zip(ends) {
+        let endpoint = Endpoint {
+            requests,
+            completions,
+            callback: callback.clone(),
+            waker: waker.clone(),
+        };
+        match shared.new_endpoints.lock() {
+            Ok(mut v) => v.push(endpoint),
+            Err(p) => p.into_inner().push(endpoint),
+        }
+        shared.has_new_endpoints.store(true, Ordering::SeqCst);
+        shared.wake();
+    }
 }
 
 /// The running event loops of one task.
@@ -113,13 +141,14 @@ pub struct Runtime {
     threads: Vec<JoinHandle<()>>,
     backend: Backend,
     local_addr: Option<SocketAddr>,
+    report: StartReport,
 }
 
 impl Runtime {
     /// Starts the loops. With `listen`, every loop listens on that address (port 0 picks
     /// one port for all of them; see [`local_addr`](Self::local_addr)) and answers the
     /// requests its accepted connections carry.
-    pub fn start(config: Config, listen: Option<SocketAddr>) -> io::Result<Runtime> {
+    pub fn start(config: Config, listen: Option<SocketAddr>) -> Result<Runtime, StartError> {
         Self::start_with(
             config,
             Options {
@@ -129,45 +158,63 @@ impl Runtime {
         )
     }
 
-    /// Starts the loops with a service, an allocator, or other [`Options`].
-    pub fn start_with(config: Config, options: Options) -> io::Result<Runtime> {
+    /// Starts the loops with a service, an allocator, or other [`Options`]. What start-up
+    /// chose differently from what was asked (fewer loops, a backend fallback, a loop left
+    /// unpinned) is in [`report`](Self::report).
+    pub fn start_with(config: Config, options: Options) -> Result<Runtime, StartError> {
         let listen = options.listen;
-        let (backend, caps) = sys::select(config.backend)?;
-        log::info!(
-            "starwire: backend {backend}{}",
-            if caps.is_some() { " (probed)" } else { "" }
-        );
-        let allowed = affinity::allowed_cpus()?;
+        let (backend, fallback) = select_backend(&config)?;
+        let allowed = affinity::allowed_cpus().map_err(StartError::AllowedCpus)?;
         let n = config.loop_count(options.connections.unwrap_or(usize::MAX), allowed.len());
+        let mut report = StartReport::new(backend, n, fallback);
+        if let Some(asked) = config.loops {
+            if asked > n {
+                report.notes.push(StartNote::LoopsClamped {
+                    asked,
+                    allowed_cpus: allowed.len(),
+                });
+            }
+        }
         let pins = if config.pin {
-            Some(crate::config::pin_plan(n, &allowed).map_err(io::Error::other)?)
+            Some(crate::config::pin_plan(n, &allowed).map_err(StartError::PinPlan)?)
         } else {
             None
         };
         let mut listeners: Vec<Option<OwnedFd>> = Vec::with_capacity(n);
         let mut local_addr = None;
         if let Some(addr) = listen {
-            let first = socket::listen_tcp(addr, BACKLOG)?;
-            let bound = socket::local_addr(&first)?;
+            let listen_err = |source| StartError::Listen { addr, source };
+            let first = socket::listen_tcp(addr, BACKLOG).map_err(listen_err)?;
+            let bound = socket::local_addr(&first).map_err(listen_err)?;
             local_addr = Some(bound);
             listeners.push(Some(first));
             for _ in 1..n {
-                listeners.push(Some(socket::listen_tcp(bound, BACKLOG)?));
+                let l =
+                    socket::listen_tcp(bound, BACKLOG).map_err(|source| StartError::Listen {
+                        addr: bound,
+                        source,
+                    })?;
+                listeners.push(Some(l));
             }
         } else {
             listeners.resize_with(n, || None);
         }
         let cfg = Arc::new(config);
         let shared: Vec<Arc<LoopShared>> = (0..n)
-            .map(|_| LoopShared::new().map(Arc::new))
-            .collect::<io::Result<_>>()?;
+            .map(|index| {
+                LoopShared::new()
+                    .map(Arc::new)
+                    .map_err(|source| StartError::Loop { index, source })
+            })
+            .collect::<Result<_, _>>()?;
         if let Some(r) = &options.rendezvous {
             r.attach(shared.clone());
         }
         let pool = match (&options.service, options.handler_threads) {
-            (Some(service), n) if n > 0 => {
-                Some(HandlerPool::start(n, service.clone(), shared.clone())?)
-            }
+            (Some(service), n) if n > 0 => Some(
+                HandlerPool::start(n, service.clone(), shared.clone())
+                    .map_err(StartError::HandlerPool)?,
+            ),
             _ => None,
         };
         let inner = Arc::new(Inner {
@@ -181,10 +228,12 @@ impl Runtime {
             threads: Vec::with_capacity(n),
             backend,
             local_addr,
+            report: StartReport::new(backend, n, None),
         };
         let accepted = Arc::new(AtomicUsize::new(0));
         for (i, listener) in listeners.into_iter().enumerate() {
-            let (ready_tx, ready_rx) = mpsc::channel::<io::Result<()>>();
+            // Ok(Some(note)): the loop runs, but not pinned as asked.
+            let (ready_tx, ready_rx) = mpsc::channel::<Result<Option<StartNote>, StartError>>();
             let cfg = cfg.clone();
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
@@ -192,34 +241,53 @@ impl Runtime {
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {
-                    // Pin first, allocate second.
+                    // Pin first, allocate second. A refused pin leaves the loop running
+                    // where the scheduler puts it, and says so in the report.
+                    let mut note = None;
                     if let Some(cpu) = cpu {
                         if let Err(e) = affinity::pin_current_thread(cpu) {
-                            let _ = ready_tx.send(Err(io::Error::other(format!(
-                                "pinning loop {i} to CPU {cpu}: {e}"
-                            ))));
-                            return;
+                            log::warn!("starwire: loop {i} not pinned to CPU {cpu}: {e}");
+                            note = Some(StartNote::NotPinned {
+                                index: i,
+                                cpu,
+                                reason: e.to_string(),
+                            });
                         }
                     }
                     let mut lp = match Loop::new(cfg, sh, backend, listener, parts) {
                         Ok(lp) => lp,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
+                        Err(source) => {
+                            let _ = ready_tx.send(Err(StartError::Loop { index: i, source }));
                             return;
                         }
                     };
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(note));
                     lp.run();
-                })?;
+                })
+                .map_err(StartError::Thread)?;
             rt.threads.push(thread);
             match ready_rx.recv() {
-                Ok(Ok(())) => {}
+                Ok(Ok(None)) => {}
+                Ok(Ok(Some(note))) => report.notes.push(note),
                 Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(io::Error::other(format!("loop {i} died at start"))),
+                Err(_) => {
+                    return Err(StartError::Loop {
+                        index: i,
+                        source: io::Error::other("the loop thread died at start"),
+                    })
+                }
             }
         }
+        rt.report = report;
         rt.pool = pool;
         Ok(rt)
+    }
+
+    /// What start-up chose differently from what was asked: fewer loops than asked for
+    /// (the CPUs this process may run on), a backend fallback, a loop left unpinned.
+    /// `Display` prints it for an operator.
+    pub fn report(&self) -> &StartReport {
+        &self.report
     }
 
     /// The address the loops listen on.
@@ -242,56 +310,9 @@ impl Runtime {
         &self.inner.cfg
     }
 
-    /// A handle for the calling thread; completions are waited for with [`Handle::wait`].
-    /// `capacity` bounds the requests it may have outstanding (rounded up to a power of
-    /// two).
-    pub fn handle(&self, capacity: usize) -> Handle {
-        self.new_handle(capacity, None)
-    }
-
-    /// A handle whose completions run `callback` on the loop thread that completes them.
-    /// The callback must be quick and must not block.
-    pub fn handle_with_callback(&self, capacity: usize, callback: Callback) -> Handle {
-        self.new_handle(capacity, Some(callback))
-    }
-
-    fn new_handle(&self, capacity: usize, callback: Option<Callback>) -> Handle {
-        let waker = ThreadWaker::current();
-        let mut lanes = Vec::with_capacity(self.inner.loops.len());
-        let mut ring_capacity = 0;
-        for shared in &self.inner.loops {
-            let (req_tx, req_rx) = spsc::channel::<Request>(capacity.max(2));
-            let (done_tx, done_rx) = spsc::channel::<Completion>(capacity.max(2));
-            ring_capacity = req_tx.capacity();
-            let endpoint = Endpoint {
-                requests: req_rx,
-                completions: done_tx,
-                callback: callback.clone(),
-                waker: waker.clone(),
-            };
-            match shared.new_endpoints.lock() {
-                Ok(mut v) => v.push(endpoint),
-                Err(p) => p.into_inner().push(endpoint),
-            }
-            shared.has_new_endpoints.store(true, Ordering::SeqCst);
-            shared.wake();
-            lanes.push(Lane {
-                requests: req_tx,
-                completions: done_rx,
-            });
-        }
-        Handle {
-            inner: self.inner.clone(),
-            lanes,
-            waker,
-            callback: callback.is_some(),
-            capacity: ring_capacity,
-            outstanding: 0,
-            next_tag: 1,
-            done: Vec::with_capacity(ring_capacity),
-            next_lane: 0,
-            spares: Vec::new(),
-        }
+    /// What the loops share with the handles.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     /// Sums every loop's counters.
@@ -303,7 +324,7 @@ impl Runtime {
         s
     }
 
-    /// Stops the loops: requests in flight or queued complete with [`Error::Shutdown`],
+    /// Stops the loops: requests in flight or queued complete with [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown),
     /// connections and listeners are closed, threads are joined.
     pub fn shutdown(mut self) {
         self.stop();
@@ -333,473 +354,227 @@ impl Drop for Runtime {
     }
 }
 
-struct Lane {
-    requests: Producer<Request>,
-    completions: Consumer<Completion>,
-}
-
-/// A thread's way to submit requests. `Send` (it may move to another thread before use),
-/// not `Sync`: one thread submits through it at a time.
-pub struct Handle {
-    inner: Arc<Inner>,
-    lanes: Vec<Lane>,
-    waker: Arc<ThreadWaker>,
-    callback: bool,
-    capacity: usize,
-    outstanding: usize,
-    next_tag: u64,
-    done: Vec<Completion>,
-    next_lane: u32,
-    /// Vectors of recycled completions, for the next requests.
-    spares: Vec<Spare>,
-}
-
-impl Handle {
-    /// Sends a ping with `payload` bytes to `peer`. Returns the tag its completion will
-    /// carry. The reply is [`Reply::Pong`](crate::Reply::Pong) with the round-trip time.
-    pub fn ping(
-        &mut self,
-        peer: SocketAddr,
-        payload: u32,
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        self.submit(RequestOp::Ping { payload }, peer, deadline)
-    }
-
-    /// Reads variables `ids` from `peer`. The reply is [`Reply::Pulled`](crate::Reply::Pulled)
-    /// with one tensor (or status) per id, in memory from the runtime's allocator.
-    pub fn pull(
-        &mut self,
-        peer: SocketAddr,
-        ids: Vec<u64>,
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        self.submit(RequestOp::Pull { ids, alloc: None }, peer, deadline)
-    }
-
-    /// Like [`pull`](Self::pull), with the ids copied into a vector this handle keeps: with
-    /// completions handed back through [`recycle`](Self::recycle), a steady stream of
-    /// `pull_slice` / `wait` / `recycle` allocates nothing (tensors of at most
-    /// [`Tensor::INLINE_MAX`] bytes from the default allocator live inside their `Tensor`).
-    pub fn pull_slice(
-        &mut self,
-        peer: SocketAddr,
-        ids: &[u64],
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        let mut spare = self.spares.pop().unwrap_or_default();
-        let op = RequestOp::Pull {
-            ids: spare.take_ids(ids),
-            alloc: None,
-        };
-        self.submit_with(op, peer, deadline, spare)
-    }
-
-    /// Like [`push`](Self::push), with the items (reference counts, not tensor bytes)
-    /// copied into a vector this handle keeps; allocation-free with
-    /// [`recycle`](Self::recycle), as [`pull_slice`](Self::pull_slice).
-    pub fn push_slice(
-        &mut self,
-        peer: SocketAddr,
-        items: &[(u64, Arc<Tensor>)],
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        let mut spare = self.spares.pop().unwrap_or_default();
-        let op = RequestOp::Push {
-            items: spare.take_items(items),
-        };
-        self.submit_with(op, peer, deadline, spare)
-    }
-
-    /// Hands a completion back once its reply has been used: its vectors (the reply's, and
-    /// those the request was submitted with) serve the next requests of this handle, so
-    /// that they allocate nothing. Tensors still in the reply are dropped.
-    pub fn recycle(&mut self, completion: Completion) {
-        if self.spares.len() < self.capacity.max(1) {
-            self.spares.push(completion.into_spare());
-        }
-    }
-
-    /// Like [`pull`](Self::pull), with received tensors placed in memory from `alloc` — for
-    /// instance buffers the caller already owns.
-    pub fn pull_into(
-        &mut self,
-        peer: SocketAddr,
-        ids: Vec<u64>,
-        alloc: SharedAllocator,
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        let op = RequestOp::Pull {
-            ids,
-            alloc: Some(alloc),
-        };
-        self.submit(op, peer, deadline)
-    }
-
-    /// Receives the tensor published under `key` in `peer`'s rendezvous for step `step`.
-    /// Completes when it is published (before or after this request arrives). The reply is
-    /// [`Reply::Received`](crate::Reply::Received) with one entry.
-    pub fn recv(
-        &mut self,
-        peer: SocketAddr,
-        step: u64,
-        key: &[u8],
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        let op = RequestOp::Recv {
-            step,
-            keys: vec![key.to_vec()],
-        };
-        self.submit(op, peer, deadline)
-    }
-
-    /// Receives many keys in one round trip (one `FUSED_RECV` frame). The peer sends each
-    /// tensor as soon as it is published, so a late one does not hold back the others; the
-    /// request completes when all have arrived, each with its own status.
-    pub fn recv_many(
-        &mut self,
-        peer: SocketAddr,
-        step: u64,
-        keys: Vec<Vec<u8>>,
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        if keys.is_empty() {
-            return Err(Error::InvalidArgument);
-        }
-        self.submit(RequestOp::Recv { step, keys }, peer, deadline)
-    }
-
-    /// Delivers tensors (gradients) for variables to `peer`. Their bytes are sent from the
-    /// tensors themselves (no copy above a small size), which the runtime holds until they
-    /// are written. The reply is [`Reply::Pushed`](crate::Reply::Pushed), one status per
-    /// item.
-    pub fn push(
-        &mut self,
-        peer: SocketAddr,
-        items: Vec<(u64, Arc<Tensor>)>,
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        self.submit(RequestOp::Push { items }, peer, deadline)
-    }
-
-    fn submit(
-        &mut self,
-        op: RequestOp,
-        peer: SocketAddr,
-        deadline: Option<Instant>,
-    ) -> Result<u64, Error> {
-        let spare = self.spares.pop().unwrap_or_default();
-        self.submit_with(op, peer, deadline, spare)
-    }
-
-    fn submit_with(
-        &mut self,
-        op: RequestOp,
-        peer: SocketAddr,
-        deadline: Option<Instant>,
-        spare: Spare,
-    ) -> Result<u64, Error> {
-        if self.inner.stopped.load(Ordering::Acquire) {
-            return Err(Error::Shutdown);
-        }
-        if !self.callback && self.outstanding >= self.capacity {
-            return Err(Error::Backpressure);
-        }
-        let lanes = self.inner.cfg.connections_per_peer.max(1) as u32;
-        let lane = self.next_lane % lanes;
-        self.next_lane = self.next_lane.wrapping_add(1);
-        let index = loop_for(peer, lane, self.lanes.len());
-        let tag = self.next_tag;
-        let req = Request {
-            op,
-            peer,
-            lane,
-            deadline,
-            tag,
-            spare,
-        };
-        if let Err(req) = self.lanes[index].requests.push(req) {
-            self.spares.push(req.spare);
-            return Err(Error::Backpressure);
-        }
-        self.next_tag += 1;
-        self.outstanding += 1;
-        self.inner.loops[index].wake();
-        Ok(tag)
-    }
-
-    /// Moves every delivered completion into `done`.
-    fn collect(&mut self) -> bool {
-        let mut got = false;
-        for lane in &mut self.lanes {
-            while let Some(c) = lane.completions.pop() {
-                self.done.push(c);
-                got = true;
-            }
-        }
-        got
-    }
-
-    fn take(&mut self, tag: Option<u64>) -> Option<Completion> {
-        let i = match tag {
-            Some(t) => self.done.iter().position(|c| c.tag == t)?,
-            None if self.done.is_empty() => return None,
-            None => 0,
-        };
-        self.outstanding -= 1;
-        Some(self.done.swap_remove(i))
-    }
-
-    /// A completion if one is ready, without waiting.
-    pub fn poll(&mut self) -> Option<Completion> {
-        self.collect();
-        self.take(None)
-    }
-
-    /// Waits for the completion of `tag`: spins for 20 µs (without end when polling), then
-    /// parks until woken.
-    pub fn wait(&mut self, tag: u64) -> Completion {
-        self.wait_for(Some(tag))
-    }
-
-    /// Waits for any completion.
-    pub fn wait_any(&mut self) -> Completion {
-        self.wait_for(None)
-    }
-
-    fn wait_for(&mut self, tag: Option<u64>) -> Completion {
-        let start = Instant::now();
-        loop {
-            self.collect();
-            if let Some(c) = self.take(tag) {
-                return c;
-            }
-            if self.callback || self.outstanding == 0 {
-                // Nothing can arrive: callbacks consume completions, or none is owed.
-                return Completion::new(tag.unwrap_or(0), Err(Error::InvalidArgument));
-            }
-            if self.inner.stopped.load(Ordering::Acquire) {
-                // The loops are gone; whatever they did not answer never will be.
-                self.collect();
-                if let Some(c) = self.take(tag) {
-                    return c;
-                }
-                self.outstanding -= 1;
-                return Completion::new(tag.unwrap_or(0), Err(Error::Shutdown));
-            }
-            // Spin briefly (without end when polling), then park. Not the loop's spin budget:
-            // where the caller shares a CPU with its loop, a long spin takes the CPU the loop
-            // needs to bring the answer in (measured: docs/performance-log.md, run C).
-            if self.inner.cfg.polling || start.elapsed() < WAIT_SPIN {
-                core::hint::spin_loop();
-                continue;
-            }
-            self.waker.prepare_park();
-            let ready = self.lanes.iter().any(|l| !l.completions.is_empty());
-            if !ready {
-                self.waker.park(Some(Duration::from_millis(50)));
-            }
-            self.waker.clear_park();
-        }
-    }
-
-    /// Requests submitted whose completion has not been taken yet.
-    pub fn outstanding(&self) -> usize {
-        self.outstanding
-    }
-}
-
 /// The loop that owns the connection for `(peer, lane)`.
-fn loop_for(peer: SocketAddr, lane: u32, loops: usize) -> usize {
+pub(crate) fn loop_for(peer: SocketAddr, lane: u32, loops: usize) -> usize {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     peer.hash(&mut h);
     lane.hash(&mut h);
     (h.finish() % loops as u64) as usize
 }
 
-/// A loop driven by the caller's own thread.
-pub struct Embedded {
-    lp: Loop,
-    shared: Arc<LoopShared>,
-    next_tag: u64,
-    /// Vectors of recycled completions, for the next requests.
-    spares: Vec<Spare>,
-}
-
-impl Embedded {
-    /// A loop for the calling thread, listening on `listen` if given. Nothing runs until
-    /// the caller calls [`poll`](Self::poll) (or [`wait`](Self::wait)).
-    pub fn new(config: Config, listen: Option<SocketAddr>) -> io::Result<Embedded> {
-        Self::with_options(
-            config,
-            Options {
-                listen,
-                ..Options::default()
-            },
-        )
-    }
-
-    /// A loop for the calling thread with a service, an allocator, or other [`Options`].
-    pub fn with_options(config: Config, options: Options) -> io::Result<Embedded> {
-        let listen = options.listen;
-        let (backend, _) = sys::select(config.backend)?;
-        let listener = match listen {
-            Some(addr) => Some(socket::listen_tcp(addr, BACKLOG)?),
-            None => None,
-        };
-        let shared = Arc::new(LoopShared::new()?);
-        if let Some(r) = &options.rendezvous {
-            r.attach(vec![shared.clone()]);
-        }
-        let lp = Loop::new(
-            Arc::new(config),
-            shared.clone(),
-            backend,
-            listener,
-            options.parts(0, None, &Arc::new(AtomicUsize::new(0))),
-        )?;
-        Ok(Embedded {
-            lp,
-            shared,
-            next_tag: 1,
-            spares: Vec::new(),
-        })
-    }
-
-    /// The address this loop listens on.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.lp.local_addr()
-    }
-
-    /// The backend in use.
-    pub fn backend(&self) -> Backend {
-        self.lp.backend()
-    }
-
-    /// Queues a ping; returns its tag. Nothing is sent before the next `poll`.
-    pub fn ping(&mut self, peer: SocketAddr, payload: u32, deadline: Option<Instant>) -> u64 {
-        self.local(RequestOp::Ping { payload }, peer, deadline)
-    }
-
-    /// Queues a pull; returns its tag.
-    pub fn pull(&mut self, peer: SocketAddr, ids: Vec<u64>, deadline: Option<Instant>) -> u64 {
-        self.local(RequestOp::Pull { ids, alloc: None }, peer, deadline)
-    }
-
-    /// Queues a pull of `ids`, copied into a vector this loop keeps; allocation-free with
-    /// [`recycle`](Self::recycle), as [`Handle::pull_slice`].
-    pub fn pull_slice(&mut self, peer: SocketAddr, ids: &[u64], deadline: Option<Instant>) -> u64 {
-        let mut spare = self.spares.pop().unwrap_or_default();
-        let op = RequestOp::Pull {
-            ids: spare.take_ids(ids),
-            alloc: None,
-        };
-        self.local_with(op, peer, deadline, spare)
-    }
-
-    /// Queues a push of `items`, copied into a vector this loop keeps; allocation-free with
-    /// [`recycle`](Self::recycle), as [`Handle::push_slice`].
-    pub fn push_slice(
-        &mut self,
-        peer: SocketAddr,
-        items: &[(u64, Arc<Tensor>)],
-        deadline: Option<Instant>,
-    ) -> u64 {
-        let mut spare = self.spares.pop().unwrap_or_default();
-        let op = RequestOp::Push {
-            items: spare.take_items(items),
-        };
-        self.local_with(op, peer, deadline, spare)
-    }
-
-    /// Hands a completion back once its reply has been used, as [`Handle::recycle`].
-    pub fn recycle(&mut self, completion: Completion) {
-        if self.spares.len() < SPARES_KEPT {
-            self.spares.push(completion.into_spare());
-        }
-    }
-
-    /// Queues a recv of `keys` (one or more); returns its tag.
-    pub fn recv_many(
-        &mut self,
-        peer: SocketAddr,
-        step: u64,
-        keys: Vec<Vec<u8>>,
-        deadline: Option<Instant>,
-    ) -> u64 {
-        self.local(RequestOp::Recv { step, keys }, peer, deadline)
-    }
-
-    /// Queues a push; returns its tag.
-    pub fn push(
-        &mut self,
-        peer: SocketAddr,
-        items: Vec<(u64, Arc<Tensor>)>,
-        deadline: Option<Instant>,
-    ) -> u64 {
-        self.local(RequestOp::Push { items }, peer, deadline)
-    }
-
-    fn local(&mut self, op: RequestOp, peer: SocketAddr, deadline: Option<Instant>) -> u64 {
-        let spare = self.spares.pop().unwrap_or_default();
-        self.local_with(op, peer, deadline, spare)
-    }
-
-    fn local_with(
-        &mut self,
-        op: RequestOp,
-        peer: SocketAddr,
-        deadline: Option<Instant>,
-        spare: Spare,
-    ) -> u64 {
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.lp.submit_local(Request {
-            op,
-            peer,
-            lane: 0,
-            deadline,
-            tag,
-            spare,
-        });
-        tag
-    }
-
-    /// Runs the loop: everything ready now, or, when nothing is, waits up to `timeout` for
-    /// I/O or a timer (`None`: no limit). Returns whether anything happened.
-    pub fn poll(&mut self, timeout: Option<Duration>) -> bool {
-        self.lp.poll_local(timeout)
-    }
-
-    /// The next completion, if any.
-    pub fn completion(&mut self) -> Option<Completion> {
-        self.lp.take_local()
-    }
-
-    /// Polls until the completion of `tag` arrives; completions of other tags that arrive
-    /// meanwhile are dropped, so use it with one request at a time or use
-    /// [`completion`](Self::completion).
-    pub fn wait(&mut self, tag: u64) -> Completion {
-        loop {
-            while let Some(c) = self.lp.take_local() {
-                if c.tag == tag {
-                    return c;
+/// Chooses the backend as [`sys::select`] does, keeping why io_uring was not used when
+/// `auto` fell back to epoll (the probe's error, or the features the ring lacks).
+pub(crate) fn select_backend(config: &Config) -> Result<(Backend, Option<String>), StartError> {
+    // Same size as the probe `sys::select` makes.
+    const PROBE_ENTRIES: u32 = 8;
+    let mut why = None;
+    let (backend, _) = sys::select_with(config.backend, || {
+        let ring = sys::uring::Ring::new(PROBE_ENTRIES);
+        match &ring {
+            Err(e) => why = Some(format!("io_uring unavailable: {e}")),
+            Ok(r) => {
+                let missing: Vec<&str> = r.capabilities().missing_required().collect();
+                if !missing.is_empty() {
+                    why = Some(format!("io_uring lacks {}", missing.join(", ")));
                 }
             }
-            self.lp.poll_local(Some(Duration::from_millis(10)));
         }
-    }
+        ring
+    })
+    .map_err(StartError::Backend)?;
+    let fallback = match backend {
+        Backend::Epoll if config.backend == BackendChoice::Auto => why,
+        _ => None,
+    };
+    Ok((backend, fallback))
+}
 
-    /// This loop's counters.
-    pub fn stats(&self) -> Stats {
-        let mut s = Stats::default();
-        s.add_loop(&self.shared.counters);
-        s
+/// One thing start-up did differently from what was asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StartNote {
+    /// More loops were asked for than the CPUs this process may run on; one loop per
+    /// allowed CPU runs.
+    LoopsClamped {
+        /// Loops asked for (`NETWORK_*_CORE_NUMBER` or `ConfigBuilder::loops`).
+        asked: usize,
+        /// CPUs in this process's affinity mask.
+        allowed_cpus: usize,
+    },
+    /// `auto` found io_uring unusable and runs on epoll.
+    BackendFallback {
+        /// Why io_uring was not used.
+        reason: String,
+    },
+    /// Pinning was asked for but the kernel refused it for this loop, which runs unpinned.
+    NotPinned {
+        /// The loop.
+        index: usize,
+        /// The CPU it was to run on.
+        cpu: usize,
+        /// The kernel's answer.
+        reason: String,
+    },
+}
+
+impl fmt::Display for StartNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartNote::LoopsClamped {
+                asked,
+                allowed_cpus,
+            } => write!(
+                f,
+                "{asked} event loops asked for, but this process may run on {allowed_cpus} \
+                 CPUs: running {allowed_cpus}"
+            ),
+            StartNote::BackendFallback { reason } => {
+                write!(f, "backend epoll instead of io_uring ({reason})")
+            }
+            StartNote::NotPinned { index, cpu, reason } => {
+                write!(f, "loop {index} not pinned to CPU {cpu} ({reason})")
+            }
+        }
     }
 }
 
-impl Drop for Embedded {
-    fn drop(&mut self) {
-        self.lp.stop_local();
+/// What a runtime (or an embedded loop) started with, and what it did differently from
+/// what was asked. `Display` gives one line per item, for an operator's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartReport {
+    backend: Backend,
+    loops: usize,
+    notes: Vec<StartNote>,
+}
+
+impl StartReport {
+    pub(crate) fn new(backend: Backend, loops: usize, fallback: Option<String>) -> StartReport {
+        StartReport {
+            backend,
+            loops,
+            notes: fallback
+                .map(|reason| StartNote::BackendFallback { reason })
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// The backend the loops run on.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The number of loops running.
+    pub fn loops(&self) -> usize {
+        self.loops
+    }
+
+    /// What was done differently from what was asked; empty when everything was as asked.
+    pub fn notes(&self) -> &[StartNote] {
+        &self.notes
+    }
+}
+
+impl fmt::Display for StartReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = if self.loops == 1 { "" } else { "s" };
+        write!(
+            f,
+            "starwire: {} event loop{s} on {}",
+            self.loops, self.backend
+        )?;
+        for note in &self.notes {
+            write!(f, "\n  {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a runtime or an embedded loop could not start: the setting or resource that
+/// failed, and the system's error.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The backend could not be set up (`STARWIRE_BACKEND`: a forced io_uring the kernel
+    /// refuses, or an error that is not "unavailable", such as a memlock limit).
+    Backend(io::Error),
+    /// The CPUs this process may run on could not be read.
+    AllowedCpus(io::Error),
+    /// Pinning was asked for, with more loops than CPUs to pin them to.
+    PinPlan(crate::config::PinPlanError),
+    /// The listen address could not be bound (in use, not local, no permission).
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// A loop could not set up its state (its ring or epoll instance, doorbell, listener
+    /// registration).
+    Loop {
+        /// The loop.
+        index: usize,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// A loop thread could not be started.
+    Thread(io::Error),
+    /// The handler pool's threads could not be started.
+    HandlerPool(io::Error),
+}
+
+impl StartError {
+    /// The system's error kind, e.g. [`io::ErrorKind::AddrInUse`] for a listen address in
+    /// use.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            StartError::Backend(e)
+            | StartError::AllowedCpus(e)
+            | StartError::Thread(e)
+            | StartError::HandlerPool(e)
+            | StartError::Listen { source: e, .. }
+            | StartError::Loop { source: e, .. } => e.kind(),
+            StartError::PinPlan(_) => io::ErrorKind::InvalidInput,
+        }
+    }
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::Backend(e) => write!(f, "backend: {e}"),
+            StartError::AllowedCpus(e) => {
+                write!(f, "reading the CPUs this process may run on: {e}")
+            }
+            StartError::PinPlan(e) => write!(f, "pinning the event loops: {e}"),
+            StartError::Listen { addr, source } => write!(f, "listening on {addr}: {source}"),
+            StartError::Loop { index, source } => {
+                write!(f, "setting up event loop {index}: {source}")
+            }
+            StartError::Thread(e) => write!(f, "starting an event loop thread: {e}"),
+            StartError::HandlerPool(e) => write!(f, "starting the handler pool: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Backend(e)
+            | StartError::AllowedCpus(e)
+            | StartError::Thread(e)
+            | StartError::HandlerPool(e)
+            | StartError::Listen { source: e, .. }
+            | StartError::Loop { source: e, .. } => Some(e),
+            StartError::PinPlan(e) => Some(e),
+        }
+    }
+}
+
+/// For callers that handle start-up with other I/O errors: keeps the kind, and the message
+/// naming what failed.
+impl From<StartError> for io::Error {
+    fn from(e: StartError) -> io::Error {
+        io::Error::new(e.kind(), e.to_string())
     }
 }

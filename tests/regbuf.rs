@@ -51,14 +51,14 @@ fn traffic(server: &Runtime, client: &Runtime) {
     for _ in 0..20 {
         let t = h.ping(addr, 100, secs(10)).unwrap();
         assert!(matches!(
-            h.wait(t).result,
+            h.wait_tag(t.tag()).unwrap().result,
             Ok(Reply::Pong { payload: 100, .. })
         ));
     }
     for id in [1u64, 64, 4096, 100_000, 3 << 20] {
         let t = h.pull(addr, vec![id, 7], secs(30)).unwrap();
-        match h.wait(t).result {
-            Ok(Reply::Pulled(v)) => {
+        match h.wait(t) {
+            Ok(v) => {
                 let a = v[0].as_ref().unwrap();
                 assert_eq!(a.byte_len(), id as usize);
                 assert!(a.bytes().iter().all(|&b| b == id as u8), "id {id}");
@@ -125,12 +125,12 @@ fn more_connections_than_pool_buffers() {
         .unwrap();
         let mut h = client.handle(64);
         let addr = server.local_addr().unwrap();
-        let tags: Vec<u64> = (0..12)
+        let tags: Vec<_> = (0..12)
             .map(|i| h.pull(addr, vec![1000 + i], secs(10)).unwrap())
             .collect();
         for (i, t) in tags.into_iter().enumerate() {
-            match h.wait(t).result {
-                Ok(Reply::Pulled(v)) => {
+            match h.wait(t) {
+                Ok(v) => {
                     assert_eq!(v[0].as_ref().unwrap().byte_len(), 1000 + i, "round {round}")
                 }
                 other => panic!("round {round}: {other:?}"),
@@ -150,7 +150,7 @@ fn small_frames_take_one_read_each_and_large_ones_arrive_uncopied() {
         for _ in 0..n {
             let t = h.ping(addr, 64, secs(10)).unwrap();
             assert!(matches!(
-                h.wait(t).result,
+                h.wait_tag(t.tag()).unwrap().result,
                 Ok(Reply::Pong { payload: 64, .. })
             ));
         }
@@ -172,8 +172,8 @@ fn small_frames_take_one_read_each_and_large_ones_arrive_uncopied() {
     let mut pull_1mib = || {
         let before = client.stats();
         let t = h.pull(addr, vec![1 << 20], secs(10)).unwrap();
-        match h.wait(t).result {
-            Ok(Reply::Pulled(v)) => assert!(v[0].as_ref().unwrap().bytes() == [0u8; 1 << 20]),
+        match h.wait(t) {
+            Ok(v) => assert!(v[0].as_ref().unwrap().bytes() == [0u8; 1 << 20]),
             other => panic!("{other:?}"),
         }
         let after = client.stats();
@@ -202,7 +202,7 @@ fn small_frames_take_one_read_each_and_large_ones_arrive_uncopied() {
         for _ in 0..n {
             let t = h.ping(addr, 64, secs(10)).unwrap();
             assert!(matches!(
-                h.wait(t).result,
+                h.wait_tag(t.tag()).unwrap().result,
                 Ok(Reply::Pong { payload: 64, .. })
             ));
         }

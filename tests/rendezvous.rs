@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use starwire::wire::{DType, Status};
-use starwire::{Error, Options, Rendezvous, Reply, Runtime, Tensor};
+use starwire::{ErrorKind, Options, Rendezvous, Reply, Runtime, Tensor};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,13 +19,6 @@ fn serve(rv: Arc<Rendezvous>) -> Runtime {
         },
     )
     .unwrap()
-}
-
-fn received(c: starwire::Completion) -> Vec<Result<Tensor, Status>> {
-    match c.result {
-        Ok(Reply::Received(v)) => v,
-        other => panic!("{other:?}"),
-    }
 }
 
 fn bytes_of(i: usize, len: usize) -> Vec<u8> {
@@ -44,7 +37,7 @@ fn recv_completes_whether_published_before_or_after_and_exactly_once() {
     let t = Tensor::from_f32(&[2], &[1.0, 2.0]).unwrap();
     rv.publish(b"before", Arc::new(t)).unwrap();
     let tag = h.recv(addr, 1, b"before", secs(10)).unwrap();
-    let v = received(h.wait(tag));
+    let v = h.wait(tag).unwrap();
     assert_eq!(v[0].as_ref().unwrap().to_f32(), [1.0, 2.0]);
 
     // Published after the request arrived.
@@ -56,7 +49,7 @@ fn recv_completes_whether_published_before_or_after_and_exactly_once() {
     );
     rv.publish(b"after", Arc::new(Tensor::from_f32(&[1], &[5.0]).unwrap()))
         .unwrap();
-    let v = received(h.wait(tag));
+    let v = h.wait(tag).unwrap();
     assert_eq!(v[0].as_ref().unwrap().to_f32(), [5.0]);
 
     // Exactly once: a second recv of a consumed key waits (and here times out).
@@ -68,7 +61,10 @@ fn recv_completes_whether_published_before_or_after_and_exactly_once() {
             Some(Instant::now() + Duration::from_millis(200)),
         )
         .unwrap();
-    assert_eq!(h.wait(tag).result, Err(Error::Timeout));
+    assert_eq!(
+        h.wait(tag).err().map(|e| e.kind()),
+        Some(ErrorKind::Timeout)
+    );
     assert_eq!(rv.ready_count(), 0);
     // Publishing twice before a recv is refused.
     rv.publish(b"twice", Arc::new(Tensor::dead(DType::F32)))
@@ -101,7 +97,7 @@ fn fused(n: usize, sizes: &[usize]) {
     for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
         rv.publish(k, Arc::new(tensor(i))).unwrap();
     }
-    let v = received(h.wait(tag));
+    let v = h.wait(tag).unwrap();
     assert_eq!(v.len(), n);
     for (i, r) in v.iter().enumerate() {
         let got = r.as_ref().unwrap();
@@ -154,7 +150,7 @@ fn ready_tensors_are_sent_without_waiting_for_slow_ones() {
     assert!(h.poll().is_none());
     rv.publish(b"slow", Arc::new(Tensor::dead(DType::F32)))
         .unwrap();
-    let v = received(h.wait(tag));
+    let v = h.wait(tag).unwrap();
     assert_eq!(v[0].as_ref().unwrap().to_f32(), [1.0]);
     // Dead tensors are carried as dead.
     assert!(v[1].as_ref().unwrap().is_dead());
@@ -175,13 +171,13 @@ fn aborting_a_step_fails_its_pending_recvs() {
     let other = h.recv(addr, 10, b"k3", secs(10)).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     rv.abort_step(9);
-    let v = received(h.wait(tag));
+    let v = h.wait(tag).unwrap();
     assert!(v[0].is_ok());
     assert_eq!(v[1].as_ref().unwrap_err(), &Status::Aborted);
     // Another step is untouched.
     rv.publish(b"k3", Arc::new(Tensor::dead(DType::U8)))
         .unwrap();
-    assert!(received(h.wait(other))[0].is_ok());
+    assert!(h.wait(other).unwrap()[0].is_ok());
 }
 
 #[test]
@@ -193,8 +189,8 @@ fn recv_from_a_task_without_rendezvous_is_unimplemented() {
         .recv(server.local_addr().unwrap(), 1, b"k", secs(10))
         .unwrap();
     assert_eq!(
-        h.wait(tag).result,
-        Err(Error::Remote(Status::Unimplemented))
+        h.wait(tag).err().map(|e| e.kind()),
+        Some(ErrorKind::Remote(Status::Unimplemented))
     );
 }
 
@@ -210,20 +206,15 @@ fn fused_frames(fuse: bool) -> u64 {
         starwire::Embedded::new(config("worker", 1).tensor_fuse(fuse).build().unwrap(), None)
             .unwrap();
     // 50 separate recvs, issued together: they reach the loop in one drain pass.
-    let tags: Vec<u64> = (0..50)
-        .map(|i| client.recv_many(addr, 4, vec![format!("k{i}").into_bytes()], secs(10)))
+    let tickets: Vec<_> = (0..50)
+        .map(|i| {
+            let key = format!("k{i}").into_bytes();
+            client.recv_many(addr, 4, vec![key], secs(10)).unwrap()
+        })
         .collect();
-    let mut got = std::collections::HashMap::new();
-    let start = Instant::now();
-    while got.len() < 50 {
-        assert!(start.elapsed() < Duration::from_secs(10), "recvs stuck");
-        client.poll(Some(Duration::from_millis(5)));
-        while let Some(c) = client.completion() {
-            got.insert(c.tag, received(c));
-        }
-    }
-    for (i, tag) in tags.iter().enumerate() {
-        let v = &got[tag];
+    // Waited in order; the completions of the others that arrive meanwhile are kept.
+    for (i, t) in tickets.into_iter().enumerate() {
+        let v = client.wait(t).unwrap();
         assert_eq!(v.len(), 1, "each recv gets its own entry");
         assert_eq!(v[0].as_ref().unwrap().bytes(), (i as u32).to_le_bytes());
     }
@@ -249,7 +240,11 @@ fn timed_out_requests_free_their_slots_and_late_answers_are_ignored() {
         let key = format!("never-{i}");
         let deadline = Some(Instant::now() + Duration::from_millis(20));
         let tag = h.recv(addr, 1, key.as_bytes(), deadline).unwrap();
-        assert_eq!(h.wait(tag).result, Err(Error::Timeout), "request {i}");
+        assert_eq!(
+            h.wait(tag).err().map(|e| e.kind()),
+            Some(ErrorKind::Timeout),
+            "request {i}"
+        );
     }
     // A late answer (the key published after the requester gave up) is ignored.
     rv.publish(b"never-39", Arc::new(Tensor::dead(DType::U8)))
@@ -268,8 +263,14 @@ fn fused_recvs_keep_their_own_deadlines() {
         starwire::Embedded::new(config("worker", 1).tensor_fuse(true).build().unwrap(), None)
             .unwrap();
     let short = Some(Instant::now() + Duration::from_millis(100));
-    let a = client.recv_many(addr, 2, vec![b"late".to_vec()], short);
-    let b = client.recv_many(addr, 2, vec![b"later".to_vec()], None);
+    let a = client
+        .recv_many(addr, 2, vec![b"late".to_vec()], short)
+        .unwrap()
+        .tag();
+    let b = client
+        .recv_many(addr, 2, vec![b"later".to_vec()], None)
+        .unwrap()
+        .tag();
     let start = Instant::now();
     let mut results = std::collections::HashMap::new();
     let mut published = false;
@@ -279,8 +280,8 @@ fn fused_recvs_keep_their_own_deadlines() {
             "stuck: {:?}",
             results.keys()
         );
-        client.poll(Some(Duration::from_millis(5)));
-        while let Some(c) = client.completion() {
+        client.drive(Some(Duration::from_millis(5)));
+        while let Some(c) = client.poll() {
             results.insert(c.tag, (start.elapsed(), c.result));
         }
         if !published && start.elapsed() > Duration::from_millis(300) {
@@ -290,7 +291,7 @@ fn fused_recvs_keep_their_own_deadlines() {
         }
     }
     let (at_a, ra) = &results[&a];
-    assert_eq!(ra, &Err(Error::Timeout));
+    assert_eq!(ra.as_ref().map_err(|e| e.kind()), Err(ErrorKind::Timeout));
     assert!(
         *at_a < Duration::from_millis(290),
         "a timed out at {at_a:?}"

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use starwire::wire::{DType, Status};
 use starwire::{
-    Error, Options, Reply, Runtime, Service, Tensor, TensorAllocator, TensorDesc, TensorMemory,
+    ErrorKind, Options, Runtime, Service, Tensor, TensorAllocator, TensorDesc, TensorMemory, Ticket,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -67,11 +67,8 @@ fn serve(store: Arc<Store>) -> Runtime {
     .unwrap()
 }
 
-fn wait_reply(h: &mut starwire::Handle, tag: u64) -> Reply {
-    match h.wait(tag).result {
-        Ok(r) => r,
-        Err(e) => panic!("request failed: {e}"),
-    }
+fn wait_ok<K: starwire::client::Kind>(h: &mut starwire::Handle, t: Ticket<K>) -> K::Output {
+    h.wait(t).unwrap_or_else(|e| panic!("request failed: {e}"))
 }
 
 /// Deterministic contents for tensor `id` of `len` bytes.
@@ -90,25 +87,21 @@ fn push_then_pull_sees_the_update() {
     let mut h = client.handle(16);
     let w = Arc::new(Tensor::from_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap());
     let t = h.push(addr, vec![(7, w)], secs(10)).unwrap();
-    assert_eq!(wait_reply(&mut h, t), Reply::Pushed(vec![Status::Ok]));
+    assert_eq!(wait_ok(&mut h, t), vec![Status::Ok]);
     let g = Arc::new(Tensor::from_f32(&[2, 2], &[0.5, 0.5, 0.5, 0.5]).unwrap());
     let bad = Arc::new(Tensor::from_f32(&[3], &[1.0, 1.0, 1.0]).unwrap());
     let t = h.push(addr, vec![(7, g), (7, bad)], secs(10)).unwrap();
     assert_eq!(
-        wait_reply(&mut h, t),
-        Reply::Pushed(vec![Status::Ok, Status::InvalidArgument])
+        wait_ok(&mut h, t),
+        vec![Status::Ok, Status::InvalidArgument]
     );
     let t = h.pull(addr, vec![7, 8], secs(10)).unwrap();
-    match wait_reply(&mut h, t) {
-        Reply::Pulled(v) => {
-            assert_eq!(v.len(), 2);
-            let t7 = v[0].as_ref().unwrap();
-            assert_eq!(t7.dims(), [2, 2]);
-            assert_eq!(t7.to_f32(), [1.5, 2.5, 3.5, 4.5]);
-            assert_eq!(v[1].as_ref().unwrap_err(), &Status::NotFound);
-        }
-        other => panic!("{other:?}"),
-    }
+    let v = wait_ok(&mut h, t);
+    assert_eq!(v.len(), 2);
+    let t7 = v[0].as_ref().unwrap();
+    assert_eq!(t7.dims(), [2, 2]);
+    assert_eq!(t7.to_f32(), [1.5, 2.5, 3.5, 4.5]);
+    assert_eq!(v[1].as_ref().unwrap_err(), &Status::NotFound);
 }
 
 /// Sizes from 0 B to 64 MiB, with several dtypes and shapes.
@@ -153,17 +146,13 @@ fn pull_preserves_dtype_shape_and_contents_from_0_bytes_to_64_mib() {
     let mut h = client.handle(16);
     let ids: Vec<u64> = originals.iter().map(|(id, _)| *id).collect();
     let t = h.pull(addr, ids, secs(60)).unwrap();
-    match wait_reply(&mut h, t) {
-        Reply::Pulled(v) => {
-            assert_eq!(v.len(), originals.len());
-            for ((_, want), got) in originals.iter().zip(&v) {
-                let got = got.as_ref().expect("tensor");
-                assert_eq!(got.dtype(), want.dtype());
-                assert_eq!(got.dims(), want.dims());
-                assert!(got.bytes() == want.bytes(), "contents of {:?}", want.dims());
-            }
-        }
-        other => panic!("{other:?}"),
+    let v = wait_ok(&mut h, t);
+    assert_eq!(v.len(), originals.len());
+    for ((_, want), got) in originals.iter().zip(&v) {
+        let got = got.as_ref().expect("tensor");
+        assert_eq!(got.dtype(), want.dtype());
+        assert_eq!(got.dims(), want.dims());
+        assert!(got.bytes() == want.bytes(), "contents of {:?}", want.dims());
     }
     let stats = client.stats();
     let total: u64 = originals.iter().map(|(_, t)| t.byte_len() as u64).sum();
@@ -201,7 +190,7 @@ fn push_of_large_tensors_lands_in_the_server_allocator_memory() {
         .collect();
     let n = items.len();
     let t = h.push(addr, items, secs(60)).unwrap();
-    assert_eq!(wait_reply(&mut h, t), Reply::Pushed(vec![Status::Ok; n]));
+    assert_eq!(wait_ok(&mut h, t), vec![Status::Ok; n]);
     // One allocation per live tensor (the dead-free set here has no dead ones).
     assert_eq!(alloc.0.load(Ordering::SeqCst), n);
     let vars = store.vars.lock().unwrap();
@@ -250,19 +239,15 @@ fn allocator_hook_is_called_once_per_tensor_and_failures_fail_only_that_tensor()
     let t = h
         .pull_into(addr, vec![0, 1, 2], alloc.clone(), secs(10))
         .unwrap();
-    match wait_reply(&mut h, t) {
-        Reply::Pulled(v) => {
-            assert_eq!(v[0].as_ref().unwrap().bytes(), &pattern(0, 100_000)[..]);
-            assert_eq!(v[1].as_ref().unwrap().bytes(), &pattern(1, 100_000)[..]);
-            assert_eq!(v[2].as_ref().unwrap_err(), &Status::ResourceExhausted);
-        }
-        other => panic!("{other:?}"),
-    }
+    let v = wait_ok(&mut h, t);
+    assert_eq!(v[0].as_ref().unwrap().bytes(), &pattern(0, 100_000)[..]);
+    assert_eq!(v[1].as_ref().unwrap().bytes(), &pattern(1, 100_000)[..]);
+    assert_eq!(v[2].as_ref().unwrap_err(), &Status::ResourceExhausted);
     assert!(alloc.0.lock().unwrap().is_empty());
     // The connection goes on.
     assert!(ping_once(&client, addr, secs(10)).is_ok());
     let t = h.pull(addr, vec![2], secs(10)).unwrap();
-    assert!(matches!(wait_reply(&mut h, t), Reply::Pulled(v) if v[0].is_ok()));
+    assert!(wait_ok(&mut h, t)[0].is_ok());
 }
 
 /// `len` bytes, cheap to make in a debug build: a constant with a marker every 4 KiB.
@@ -284,10 +269,8 @@ fn a_64_mib_tensor_is_received_in_place() {
     let client = client(1);
     let mut h = client.handle(2);
     let t = h.pull(addr, vec![1], secs(60)).unwrap();
-    match wait_reply(&mut h, t) {
-        Reply::Pulled(v) => assert!(v[0].as_ref().unwrap().bytes() == &marked(64 << 20)[..]),
-        other => panic!("{other:?}"),
-    }
+    let v = wait_ok(&mut h, t);
+    assert!(v[0].as_ref().unwrap().bytes() == &marked(64 << 20)[..]);
     let stats = client.stats();
     eprintln!(
         "64 MiB pull: {} bytes in place, {} copied",
@@ -321,19 +304,16 @@ fn pings_interleave_with_a_1_gib_chunked_transfer() {
             break c;
         }
         let p = h.ping(addr, 16, secs(30)).unwrap();
-        match h.wait(p).result {
-            Ok(Reply::Pong { rtt, .. }) => worst = worst.max(rtt),
-            other => panic!("{other:?}"),
-        }
+        worst = worst.max(h.wait(p).unwrap());
         pings += 1;
         assert!(
             start.elapsed() < Duration::from_secs(240),
             "transfer did not finish"
         );
     };
-    assert_eq!(done.tag, t);
-    match done.result {
-        Ok(Reply::Pulled(v)) => {
+    assert_eq!(done.tag, t.tag());
+    match done.into_pulled() {
+        Ok(v) => {
             let got = v[0].as_ref().unwrap();
             assert_eq!(got.byte_len(), 1 << 30);
             assert!(got.bytes() == &marked(1 << 30)[..]);
@@ -355,7 +335,10 @@ fn a_request_to_a_peer_without_service_fails_cleanly() {
     let client = client(1);
     let mut h = client.handle(4);
     let t = h.pull(addr, vec![1], secs(10)).unwrap();
-    assert_eq!(h.wait(t).result, Err(Error::Remote(Status::Unimplemented)));
+    assert_eq!(
+        h.wait(t).err().map(|e| e.kind()),
+        Some(ErrorKind::Remote(Status::Unimplemented))
+    );
     assert!(ping_once(&client, addr, secs(10)).is_ok());
 }
 
@@ -436,7 +419,10 @@ fn peer_lost_mid_transfer_fails_the_request() {
     let mut h = client.handle(4);
     let start = Instant::now();
     let t = h.pull(addr, vec![5], secs(30)).unwrap();
-    assert_eq!(h.wait(t).result, Err(Error::ConnectionLost));
+    assert_eq!(
+        h.wait(t).err().map(|e| e.kind()),
+        Some(ErrorKind::ConnectionLost)
+    );
     assert!(start.elapsed() < Duration::from_secs(5));
     server.join().unwrap();
 }
@@ -475,16 +461,16 @@ fn ping_during_slow_pull(handler_threads: usize) -> Duration {
     // Open both lanes first.
     for _ in 0..2 {
         let t = h.ping(addr, 8, secs(10)).unwrap();
-        assert!(h.wait(t).result.is_ok());
+        assert!(h.wait(t).is_ok());
     }
     let pull = h.pull(addr, vec![3, 4], secs(10)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let start = Instant::now();
     let p = h.ping(addr, 8, secs(10)).unwrap();
-    assert!(h.wait(p).result.is_ok());
+    assert!(h.wait(p).is_ok());
     let took = start.elapsed();
-    match h.wait(pull).result {
-        Ok(Reply::Pulled(v)) => {
+    match h.wait(pull) {
+        Ok(v) => {
             assert_eq!(v[0].as_ref().unwrap().to_f32(), [3.0]);
             assert_eq!(v[1].as_ref().unwrap().to_f32(), [4.0]);
         }
@@ -667,8 +653,8 @@ fn a_peer_reusing_our_handle_for_its_push_cannot_redirect_our_answer() {
     let client = client(1);
     let mut h = client.handle(4);
     let t = h.pull(addr, vec![1], secs(10)).unwrap();
-    match h.wait(t).result {
-        Ok(Reply::Pulled(v)) => {
+    match h.wait(t) {
+        Ok(v) => {
             let got = v[0].as_ref().unwrap();
             assert_eq!(got.byte_len(), 32_000);
             assert!(

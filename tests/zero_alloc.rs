@@ -6,8 +6,9 @@
 mod common;
 
 use common::*;
+use starwire::client::Driver;
 use starwire::wire::{DType, Status};
-use starwire::{Embedded, Options, Reply, Runtime, Service, Tensor};
+use starwire::{Client, Completion, Embedded, Options, Runtime, Service, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -107,10 +108,8 @@ fn grads() -> Vec<(u64, Arc<Tensor>)> {
         .collect()
 }
 
-fn check_pulled(reply: &Reply, ids: &[u64]) {
-    let Reply::Pulled(ts) = reply else {
-        panic!("{reply:?}")
-    };
+fn check_pulled(c: &Completion, ids: &[u64]) {
+    let ts = c.pulled().expect("pull");
     assert_eq!(ts.len(), ids.len());
     for (t, &id) in ts.iter().zip(ids) {
         let t = t.as_ref().expect("pulled");
@@ -119,10 +118,8 @@ fn check_pulled(reply: &Reply, ids: &[u64]) {
     }
 }
 
-fn check_pushed(reply: &Reply) {
-    let Reply::Pushed(s) = reply else {
-        panic!("{reply:?}")
-    };
+fn check_pushed(c: &Completion) {
+    let s = c.pushed().expect("push");
     // Compared without building an expected vector: the check itself must not allocate.
     assert_eq!(s.len(), N);
     assert!(s.iter().all(|&st| st == Status::Ok), "{s:?}");
@@ -140,29 +137,34 @@ fn allocations_per_request(mut step: impl FnMut()) -> u64 {
     ALLOCS.load(Ordering::Relaxed) - before
 }
 
+/// Allocations over 500 steady-state pulls and 500 pushes through `client`, whichever
+/// mode drives it: `pull_slice` / `wait_tag` / `recycle`.
+fn steady_state<D: Driver>(client: &mut Client<D>, peer: std::net::SocketAddr) -> (u64, u64) {
+    let ids = ids();
+    let grads = grads();
+    let pulls = allocations_per_request(|| {
+        let t = client.pull_slice(peer, &ids, secs(10)).unwrap();
+        let c = client.wait_tag(t.tag()).unwrap();
+        check_pulled(&c, &ids);
+        client.recycle(c);
+    });
+    let pushes = allocations_per_request(|| {
+        let t = client.push_slice(peer, &grads, secs(10)).unwrap();
+        let c = client.wait_tag(t.tag()).unwrap();
+        check_pushed(&c);
+        client.recycle(c);
+    });
+    (pulls, pushes)
+}
+
 #[test]
 fn embedded_pull_and_push_allocate_nothing_in_steady_state() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let server = serve();
     let peer = server.local_addr().unwrap();
     let mut e = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
-    let ids = ids();
-    let grads = grads();
-
-    let pulls = allocations_per_request(|| {
-        let tag = e.pull_slice(peer, &ids, secs(10));
-        let c = e.wait(tag);
-        check_pulled(c.result.as_ref().expect("pull"), &ids);
-        e.recycle(c);
-    });
-    let pushes = allocations_per_request(|| {
-        let tag = e.push_slice(peer, &grads, secs(10));
-        let c = e.wait(tag);
-        check_pushed(c.result.as_ref().expect("push"));
-        e.recycle(c);
-    });
     assert_eq!(
-        (pulls, pushes),
+        steady_state(&mut e, peer),
         (0, 0),
         "allocations over 500 pulls, 500 pushes"
     );
@@ -175,23 +177,8 @@ fn handle_pull_and_push_allocate_nothing_in_steady_state() {
     let peer = server.local_addr().unwrap();
     let rt = client(1);
     let mut h = rt.handle(64);
-    let ids = ids();
-    let grads = grads();
-
-    let pulls = allocations_per_request(|| {
-        let tag = h.pull_slice(peer, &ids, secs(10)).unwrap();
-        let c = h.wait(tag);
-        check_pulled(c.result.as_ref().expect("pull"), &ids);
-        h.recycle(c);
-    });
-    let pushes = allocations_per_request(|| {
-        let tag = h.push_slice(peer, &grads, secs(10)).unwrap();
-        let c = h.wait(tag);
-        check_pushed(c.result.as_ref().expect("push"));
-        h.recycle(c);
-    });
     assert_eq!(
-        (pulls, pushes),
+        steady_state(&mut h, peer),
         (0, 0),
         "allocations over 500 pulls, 500 pushes"
     );
@@ -207,9 +194,9 @@ fn without_recycling_a_pull_allocates_only_its_vectors() {
     let mut e = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
     let ids = ids();
     let pulls = allocations_per_request(|| {
-        let tag = e.pull(peer, ids.clone(), secs(10));
-        let c = e.wait(tag);
-        check_pulled(c.result.as_ref().expect("pull"), &ids);
+        let t = e.pull(peer, ids.clone(), secs(10)).unwrap();
+        let c = e.wait_tag(t.tag()).unwrap();
+        check_pulled(&c, &ids);
     });
     assert!(pulls > 0, "the ids clone allocates");
     assert!(

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use starwire::config::ConfigBuilder;
 use starwire::wire::{DType, Status};
 use starwire::{
-    Completion, Error, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor,
-    TensorAllocator, TensorDesc, TensorMemory,
+    Completion, Error, ErrorKind, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor,
+    TensorAllocator, TensorDesc, TensorMemory, Ticket,
 };
 
 // ----- results and errors -----
@@ -79,15 +79,15 @@ impl Failure {
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
-        let code = match e {
-            Error::Timeout => SW_ERR_TIMEOUT,
-            Error::ConnectionLost => SW_ERR_CONNECTION_LOST,
-            Error::ConnectFailed => SW_ERR_CONNECT_FAILED,
-            Error::Refused(_) => SW_ERR_REFUSED,
-            Error::Remote(_) => SW_ERR_REMOTE,
-            Error::Protocol => SW_ERR_PROTOCOL,
-            Error::Backpressure => SW_ERR_BACKPRESSURE,
-            Error::Shutdown => SW_ERR_SHUTDOWN,
+        let code = match e.kind() {
+            ErrorKind::Timeout => SW_ERR_TIMEOUT,
+            ErrorKind::ConnectionLost => SW_ERR_CONNECTION_LOST,
+            ErrorKind::ConnectFailed => SW_ERR_CONNECT_FAILED,
+            ErrorKind::Refused(_) => SW_ERR_REFUSED,
+            ErrorKind::Remote(_) => SW_ERR_REMOTE,
+            ErrorKind::Protocol => SW_ERR_PROTOCOL,
+            ErrorKind::Backpressure => SW_ERR_BACKPRESSURE,
+            ErrorKind::Shutdown => SW_ERR_SHUTDOWN,
             _ => SW_ERR_INVALID_ARGUMENT,
         };
         Failure(code, e.to_string())
@@ -1057,11 +1057,11 @@ pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
 ///
 /// # Safety
 /// As the submitting functions.
-unsafe fn submit(
+unsafe fn submit<K>(
     c: *mut sw_client,
     peer: *const c_char,
     tag: *mut u64,
-    f: impl FnOnce(&mut Handle, SocketAddr) -> Result<u64, Error>,
+    f: impl FnOnce(&mut Handle, SocketAddr) -> Result<Ticket<K>, Error>,
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per the caller.
@@ -1073,7 +1073,7 @@ unsafe fn submit(
         }
         let t = f(&mut client.handle, peer)?;
         // SAFETY: checked non-null above.
-        unsafe { write(tag, t) };
+        unsafe { write(tag, t.tag()) };
         Ok(())
     })
 }
@@ -1286,7 +1286,12 @@ pub unsafe extern "C" fn sw_client_wait(
         if reply.is_null() {
             return Err(Failure::null("reply"));
         }
-        let completion = client.handle.wait(tag);
+        let completion = client.handle.wait_tag(tag).map_err(|_| {
+            Failure::invalid(format!(
+                "request {tag} is not outstanding (never submitted, already waited for, \
+                 or submitted through a client with a callback)"
+            ))
+        })?;
         let (result, answer) = outcome(completion);
         code = result;
         if let Some(answer) = answer {

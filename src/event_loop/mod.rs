@@ -469,11 +469,15 @@ impl Loop {
                 let n = match result {
                     Ok(0) => {
                         log::debug!("connection {slot}: peer closed the connection");
-                        return self.session.lose(slot, crate::Error::ConnectionLost);
+                        return self
+                            .session
+                            .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
                     }
                     Err(e) => {
                         log::debug!("connection {slot}: {e}");
-                        return self.session.lose(slot, crate::Error::ConnectionLost);
+                        return self
+                            .session
+                            .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
                     }
                     Ok(n) => n,
                 };
@@ -494,7 +498,9 @@ impl Loop {
                     Ok(n) => n,
                     Err(e) => {
                         log::debug!("connection {slot}: send: {e}");
-                        return self.session.lose(slot, crate::Error::ConnectionLost);
+                        return self
+                            .session
+                            .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
                     }
                 };
                 add(&self.shared.counters.bytes_out, n as u64);
@@ -610,7 +616,8 @@ impl Loop {
                 conn.reading = false;
                 conn.direct = false;
             }
-            self.session.lose(slot, crate::Error::ConnectionLost);
+            self.session
+                .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
         }
     }
 
@@ -645,7 +652,8 @@ impl Loop {
                 if let Some(conn) = self.io_mut(slot) {
                     conn.writing = false;
                 }
-                self.session.lose(slot, crate::Error::ConnectionLost);
+                self.session
+                    .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
             }
             progress = true;
         }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use slab::Slab;
 
 use crate::ctx::{CtxSlab, Handle as CtxHandle};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::proto::{Connection, NextRead, PayloadTarget};
 use crate::tensor::{Tensor, TensorAllocator};
 
@@ -82,7 +82,7 @@ impl Conn {
             attempts: 0,
             waiting: VecDeque::new(),
             dirty: false,
-            failure: Error::ConnectionLost,
+            failure: Error::new(ErrorKind::ConnectionLost),
             out_tensors: Slab::new(),
             cur_handle: 0,
             cur_is_push: false,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 
 use crate::ctx::{CtxSlab, Handle as CtxHandle};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::pool::Job;
 use crate::proto::{ConnEvent, Encoder, Frame, PayloadTarget};
 use crate::rendezvous::Rendezvous;
@@ -159,7 +159,16 @@ impl Dispatch<'_> {
         let partial = matches!(f.body, Body::Error(_)) && p.state.fail_open(f.header.status);
         let reply = match f.body {
             Body::Error(_) if partial => Ok(None),
-            Body::Error(_) => Err(Error::Remote(f.header.status)),
+            Body::Error(e) => {
+                let status = ErrorKind::Remote(f.header.status);
+                let message = String::from_utf8_lossy(e.message);
+                let e = Error::new(status).with_peer(p.peer);
+                Err(if message.is_empty() {
+                    e
+                } else {
+                    e.with_message(&*message)
+                })
+            }
             _ if matches!(p.state, ReplyState::Ping) => Ok(Some(Reply::Pong {
                 rtt: p.sent.map_or(Duration::ZERO, |s| now - s),
                 payload: f.header.payload_len,

@@ -36,7 +36,7 @@ use slab::Slab;
 
 use crate::config::Config;
 use crate::ctx::CtxSlab;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::pool::{Answer, Job};
 use crate::proto::{CloseReason, Connection, EncoderConfig, Identity, OutTensor, Piece, Side};
 use crate::rendezvous::{Delivery, Rendezvous};
@@ -250,8 +250,11 @@ impl Session {
         progress
     }
 
+    /// Completes a request for `peer`; an error names it.
+    #[allow(clippy::too_many_arguments)]
     fn notify(
         &mut self,
+        peer: SocketAddr,
         origin: Origin,
         tag: u64,
         kind: RequestKind,
@@ -260,6 +263,7 @@ impl Session {
         spare: Spare,
     ) {
         let counters = &self.counters;
+        let result = result.map_err(|e| e.with_peer(peer));
         self.outbox
             .notify(counters, origin, tag, kind, fused, result, spare);
     }
@@ -403,7 +407,7 @@ impl Session {
                 "giving up on {peer:?} after {} connect attempts",
                 conn.attempts
             );
-            conn.failure = Error::ConnectFailed;
+            conn.failure = Error::new(ErrorKind::ConnectFailed);
             self.finish_close(slot);
         }
     }
@@ -462,7 +466,7 @@ impl Session {
             // Buffered bytes are decoded after every receive; this means the decoder is
             // stuck on a frame it cannot finish.
             log::error!("connection {slot}: receive buffer full; closing");
-            self.lose(slot, Error::Protocol);
+            self.lose(slot, Error::new(ErrorKind::Protocol));
             return None;
         }
         let conn = &mut self.conns[slot as usize];
@@ -542,7 +546,7 @@ impl Session {
         if enc.ready_bytes() == 0 {
             if conn.proto.is_closed() {
                 // Nothing more to say: close.
-                let failure = conn.failure;
+                let failure = conn.failure.clone();
                 self.lose(slot, failure);
             }
             return false;
@@ -573,7 +577,7 @@ impl Session {
         }
         if bad {
             log::error!("connection {slot}: output names a tensor it does not hold");
-            self.lose(slot, Error::Protocol);
+            self.lose(slot, Error::new(ErrorKind::Protocol));
             return false;
         }
         any
@@ -696,17 +700,19 @@ impl Session {
         let conn = &mut self.conns[slot as usize];
         if conn.proto.is_closed() {
             let failure = match conn.proto.close_reason() {
-                Some(CloseReason::Refused { status, .. }) => Error::Refused(*status),
+                Some(CloseReason::Refused { status, message }) => {
+                    Error::new(ErrorKind::Refused(*status)).with_message(message.as_str())
+                }
                 // We found the peer breaking the protocol: a protocol error, whichever side
                 // opened the connection.
                 Some(CloseReason::Rejected {
                     status: Status::Protocol,
                     ..
-                }) => Error::Protocol,
+                }) => Error::new(ErrorKind::Protocol),
                 Some(CloseReason::Rejected { status, .. }) if conn.outgoing.is_some() => {
-                    Error::Refused(*status)
+                    Error::new(ErrorKind::Refused(*status))
                 }
-                _ => Error::Protocol,
+                _ => Error::new(ErrorKind::Protocol),
             };
             conn.failure = failure;
             // No new request may go out behind the connection's ERROR frame.
@@ -764,7 +770,7 @@ impl Session {
             return Vec::new();
         };
         debug_assert_eq!(conn.phase, Phase::Closing, "released before it was closed");
-        let why = conn.failure;
+        let why = conn.failure.clone();
         let mut failed = std::mem::take(&mut self.scratch);
         failed.extend(conn.waiting.drain(..));
         for (h, p) in self.ctxs.iter() {
@@ -774,7 +780,15 @@ impl Session {
         }
         for h in failed.drain(..) {
             if let Ok(p) = self.ctxs.remove(crate::ctx::Handle::from_raw(h)) {
-                self.notify(p.origin, p.tag, p.kind, &p.fused, Err(why), p.spare);
+                self.notify(
+                    p.peer,
+                    p.origin,
+                    p.tag,
+                    p.kind,
+                    &p.fused,
+                    Err(why.clone()),
+                    p.spare,
+                );
             }
         }
         self.scratch = failed;
@@ -817,8 +831,8 @@ impl Session {
         for slot in slots {
             let conn = &mut self.conns[slot as usize];
             conn.proto.abort(Status::Shutdown, "shutting down");
-            conn.failure = Error::Shutdown;
-            self.lose(slot, Error::Shutdown);
+            conn.failure = Error::new(ErrorKind::Shutdown);
+            self.lose(slot, Error::new(ErrorKind::Shutdown));
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::{add, Counters, RequestKind};
 use crate::tensor::Tensor;
@@ -192,10 +192,17 @@ impl Outbox {
             }
             other => {
                 // A fused recv answered as something else is the peer's protocol error.
-                let e = other.err().unwrap_or(Error::Protocol);
+                let e = other.err().unwrap_or(Error::new(ErrorKind::Protocol));
                 for m in fused.iter().filter(|m| !m.done) {
                     let kind = RequestKind::Recv;
-                    self.deliver(counters, m.origin, m.tag, kind, Err(e), Spare::default());
+                    self.deliver(
+                        counters,
+                        m.origin,
+                        m.tag,
+                        kind,
+                        Err(e.clone()),
+                        Spare::default(),
+                    );
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::ctx::{Full, Handle as CtxHandle};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::proto::PushItem;
 use crate::stats::{add, RequestKind};
 use crate::tensor::{SharedAllocator, Tensor};
@@ -83,6 +83,8 @@ pub(crate) struct Pending {
     /// Memory for received tensors, when the request brings its own.
     pub alloc: Option<SharedAllocator>,
     pub conn: u32,
+    /// The peer it is for, named in its errors.
+    pub peer: SocketAddr,
     /// When the request was queued on the connection.
     pub sent: Option<Instant>,
     /// For recvs fused by the session: the original requests, one per key, in key order.
@@ -177,7 +179,8 @@ impl Session {
         let kind = req.op.kind();
         let mut spare = req.spare;
         if self.stopping {
-            return self.notify(origin, req.tag, kind, &fused, Err(Error::Shutdown), spare);
+            let e = Err(Error::new(ErrorKind::Shutdown));
+            return self.notify(req.peer, origin, req.tag, kind, &fused, e, spare);
         }
         let slot = self.peer_conn(req.peer, req.lane, now);
         let alloc = match &req.op {
@@ -192,6 +195,7 @@ impl Session {
             op: Some(req.op),
             alloc,
             conn: slot,
+            peer: req.peer,
             sent: None,
             fused,
             spare,
@@ -199,8 +203,8 @@ impl Session {
         let handle = match self.ctxs.insert(pending) {
             Ok(h) => h.to_raw(),
             Err(Full(p)) => {
-                let e = Err(Error::Backpressure);
-                return self.notify(origin, p.tag, kind, &p.fused, e, p.spare);
+                let e = Err(Error::new(ErrorKind::Backpressure));
+                return self.notify(p.peer, origin, p.tag, kind, &p.fused, e, p.spare);
             }
         };
         if let Some(deadline) = req.deadline {
@@ -281,8 +285,8 @@ impl Session {
             Err(e) => {
                 log::debug!("request not encodable: {e}");
                 if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
-                    let e = Err(Error::InvalidArgument);
-                    self.notify(p.origin, p.tag, p.kind, &p.fused, e, p.spare);
+                    let e = Err(Error::new(ErrorKind::InvalidArgument));
+                    self.notify(p.peer, p.origin, p.tag, p.kind, &p.fused, e, p.spare);
                 }
             }
         }

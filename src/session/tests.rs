@@ -384,7 +384,7 @@ fn a_deadline_fails_the_request_and_its_late_answer_is_ignored() {
     assert_eq!(done.len(), 1);
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
-        (slow, Some(Error::Timeout))
+        (slow, Some(ErrorKind::Timeout))
     );
     // The answer comes after all; the connection stays up and serves the next request.
     p.publish(b"late", 1.0);
@@ -424,7 +424,7 @@ fn fused_recvs_keep_their_own_deadlines() {
     assert_eq!(done.len(), 1);
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
-        (quick, Some(Error::Timeout))
+        (quick, Some(ErrorKind::Timeout))
     );
 }
 
@@ -451,7 +451,7 @@ fn a_duplicate_answer_closes_the_connection_and_fails_what_is_in_flight() {
     assert_eq!(done.len(), 1);
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
-        (waiting, Some(Error::Protocol))
+        (waiting, Some(ErrorKind::Protocol))
     );
     assert!(p.c.is_none(), "the client closed the connection");
 }
@@ -477,7 +477,7 @@ fn losing_the_peer_fails_requests_in_flight_and_waiting() {
     p.pump();
     // A second request queued behind a connection that is then lost.
     let c = p.c.unwrap();
-    p.client.lose(c, Error::ConnectionLost);
+    p.client.lose(c, Error::new(ErrorKind::ConnectionLost));
     let queued = p.submit(RequestOp::Ping { payload: 0 }, None);
     p.client.drain_requests(p.now);
     // The close is carried out (release) only now: until then the memory of the
@@ -493,7 +493,7 @@ fn losing_the_peer_fails_requests_in_flight_and_waiting() {
     assert_eq!(done.len(), 1);
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
-        (sent, Some(Error::ConnectionLost))
+        (sent, Some(ErrorKind::ConnectionLost))
     );
     // The ping went to a new connection.
     assert!(matches!(actions[1], Action::Connect { .. }));
@@ -517,8 +517,13 @@ fn a_refused_handshake_fails_requests_with_the_peer_s_status() {
     assert_eq!(done.len(), 1);
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
-        (tag, Some(Error::Refused(Status::ClusterMismatch)))
+        (tag, Some(ErrorKind::Refused(Status::ClusterMismatch)))
     );
+    // The error names the peer and says what it said.
+    let e = done[0].result.as_ref().unwrap_err();
+    assert_eq!(e.peer(), Some(PEER.parse().unwrap()));
+    let said = e.remote_message().unwrap();
+    assert!(said.contains("cluster id differs"), "{said}");
 }
 
 #[test]
@@ -569,7 +574,7 @@ fn connects_are_retried_with_backoff_then_given_up() {
     let done = s.take_local().unwrap();
     assert_eq!(
         (done.tag, done.result.clone_err()),
-        (9, Some(Error::ConnectFailed))
+        (9, Some(ErrorKind::ConnectFailed))
     );
 }
 
@@ -622,7 +627,7 @@ fn requests_over_max_served_fail_alone() {
     let done = p.completions();
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].tag, waiting[2]);
-    let refused = Some(Error::Remote(Status::ResourceExhausted));
+    let refused = Some(ErrorKind::Remote(Status::ResourceExhausted));
     assert_eq!(done[0].result.clone_err(), refused);
     p.publish(b"k0", 0.0);
     p.publish(b"k1", 1.0);
@@ -693,7 +698,7 @@ fn a_tensor_being_received_in_place_outlives_its_request_s_deadline() {
     let done = p.completions();
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
-        (tag, Some(Error::Timeout))
+        (tag, Some(ErrorKind::Timeout))
     );
     assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 0);
     p.client.received(c, 4096, true, p.now);
@@ -701,11 +706,12 @@ fn a_tensor_being_received_in_place_outlives_its_request_s_deadline() {
 }
 
 trait CloneErr {
-    fn clone_err(&self) -> Option<Error>;
+    /// The kind of the error, if the request failed.
+    fn clone_err(&self) -> Option<ErrorKind>;
 }
 
 impl CloneErr for Result<Reply, Error> {
-    fn clone_err(&self) -> Option<Error> {
-        self.as_ref().err().copied()
+    fn clone_err(&self) -> Option<ErrorKind> {
+        self.as_ref().err().map(Error::kind)
     }
 }

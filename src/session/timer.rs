@@ -8,7 +8,7 @@ use std::collections::BinaryHeap;
 use std::time::Instant;
 
 use crate::ctx::Handle as CtxHandle;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::stats::RequestKind;
 
 use super::conn::Phase;
@@ -108,9 +108,9 @@ impl Session {
                     }
                     if let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
                         self.abandon(h, &p);
-                        let e = Err(Error::Timeout);
+                        let e = Err(Error::new(ErrorKind::Timeout));
                         let spare = std::mem::take(&mut p.spare);
-                        self.notify(p.origin, p.tag, p.kind, &p.fused, e, spare);
+                        self.notify(p.peer, p.origin, p.tag, p.kind, &p.fused, e, spare);
                         self.bury(h, p);
                     }
                 }
@@ -130,7 +130,7 @@ impl Session {
                         .get(slot as usize)
                         .is_some_and(|c| c.generation == generation && c.phase != Phase::Closing);
                     if lingering {
-                        let failure = self.conns[slot as usize].failure;
+                        let failure = self.conns[slot as usize].failure.clone();
                         self.lose(slot, failure);
                     }
                 }
@@ -142,7 +142,7 @@ impl Session {
                     });
                     if stuck {
                         log::warn!("connection {slot}: handshake timed out");
-                        self.lose(slot, Error::ConnectionLost);
+                        self.lose(slot, Error::new(ErrorKind::ConnectionLost));
                     }
                 }
             }
@@ -162,7 +162,7 @@ impl Session {
         m.done = true;
         let (origin, tag) = (m.origin, m.tag);
         let all_done = p.fused.iter().all(|m| m.done);
-        let timeout = Err(Error::Timeout);
+        let timeout = Err(Error::new(ErrorKind::Timeout).with_peer(p.peer));
         let kind = RequestKind::Recv;
         self.outbox
             .deliver(&self.counters, origin, tag, kind, timeout, Spare::default());
@@ -198,6 +198,6 @@ impl Session {
             "connection {slot}: a frame's header and meta section did not arrive \
              within {timeout:?} (STARWIRE_FRAME_TIMEOUT_MS); closing"
         );
-        self.lose(slot, Error::Protocol);
+        self.lose(slot, Error::new(ErrorKind::Protocol));
     }
 }

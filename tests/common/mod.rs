@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use starwire::config::ConfigBuilder;
-use starwire::{Config, Error, Reply, Runtime};
+use starwire::{Config, Error, Runtime};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -35,8 +35,8 @@ pub fn ping_once(
     rt: &Runtime,
     addr: SocketAddr,
     deadline: Option<Instant>,
-) -> Result<Reply, Error> {
+) -> Result<Duration, Error> {
     let mut h = rt.handle(8);
     let t = h.ping(addr, 16, deadline)?;
-    h.wait(t).result
+    h.wait(t)
 }

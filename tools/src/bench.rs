@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starwire::wire::{DType, Status};
-use starwire::{Error, Handle, Reply, Tensor};
+use starwire::{Error, ErrorKind, Handle, Reply, Tensor};
 
 use crate::cli::BenchArgs;
 use crate::cpu;
@@ -116,10 +116,10 @@ impl Load {
     fn submit(&mut self, h: &mut Handle, deadline: Instant) -> Result<u64, Error> {
         let deadline = Some(deadline);
         match self.op {
-            Op::Ping => h.ping(self.addr, self.ping_size, deadline),
+            Op::Ping => h.ping(self.addr, self.ping_size, deadline).map(|t| t.tag()),
             Op::Pull => {
                 let ids = self.ids();
-                h.pull(self.addr, ids, deadline)
+                h.pull(self.addr, ids, deadline).map(|t| t.tag())
             }
             Op::Push => {
                 let t = self
@@ -127,15 +127,15 @@ impl Load {
                     .clone()
                     .unwrap_or_else(|| Arc::new(Tensor::dead(DType::U8)));
                 let items = self.ids().into_iter().map(|i| (i, t.clone())).collect();
-                h.push(self.addr, items, deadline)
+                h.push(self.addr, items, deadline).map(|t| t.tag())
             }
             Op::Recv => {
                 let key = recv_key(self.ids()[0]);
-                h.recv(self.addr, 0, &key, deadline)
+                h.recv(self.addr, 0, &key, deadline).map(|t| t.tag())
             }
             Op::FusedRecv => {
                 let keys = self.ids().into_iter().map(recv_key).collect();
-                h.recv_many(self.addr, 0, keys, deadline)
+                h.recv_many(self.addr, 0, keys, deadline).map(|t| t.tag())
             }
         }
     }
@@ -155,7 +155,7 @@ impl Load {
                             tensors += 1;
                             bytes += t.byte_len() as u64;
                         }
-                        Err(s) => failure = failure.or(Some(Error::Remote(s))),
+                        Err(s) => failure = failure.or(Some(Error::new(ErrorKind::Remote(s)))),
                     }
                 }
             }
@@ -166,13 +166,13 @@ impl Load {
                         tensors += 1;
                         bytes += size;
                     } else {
-                        failure = failure.or(Some(Error::Remote(s)));
+                        failure = failure.or(Some(Error::new(ErrorKind::Remote(s))));
                     }
                 }
             }
             (_, other) => {
                 log::warn!("unexpected reply: {other:?}");
-                failure = Some(Error::Protocol);
+                failure = Some(Error::new(ErrorKind::Protocol));
             }
         }
         (tensors, bytes, failure)
@@ -361,13 +361,13 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         let tag = h
             .ping(addr, args.size, Some(Instant::now() + timeout))
             .map_err(|e| fatal(&e, &label, addr, timeout))?;
-        if let Err(e) = h.wait(tag).result {
-            return Err(match e {
-                Error::InvalidArgument => Failure::usage(format!(
+        if let Err(e) = h.wait(tag) {
+            return Err(match e.kind() {
+                ErrorKind::InvalidArgument => Failure::usage(format!(
                     "-s {}: the payload is too large for a ping",
                     args.size
                 )),
-                e => fatal(&e, &label, addr, timeout),
+                _ => fatal(&e, &label, addr, timeout),
             });
         }
     }
@@ -412,7 +412,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
                         inflight.insert(tag, Instant::now());
                         submitted += 1;
                     }
-                    Err(Error::Backpressure) => break,
+                    Err(e) if e.kind() == ErrorKind::Backpressure => break,
                     Err(e) => {
                         o.fatal = Some(fatal(&e, &label, addr, timeout));
                         break;
@@ -426,7 +426,8 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             }
             continue;
         }
-        let c = h.wait_any();
+        // Something is in flight, so this waits (an empty table cannot get here).
+        let Ok(c) = h.wait_any() else { break };
         let done = Instant::now();
         let Some(sent) = inflight.remove(&c.tag) else {
             continue;
@@ -452,9 +453,11 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
                 o.failed += 1;
                 match o.errors.iter_mut().find(|(k, _)| *k == e) {
                     Some((_, n)) => *n += 1,
-                    None => o.errors.push((e, 1)),
+                    None => o.errors.push((e.clone(), 1)),
                 }
-                if matches!(e, Error::ConnectFailed | Error::Refused(_)) && o.fatal.is_none() {
+                if matches!(e.kind(), ErrorKind::ConnectFailed | ErrorKind::Refused(_))
+                    && o.fatal.is_none()
+                {
                     o.fatal = Some(fatal(&e, &label, addr, timeout));
                 }
             }
@@ -516,10 +519,12 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         exit::FAILED
     } else {
         // An error status from the server is an answer: the transport works.
-        o.errors.first().map_or(exit::FAILED, |(e, _)| match e {
-            Error::Remote(_) => exit::FAILED,
-            e => exit::code_of(e),
-        })
+        o.errors
+            .first()
+            .map_or(exit::FAILED, |(e, _)| match e.kind() {
+                ErrorKind::Remote(_) => exit::FAILED,
+                _ => exit::code_of(e),
+            })
     })
 }
 
@@ -575,11 +580,11 @@ fn table(args: &BenchArgs, op: Op, label: &str, server_note: &str, o: &Outcome) 
         ),
     );
     for (e, n) in &o.errors {
-        let hint = match (op, e) {
-            (Op::Pull | Op::Push, Error::Remote(Status::NotFound)) => {
+        let hint = match (op, e.kind()) {
+            (Op::Pull | Op::Push, ErrorKind::Remote(Status::NotFound)) => {
                 " (ids past the server's --tensors? see --variables)"
             }
-            (Op::Push, Error::Remote(Status::InvalidArgument)) => {
+            (Op::Push, ErrorKind::Remote(Status::InvalidArgument)) => {
                 " (--tensor-size must be the server's)"
             }
             _ => "",

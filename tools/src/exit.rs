@@ -1,7 +1,7 @@
 //! Exit codes, and the error type that carries one.
 
 use starwire::wire::Status;
-use starwire::Error;
+use starwire::{Error, ErrorKind};
 
 /// Success: valid, or every request answered.
 pub const OK: i32 = 0;
@@ -39,10 +39,10 @@ impl Failure {
 
 /// The exit code for a request that failed with `e`.
 pub fn code_of(e: &Error) -> i32 {
-    match e {
-        Error::ConnectFailed => UNREACHABLE,
-        Error::Refused(_) => REFUSED,
-        Error::Timeout => TIMEOUT,
+    match e.kind() {
+        ErrorKind::ConnectFailed => UNREACHABLE,
+        ErrorKind::Refused(_) => REFUSED,
+        ErrorKind::Timeout => TIMEOUT,
         _ => TRANSPORT,
     }
 }
@@ -64,14 +64,19 @@ pub fn refusal(status: Status) -> String {
 
 /// A one-line description of a request failure to `peer`.
 pub fn describe(e: &Error, peer: &str) -> String {
-    match e {
-        Error::ConnectFailed => format!("{peer}: could not connect"),
-        Error::Refused(s) => format!("{peer} refused the handshake: {}", refusal(*s)),
-        Error::Timeout => format!("{peer}: no reply within the timeout"),
-        Error::ConnectionLost => format!("{peer}: connection lost"),
-        Error::Protocol => format!("{peer}: protocol error; connection closed"),
-        Error::Remote(s) => format!("{peer} answered with an error ({s:?})"),
-        Error::InvalidArgument => format!("{peer}: request not sendable (payload too large?)"),
-        other => format!("{peer}: {other}"),
+    match e.kind() {
+        ErrorKind::ConnectFailed => format!("{peer}: could not connect"),
+        ErrorKind::Refused(s) => format!("{peer} refused the handshake: {}", refusal(s)),
+        ErrorKind::Timeout => format!("{peer}: no reply within the timeout"),
+        ErrorKind::ConnectionLost => format!("{peer}: connection lost"),
+        ErrorKind::Protocol => format!("{peer}: protocol error; connection closed"),
+        ErrorKind::Remote(s) => match e.remote_message() {
+            Some(m) => format!("{peer} answered with an error ({s:?}): {m}"),
+            None => format!("{peer} answered with an error ({s:?})"),
+        },
+        ErrorKind::InvalidArgument => {
+            format!("{peer}: request not sendable (payload too large?)")
+        }
+        _ => format!("{peer}: {e}"),
     }
 }

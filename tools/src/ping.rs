@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use starwire::config::{
     ConfigBuilder, ENV_CONNECT_RETRIES, ENV_HANDSHAKE_TIMEOUT_MS, MAX_HANDSHAKE_TIMEOUT,
 };
-use starwire::{Config, Error, Reply, Runtime};
+use starwire::{Config, Error, ErrorKind, Reply, Runtime};
 
 use crate::cli::PingArgs;
 use crate::exit::{self, Failure};
@@ -41,14 +41,19 @@ pub fn client_config(loops: usize, connections: usize, retries: u32) -> Result<C
 
 /// Starts a client runtime.
 pub fn start_client(cfg: Config) -> Result<Runtime, Failure> {
-    Runtime::start(cfg, None)
-        .map_err(|e| Failure::usage(format!("cannot start the starwire client: {e}")))
+    let rt = Runtime::start(cfg, None)
+        .map_err(|e| Failure::usage(format!("cannot start the starwire client: {e}")))?;
+    // What start-up did differently from what was asked (fewer loops, a fallback).
+    for note in rt.report().notes() {
+        eprintln!("commctl: {note}");
+    }
+    Ok(rt)
 }
 
 /// The failure for a request error that ends the command.
 pub fn fatal(e: &Error, label: &str, addr: SocketAddr, timeout: Duration) -> Failure {
-    let message = match e {
-        Error::ConnectFailed => {
+    let message = match e.kind() {
+        ErrorKind::ConnectFailed => {
             // The runtime says only that it could not connect; one plain connect attempt
             // tells why (refused, unreachable, timed out).
             let why = match TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(3))) {
@@ -57,7 +62,7 @@ pub fn fatal(e: &Error, label: &str, addr: SocketAddr, timeout: Duration) -> Fai
             };
             format!("{label}: could not connect{why} (is a starwire server listening there?)")
         }
-        other => exit::describe(other, label),
+        _ => exit::describe(e, label),
     };
     Failure {
         code: exit::code_of(e),
@@ -135,11 +140,11 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
         let more = args.count.map_or(true, |c| sent < c);
         if more && now >= next && pending.len() < MAX_OUTSTANDING {
             match h.ping(target.addr, args.size, Some(now + timeout)) {
-                Ok(tag) => {
+                Ok(ticket) => {
                     sent += 1;
-                    pending.insert(tag, sent);
+                    pending.insert(ticket.tag(), sent);
                 }
-                Err(Error::Backpressure) => {}
+                Err(e) if e.kind() == ErrorKind::Backpressure => {}
                 Err(e) => {
                     failure = Some(fatal(&e, &target.label, target.addr, timeout));
                     break;
@@ -168,29 +173,36 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
                 Ok(other) => {
                     log::warn!("unexpected reply to a ping: {other:?}");
                 }
-                Err(e @ (Error::ConnectFailed | Error::Refused(_) | Error::InvalidArgument)) => {
-                    failure = Some(match e {
-                        Error::InvalidArgument => Failure::usage(format!(
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::ConnectFailed
+                            | ErrorKind::Refused(_)
+                            | ErrorKind::InvalidArgument
+                    ) =>
+                {
+                    failure = Some(match e.kind() {
+                        ErrorKind::InvalidArgument => Failure::usage(format!(
                             "-s {}: the payload is too large for a ping",
                             args.size
                         )),
-                        e => fatal(&e, &target.label, target.addr, timeout),
+                        _ => fatal(&e, &target.label, target.addr, timeout),
                     });
                     break 'run;
                 }
-                Err(Error::Shutdown) => break 'run,
+                Err(e) if e.kind() == ErrorKind::Shutdown => break 'run,
                 Err(e) => {
-                    first_error = first_error.or(Some(e));
                     if !args.quiet {
-                        let why = match e {
-                            Error::Timeout => {
+                        let why = match e.kind() {
+                            ErrorKind::Timeout => {
                                 format!("no reply within {} s", fmt_secs(timeout))
                             }
-                            e => e.to_string(),
+                            _ => e.to_string(),
                         };
                         let _ = writeln!(out, "from {who}: seq={seq} {why}");
                         let _ = out.flush();
                     }
+                    first_error = first_error.or(Some(e));
                 }
             }
         }

@@ -33,7 +33,7 @@ use starwire::config::ConfigBuilder;
 use starwire::endpoint_map::{AddrError, HostPort};
 use starwire::wire::DType;
 use starwire::wire::Status;
-use starwire::{Config, Options, Rendezvous, Runtime, Service, Stats, Tensor};
+use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats, Tensor};
 
 use crate::cli::ServeArgs;
 use crate::exit::{self, Failure};
@@ -240,8 +240,17 @@ impl Server {
                 std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges)",
                 _ => "",
             };
-            Failure::usage(format!("cannot listen on {listen}: {e}{hint}"))
+            match e {
+                StartError::Listen { addr, source } => {
+                    Failure::usage(format!("cannot listen on {addr}: {source}{hint}"))
+                }
+                e => Failure::usage(format!("cannot start the server: {e}")),
+            }
         })?;
+        // What start-up did differently from what was asked (fewer loops, a fallback).
+        for note in rt.report().notes() {
+            eprintln!("commctl serve: {note}");
+        }
         let producer = match Producer::start(&store, rv) {
             Ok(p) => p,
             Err(f) => {

@@ -1,6 +1,7 @@
 //! The workloads over starwire: a `Service` on a one-loop runtime, and clients that keep
 //! requests in flight on one `Handle` with the allocation-free calls.
 
+use starwire::client::Driver;
 use starwire::config::ConfigBuilder;
 use starwire::wire::{DType, Status};
 use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Tensor};
@@ -77,8 +78,9 @@ pub fn serve(addr: SocketAddr) -> Result<(Runtime, SocketAddr), String> {
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The two ways to drive starwire from a client thread: a [`Handle`] to a runtime's own
-/// loop thread, or an [`Embedded`] loop that the calling thread runs itself.
+/// What a workload needs of a client, for either way to drive starwire from a client
+/// thread: a [`Handle`] to a runtime's own loop thread, or an [`Embedded`] loop that the
+/// calling thread runs itself (both are a `starwire::Client`).
 trait Client {
     fn submit(
         &mut self,
@@ -88,11 +90,11 @@ trait Client {
         items: &[(u64, Arc<Tensor>)],
         deadline: Instant,
     ) -> Result<u64, String>;
-    fn next(&mut self) -> Completion;
+    fn next(&mut self) -> Result<Completion, String>;
     fn recycle(&mut self, c: Completion);
 }
 
-impl Client for Handle {
+impl<D: Driver> Client for starwire::Client<D> {
     fn submit(
         &mut self,
         op: Op,
@@ -103,46 +105,17 @@ impl Client for Handle {
     ) -> Result<u64, String> {
         let d = Some(deadline);
         let tag = match op {
-            Op::Ping => self.ping(addr, PING_BYTES as u32, d),
-            Op::Push => self.push_slice(addr, items, d),
-            _ => self.pull_slice(addr, ids, d),
+            Op::Ping => self.ping(addr, PING_BYTES as u32, d).map(|t| t.tag()),
+            Op::Push => self.push_slice(addr, items, d).map(|t| t.tag()),
+            _ => self.pull_slice(addr, ids, d).map(|t| t.tag()),
         };
         tag.map_err(|e| e.to_string())
     }
-    fn next(&mut self) -> Completion {
-        self.wait_any()
+    fn next(&mut self) -> Result<Completion, String> {
+        self.wait_any().map_err(|e| e.to_string())
     }
     fn recycle(&mut self, c: Completion) {
-        Handle::recycle(self, c)
-    }
-}
-
-impl Client for Embedded {
-    fn submit(
-        &mut self,
-        op: Op,
-        addr: SocketAddr,
-        ids: &[u64],
-        items: &[(u64, Arc<Tensor>)],
-        deadline: Instant,
-    ) -> Result<u64, String> {
-        let d = Some(deadline);
-        Ok(match op {
-            Op::Ping => self.ping(addr, PING_BYTES as u32, d),
-            Op::Push => self.push_slice(addr, items, d),
-            _ => self.pull_slice(addr, ids, d),
-        })
-    }
-    fn next(&mut self) -> Completion {
-        loop {
-            if let Some(c) = self.completion() {
-                return c;
-            }
-            self.poll(Some(Duration::from_millis(10)));
-        }
-    }
-    fn recycle(&mut self, c: Completion) {
-        Embedded::recycle(self, c)
+        starwire::Client::recycle(self, c)
     }
 }
 
@@ -176,7 +149,7 @@ fn run_ops(
     // Open every connection before the clock starts.
     for _ in 0..w.connections {
         let tag = c.submit(Op::Ping, addr, &[], &[], Instant::now() + TIMEOUT)?;
-        let done = c.next();
+        let done = c.next()?;
         if done.tag != tag {
             return Err("unexpected completion".into());
         }
@@ -216,7 +189,7 @@ fn run_ops(
         if started.is_empty() {
             break;
         }
-        let done = c.next();
+        let done = c.next()?;
         let t0 = started.remove(&done.tag).ok_or("unknown completion")?;
         let ok = match &done.result {
             Ok(Reply::Pong { .. }) => true,
@@ -276,10 +249,11 @@ fn step_loop(h: &mut Handle, seed: u64, addr: SocketAddr, end: Instant) -> Resul
         let deadline = Some(t0 + TIMEOUT);
         let tag = h
             .pull_slice(addr, &wk.ids, deadline)
-            .map_err(|e| e.to_string())?;
-        let done = h.wait(tag);
+            .map_err(|e| e.to_string())?
+            .tag();
+        let done = h.wait_tag(tag).map_err(|e| e.to_string())?;
         let mut ok = false;
-        if let Ok(Reply::Pulled(t)) = &done.result {
+        if let Ok(t) = done.pulled() {
             ok = t.len() == wk.ids.len();
             for (i, t) in t.iter().enumerate() {
                 ok &= t.as_ref().is_ok_and(|t| wk.set_row(i, t.bytes()));
@@ -309,10 +283,11 @@ fn step_loop(h: &mut Handle, seed: u64, addr: SocketAddr, end: Instant) -> Resul
         }
         let tag = h
             .push_slice(addr, &items, deadline)
-            .map_err(|e| e.to_string())?;
-        let done = h.wait(tag);
-        match &done.result {
-            Ok(Reply::Pushed(st)) if st.iter().all(|s| *s == Status::Ok) => {
+            .map_err(|e| e.to_string())?
+            .tag();
+        let done = h.wait_tag(tag).map_err(|e| e.to_string())?;
+        match done.pushed() {
+            Ok(st) if st.iter().all(|s| *s == Status::Ok) => {
                 s.ops += 1;
                 s.latency.record(t0.elapsed());
             }
