@@ -35,11 +35,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use starwire::client::Driver;
-use starwire::wire::{DType, Status};
 use starwire::{
     Client, Completion, Embedded, Handle, Options, Rendezvous, Reply, Runtime, Service, Stats,
     Tensor, TensorAllocator, TensorDesc, TensorMemory,
 };
+use starwire::{DType, Status};
 
 mod common;
 use common::*;

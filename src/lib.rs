@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use starwire::config::ConfigBuilder;
-//! use starwire::wire::Status;
+//! use starwire::Status;
 //! use starwire::{Options, Runtime, Service, Tensor};
 //! use std::collections::HashMap;
 //! use std::sync::{Arc, Mutex};
@@ -79,7 +79,7 @@
 //! ```
 //!
 //! A request fails as a whole with an [`Error`] (deadline, lost connection, a refusal);
-//! each item of a pull, push or recv has its own [`Status`](wire::Status) besides. With
+//! each item of a pull, push or recv has its own [`Status`] besides. With
 //! several requests in flight, wait on their tickets in any order, or take completions as
 //! they come with [`Client::wait_any`] and read them with the typed accessors
 //! ([`Completion::into_pulled`], [`Completion::pulled`], ...). No wait drops another
@@ -140,34 +140,58 @@
 //!
 //! # Layers
 //!
-//! Raw bytes, protocol state and syscalls never mix: [`wire`] holds views and reprs of
-//! the wire format (the only code that touches the bytes of a frame); [`proto`] the sans-IO
-//! stream decoder and encoder; [`ctx`] the slab of request contexts whose handle travels
-//! in frame headers; `sys` the syscalls and most `unsafe`.
+//! Raw bytes, protocol state and syscalls never mix, and modules import one way:
+//! `wire` (views and reprs of the wire format: the only code that touches the bytes of a
+//! frame) <- `proto` (the sans-IO stream decoder and encoder) <- `session` (the sans-IO
+//! protocol state of a loop: requests and their matching, fusion, serving, timers) <-
+//! `event_loop` (I/O only) -> `sys` (syscalls and the `unsafe` that touches the kernel),
+//! with [`client`] and the [`Runtime`] on top. `wire`, `proto`, `ctx` (the slab of request
+//! contexts whose handle travels in frame headers) and `spsc` are public with the
+//! `internals` feature, for fuzzing and tests; `README.md` shows the layout.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+
+/// Declares a module public with the `internals` feature (for the fuzz targets, the tests and
+/// the tools; not a stable interface) and crate-private without it.
+macro_rules! internal {
+    (mod $name:ident;) => {
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        #[allow(dead_code, unused_imports)]
+        pub(crate) mod $name;
+    };
+}
 
 pub mod client;
 pub mod cluster;
 pub mod config;
-pub mod ctx;
+internal!(
+    mod ctx;
+);
 pub mod endpoint_map;
 mod error;
 pub(crate) mod event_loop;
 mod panic;
 pub mod peer;
 mod pool;
-pub mod proto;
+internal!(
+    mod proto;
+);
 pub mod rendezvous;
 mod runtime;
 pub mod service;
 pub(crate) mod session;
-pub mod spsc;
+internal!(
+    mod spsc;
+);
 pub mod stats;
 #[allow(dead_code)]
 pub(crate) mod sys;
 pub mod tensor;
-pub mod wire;
+internal!(
+    mod wire;
+);
 
 pub use crate::session::{Callback, Completion, Reply};
 pub use client::{Client, Embedded, Handle, Ticket};
@@ -179,6 +203,7 @@ pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_
 pub use service::Service;
 pub use stats::Stats;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
+pub use wire::{DType, Limits, Status};
 
 /// The README's code, compiled and run as a doctest.
 #[cfg(doctest)]

@@ -17,7 +17,7 @@ mod live_heap;
 static GLOBAL: live_heap::LiveHeap = live_heap::LiveHeap;
 
 use common::*;
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{Options, Reply, Runtime, Service, Tensor};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -7,11 +7,11 @@ mod common;
 
 use common::*;
 use starwire::client::Driver;
-use starwire::wire::{DType, Status};
 use starwire::{
     Client, Embedded, ErrorKind, Options, Rendezvous, Runtime, Service, StartError, StartNote,
     Tensor,
 };
+use starwire::{DType, Status};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};

@@ -186,7 +186,7 @@ fn netns_client() {
         let tag = h.ping(server, 64, Some(t0 + DEADLINE)).unwrap();
         match h.wait(tag) {
             Ok(rtt) => println!("OK {}", rtt.as_micros()),
-            Err(e) => println!("ERR {e:?} {}", t0.elapsed().as_millis()),
+            Err(e) => println!("ERR {:?} {}", e.kind(), t0.elapsed().as_millis()),
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use starwire::tensor::{TensorAllocator, TensorDesc, TensorMemory};
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{ErrorKind, Service, Tensor};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

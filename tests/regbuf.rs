@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use starwire::config::Backend;
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{Options, Reply, Runtime, Service, Tensor};
 use std::process::Command;
 use std::sync::{Arc, Mutex};

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{ErrorKind, Options, Rendezvous, Reply, Runtime, Tensor};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use starwire::wire::Status;
+use starwire::Status;
 use starwire::{Completion, Embedded, ErrorKind, Reply, Runtime};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -14,7 +14,7 @@
 mod common;
 
 use common::*;
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{Options, Reply, Runtime, Service, Tensor};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{
     ErrorKind, Options, Runtime, Service, Tensor, TensorAllocator, TensorDesc, TensorMemory, Ticket,
 };

@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use starwire::client::Driver;
-use starwire::wire::{DType, Status};
 use starwire::{Client, Completion, Embedded, Options, Runtime, Service, Tensor};
+use starwire::{DType, Status};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starwire::config::ConfigBuilder;
-use starwire::wire::{DType, Status};
 use starwire::{
     Completion, Error, ErrorKind, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor,
     TensorAllocator, TensorDesc, TensorMemory, Ticket,
 };
+use starwire::{DType, Status};
 
 // ----- results and errors -----
 

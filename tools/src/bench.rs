@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{Error, ErrorKind, Handle, Reply, Tensor};
 
 use crate::cli::BenchArgs;

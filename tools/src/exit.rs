@@ -1,6 +1,6 @@
 //! Exit codes, and the error type that carries one.
 
-use starwire::wire::Status;
+use starwire::Status;
 use starwire::{Error, ErrorKind};
 
 /// Success: valid, or every request answered.

@@ -31,8 +31,8 @@ use std::time::Duration;
 use starwire::cluster::TaskId;
 use starwire::config::ConfigBuilder;
 use starwire::endpoint_map::{AddrError, HostPort};
-use starwire::wire::DType;
-use starwire::wire::Status;
+use starwire::DType;
+use starwire::Status;
 use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats, Tensor};
 
 use crate::cli::ServeArgs;

@@ -3,7 +3,7 @@
 
 use starwire::client::Driver;
 use starwire::config::ConfigBuilder;
-use starwire::wire::{DType, Status};
+use starwire::{DType, Status};
 use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Tensor};
 use std::collections::HashMap;
 use std::net::SocketAddr;
