@@ -753,7 +753,7 @@ impl Client<Local> {
             shared.clone(),
             backend,
             listener,
-            options.parts(0, None, &Arc::new(AtomicUsize::new(0))),
+            options.parts(&cfg, 0, None, &Arc::new(AtomicUsize::new(0))),
         )
         .map_err(loop_err)?;
         // The fallback was logged where it was decided.

@@ -33,9 +33,7 @@ use crate::sys::{self, affinity, socket, Backend};
 use crate::tensor::{HeapAllocator, SharedAllocator};
 use std::sync::mpsc::SyncSender;
 
-/// Payload of at least this many bytes is received straight into the tensor's memory;
-/// shorter payload is copied once out of the receive buffer.
-pub const DEFAULT_ZERO_COPY_MIN: u64 = 16 * 1024;
+pub use crate::config::DEFAULT_ZERO_COPY_MIN;
 
 /// What a runtime serves, and how it receives tensors.
 #[derive(Clone, Default)]
@@ -50,16 +48,17 @@ pub struct Options {
     pub rendezvous: Option<Arc<Rendezvous>>,
     /// Memory for received tensors; [`HeapAllocator`] when `None`.
     pub allocator: Option<SharedAllocator>,
-    /// Payload of at least this many bytes is received in place (default
-    /// [`DEFAULT_ZERO_COPY_MIN`]).
+    /// Payload of at least this many bytes is received in place; `None`: the config's
+    /// `zero_copy_min` (`STARWIRE_ZERO_COPY_MIN`, default [`DEFAULT_ZERO_COPY_MIN`]).
     pub zero_copy_min: Option<u64>,
     /// Connections this task expects (its peers times `connections_per_peer`). The
     /// default loop count is `min(16, connections)`, never more than the CPUs this process
     /// may run on; unknown (`None`): as many loops as allowed CPUs, at most 16.
     pub connections: Option<usize>,
-    /// Threads that run the service's handlers. 0 (the default): handlers run inline on
-    /// the loop that received the request. See `docs/tuning.md` for when to use a pool.
-    pub handler_threads: usize,
+    /// Threads that run the service's handlers; 0: handlers run inline on the loop that
+    /// received the request. `None`: the config's `handler_threads`
+    /// (`STARWIRE_HANDLER_THREADS`, default 0). See `docs/tuning.md` for when to use a pool.
+    pub handler_threads: Option<usize>,
 }
 
 impl Options {
@@ -73,6 +72,7 @@ impl Options {
 
     pub(crate) fn parts(
         &self,
+        cfg: &Config,
         index: usize,
         jobs: Option<SyncSender<Job>>,
         accepted: &Arc<AtomicUsize>,
@@ -86,7 +86,7 @@ impl Options {
                 .allocator
                 .clone()
                 .unwrap_or_else(|| Arc::new(HeapAllocator::default())),
-            zero_copy_min: self.zero_copy_min.unwrap_or(DEFAULT_ZERO_COPY_MIN),
+            zero_copy_min: self.zero_copy_min.unwrap_or(cfg.zero_copy_min),
             accepted: accepted.clone(),
         }
     }
@@ -210,7 +210,8 @@ impl Runtime {
         if let Some(r) = &options.rendezvous {
             r.attach(shared.clone());
         }
-        let pool = match (&options.service, options.handler_threads) {
+        let threads = options.handler_threads.unwrap_or(cfg.handler_threads);
+        let pool = match (&options.service, threads) {
             (Some(service), n) if n > 0 => Some(
                 HandlerPool::start(n, service.clone(), shared.clone())
                     .map_err(StartError::HandlerPool)?,
@@ -237,7 +238,8 @@ impl Runtime {
             let cfg = cfg.clone();
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
-            let parts = options.parts(i, pool.as_ref().and_then(|p| p.sender()), &accepted);
+            let jobs = pool.as_ref().and_then(|p| p.sender());
+            let parts = options.parts(&cfg, i, jobs, &accepted);
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use starwire::Status;
-use starwire::{Completion, Embedded, ErrorKind, Reply, Runtime};
+use starwire::{Completion, Embedded, ErrorKind, Options, Reply, Runtime, Tensor};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -303,4 +303,43 @@ fn default_loop_count_follows_connections_and_cpus() {
         Runtime::start_with(cfg(), many).unwrap().loops(),
         cpus.min(16)
     );
+}
+
+/// Records the name of the thread each pull ran on.
+#[derive(Default)]
+struct WhereRun(std::sync::Mutex<Vec<String>>);
+
+impl starwire::Service for WhereRun {
+    fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        self.0.lock().unwrap().push(name);
+        out.extend(ids.iter().map(|_| Err(Status::NotFound)));
+    }
+}
+
+#[test]
+fn handler_threads_from_the_config_run_handlers_on_a_pool() {
+    for (threads, on_pool) in [(0, false), (2, true)] {
+        let service = Arc::new(WhereRun::default());
+        let cfg = config("ps", 1).handler_threads(threads).build().unwrap();
+        let options = Options {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            service: Some(service.clone()),
+            ..Options::default()
+        };
+        let server = Runtime::start_with(cfg, options).unwrap();
+        let worker = client(1);
+        let mut h = worker.handle(8);
+        let t = h
+            .pull(server.local_addr().unwrap(), vec![1], secs(10))
+            .unwrap();
+        assert!(h.wait(t).is_ok());
+        let names = service.0.lock().unwrap().clone();
+        assert_eq!(names.len(), 1);
+        assert_eq!(
+            names[0].starts_with("starwire-handler"),
+            on_pool,
+            "{names:?}"
+        );
+    }
 }

@@ -446,7 +446,7 @@ fn ping_during_slow_pull(handler_threads: usize) -> Duration {
         config("ps", 1).build().unwrap(),
         Options {
             service: Some(Arc::new(Slow)),
-            handler_threads,
+            handler_threads: Some(handler_threads),
             ..Options::listen("127.0.0.1:0".parse().unwrap())
         },
     )

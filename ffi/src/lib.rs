@@ -677,7 +677,7 @@ pub unsafe extern "C" fn sw_runtime_new(
             rendezvous: Some(rendezvous.clone()),
             // SAFETY: per this function's contract.
             allocator: unsafe { allocator(o.allocator) }?,
-            handler_threads: o.handler_threads as usize,
+            handler_threads: Some(o.handler_threads as usize),
             ..Options::default()
         };
         let runtime = Runtime::start_with(config, options)

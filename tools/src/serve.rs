@@ -228,7 +228,7 @@ impl Server {
             listen: Some(listen),
             service: Some(service),
             rendezvous: Some(rv.clone()),
-            handler_threads: content.handler_threads,
+            handler_threads: Some(content.handler_threads),
             ..Options::default()
         };
         let rt = Runtime::start_with(cfg, options).map_err(|e| {
