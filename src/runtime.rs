@@ -26,7 +26,7 @@ use crate::event_loop::{Loop, LoopParts, LoopShared};
 use crate::pool::{HandlerPool, Job};
 use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
-use crate::session::{Callback, Completion, Endpoint, Request};
+use crate::session::{Callback, Completion, Endpoint, Request, SessionParts};
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
@@ -78,15 +78,17 @@ impl Options {
         accepted: &Arc<AtomicUsize>,
     ) -> LoopParts {
         LoopParts {
-            service: self.service.clone(),
-            rendezvous: self.rendezvous.clone(),
-            jobs,
-            index,
-            allocator: self
-                .allocator
-                .clone()
-                .unwrap_or_else(|| Arc::new(HeapAllocator::default())),
-            zero_copy_min: self.zero_copy_min.unwrap_or(cfg.zero_copy_min),
+            session: SessionParts {
+                service: self.service.clone(),
+                rendezvous: self.rendezvous.clone(),
+                jobs,
+                index,
+                allocator: self
+                    .allocator
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(HeapAllocator::default())),
+                zero_copy_min: self.zero_copy_min.unwrap_or(cfg.zero_copy_min),
+            },
             accepted: accepted.clone(),
         }
     }

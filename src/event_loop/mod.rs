@@ -34,15 +34,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::pool::Job;
-use crate::rendezvous::Rendezvous;
-use crate::service::SharedService;
 use crate::session::{Action, Completion, RecvTarget, Request, Session, SessionParts};
 use crate::stats::add;
 use crate::sys::bufpool::BufPool;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
 use crate::sys::{socket, Backend};
-use crate::tensor::SharedAllocator;
 
 use io::IoConn;
 pub(crate) use shared::{LoopShared, Posted};
@@ -50,17 +46,10 @@ pub(crate) use shared::{LoopShared, Posted};
 /// Wait before accepting again after EMFILE and friends.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// What a loop serves and how it receives tensors.
+/// What a loop serves and how it receives tensors, and what it shares with the others.
 #[derive(Clone)]
 pub(crate) struct LoopParts {
-    pub service: Option<SharedService>,
-    pub rendezvous: Option<Arc<Rendezvous>>,
-    /// Where heavy handlers run; `None`: inline on the loop.
-    pub jobs: Option<std::sync::mpsc::SyncSender<Job>>,
-    /// This loop's position among the runtime's loops.
-    pub index: usize,
-    pub allocator: SharedAllocator,
-    pub zero_copy_min: u64,
+    pub session: SessionParts,
     /// Connections accepted and not yet closed, over all the runtime's loops.
     pub accepted: Arc<AtomicUsize>,
 }
@@ -99,15 +88,7 @@ impl Loop {
     ) -> std::io::Result<Loop> {
         let entries = 1024u32;
         let driver = Driver::new(backend, entries, &shared.doorbell)?;
-        let session_parts = SessionParts {
-            service: parts.service,
-            rendezvous: parts.rendezvous,
-            jobs: parts.jobs,
-            index: parts.index,
-            allocator: parts.allocator,
-            zero_copy_min: parts.zero_copy_min,
-        };
-        let session = Session::new(cfg.clone(), shared.counters.clone(), session_parts);
+        let session = Session::new(cfg.clone(), shared.counters.clone(), parts.session);
         let mut lp = Loop {
             cfg,
             shared,
@@ -803,12 +784,14 @@ mod tests {
         let (backend, _) = crate::sys::select(cfg.backend).unwrap();
         let listener = socket::listen_tcp("127.0.0.1:0".parse().unwrap(), 16).unwrap();
         let parts = LoopParts {
-            service: None,
-            rendezvous: None,
-            jobs: None,
-            index: 0,
-            allocator: Arc::new(HeapAllocator::default()),
-            zero_copy_min: 16 << 10,
+            session: SessionParts {
+                service: None,
+                rendezvous: None,
+                jobs: None,
+                index: 0,
+                allocator: Arc::new(HeapAllocator::default()),
+                zero_copy_min: 16 << 10,
+            },
             accepted: Arc::new(AtomicUsize::new(0)),
         };
         let mut lp = Loop::new(cfg, shared, backend, Some(listener), parts).unwrap();
