@@ -10,7 +10,7 @@ use starwire::{
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -427,12 +427,28 @@ fn peer_lost_mid_transfer_fails_the_request() {
     server.join().unwrap();
 }
 
-/// A service whose pull takes 300 ms.
-struct Slow;
+/// A service whose pull blocks until the test opens its gate.
+#[derive(Default)]
+struct Gated {
+    started: AtomicBool,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
 
-impl Service for Slow {
+impl Gated {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl Service for Gated {
     fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
-        std::thread::sleep(Duration::from_millis(300));
+        self.started.store(true, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
         out.extend(
             ids.iter()
                 .map(|&id| Ok(Arc::new(Tensor::from_f32(&[1], &[id as f32]).unwrap()))),
@@ -440,12 +456,13 @@ impl Service for Slow {
     }
 }
 
-/// Round trip of a ping sent while a slow pull is being handled by a 1-loop server.
-fn ping_during_slow_pull(handler_threads: usize) -> Duration {
+/// Whether a ping to a 1-loop server is answered while a pull's handler is blocked.
+fn ping_answered_while_a_handler_blocks(handler_threads: usize) -> bool {
+    let service = Arc::new(Gated::default());
     let server = Runtime::start_with(
         config("ps", 1).build().unwrap(),
         Options {
-            service: Some(Arc::new(Slow)),
+            service: Some(service.clone()),
             handler_threads: Some(handler_threads),
             ..Options::listen("127.0.0.1:0".parse().unwrap())
         },
@@ -463,12 +480,24 @@ fn ping_during_slow_pull(handler_threads: usize) -> Duration {
         let t = h.ping(addr, 8, secs(10)).unwrap();
         assert!(h.wait(t).is_ok());
     }
-    let pull = h.pull(addr, vec![3, 4], secs(10)).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    let start = Instant::now();
-    let p = h.ping(addr, 8, secs(10)).unwrap();
-    assert!(h.wait(p).is_ok());
-    let took = start.elapsed();
+    let pull = h.pull(addr, vec![3, 4], secs(30)).unwrap();
+    while !service.started.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let ping = h.ping(addr, 8, secs(30)).unwrap();
+    let answered = if handler_threads > 0 {
+        // The loop is free: the ping comes back while the handler is still blocked.
+        assert!(h.wait(ping).is_ok());
+        true
+    } else {
+        // The loop runs the handler: nothing can come back until the gate opens.
+        std::thread::sleep(Duration::from_millis(50));
+        let early = h.poll().is_some();
+        service.open();
+        assert!(h.wait(ping).is_ok());
+        early
+    };
+    service.open();
     match h.wait(pull) {
         Ok(v) => {
             assert_eq!(v[0].as_ref().unwrap().to_f32(), [3.0]);
@@ -476,15 +505,13 @@ fn ping_during_slow_pull(handler_threads: usize) -> Duration {
         }
         other => panic!("{other:?}"),
     }
-    took
+    answered
 }
 
 #[test]
 fn heavy_handlers_on_the_pool_do_not_stall_the_loop() {
-    let pooled = ping_during_slow_pull(2);
-    let inline = ping_during_slow_pull(0);
-    assert!(pooled < Duration::from_millis(100), "pooled: {pooled:?}");
-    assert!(inline >= Duration::from_millis(150), "inline: {inline:?}");
+    assert!(ping_answered_while_a_handler_blocks(2), "pooled");
+    assert!(!ping_answered_while_a_handler_blocks(0), "inline");
 }
 
 #[test]
