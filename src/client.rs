@@ -24,6 +24,7 @@
 //!
 //! [`Runtime`]: crate::Runtime
 
+use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,8 +91,8 @@ mod sealed {
         /// Queues `req` on the loop that owns its `(peer, lane)`; gives it back when that
         /// loop's ring is full.
         fn send(&mut self, req: Outgoing) -> Result<(), Outgoing>;
-        /// Moves every delivered completion into `done`.
-        fn collect(&mut self, done: &mut Vec<Completion>);
+        /// The next delivered completion, if any.
+        fn next(&mut self) -> Option<Completion>;
         /// Runs the loop once if this thread drives it, without waiting.
         fn turn(&mut self);
         /// One step of waiting for something to arrive: spin or park, as the configured
@@ -273,17 +274,14 @@ pub struct Client<D: Driver> {
     /// The peer's connections requests are spread over (`connections_per_peer`).
     lanes: u32,
     next_lane: u32,
-    next_tag: u64,
     /// Most requests outstanding at once (a Handle's ring size).
     capacity: usize,
     /// Completions go to a callback, never to this client.
     callback: bool,
-    /// Tags submitted whose completion has not been taken. Small (at most `capacity`), so
-    /// a vector: searching it costs less than hashing, and it never reallocates in steady
-    /// state.
-    outstanding: Vec<u64>,
-    /// Completions delivered and not yet taken.
-    done: Vec<Completion>,
+    /// Tags submitted whose completion has not been taken.
+    outstanding: Tags,
+    /// Completions delivered while another was waited for, not yet taken.
+    done: VecDeque<Completion>,
     /// Vectors of recycled completions, for the next requests.
     spares: Vec<Spare>,
     spares_kept: usize,
@@ -303,11 +301,10 @@ impl<D: Driver> Client<D> {
             driver,
             lanes: cfg.connections_per_peer.max(1) as u32,
             next_lane: 0,
-            next_tag: 1,
             capacity,
             callback,
-            outstanding: Vec::with_capacity(expected),
-            done: Vec::with_capacity(expected),
+            outstanding: Tags::with_capacity(expected),
+            done: VecDeque::with_capacity(expected),
             spares: Vec::new(),
             spares_kept: spares_kept.max(1),
         }
@@ -460,7 +457,7 @@ impl<D: Driver> Client<D> {
             return Err(e);
         }
         let lane = self.next_lane % self.lanes;
-        let tag = self.next_tag;
+        let tag = self.outstanding.insert();
         let req = Request {
             op,
             peer: peer.addr(),
@@ -470,13 +467,15 @@ impl<D: Driver> Client<D> {
             spare,
         };
         if let Err(sealed::Outgoing(req)) = self.driver.send(sealed::Outgoing(req)) {
+            self.outstanding.remove(tag);
             self.spares.push(req.spare);
             return Err(Error::new(ErrorKind::Backpressure));
         }
         self.next_lane = self.next_lane.wrapping_add(1);
-        self.next_tag += 1;
-        if !self.callback {
-            self.outstanding.push(tag);
+        if self.callback {
+            // Completions go to the callback: nothing to wait for. The tag stays unique
+            // among this client's requests (its generation moves on).
+            self.outstanding.remove(tag);
         }
         Ok(Ticket {
             tag,
@@ -505,7 +504,7 @@ impl<D: Driver> Client<D> {
     /// CPU more) before it parks until its loop wakes it. A tag that is not outstanding (never submitted, already taken, or submitted
     /// through a callback client): [`ErrorKind::NotOutstanding`] at once, never a hang.
     pub fn wait_tag(&mut self, tag: u64) -> Result<Completion, Error> {
-        if !self.outstanding.contains(&tag) {
+        if !self.outstanding.contains(tag) {
             return Err(Error::new(ErrorKind::NotOutstanding));
         }
         Ok(self.wait_for(Some(tag)))
@@ -523,8 +522,12 @@ impl<D: Driver> Client<D> {
     /// A completion if one is ready, without waiting (an [`Embedded`] loop runs once).
     pub fn poll(&mut self) -> Option<Completion> {
         self.driver.turn();
-        self.driver.collect(&mut self.done);
-        self.take(None)
+        if let Some(c) = self.take(None) {
+            return Some(c);
+        }
+        let c = self.driver.next()?;
+        self.outstanding.remove(c.tag);
+        Some(c)
     }
 
     /// Hands a completion back once its reply has been used: its vectors (the reply's, and
@@ -543,38 +546,118 @@ impl<D: Driver> Client<D> {
     }
 
     fn wait_for(&mut self, tag: Option<u64>) -> Completion {
-        let mut idle_since = Instant::now();
+        // Read the clock only once there is nothing to take.
+        let mut idle_since: Option<Instant> = None;
         loop {
-            self.driver.collect(&mut self.done);
             if let Some(c) = self.take(tag) {
                 return c;
             }
-            if self.driver.stopped() {
-                // The loops are gone; whatever they did not answer never will be.
-                self.driver.collect(&mut self.done);
-                if let Some(c) = self.take(tag) {
+            // Fresh completions, one at a time: the one waited for goes straight back, the
+            // others are kept for later waits.
+            while let Some(c) = self.driver.next() {
+                if tag.map_or(true, |t| t == c.tag) {
+                    self.outstanding.remove(c.tag);
                     return c;
                 }
-                let t = tag.unwrap_or(self.outstanding[0]);
-                self.outstanding.retain(|&o| o != t);
+                self.done.push_back(c);
+            }
+            if self.driver.stopped() {
+                // The loops are gone; whatever they did not answer never will be.
+                if let Some(c) = self.driver.next() {
+                    self.done.push_back(c);
+                    continue;
+                }
+                let t = match tag {
+                    Some(t) => t,
+                    None => self.outstanding.any().expect("checked by the caller"),
+                };
+                self.outstanding.remove(t);
                 return Completion::new(t, Err(Error::new(ErrorKind::Shutdown)));
             }
-            self.driver.idle(&mut idle_since);
+            let since = idle_since.get_or_insert_with(Instant::now);
+            self.driver.idle(since);
         }
     }
 
-    /// Takes the completion of `tag` (any, for `None`) if it has arrived.
+    /// Takes a kept completion of `tag` (any, for `None`).
     fn take(&mut self, tag: Option<u64>) -> Option<Completion> {
+        if self.done.is_empty() {
+            return None;
+        }
         let i = match tag {
             Some(t) => self.done.iter().position(|c| c.tag == t)?,
-            None if self.done.is_empty() => return None,
             None => 0,
         };
-        let c = self.done.swap_remove(i);
-        if let Some(o) = self.outstanding.iter().position(|&o| o == c.tag) {
-            self.outstanding.swap_remove(o);
-        }
+        // In order of arrival.
+        let c = self.done.remove(i)?;
+        self.outstanding.remove(c.tag);
         Some(c)
+    }
+}
+
+/// The tags of a client's outstanding requests: a slot index and a generation, so that
+/// telling whether a tag is outstanding, taking one and giving one back are O(1) and
+/// allocate nothing once the table has grown to the most requests ever in flight. A tag
+/// of a finished request is never outstanding again (its slot's generation moved on).
+struct Tags {
+    /// Per slot: its generation, odd while a request holds it.
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl Tags {
+    fn with_capacity(n: usize) -> Tags {
+        Tags {
+            generations: Vec::with_capacity(n),
+            free: Vec::with_capacity(n),
+            live: 0,
+        }
+    }
+
+    /// A new outstanding tag.
+    fn insert(&mut self) -> u64 {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.generations.push(0);
+                (self.generations.len() - 1) as u32
+            }
+        };
+        let g = &mut self.generations[slot as usize];
+        *g = g.wrapping_add(1);
+        self.live += 1;
+        (u64::from(slot) << 32) | u64::from(*g)
+    }
+
+    fn contains(&self, tag: u64) -> bool {
+        let (slot, g) = ((tag >> 32) as usize, tag as u32);
+        g % 2 == 1 && self.generations.get(slot) == Some(&g)
+    }
+
+    /// Takes `tag` out, if it is outstanding.
+    fn remove(&mut self, tag: u64) {
+        if self.contains(tag) {
+            let slot = (tag >> 32) as u32;
+            let g = &mut self.generations[slot as usize];
+            *g = g.wrapping_add(1);
+            self.free.push(slot);
+            self.live -= 1;
+        }
+    }
+
+    /// Some outstanding tag.
+    fn any(&self) -> Option<u64> {
+        let slot = self.generations.iter().position(|g| g % 2 == 1)?;
+        Some(((slot as u64) << 32) | u64::from(self.generations[slot]))
+    }
+
+    fn len(&self) -> usize {
+        self.live
+    }
+
+    fn is_empty(&self) -> bool {
+        self.live == 0
     }
 }
 
@@ -636,12 +719,10 @@ impl sealed::Drive for Threads {
         Ok(())
     }
 
-    fn collect(&mut self, done: &mut Vec<Completion>) {
-        for lane in &mut self.lanes {
-            while let Some(c) = lane.completions.pop() {
-                done.push(c);
-            }
-        }
+    fn next(&mut self) -> Option<Completion> {
+        self.lanes
+            .iter_mut()
+            .find_map(|lane| lane.completions.pop())
     }
 
     fn turn(&mut self) {}
@@ -689,10 +770,8 @@ impl sealed::Drive for Local {
         Ok(())
     }
 
-    fn collect(&mut self, done: &mut Vec<Completion>) {
-        while let Some(c) = self.lp.take_local() {
-            done.push(c);
-        }
+    fn next(&mut self) -> Option<Completion> {
+        self.lp.take_local()
     }
 
     fn turn(&mut self) {

@@ -83,32 +83,45 @@ impl fmt::Display for ErrorKind {
 /// assert_eq!(e, ErrorKind::Timeout);
 /// assert_eq!(e.peer(), None);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Error {
     kind: ErrorKind,
+    /// Boxed, so that a result carrying an error is no larger than the answer it stands
+    /// for: completions move through rings and queues on the hot path.
+    detail: Option<Box<Detail>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Detail {
     peer: Option<SocketAddr>,
     message: Option<Arc<str>>,
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.kind)
+            .field("peer", &self.peer())
+            .field("message", &self.remote_message())
+            .finish()
+    }
 }
 
 impl Error {
     /// An error of `kind`, for no peer in particular.
     pub fn new(kind: ErrorKind) -> Error {
-        Error {
-            kind,
-            peer: None,
-            message: None,
-        }
+        Error { kind, detail: None }
     }
 
     /// The same error, naming `peer`.
     pub fn with_peer(mut self, peer: SocketAddr) -> Error {
-        self.peer = Some(peer);
+        self.detail.get_or_insert_with(Box::default).peer = Some(peer);
         self
     }
 
     /// The same error, with what the peer said.
     pub fn with_message(mut self, message: impl Into<Arc<str>>) -> Error {
-        self.message = Some(message.into());
+        self.detail.get_or_insert_with(Box::default).message = Some(message.into());
         self
     }
 
@@ -119,13 +132,13 @@ impl Error {
 
     /// The peer the request was for, when it had been routed to one.
     pub fn peer(&self) -> Option<SocketAddr> {
-        self.peer
+        self.detail.as_ref().and_then(|d| d.peer)
     }
 
     /// What the peer said: the message of its `ERROR` frame, for a remote error or a
     /// refused handshake.
     pub fn remote_message(&self) -> Option<&str> {
-        self.message.as_deref()
+        self.detail.as_ref().and_then(|d| d.message.as_deref())
     }
 
     /// The wire status closest to this error.
@@ -172,10 +185,10 @@ impl PartialEq<ErrorKind> for Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.kind, f)?;
-        if let Some(peer) = self.peer {
+        if let Some(peer) = self.peer() {
             write!(f, " (peer {peer})")?;
         }
-        if let Some(m) = &self.message {
+        if let Some(m) = self.remote_message() {
             write!(f, ": {m}")?;
         }
         Ok(())

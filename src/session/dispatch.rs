@@ -48,6 +48,8 @@ pub(super) struct Dispatch<'a> {
     pub(super) serve: &'a mut ServeScratch,
     /// Requests the peer may have waiting on this connection (`max_served`).
     pub(super) max_served: usize,
+    /// The peer this connection was opened to (`None` for an accepted one).
+    pub(super) peer: Option<std::net::SocketAddr>,
     pub(super) opened: bool,
     pub(super) violation: Option<&'static str>,
 }
@@ -162,7 +164,10 @@ impl Dispatch<'_> {
             Body::Error(e) => {
                 let status = ErrorKind::Remote(f.header.status);
                 let message = String::from_utf8_lossy(e.message);
-                let e = Error::new(status).with_peer(p.peer);
+                let mut e = Error::new(status);
+                if let Some(peer) = self.peer {
+                    e = e.with_peer(peer);
+                }
                 Err(if message.is_empty() {
                     e
                 } else {

@@ -27,6 +27,7 @@ mod timer;
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -103,7 +104,7 @@ pub(crate) struct Session {
     identity: Identity,
     conns: Slab<Conn>,
     /// The connection carrying requests to each (peer, lane).
-    peers: HashMap<(SocketAddr, u32), u32>,
+    peers: HashMap<(SocketAddr, u32), u32, BuildHasherDefault<PeerHasher>>,
     ctxs: CtxSlab<Pending>,
     timers: Timers,
     outbox: Outbox,
@@ -132,6 +133,45 @@ pub(crate) struct Session {
     push_scratch: PushEncodeScratch,
     /// Requests given up by deadline after they were sent: handle and connection.
     abandoned: VecDeque<(u64, u32)>,
+}
+
+/// Hashes the (peer, lane) keys of the session's routing table, looked up once per
+/// request. The keys are addresses this task's own trainer names, never bytes from the
+/// network, so a fast multiplicative hash is enough (std's SipHash cost more than the
+/// rest of routing a request).
+#[derive(Default)]
+pub(crate) struct PeerHasher(u64);
+
+impl std::hash::Hasher for PeerHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
 }
 
 /// The tensor as encoder input: its meta, its bytes, and the caller's `token` for them.
@@ -169,7 +209,7 @@ impl Session {
             counters,
             identity,
             conns: Slab::with_capacity(64),
-            peers: HashMap::new(),
+            peers: HashMap::default(),
             outbox: Outbox::default(),
             dirty: Vec::with_capacity(64),
             actions: VecDeque::new(),
@@ -254,7 +294,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     fn notify(
         &mut self,
-        peer: SocketAddr,
+        peer: Option<SocketAddr>,
         origin: Origin,
         tag: u64,
         kind: RequestKind,
@@ -263,7 +303,10 @@ impl Session {
         spare: Spare,
     ) {
         let counters = &self.counters;
-        let result = result.map_err(|e| e.with_peer(peer));
+        let result = result.map_err(|e| match peer {
+            Some(peer) => e.with_peer(peer),
+            None => e,
+        });
         self.outbox
             .notify(counters, origin, tag, kind, fused, result, spare);
     }
@@ -321,6 +364,14 @@ impl Session {
     }
 
     // ----- connections -----
+
+    /// The peer connection `slot` was opened to, named in its requests' errors.
+    fn peer_of(&self, slot: u32) -> Option<SocketAddr> {
+        self.conns
+            .get(slot as usize)
+            .and_then(|c| c.outgoing)
+            .map(|(peer, _)| peer)
+    }
 
     fn new_proto(&self, side: Side) -> Connection {
         let encoder = EncoderConfig {
@@ -649,8 +700,10 @@ impl Session {
             chunk_owners,
             incoming,
             recvs,
+            outgoing,
             ..
         } = conn;
+        let outgoing = *outgoing;
         let mut d = Dispatch {
             slot,
             now,
@@ -672,6 +725,7 @@ impl Session {
             incoming,
             serve,
             max_served: self.cfg.max_served,
+            peer: outgoing.map(|(peer, _)| peer),
             opened: false,
             violation: None,
         };
@@ -781,7 +835,7 @@ impl Session {
         for h in failed.drain(..) {
             if let Ok(p) = self.ctxs.remove(crate::ctx::Handle::from_raw(h)) {
                 self.notify(
-                    p.peer,
+                    self.peer_of(p.conn),
                     p.origin,
                     p.tag,
                     p.kind,

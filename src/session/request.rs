@@ -83,8 +83,6 @@ pub(crate) struct Pending {
     /// Memory for received tensors, when the request brings its own.
     pub alloc: Option<SharedAllocator>,
     pub conn: u32,
-    /// The peer it is for, named in its errors.
-    pub peer: SocketAddr,
     /// When the request was queued on the connection.
     pub sent: Option<Instant>,
     /// For recvs fused by the session: the original requests, one per key, in key order.
@@ -180,7 +178,7 @@ impl Session {
         let mut spare = req.spare;
         if self.stopping {
             let e = Err(Error::new(ErrorKind::Shutdown));
-            return self.notify(req.peer, origin, req.tag, kind, &fused, e, spare);
+            return self.notify(Some(req.peer), origin, req.tag, kind, &fused, e, spare);
         }
         let slot = self.peer_conn(req.peer, req.lane, now);
         let alloc = match &req.op {
@@ -195,7 +193,6 @@ impl Session {
             op: Some(req.op),
             alloc,
             conn: slot,
-            peer: req.peer,
             sent: None,
             fused,
             spare,
@@ -204,7 +201,7 @@ impl Session {
             Ok(h) => h.to_raw(),
             Err(Full(p)) => {
                 let e = Err(Error::new(ErrorKind::Backpressure));
-                return self.notify(p.peer, origin, p.tag, kind, &p.fused, e, p.spare);
+                return self.notify(Some(req.peer), origin, p.tag, kind, &p.fused, e, p.spare);
             }
         };
         if let Some(deadline) = req.deadline {
@@ -286,7 +283,8 @@ impl Session {
                 log::debug!("request not encodable: {e}");
                 if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
                     let e = Err(Error::new(ErrorKind::InvalidArgument));
-                    self.notify(p.peer, p.origin, p.tag, p.kind, &p.fused, e, p.spare);
+                    let peer = self.peer_of(p.conn);
+                    self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, p.spare);
                 }
             }
         }

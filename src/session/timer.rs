@@ -110,7 +110,8 @@ impl Session {
                         self.abandon(h, &p);
                         let e = Err(Error::new(ErrorKind::Timeout));
                         let spare = std::mem::take(&mut p.spare);
-                        self.notify(p.peer, p.origin, p.tag, p.kind, &p.fused, e, spare);
+                        let peer = self.peer_of(p.conn);
+                        self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, spare);
                         self.bury(h, p);
                     }
                 }
@@ -162,7 +163,12 @@ impl Session {
         m.done = true;
         let (origin, tag) = (m.origin, m.tag);
         let all_done = p.fused.iter().all(|m| m.done);
-        let timeout = Err(Error::new(ErrorKind::Timeout).with_peer(p.peer));
+        let conn = p.conn;
+        let mut timeout = Error::new(ErrorKind::Timeout);
+        if let Some(peer) = self.peer_of(conn) {
+            timeout = timeout.with_peer(peer);
+        }
+        let timeout = Err(timeout);
         let kind = RequestKind::Recv;
         self.outbox
             .deliver(&self.counters, origin, tag, kind, timeout, Spare::default());
