@@ -3,8 +3,8 @@
 
 use starwire::client::Driver;
 use starwire::config::ConfigBuilder;
-use starwire::{DType, Status};
 use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Tensor};
+use starwire::{DType, Status};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
