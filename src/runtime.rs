@@ -531,14 +531,20 @@ impl StartError {
     /// The system's error kind, e.g. [`io::ErrorKind::AddrInUse`] for a listen address in
     /// use.
     pub fn kind(&self) -> io::ErrorKind {
+        self.io()
+            .map_or(io::ErrorKind::InvalidInput, io::Error::kind)
+    }
+
+    /// The system error behind it (all but a pin plan that does not fit).
+    fn io(&self) -> Option<&io::Error> {
         match self {
             StartError::Backend(e)
             | StartError::AllowedCpus(e)
             | StartError::Thread(e)
             | StartError::HandlerPool(e)
             | StartError::Listen { source: e, .. }
-            | StartError::Loop { source: e, .. } => e.kind(),
-            StartError::PinPlan(_) => io::ErrorKind::InvalidInput,
+            | StartError::Loop { source: e, .. } => Some(e),
+            StartError::PinPlan(_) => None,
         }
     }
 }
@@ -564,13 +570,8 @@ impl fmt::Display for StartError {
 impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            StartError::Backend(e)
-            | StartError::AllowedCpus(e)
-            | StartError::Thread(e)
-            | StartError::HandlerPool(e)
-            | StartError::Listen { source: e, .. }
-            | StartError::Loop { source: e, .. } => Some(e),
             StartError::PinPlan(e) => Some(e),
+            other => other.io().map(|e| e as _),
         }
     }
 }

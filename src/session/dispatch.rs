@@ -183,22 +183,17 @@ impl Dispatch<'_> {
                 return;
             }
         };
-        if let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
-            let reply = match reply {
-                Ok(Some(pong)) => Ok(pong),
-                Ok(None) => Ok(p.state.finish(&mut p.spare)),
-                Err(e) => Err(e),
-            };
-            self.outbox.notify(
-                self.counters,
-                p.origin,
-                p.tag,
-                p.kind,
-                &p.fused,
-                reply,
-                p.spare,
-            );
+        if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+            self.complete(p, reply.transpose());
         }
+    }
+
+    /// Completes request `p` with `result`, or, when `None`, with the answer it assembled.
+    fn complete(&mut self, mut p: Pending, result: Option<Result<Reply, Error>>) {
+        let result = result.unwrap_or_else(|| Ok(p.state.finish(&mut p.spare)));
+        let (origin, tag, kind) = (p.origin, p.tag, p.kind);
+        self.outbox
+            .notify(self.counters, origin, tag, kind, &p.fused, result, p.spare);
     }
 
     fn on_response(&mut self, handle: u64, entries: ResponseEntries<'_>, end: bool) {
@@ -261,17 +256,8 @@ impl Dispatch<'_> {
         if !done {
             return;
         }
-        if let Ok(mut p) = self.ctxs.remove(h) {
-            let reply = Ok(p.state.finish(&mut p.spare));
-            self.outbox.notify(
-                self.counters,
-                p.origin,
-                p.tag,
-                p.kind,
-                &p.fused,
-                reply,
-                p.spare,
-            );
+        if let Ok(p) = self.ctxs.remove(h) {
+            self.complete(p, None);
         }
     }
 

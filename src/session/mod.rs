@@ -769,12 +769,6 @@ impl Session {
                 _ => Error::new(ErrorKind::Protocol),
             };
             conn.failure = failure;
-            // No new request may go out behind the connection's ERROR frame.
-            if let Some(key) = conn.outgoing {
-                if self.peers.get(&key) == Some(&slot) {
-                    self.peers.remove(&key);
-                }
-            }
             // Let the queued ERROR frame go out before closing, but not for long: a peer
             // that does not read must not keep the connection.
             mark_dirty(&mut self.dirty, conn, slot);
@@ -783,6 +777,8 @@ impl Session {
                 now + self.cfg.close_linger,
                 Timer::Close { slot, generation },
             );
+            // No new request may go out behind the connection's ERROR frame.
+            self.unroute(slot);
         }
     }
 
@@ -806,14 +802,19 @@ impl Session {
     /// Marks `slot` closed and asks the loop to close its socket; later requests to its
     /// peer open a new connection.
     fn finish_close(&mut self, slot: u32) {
-        let conn = &mut self.conns[slot as usize];
-        conn.phase = Phase::Closing;
-        if let Some(key) = conn.outgoing {
+        self.conns[slot as usize].phase = Phase::Closing;
+        self.unroute(slot);
+        self.actions.push_back(Action::Close { slot });
+    }
+
+    /// Takes `slot` out of the routing table: later requests to its peer and lane open a
+    /// new connection.
+    fn unroute(&mut self, slot: u32) {
+        if let Some(key) = self.conns.get(slot as usize).and_then(|c| c.outgoing) {
             if self.peers.get(&key) == Some(&slot) {
                 self.peers.remove(&key);
             }
         }
-        self.actions.push_back(Action::Close { slot });
     }
 
     /// Frees closed connection `slot` once the loop has no operation in flight on it (a
@@ -850,11 +851,7 @@ impl Session {
         if let (false, Some(r)) = (conn.recvs.is_empty(), &self.rendezvous) {
             r.forget(self.index, slot, conn.generation);
         }
-        if let Some((peer, lane)) = conn.outgoing {
-            if self.peers.get(&(peer, lane)) == Some(&slot) {
-                self.peers.remove(&(peer, lane));
-            }
-        }
+        // Unrouted when it was closed (`finish_close`).
         let mut conn = self.conns.remove(slot as usize);
         conn.proto.decoder().swap_buffer(Vec::new())
     }
