@@ -135,7 +135,11 @@ pub enum Push {}
 /// is none.
 #[derive(Debug)]
 pub enum Recv {}
+/// A rows pull: its result is, per table and in order, its block of rows.
+#[derive(Debug)]
+pub enum PullRows {}
 
+impl sealed::Sealed for PullRows {}
 impl sealed::Sealed for Ping {}
 impl sealed::Sealed for Pull {}
 impl sealed::Sealed for Push {}
@@ -157,6 +161,12 @@ impl Kind for Push {
     type Output = Vec<Status>;
     fn output(c: Completion) -> Result<Self::Output, Error> {
         c.into_pushed()
+    }
+}
+impl Kind for PullRows {
+    type Output = crate::rows::PulledRows;
+    fn output(c: Completion) -> Result<Self::Output, Error> {
+        c.into_rows()
     }
 }
 impl Kind for Recv {
@@ -214,6 +224,23 @@ impl Completion {
         match self.result? {
             Reply::Received(items) => Ok(items),
             _ => Err(Error::new(ErrorKind::OtherKind)),
+        }
+    }
+
+    /// A rows pull's blocks: per table, in order.
+    pub fn into_rows(self) -> Result<crate::rows::PulledRows, Error> {
+        match self.result? {
+            Reply::Rows(rows) => Ok(rows),
+            _ => Err(Error::new(ErrorKind::OtherKind)),
+        }
+    }
+
+    /// A rows pull's blocks, lent, as [`pulled`](Self::pulled).
+    pub fn rows(&self) -> Result<&crate::rows::PulledRows, Error> {
+        match &self.result {
+            Ok(Reply::Rows(rows)) => Ok(rows),
+            Ok(_) => Err(Error::new(ErrorKind::OtherKind)),
+            Err(e) => Err(owned(e)),
         }
     }
 
@@ -434,11 +461,23 @@ impl<D: Driver> Client<D> {
         peer: Peer,
         deadline: Option<Instant>,
     ) -> Result<Ticket<K>, Error> {
-        let spare = self.spares.pop().unwrap_or_default();
+        let spare = self.spare();
         self.submit_with(op, peer, deadline, spare)
     }
 
-    fn submit_with<K>(
+    /// Vectors of a finished request, for a new one.
+    pub(crate) fn spare(&mut self) -> Spare {
+        self.spares.pop().unwrap_or_default()
+    }
+
+    /// Keeps the vectors of a request that was not submitted.
+    pub(crate) fn recycle_spare(&mut self, spare: Spare) {
+        if self.spares.len() < self.spares_kept {
+            self.spares.push(spare);
+        }
+    }
+
+    pub(crate) fn submit_with<K>(
         &mut self,
         op: RequestOp,
         peer: Peer,

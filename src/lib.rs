@@ -179,6 +179,7 @@ internal!(
     mod proto;
 );
 pub mod rendezvous;
+pub mod rows;
 mod runtime;
 pub mod service;
 pub(crate) mod session;
@@ -188,6 +189,7 @@ internal!(
 pub mod stats;
 #[allow(dead_code)]
 pub(crate) mod sys;
+pub mod table;
 pub mod tensor;
 internal!(
     mod wire;
@@ -202,6 +204,7 @@ pub use rendezvous::Rendezvous;
 pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_ZERO_COPY_MIN};
 pub use service::Service;
 pub use stats::Stats;
+pub use table::Table;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
 pub use wire::{DType, Limits, Status};
 

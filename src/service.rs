@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use crate::table::Table;
 use crate::tensor::Tensor;
 use crate::wire::Status;
 
@@ -27,6 +28,13 @@ pub trait Service: Send + Sync {
     /// The default answers every item with `UNIMPLEMENTED`.
     fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
         statuses.extend(items.iter().map(|_| Status::Unimplemented));
+    }
+
+    /// The table of embedding rows numbered `table`, for `PULL_ROWS` and `PUSH_ROWS`; a
+    /// table not served is answered `NOT_FOUND`. The default serves none.
+    fn table(&self, table: u32) -> Option<&dyn Table> {
+        let _ = table;
+        None
     }
 }
 

@@ -21,10 +21,14 @@ pub enum RequestKind {
     Pull = 3,
     /// `PUSH`.
     Push = 4,
+    /// `PULL_ROWS`.
+    PullRows = 5,
+    /// `PUSH_ROWS`.
+    PushRows = 6,
 }
 
 /// Number of [`RequestKind`]s.
-pub const REQUEST_KINDS: usize = 5;
+pub const REQUEST_KINDS: usize = 7;
 
 /// One loop's counters.
 #[derive(Debug, Default)]

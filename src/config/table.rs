@@ -339,9 +339,15 @@ pub const ENV_MAX_TENSORS: &str = "STARWIRE_MAX_TENSORS";
 pub const ENV_MAX_RANK: &str = "STARWIRE_MAX_RANK";
 /// Environment variable: [`Limits::max_tensor_bytes`].
 pub const ENV_MAX_TENSOR_BYTES: &str = "STARWIRE_MAX_TENSOR_BYTES";
+/// Environment variable: [`Limits::max_tables`].
+pub const ENV_MAX_TABLES: &str = "STARWIRE_MAX_TABLES";
+/// Environment variable: [`Limits::max_rows`].
+pub const ENV_MAX_ROWS: &str = "STARWIRE_MAX_ROWS";
+/// Environment variable: [`Limits::max_row_bytes`].
+pub const ENV_MAX_ROW_BYTES: &str = "STARWIRE_MAX_ROW_BYTES";
 
 /// One field of [`Limits`]: its variable, allowed range (those of [`Limits::validate`] and
-/// the wire format's section 6) and doc. All five are set at once with
+/// the wire format's section 6) and doc. All of them are set at once with
 /// [`ConfigBuilder::limits`]; their defaults are [`Limits::default`].
 pub(crate) struct LimitField {
     pub(crate) field: &'static str,
@@ -355,7 +361,7 @@ pub(crate) struct LimitField {
     pub(crate) set: fn(&mut Limits, u64),
 }
 
-pub(crate) const LIMIT_FIELDS: [LimitField; 5] = [
+pub(crate) const LIMIT_FIELDS: [LimitField; 8] = [
     LimitField {
         field: "max_frame",
         env: ENV_MAX_FRAME,
@@ -405,6 +411,36 @@ pub(crate) const LIMIT_FIELDS: [LimitField; 5] = [
         doc: "Largest tensor.",
         get: |l| l.max_tensor_bytes,
         set: |l, v| l.max_tensor_bytes = v,
+    },
+    LimitField {
+        field: "max_tables",
+        env: ENV_MAX_TABLES,
+        lo: 1,
+        hi: Limits::MAX_TABLES as u64,
+        unit: "tables",
+        doc: "Most tables in one rows pull or push.",
+        get: |l| u64::from(l.max_tables),
+        set: |l, v| l.max_tables = v.try_into().unwrap_or(u32::MAX),
+    },
+    LimitField {
+        field: "max_rows",
+        env: ENV_MAX_ROWS,
+        lo: 1,
+        hi: Limits::MAX_ROWS as u64,
+        unit: "rows",
+        doc: "Most row ids in one frame (all its tables), and most missing rows in one answer.",
+        get: |l| u64::from(l.max_rows),
+        set: |l, v| l.max_rows = v.try_into().unwrap_or(u32::MAX),
+    },
+    LimitField {
+        field: "max_row_bytes",
+        env: ENV_MAX_ROW_BYTES,
+        lo: 1,
+        hi: Limits::MAX_ROW_BYTES as u64,
+        unit: "bytes",
+        doc: "Largest embedding row.",
+        get: |l| u64::from(l.max_row_bytes),
+        set: |l, v| l.max_row_bytes = v.try_into().unwrap_or(u32::MAX),
     },
 ];
 

@@ -35,8 +35,8 @@ pub struct PeerInfo {
     pub job: ArrayVec<u8, 64>,
     /// Peer's task index.
     pub task_index: u32,
-    /// Largest frame the peer accepts.
-    pub max_frame: u32,
+    /// Every limit the peer announced for what it receives.
+    pub limits: Limits,
 }
 
 impl PeerInfo {
@@ -164,7 +164,7 @@ impl Connection {
         OwnedHello {
             cluster_id: self.identity.cluster_id,
             task_index: self.identity.task_index,
-            max_frame: self.decoder.limits().max_frame,
+            limits: *self.decoder.limits(),
             job: self.identity.job.clone(),
             token: if ack {
                 ArrayVec::new()
@@ -368,11 +368,11 @@ impl Connection {
             }
         }
         self.encoder
-            .set_peer_max_frame(hello.max_frame.min(Limits::MAX_FRAME));
+            .set_peer_max_frame(hello.limits.max_frame.min(Limits::MAX_FRAME));
         self.peer = Some(PeerInfo {
             job: hello.job,
             task_index: hello.task_index,
-            max_frame: hello.max_frame,
+            limits: hello.limits,
         });
         self.state = State::Open;
         true
@@ -426,7 +426,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 struct OwnedHello {
     cluster_id: u64,
     task_index: u32,
-    max_frame: u32,
+    limits: Limits,
     job: ArrayVec<u8, 64>,
     token: ArrayVec<u8, 64>,
 }
@@ -441,7 +441,7 @@ impl OwnedHello {
         OwnedHello {
             cluster_id: h.cluster_id,
             task_index: h.task_index,
-            max_frame: h.max_frame,
+            limits: h.limits,
             job,
             token,
         }
@@ -451,7 +451,7 @@ impl OwnedHello {
         HelloRepr {
             cluster_id: self.cluster_id,
             task_index: self.task_index,
-            max_frame: self.max_frame,
+            limits: self.limits,
             job: &self.job,
             token: &self.token,
         }

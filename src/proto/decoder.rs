@@ -453,7 +453,7 @@ fn plan_payload(
                 len: h.payload_len as u64,
             })
         }
-        Body::Push(_) | Body::Response(_) => {
+        Body::Push(_) | Body::PushRows(_) | Body::Response(_) => {
             for t in body.tensors() {
                 largest = largest.max(t.meta.byte_len);
                 if t.meta.chunked {

@@ -20,8 +20,9 @@
 //! are written between its chunks.
 
 use crate::wire::{
-    self, emit_pull_meta, emit_recv_meta, pull_meta_len, recv_meta_len, ChunkRepr, ErrorRepr,
-    Header, HeaderRepr, HelloRepr, Kind, PushEntry, ResponseEntry, Status, TensorMeta, HEADER_LEN,
+    self, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta, pull_meta_len, pull_rows_meta_len,
+    recv_meta_len, ChunkRepr, ErrorRepr, Header, HeaderRepr, HelloRepr, Kind, Missing, PushEntry,
+    ResponseEntry, Status, TensorMeta, HEADER_LEN,
 };
 use core::fmt;
 use std::collections::VecDeque;
@@ -59,9 +60,14 @@ pub struct OutTensor<'a> {
     pub meta: TensorMeta<'a>,
     /// Its contents (`meta.byte_len` bytes), read only when they are copied.
     pub bytes: &'a [u8],
-    /// The caller's name for the contents, echoed in [`Piece::Tensor`].
+    /// The caller's name for the contents, echoed in [`Piece::Tensor`]; [`COPY_TOKEN`]
+    /// for contents that must be copied during the call (never referenced afterwards).
     pub token: u64,
 }
+
+/// The token of contents the encoder must copy whatever their size: they do not outlive
+/// the call. A tensor with it must fit the frame (it cannot be chunked).
+pub const COPY_TOKEN: u64 = u64::MAX;
 
 /// One piece of output, in write order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,8 +223,53 @@ pub struct ResponseItem<'a> {
     pub index: u32,
     /// Its status.
     pub status: Status,
-    /// The tensor, for a successful recv or pull item.
+    /// The tensor, for a successful recv or pull item (the block of a rows pull).
     pub tensor: Option<OutTensor<'a>>,
+    /// For a rows pull: the positions of the rows not found.
+    pub missing: Missing<'a>,
+}
+
+/// One table of a `PULL_ROWS`: the block asked for (`[ids, row...]`) and the ids.
+#[derive(Debug, Clone, Copy)]
+pub struct RowsQuery<'a> {
+    /// The table.
+    pub table: u32,
+    /// The block's dtype and shape.
+    pub block: TensorMeta<'a>,
+    /// The row ids.
+    pub ids: &'a [u64],
+}
+
+/// One table of a `PUSH_ROWS`: the ids and their gradient rows as one block.
+#[derive(Debug, Clone, Copy)]
+pub struct RowsItem<'a> {
+    /// The table.
+    pub table: u32,
+    /// The row ids.
+    pub ids: &'a [u64],
+    /// The block (`[ids, row...]`).
+    pub block: OutTensor<'a>,
+}
+
+impl<'a> TensorItem<'a> for RowsItem<'a> {
+    fn tensor(&self) -> Option<&OutTensor<'a>> {
+        Some(&self.block)
+    }
+    fn meta_len(&self) -> usize {
+        pull_rows_meta_len(self.block.meta.dims.len(), self.ids.len())
+    }
+    fn emit(&self, buf: &mut [u8], chunked: bool) {
+        let meta = TensorMeta {
+            chunked,
+            ..self.block.meta
+        };
+        emit_pull_rows_meta(self.table, &meta, self.ids, buf);
+    }
+}
+
+/// Whether `block` is a rows block for `n` ids: live, `[n, row...]`, at least one byte.
+fn is_rows_block(block: &TensorMeta<'_>, n: usize) -> bool {
+    !block.dead && block.byte_len > 0 && n > 0 && block.dims.get(0) == Some(n as u64)
 }
 
 impl<'a> TensorItem<'a> for ResponseItem<'a> {
@@ -226,7 +277,7 @@ impl<'a> TensorItem<'a> for ResponseItem<'a> {
         self.tensor.as_ref()
     }
     fn meta_len(&self) -> usize {
-        8 + self.tensor.map_or(0, |t| t.meta.buffer_len())
+        8 + self.tensor.map_or(0, |t| t.meta.buffer_len()) + self.missing.buffer_len()
     }
     fn emit(&self, buf: &mut [u8], chunked: bool) {
         let tensor = self.tensor.map(|t| TensorMeta { chunked, ..t.meta });
@@ -234,6 +285,7 @@ impl<'a> TensorItem<'a> for ResponseItem<'a> {
             index: self.index,
             status: self.status,
             tensor,
+            missing: self.missing,
         }
         .emit(buf);
     }
@@ -286,7 +338,7 @@ impl Encoder {
     }
 
     /// Largest chunk that fits both the chunk size and the peer's frame limit.
-    fn chunk_limit(&self) -> u64 {
+    pub fn chunk_limit(&self) -> u64 {
         let frame_room = self.cfg.max_frame.saturating_sub(CHUNK_FRAME_OVERHEAD);
         self.cfg.chunk_size.min(frame_room).max(1) as u64
     }
@@ -542,6 +594,50 @@ impl Encoder {
         self.simple(header, &[], |b| emit_pull_meta(ids, b))
     }
 
+    /// Queues a `PULL_ROWS` of `tables`.
+    pub fn pull_rows(&mut self, handle: u64, tables: &[RowsQuery<'_>]) -> Result<(), EncodeError> {
+        if tables.is_empty() || tables.len() > u32::MAX as usize {
+            return Err(EncodeError::BadCount);
+        }
+        let mut len = 0;
+        for t in tables {
+            let block = TensorMeta {
+                chunked: false,
+                ..t.block
+            };
+            if !is_rows_block(&block, t.ids.len()) || block.check(&UNLIMITED).is_err() {
+                return Err(EncodeError::BadTensor);
+            }
+            len += pull_rows_meta_len(block.dims.len(), t.ids.len());
+        }
+        let header = self.header(Kind::PullRows, handle, tables.len() as u32, len, 0)?;
+        self.simple(header, &[], |b| {
+            let mut at = 0;
+            for t in tables {
+                let block = TensorMeta {
+                    chunked: false,
+                    ..t.block
+                };
+                emit_pull_rows_meta(t.table, &block, t.ids, &mut b[at..]);
+                at += pull_rows_meta_len(block.dims.len(), t.ids.len());
+            }
+        })
+    }
+
+    /// Queues a `PUSH_ROWS` of `tables`.
+    pub fn push_rows(&mut self, handle: u64, tables: &[RowsItem<'_>]) -> Result<(), EncodeError> {
+        if tables.is_empty() {
+            return Err(EncodeError::BadCount);
+        }
+        if !tables
+            .iter()
+            .all(|t| is_rows_block(&t.block.meta, t.ids.len()))
+        {
+            return Err(EncodeError::BadTensor);
+        }
+        self.tensor_frame(Kind::PushRows, handle, false, tables, |pos, _| pos)
+    }
+
     /// Queues an `ERROR` failing request `handle` (0: the connection) with `status`.
     pub fn error(&mut self, handle: u64, status: Status, message: &str) -> Result<(), EncodeError> {
         let status = if status.is_ok() {
@@ -592,7 +688,8 @@ impl Encoder {
         for item in items {
             if let Some(t) = item.tensor() {
                 let len_ok = t.meta.dead || t.meta.byte_len == 0 || {
-                    let placed_by_copy = t.meta.byte_len as usize <= self.cfg.inline_threshold;
+                    let placed_by_copy = t.meta.byte_len as usize <= self.cfg.inline_threshold
+                        || t.token == COPY_TOKEN;
                     !placed_by_copy || t.bytes.len() as u64 == t.meta.byte_len
                 };
                 let meta = TensorMeta {
@@ -616,6 +713,9 @@ impl Encoder {
                 Placement::Copy => {
                     payload += len;
                     copied += len as usize;
+                }
+                Placement::Chunked if item.tensor().is_some_and(|t| t.token == COPY_TOKEN) => {
+                    return Err(EncodeError::BadTensor);
                 }
                 Placement::Reference => payload += len,
                 Placement::None | Placement::Chunked => {}
@@ -651,7 +751,9 @@ impl Encoder {
                 Placement::Copy => {
                     let n = t.meta.byte_len as usize;
                     self.blocks[block].buf[copy_at..copy_at + n].copy_from_slice(&t.bytes[..n]);
-                    self.released.push(t.token);
+                    if t.token != COPY_TOKEN {
+                        self.released.push(t.token);
+                    }
                     self.queue(Segment::Arena {
                         block: block as u32,
                         start: copy_at as u32,
@@ -796,7 +898,7 @@ fn place(
         return Placement::Chunked;
     }
     *used += len;
-    if len as usize <= cfg.inline_threshold {
+    if len as usize <= cfg.inline_threshold || t.token == COPY_TOKEN {
         Placement::Copy
     } else {
         Placement::Reference
@@ -810,4 +912,7 @@ const UNLIMITED: wire::Limits = wire::Limits {
     max_tensors: u32::MAX,
     max_rank: wire::MAX_RANK as u8,
     max_tensor_bytes: i64::MAX as u64,
+    max_tables: wire::Limits::MAX_TABLES,
+    max_rows: wire::Limits::MAX_ROWS,
+    max_row_bytes: wire::Limits::MAX_ROW_BYTES,
 };

@@ -15,7 +15,8 @@ mod encoder;
 pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo, Side};
 pub use decoder::{Decoder, Event, Frame, NextRead, PayloadTarget};
 pub use encoder::{
-    EncodeError, Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem, Segment,
+    EncodeError, Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem, RowsItem,
+    RowsQuery, Segment, COPY_TOKEN,
 };
 
 use crate::wire;

@@ -95,7 +95,7 @@ fn sample_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
     let hello = crate::wire::HelloRepr {
         cluster_id: 9,
         task_index: 2,
-        max_frame: 1 << 20,
+        limits: Limits { max_frame: 1 << 20, ..Limits::default() },
         job: b"worker",
         token: b"t",
     };
@@ -140,11 +140,13 @@ fn sample_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
                 index: 1,
                 status: Status::Ok,
                 tensor: Some(t_big),
+                missing: crate::wire::Missing::default(),
             },
             ResponseItem {
                 index: 0,
                 status: Status::NotFound,
                 tensor: None,
+                missing: crate::wire::Missing::default(),
             },
             ResponseItem {
                 index: 2,
@@ -154,6 +156,7 @@ fn sample_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
                     bytes: &[],
                     token: 0,
                 }),
+                missing: crate::wire::Missing::default(),
             },
         ],
     )
@@ -297,6 +300,7 @@ fn large_tensor_is_chunked_and_small_frames_interleave() {
             index: 0,
             status: Status::Ok,
             tensor: Some(t),
+            missing: crate::wire::Missing::default(),
         }],
     )
     .unwrap();

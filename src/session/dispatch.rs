@@ -64,7 +64,7 @@ impl Dispatch<'_> {
             ConnEvent::Frame(f) => {
                 add(&self.counters.frames_in, 1);
                 *self.cur_handle = f.header.handle;
-                let is_push = f.header.kind == Kind::Push;
+                let is_push = matches!(f.header.kind, Kind::Push | Kind::PushRows);
                 *self.cur_is_push = is_push;
                 // Mirror the decoder's queue of chunked tensors (it keeps every one it
                 // accepted, whatever we do with the frame), noting whose they are.
@@ -75,7 +75,12 @@ impl Dispatch<'_> {
                 match f.body {
                     Body::Pong | Body::Error(_) => self.on_pong_or_error(&f),
                     Body::Response(entries) => self.on_response(h, entries, f.header.end),
-                    Body::Pull(_) | Body::Push(_) | Body::Recv(_) | Body::FusedRecv(_)
+                    Body::Pull(_)
+                    | Body::Push(_)
+                    | Body::Recv(_)
+                    | Body::FusedRecv(_)
+                    | Body::PullRows(_)
+                    | Body::PushRows(_)
                         if self.incoming.len() + self.recvs.len() >= self.max_served =>
                     {
                         // A peer may not pile up unanswered requests without limit. Its
@@ -83,13 +88,22 @@ impl Dispatch<'_> {
                         let _ = enc.error(h, Status::ResourceExhausted, "too many requests");
                     }
                     Body::Pull(ids) => self.serve_pull(h, ids, enc),
-                    Body::Push(entries) => {
+                    Body::PullRows(tables) => self.serve_pull_rows(h, tables, enc),
+                    Body::Push(_) | Body::PushRows(_) => {
                         if self.incoming.iter().any(|p| p.handle == h) {
                             self.violation = Some("push with a handle already in use");
                             return;
                         }
                         let spare = self.serve.push_vecs.pop().unwrap_or_default();
-                        let push = IncomingPush::new(h, entries, self.allocator, spare);
+                        let push = match f.body {
+                            Body::Push(entries) => {
+                                IncomingPush::new(h, entries, self.allocator, spare)
+                            }
+                            Body::PushRows(tables) => {
+                                IncomingPush::rows(h, tables, self.allocator, spare)
+                            }
+                            _ => return,
+                        };
                         self.incoming.push(push);
                     }
                     Body::Recv(r) | Body::FusedRecv(r) => self.serve_recv(h, r, enc),
@@ -108,7 +122,7 @@ impl Dispatch<'_> {
                 self.on_payload(target, offset, data);
             }
             ConnEvent::FrameEnd(h) => match h.kind {
-                Kind::Push => {
+                Kind::Push | Kind::PushRows => {
                     if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == h.handle) {
                         p.frame_done();
                     }

@@ -24,6 +24,8 @@ pub enum Reply {
     Pushed(Vec<Status>),
     /// A recv's answer: per key, its tensor (possibly dead) or why there is none.
     Received(Vec<Result<Tensor, Status>>),
+    /// A rows pull's answer: per table, its block of rows or why there is none.
+    Rows(crate::rows::PulledRows),
     /// A ping's answer: the round-trip time measured by the loop, from the request being
     /// queued on the connection to the pong being decoded, and the echoed payload size.
     Pong {

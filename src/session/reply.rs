@@ -6,8 +6,9 @@
 //! (the client's through its completion, the server's to the loop's scratch), so that a
 //! steady stream of requests allocates nothing.
 
+use crate::rows::{PulledRows, RowsSpec};
 use crate::tensor::{OwnedMeta, Tensor, TensorAllocator};
-use crate::wire::{PushEntries, ResponseEntries, Status};
+use crate::wire::{PushEntries, ResponseEntries, RowsTables, Status};
 
 /// A chunked tensor still arriving.
 pub(crate) struct Chunked {
@@ -70,11 +71,16 @@ const TAKEN: u8 = 2;
 pub(crate) enum ReplyState {
     /// A ping: answered by one `PONG`.
     Ping,
-    /// A pull (one tensor per id) or a recv (one tensor per key). Items not answered hold
-    /// `Err(PROTOCOL)`, which is what they finish as.
+    /// A pull (one tensor per id), a recv (one tensor per key) or a rows pull (one block
+    /// per table). Items not answered hold `Err(PROTOCOL)`, which is what they finish as.
     Pull {
         /// A recv: dead tensors are allowed and the reply is `Received`.
         recv: bool,
+        /// A rows pull: the block each table expects (empty otherwise).
+        rows: Vec<RowsSpec>,
+        /// A rows pull: the rows not found, all tables', and per table where its are.
+        missing: Vec<u32>,
+        spans: Vec<(u32, u32)>,
         results: Vec<Result<Tensor, Status>>,
         /// Per item: `OPEN`, `ANSWERED` or `TAKEN` (handed to a fused member).
         state: Vec<u8>,
@@ -106,6 +112,15 @@ pub(crate) struct Spare {
     pub statuses: Vec<Status>,
     /// Item states while an answer is assembled.
     pub state: Vec<u8>,
+    /// A rows request's tables, back once encoded (and its answer's expected blocks).
+    pub tables: Vec<RowsSpec>,
+    /// A rows push's gradient bytes, back once encoded.
+    pub grads: Vec<u8>,
+    /// A rows pull's report of missing rows.
+    pub missing: Vec<u32>,
+    pub spans: Vec<(u32, u32)>,
+    /// A rows pull's expected blocks, while its answer is assembled.
+    pub expected: Vec<RowsSpec>,
 }
 
 impl Spare {
@@ -138,6 +153,17 @@ impl Spare {
             crate::session::Reply::Pushed(mut v) => {
                 v.clear();
                 self.statuses = v;
+            }
+            crate::session::Reply::Rows(rows) => {
+                let PulledRows {
+                    mut blocks,
+                    mut missing,
+                    mut spans,
+                } = rows;
+                blocks.clear();
+                missing.clear();
+                spans.clear();
+                (self.results, self.missing, self.spans) = (blocks, missing, spans);
             }
             crate::session::Reply::Pong { .. } => {}
         }
@@ -172,11 +198,34 @@ impl ReplyState {
         results.resize_with(n, || Err(Status::Protocol));
         ReplyState::Pull {
             recv,
+            rows: Vec::new(),
+            missing: Vec::new(),
+            spans: Vec::new(),
             results,
             state: filled(std::mem::take(&mut spare.state), n, OPEN),
             chunks: Vec::new(),
             end: false,
         }
+    }
+
+    /// The state of a pull of the rows of `tables`, in `spare`'s vectors.
+    pub(crate) fn rows(tables: &[RowsSpec], spare: &mut Spare) -> ReplyState {
+        let mut state = ReplyState::pull(tables.len(), false, spare);
+        if let ReplyState::Pull {
+            rows,
+            missing,
+            spans,
+            ..
+        } = &mut state
+        {
+            *rows = std::mem::take(&mut spare.expected);
+            rows.clear();
+            rows.extend_from_slice(tables);
+            *missing = std::mem::take(&mut spare.missing);
+            missing.clear();
+            *spans = filled(std::mem::take(&mut spare.spans), tables.len(), (0, 0));
+        }
+        state
     }
 
     /// The state of a push of `n` items, in `spare`'s vectors.
@@ -202,6 +251,9 @@ impl ReplyState {
                 state,
                 chunks,
                 end: e,
+                rows,
+                missing,
+                spans,
                 ..
             } => {
                 for entry in entries {
@@ -213,6 +265,18 @@ impl ReplyState {
                         return Err("response item answered twice");
                     }
                     *st = ANSWERED;
+                    if let Some(spec) = rows.get(i as usize) {
+                        if let Some(meta) = &entry.tensor {
+                            let expected = spec.meta();
+                            if meta.dtype != expected.dtype || meta.dims != expected.dims {
+                                return Err("rows block of another shape than asked for");
+                            }
+                        }
+                        spans[i as usize] = (missing.len() as u32, entry.missing.len() as u32);
+                        missing.extend(entry.missing.iter());
+                    } else if !entry.missing.is_empty() {
+                        return Err("missing rows reported for a request without rows");
+                    }
                     match entry.tensor {
                         None if entry.status.is_ok() => return Err("pull answer without a tensor"),
                         None => results[i as usize] = Err(entry.status),
@@ -227,7 +291,7 @@ impl ReplyState {
                 end: e,
             } => {
                 for entry in entries {
-                    if entry.tensor.is_some() {
+                    if entry.tensor.is_some() || !entry.missing.is_empty() {
                         return Err("push answer with a tensor");
                     }
                     let i = entry.index as usize;
@@ -360,9 +424,20 @@ impl ReplyState {
                 results,
                 recv,
                 state,
+                rows,
+                missing,
+                spans,
                 ..
             } => {
                 spare.state = state;
+                if !rows.is_empty() {
+                    spare.expected = rows;
+                    return crate::session::Reply::Rows(PulledRows {
+                        blocks: results,
+                        missing,
+                        spans,
+                    });
+                }
                 if recv {
                     crate::session::Reply::Received(results)
                 } else {
@@ -380,20 +455,45 @@ impl ReplyState {
     }
 }
 
-/// A push a server is receiving.
+/// A push a server is receiving: tensors by variable id, or (`PUSH_ROWS`) gradient
+/// blocks by table.
 pub(crate) struct IncomingPush {
     pub handle: u64,
     ids: Vec<u64>,
     results: Vec<Result<Tensor, Status>>,
+    rows: RowIds,
     chunks: Vec<Chunked>,
     frame_done: bool,
 }
 
-/// The vectors of a finished push, for the next one.
+/// The row ids of a `PUSH_ROWS`, all tables' in one vector: table `i`'s are
+/// `ids[ends[i - 1]..ends[i]]`. Empty for a tensor push.
+#[derive(Default)]
+pub(crate) struct RowIds {
+    pub ids: Vec<u64>,
+    pub ends: Vec<usize>,
+}
+
+impl RowIds {
+    /// Table `i`'s ids.
+    pub(crate) fn of(&self, i: usize) -> &[u64] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.ids[start..self.ends[i]]
+    }
+
+    /// Whether this is a rows push.
+    pub(crate) fn is_rows(&self) -> bool {
+        !self.ends.is_empty()
+    }
+}
+
+/// The vectors of a finished push, for the next one. For a rows push `ids` are the table
+/// ids and `results` the gradient blocks.
 #[derive(Default)]
 pub(crate) struct PushVecs {
     pub ids: Vec<u64>,
     pub results: Vec<Result<Tensor, Status>>,
+    pub rows: RowIds,
 }
 
 impl IncomingPush {
@@ -407,9 +507,12 @@ impl IncomingPush {
         let PushVecs {
             mut ids,
             mut results,
+            mut rows,
         } = spare;
         ids.clear();
         results.clear();
+        rows.ids.clear();
+        rows.ends.clear();
         let mut chunks = Vec::new();
         for (i, e) in entries.enumerate() {
             ids.push(e.var_id);
@@ -419,9 +522,28 @@ impl IncomingPush {
             handle,
             ids,
             results,
+            rows,
             chunks,
             frame_done: false,
         }
+    }
+
+    /// A rows push of `tables`, in the vectors of `spare` (emptied first).
+    pub(crate) fn rows(
+        handle: u64,
+        tables: RowsTables<'_>,
+        alloc: &dyn TensorAllocator,
+        spare: PushVecs,
+    ) -> Self {
+        let mut push = IncomingPush::new(handle, PushEntries::empty(), alloc, spare);
+        for (i, t) in tables.enumerate() {
+            push.ids.push(t.table as u64);
+            push.rows.ids.extend(t.ids());
+            push.rows.ends.push(push.rows.ids.len());
+            let block = announced(i as u32, &t.block, alloc, &mut push.chunks);
+            push.results.push(block);
+        }
+        push
     }
 
     pub(crate) fn tensor_mut(
@@ -437,6 +559,7 @@ impl IncomingPush {
         PushVecs {
             ids: self.ids,
             results: self.results,
+            rows: self.rows,
         }
     }
 

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use crate::ctx::{Full, Handle as CtxHandle};
 use crate::error::{Error, ErrorKind};
-use crate::proto::PushItem;
+use crate::proto::{PushItem, RowsItem, RowsQuery, COPY_TOKEN};
+use crate::rows::RowsSpec;
 use crate::stats::{add, RequestKind};
 use crate::tensor::{SharedAllocator, Tensor};
 
@@ -34,6 +35,19 @@ pub(crate) enum RequestOp {
     Push { items: Vec<(u64, Arc<Tensor>)> },
     /// Rendezvous keys of a step (one key: `RECV`; more: `FUSED_RECV`).
     Recv { step: u64, keys: Vec<Vec<u8>> },
+    /// Rows of tables, all tables' ids in one vector in table order; blocks get memory from
+    /// `alloc` (or the runtime's).
+    PullRows {
+        tables: Vec<RowsSpec>,
+        ids: Vec<u64>,
+        alloc: Option<SharedAllocator>,
+    },
+    /// Gradient rows of tables: ids as for a pull, the blocks one after the other.
+    PushRows {
+        tables: Vec<RowsSpec>,
+        ids: Vec<u64>,
+        grads: Vec<u8>,
+    },
 }
 
 impl RequestOp {
@@ -44,6 +58,8 @@ impl RequestOp {
             RequestOp::Push { .. } => RequestKind::Push,
             RequestOp::Recv { keys, .. } if keys.len() == 1 => RequestKind::Recv,
             RequestOp::Recv { .. } => RequestKind::FusedRecv,
+            RequestOp::PullRows { .. } => RequestKind::PullRows,
+            RequestOp::PushRows { .. } => RequestKind::PushRows,
         }
     }
 
@@ -54,6 +70,8 @@ impl RequestOp {
             RequestOp::Pull { ids, .. } => ReplyState::pull(ids.len(), false, spare),
             RequestOp::Push { items } => ReplyState::push(items.len(), spare),
             RequestOp::Recv { keys, .. } => ReplyState::pull(keys.len(), true, spare),
+            RequestOp::PullRows { tables, .. } => ReplyState::rows(tables, spare),
+            RequestOp::PushRows { tables, .. } => ReplyState::push(tables.len(), spare),
         }
     }
 }
@@ -96,6 +114,8 @@ pub(crate) struct Pending {
 pub(crate) struct PushEncodeScratch {
     tokens: Vec<u64>,
     items: Vec<PushItem<'static>>,
+    queries: Vec<RowsQuery<'static>>,
+    rows: Vec<RowsItem<'static>>,
 }
 
 impl Session {
@@ -182,7 +202,7 @@ impl Session {
         }
         let slot = self.peer_conn(req.peer, req.lane, now);
         let alloc = match &req.op {
-            RequestOp::Pull { alloc, .. } => alloc.clone(),
+            RequestOp::Pull { alloc, .. } | RequestOp::PullRows { alloc, .. } => alloc.clone(),
             _ => None,
         };
         let pending = Pending {
@@ -261,6 +281,12 @@ impl Session {
                 let fused = keys.len() != 1;
                 conn.proto.encoder().recv(handle, *step, keys, fused)
             }
+            RequestOp::PullRows { tables, ids, .. } => {
+                encode_pull_rows(conn, handle, tables, ids, &mut self.push_scratch)
+            }
+            RequestOp::PushRows { tables, ids, grads } => {
+                encode_push_rows(conn, handle, tables, ids, grads, &mut self.push_scratch)
+            }
         };
         // The request's vectors go back to its submitter with the completion.
         match op {
@@ -271,6 +297,22 @@ impl Session {
             RequestOp::Push { mut items } => {
                 items.clear();
                 p.spare.items = items;
+            }
+            RequestOp::PullRows {
+                mut tables,
+                mut ids,
+                ..
+            } => {
+                (tables.clear(), ids.clear());
+                (p.spare.tables, p.spare.ids) = (tables, ids);
+            }
+            RequestOp::PushRows {
+                mut tables,
+                mut ids,
+                mut grads,
+            } => {
+                (tables.clear(), ids.clear(), grads.clear());
+                (p.spare.tables, p.spare.ids, p.spare.grads) = (tables, ids, grads);
             }
             _ => {}
         }
@@ -352,6 +394,91 @@ fn encode_push(
     scratch.items = recast(push);
     if r.is_err() {
         for &t in tokens.iter() {
+            conn.out_tensors.try_remove(t as usize);
+        }
+    }
+    r
+}
+
+/// Queues a `PULL_ROWS`.
+fn encode_pull_rows(
+    conn: &mut Conn,
+    handle: u64,
+    tables: &[RowsSpec],
+    ids: &[u64],
+    scratch: &mut PushEncodeScratch,
+) -> Result<(), crate::proto::EncodeError> {
+    let mut queries: Vec<RowsQuery<'_>> = recast(std::mem::take(&mut scratch.queries));
+    let mut at = 0;
+    for t in tables {
+        queries.push(RowsQuery {
+            table: t.table,
+            block: t.meta(),
+            ids: &ids[at..at + t.len()],
+        });
+        at += t.len();
+    }
+    let r = conn.proto.encoder().pull_rows(handle, &queries);
+    scratch.queries = recast(queries);
+    r
+}
+
+/// Queues a `PUSH_ROWS`: blocks that fit one frame are copied into it; larger ones are
+/// moved into tensors of their own and sent in chunks.
+fn encode_push_rows(
+    conn: &mut Conn,
+    handle: u64,
+    tables: &[RowsSpec],
+    ids: &[u64],
+    grads: &[u8],
+    scratch: &mut PushEncodeScratch,
+) -> Result<(), crate::proto::EncodeError> {
+    // The meta section (ids and block metas) must fit beside the blocks.
+    let meta = 8 * ids.len() as u64 + 96 * tables.len() as u64;
+    let in_frame = grads.len() as u64 + meta <= conn.proto.encoder().chunk_limit();
+    let tokens = &mut scratch.tokens;
+    tokens.clear();
+    let mut at = 0;
+    for t in tables {
+        let len = t.meta().byte_len as usize;
+        let token = if in_frame {
+            COPY_TOKEN
+        } else {
+            let bytes = grads.get(at..at + len).unwrap_or_default();
+            match Tensor::from_slice(t.dtype, &t.dims, bytes) {
+                Ok(block) => conn.out_tensors.insert(Arc::new(block)) as u64,
+                Err(_) => COPY_TOKEN,
+            }
+        };
+        tokens.push(token);
+        at += len;
+    }
+    let mut rows: Vec<RowsItem<'_>> = recast(std::mem::take(&mut scratch.rows));
+    let (mut id_at, mut byte_at) = (0, 0);
+    for (t, &token) in tables.iter().zip(tokens.iter()) {
+        let len = t.meta().byte_len as usize;
+        let bytes = match token {
+            COPY_TOKEN => grads.get(byte_at..byte_at + len).unwrap_or_default(),
+            token => conn
+                .out_tensors
+                .get(token as usize)
+                .map_or(&[][..], |b| b.bytes()),
+        };
+        rows.push(RowsItem {
+            table: t.table,
+            ids: &ids[id_at..id_at + t.len()],
+            block: crate::proto::OutTensor {
+                meta: t.meta(),
+                bytes,
+                token,
+            },
+        });
+        (id_at, byte_at) = (id_at + t.len(), byte_at + len);
+    }
+    let r = conn.proto.encoder().push_rows(handle, &rows);
+    scratch.rows = recast(rows);
+    if r.is_err() {
+        for &t in tokens.iter().filter(|&&t| t != COPY_TOKEN) {
             conn.out_tensors.try_remove(t as usize);
         }
     }

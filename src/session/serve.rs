@@ -6,10 +6,12 @@ use std::sync::Arc;
 use slab::Slab;
 
 use crate::pool::{Job, PushScratch, ReplyTo};
-use crate::proto::{Encoder, ResponseItem};
+use crate::proto::{Encoder, OutTensor, ResponseItem, COPY_TOKEN};
 use crate::rendezvous::Waiter;
+use crate::service::Service;
+use crate::table::Table;
 use crate::tensor::Tensor;
-use crate::wire::{RecvBody, Status, VarIds};
+use crate::wire::{Missing, RecvBody, RowsTable, RowsTables, Status, TensorMeta, VarIds};
 
 use super::conn::Conn;
 use super::dispatch::Dispatch;
@@ -33,7 +35,27 @@ impl Dispatch<'_> {
             s.statuses.resize(push.len(), Status::Unimplemented);
             return answer_push(enc, handle, &s.statuses, &mut s.items);
         };
-        let PushVecs { ids, mut results } = push.into_parts();
+        let PushVecs {
+            ids,
+            mut results,
+            rows,
+        } = push.into_parts();
+        if rows.is_rows() {
+            s.statuses.clear();
+            for (i, (table, block)) in ids.iter().zip(&results).enumerate() {
+                let status = match block {
+                    Ok(b) => apply_rows(service, *table as u32, rows.of(i), b),
+                    Err(st) => *st,
+                };
+                s.statuses.push(status);
+            }
+            answer_push(enc, handle, &s.statuses, &mut s.items);
+            results.clear();
+            if s.push_vecs.len() < PUSH_VECS_KEPT {
+                s.push_vecs.push(PushVecs { ids, results, rows });
+            }
+            return;
+        }
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
             let job = Job::Push { to, ids, results };
@@ -43,7 +65,75 @@ impl Dispatch<'_> {
         crate::pool::apply_push(service, &ids, &mut results, &mut s.statuses, &mut s.push);
         answer_push(enc, handle, &s.statuses, &mut s.items);
         if s.push_vecs.len() < PUSH_VECS_KEPT {
-            s.push_vecs.push(PushVecs { ids, results });
+            s.push_vecs.push(PushVecs { ids, results, rows });
+        }
+    }
+
+    /// Answers a `PULL_ROWS`: per table, its block of rows in request order, written by the
+    /// table into this loop's scratch and copied into the frame (or, for blocks too large
+    /// for one frame, into a tensor of their own sent in chunks), and the rows not found.
+    pub(super) fn serve_pull_rows(
+        &mut self,
+        handle: u64,
+        tables: RowsTables<'_>,
+        enc: &mut Encoder,
+    ) {
+        let Some(service) = self.service else {
+            let _ = enc.error(handle, Status::Unimplemented, "no rows service");
+            return;
+        };
+        let s = &mut *self.serve;
+        let total: u64 = tables.map(|t| t.block.byte_len).sum();
+        let in_frame = total <= enc.chunk_limit();
+        s.rows.block.clear();
+        s.rows.missing.clear();
+        s.rows.spans.clear();
+        s.tokens.clear();
+        for t in tables {
+            let (status, token) = pull_table(service, &t, in_frame, &mut s.rows, self.out_tensors);
+            s.rows
+                .spans
+                .push((status, s.rows.block.len(), s.rows.missing.len()));
+            s.tokens.push(token);
+        }
+        let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(&mut s.items));
+        let (mut block_at, mut missing_at) = (0, 0);
+        for (index, (t, (&(status, block_end, missing_end), token))) in
+            tables.zip(s.rows.spans.iter().zip(&s.tokens)).enumerate()
+        {
+            let mut item = ResponseItem {
+                index: index as u32,
+                status,
+                tensor: None,
+                missing: Missing::Native(&s.rows.missing[missing_at..missing_end]),
+            };
+            let meta = TensorMeta {
+                chunked: false,
+                ..t.block
+            };
+            item.tensor = match token {
+                _ if !status.is_ok() => None,
+                Some(token) => {
+                    let bytes = self.out_tensors.get(*token as usize).map(|b| b.bytes());
+                    bytes.map(|bytes| OutTensor {
+                        meta,
+                        bytes,
+                        token: *token,
+                    })
+                }
+                None => Some(OutTensor {
+                    meta,
+                    bytes: &s.rows.block[block_at..block_end],
+                    token: COPY_TOKEN,
+                }),
+            };
+            (block_at, missing_at) = (block_end, missing_end);
+            items.push(item);
+        }
+        let sent = send_items(enc, handle, true, &items);
+        s.items = recast(items);
+        if let Err(k) = sent {
+            release_unsent(self.out_tensors, s.tokens[k..].iter().flatten().copied());
         }
     }
 
@@ -97,6 +187,7 @@ impl Dispatch<'_> {
                 index: *index,
                 status: Status::Ok,
                 tensor: Some(out_tensor(t, token)),
+                missing: crate::wire::Missing::default(),
             })
             .collect();
         if waiting > 0 {
@@ -180,16 +271,19 @@ pub(crate) fn answer_pull(
                     index: index as u32,
                     status: Status::Ok,
                     tensor: Some(out_tensor(t, *token)),
+                    missing: crate::wire::Missing::default(),
                 },
                 (Err(s), _) => ResponseItem {
                     index: index as u32,
                     status: if s.is_ok() { Status::Internal } else { *s },
                     tensor: None,
+                    missing: crate::wire::Missing::default(),
                 },
                 (Ok(_), None) => ResponseItem {
                     index: index as u32,
                     status: Status::Internal,
                     tensor: None,
+                    missing: crate::wire::Missing::default(),
                 },
             }),
     );
@@ -223,6 +317,7 @@ pub(crate) fn answer_push(
                 index: index as u32,
                 status,
                 tensor: None,
+                missing: crate::wire::Missing::default(),
             }),
     );
     let _ = send_items(enc, handle, true, &items);
@@ -238,10 +333,109 @@ pub(crate) fn recast<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.into_iter().filter_map(|_| None).collect()
 }
 
+/// Where a `PULL_ROWS` answer is assembled: every table's block, one after the other, and
+/// the rows not found; per table its status and where its block and report end.
+#[derive(Default)]
+pub(crate) struct RowsScratch {
+    block: Vec<u8>,
+    missing: Vec<u32>,
+    spans: Vec<(Status, usize, usize)>,
+    ids: Vec<u64>,
+}
+
+/// The table `t` names, checked against what the request expects of it.
+fn table_for<'s>(
+    service: &'s dyn Service,
+    table: u32,
+    block: &TensorMeta<'_>,
+) -> Result<&'s dyn Table, Status> {
+    let t = service.table(table).ok_or(Status::NotFound)?;
+    let dims_match = t.row_dims().len() + 1 == block.dims.len()
+        && t.row_dims().iter().copied().eq(block.dims.iter().skip(1));
+    if t.dtype() != block.dtype || !dims_match {
+        return Err(Status::InvalidArgument);
+    }
+    Ok(t)
+}
+
+/// Pulls one table's rows: into `scratch` when the answer fits a frame (no token), else
+/// into a tensor of its own kept in `out_tensors` (its token). Appends the rows not found
+/// to `scratch.missing`, or fails the table with `INTERNAL` when the table reports them
+/// out of order or range.
+fn pull_table(
+    service: &dyn Service,
+    t: &RowsTable<'_>,
+    in_frame: bool,
+    scratch: &mut RowsScratch,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+) -> (Status, Option<u64>) {
+    let table = match table_for(service, t.table, &t.block) {
+        Ok(table) => table,
+        Err(status) => return (status, None),
+    };
+    scratch.ids.clear();
+    scratch.ids.extend(t.ids());
+    let missing_from = scratch.missing.len();
+    let ids = &scratch.ids;
+    let missing = &mut scratch.missing;
+    let (status, token) = if in_frame {
+        let start = scratch.block.len();
+        scratch.block.resize(start + t.block.byte_len as usize, 0);
+        let out = &mut scratch.block[start..];
+        let status = crate::panic::guarded("Table::pull", || table.pull(ids, out, missing));
+        if !status.is_some_and(Status::is_ok) {
+            scratch.block.truncate(start);
+        }
+        (status.unwrap_or(Status::Internal), None)
+    } else {
+        let dims: Vec<u64> = t.block.dims.iter().collect();
+        let Ok(mut block) = Tensor::zeros(t.block.dtype, &dims) else {
+            return (Status::ResourceExhausted, None);
+        };
+        let out = block.bytes_mut();
+        let status = crate::panic::guarded("Table::pull", || table.pull(ids, out, missing));
+        let status = status.unwrap_or(Status::Internal);
+        let token = status
+            .is_ok()
+            .then(|| out_tensors.insert(Arc::new(block)) as u64);
+        (status, token)
+    };
+    let report = &scratch.missing[missing_from..];
+    let n = t.len() as u64;
+    let ordered = report.windows(2).all(|w| w[0] < w[1]) && report.iter().all(|&p| (p as u64) < n);
+    if status.is_ok() && !ordered {
+        log::warn!(
+            "table {} reported missing rows out of order or range",
+            t.table
+        );
+        scratch.missing.truncate(missing_from);
+        if let Some(token) = token {
+            out_tensors.try_remove(token as usize);
+        }
+        return (Status::Internal, None);
+    }
+    if !status.is_ok() {
+        scratch.missing.truncate(missing_from);
+    }
+    (status, token)
+}
+
+/// Applies one table's gradient block of a `PUSH_ROWS`.
+fn apply_rows(service: &dyn Service, table: u32, ids: &[u64], block: &Tensor) -> Status {
+    let meta = block.meta();
+    let table = match table_for(service, table, &meta) {
+        Ok(t) => t,
+        Err(status) => return status,
+    };
+    crate::panic::guarded("Table::push", || table.push(ids, block.bytes()))
+        .unwrap_or(Status::Internal)
+}
+
 /// Vectors the serving side reuses from request to request, so that answering allocates
 /// nothing in steady state.
 #[derive(Default)]
 pub(crate) struct ServeScratch {
+    pub(super) rows: RowsScratch,
     pub(super) ids: Vec<u64>,
     pub(super) pulled: Vec<Result<Arc<Tensor>, Status>>,
     pub(super) tokens: Vec<Option<u64>>,
@@ -278,6 +472,7 @@ pub(crate) fn answer_recv(
                 index,
                 status: Status::Ok,
                 tensor: Some(out_tensor(t, token)),
+                missing: crate::wire::Missing::default(),
             };
             (item, Some(token))
         }
@@ -286,6 +481,7 @@ pub(crate) fn answer_recv(
                 index,
                 status: *s,
                 tensor: None,
+                missing: crate::wire::Missing::default(),
             },
             None,
         ),
@@ -342,6 +538,7 @@ mod tests {
             index: 1,
             status: Status::Ok,
             tensor: None,
+            missing: crate::wire::Missing::default(),
         });
         let ptr = v.as_ptr() as usize;
         let bytes = [0u8; 4];
@@ -356,6 +553,7 @@ mod tests {
                 bytes: &bytes,
                 token: 0,
             }),
+            missing: crate::wire::Missing::default(),
         });
         let back: Vec<ResponseItem<'static>> = recast(w);
         assert_eq!((back.as_ptr() as usize, back.capacity()), (ptr, 100));

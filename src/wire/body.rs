@@ -4,6 +4,7 @@
 //! limits, including that `payload_len` matches the tensors it declares. The variable-length
 //! parts it returns are iterators over the validated bytes: nothing is allocated.
 
+use super::rows::{Missing, RowsTables, ENTRY_HAS_MISSING};
 use super::tensor::TensorMeta;
 use super::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use super::{Error, HeaderRepr, Kind, Limits, Result, Status};
@@ -17,7 +18,7 @@ pub const MAX_ERROR_MESSAGE: usize = 1024;
 /// Response entry flag: a tensor meta follows.
 pub const ENTRY_HAS_TENSOR: u16 = 1;
 
-const HELLO_FIXED_LEN: usize = 20;
+const HELLO_FIXED_LEN: usize = 48;
 const RECV_FIXED_LEN: usize = 8;
 const RESPONSE_ENTRY_FIXED_LEN: usize = 8;
 pub(super) const CHUNK_META_LEN: usize = 16;
@@ -47,6 +48,10 @@ pub enum Body<'a> {
     Error(ErrorRepr<'a>),
     /// `CHUNK`.
     Chunk(ChunkRepr),
+    /// `PULL_ROWS`.
+    PullRows(RowsTables<'a>),
+    /// `PUSH_ROWS`.
+    PushRows(RowsTables<'a>),
 }
 
 impl<'a> Body<'a> {
@@ -79,16 +84,25 @@ impl<'a> Body<'a> {
             }
             Kind::Error => Body::Error(ErrorRepr::parse(meta)?),
             Kind::Chunk => Body::Chunk(ChunkRepr::parse(meta)?),
+            Kind::PullRows => {
+                Body::PullRows(RowsTables::parse(meta, header.count, limits, false)?.0)
+            }
+            Kind::PushRows => {
+                let (tables, payload) = RowsTables::parse(meta, header.count, limits, true)?;
+                check_payload(header, payload)?;
+                Body::PushRows(tables)
+            }
             Kind::Unknown(k) => return Err(Error::UnknownKind(k)),
         };
         Ok(body)
     }
 
-    /// The tensors a `PUSH` or `RESPONSE` declares, in entry order (payload order);
-    /// empty for other kinds.
+    /// The tensors a `PUSH`, `PUSH_ROWS` (its gradient blocks) or `RESPONSE` declares, in
+    /// entry order (payload order); empty for other kinds.
     pub fn tensors(&self) -> TensorEntries<'a> {
         match self {
             Body::Push(p) => TensorEntries::Push(*p, 0),
+            Body::PushRows(t) => TensorEntries::PushRows(*t, 0),
             Body::Response(r) => TensorEntries::Response(*r),
             _ => TensorEntries::None,
         }
@@ -119,8 +133,8 @@ pub struct HelloRepr<'a> {
     pub cluster_id: u64,
     /// Sender's task index.
     pub task_index: u32,
-    /// Largest frame the sender accepts.
-    pub max_frame: u32,
+    /// Every limit the sender enforces on what it receives (section 6).
+    pub limits: Limits,
     /// Sender's job name.
     pub job: &'a [u8],
     /// Cluster token (empty in `HELLO_ACK`).
@@ -134,7 +148,7 @@ impl<'a> HelloRepr<'a> {
         }
         let job_len = meta[16] as usize;
         let token_len = meta[17] as usize;
-        if get_u16(meta, 18) != 0 {
+        if meta[19] != 0 || get_u16(meta, 22) != 0 {
             return Err(Error::ReservedNotZero);
         }
         if meta.len() != HELLO_FIXED_LEN + job_len + token_len {
@@ -145,7 +159,16 @@ impl<'a> HelloRepr<'a> {
         let repr = HelloRepr {
             cluster_id: get_u64(meta, 0),
             task_index: get_u32(meta, 8),
-            max_frame: get_u32(meta, 12),
+            limits: Limits {
+                max_frame: get_u32(meta, 12),
+                max_rank: meta[18],
+                max_key: get_u16(meta, 20),
+                max_tensors: get_u32(meta, 24),
+                max_tables: get_u32(meta, 28),
+                max_rows: get_u32(meta, 32),
+                max_row_bytes: get_u32(meta, 36),
+                max_tensor_bytes: get_u64(meta, 40),
+            },
             job,
             token,
         };
@@ -156,7 +179,7 @@ impl<'a> HelloRepr<'a> {
         Ok(repr)
     }
 
-    /// Checks the job name, token length and announced frame size.
+    /// Checks the job name, token length and announced limits.
     pub fn check(&self) -> Result<()> {
         let job_ok = (1..=MAX_JOB_NAME).contains(&self.job.len())
             && self
@@ -166,8 +189,8 @@ impl<'a> HelloRepr<'a> {
         if !job_ok || self.token.len() > MAX_TOKEN {
             return Err(Error::BadString);
         }
-        if self.max_frame < Limits::MIN_FRAME {
-            return Err(Error::BadMaxFrame);
+        if self.limits.validate().is_err() {
+            return Err(Error::BadLimits);
         }
         Ok(())
     }
@@ -181,10 +204,19 @@ impl<'a> HelloRepr<'a> {
     pub fn emit(&self, buf: &mut [u8]) {
         put_u64(buf, 0, self.cluster_id);
         put_u32(buf, 8, self.task_index);
-        put_u32(buf, 12, self.max_frame);
+        let l = &self.limits;
+        put_u32(buf, 12, l.max_frame);
         buf[16] = self.job.len() as u8;
         buf[17] = self.token.len() as u8;
-        put_u16(buf, 18, 0);
+        buf[18] = l.max_rank;
+        buf[19] = 0;
+        put_u16(buf, 20, l.max_key);
+        put_u16(buf, 22, 0);
+        put_u32(buf, 24, l.max_tensors);
+        put_u32(buf, 28, l.max_tables);
+        put_u32(buf, 32, l.max_rows);
+        put_u32(buf, 36, l.max_row_bytes);
+        put_u64(buf, 40, l.max_tensor_bytes);
         let job_end = HELLO_FIXED_LEN + self.job.len();
         buf[HELLO_FIXED_LEN..job_end].copy_from_slice(self.job);
         buf[job_end..job_end + self.token.len()].copy_from_slice(self.token);
@@ -354,6 +386,14 @@ pub struct PushEntries<'a> {
 }
 
 impl<'a> PushEntries<'a> {
+    /// No entries.
+    pub(crate) fn empty() -> PushEntries<'static> {
+        PushEntries {
+            bytes: &[],
+            remaining: 0,
+        }
+    }
+
     /// Validates the entries; returns them and the inline payload bytes they declare.
     fn parse(meta: &'a [u8], count: u32, limits: &Limits) -> Result<(Self, u64)> {
         let (mut at, mut inline) = (0usize, 0u64);
@@ -397,7 +437,7 @@ impl<'a> Iterator for PushEntries<'a> {
 }
 
 /// A tensor meta that runs past the meta section is a length error of the section.
-fn truncated_meta(e: Error) -> Error {
+pub(super) fn truncated_meta(e: Error) -> Error {
     if e == Error::Truncated {
         Error::BadMetaLen
     } else {
@@ -412,32 +452,38 @@ pub struct ResponseEntry<'a> {
     pub index: u32,
     /// The item's status.
     pub status: Status,
-    /// The tensor, for successful recv and pull items.
+    /// The tensor, for successful recv and pull items (for a rows pull: the block).
     pub tensor: Option<TensorMeta<'a>>,
+    /// For a rows pull: the rows not found (empty when all were). Only with a tensor.
+    pub missing: Missing<'a>,
 }
 
 impl ResponseEntry<'_> {
     /// Bytes needed to emit.
     pub fn buffer_len(&self) -> usize {
-        RESPONSE_ENTRY_FIXED_LEN + self.tensor.map_or(0, |t| t.buffer_len())
+        RESPONSE_ENTRY_FIXED_LEN
+            + self.tensor.map_or(0, |t| t.buffer_len())
+            + self.missing.buffer_len()
     }
 
     /// Writes exactly `buffer_len()` bytes.
     pub fn emit(&self, buf: &mut [u8]) {
         put_u32(buf, 0, self.index);
         put_u16(buf, 4, self.status.into());
-        put_u16(
-            buf,
-            6,
-            if self.tensor.is_some() {
-                ENTRY_HAS_TENSOR
-            } else {
-                0
-            },
-        );
-        if let Some(t) = self.tensor {
-            t.emit(&mut buf[RESPONSE_ENTRY_FIXED_LEN..]);
+        let mut flags = 0;
+        if self.tensor.is_some() {
+            flags |= ENTRY_HAS_TENSOR;
         }
+        if !self.missing.is_empty() {
+            flags |= ENTRY_HAS_MISSING;
+        }
+        put_u16(buf, 6, flags);
+        let mut at = RESPONSE_ENTRY_FIXED_LEN;
+        if let Some(t) = self.tensor {
+            t.emit(&mut buf[at..]);
+            at += t.buffer_len();
+        }
+        self.missing.emit(&mut buf[at..]);
     }
 }
 
@@ -458,7 +504,7 @@ impl<'a> ResponseEntries<'a> {
             }
             let status = Status::from(get_u16(rest, 4));
             let flags = get_u16(rest, 6);
-            if flags & !ENTRY_HAS_TENSOR != 0 {
+            if flags & !(ENTRY_HAS_TENSOR | ENTRY_HAS_MISSING) != 0 {
                 return Err(Error::BadFlags);
             }
             at += RESPONSE_ENTRY_FIXED_LEN;
@@ -470,6 +516,13 @@ impl<'a> ResponseEntries<'a> {
                     .map_err(truncated_meta)?;
                 note_tensor(&tensor, &mut inline)?;
                 at += len;
+                if flags & ENTRY_HAS_MISSING != 0 {
+                    let rows = tensor.dims.get(0).ok_or(Error::BadMissing)?;
+                    let (_, len) = Missing::parse(&meta[at..], rows, limits)?;
+                    at += len;
+                }
+            } else if flags & ENTRY_HAS_MISSING != 0 {
+                return Err(Error::BadMissing);
             }
         }
         if at != meta.len() {
@@ -493,21 +546,28 @@ impl<'a> Iterator for ResponseEntries<'a> {
         let fixed = self.bytes.get(..RESPONSE_ENTRY_FIXED_LEN)?;
         let index = get_u32(fixed, 0);
         let status = Status::from(get_u16(fixed, 4));
-        let has_tensor = get_u16(fixed, 6) & ENTRY_HAS_TENSOR != 0;
+        let flags = get_u16(fixed, 6);
         let mut len = RESPONSE_ENTRY_FIXED_LEN;
-        let tensor = if has_tensor {
+        let tensor = if flags & ENTRY_HAS_TENSOR != 0 {
             let (t, l) = TensorMeta::parse_validated(self.bytes.get(len..)?)?;
             len += l;
             Some(t)
         } else {
             None
         };
+        let mut missing = Missing::default();
+        if flags & ENTRY_HAS_MISSING != 0 {
+            let (m, l) = Missing::parse_validated(self.bytes.get(len..)?)?;
+            missing = m;
+            len += l;
+        }
         self.bytes = self.bytes.get(len..)?;
         self.remaining -= 1;
         Some(ResponseEntry {
             index,
             status,
             tensor,
+            missing,
         })
     }
 
@@ -530,6 +590,8 @@ pub struct TensorEntry<'a> {
 pub enum TensorEntries<'a> {
     /// A push's entries, with the position of the next one.
     Push(PushEntries<'a>, u32),
+    /// A rows push's tables, with the position of the next one.
+    PushRows(RowsTables<'a>, u32),
     /// A response's entries that carry tensors.
     Response(ResponseEntries<'a>),
     /// A kind without tensors.
@@ -548,6 +610,15 @@ impl<'a> Iterator for TensorEntries<'a> {
                 Some(TensorEntry {
                     index,
                     meta: e.meta,
+                })
+            }
+            TensorEntries::PushRows(tables, position) => {
+                let t = tables.next()?;
+                let index = *position;
+                *position += 1;
+                Some(TensorEntry {
+                    index,
+                    meta: t.block,
                 })
             }
             TensorEntries::Response(entries) => loop {

@@ -6,7 +6,7 @@ use super::{Error, Limits, Result, Status};
 /// `SWRE`: the first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"SWRE";
 /// The protocol version this module speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the header in bytes.
 pub const HEADER_LEN: usize = 32;
 /// `flags` bit 0: the last frame answering a request.
@@ -51,6 +51,10 @@ enum_with_unknown! {
         Error = 10,
         /// A piece of a chunked tensor.
         Chunk = 11,
+        /// Read of embedding rows by id, one packed block per table.
+        PullRows = 12,
+        /// Delivery of gradient rows by id, one packed block per table.
+        PushRows = 13,
     }
 }
 
@@ -59,7 +63,13 @@ impl Kind {
     pub fn is_request(self) -> bool {
         matches!(
             self,
-            Kind::Ping | Kind::Recv | Kind::FusedRecv | Kind::Pull | Kind::Push
+            Kind::Ping
+                | Kind::Recv
+                | Kind::FusedRecv
+                | Kind::Pull
+                | Kind::Push
+                | Kind::PullRows
+                | Kind::PushRows
         )
     }
 }
@@ -294,6 +304,7 @@ impl HeaderRepr {
             Kind::Recv | Kind::Chunk => self.count == 1,
             Kind::FusedRecv | Kind::Pull | Kind::Push => many.contains(&self.count),
             Kind::Response => self.count <= limits.max_tensors,
+            Kind::PullRows | Kind::PushRows => (1..=limits.max_tables).contains(&self.count),
             Kind::Unknown(_) => false,
         };
         if !count_ok {
@@ -313,6 +324,7 @@ impl HeaderRepr {
             | Kind::Recv
             | Kind::FusedRecv
             | Kind::Pull
+            | Kind::PullRows
             | Kind::Error => self.payload_len == 0,
             Kind::Chunk => self.payload_len > 0,
             _ => true,

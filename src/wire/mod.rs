@@ -1,4 +1,4 @@
-//! Views and reprs of the v1 wire format. `docs/wire-format.md` is the specification;
+//! Views and reprs of the v2 wire format. `docs/wire-format.md` is the specification;
 //! this module is the only place that reads or writes the bytes of a frame.
 //!
 //! The shape follows smoltcp's `wire` module:
@@ -15,6 +15,7 @@
 
 mod body;
 mod header;
+mod rows;
 mod tensor;
 #[cfg(test)]
 mod tests;
@@ -24,6 +25,9 @@ pub use body::{
     HelloRepr, Keys, PushEntries, PushEntry, RecvBody, ResponseEntries, ResponseEntry,
     TensorEntries, TensorEntry, VarIds, ENTRY_HAS_TENSOR, MAX_ERROR_MESSAGE, MAX_JOB_NAME,
     MAX_TOKEN,
+};
+pub use rows::{
+    emit_pull_rows_meta, pull_rows_meta_len, Missing, RowsTable, RowsTables, ENTRY_HAS_MISSING,
 };
 pub use header::{Header, HeaderRepr, Kind, FLAG_END, HEADER_LEN, MAGIC, VERSION};
 pub use tensor::{DType, Dims, TensorMeta, TensorMetaView, MAX_RANK, TENSOR_META_FIXED_LEN};
@@ -118,7 +122,7 @@ pub enum Error {
     Truncated,
     /// The first four bytes are not `SWRE`.
     BadMagic,
-    /// A version other than 1.
+    /// A version other than this module's.
     BadVersion(u8),
     /// A frame kind this version does not define.
     UnknownKind(u8),
@@ -164,8 +168,18 @@ pub enum Error {
     BadEntry,
     /// A job name, token or message outside its fixed bounds.
     BadString,
-    /// `max_frame` announced in a hello below the protocol minimum.
-    BadMaxFrame,
+    /// A limit announced in a hello outside its allowed range (section 6).
+    BadLimits,
+    /// A rows table whose block is not `[ids, row...]` of at least one row byte, or that
+    /// is dead, or chunked in a `PULL_ROWS`.
+    BadRows,
+    /// The ids of a frame exceed `max_rows`.
+    TooManyRows,
+    /// A row exceeds `max_row_bytes`.
+    RowTooLarge,
+    /// A missing-rows report that is empty, not increasing, out of range, or on an entry
+    /// without a block.
+    BadMissing,
 }
 
 impl Error {
@@ -205,7 +219,11 @@ impl fmt::Display for Error {
             Error::BadChunked => f.write_str("invalid chunked tensor declaration"),
             Error::BadEntry => f.write_str("response entry inconsistent with its status"),
             Error::BadString => f.write_str("job name, token or message out of bounds"),
-            Error::BadMaxFrame => f.write_str("announced max_frame below 65536"),
+            Error::BadLimits => f.write_str("announced limit out of its allowed range"),
+            Error::BadRows => f.write_str("invalid rows table"),
+            Error::TooManyRows => f.write_str("ids of the frame over max_rows"),
+            Error::RowTooLarge => f.write_str("row bytes over max_row_bytes"),
+            Error::BadMissing => f.write_str("invalid missing-rows report"),
         }
     }
 }
@@ -228,6 +246,13 @@ pub struct Limits {
     pub max_rank: u8,
     /// Largest tensor, in bytes.
     pub max_tensor_bytes: u64,
+    /// Most tables in one `PULL_ROWS` or `PUSH_ROWS`.
+    pub max_tables: u32,
+    /// Most row ids in one frame (over all its tables), and most missing rows reported in
+    /// one `RESPONSE` entry.
+    pub max_rows: u32,
+    /// Largest row, in bytes.
+    pub max_row_bytes: u32,
 }
 
 impl Limits {
@@ -237,6 +262,12 @@ impl Limits {
     pub const MAX_FRAME: u32 = 1 << 30;
     /// Largest configurable `max_tensors`.
     pub const MAX_TENSORS: u32 = 1 << 24;
+    /// Largest configurable `max_tables`.
+    pub const MAX_TABLES: u32 = 1 << 16;
+    /// Largest configurable `max_rows`.
+    pub const MAX_ROWS: u32 = 1 << 26;
+    /// Largest configurable `max_row_bytes`.
+    pub const MAX_ROW_BYTES: u32 = 1 << 30;
 
     /// Checks every limit against its allowed range; the error names the field.
     pub fn validate(&self) -> core::result::Result<(), &'static str> {
@@ -255,6 +286,15 @@ impl Limits {
         if self.max_tensor_bytes > i64::MAX as u64 {
             return Err("max_tensor_bytes must be at most 2^63-1");
         }
+        if !(1..=Self::MAX_TABLES).contains(&self.max_tables) {
+            return Err("max_tables must be between 1 and 65536");
+        }
+        if !(1..=Self::MAX_ROWS).contains(&self.max_rows) {
+            return Err("max_rows must be between 1 and 67108864");
+        }
+        if !(1..=Self::MAX_ROW_BYTES).contains(&self.max_row_bytes) {
+            return Err("max_row_bytes must be between 1 and 1073741824");
+        }
         Ok(())
     }
 }
@@ -267,6 +307,9 @@ impl Default for Limits {
             max_tensors: 65_536,
             max_rank: 16,
             max_tensor_bytes: 4 << 30,
+            max_tables: 1024,
+            max_rows: 1 << 20,
+            max_row_bytes: 1 << 20,
         }
     }
 }

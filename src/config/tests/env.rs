@@ -67,6 +67,7 @@ fn every_variable_parsed() {
             max_tensors: 1 << 24,
             max_rank: 0,
             max_tensor_bytes: i64::MAX as u64,
+            ..Limits::default()
         }
     );
     assert_eq!(c.chunk_size, (1 << 30) - 64);
@@ -229,6 +230,9 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_MAX_TENSORS,
         ENV_MAX_RANK,
         ENV_MAX_TENSOR_BYTES,
+        ENV_MAX_TABLES,
+        ENV_MAX_ROWS,
+        ENV_MAX_ROW_BYTES,
         ENV_CHUNK_SIZE,
         ENV_ACC_SIZE,
         ENV_BUF_SIZE,

@@ -7,10 +7,22 @@ use super::*;
 // Fixtures: parse, emit, round trip.
 // ---------------------------------------------------------------------------------------
 
+/// Every limit at the smallest value section 6 allows.
+const SMALLEST: Limits = Limits {
+    max_frame: 65_536,
+    max_key: 1,
+    max_tensors: 1,
+    max_rank: 0,
+    max_tensor_bytes: 0,
+    max_tables: 1,
+    max_rows: 1,
+    max_row_bytes: 1,
+};
+
 #[test]
 fn fixture_hello() {
     let (h, body, payload) = parse_ok(HELLO);
-    let want_h = hdr(Kind::Hello, false, Status::Ok, 0, 0, 30, 0);
+    let want_h = hdr(Kind::Hello, false, Status::Ok, 0, 0, 58, 0);
     assert_eq!(h, want_h);
     assert!(payload.is_empty());
     let Body::Hello(r) = body else {
@@ -18,14 +30,14 @@ fn fixture_hello() {
     };
     assert_eq!(r.cluster_id, 0x0123_4567_89ab_cdef);
     assert_eq!(r.task_index, 2);
-    assert_eq!(r.max_frame, 16 << 20);
+    assert_eq!(r.limits, Limits::default());
     assert_eq!(r.job, b"worker");
     assert_eq!(r.token, b"s3cr");
 
     let repr = HelloRepr {
         cluster_id: 0x0123_4567_89ab_cdef,
         task_index: 2,
-        max_frame: 16 << 20,
+        limits: Limits::default(),
         job: b"worker",
         token: b"s3cr",
     };
@@ -40,7 +52,7 @@ fn fixture_hello() {
 #[test]
 fn fixture_hello_ack() {
     let (h, body, payload) = parse_ok(HELLO_ACK);
-    let want_h = hdr(Kind::HelloAck, false, Status::Ok, 0, 0, 22, 0);
+    let want_h = hdr(Kind::HelloAck, false, Status::Ok, 0, 0, 50, 0);
     assert_eq!(h, want_h);
     assert!(payload.is_empty());
     let Body::HelloAck(r) = body else {
@@ -48,14 +60,14 @@ fn fixture_hello_ack() {
     };
     assert_eq!(r.cluster_id, 0x0123_4567_89ab_cdef);
     assert_eq!(r.task_index, 0);
-    assert_eq!(r.max_frame, 65_536);
+    assert_eq!(r.limits, SMALLEST);
     assert_eq!(r.job, b"ps");
     assert!(r.token.is_empty());
 
     let repr = HelloRepr {
         cluster_id: 0x0123_4567_89ab_cdef,
         task_index: 0,
-        max_frame: 65_536,
+        limits: SMALLEST,
         job: b"ps",
         token: b"",
     };
@@ -350,16 +362,19 @@ fn fixture_response() {
             index: 0,
             status: Status::Ok,
             tensor: TensorMeta::new(DType::I32, &[2]),
+            missing: Missing::default(),
         },
         ResponseEntry {
             index: 1,
             status: Status::NotFound,
             tensor: None,
+            missing: Missing::default(),
         },
         ResponseEntry {
             index: 2,
             status: Status::Ok,
             tensor: None,
+            missing: Missing::default(),
         },
     ];
     assert_eq!(es, entries[..]);
@@ -426,6 +441,7 @@ fn fixture_response_empty_and_chunked() {
             chunked: true,
             ..TensorMeta::new(DType::U8, &[100_000]).unwrap()
         }),
+        missing: Missing::default(),
     };
     assert_eq!(want_e, e);
     assert_eq!(
@@ -533,7 +549,7 @@ fn every_fixture_round_trips_and_matches_header_view() {
 #[test]
 fn tables_match_spec() {
     assert_eq!(MAGIC, [0x53, 0x57, 0x52, 0x45]);
-    assert_eq!((VERSION, HEADER_LEN, FLAG_END), (1, 32, 1));
+    assert_eq!((VERSION, HEADER_LEN, FLAG_END), (2, 32, 1));
     let kinds = [
         Kind::Hello,
         Kind::HelloAck,
@@ -546,6 +562,8 @@ fn tables_match_spec() {
         Kind::Response,
         Kind::Error,
         Kind::Chunk,
+        Kind::PullRows,
+        Kind::PushRows,
     ];
     for (i, k) in kinds.iter().enumerate() {
         assert_eq!(Kind::from(i as u8 + 1), *k);
@@ -559,7 +577,9 @@ fn tables_match_spec() {
             Kind::Recv,
             Kind::FusedRecv,
             Kind::Pull,
-            Kind::Push
+            Kind::Push,
+            Kind::PullRows,
+            Kind::PushRows
         ]
     );
 

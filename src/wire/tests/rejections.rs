@@ -16,7 +16,7 @@ fn reject_bad_magic() {
 
 #[test]
 fn reject_bad_version() {
-    for ver in [0u8, 2, 255] {
+    for ver in [0u8, 1, 3, 255] {
         let f = patch(PING, |v| v[H_VERSION] = ver);
         rejects(&f, Error::BadVersion(ver));
         assert_eq!(Error::BadVersion(ver).status(), Status::VersionMismatch);
@@ -25,7 +25,7 @@ fn reject_bad_version() {
 
 #[test]
 fn reject_unknown_kind() {
-    for k in [0u8, 12, 13, 128, 255] {
+    for k in [0u8, 14, 15, 128, 255] {
         rejects(&patch(PING, |v| v[H_KIND] = k), Error::UnknownKind(k));
     }
 }
@@ -625,7 +625,7 @@ fn reject_bad_response_entries() {
         rejects(&patch(RESPONSE, |v| set16(v, M + 4, s)), Error::BadEntry);
     }
     // Undefined entry flags, with and without HAS_TENSOR.
-    for bit in 1..16 {
+    for bit in 2..16 {
         let flag = 1u16 << bit;
         rejects(
             &patch(RESPONSE, |v| set16(v, M + 6, 1 | flag)),
@@ -650,7 +650,7 @@ fn reject_bad_response_entries() {
 
 fn hello_with(job: &[u8], token: &[u8], max_frame: u32, ack: bool) -> Vec<u8> {
     let base = if ack { HELLO_ACK } else { HELLO };
-    let mut m = meta_of(base)[..20].to_vec();
+    let mut m = meta_of(base)[..48].to_vec();
     set32(&mut m, 12, max_frame);
     m[16] = job.len() as u8;
     m[17] = token.len() as u8;
@@ -677,24 +677,42 @@ fn reject_bad_hello() {
     rejects(&hello_with(b"w", &[1; 65], mf, false), Error::BadString);
     // Token in HELLO_ACK.
     rejects(&hello_with(b"ps", b"t", mf, true), Error::BadString);
-    // max_frame below 65536.
+    // max_frame below 65536 or above 1 GiB.
     for ack in [false, true] {
-        rejects(&hello_with(b"w", b"", 65_535, ack), Error::BadMaxFrame);
-        rejects(&hello_with(b"w", b"", 0, ack), Error::BadMaxFrame);
+        rejects(&hello_with(b"w", b"", 65_535, ack), Error::BadLimits);
+        rejects(&hello_with(b"w", b"", 0, ack), Error::BadLimits);
+        rejects(&hello_with(b"w", b"", (1 << 30) + 1, ack), Error::BadLimits);
         assert!(try_parse(&hello_with(b"w", b"", 65_536, ack)).is_ok());
+        assert!(try_parse(&hello_with(b"w", b"", 1 << 30, ack)).is_ok());
     }
+    // The other limits out of their ranges (section 6), from the table's offsets.
+    let limit = |at: usize, bytes: &[u8]| {
+        patch(HELLO, |v| v[M + at..M + at + bytes.len()].copy_from_slice(bytes))
+    };
+    rejects(&limit(18, &[33]), Error::BadLimits); // max_rank
+    rejects(&limit(20, &[0, 0]), Error::BadLimits); // max_key
+    rejects(&limit(24, &[0; 4]), Error::BadLimits); // max_tensors
+    rejects(&limit(24, &[1, 0, 0, 1]), Error::BadLimits); // max_tensors over 2^24
+    rejects(&limit(28, &[0; 4]), Error::BadLimits); // max_tables
+    rejects(&limit(28, &[1, 0, 1, 0]), Error::BadLimits); // max_tables over 2^16
+    rejects(&limit(32, &[0; 4]), Error::BadLimits); // max_rows
+    rejects(&limit(36, &[0; 4]), Error::BadLimits); // max_row_bytes
+    rejects(&limit(40, &[0, 0, 0, 0, 0, 0, 0, 0x80]), Error::BadLimits); // max_tensor_bytes
     // Reserved.
-    rejects(&patch(HELLO, |v| v[M + 18] = 1), Error::ReservedNotZero);
-    rejects(&patch(HELLO_ACK, |v| v[M + 19] = 1), Error::ReservedNotZero);
+    rejects(&patch(HELLO, |v| v[M + 19] = 1), Error::ReservedNotZero);
+    rejects(&patch(HELLO_ACK, |v| v[M + 22] = 1), Error::ReservedNotZero);
     // HelloRepr::check agrees.
     let r = HelloRepr {
         cluster_id: 1,
         task_index: 0,
-        max_frame: 65_535,
+        limits: Limits {
+            max_frame: 65_535,
+            ..Limits::default()
+        },
         job: b"w",
         token: b"",
     };
-    assert_eq!(r.check(), Err(Error::BadMaxFrame));
+    assert_eq!(r.check(), Err(Error::BadLimits));
     assert_eq!(HelloRepr { job: b"", ..r }.check(), Err(Error::BadString));
 }
 
@@ -832,6 +850,7 @@ fn mutations_never_panic() {
         max_tensors: 2,
         max_rank: 1,
         max_tensor_bytes: 16,
+        ..Limits::default()
     };
     let mut accepted = 0usize;
     let mut total = 0usize;

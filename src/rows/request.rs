@@ -1,0 +1,138 @@
+//! Rows requests on a [`Client`]: one frame per peer for any number of tables.
+
+use std::time::Instant;
+
+use crate::client::{Client, Driver, PullRows, Push, Ticket};
+use crate::error::{Error, ErrorKind};
+use crate::peer::Peer;
+use crate::session::{RequestOp, Spare};
+use crate::tensor::SharedAllocator;
+
+use super::{Rows, RowsSpec};
+
+/// The specs and ids of `tables` in `spare`'s vectors; `None` when a table is invalid.
+fn specs(tables: &[Rows<'_>], spare: &mut Spare) -> Option<(Vec<RowsSpec>, Vec<u64>)> {
+    let mut specs = std::mem::take(&mut spare.tables);
+    let mut ids = std::mem::take(&mut spare.ids);
+    specs.clear();
+    ids.clear();
+    for t in tables {
+        match RowsSpec::of(t) {
+            Some(s) => specs.push(s),
+            None => {
+                (spare.tables, spare.ids) = (specs, ids);
+                return None;
+            }
+        }
+        ids.extend_from_slice(t.ids);
+    }
+    if specs.is_empty() {
+        (spare.tables, spare.ids) = (specs, ids);
+        return None;
+    }
+    Some((specs, ids))
+}
+
+fn invalid(what: &str) -> Error {
+    Error::new(ErrorKind::InvalidArgument).with_message(what.to_owned())
+}
+
+impl<D: Driver> Client<D> {
+    /// Pulls rows of one or more tables from `peer` in one request: per table, in order,
+    /// one block of `ids.len()` rows (`[ids, row...]`, rows in the order of the ids) in
+    /// memory from the runtime's allocator, and the rows the peer did not have.
+    ///
+    /// The ids are copied into vectors this client keeps: with completions handed back
+    /// through [`recycle`](Self::recycle), a steady stream of rows pulls allocates nothing
+    /// but the blocks (and those come from [`pull_rows_into`](Self::pull_rows_into)'s
+    /// allocator when given one).
+    ///
+    /// Fails at once with [`ErrorKind::InvalidArgument`] when `tables` is empty or a table
+    /// has no ids, an unknown dtype, zero-byte rows or more than
+    /// [`MAX_ROW_RANK`](super::MAX_ROW_RANK) row dimensions.
+    pub fn pull_rows(
+        &mut self,
+        peer: impl Into<Peer>,
+        tables: &[Rows<'_>],
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<PullRows>, Error> {
+        self.rows_pull(peer.into(), tables, None, deadline)
+    }
+
+    /// Like [`pull_rows`](Self::pull_rows), with each table's block in memory from
+    /// `alloc` — for instance the trainer's own buffers.
+    pub fn pull_rows_into(
+        &mut self,
+        peer: impl Into<Peer>,
+        tables: &[Rows<'_>],
+        alloc: SharedAllocator,
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<PullRows>, Error> {
+        self.rows_pull(peer.into(), tables, Some(alloc), deadline)
+    }
+
+    fn rows_pull(
+        &mut self,
+        peer: Peer,
+        tables: &[Rows<'_>],
+        alloc: Option<SharedAllocator>,
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<PullRows>, Error> {
+        let mut spare = self.spare();
+        let Some((tables, ids)) = specs(tables, &mut spare) else {
+            self.recycle_spare(spare);
+            return Err(invalid(
+                "rows: no table, no ids, or an invalid dtype or row shape",
+            ));
+        };
+        let op = RequestOp::PullRows { tables, ids, alloc };
+        self.submit_with(op, peer, deadline, spare)
+    }
+
+    /// Pushes gradient rows of one or more tables to `peer` in one request: per table its
+    /// ids and `grads`, the gradient rows in the order of the ids (`ids.len() × row_bytes`
+    /// bytes, little-endian elements). The result is one status per table.
+    ///
+    /// The ids and gradient bytes are copied into vectors this client keeps (allocation-free
+    /// in steady state with [`recycle`](Self::recycle)). Fails at once with
+    /// [`ErrorKind::InvalidArgument`] as [`pull_rows`](Self::pull_rows) does, and when a
+    /// table's `grads` is not `ids.len() × row_bytes` bytes.
+    pub fn push_rows(
+        &mut self,
+        peer: impl Into<Peer>,
+        tables: &[(Rows<'_>, &[u8])],
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<Push>, Error> {
+        let mut spare = self.spare();
+        let rows = tables.iter().map(|(r, _)| *r);
+        let mut specs_v = std::mem::take(&mut spare.tables);
+        let mut ids = std::mem::take(&mut spare.ids);
+        let mut grads = std::mem::take(&mut spare.grads);
+        (specs_v.clear(), ids.clear(), grads.clear());
+        let mut ok = !tables.is_empty();
+        for (r, (_, g)) in rows.zip(tables) {
+            match RowsSpec::of(&r) {
+                Some(s) if s.meta().byte_len == g.len() as u64 => specs_v.push(s),
+                _ => {
+                    ok = false;
+                    break;
+                }
+            }
+            ids.extend_from_slice(r.ids);
+            grads.extend_from_slice(g);
+        }
+        if !ok {
+            (spare.tables, spare.ids, spare.grads) = (specs_v, ids, grads);
+            self.recycle_spare(spare);
+            return Err(invalid(
+                "rows: no table, no ids, an invalid dtype or row shape, or gradients of another size",
+            ));
+        }
+        let op = RequestOp::PushRows {
+            tables: specs_v,
+            ids,
+            grads,
+        };
+        self.submit_with(op, peer.into(), deadline, spare)
+    }
+}
