@@ -179,6 +179,7 @@ internal!(
     mod proto;
 );
 pub mod rendezvous;
+pub mod rows;
 mod runtime;
 pub mod service;
 pub(crate) mod session;

@@ -1,0 +1,6 @@
+//! Rows of partitioned embedding tables: the sans-IO planning of a worker's sharded pulls
+//! and pushes ([`Plan`]), ids spread over the PS shards by a [`Partition`].
+
+mod plan;
+
+pub use plan::{Partition, Plan, PlanError};
