@@ -189,6 +189,7 @@ internal!(
 pub mod stats;
 #[allow(dead_code)]
 pub(crate) mod sys;
+pub mod table;
 pub mod tensor;
 internal!(
     mod wire;

@@ -3,4 +3,5 @@
 
 mod plan;
 
+pub(crate) use plan::{splitmix64, IdMap};
 pub use plan::{Partition, Plan, PlanError};
