@@ -7,8 +7,17 @@
 //! [`Client::pull_rows`](crate::Client::pull_rows) and
 //! [`Client::push_rows`](crate::Client::push_rows); a PS serves rows through
 //! [`Service::table`](crate::Service::table).
+//!
+//! A worker whose tables are partitioned over several PS tasks plans each step with a
+//! [`Plan`]: duplicate ids removed, the distinct ones spread over the shards by a
+//! [`Partition`], the answers scattered back into the batch and the gradients of
+//! duplicates summed.
 
+mod plan;
 mod request;
+
+pub(crate) use plan::{splitmix64, IdMap};
+pub use plan::{Partition, Plan, PlanError};
 
 use arrayvec::ArrayVec;
 
