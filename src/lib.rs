@@ -172,6 +172,7 @@ internal!(
 pub mod endpoint_map;
 mod error;
 pub(crate) mod event_loop;
+mod hash;
 mod panic;
 pub mod peer;
 mod pool;

@@ -24,7 +24,7 @@
 use core::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::rows::{splitmix64, IdMap};
+use crate::hash::{splitmix64, IdMap};
 use crate::wire::{DType, Status};
 
 /// A table of embedding rows served by a PS task. Called from several event-loop threads at

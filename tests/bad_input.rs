@@ -103,7 +103,7 @@ fn header(
 ) -> Vec<u8> {
     let mut h = Vec::with_capacity(HEADER);
     h.extend_from_slice(b"SWRE");
-    h.push(1);
+    h.push(2);
     h.push(kind);
     h.extend_from_slice(&flags.to_le_bytes());
     h.extend_from_slice(&0u16.to_le_bytes()); // status
@@ -136,7 +136,15 @@ fn hello_body(cluster_id: u64, job: &str, token: &[u8]) -> Vec<u8> {
     m.extend_from_slice(&(16u32 << 20).to_le_bytes()); // max_frame
     m.push(job.len() as u8);
     m.push(token.len() as u8);
+    m.push(16); // max_rank
+    m.push(0);
+    m.extend_from_slice(&4096u16.to_le_bytes()); // max_key
     m.extend_from_slice(&[0, 0]);
+    m.extend_from_slice(&65_536u32.to_le_bytes()); // max_tensors
+    m.extend_from_slice(&1024u32.to_le_bytes()); // max_tables
+    m.extend_from_slice(&(1u32 << 20).to_le_bytes()); // max_rows
+    m.extend_from_slice(&(1u32 << 20).to_le_bytes()); // max_row_bytes
+    m.extend_from_slice(&(4u64 << 30).to_le_bytes()); // max_tensor_bytes
     m.extend_from_slice(job.as_bytes());
     m.extend_from_slice(token);
     m
@@ -459,7 +467,7 @@ fn bad_magic() {
 #[test]
 fn bad_version() {
     let mut f = frame(PING, 0, 0, 7, &[], b"abcd");
-    f[4] = 2;
+    f[4] = 1;
     server_class(true, &f, Some(VERSION_MISMATCH), "version");
 }
 

@@ -325,7 +325,9 @@ fn pings_interleave_with_a_1_gib_chunked_transfer() {
         start.elapsed()
     );
     assert!(pings >= 2, "pings were not interleaved");
-    assert!(worst < Duration::from_secs(1), "worst ping {worst:?}");
+    // Relative, not a wall-clock bound: no ping waited for a large part of the transfer.
+    let took = start.elapsed();
+    assert!(worst * 4 < took, "worst ping {worst:?} of a {took:?} transfer");
 }
 
 #[test]
@@ -366,7 +368,10 @@ fn peer_lost_mid_transfer_fails_the_request() {
         let ack = HelloRepr {
             cluster_id: 0,
             task_index: 0,
-            max_frame: 1 << 24,
+            limits: starwire::Limits {
+                max_frame: 1 << 24,
+                ..Default::default()
+            },
             job: b"ps",
             token: b"",
         };
@@ -406,6 +411,7 @@ fn peer_lost_mid_transfer_fails_the_request() {
                 bytes: &data,
                 token: 1,
             }),
+            missing: Default::default(),
         };
         enc.response(h.handle, true, &[item]).unwrap();
         // Send the response and about 3 MiB of chunks, then vanish.
@@ -544,7 +550,10 @@ fn declared_chunked_tensors_get_no_memory_before_their_bytes_arrive() {
     let hello = HelloRepr {
         cluster_id: 0,
         task_index: 0,
-        max_frame: 1 << 24,
+        limits: starwire::Limits {
+            max_frame: 1 << 24,
+            ..Default::default()
+        },
         job: b"worker",
         token: b"",
     };
@@ -626,7 +635,10 @@ fn a_peer_reusing_our_handle_for_its_push_cannot_redirect_our_answer() {
         let ack = HelloRepr {
             cluster_id: 0,
             task_index: 0,
-            max_frame: 1 << 24,
+            limits: starwire::Limits {
+                max_frame: 1 << 24,
+                ..Default::default()
+            },
             job: b"ps",
             token: b"",
         };
@@ -653,6 +665,7 @@ fn a_peer_reusing_our_handle_for_its_push_cannot_redirect_our_answer() {
                 bytes: &answer,
                 token: 1,
             }),
+            missing: Default::default(),
         };
         // Frame order on the wire: PUSH header, RESPONSE, then the push's chunks.
         enc.fill(0);

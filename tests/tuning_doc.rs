@@ -88,6 +88,9 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_CHUNK_SIZE,
         starwire::config::ENV_MAX_FRAME,
         starwire::config::ENV_MAX_TENSOR_BYTES,
+        starwire::config::ENV_MAX_TABLES,
+        starwire::config::ENV_MAX_ROWS,
+        starwire::config::ENV_MAX_ROW_BYTES,
         starwire::config::ENV_ZERO_COPY_MIN,
         starwire::config::ENV_HANDLER_THREADS,
         starwire::config::ENV_MAX_SERVED,
@@ -104,5 +107,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 28, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 31, "{table}");
 }

@@ -32,7 +32,11 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(hp) = HostPort::parse(line) {
                 assert_ne!(hp.port(), 0);
                 let shown = hp.to_string();
-                assert_eq!(HostPort::parse(&shown).as_ref(), Ok(&hp), "{line:?} -> {shown:?}");
+                assert_eq!(
+                    HostPort::parse(&shown).as_ref(),
+                    Ok(&hp),
+                    "{line:?} -> {shown:?}"
+                );
             }
         }
         match TfConfig::parse_all(s) {

@@ -17,11 +17,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use starwire::proto::{Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem};
+use starwire::proto::{
+    Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem, RowsItem, RowsQuery,
+};
 use starwire::wire::{
-    emit_pull_meta, emit_recv_meta, pull_meta_len, recv_meta_len, Body, ChunkRepr, DType, Dims,
-    ErrorRepr, Header, HeaderRepr, HelloRepr, Kind, Limits, PushEntry, ResponseEntry, Status,
-    TensorMeta, HEADER_LEN,
+    emit_pull_meta, emit_pull_rows_meta, emit_recv_meta, pull_meta_len, pull_rows_meta_len,
+    recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr, Header, HeaderRepr, HelloRepr, Kind,
+    Limits, Missing, PushEntry, ResponseEntry, Status, TensorMeta, HEADER_LEN,
 };
 
 /// Limits chosen by the first input bytes; `None` when they are not a valid configuration.
@@ -38,6 +40,9 @@ fn limits_from(data: &[u8]) -> Option<(Limits, &[u8])> {
         max_tensors: [1, 2, 3, Limits::MAX_TENSORS][(sel2 & 3) as usize],
         max_tensor_bytes: [0, 1, 16, 1000, 4096, 1 << 20, 4 << 30, i64::MAX as u64]
             [(sel2 >> 2 & 7) as usize],
+        max_tables: [1, 2, 16, Limits::MAX_TABLES][(sel2 >> 5 & 3) as usize],
+        max_rows: [2, Limits::MAX_ROWS][(sel2 >> 7) as usize],
+        max_row_bytes: [64, Limits::MAX_ROW_BYTES][(sel >> 6 & 1) as usize],
     };
     limits.validate().expect("selector builds valid limits");
     Some((limits, rest))
@@ -85,7 +90,7 @@ enum NBody {
         ack: bool,
         cluster_id: u64,
         task_index: u32,
-        max_frame: u32,
+        limits: Limits,
         job: Vec<u8>,
         token: Vec<u8>,
     },
@@ -98,7 +103,11 @@ enum NBody {
     },
     Pull(Vec<u64>),
     Push(Vec<(u64, NTensor)>),
-    Response(Vec<(u32, u16, Option<NTensor>)>),
+    Response(Vec<(u32, u16, Option<NTensor>, Vec<u32>)>),
+    Rows {
+        push: bool,
+        tables: Vec<(u32, NTensor, Vec<u64>)>,
+    },
     Error(Vec<u8>),
     Chunk {
         index: u32,
@@ -112,7 +121,7 @@ impl NBody {
             ack,
             cluster_id: h.cluster_id,
             task_index: h.task_index,
-            max_frame: h.max_frame,
+            limits: h.limits,
             job: h.job.to_vec(),
             token: h.token.to_vec(),
         };
@@ -155,9 +164,29 @@ impl NBody {
                     "ResponseEntries: size_hint vs items"
                 );
                 NBody::Response(
-                    r.map(|e| (e.index, e.status.into(), e.tensor.as_ref().map(NTensor::of)))
-                        .collect(),
+                    r.map(|e| {
+                        let missing: Vec<u32> = e.missing.iter().collect();
+                        assert_eq!(missing.len(), e.missing.len());
+                        let t = e.tensor.as_ref().map(NTensor::of);
+                        (e.index, e.status.into(), t, missing)
+                    })
+                    .collect(),
                 )
+            }
+            Body::PullRows(t) | Body::PushRows(t) => {
+                assert_eq!(t.size_hint().0, t.count(), "RowsTables: size_hint vs items");
+                let tables = t
+                    .map(|t| {
+                        let ids: Vec<u64> = t.ids().collect();
+                        assert_eq!(ids.len(), t.len());
+                        assert_eq!(t.block.dims.get(0), Some(ids.len() as u64));
+                        (t.table, NTensor::of(&t.block), ids)
+                    })
+                    .collect();
+                NBody::Rows {
+                    push: matches!(body, Body::PushRows(_)),
+                    tables,
+                }
             }
             Body::Error(e) => NBody::Error(e.message.to_vec()),
             Body::Chunk(c) => NBody::Chunk {
@@ -180,6 +209,8 @@ impl NBody {
             NBody::Response(_) => Kind::Response,
             NBody::Error(_) => Kind::Error,
             NBody::Chunk { .. } => Kind::Chunk,
+            NBody::Rows { push: false, .. } => Kind::PullRows,
+            NBody::Rows { push: true, .. } => Kind::PushRows,
         }
     }
 
@@ -189,6 +220,7 @@ impl NBody {
             NBody::Pull(ids) => ids.len() as u32,
             NBody::Push(e) => e.len() as u32,
             NBody::Response(e) => e.len() as u32,
+            NBody::Rows { tables, .. } => tables.len() as u32,
             NBody::Chunk { .. } => 1,
             _ => 0,
         }
@@ -199,14 +231,14 @@ impl NBody {
             NBody::Hello {
                 cluster_id,
                 task_index,
-                max_frame,
+                limits,
                 job,
                 token,
                 ..
             } => Some(HelloRepr {
                 cluster_id: *cluster_id,
                 task_index: *task_index,
-                max_frame: *max_frame,
+                limits: *limits,
                 job,
                 token,
             }),
@@ -218,7 +250,9 @@ impl NBody {
     fn inline_bytes(&self) -> Option<u64> {
         let sizes: Vec<&NTensor> = match self {
             NBody::Push(e) => e.iter().map(|(_, t)| t).collect(),
-            NBody::Response(e) => e.iter().filter_map(|(_, _, t)| t.as_ref()).collect(),
+            NBody::Response(e) => e.iter().filter_map(|(_, _, t, _)| t.as_ref()).collect(),
+            NBody::Rows { push: true, tables } => tables.iter().map(|(_, t, _)| t).collect(),
+            NBody::Rows { push: false, .. } => Vec::new(),
             _ => return None,
         };
         Some(
@@ -264,13 +298,23 @@ impl NBody {
                 }
             }
             NBody::Response(entries) => {
-                for (index, status, t) in entries {
+                for (index, status, t, missing) in entries {
                     let e = ResponseEntry {
                         index: *index,
                         status: Status::from(*status),
                         tensor: t.as_ref().map(NTensor::meta),
+                        missing: Missing::Native(missing),
                     };
                     put(&mut out, fill, e.buffer_len(), |b| e.emit(b));
+                }
+            }
+            NBody::Rows { tables, .. } => {
+                for (table, t, ids) in tables {
+                    let meta = t.meta();
+                    let len = pull_rows_meta_len(t.dims.len(), ids.len());
+                    put(&mut out, fill, len, |b| {
+                        emit_pull_rows_meta(*table, &meta, ids, b)
+                    });
                 }
             }
             NBody::Error(message) => {
@@ -322,10 +366,25 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
         } => enc.recv(h.handle, *step_id, keys, *fused),
         NBody::Pull(ids) => enc.pull(h.handle, ids),
         NBody::Error(m) => enc.error(h.handle, h.status, core::str::from_utf8(m).ok()?),
-        NBody::Push(_) | NBody::Response(_) => {
+        NBody::Rows {
+            push: false,
+            tables,
+        } => {
+            let queries: Vec<RowsQuery<'_>> = tables
+                .iter()
+                .map(|(table, t, ids)| RowsQuery {
+                    table: *table,
+                    block: t.meta(),
+                    ids,
+                })
+                .collect();
+            enc.pull_rows(h.handle, &queries)
+        }
+        NBody::Push(_) | NBody::Response(_) | NBody::Rows { push: true, .. } => {
             let metas: Vec<&NTensor> = match nb {
                 NBody::Push(e) => e.iter().map(|(_, t)| t).collect(),
-                NBody::Response(e) => e.iter().filter_map(|(_, _, t)| t.as_ref()).collect(),
+                NBody::Response(e) => e.iter().filter_map(|(_, _, t, _)| t.as_ref()).collect(),
+                NBody::Rows { tables, .. } => tables.iter().map(|(_, t, _)| t).collect(),
                 _ => unreachable!(),
             };
             // The encoder decides chunking itself and never chunks here.
@@ -361,16 +420,29 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
                     let mut i = 0;
                     let items: Vec<ResponseItem<'_>> = e
                         .iter()
-                        .map(|(index, status, t)| ResponseItem {
+                        .map(|(index, status, t, missing)| ResponseItem {
                             index: *index,
                             status: Status::from(*status),
                             tensor: t.as_ref().map(|t| {
                                 i += 1;
                                 out(t, &tensors, i - 1)
                             }),
+                            missing: Missing::Native(missing),
                         })
                         .collect();
                     enc.response(h.handle, h.end, &items)
+                }
+                NBody::Rows { tables, .. } => {
+                    let items: Vec<RowsItem<'_>> = tables
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (table, t, ids))| RowsItem {
+                            table: *table,
+                            ids,
+                            block: out(t, &tensors, i),
+                        })
+                        .collect();
+                    enc.push_rows(h.handle, &items)
                 }
                 _ => unreachable!(),
             }
@@ -423,7 +495,12 @@ fuzz_target!(|data: &[u8]| {
             .collect(),
         NBody::Response(e) => e
             .iter()
-            .filter_map(|(i, _, t)| t.clone().map(|t| (*i, t)))
+            .filter_map(|(i, _, t, _)| t.clone().map(|t| (*i, t)))
+            .collect(),
+        NBody::Rows { push: true, tables } => tables
+            .iter()
+            .enumerate()
+            .map(|(i, (_, t, _))| (i as u32, t.clone()))
             .collect(),
         _ => Vec::new(),
     };

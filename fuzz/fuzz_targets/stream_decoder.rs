@@ -52,6 +52,9 @@ fn limits_for(sel: u8) -> Limits {
             max_tensors: 2,
             max_rank: 2,
             max_tensor_bytes: 4096,
+            max_tables: 2,
+            max_rows: 16,
+            max_row_bytes: 64,
         },
         2 => Limits {
             max_tensors: 1,
@@ -65,6 +68,9 @@ fn limits_for(sel: u8) -> Limits {
             max_tensors: Limits::MAX_TENSORS,
             max_rank: 32,
             max_tensor_bytes: i64::MAX as u64,
+            max_tables: Limits::MAX_TABLES,
+            max_rows: Limits::MAX_ROWS,
+            max_row_bytes: Limits::MAX_ROW_BYTES,
         },
     }
 }
@@ -107,7 +113,7 @@ enum NBody {
         ack: bool,
         cluster_id: u64,
         task_index: u32,
-        max_frame: u32,
+        limits: Limits,
         job: Vec<u8>,
         token: Vec<u8>,
     },
@@ -121,6 +127,10 @@ enum NBody {
     Pull(Vec<u64>),
     Push(Vec<(u64, NTensor)>),
     Response(Vec<(u32, u16, Option<NTensor>)>),
+    Rows {
+        push: bool,
+        tables: Vec<(u32, NTensor, Vec<u64>)>,
+    },
     Error(Vec<u8>),
     Chunk {
         index: u32,
@@ -134,7 +144,7 @@ impl NBody {
             ack,
             cluster_id: h.cluster_id,
             task_index: h.task_index,
-            max_frame: h.max_frame,
+            limits: h.limits,
             job: h.job.to_vec(),
             token: h.token.to_vec(),
         };
@@ -159,6 +169,12 @@ impl NBody {
                 index: c.index,
                 offset: c.offset,
             },
+            Body::PullRows(t) | Body::PushRows(t) => NBody::Rows {
+                push: matches!(body, Body::PushRows(_)),
+                tables: t
+                    .map(|t| (t.table, NTensor::of(&t.block), t.ids().collect()))
+                    .collect(),
+            },
         }
     }
 
@@ -174,6 +190,11 @@ impl NBody {
                 .iter()
                 .filter_map(|(i, _, t)| t.as_ref().map(|t| (*i, t)))
                 .collect(),
+            NBody::Rows { push: true, tables } => tables
+                .iter()
+                .enumerate()
+                .map(|(i, (_, t, _))| (i as u32, t))
+                .collect(),
             _ => Vec::new(),
         }
     }
@@ -183,6 +204,7 @@ impl NBody {
         let mut b = self.clone();
         match &mut b {
             NBody::Push(e) => e.iter_mut().for_each(|(_, t)| t.chunked = false),
+            NBody::Rows { tables, .. } => tables.iter_mut().for_each(|(_, t, _)| t.chunked = false),
             NBody::Response(e) => e.iter_mut().for_each(|(_, _, t)| {
                 if let Some(t) = t {
                     t.chunked = false
@@ -787,6 +809,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                         index: *index,
                         status: Status::from(*status),
                         tensor: t.as_ref().map(|t| out_tensor(&g.store, t)),
+                        missing: Default::default(),
                     })
                     .collect();
                 enc.response(exp.handle, exp.end, &items)
@@ -820,7 +843,10 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                 let hello = HelloRepr {
                     cluster_id: g.input.u64(),
                     task_index: g.input.u16() as u32,
-                    max_frame: Limits::MIN_FRAME + g.input.u16() as u32,
+                    limits: Limits {
+                        max_frame: Limits::MIN_FRAME + g.input.u16() as u32,
+                        ..Limits::default()
+                    },
                     job: &job,
                     token: &token,
                 };
@@ -829,7 +855,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                     ack,
                     cluster_id: hello.cluster_id,
                     task_index: hello.task_index,
-                    max_frame: hello.max_frame,
+                    limits: hello.limits,
                     job: job.clone(),
                     token: token.clone(),
                 };

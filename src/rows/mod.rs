@@ -14,9 +14,7 @@
 //! duplicates summed.
 
 mod plan;
-mod request;
 
-pub(crate) use plan::{splitmix64, IdMap};
 pub use plan::{Partition, Plan, PlanError};
 
 use arrayvec::ArrayVec;

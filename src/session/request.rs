@@ -303,7 +303,8 @@ impl Session {
                 mut ids,
                 ..
             } => {
-                (tables.clear(), ids.clear());
+                tables.clear();
+                ids.clear();
                 (p.spare.tables, p.spare.ids) = (tables, ids);
             }
             RequestOp::PushRows {
@@ -311,7 +312,9 @@ impl Session {
                 mut ids,
                 mut grads,
             } => {
-                (tables.clear(), ids.clear(), grads.clear());
+                tables.clear();
+                ids.clear();
+                grads.clear();
                 (p.spare.tables, p.spare.ids, p.spare.grads) = (tables, ids, grads);
             }
             _ => {}

@@ -519,3 +519,4 @@ fn hdr(
 
 mod fixtures;
 mod rejections;
+mod rows;

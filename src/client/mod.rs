@@ -24,6 +24,8 @@
 //!
 //! [`Runtime`]: crate::Runtime
 
+mod rows;
+
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@ use crate::peer::Peer;
 use crate::session::{RequestOp, Spare};
 use crate::tensor::SharedAllocator;
 
-use super::{Rows, RowsSpec};
+use crate::rows::{Rows, RowsSpec};
 
 /// The specs and ids of `tables` in `spare`'s vectors; `None` when a table is invalid.
 fn specs(tables: &[Rows<'_>], spare: &mut Spare) -> Option<(Vec<RowsSpec>, Vec<u64>)> {
@@ -49,7 +49,7 @@ impl<D: Driver> Client<D> {
     ///
     /// Fails at once with [`ErrorKind::InvalidArgument`] when `tables` is empty or a table
     /// has no ids, an unknown dtype, zero-byte rows or more than
-    /// [`MAX_ROW_RANK`](super::MAX_ROW_RANK) row dimensions.
+    /// [`MAX_ROW_RANK`](crate::rows::MAX_ROW_RANK) row dimensions.
     pub fn pull_rows(
         &mut self,
         peer: impl Into<Peer>,
@@ -108,7 +108,9 @@ impl<D: Driver> Client<D> {
         let mut specs_v = std::mem::take(&mut spare.tables);
         let mut ids = std::mem::take(&mut spare.ids);
         let mut grads = std::mem::take(&mut spare.grads);
-        (specs_v.clear(), ids.clear(), grads.clear());
+        specs_v.clear();
+        ids.clear();
+        grads.clear();
         let mut ok = !tables.is_empty();
         for (r, (_, g)) in rows.zip(tables) {
             match RowsSpec::of(&r) {
