@@ -297,15 +297,13 @@ fn pings_interleave_with_a_1_gib_chunked_transfer() {
     let t = bulk.pull(addr, vec![9], secs(300)).unwrap();
     // Pings on the same connection while the 1 GiB answer streams in.
     let mut h = client.handle(4);
-    let mut worst = Duration::ZERO;
-    let mut pings = 0;
+    let mut rtts = Vec::new();
     let done = loop {
         if let Some(c) = bulk.poll() {
             break c;
         }
         let p = h.ping(addr, 16, secs(30)).unwrap();
-        worst = worst.max(h.wait(p).unwrap());
-        pings += 1;
+        rtts.push(h.wait(p).unwrap());
         assert!(
             start.elapsed() < Duration::from_secs(240),
             "transfer did not finish"
@@ -320,14 +318,19 @@ fn pings_interleave_with_a_1_gib_chunked_transfer() {
         }
         other => panic!("{other:?}"),
     }
-    eprintln!(
-        "{pings} pings during a 1 GiB chunked pull of {:?}; worst round trip {worst:?}",
-        start.elapsed()
-    );
-    assert!(pings >= 2, "pings were not interleaved");
-    // Relative, not a wall-clock bound: no ping waited for a large part of the transfer.
     let took = start.elapsed();
-    assert!(worst * 4 < took, "worst ping {worst:?} of a {took:?} transfer");
+    rtts.sort();
+    let (pings, median, worst) = (rtts.len(), rtts[rtts.len() / 2], rtts[rtts.len() - 1]);
+    eprintln!(
+        "{pings} pings during a 1 GiB chunked pull of {took:?}; median {median:?}, worst {worst:?}"
+    );
+    // Counts and relative timing, not a wall-clock bound: pings went on all through the
+    // transfer, a typical one taking a small part of it.
+    assert!(pings >= 10, "pings were not interleaved: {pings}");
+    assert!(
+        median * 20 < took,
+        "median ping {median:?} of a {took:?} transfer"
+    );
 }
 
 #[test]
