@@ -51,3 +51,11 @@ pub(crate) fn pull(service: &dyn Service, ids: &[u64], out: &mut Vec<Result<Arc<
     out.resize_with(ids.len(), || Err(Status::Internal));
     out.truncate(ids.len());
 }
+
+/// A registry of tables serves their rows; pulls and pushes of tensors by id are
+/// `UNIMPLEMENTED`.
+impl Service for crate::table::Tables {
+    fn table(&self, table: u32) -> Option<&dyn Table> {
+        self.get(table)
+    }
+}

@@ -25,6 +25,9 @@
 //! [`Runtime`]: crate::Runtime
 
 mod rows;
+mod sharded;
+
+pub use sharded::{Sharded, StepReport};
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;

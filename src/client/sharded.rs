@@ -1,0 +1,272 @@
+//! The sharded rows client: one table partitioned over the PS tasks of a cluster, pulled
+//! and pushed a batch at a time with one request per PS in flight at once.
+
+use std::time::Instant;
+
+use arrayvec::ArrayVec;
+
+use super::{Client, Driver};
+use crate::error::{Error, ErrorKind};
+use crate::peer::Peer;
+use crate::rows::{Partition, Plan, Rows, MAX_ROW_RANK};
+use crate::wire::{DType, Status};
+
+/// A table partitioned over PS tasks, seen from a worker: each step's ids are deduplicated,
+/// spread over the PS tasks by a [`Partition`], sent as one rows request per PS (all in
+/// flight at once), and the answers scattered into the caller's `[batch, row]` buffer with
+/// duplicates filled; a push sums the gradients of duplicate ids before sending.
+///
+/// After the first steps (once its vectors have grown to the largest batch), a step
+/// allocates nothing in the client but the blocks the answers land in.
+#[derive(Debug)]
+pub struct Sharded {
+    plan: Plan,
+    peers: Vec<Peer>,
+    table: u32,
+    dtype: DType,
+    row_dims: ArrayVec<u64, MAX_ROW_RANK>,
+    row_bytes: usize,
+    /// Per PS: the tag of its request in flight.
+    tags: Vec<Option<u64>>,
+    /// A push's merged gradients, every PS's one after the other.
+    merged: Vec<u8>,
+}
+
+/// What a sharded step did, per PS.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StepReport {
+    /// Per PS (in the order given): `Ok` with its rows count, or why its part failed.
+    pub shards: Vec<Result<usize, Error>>,
+    /// Distinct ids the step sent.
+    pub unique: usize,
+    /// Rows of the batch that the PS tasks did not have (left zero in the output).
+    pub missing: usize,
+}
+
+impl StepReport {
+    /// The first failed PS part, if any: its position in the PS list and its error.
+    pub fn first_error(&self) -> Option<(usize, &Error)> {
+        self.shards
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
+    }
+
+    /// Whether every PS part succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.shards.iter().all(Result::is_ok)
+    }
+}
+
+fn remote(status: Status, peer: Peer) -> Error {
+    Error::new(ErrorKind::Remote(status)).with_peer(peer.addr())
+}
+
+fn invalid(what: &str) -> Error {
+    Error::new(ErrorKind::InvalidArgument).with_message(what.to_owned())
+}
+
+impl Sharded {
+    /// Table `table` (rows of `dtype` and shape `row_dims`) partitioned over `peers` (PS
+    /// task `i` holds the ids `partition` maps to `i`).
+    pub fn new(
+        peers: Vec<Peer>,
+        partition: Partition,
+        table: u32,
+        dtype: DType,
+        row_dims: &[u64],
+    ) -> Result<Sharded, Error> {
+        let plan = Plan::new(peers.len(), partition).map_err(|e| invalid(&e.to_string()))?;
+        let mut dims = ArrayVec::new();
+        dims.try_extend_from_slice(row_dims)
+            .map_err(|_| invalid("rows: too many row dimensions"))?;
+        let row_bytes = Rows::new(table, dtype, row_dims, &[])
+            .row_bytes()
+            .filter(|&b| b > 0 && b <= usize::MAX as u64)
+            .ok_or_else(|| invalid("rows: unknown dtype or empty row"))?;
+        Ok(Sharded {
+            tags: vec![None; peers.len()],
+            plan,
+            peers,
+            table,
+            dtype,
+            row_dims: dims,
+            row_bytes: row_bytes as usize,
+            merged: Vec::new(),
+        })
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The PS tasks, in shard order.
+    pub fn peers(&self) -> &[Peer] {
+        &self.peers
+    }
+
+    /// The plan of the last step: which ids went to which PS.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn check(&mut self, ids: &[u64], buf: &[u8], what: &str) -> Result<(), Error> {
+        if buf.len() != ids.len() * self.row_bytes {
+            return Err(invalid(what));
+        }
+        self.plan.build(ids).map_err(|e| invalid(&e.to_string()))
+    }
+
+    /// Pulls the rows of `ids` (duplicates allowed) into `out`, `ids.len() × row_bytes`
+    /// bytes, row `i` for `ids[i]`. Rows a PS does not have are left zero and counted in
+    /// the report. A PS that fails fails its part alone: the rows of the others are written
+    /// and the report says which failed. `Err` only for invalid arguments.
+    pub fn pull<D: Driver>(
+        &mut self,
+        client: &mut Client<D>,
+        ids: &[u64],
+        out: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> Result<StepReport, Error> {
+        self.check(ids, out, "rows: out is not ids.len() x row_bytes bytes")?;
+        let mut report = StepReport {
+            shards: Vec::with_capacity(self.peers.len()),
+            unique: self.plan.unique_len(),
+            missing: 0,
+        };
+        for s in 0..self.peers.len() {
+            let ids = self.plan.ids(s);
+            self.tags[s] = None;
+            if ids.is_empty() {
+                continue;
+            }
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            match client.pull_rows(self.peers[s], &[rows], deadline) {
+                Ok(t) => self.tags[s] = Some(t.tag()),
+                Err(e) => report.shards.push(Err(e)),
+            }
+        }
+        let failed_early = std::mem::take(&mut report.shards);
+        let mut early = failed_early.into_iter();
+        for s in 0..self.peers.len() {
+            let n = self.plan.ids(s).len();
+            let Some(tag) = self.tags[s].take() else {
+                report.shards.push(if n == 0 {
+                    Ok(0)
+                } else {
+                    early.next().unwrap_or(Ok(0))
+                });
+                continue;
+            };
+            let done = client.wait_tag(tag);
+            let part = done.and_then(|c| {
+                let r = match c.rows() {
+                    Ok(rows) => match rows.block(0) {
+                        Ok(block) => {
+                            let missing = rows.missing(0);
+                            report.missing += self.missing_positions(s, missing);
+                            self.plan
+                                .scatter(s, block.bytes(), self.row_bytes, out)
+                                .map(|()| n)
+                                .map_err(|e| invalid(&e.to_string()))
+                        }
+                        Err(status) => Err(remote(status, self.peers[s])),
+                    },
+                    Err(e) => Err(e),
+                };
+                client.recycle(c);
+                r
+            });
+            report.shards.push(part);
+        }
+        Ok(report)
+    }
+
+    /// Batch positions whose ids are among `missing` (positions in shard `s`'s ids).
+    fn missing_positions(&self, s: usize, missing: &[u32]) -> usize {
+        if missing.is_empty() {
+            return 0;
+        }
+        (0..self.plan.batch_len())
+            .filter(|&p| {
+                self.plan.slot(p).is_some_and(|(shard, j)| {
+                    shard == s && missing.binary_search(&(j as u32)).is_ok()
+                })
+            })
+            .count()
+    }
+
+    /// Pushes the gradient rows `grads` of `ids` (`ids.len() × row_bytes` bytes, row `i` for
+    /// `ids[i]`): the gradients of duplicate ids are summed (f32 and f64 rows), then each PS
+    /// gets its distinct ids and their summed rows, all PS requests in flight at once. A PS
+    /// that fails fails its part alone, as in [`pull`](Self::pull).
+    pub fn push<D: Driver>(
+        &mut self,
+        client: &mut Client<D>,
+        ids: &[u64],
+        grads: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<StepReport, Error> {
+        self.check(ids, grads, "rows: grads is not ids.len() x row_bytes bytes")?;
+        let rb = self.row_bytes;
+        self.merged.clear();
+        self.merged.resize(self.plan.unique_len() * rb, 0);
+        let mut at = 0;
+        for s in 0..self.peers.len() {
+            let len = self.plan.ids(s).len() * rb;
+            let out = &mut self.merged[at..at + len];
+            self.plan
+                .merge(s, self.dtype, grads, rb, out)
+                .map_err(|e| invalid(&e.to_string()))?;
+            at += len;
+        }
+        let mut report = StepReport {
+            shards: Vec::with_capacity(self.peers.len()),
+            unique: self.plan.unique_len(),
+            missing: 0,
+        };
+        let mut early = Vec::new();
+        let mut at = 0;
+        for s in 0..self.peers.len() {
+            let ids = self.plan.ids(s);
+            let len = ids.len() * rb;
+            self.tags[s] = None;
+            if ids.is_empty() {
+                continue;
+            }
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            let block = &self.merged[at..at + len];
+            at += len;
+            match client.push_rows(self.peers[s], &[(rows, block)], deadline) {
+                Ok(t) => self.tags[s] = Some(t.tag()),
+                Err(e) => early.push(e),
+            }
+        }
+        let mut early = early.into_iter();
+        for s in 0..self.peers.len() {
+            let n = self.plan.ids(s).len();
+            let Some(tag) = self.tags[s].take() else {
+                let r = if n == 0 {
+                    Ok(0)
+                } else {
+                    early.next().map_or(Ok(0), Err)
+                };
+                report.shards.push(r);
+                continue;
+            };
+            let part = client.wait_tag(tag).and_then(|c| {
+                let r = match c.pushed() {
+                    Ok([Status::Ok]) => Ok(n),
+                    Ok([status]) => Err(remote(*status, self.peers[s])),
+                    Ok(_) => Err(Error::new(ErrorKind::Protocol)),
+                    Err(e) => Err(e),
+                };
+                client.recycle(c);
+                r
+            });
+            report.shards.push(part);
+        }
+        Ok(report)
+    }
+}
