@@ -204,3 +204,41 @@ fn without_recycling_a_pull_allocates_only_its_vectors() {
         "{pulls} allocations over 500 pulls: more than the vectors crossing the API"
     );
 }
+
+/// What a sharded rows step allocates in steady state, across the whole process: the
+/// client's vectors, the plan, the encoding and the serving allocate nothing; what is
+/// left is the memory each received block lands in (from the allocator hook).
+#[test]
+fn a_sharded_rows_step_allocates_only_the_blocks_it_receives() {
+    use starwire::rows::Partition;
+    use starwire::table::{Init, MemTable, Optimizer, Tables};
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let table = Arc::new(MemTable::new(16, Init::Zeros, Optimizer::Sgd { lr: 0.5 }));
+    let options = Options {
+        service: Some(Arc::new(Tables::new().with(1, table))),
+        ..Options::listen("127.0.0.1:0".parse().unwrap())
+    };
+    let ps = Runtime::start_with(config("ps", 1).build().unwrap(), options).unwrap();
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let peer = starwire::Peer::from(ps.local_addr().unwrap());
+    let mut sharded =
+        starwire::Sharded::new(vec![peer], Partition::Mod, 1, DType::F32, &[16]).unwrap();
+    let ids: Vec<u64> = (0..100).map(|i| i * 7 % 64).collect();
+    let mut out = vec![0u8; ids.len() * 64];
+    let grads = vec![0u8; ids.len() * 64];
+    let pulls = allocations_per_request(|| {
+        let r = sharded.pull(&mut h, &ids, &mut out, secs(10)).unwrap();
+        assert!(r.is_ok(), "{r:?}");
+    });
+    let pushes = allocations_per_request(|| {
+        let r = sharded.push(&mut h, &ids, &grads, secs(10)).unwrap();
+        assert!(r.is_ok(), "{r:?}");
+    });
+    eprintln!("500 sharded steps: {pulls} allocations for pulls, {pushes} for pushes");
+    // One block of 64 distinct rows per pull (its memory, and the box the allocator hook
+    // returns it in), received on the client; one gradient block per push, received on the
+    // PS. Nothing per row, nothing else per step.
+    assert!(pulls <= 2 * 500, "{pulls} allocations for 500 pulls");
+    assert!(pushes <= 2 * 500, "{pushes} allocations for 500 pushes");
+}

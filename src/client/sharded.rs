@@ -30,6 +30,10 @@ pub struct Sharded {
     tags: Vec<Option<u64>>,
     /// A push's merged gradients, every PS's one after the other.
     merged: Vec<u8>,
+    /// The last step's report (kept, so that a step allocates nothing for it).
+    report: StepReport,
+    /// Errors of requests not submitted, in PS order.
+    early: Vec<Error>,
 }
 
 /// What a sharded step did, per PS.
@@ -56,6 +60,19 @@ impl StepReport {
     pub fn is_ok(&self) -> bool {
         self.shards.iter().all(Result::is_ok)
     }
+}
+
+/// Batch positions whose ids are among `missing` (positions in shard `s`'s ids).
+fn missing_positions(plan: &Plan, s: usize, missing: &[u32]) -> usize {
+    if missing.is_empty() {
+        return 0;
+    }
+    (0..plan.batch_len())
+        .filter(|&p| {
+            plan.slot(p)
+                .is_some_and(|(shard, j)| shard == s && missing.binary_search(&(j as u32)).is_ok())
+        })
+        .count()
 }
 
 fn remote(status: Status, peer: Peer) -> Error {
@@ -93,6 +110,8 @@ impl Sharded {
             row_dims: dims,
             row_bytes: row_bytes as usize,
             merged: Vec::new(),
+            report: StepReport::default(),
+            early: Vec::new(),
         })
     }
 
@@ -128,13 +147,9 @@ impl Sharded {
         ids: &[u64],
         out: &mut [u8],
         deadline: Option<Instant>,
-    ) -> Result<StepReport, Error> {
+    ) -> Result<&StepReport, Error> {
         self.check(ids, out, "rows: out is not ids.len() x row_bytes bytes")?;
-        let mut report = StepReport {
-            shards: Vec::with_capacity(self.peers.len()),
-            unique: self.plan.unique_len(),
-            missing: 0,
-        };
+        self.early.clear();
         for s in 0..self.peers.len() {
             let ids = self.plan.ids(s);
             self.tags[s] = None;
@@ -144,28 +159,30 @@ impl Sharded {
             let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
             match client.pull_rows(self.peers[s], &[rows], deadline) {
                 Ok(t) => self.tags[s] = Some(t.tag()),
-                Err(e) => report.shards.push(Err(e)),
+                Err(e) => self.early.push(e),
             }
         }
-        let failed_early = std::mem::take(&mut report.shards);
-        let mut early = failed_early.into_iter();
+        let mut report = std::mem::take(&mut self.report);
+        report.shards.clear();
+        report.unique = self.plan.unique_len();
+        report.missing = 0;
+        let mut early = self.early.drain(..);
         for s in 0..self.peers.len() {
             let n = self.plan.ids(s).len();
             let Some(tag) = self.tags[s].take() else {
-                report.shards.push(if n == 0 {
+                let r = if n == 0 {
                     Ok(0)
                 } else {
-                    early.next().unwrap_or(Ok(0))
-                });
+                    early.next().map_or(Ok(0), Err)
+                };
+                report.shards.push(r);
                 continue;
             };
-            let done = client.wait_tag(tag);
-            let part = done.and_then(|c| {
+            let part = client.wait_tag(tag).and_then(|c| {
                 let r = match c.rows() {
                     Ok(rows) => match rows.block(0) {
                         Ok(block) => {
-                            let missing = rows.missing(0);
-                            report.missing += self.missing_positions(s, missing);
+                            report.missing += missing_positions(&self.plan, s, rows.missing(0));
                             self.plan
                                 .scatter(s, block.bytes(), self.row_bytes, out)
                                 .map(|()| n)
@@ -180,21 +197,9 @@ impl Sharded {
             });
             report.shards.push(part);
         }
-        Ok(report)
-    }
-
-    /// Batch positions whose ids are among `missing` (positions in shard `s`'s ids).
-    fn missing_positions(&self, s: usize, missing: &[u32]) -> usize {
-        if missing.is_empty() {
-            return 0;
-        }
-        (0..self.plan.batch_len())
-            .filter(|&p| {
-                self.plan.slot(p).is_some_and(|(shard, j)| {
-                    shard == s && missing.binary_search(&(j as u32)).is_ok()
-                })
-            })
-            .count()
+        drop(early);
+        self.report = report;
+        Ok(&self.report)
     }
 
     /// Pushes the gradient rows `grads` of `ids` (`ids.len() × row_bytes` bytes, row `i` for
@@ -207,7 +212,7 @@ impl Sharded {
         ids: &[u64],
         grads: &[u8],
         deadline: Option<Instant>,
-    ) -> Result<StepReport, Error> {
+    ) -> Result<&StepReport, Error> {
         self.check(ids, grads, "rows: grads is not ids.len() x row_bytes bytes")?;
         let rb = self.row_bytes;
         self.merged.clear();
@@ -221,12 +226,11 @@ impl Sharded {
                 .map_err(|e| invalid(&e.to_string()))?;
             at += len;
         }
-        let mut report = StepReport {
-            shards: Vec::with_capacity(self.peers.len()),
-            unique: self.plan.unique_len(),
-            missing: 0,
-        };
-        let mut early = Vec::new();
+        let mut report = std::mem::take(&mut self.report);
+        report.shards.clear();
+        report.unique = self.plan.unique_len();
+        report.missing = 0;
+        self.early.clear();
         let mut at = 0;
         for s in 0..self.peers.len() {
             let ids = self.plan.ids(s);
@@ -240,10 +244,10 @@ impl Sharded {
             at += len;
             match client.push_rows(self.peers[s], &[(rows, block)], deadline) {
                 Ok(t) => self.tags[s] = Some(t.tag()),
-                Err(e) => early.push(e),
+                Err(e) => self.early.push(e),
             }
         }
-        let mut early = early.into_iter();
+        let mut early = self.early.drain(..);
         for s in 0..self.peers.len() {
             let n = self.plan.ids(s).len();
             let Some(tag) = self.tags[s].take() else {
@@ -267,6 +271,8 @@ impl Sharded {
             });
             report.shards.push(part);
         }
-        Ok(report)
+        drop(early);
+        self.report = report;
+        Ok(&self.report)
     }
 }
