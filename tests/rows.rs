@@ -248,3 +248,52 @@ fn invalid_rows_requests_fail_before_they_are_sent() {
     let t = h.pull_rows(addr, &[ok], secs(10)).unwrap();
     assert!(h.wait(t).unwrap().block(0).is_ok());
 }
+
+#[test]
+fn a_request_over_the_peers_announced_limits_fails_alone_before_it_is_sent() {
+    let service = Ps {
+        small: bytes(64, 1000),
+        large: bytes(4096, 10_000),
+    };
+    let limits = starwire::Limits {
+        max_rows: 100,
+        max_tensors: 10,
+        ..Default::default()
+    };
+    let options = Options {
+        service: Some(Arc::new(service)),
+        ..Options::listen("127.0.0.1:0".parse().unwrap())
+    };
+    let cfg = config("ps", 1).limits(limits).build().unwrap();
+    let ps = Runtime::start_with(cfg, options).unwrap();
+    let addr = ps.local_addr().unwrap();
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let ids: Vec<u64> = (0..101).collect();
+    // In flight on the same connection while the oversized requests fail.
+    let fine = h
+        .pull_rows(
+            addr,
+            &[Rows::new(1, DType::U8, &[64], &ids[..100])],
+            secs(10),
+        )
+        .unwrap();
+    let over = h
+        .pull_rows(addr, &[Rows::new(1, DType::U8, &[64], &ids)], secs(10))
+        .unwrap();
+    let e = h.wait(over).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(
+        e.to_string().contains("rows 101 over the peer's limit 100"),
+        "{e}"
+    );
+    let many = h.pull(addr, (0..11).collect(), secs(10)).unwrap();
+    assert_eq!(h.wait(many).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let rows = h.wait(fine).unwrap();
+    assert_eq!(rows.block(0).unwrap().dims(), [100, 64]);
+    // The connection is still up: nothing was sent that the peer would have refused.
+    let t = h.ping(addr, 8, secs(10)).unwrap();
+    assert!(h.wait(t).is_ok());
+    assert_eq!(ps.stats().connections_lost, 0);
+    assert_eq!(worker.stats().connections_lost, 0);
+}

@@ -108,7 +108,10 @@ fn one_ps_failing_fails_its_part_alone() {
     // PS 1 goes away.
     rts.remove(1).shutdown();
     let mut out = vec![0u8; ids.len() * 16];
-    let report = sharded.pull(&mut h, &ids, &mut out, secs(10)).unwrap().clone();
+    let report = sharded
+        .pull(&mut h, &ids, &mut out, secs(10))
+        .unwrap()
+        .clone();
     let (failed, e) = report.first_error().expect("PS 1 failed");
     assert_eq!(failed, 1);
     assert!(e.is_connection(), "{e:?}");
@@ -132,7 +135,10 @@ fn a_table_of_another_shape_and_bad_buffers_are_errors() {
     let mut wrong = Sharded::new(peers.clone(), Partition::Hash, 3, DType::F32, &[8]).unwrap();
     let ids = [1u64, 2, 3];
     let mut out = vec![0u8; 3 * 32];
-    let report = wrong.pull(&mut h, &ids, &mut out, secs(10)).unwrap().clone();
+    let report = wrong
+        .pull(&mut h, &ids, &mut out, secs(10))
+        .unwrap()
+        .clone();
     let (_, e) = report.first_error().unwrap();
     assert_eq!(e.kind(), ErrorKind::Remote(Status::InvalidArgument));
     let mut right = Sharded::new(peers, Partition::Hash, 3, DType::F32, &[DIM as u64]).unwrap();

@@ -267,6 +267,19 @@ impl Session {
             return;
         };
         let conn = &mut self.conns[slot as usize];
+        let over = conn
+            .proto
+            .peer()
+            .and_then(|peer| over_limits(&op, &peer.limits));
+        if let Some(why) = over {
+            log::debug!("request over the peer's limits: {why}");
+            if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+                let e = Error::new(ErrorKind::InvalidArgument).with_message(why);
+                let peer = self.peer_of(p.conn);
+                self.notify(peer, p.origin, p.tag, p.kind, &p.fused, Err(e), p.spare);
+            }
+            return;
+        }
         let result = match &op {
             RequestOp::Ping { payload } => {
                 let n = *payload as usize;
@@ -486,4 +499,46 @@ fn encode_push_rows(
         }
     }
     r
+}
+
+/// Why `op` would exceed a limit the peer announced (and so close the connection, failing
+/// every other request on it), or `None` when it fits.
+fn over_limits(op: &RequestOp, l: &crate::wire::Limits) -> Option<String> {
+    let over = |what: &str, n: u64, max: u64| {
+        (n > max).then(|| format!("{what} {n} over the peer's limit {max}"))
+    };
+    let tensor = |t: &Tensor| {
+        over("tensor rank", t.dims().len() as u64, l.max_rank as u64)
+            .or_else(|| over("tensor bytes", t.byte_len() as u64, l.max_tensor_bytes))
+    };
+    match op {
+        RequestOp::Ping { .. } => None,
+        RequestOp::Pull { ids, .. } => over("ids", ids.len() as u64, l.max_tensors as u64),
+        RequestOp::Push { items } => over("tensors", items.len() as u64, l.max_tensors as u64)
+            .or_else(|| items.iter().find_map(|(_, t)| tensor(t))),
+        RequestOp::Recv { keys, .. } => over("keys", keys.len() as u64, l.max_tensors as u64)
+            .or_else(|| {
+                let longest = keys.iter().map(Vec::len).max().unwrap_or(0);
+                over("key bytes", longest as u64, l.max_key as u64)
+            }),
+        RequestOp::PullRows { tables, .. } | RequestOp::PushRows { tables, .. } => {
+            let rows: u64 = tables.iter().map(|t| t.len() as u64).sum();
+            over("tables", tables.len() as u64, l.max_tables as u64)
+                .or_else(|| over("rows", rows, l.max_rows as u64))
+                .or_else(|| {
+                    tables.iter().find_map(|t| {
+                        let meta = t.meta();
+                        over("block rank", t.dims.len() as u64, l.max_rank as u64)
+                            .or_else(|| {
+                                over(
+                                    "row bytes",
+                                    meta.byte_len / t.len() as u64,
+                                    l.max_row_bytes as u64,
+                                )
+                            })
+                            .or_else(|| over("block bytes", meta.byte_len, l.max_tensor_bytes))
+                    })
+                })
+        }
+    }
 }
