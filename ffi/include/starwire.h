@@ -2,11 +2,11 @@
 
    Conventions: every function returning sw_result writes its outputs only on SW_OK, and
    on failure leaves a message for sw_last_error() (per thread). NULL pointers are
-   rejected with SW_ERR_NULL. Handles (sw_runtime, sw_client, sw_tensor, sw_reply) are
-   created by *_new (or returned by starwire) and released by *_free. A sw_client is used
-   by one thread at a time; runtimes and tensors may be shared between threads. Service,
-   allocator and completion callbacks run on starwire's loop threads (or its handler
-   threads) and must be thread-safe. */
+   rejected with SW_ERR_NULL. Handles (sw_runtime, sw_client, sw_tensor, sw_reply,
+   sw_table) are created by *_new (or returned by starwire) and released by *_free. A
+   sw_client is used by one thread at a time; runtimes, tensors and tables may be shared
+   between threads. Service, allocator and completion callbacks run on starwire's loop
+   threads (or its handler threads) and must be thread-safe. */
 
 #ifndef STARWIRE_H
 #define STARWIRE_H
@@ -14,6 +14,56 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/*
+ How a reference in-memory table creates rows: the `kind` of `sw_init`.
+ */
+enum sw_init_kind
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   Rows start at zero; a pull of an unknown id creates its row.
+   */
+  SW_INIT_ZEROS = 0,
+  /*
+   A pull creates no row: unknown ids are reported missing (their bytes are zero). A
+   push to an unknown id creates its row at zero.
+   */
+  SW_INIT_MISSING = 1,
+  /*
+   Each element uniform in `[-scale, scale]`, a fixed function of (id, element, seed),
+   so every PS task and every run agree; a pull of an unknown id creates its row.
+   */
+  SW_INIT_UNIFORM = 2,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_init_kind;
+#endif // __cplusplus
+
+/*
+ How a reference in-memory table applies a gradient row `g` to a row `w`: the `kind` of
+ `sw_optimizer`.
+ */
+enum sw_optimizer_kind
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   `w -= lr * g`, element by element.
+   */
+  SW_OPTIMIZER_SGD = 0,
+  /*
+   `acc += g * g; w -= lr * g / sqrt(acc)`, element by element, `acc` starting at
+   `initial_accumulator`.
+   */
+  SW_OPTIMIZER_ADAGRAD = 1,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_optimizer_kind;
+#endif // __cplusplus
 
 /*
  What a call returned. `SW_OK` is 0; the values are stable.
@@ -96,7 +146,8 @@ typedef struct sw_client sw_client;
 
 /*
  The answer to a request: per item, a tensor or a status (a pull or recv); per item, a
- status (a push); or a round-trip time (a ping).
+ status (a push, a rows push); per table, a status and the rows missing (a rows pull,
+ whose rows are in the caller's memory); or a round-trip time (a ping).
  */
 typedef struct sw_reply sw_reply;
 
@@ -106,9 +157,52 @@ typedef struct sw_reply sw_reply;
 typedef struct sw_runtime sw_runtime;
 
 /*
+ A table of embedding rows a PS task serves (shared: a runtime serving it keeps its own
+ reference, and freeing a handle drops one).
+ */
+typedef struct sw_table sw_table;
+
+/*
  A tensor: dtype, shape and contents (shared; freeing a handle drops one reference).
  */
 typedef struct sw_tensor sw_tensor;
+
+/*
+ How a reference in-memory table creates rows.
+ */
+typedef struct sw_init {
+  /*
+   A `sw_init_kind`.
+   */
+  uint32_t kind;
+  /*
+   `SW_INIT_UNIFORM`: half-width of the range (finite, at least 0). Otherwise unused.
+   */
+  float scale;
+  /*
+   `SW_INIT_UNIFORM`: selects the values. Otherwise unused.
+   */
+  uint64_t seed;
+} sw_init;
+
+/*
+ How a reference in-memory table applies gradients.
+ */
+typedef struct sw_optimizer {
+  /*
+   A `sw_optimizer_kind`.
+   */
+  uint32_t kind;
+  /*
+   Learning rate (finite).
+   */
+  float lr;
+  /*
+   `SW_OPTIMIZER_ADAGRAD`: each element's squared-gradient sum when its row is created
+   (finite, greater than 0). Otherwise unused.
+   */
+  float initial_accumulator;
+} sw_optimizer;
 
 /*
  A PS task's service, as C callbacks. They run on a loop thread (or a handler thread when
@@ -124,7 +218,8 @@ typedef struct sw_tensor sw_tensor;
  sets `out_statuses[i]` per item (it starts all 0, `OK`).
 
  A NULL callback answers its requests with `UNIMPLEMENTED`. Rendezvous recvs are not a
- callback: they are answered from what the task publishes (`sw_runtime_publish`).
+ callback: they are answered from what the task publishes (`sw_runtime_publish`); rows
+ requests are not either: they are answered by the tables given in `sw_runtime_options`.
  */
 typedef struct sw_service {
   /*
@@ -223,6 +318,21 @@ typedef struct sw_runtime_options {
    Handler threads for the service (0: handlers run inline on the loops).
    */
   uint32_t handler_threads;
+  /*
+   Ids of the tables of embedding rows served (`PULL_ROWS`, `PUSH_ROWS`): `tables[i]` is
+   served as table `table_ids[i]`, ids distinct; may be NULL when `n_tables` is 0. A
+   table not given is answered `NOT_FOUND`.
+   */
+  const uint32_t *table_ids;
+  /*
+   The tables, in the order of `table_ids` (from `sw_mem_table_new`). The runtime keeps
+   its own references: the caller may free its handles once `sw_runtime_new` returns.
+   */
+  const struct sw_table *const *tables;
+  /*
+   Number of tables.
+   */
+  size_t n_tables;
 } sw_runtime_options;
 
 /*
@@ -274,6 +384,47 @@ typedef struct sw_stats {
    */
   uint64_t payload_copied;
 } sw_stats;
+
+/*
+ One table of a rows request: the table, its rows' dtype and shape, the row ids, and the
+ rows' bytes (`n * row_bytes`, rows in the order of the ids, little-endian elements;
+ `row_bytes` is the element size times the product of `row_dims`).
+ */
+typedef struct sw_rows {
+  /*
+   The table, as the PS numbers its tables.
+   */
+  uint32_t table;
+  /*
+   Element type of the rows (wire dtype code, as for `sw_tensor_new`).
+   */
+  uint8_t dtype;
+  /*
+   Shape of one row, `rank` values (e.g. `{dim}`); may be NULL when `rank` is 0.
+   */
+  const uint64_t *row_dims;
+  /*
+   Dimensions of one row, at most 7.
+   */
+  uint32_t rank;
+  /*
+   The row ids (may repeat).
+   */
+  const uint64_t *ids;
+  /*
+   Number of ids, at least 1.
+   */
+  size_t n;
+  /*
+   The rows: a pull writes them here (the caller's output buffer); a push reads the
+   gradient rows from here.
+   */
+  void *data;
+  /*
+   Bytes at `data`: exactly `n * row_bytes`.
+   */
+  uint64_t byte_len;
+} sw_rows;
 
 #ifdef __cplusplus
 extern "C" {
@@ -374,12 +525,37 @@ uint64_t sw_tensor_byte_len(const struct sw_tensor *t);
 bool sw_tensor_is_dead(const struct sw_tensor *t);
 
 /*
+ Creates the reference in-memory table: rows of `dim` float32 (dtype 10, row shape
+ `{dim}`), created as `init` says and updated by `optimizer`; safe to serve from every
+ loop at once. Serve it by giving it to `sw_runtime_options.tables`. On `SW_OK`, `*out` is
+ a new handle the caller frees with `sw_table_free`.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for a `dim` of 0 or above 2^32 - 1, an unknown
+ kind, or a parameter out of range (see `sw_init` and `sw_optimizer`).
+
+ # Safety
+ `out` is writable.
+ */
+sw_result sw_mem_table_new(size_t dim,
+                           struct sw_init init,
+                           struct sw_optimizer optimizer,
+                           struct sw_table **out);
+
+/*
+ Releases a table handle (a runtime serving the table keeps serving it). NULL is ignored.
+
+ # Safety
+ `t` is NULL or a handle from starwire not freed before.
+ */
+void sw_table_free(struct sw_table *t);
+
+/*
  Starts a runtime. On `SW_OK`, `*out` is a runtime the caller stops with
  `sw_runtime_free`.
 
  # Safety
  `options` points at valid options (their strings NUL-terminated, arrays of `settings`
- entries); `out` is writable.
+ and `n_tables` entries, tables live handles); `out` is writable.
  */
 sw_result sw_runtime_new(const struct sw_runtime_options *options, struct sw_runtime **out);
 
@@ -430,7 +606,8 @@ sw_result sw_runtime_stats(const struct sw_runtime *rt, struct sw_stats *out);
 void sw_runtime_free(struct sw_runtime *rt);
 
 /*
- Items in the reply (0 for a ping, or if `r` is NULL).
+ Items in the reply: ids, keys, pushed items, or tables of a rows request (0 for a ping,
+ or if `r` is NULL).
 
  # Safety
  `r` is NULL or a live reply.
@@ -449,7 +626,8 @@ uint32_t sw_reply_status(const struct sw_reply *r, size_t i);
 
 /*
  Item `i`'s tensor, borrowed from the reply (valid until `sw_reply_free`; use
- `sw_tensor_clone` to keep it), or NULL if it has none.
+ `sw_tensor_clone` to keep it), or NULL if it has none (as the items of a rows pull: their
+ rows are in the caller's buffers).
 
  # Safety
  `r` is NULL or a live reply.
@@ -463,6 +641,23 @@ const struct sw_tensor *sw_reply_tensor(const struct sw_reply *r, size_t i);
  `r` is NULL or a live reply.
  */
 double sw_reply_rtt_us(const struct sw_reply *r);
+
+/*
+ The positions (in table `t`'s ids, increasing) of the rows a rows pull's peer did not
+ have; their bytes in the table's buffer are zero. On `SW_OK`, `*count` positions are
+ written to `positions`, which has room for `capacity` (the table's number of ids always
+ suffices; `positions` may be NULL when `capacity` is 0). A table that failed, and every
+ item of a reply to another request, has none. `SW_ERR_INVALID_ARGUMENT` when `t` is not
+ below `sw_reply_count`, or `capacity` is too small.
+
+ # Safety
+ `r` is a live reply; `positions` has room for `capacity` values; `count` is writable.
+ */
+sw_result sw_reply_missing(const struct sw_reply *r,
+                           size_t t,
+                           uint32_t *positions,
+                           size_t capacity,
+                           size_t *count);
 
 /*
  Releases a reply and the tensors it still holds. NULL is ignored.
@@ -502,7 +697,9 @@ sw_result sw_client_new_with_callback(const struct sw_runtime *rt,
                                       struct sw_client **out);
 
 /*
- Releases a client (its requests still in flight complete unobserved). NULL is ignored.
+ Releases a client. Its rows pulls still in flight are waited for first (they write into
+ the caller's buffers); its other requests still in flight complete unobserved. NULL is
+ ignored.
 
  # Safety
  `c` is NULL or a client from starwire not freed before.
@@ -601,10 +798,68 @@ sw_result sw_client_recv_many(struct sw_client *c,
                               uint64_t *tag);
 
 /*
+ Pulls rows of `n_tables` tables from `peer` in one request: per table, `tables[t].n` rows
+ of `tables[t].table`, written into the caller's buffer `tables[t].data`
+ (`tables[t].byte_len == n * row_bytes` bytes, rows in the order of the ids). The rows
+ are received straight into those buffers: the runtime's allocator for the request hands
+ out the caller's buffer of each table, so large blocks go from the socket to the buffer
+ with no copy (small ones are copied once out of the receive buffer, as every small
+ tensor). Only if the peer answers tables of the same dtype and shape out of order does a
+ block land in another of the request's buffers; it is then copied into place at the
+ wait.
+
+ Wait for it with `sw_client_wait` (not for clients made with a callback:
+ `SW_ERR_INVALID_ARGUMENT`); the reply has one item per table: `sw_reply_status` (0, or
+ 1 `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
+ row shape other than the table's, ...) and `sw_reply_missing` (the rows the peer did not
+ have, whose bytes are zero). A table's buffer holds its rows only when its status is 0.
+
+ Fails at once with `SW_ERR_INVALID_ARGUMENT` when `n_tables` is 0, or a table has no
+ ids, an unknown dtype, more than 7 row dimensions, or a `byte_len` other than
+ `n * row_bytes`; with `SW_ERR_NULL` for a NULL `data`.
+
+ # Safety
+ As `sw_client_ping`; `tables` points at `n_tables` values whose `row_dims` and `ids`
+ are valid for the call, and whose `data` stays valid, and is neither read nor written by
+ the caller, until `sw_client_wait` for this request returns (or `sw_client_free`, which
+ waits for it).
+ */
+sw_result sw_client_pull_rows(struct sw_client *c,
+                              const char *peer,
+                              const struct sw_rows *tables,
+                              size_t n_tables,
+                              uint64_t timeout_ms,
+                              uint64_t *tag);
+
+/*
+ Pushes gradient rows of `n_tables` tables to `peer` in one request: per table, the rows
+ at `tables[t].data` (`n * row_bytes` bytes, in the order of the ids) for its ids. The
+ ids and rows are copied before this returns: the caller may reuse its buffers at once.
+ The reply (`sw_client_wait`, or the callback) has one status per table: 0, or 1
+ `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
+ row shape other than the table's, ...
+
+ Fails at once as `sw_client_pull_rows` does.
+
+ # Safety
+ As `sw_client_ping`; `tables` points at `n_tables` values whose pointers are valid for
+ the call.
+ */
+sw_result sw_client_push_rows(struct sw_client *c,
+                              const char *peer,
+                              const struct sw_rows *tables,
+                              size_t n_tables,
+                              uint64_t timeout_ms,
+                              uint64_t *tag);
+
+/*
  Waits for request `tag` of this client (spins briefly, then parks). Returns the
  request's outcome; on `SW_OK`, `*reply` is its answer, which the caller frees with
  `sw_reply_free`. Completions of other requests that arrive meanwhile are kept for their
- own wait. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+ own wait. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
+ pull, once this returns (whatever it returns) starwire no longer touches the request's
+ buffers: a pull given up by its deadline while a receive into a buffer is in flight is
+ waited for until that receive ends.
 
  # Safety
  `c` is a live client used by this thread only; `reply` is writable.

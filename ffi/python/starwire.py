@@ -2,7 +2,9 @@
 
 Tensors are numpy arrays. Received tensors land straight in numpy arrays: the runtime's
 allocator hook hands starwire the memory of a fresh numpy array for every tensor, and the
-reply returns that very array (no copy after the socket).
+reply returns that very array (no copy after the socket). Embedding rows pulled with
+`Client.pull_rows` land in the caller's array (`out`) the same way; a PS serves rows from
+`MemTable`s, starwire's reference in-memory table.
 
 The library is loaded from $STARWIRE_LIB, else from target/debug or target/release of
 this repository (cargo build -p starwire-ffi).
@@ -40,6 +42,11 @@ _CODES = {np.dtype(t): code for code, t in _DTYPES.items()}
 
 # Wire status codes (docs/wire-format.md).
 OK, NOT_FOUND, INVALID_ARGUMENT = 0, 1, 7
+_STATUSES = {
+    0: "OK", 1: "NOT_FOUND", 2: "ABORTED", 3: "CANCELLED", 4: "DEADLINE_EXCEEDED",
+    5: "SHUTDOWN", 6: "RESOURCE_EXHAUSTED", 7: "INVALID_ARGUMENT", 8: "INTERNAL",
+    9: "UNIMPLEMENTED", 10: "UNAVAILABLE", 11: "PROTOCOL",
+}
 
 _ERRORS = {
     1: "NULL argument", 2: "invalid argument", 3: "configuration error", 4: "I/O error",
@@ -51,11 +58,15 @@ _ERRORS = {
 
 
 class Error(Exception):
-    """A starwire call failed: `code` is its sw_result, the message sw_last_error()."""
+    """A starwire call failed: `code` is its sw_result, the message sw_last_error().
+    For a rows request the peer answered with a failure status for the table, `code` is 9
+    and `status` is that wire status (NOT_FOUND, INVALID_ARGUMENT, ...); else `status` is
+    None."""
 
-    def __init__(self, code, message):
+    def __init__(self, code, message, status=None):
         super().__init__(f"{_ERRORS.get(code, 'error')} ({code}): {message}")
         self.code = code
+        self.status = status
 
 
 _p = C.c_void_p
@@ -81,6 +92,22 @@ class _Options(C.Structure):
         ("settings", C.c_size_t), ("use_env", C.c_bool), ("listen", C.c_char_p),
         ("service", C.POINTER(_Service)), ("allocator", C.POINTER(_Allocator)),
         ("handler_threads", C.c_uint32),
+        ("table_ids", C.POINTER(C.c_uint32)), ("tables", C.POINTER(_p)), ("n_tables", C.c_size_t),
+    ]
+
+
+class _Init(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("scale", C.c_float), ("seed", C.c_uint64)]
+
+
+class _Optimizer(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("lr", C.c_float), ("initial_accumulator", C.c_float)]
+
+
+class _Rows(C.Structure):
+    _fields_ = [
+        ("table", C.c_uint32), ("dtype", C.c_uint8), ("row_dims", _u64p), ("rank", C.c_uint32),
+        ("ids", _u64p), ("n", C.c_size_t), ("data", _p), ("byte_len", C.c_uint64),
     ]
 
 
@@ -125,6 +152,14 @@ _reply_status = _sig("sw_reply_status", C.c_uint32, _p, C.c_size_t)
 _reply_tensor = _sig("sw_reply_tensor", _p, _p, C.c_size_t)
 _reply_rtt = _sig("sw_reply_rtt_us", C.c_double, _p)
 _reply_free = _sig("sw_reply_free", None, _p)
+_reply_missing = _sig("sw_reply_missing", C.c_uint32, _p, C.c_size_t, C.POINTER(C.c_uint32),
+                      C.c_size_t, C.POINTER(C.c_size_t))
+_mem_table_new = _sig("sw_mem_table_new", C.c_uint32, C.c_size_t, _Init, _Optimizer, C.POINTER(_p))
+_table_free = _sig("sw_table_free", None, _p)
+_client_pull_rows = _sig("sw_client_pull_rows", C.c_uint32, _p, C.c_char_p, C.POINTER(_Rows),
+                         C.c_size_t, C.c_uint64, _u64p)
+_client_push_rows = _sig("sw_client_push_rows", C.c_uint32, _p, C.c_char_p, C.POINTER(_Rows),
+                         C.c_size_t, C.c_uint64, _u64p)
 
 
 def _check(code):
@@ -201,15 +236,55 @@ def _to_array(t, arrays):
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
+_INITS = {"zeros": 0, "missing": 1, "uniform": 2}
+_OPTIMIZERS = {"sgd": 0, "adagrad": 1}
+
+
+class MemTable:
+    """starwire's reference in-memory table of embedding rows, for a PS to serve
+    (`Runtime(..., tables={table_id: table})`): rows of `dim` float32, thread-safe.
+
+    `init`: "zeros" (a pull of an unknown id creates its row at zero), "missing" (a pull
+    creates nothing and reports unknown ids missing; a push creates the row at zero) or
+    "uniform" (each element uniform in [-scale, scale], a fixed function of id, element and
+    `seed`). `optimizer`: "sgd" (w -= lr * g) or "adagrad" (acc += g * g;
+    w -= lr * g / sqrt(acc), acc starting at `initial_accumulator`, which must be > 0).
+    A runtime serving the table keeps it alive on its own.
+    """
+
+    def __init__(self, dim, init="zeros", scale=0.0, seed=0, optimizer="sgd", lr=0.01,
+                 initial_accumulator=0.1):
+        if init not in _INITS:
+            raise ValueError(f"init {init!r} is not one of {sorted(_INITS)}")
+        if optimizer not in _OPTIMIZERS:
+            raise ValueError(f"optimizer {optimizer!r} is not one of {sorted(_OPTIMIZERS)}")
+        self.dim = dim
+        self._t = _p()
+        _check(_mem_table_new(dim, _Init(_INITS[init], scale, seed),
+                              _Optimizer(_OPTIMIZERS[optimizer], lr, initial_accumulator),
+                              C.byref(self._t)))
+
+    def close(self):
+        if self._t:
+            _table_free(self._t)
+            self._t = _p()
+
+    def __del__(self):
+        if getattr(self, "_t", None):
+            self.close()
+
+
 class Runtime:
     """A starwire runtime (event loops and the task's rendezvous).
 
     `service` is an object with `pull(ids) -> list of arrays or None` and
     `push(ids, arrays) -> list of statuses` (0 OK), called on loop threads.
+    `tables` maps table ids to `MemTable`s served to rows requests.
     `settings` maps setting names (their environment variable names) to values.
     """
 
-    def __init__(self, job, task_index=0, listen=None, service=None, settings=None, use_env=True):
+    def __init__(self, job, task_index=0, listen=None, service=None, settings=None, use_env=True,
+                 tables=None):
         self._arrays = _Arrays()
         settings = settings or {}
         names = (C.c_char_p * max(len(settings), 1))(*[k.encode() for k in settings])
@@ -218,11 +293,14 @@ class Runtime:
         if service is not None:
             self._service = _Service(None, _PULL_FN(self._make_pull(service)),
                                      _PUSH_FN(self._make_push(service)))
+        tables = tables or {}
+        table_ids = (C.c_uint32 * max(len(tables), 1))(*tables.keys())
+        handles = (_p * max(len(tables), 1))(*[t._t.value for t in tables.values()])
         opts = _Options(
             job.encode(), task_index, names, values, len(settings), use_env,
             listen.encode() if listen else None,
             C.pointer(self._service) if self._service else None,
-            C.pointer(self._arrays.hook), 0)
+            C.pointer(self._arrays.hook), 0, table_ids, handles, len(tables))
         self._rt = _p()
         _check(_runtime_new(C.byref(opts), C.byref(self._rt)))
 
@@ -348,7 +426,88 @@ class Client:
         _check(_client_recv_many(self._c, peer.encode(), step, ks, lens, len(raw), timeout_ms, C.byref(tag)))
         return self._items(self._wait(tag.value))
 
+    def pull_rows(self, peer, table, ids, dim, dtype=np.float32, out=None, timeout_ms=5000):
+        """Rows `ids` (1-D, uint64) of `table` at `peer`, each `dim` elements of `dtype`:
+        returns `(rows, missing)`, `rows` an array [len(ids), dim] and `missing` the
+        positions (uint32, increasing) of the ids the PS has no row for (their rows are
+        zero). The rows are received straight into `rows`' memory; with `out` (a writable,
+        C-contiguous array of that shape and dtype) that is `out` itself, which is returned.
+        A table the PS does not serve, or of another dtype or width, raises `Error` with
+        its `status` (NOT_FOUND, INVALID_ARGUMENT)."""
+        ids = _row_ids(ids)
+        dtype = np.dtype(dtype)
+        code = _CODES.get(dtype)
+        if code is None:
+            raise TypeError(f"dtype {dtype} has no starwire code")
+        shape = (len(ids), int(dim))
+        if out is None:
+            out = np.empty(shape, dtype=dtype)
+        elif not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+        elif out.dtype != dtype or out.shape != shape:
+            raise ValueError(f"out is {out.dtype}{list(out.shape)}, not {dtype}{list(shape)}")
+        elif not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("out must be C-contiguous and writable")
+        row_dims = (C.c_uint64 * 1)(shape[1])
+        rows = _Rows(table, code, row_dims, 1, ids.ctypes.data_as(_u64p), len(ids),
+                     out.ctypes.data, out.nbytes)
+        tag = C.c_uint64()
+        _check(_client_pull_rows(self._c, peer.encode(), C.byref(rows), 1, timeout_ms, C.byref(tag)))
+        # `out` and `ids` stay referenced here until the wait returns: starwire writes into
+        # `out` until then.
+        reply = self._wait(tag.value)
+        try:
+            _check_status(table, _reply_status(reply, 0))
+            missing = np.empty(len(ids), dtype=np.uint32)
+            count = C.c_size_t()
+            _check(_reply_missing(reply, 0, missing.ctypes.data_as(C.POINTER(C.c_uint32)),
+                                  len(missing), C.byref(count)))
+        finally:
+            _reply_free(reply)
+        return out, missing[:count.value].copy()
+
+    def push_rows(self, peer, table, ids, grads, timeout_ms=5000):
+        """Pushes gradient rows `grads` (a C-contiguous array [len(ids), dim] of the table's
+        dtype) for `ids` (1-D, uint64) of `table` at `peer`. Raises `Error` with its `status`
+        when the PS refuses them (NOT_FOUND: no such table; INVALID_ARGUMENT: another dtype
+        or width)."""
+        ids = _row_ids(ids)
+        if not isinstance(grads, np.ndarray):
+            raise TypeError(f"grads must be a numpy array, not {type(grads).__name__}")
+        if grads.ndim != 2 or grads.shape[0] != len(ids):
+            raise ValueError(f"grads has shape {list(grads.shape)}, not [{len(ids)}, dim] "
+                             f"(one row per id)")
+        if not grads.flags.c_contiguous:
+            raise ValueError("grads must be C-contiguous (np.ascontiguousarray(grads))")
+        code = _CODES.get(grads.dtype)
+        if code is None:
+            raise TypeError(f"grads dtype {grads.dtype} has no starwire code")
+        row_dims = (C.c_uint64 * 1)(grads.shape[1])
+        rows = _Rows(table, code, row_dims, 1, ids.ctypes.data_as(_u64p), len(ids),
+                     grads.ctypes.data, grads.nbytes)
+        tag = C.c_uint64()
+        _check(_client_push_rows(self._c, peer.encode(), C.byref(rows), 1, timeout_ms, C.byref(tag)))
+        reply = self._wait(tag.value)
+        try:
+            _check_status(table, _reply_status(reply, 0))
+        finally:
+            _reply_free(reply)
+
     def close(self):
         if self._c:
             _client_free(self._c)
             self._c = _p()
+
+
+def _row_ids(ids):
+    """`ids` as a 1-D C-contiguous uint64 array (copied only if it is not one)."""
+    a = np.ascontiguousarray(ids, dtype=np.uint64)
+    if a.ndim != 1:
+        raise ValueError(f"ids must be 1-D, not of shape {list(a.shape)}")
+    return a
+
+
+def _check_status(table, status):
+    if status != OK:
+        name = _STATUSES.get(status, "unknown status")
+        raise Error(9, f"table {table}: {name} ({status})", status=status)

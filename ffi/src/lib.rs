@@ -1,7 +1,8 @@
-//! C ABI for starwire: runtimes, PS services as C callbacks, per-thread client handles,
-//! tensor allocator hooks, the rendezvous, and stats. The header `include/starwire.h` is
-//! generated from this file by cbindgen (see `cbindgen.toml`; `tests/header.rs` fails when
-//! the committed header drifts from the code).
+//! C ABI for starwire: runtimes, PS services as C callbacks, tables of embedding rows (the
+//! reference in-memory table) and rows requests into the caller's memory, per-thread client
+//! handles, tensor allocator hooks, the rendezvous, and stats. The header
+//! `include/starwire.h` is generated from this file by cbindgen (see `cbindgen.toml`;
+//! `tests/header.rs` fails when the committed header drifts from the code).
 //!
 //! Conventions, for every function:
 //! - the body runs inside a panic boundary: a panic returns `SW_ERR_PANIC`, never unwinds
@@ -12,16 +13,19 @@
 #![allow(non_camel_case_types)]
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use starwire::config::ConfigBuilder;
+use starwire::rows::{PulledRows, Rows, MAX_ROW_RANK};
+use starwire::table::{Init, MemTable, Optimizer, Tables};
 use starwire::{
-    Completion, Error, ErrorKind, Handle, Options, Rendezvous, Reply, Runtime, Service, Tensor,
-    TensorAllocator, TensorDesc, TensorMemory, Ticket,
+    Completion, Error, ErrorKind, Handle, Options, Rendezvous, Reply, Runtime, Service, Table,
+    Tensor, TensorAllocator, TensorDesc, TensorMemory, Ticket,
 };
 use starwire::{DType, Status};
 
@@ -485,7 +489,8 @@ unsafe fn allocator(p: *const sw_allocator) -> Result<Option<Arc<dyn TensorAlloc
 /// sets `out_statuses[i]` per item (it starts all 0, `OK`).
 ///
 /// A NULL callback answers its requests with `UNIMPLEMENTED`. Rendezvous recvs are not a
-/// callback: they are answered from what the task publishes (`sw_runtime_publish`).
+/// callback: they are answered from what the task publishes (`sw_runtime_publish`); rows
+/// requests are not either: they are answered by the tables given in `sw_runtime_options`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct sw_service {
@@ -513,14 +518,20 @@ pub struct sw_service {
     >,
 }
 
-struct CService(sw_service);
+/// A C service and the tables of rows served with it.
+struct CService(sw_service, Tables);
 
-// SAFETY: `sw_service`'s contract requires thread-safe callbacks and user data.
+// SAFETY: `sw_service`'s contract requires thread-safe callbacks and user data; tables are
+// `Send + Sync`.
 unsafe impl Send for CService {}
 // SAFETY: as above.
 unsafe impl Sync for CService {}
 
 impl Service for CService {
+    fn table(&self, table: u32) -> Option<&dyn Table> {
+        self.1.get(table)
+    }
+
     fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
         let Some(pull) = self.0.pull else {
             out.extend(ids.iter().map(|_| Err(Status::Unimplemented)));
@@ -580,6 +591,191 @@ impl Service for CService {
     }
 }
 
+// ----- tables -----
+
+/// How a reference in-memory table creates rows: the `kind` of `sw_init`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum sw_init_kind {
+    /// Rows start at zero; a pull of an unknown id creates its row.
+    SW_INIT_ZEROS = 0,
+    /// A pull creates no row: unknown ids are reported missing (their bytes are zero). A
+    /// push to an unknown id creates its row at zero.
+    SW_INIT_MISSING = 1,
+    /// Each element uniform in `[-scale, scale]`, a fixed function of (id, element, seed),
+    /// so every PS task and every run agree; a pull of an unknown id creates its row.
+    SW_INIT_UNIFORM = 2,
+}
+
+/// How a reference in-memory table creates rows.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sw_init {
+    /// A `sw_init_kind`.
+    pub kind: u32,
+    /// `SW_INIT_UNIFORM`: half-width of the range (finite, at least 0). Otherwise unused.
+    pub scale: f32,
+    /// `SW_INIT_UNIFORM`: selects the values. Otherwise unused.
+    pub seed: u64,
+}
+
+/// How a reference in-memory table applies a gradient row `g` to a row `w`: the `kind` of
+/// `sw_optimizer`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum sw_optimizer_kind {
+    /// `w -= lr * g`, element by element.
+    SW_OPTIMIZER_SGD = 0,
+    /// `acc += g * g; w -= lr * g / sqrt(acc)`, element by element, `acc` starting at
+    /// `initial_accumulator`.
+    SW_OPTIMIZER_ADAGRAD = 1,
+}
+
+/// How a reference in-memory table applies gradients.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sw_optimizer {
+    /// A `sw_optimizer_kind`.
+    pub kind: u32,
+    /// Learning rate (finite).
+    pub lr: f32,
+    /// `SW_OPTIMIZER_ADAGRAD`: each element's squared-gradient sum when its row is created
+    /// (finite, greater than 0). Otherwise unused.
+    pub initial_accumulator: f32,
+}
+
+/// A table of embedding rows a PS task serves (shared: a runtime serving it keeps its own
+/// reference, and freeing a handle drops one).
+pub struct sw_table {
+    table: Arc<dyn Table>,
+}
+
+fn init_of(init: sw_init) -> Result<Init, Failure> {
+    match init.kind {
+        k if k == sw_init_kind::SW_INIT_ZEROS as u32 => Ok(Init::Zeros),
+        k if k == sw_init_kind::SW_INIT_MISSING as u32 => Ok(Init::Missing),
+        k if k == sw_init_kind::SW_INIT_UNIFORM as u32 => {
+            if !(init.scale.is_finite() && init.scale >= 0.0) {
+                return Err(Failure::invalid(format!(
+                    "init.scale {} is not a finite value of at least 0",
+                    init.scale
+                )));
+            }
+            Ok(Init::Uniform {
+                scale: init.scale,
+                seed: init.seed,
+            })
+        }
+        k => Err(Failure::invalid(format!(
+            "init.kind {k} is not a sw_init_kind"
+        ))),
+    }
+}
+
+fn optimizer_of(o: sw_optimizer) -> Result<Optimizer, Failure> {
+    if !o.lr.is_finite() {
+        return Err(Failure::invalid(format!(
+            "optimizer.lr {} is not finite",
+            o.lr
+        )));
+    }
+    match o.kind {
+        k if k == sw_optimizer_kind::SW_OPTIMIZER_SGD as u32 => Ok(Optimizer::Sgd { lr: o.lr }),
+        k if k == sw_optimizer_kind::SW_OPTIMIZER_ADAGRAD as u32 => {
+            let acc = o.initial_accumulator;
+            if !(acc.is_finite() && acc > 0.0) {
+                return Err(Failure::invalid(format!(
+                    "optimizer.initial_accumulator {acc} is not a finite value above 0"
+                )));
+            }
+            Ok(Optimizer::Adagrad {
+                lr: o.lr,
+                initial_accumulator: acc,
+            })
+        }
+        k => Err(Failure::invalid(format!(
+            "optimizer.kind {k} is not a sw_optimizer_kind"
+        ))),
+    }
+}
+
+/// Creates the reference in-memory table: rows of `dim` float32 (dtype 10, row shape
+/// `{dim}`), created as `init` says and updated by `optimizer`; safe to serve from every
+/// loop at once. Serve it by giving it to `sw_runtime_options.tables`. On `SW_OK`, `*out` is
+/// a new handle the caller frees with `sw_table_free`.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT` for a `dim` of 0 or above 2^32 - 1, an unknown
+/// kind, or a parameter out of range (see `sw_init` and `sw_optimizer`).
+///
+/// # Safety
+/// `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_mem_table_new(
+    dim: usize,
+    init: sw_init,
+    optimizer: sw_optimizer,
+    out: *mut *mut sw_table,
+) -> sw_result {
+    boundary(|| {
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        if dim == 0 || dim > u32::MAX as usize {
+            return Err(Failure::invalid(format!("dim {dim} is not 1 to 2^32 - 1")));
+        }
+        let table = MemTable::new(dim, init_of(init)?, optimizer_of(optimizer)?);
+        let handle = Box::new(sw_table {
+            table: Arc::new(table),
+        });
+        // SAFETY: checked non-null above.
+        unsafe { write(out, Box::into_raw(handle)) };
+        Ok(())
+    })
+}
+
+/// Releases a table handle (a runtime serving the table keeps serving it). NULL is ignored.
+///
+/// # Safety
+/// `t` is NULL or a handle from starwire not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sw_table_free(t: *mut sw_table) {
+    boundary_value((), || {
+        if !t.is_null() {
+            // SAFETY: made by `Box::into_raw` in `sw_mem_table_new`, freed once.
+            drop(unsafe { Box::from_raw(t) });
+        }
+    })
+}
+
+/// The registry of `options`' tables.
+///
+/// # Safety
+/// `ids` and `tables` point at `n` values each (may be NULL when `n` is 0); each table is
+/// NULL or a live handle.
+unsafe fn tables_of(
+    ids: *const u32,
+    tables: *const *const sw_table,
+    n: usize,
+) -> Result<Tables, Failure> {
+    // SAFETY: per the caller.
+    let (ids, ts) = unsafe {
+        (
+            slice(ids, n, "options.table_ids")?,
+            slice(tables, n, "options.tables")?,
+        )
+    };
+    let mut registry = Tables::new();
+    for (i, (&id, &t)) in ids.iter().zip(ts).enumerate() {
+        // SAFETY: per the caller.
+        let t = unsafe { reference(t, &format!("options.tables[{i}]")) }?;
+        if registry.get(id).is_some() {
+            return Err(Failure::invalid(format!("table id {id} given twice")));
+        }
+        registry = registry.with(id, t.table.clone());
+    }
+    Ok(registry)
+}
+
 // ----- runtime -----
 
 /// How to start a runtime. Settings are named by their environment variables
@@ -607,6 +803,15 @@ pub struct sw_runtime_options {
     pub allocator: *const sw_allocator,
     /// Handler threads for the service (0: handlers run inline on the loops).
     pub handler_threads: u32,
+    /// Ids of the tables of embedding rows served (`PULL_ROWS`, `PUSH_ROWS`): `tables[i]` is
+    /// served as table `table_ids[i]`, ids distinct; may be NULL when `n_tables` is 0. A
+    /// table not given is answered `NOT_FOUND`.
+    pub table_ids: *const u32,
+    /// The tables, in the order of `table_ids` (from `sw_mem_table_new`). The runtime keeps
+    /// its own references: the caller may free its handles once `sw_runtime_new` returns.
+    pub tables: *const *const sw_table,
+    /// Number of tables.
+    pub n_tables: usize,
 }
 
 /// A running starwire runtime: event loops, and the task's rendezvous.
@@ -620,7 +825,7 @@ pub struct sw_runtime {
 ///
 /// # Safety
 /// `options` points at valid options (their strings NUL-terminated, arrays of `settings`
-/// entries); `out` is writable.
+/// and `n_tables` entries, tables live handles); `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn sw_runtime_new(
     options: *const sw_runtime_options,
@@ -668,8 +873,19 @@ pub unsafe extern "C" fn sw_runtime_new(
             Some(unsafe { address(o.listen, "options.listen") }?)
         };
         // SAFETY: per this function's contract.
-        let service =
-            unsafe { o.service.as_ref() }.map(|s| Arc::new(CService(*s)) as Arc<dyn Service>);
+        let tables = unsafe { tables_of(o.table_ids, o.tables, o.n_tables) }?;
+        // SAFETY: per this function's contract.
+        let service = match (unsafe { o.service.as_ref() }, tables.is_empty()) {
+            (None, true) => None,
+            (s, _) => {
+                let callbacks = s.copied().unwrap_or(sw_service {
+                    user_data: std::ptr::null_mut(),
+                    pull: None,
+                    push: None,
+                });
+                Some(Arc::new(CService(callbacks, tables)) as Arc<dyn Service>)
+            }
+        };
         let rendezvous = Rendezvous::new();
         let options = Options {
             listen,
@@ -825,20 +1041,42 @@ pub unsafe extern "C" fn sw_runtime_free(rt: *mut sw_runtime) {
 // ----- replies -----
 
 /// The answer to a request: per item, a tensor or a status (a pull or recv); per item, a
-/// status (a push); or a round-trip time (a ping).
+/// status (a push, a rows push); per table, a status and the rows missing (a rows pull,
+/// whose rows are in the caller's memory); or a round-trip time (a ping).
 pub struct sw_reply {
     tensors: Vec<Option<sw_tensor>>,
     statuses: Vec<u32>,
     rtt_us: f64,
+    /// A rows pull: the positions of the missing rows, all tables'.
+    missing: Vec<u32>,
+    /// A rows pull: per table, where its positions are in `missing` (start, count).
+    spans: Vec<(usize, usize)>,
 }
 
-fn reply_of(reply: Reply) -> sw_reply {
+/// The reply of `reply`; for a rows pull, its blocks are put in `targets` first (when
+/// given), and dropped.
+fn reply_of(reply: Reply, targets: Option<&RowsTargets>) -> sw_reply {
     let mut r = sw_reply {
         tensors: Vec::new(),
         statuses: Vec::new(),
         rtt_us: 0.0,
+        missing: Vec::new(),
+        spans: Vec::new(),
     };
     match reply {
+        Reply::Rows(rows) => {
+            r.statuses = match targets {
+                Some(targets) => targets.place(&rows),
+                None => (0..rows.len())
+                    .map(|t| status_code(rows.block(t)))
+                    .collect(),
+            };
+            for t in 0..rows.len() {
+                let m = rows.missing(t);
+                r.spans.push((r.missing.len(), m.len()));
+                r.missing.extend_from_slice(m);
+            }
+        }
         Reply::Pulled(items) | Reply::Received(items) => {
             for item in items {
                 match item {
@@ -864,10 +1102,16 @@ fn reply_of(reply: Reply) -> sw_reply {
     r
 }
 
-/// A completion as C sees it: the result code and, on success, a reply.
-fn outcome(c: Completion) -> (sw_result, Option<Box<sw_reply>>) {
+/// The wire status code of a block (0 for a block).
+fn status_code<T>(block: Result<T, Status>) -> u32 {
+    block.err().map_or(0, |s| u16::from(s) as u32)
+}
+
+/// A completion as C sees it: the result code and, on success, a reply (a rows pull's
+/// blocks put in `targets`).
+fn outcome(c: Completion, targets: Option<&RowsTargets>) -> (sw_result, Option<Box<sw_reply>>) {
     match c.result {
-        Ok(reply) => (SW_OK, Some(Box::new(reply_of(reply)))),
+        Ok(reply) => (SW_OK, Some(Box::new(reply_of(reply, targets)))),
         Err(e) => {
             let Failure(code, msg) = Failure::from(e);
             set_last_error(&msg);
@@ -876,7 +1120,8 @@ fn outcome(c: Completion) -> (sw_result, Option<Box<sw_reply>>) {
     }
 }
 
-/// Items in the reply (0 for a ping, or if `r` is NULL).
+/// Items in the reply: ids, keys, pushed items, or tables of a rows request (0 for a ping,
+/// or if `r` is NULL).
 ///
 /// # Safety
 /// `r` is NULL or a live reply.
@@ -903,7 +1148,8 @@ pub unsafe extern "C" fn sw_reply_status(r: *const sw_reply, i: usize) -> u32 {
 }
 
 /// Item `i`'s tensor, borrowed from the reply (valid until `sw_reply_free`; use
-/// `sw_tensor_clone` to keep it), or NULL if it has none.
+/// `sw_tensor_clone` to keep it), or NULL if it has none (as the items of a rows pull: their
+/// rows are in the caller's buffers).
 ///
 /// # Safety
 /// `r` is NULL or a live reply.
@@ -928,6 +1174,55 @@ pub unsafe extern "C" fn sw_reply_rtt_us(r: *const sw_reply) -> f64 {
     boundary_value(0.0, || unsafe { r.as_ref() }.map_or(0.0, |r| r.rtt_us))
 }
 
+/// The positions (in table `t`'s ids, increasing) of the rows a rows pull's peer did not
+/// have; their bytes in the table's buffer are zero. On `SW_OK`, `*count` positions are
+/// written to `positions`, which has room for `capacity` (the table's number of ids always
+/// suffices; `positions` may be NULL when `capacity` is 0). A table that failed, and every
+/// item of a reply to another request, has none. `SW_ERR_INVALID_ARGUMENT` when `t` is not
+/// below `sw_reply_count`, or `capacity` is too small.
+///
+/// # Safety
+/// `r` is a live reply; `positions` has room for `capacity` values; `count` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_reply_missing(
+    r: *const sw_reply,
+    t: usize,
+    positions: *mut u32,
+    capacity: usize,
+    count: *mut usize,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let r = unsafe { reference(r, "reply") }?;
+        if count.is_null() {
+            return Err(Failure::null("count"));
+        }
+        if t >= r.statuses.len() {
+            return Err(Failure::invalid(format!(
+                "item {t} of a reply of {} items",
+                r.statuses.len()
+            )));
+        }
+        let (start, n) = r.spans.get(t).copied().unwrap_or((0, 0));
+        if n > capacity {
+            return Err(Failure::invalid(format!(
+                "{n} missing rows and room for {capacity}"
+            )));
+        }
+        if n > 0 {
+            if positions.is_null() {
+                return Err(Failure::null("positions"));
+            }
+            // SAFETY: `positions` has room for `capacity >= n` values per the contract, and
+            // is not memory of the reply.
+            unsafe { std::ptr::copy_nonoverlapping(r.missing[start..].as_ptr(), positions, n) };
+        }
+        // SAFETY: checked non-null above.
+        unsafe { write(count, n) };
+        Ok(())
+    })
+}
+
 /// Releases a reply and the tensors it still holds. NULL is ignored.
 ///
 /// # Safety
@@ -948,6 +1243,20 @@ pub unsafe extern "C" fn sw_reply_free(r: *mut sw_reply) {
 /// threads); make one per submitting thread.
 pub struct sw_client {
     handle: Handle,
+    /// Whether completions go to a callback (no `sw_client_wait`).
+    callback: bool,
+    /// Rows pulls not yet waited for, by tag: the caller's buffers their blocks go to.
+    rows: HashMap<u64, Arc<RowsTargets>>,
+}
+
+impl sw_client {
+    fn new(handle: Handle, callback: bool) -> sw_client {
+        sw_client {
+            handle,
+            callback,
+            rows: HashMap::new(),
+        }
+    }
 }
 
 /// A client of `rt` with room for `capacity` requests in flight, whose completions are
@@ -968,8 +1277,9 @@ pub unsafe extern "C" fn sw_client_new(
             return Err(Failure::null("out"));
         }
         let handle = rt.runtime.handle(capacity.max(1) as usize);
+        let client = Box::new(sw_client::new(handle, false));
         // SAFETY: checked non-null above.
-        unsafe { write(out, Box::into_raw(Box::new(sw_client { handle }))) };
+        unsafe { write(out, Box::into_raw(client)) };
         Ok(())
     })
 }
@@ -1028,17 +1338,20 @@ pub unsafe extern "C" fn sw_client_new_with_callback(
             capacity.max(1) as usize,
             Arc::new(move |c: Completion| {
                 let tag = c.tag;
-                let (code, reply) = outcome(c);
+                let (code, reply) = outcome(c, None);
                 cb.call(tag, code, reply.map_or(std::ptr::null_mut(), Box::into_raw));
             }),
         );
+        let client = Box::new(sw_client::new(handle, true));
         // SAFETY: checked non-null above.
-        unsafe { write(out, Box::into_raw(Box::new(sw_client { handle }))) };
+        unsafe { write(out, Box::into_raw(client)) };
         Ok(())
     })
 }
 
-/// Releases a client (its requests still in flight complete unobserved). NULL is ignored.
+/// Releases a client. Its rows pulls still in flight are waited for first (they write into
+/// the caller's buffers); its other requests still in flight complete unobserved. NULL is
+/// ignored.
 ///
 /// # Safety
 /// `c` is NULL or a client from starwire not freed before.
@@ -1047,7 +1360,11 @@ pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
     boundary_value((), || {
         if !c.is_null() {
             // SAFETY: made by `Box::into_raw` in this crate, freed once.
-            drop(unsafe { Box::from_raw(c) });
+            let mut client = unsafe { Box::from_raw(c) };
+            for (tag, targets) in std::mem::take(&mut client.rows) {
+                drop(client.handle.wait_tag(tag));
+                targets.wait_released();
+            }
         }
     })
 }
@@ -1266,10 +1583,387 @@ pub unsafe extern "C" fn sw_client_recv_many(
     }
 }
 
+// ----- rows -----
+
+/// One table of a rows request: the table, its rows' dtype and shape, the row ids, and the
+/// rows' bytes (`n * row_bytes`, rows in the order of the ids, little-endian elements;
+/// `row_bytes` is the element size times the product of `row_dims`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sw_rows {
+    /// The table, as the PS numbers its tables.
+    pub table: u32,
+    /// Element type of the rows (wire dtype code, as for `sw_tensor_new`).
+    pub dtype: u8,
+    /// Shape of one row, `rank` values (e.g. `{dim}`); may be NULL when `rank` is 0.
+    pub row_dims: *const u64,
+    /// Dimensions of one row, at most 7.
+    pub rank: u32,
+    /// The row ids (may repeat).
+    pub ids: *const u64,
+    /// Number of ids, at least 1.
+    pub n: usize,
+    /// The rows: a pull writes them here (the caller's output buffer); a push reads the
+    /// gradient rows from here.
+    pub data: *mut c_void,
+    /// Bytes at `data`: exactly `n * row_bytes`.
+    pub byte_len: u64,
+}
+
+/// A checked table of a rows request.
+struct RowsArg<'a> {
+    rows: Rows<'a>,
+    data: *mut u8,
+    len: usize,
+}
+
+/// The tables of a rows request, checked: at least one, each with ids, a known dtype, at
+/// most `MAX_ROW_RANK` row dimensions, and `byte_len == n * row_bytes` bytes at `data`.
+///
+/// # Safety
+/// `tables` points at `n` values whose pointers are valid as `sw_rows` says, for `'a`.
+unsafe fn rows_args<'a>(tables: *const sw_rows, n: usize) -> Result<Vec<RowsArg<'a>>, Failure> {
+    // SAFETY: per the caller.
+    let tables = unsafe { slice(tables, n, "tables") }?;
+    if tables.is_empty() {
+        return Err(Failure::invalid("no tables"));
+    }
+    let mut args = Vec::with_capacity(tables.len());
+    for (i, t) in tables.iter().enumerate() {
+        if t.rank as usize > MAX_ROW_RANK {
+            return Err(Failure::invalid(format!(
+                "tables[{i}].rank {} is above {MAX_ROW_RANK}",
+                t.rank
+            )));
+        }
+        // SAFETY: per the caller.
+        let row_dims = unsafe {
+            slice(
+                t.row_dims,
+                t.rank as usize,
+                &format!("tables[{i}].row_dims"),
+            )
+        }?;
+        // SAFETY: per the caller.
+        let ids = unsafe { slice(t.ids, t.n, &format!("tables[{i}].ids")) }?;
+        if ids.is_empty() {
+            return Err(Failure::invalid(format!("tables[{i}] has no ids")));
+        }
+        let rows = Rows::new(t.table, DType::from(t.dtype), row_dims, ids);
+        let Some(row_bytes) = rows.row_bytes().filter(|&b| b > 0) else {
+            return Err(Failure::invalid(format!(
+                "tables[{i}]: unknown dtype {} or rows of no bytes",
+                t.dtype
+            )));
+        };
+        let want = row_bytes.checked_mul(ids.len() as u64);
+        if want != Some(t.byte_len) {
+            return Err(Failure::invalid(format!(
+                "tables[{i}].byte_len is {}, not {} ids of {row_bytes} bytes",
+                t.byte_len,
+                ids.len()
+            )));
+        }
+        if t.data.is_null() {
+            return Err(Failure::null(&format!("tables[{i}].data")));
+        }
+        let len =
+            usize::try_from(t.byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
+        args.push(RowsArg {
+            rows,
+            data: t.data.cast(),
+            len,
+        });
+    }
+    Ok(args)
+}
+
+/// Locks `m`, taking a poisoned lock as is (the counts it guards stay consistent).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The caller's buffer of one table of a rows pull.
+struct Target {
+    ptr: *mut u8,
+    len: usize,
+    dtype: DType,
+    /// The block's shape: `[n, row...]`.
+    dims: Vec<u64>,
+}
+
+/// The caller's buffers of a rows pull, and which of them starwire holds.
+struct RowsTargets {
+    targets: Vec<Target>,
+    /// Per table, whether its buffer was handed out; and how many handed out are still held.
+    state: Mutex<(Vec<bool>, usize)>,
+    /// Signalled when a buffer is given back.
+    released: Condvar,
+}
+
+// SAFETY: the pointers are the caller's buffers, which `sw_client_pull_rows`' contract keeps
+// valid until the request's wait; they are only written by the runtime through `Lent`, or
+// by `place` once the blocks are received.
+unsafe impl Send for RowsTargets {}
+// SAFETY: as above; the shared state is behind a mutex.
+unsafe impl Sync for RowsTargets {}
+
+impl RowsTargets {
+    fn new(args: &[RowsArg<'_>]) -> RowsTargets {
+        let targets: Vec<Target> = args
+            .iter()
+            .map(|a| Target {
+                ptr: a.data,
+                len: a.len,
+                dtype: a.rows.dtype,
+                dims: std::iter::once(a.rows.ids.len() as u64)
+                    .chain(a.rows.row_dims.iter().copied())
+                    .collect(),
+            })
+            .collect();
+        RowsTargets {
+            state: Mutex::new((vec![false; targets.len()], 0)),
+            targets,
+            released: Condvar::new(),
+        }
+    }
+
+    /// Waits until starwire holds none of the buffers.
+    fn wait_released(&self) {
+        let mut state = lock(&self.state);
+        while state.1 > 0 {
+            state = self
+                .released
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Puts each received block of `rows` in its table's buffer and gives the statuses.
+    fn place(&self, rows: &PulledRows) -> Vec<u32> {
+        place(
+            &self.targets,
+            (0..rows.len()).map(|t| rows.block(t).map(|b| b.bytes())),
+        )
+    }
+}
+
+/// Puts `blocks[t]` in `targets[t]`: nothing to do for a block received into it (the rule),
+/// a copy for one received elsewhere (a peer answering tables of the same shape out of
+/// order, so that their blocks went into each other's buffers; all such blocks are copied
+/// out before any is written). The statuses, per table: 0, the block's error, or
+/// `INTERNAL` for a block of another length than its buffer.
+fn place<'a>(
+    targets: &[Target],
+    blocks: impl Iterator<Item = Result<&'a [u8], Status>>,
+) -> Vec<u32> {
+    let mut statuses = Vec::with_capacity(targets.len());
+    let mut misplaced = Vec::new();
+    for (t, (target, block)) in targets.iter().zip(blocks).enumerate() {
+        match block {
+            Ok(b) if b.len() != target.len => statuses.push(u16::from(Status::Internal) as u32),
+            Ok(b) => {
+                if b.as_ptr() != target.ptr.cast_const() {
+                    misplaced.push((t, b.to_vec()));
+                }
+                statuses.push(0);
+            }
+            Err(s) => statuses.push(status_code::<()>(Err(s))),
+        }
+    }
+    for (t, bytes) in misplaced {
+        // SAFETY: the buffer holds `len == bytes.len()` bytes (checked above) and is valid
+        // per `sw_client_pull_rows`' contract; no reference to it is used after this point.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), targets[t].ptr, bytes.len()) };
+    }
+    statuses
+}
+
+/// The allocator of a rows pull's blocks: each block gets the buffer of the first table of
+/// its dtype and shape not yet served (the buffer of its own table, unless the peer
+/// answers tables of one shape out of order); heap memory if none is left.
+struct RowsAllocator(Arc<RowsTargets>);
+
+impl TensorAllocator for RowsAllocator {
+    fn allocate(&self, desc: &TensorDesc<'_>) -> Option<Box<dyn TensorMemory>> {
+        let len = usize::try_from(desc.byte_len).ok()?;
+        let owner = &self.0;
+        let mut state = lock(&owner.state);
+        let (taken, lent) = &mut *state;
+        let free = owner
+            .targets
+            .iter()
+            .zip(taken.iter())
+            .position(|(t, &taken)| {
+                !taken && t.dtype == desc.dtype && t.dims == desc.dims && t.len == len
+            });
+        let Some(i) = free else {
+            return Some(Box::new(vec![0u8; len]));
+        };
+        taken[i] = true;
+        *lent += 1;
+        Some(Box::new(Lent {
+            ptr: owner.targets[i].ptr,
+            len,
+            owner: owner.clone(),
+        }))
+    }
+}
+
+/// A caller's buffer lent to the runtime for one block; given back when dropped.
+struct Lent {
+    ptr: *mut u8,
+    len: usize,
+    owner: Arc<RowsTargets>,
+}
+
+// SAFETY: the buffer is the caller's, valid while lent (`sw_client_pull_rows`' contract and
+// the wait for its return), and lent to this value alone.
+unsafe impl Send for Lent {}
+// SAFETY: shared access only reads the bytes.
+unsafe impl Sync for Lent {}
+
+// SAFETY: `ptr`/`len` never change while the value lives, and the buffer stays valid and
+// unmoved until the value is dropped: the request's wait, and freeing the client, wait for
+// that.
+unsafe impl TensorMemory for Lent {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes at `ptr` stay valid while lent.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let mut state = lock(&self.owner.state);
+        state.1 -= 1;
+        drop(state);
+        self.owner.released.notify_all();
+    }
+}
+
+/// Pulls rows of `n_tables` tables from `peer` in one request: per table, `tables[t].n` rows
+/// of `tables[t].table`, written into the caller's buffer `tables[t].data`
+/// (`tables[t].byte_len == n * row_bytes` bytes, rows in the order of the ids). The rows
+/// are received straight into those buffers: the runtime's allocator for the request hands
+/// out the caller's buffer of each table, so large blocks go from the socket to the buffer
+/// with no copy (small ones are copied once out of the receive buffer, as every small
+/// tensor). Only if the peer answers tables of the same dtype and shape out of order does a
+/// block land in another of the request's buffers; it is then copied into place at the
+/// wait.
+///
+/// Wait for it with `sw_client_wait` (not for clients made with a callback:
+/// `SW_ERR_INVALID_ARGUMENT`); the reply has one item per table: `sw_reply_status` (0, or
+/// 1 `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
+/// row shape other than the table's, ...) and `sw_reply_missing` (the rows the peer did not
+/// have, whose bytes are zero). A table's buffer holds its rows only when its status is 0.
+///
+/// Fails at once with `SW_ERR_INVALID_ARGUMENT` when `n_tables` is 0, or a table has no
+/// ids, an unknown dtype, more than 7 row dimensions, or a `byte_len` other than
+/// `n * row_bytes`; with `SW_ERR_NULL` for a NULL `data`.
+///
+/// # Safety
+/// As `sw_client_ping`; `tables` points at `n_tables` values whose `row_dims` and `ids`
+/// are valid for the call, and whose `data` stays valid, and is neither read nor written by
+/// the caller, until `sw_client_wait` for this request returns (or `sw_client_free`, which
+/// waits for it).
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_pull_rows(
+    c: *mut sw_client,
+    peer: *const c_char,
+    tables: *const sw_rows,
+    n_tables: usize,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { reference_mut(c, "client") }?;
+        // SAFETY: per this function's contract.
+        let peer = unsafe { address(peer, "peer") }?;
+        if tag.is_null() {
+            return Err(Failure::null("tag"));
+        }
+        if client.callback {
+            return Err(Failure::invalid(
+                "a rows pull is waited for with sw_client_wait: not for a client with a callback",
+            ));
+        }
+        // SAFETY: per this function's contract.
+        let args = unsafe { rows_args(tables, n_tables) }?;
+        let targets = Arc::new(RowsTargets::new(&args));
+        let rows: Vec<Rows<'_>> = args.iter().map(|a| a.rows).collect();
+        let alloc = Arc::new(RowsAllocator(targets.clone()));
+        let t = client
+            .handle
+            .pull_rows_into(peer, &rows, alloc, deadline(timeout_ms))?;
+        client.rows.insert(t.tag(), targets);
+        // SAFETY: checked non-null above.
+        unsafe { write(tag, t.tag()) };
+        Ok(())
+    })
+}
+
+/// Pushes gradient rows of `n_tables` tables to `peer` in one request: per table, the rows
+/// at `tables[t].data` (`n * row_bytes` bytes, in the order of the ids) for its ids. The
+/// ids and rows are copied before this returns: the caller may reuse its buffers at once.
+/// The reply (`sw_client_wait`, or the callback) has one status per table: 0, or 1
+/// `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
+/// row shape other than the table's, ...
+///
+/// Fails at once as `sw_client_pull_rows` does.
+///
+/// # Safety
+/// As `sw_client_ping`; `tables` points at `n_tables` values whose pointers are valid for
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_push_rows(
+    c: *mut sw_client,
+    peer: *const c_char,
+    tables: *const sw_rows,
+    n_tables: usize,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { reference_mut(c, "client") }?;
+        // SAFETY: per this function's contract.
+        let peer = unsafe { address(peer, "peer") }?;
+        if tag.is_null() {
+            return Err(Failure::null("tag"));
+        }
+        // SAFETY: per this function's contract.
+        let args = unsafe { rows_args(tables, n_tables) }?;
+        let items: Vec<(Rows<'_>, &[u8])> = args
+            .iter()
+            .map(|a| {
+                // SAFETY: `len` bytes at `data`, valid for the call per this function's
+                // contract.
+                let grads = unsafe { std::slice::from_raw_parts(a.data.cast_const(), a.len) };
+                (a.rows, grads)
+            })
+            .collect();
+        let t = client
+            .handle
+            .push_rows(peer, &items, deadline(timeout_ms))?;
+        // SAFETY: checked non-null above.
+        unsafe { write(tag, t.tag()) };
+        Ok(())
+    })
+}
+
 /// Waits for request `tag` of this client (spins briefly, then parks). Returns the
 /// request's outcome; on `SW_OK`, `*reply` is its answer, which the caller frees with
 /// `sw_reply_free`. Completions of other requests that arrive meanwhile are kept for their
-/// own wait. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+/// own wait. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
+/// pull, once this returns (whatever it returns) starwire no longer touches the request's
+/// buffers: a pull given up by its deadline while a receive into a buffer is in flight is
+/// waited for until that receive ends.
 ///
 /// # Safety
 /// `c` is a live client used by this thread only; `reply` is writable.
@@ -1292,7 +1986,12 @@ pub unsafe extern "C" fn sw_client_wait(
                  or submitted through a client with a callback)"
             ))
         })?;
-        let (result, answer) = outcome(completion);
+        let targets = client.rows.remove(&tag);
+        let (result, answer) = outcome(completion, targets.as_deref());
+        if let Some(targets) = targets {
+            // A rows pull given up mid-transfer may still be receiving into the buffers.
+            targets.wait_released();
+        }
         code = result;
         if let Some(answer) = answer {
             // SAFETY: checked non-null above.
@@ -1319,5 +2018,75 @@ mod tests {
         assert!(msg.to_string_lossy().contains("panicked"));
         assert_eq!(boundary_value(7, || -> u32 { panic!("in a getter") }), 7);
         assert_eq!(boundary(|| Ok(())), SW_OK);
+    }
+
+    fn target(buf: &mut [u8]) -> Target {
+        Target {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            dtype: DType::U8,
+            dims: vec![buf.len() as u64],
+        }
+    }
+
+    #[test]
+    fn blocks_received_into_each_others_buffers_are_put_in_place() {
+        // Tables 0 and 2 of one shape, answered out of order: 0's block went into 2's
+        // buffer and 2's into 0's. Table 1's block is where it belongs; table 3 failed.
+        let (mut b0, mut b1, mut b2, mut b3) = ([2u8; 4], [1u8; 4], [0u8; 4], [9u8; 4]);
+        let targets = [
+            target(&mut b0),
+            target(&mut b1),
+            target(&mut b2),
+            target(&mut b3),
+        ];
+        // SAFETY: views of the buffers through the targets' pointers, as the runtime's
+        // blocks are; not used once `place` writes.
+        let view = |t: &Target| unsafe { std::slice::from_raw_parts(t.ptr.cast_const(), t.len) };
+        let blocks = [
+            Ok(view(&targets[2])),
+            Ok(view(&targets[1])),
+            Ok(view(&targets[0])),
+            Err(Status::NotFound),
+        ];
+        assert_eq!(place(&targets, blocks.into_iter()), [0, 0, 0, 1]);
+        let short = [7u8; 3];
+        assert_eq!(place(&targets[..1], [Ok(&short[..])].into_iter()), [8]);
+        drop(targets);
+        assert_eq!((b0, b1, b2, b3), ([0; 4], [1; 4], [2; 4], [9; 4]));
+    }
+
+    #[test]
+    fn the_allocator_hands_out_each_buffer_once_by_shape() {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        let ids = [1u64, 2];
+        let row = [4u64];
+        let args = [&mut a, &mut b].map(|buf| RowsArg {
+            rows: Rows::new(0, DType::U8, &row, &ids),
+            data: buf.as_mut_ptr(),
+            len: buf.len(),
+        });
+        let targets = Arc::new(RowsTargets::new(&args));
+        let alloc = RowsAllocator(targets.clone());
+        let desc = |dims: &'static [u64]| TensorDesc {
+            dtype: DType::U8,
+            dims,
+            byte_len: 8,
+        };
+        let m1 = alloc.allocate(&desc(&[2, 4])).unwrap();
+        let m2 = alloc.allocate(&desc(&[2, 4])).unwrap();
+        assert_eq!(m1.bytes().as_ptr(), targets.targets[0].ptr.cast_const());
+        assert_eq!(m2.bytes().as_ptr(), targets.targets[1].ptr.cast_const());
+        // None left, or another shape: heap memory.
+        let m3 = alloc.allocate(&desc(&[2, 4])).unwrap();
+        let m4 = alloc.allocate(&desc(&[4, 2])).unwrap();
+        for m in [&m3, &m4] {
+            let p = m.bytes().as_ptr();
+            assert!(targets.targets.iter().all(|t| t.ptr.cast_const() != p));
+        }
+        assert_eq!(lock(&targets.state).1, 2);
+        drop((m1, m2, m3, m4));
+        assert_eq!(lock(&targets.state).1, 0);
+        targets.wait_released();
     }
 }

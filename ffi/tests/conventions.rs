@@ -25,6 +25,9 @@ fn listening_ps() -> sw_runtime_options {
         service: ptr::null(),
         allocator: ptr::null(),
         handler_threads: 0,
+        table_ids: ptr::null(),
+        tables: ptr::null(),
+        n_tables: 0,
     }
 }
 
@@ -90,6 +93,9 @@ fn bad_arguments_fail_with_a_message() {
         service: ptr::null(),
         allocator: ptr::null(),
         handler_threads: 0,
+        table_ids: ptr::null(),
+        tables: ptr::null(),
+        n_tables: 0,
     };
     let mut rt = ptr::null_mut();
     // SAFETY: valid options and output.
