@@ -18,6 +18,13 @@ pub const BIG_BYTES: usize = 4 << 20;
 pub const STEP_BIT: u64 = 1 << 62;
 /// Ping payload bytes.
 pub const PING_BYTES: usize = 64;
+/// The embedding table of the rows workloads: ids `0..TABLE_ROWS`, `ROW_BYTES` each. Row
+/// `id` starts with `id` as a little-endian u64 and its other bytes are `id`'s low byte, so
+/// that a pulled row shows which id it is. (A table of its own, so that the per-element
+/// workloads keep the 1,024 rows they always had.)
+pub const TABLE_ROWS: u64 = 1 << 16;
+/// f32 lanes of a pushed gradient row.
+pub const ROW_F32: usize = ROW_BYTES / 4;
 
 /// Push statuses (as the gRPC reply carries them).
 pub const OK: i32 = 0;
@@ -30,6 +37,12 @@ pub struct Store {
     pub big: Vec<u8>,
     pub model: ModelConfig,
     pub shard: Mutex<Shard>,
+    /// The rows workloads' table, `TABLE_ROWS` x `ROW_BYTES`, row after row.
+    pub table: Vec<u8>,
+    /// One accumulator row of `ROW_F32` f32 per table row, which pushed gradient rows are
+    /// added into (pulls read `table`, which stays as it was built, so that they can be
+    /// checked).
+    pub grads: Mutex<Vec<f32>>,
 }
 
 impl Store {
@@ -40,6 +53,37 @@ impl Store {
             big: (0..BIG_BYTES).map(|i| (i % 251) as u8).collect(),
             shard: Mutex::new(Shard::new(&model)),
             model,
+            table: (0..TABLE_ROWS).flat_map(table_row_bytes).collect(),
+            grads: Mutex::new(vec![0.0; TABLE_ROWS as usize * ROW_F32]),
+        }
+    }
+
+    /// Row `id` of the rows workloads' table.
+    pub fn table_row(&self, id: u64) -> Option<&[u8]> {
+        (id < TABLE_ROWS).then(|| {
+            let at = id as usize * ROW_BYTES;
+            &self.table[at..at + ROW_BYTES]
+        })
+    }
+
+    /// Adds pushed gradient rows (`ROW_F32` little-endian f32 each) into the accumulators
+    /// of their table rows, under one lock; the positions of the rows not applied (an id
+    /// outside the table, or a row of the wrong size) are appended to `missing`.
+    pub fn add_rows<'a>(
+        &self,
+        rows: impl IntoIterator<Item = (u64, &'a [u8])>,
+        missing: &mut Vec<u32>,
+    ) {
+        let mut acc = self.grads.lock().unwrap();
+        for (i, (id, bytes)) in rows.into_iter().enumerate() {
+            if id >= TABLE_ROWS || bytes.len() != ROW_BYTES {
+                missing.push(i as u32);
+                continue;
+            }
+            let at = id as usize * ROW_F32;
+            for (a, b) in acc[at..at + ROW_F32].iter_mut().zip(bytes.chunks_exact(4)) {
+                *a += f32::from_le_bytes(b.try_into().unwrap());
+            }
         }
     }
 
@@ -98,7 +142,11 @@ impl Store {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Starwire,
+    /// gRPC; in the rows workloads one `bytes` per row.
     Grpc,
+    /// gRPC with the rows workloads' ids packed and their rows in one `bytes` block (runs
+    /// the rows workloads only).
+    GrpcPacked,
     Raw,
 }
 
@@ -107,14 +155,15 @@ impl Kind {
         match self {
             Kind::Starwire => "starwire",
             Kind::Grpc => "grpc",
+            Kind::GrpcPacked => "grpc-packed",
             Kind::Raw => "raw",
         }
     }
 
+    pub const ALL: [Kind; 4] = [Kind::Starwire, Kind::Grpc, Kind::GrpcPacked, Kind::Raw];
+
     pub fn parse(s: &str) -> Option<Kind> {
-        [Kind::Starwire, Kind::Grpc, Kind::Raw]
-            .into_iter()
-            .find(|k| k.name() == s)
+        Kind::ALL.into_iter().find(|k| k.name() == s)
     }
 }
 
@@ -131,6 +180,11 @@ pub enum Op {
     PullBig,
     /// Training steps: draw a batch, pull its rows, compute, push its gradients.
     Step,
+    /// Pulls of `Workload::rows` table rows, ids from [`rows_ids`].
+    RowsPull,
+    /// Pushes of `Workload::rows` gradient rows into the table's accumulators, ids from
+    /// [`rows_ids`], rows from [`grad_block`].
+    RowsPush,
 }
 
 #[derive(Clone, Debug)]
@@ -141,6 +195,8 @@ pub struct Workload {
     pub inflight: usize,
     /// Connections the load is spread over.
     pub connections: usize,
+    /// Rows (ids) per request, for a rows/s rate; 0 where that means nothing.
+    pub rows: usize,
 }
 
 /// What one run of one workload over one kind measured.
@@ -179,6 +235,55 @@ pub fn ids_for(n: u64, out: &mut Vec<u64>) {
     out.clear();
     let base = (n * IDS as u64) % ROWS;
     out.extend((0..IDS as u64).map(|i| (base + i) % ROWS));
+}
+
+/// The bytes of table row `id` (see [`TABLE_ROWS`]).
+pub fn table_row_bytes(id: u64) -> impl Iterator<Item = u8> {
+    let head = id.to_le_bytes();
+    (0..ROW_BYTES).map(move |i| if i < 8 { head[i] } else { id as u8 })
+}
+
+/// Checks a pulled table row.
+pub fn check_row(id: u64, bytes: &[u8]) -> bool {
+    bytes.len() == ROW_BYTES && bytes[..8] == id.to_le_bytes() && bytes[ROW_BYTES - 1] == id as u8
+}
+
+// What `rows_ids` relies on: a power of two (for the masks), its shifts at least 1, and
+// the four 16-bit draws wide enough.
+const _: () = assert!(TABLE_ROWS.is_power_of_two() && TABLE_ROWS >= 4 && TABLE_ROWS <= 1 << 16);
+
+/// The ids of request number `n` of a rows workload: `count` distinct ids of the table, a
+/// deterministic pseudo-random sample. They are `count` consecutive numbers (from a start
+/// drawn from `n`) through a permutation of `0..TABLE_ROWS` drawn from `n` (multiplications
+/// by odd numbers, xor-shifts and an addition, modulo the table size: each a bijection, so
+/// the ids are distinct).
+pub fn rows_ids(n: u64, count: usize, out: &mut Vec<u64>) {
+    assert!(count as u64 <= TABLE_ROWS);
+    let mask = TABLE_ROWS - 1;
+    let bits = TABLE_ROWS.trailing_zeros();
+    // splitmix64 of n: four 16-bit draws.
+    let mut k = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    k = (k ^ (k >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    k = (k ^ (k >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    k ^= k >> 31;
+    let (m1, m2) = ((k & mask) | 1, ((k >> 16) & mask) | 1);
+    let (add, start) = ((k >> 32) & mask, (k >> 48) & mask);
+    out.clear();
+    out.extend((0..count as u64).map(|i| {
+        let mut x = (start + i) & mask;
+        x = x.wrapping_mul(m1) & mask;
+        x ^= x >> (bits / 2);
+        x = x.wrapping_mul(m2) & mask;
+        x ^= x >> (bits / 2 + 1);
+        (x + add) & mask
+    }));
+}
+
+/// The gradient rows a rows-push client sends: `rows` x `ROW_F32` little-endian f32.
+pub fn grad_block(rows: usize) -> Vec<u8> {
+    (0..rows * ROW_F32)
+        .flat_map(|i| (((i % 7) as f32 - 3.0) * 1e-3).to_le_bytes())
+        .collect()
 }
 
 /// Runs this thread (and the threads it starts later) on CPU `cpu`, when it exists.

@@ -1,6 +1,11 @@
 //! The workloads over gRPC, written as a typical user would: tonic with prost, one unary
 //! RPC per operation, tensors as `repeated bytes`, the default multi-threaded tokio runtime
 //! on both ends, N requests in flight as N tasks looping on clones of a client.
+//!
+//! The rows workloads two ways, as two kinds: `grpc` with one `bytes` per row
+//! (`PullRowList`, `PushRowList`), and `grpc-packed` with the rows of a request in one
+//! `bytes` block (`PullRowBlock`, `PushRowBlock`). Both send the ids as a packed
+//! `repeated uint64` and report the rows not found as a `repeated uint32` of positions.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +52,59 @@ pub struct PushRequest {
 pub struct PushReply {
     #[prost(int32, repeated, tag = "1")]
     pub statuses: Vec<i32>,
+}
+
+/// The ids of a rows pull (both ways).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RowsRequest {
+    #[prost(uint64, repeated, tag = "1")]
+    pub ids: Vec<u64>,
+}
+
+/// The rows of a pull, one `bytes` per id (empty for a missing one).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RowList {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    pub rows: Vec<Vec<u8>>,
+    /// Positions (in the request's ids) of the rows not found.
+    #[prost(uint32, repeated, tag = "2")]
+    pub missing: Vec<u32>,
+}
+
+/// The rows of a pull as one block, `ROW_BYTES` per id in order (zeros for a missing one).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RowBlock {
+    #[prost(bytes = "vec", tag = "1")]
+    pub block: Vec<u8>,
+    /// Positions (in the request's ids) of the rows not found.
+    #[prost(uint32, repeated, tag = "2")]
+    pub missing: Vec<u32>,
+}
+
+/// Gradient rows to add, one `bytes` per id.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PushRowList {
+    #[prost(uint64, repeated, tag = "1")]
+    pub ids: Vec<u64>,
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    pub rows: Vec<Vec<u8>>,
+}
+
+/// Gradient rows to add as one block, `ROW_BYTES` per id in order.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PushRowBlock {
+    #[prost(uint64, repeated, tag = "1")]
+    pub ids: Vec<u64>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub block: Vec<u8>,
+}
+
+/// What a rows push did not apply.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RowsPushed {
+    /// Positions (in the request's ids) of the rows not applied.
+    #[prost(uint32, repeated, tag = "1")]
+    pub missing: Vec<u32>,
 }
 
 /// Large enough for the 4 MiB tensor (tonic's default limit is 4 MiB per message).
@@ -103,6 +161,80 @@ impl bench_server::Bench for Svc {
             .collect();
         Ok(Response::new(PushReply { statuses }))
     }
+
+    async fn pull_row_list(
+        &self,
+        r: Request<RowsRequest>,
+    ) -> Result<Response<RowList>, tonic::Status> {
+        let ids = r.into_inner().ids;
+        let mut reply = RowList {
+            rows: Vec::with_capacity(ids.len()),
+            missing: Vec::new(),
+        };
+        for (i, &id) in ids.iter().enumerate() {
+            match self.store.table_row(id) {
+                Some(row) => reply.rows.push(row.to_vec()),
+                None => {
+                    reply.rows.push(Vec::new());
+                    reply.missing.push(i as u32);
+                }
+            }
+        }
+        Ok(Response::new(reply))
+    }
+
+    async fn push_row_list(
+        &self,
+        r: Request<PushRowList>,
+    ) -> Result<Response<RowsPushed>, tonic::Status> {
+        let r = r.into_inner();
+        if r.ids.len() != r.rows.len() {
+            return Err(tonic::Status::invalid_argument(
+                "ids and rows differ in number",
+            ));
+        }
+        let mut missing = Vec::new();
+        let rows = r.ids.iter().copied().zip(r.rows.iter().map(Vec::as_slice));
+        self.store.add_rows(rows, &mut missing);
+        Ok(Response::new(RowsPushed { missing }))
+    }
+
+    async fn pull_row_block(
+        &self,
+        r: Request<RowsRequest>,
+    ) -> Result<Response<RowBlock>, tonic::Status> {
+        let ids = r.into_inner().ids;
+        let mut reply = RowBlock {
+            block: Vec::with_capacity(ids.len() * ROW_BYTES),
+            missing: Vec::new(),
+        };
+        for (i, &id) in ids.iter().enumerate() {
+            match self.store.table_row(id) {
+                Some(row) => reply.block.extend_from_slice(row),
+                None => {
+                    reply.block.resize(reply.block.len() + ROW_BYTES, 0);
+                    reply.missing.push(i as u32);
+                }
+            }
+        }
+        Ok(Response::new(reply))
+    }
+
+    async fn push_row_block(
+        &self,
+        r: Request<PushRowBlock>,
+    ) -> Result<Response<RowsPushed>, tonic::Status> {
+        let r = r.into_inner();
+        if r.block.len() != r.ids.len() * ROW_BYTES {
+            return Err(tonic::Status::invalid_argument(
+                "the block is not one row per id",
+            ));
+        }
+        let mut missing = Vec::new();
+        let rows = r.ids.iter().copied().zip(r.block.chunks_exact(ROW_BYTES));
+        self.store.add_rows(rows, &mut missing);
+        Ok(Response::new(RowsPushed { missing }))
+    }
 }
 
 /// Serves on `addr` on a new tokio runtime, in a thread of its own; returns the address.
@@ -152,8 +284,8 @@ async fn connect(addr: SocketAddr) -> Result<Client, String> {
 }
 
 /// Keeps `w.inflight` requests of `w.op` in flight for `time`, over `w.connections`
-/// channels (HTTP/2 connections).
-pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, String> {
+/// channels (HTTP/2 connections). `packed`: the rows workloads' rows in one block.
+pub fn run(w: &Workload, addr: SocketAddr, time: Duration, packed: bool) -> Result<Sample, String> {
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let w = w.clone();
     rt.block_on(async move {
@@ -165,12 +297,14 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, Str
         let mut tasks = Vec::new();
         for i in 0..w.inflight {
             let client = clients[i % clients.len()].clone();
-            let op = w.op;
+            let (op, rows) = (w.op, w.rows);
             tasks.push(tokio::spawn(async move {
-                if op == Op::Step {
-                    step_task(client, i as u64, end).await
-                } else {
-                    op_task(client, op, i as u64, end).await
+                match op {
+                    Op::Step => step_task(client, i as u64, end).await,
+                    Op::RowsPull | Op::RowsPush => {
+                        rows_task(client, op, rows, packed, i as u64, end).await
+                    }
+                    _ => op_task(client, op, i as u64, end).await,
                 }
             }));
         }
@@ -224,7 +358,78 @@ async fn op_task(mut client: Client, op: Op, seed: u64, end: Instant) -> Sample 
                 let r = client.push(req).await;
                 r.is_ok_and(|r| r.into_inner().statuses.iter().all(|&s| s == OK))
             }
-            Op::Step => unreachable!(),
+            Op::Step | Op::RowsPull | Op::RowsPush => unreachable!(),
+        };
+        n += 1;
+        if ok {
+            s.ops += 1;
+            s.latency.record(t0.elapsed());
+        } else {
+            s.failed += 1;
+        }
+    }
+    s.elapsed = start.elapsed();
+    s
+}
+
+/// The rows workloads: `rows` ids a request, one `bytes` per row or (`packed`) one block.
+async fn rows_task(
+    mut client: Client,
+    op: Op,
+    rows: usize,
+    packed: bool,
+    seed: u64,
+    end: Instant,
+) -> Sample {
+    let mut s = Sample::default();
+    let start = Instant::now();
+    let mut n = seed * 7919;
+    let mut ids = Vec::new();
+    // The gradient rows, which every push copies into its message.
+    let grad = grad_block(rows);
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        rows_ids(n, rows, &mut ids);
+        let ok = match (op, packed) {
+            (Op::RowsPull, false) => {
+                let r = client.pull_row_list(RowsRequest { ids: ids.clone() }).await;
+                r.is_ok_and(|r| {
+                    let r = r.into_inner();
+                    r.missing.is_empty()
+                        && r.rows.len() == ids.len()
+                        && ids.iter().zip(&r.rows).all(|(&id, row)| check_row(id, row))
+                })
+            }
+            (Op::RowsPull, true) => {
+                let r = client
+                    .pull_row_block(RowsRequest { ids: ids.clone() })
+                    .await;
+                r.is_ok_and(|r| {
+                    let r = r.into_inner();
+                    r.missing.is_empty()
+                        && r.block.len() == ids.len() * ROW_BYTES
+                        && ids
+                            .iter()
+                            .zip(r.block.chunks_exact(ROW_BYTES))
+                            .all(|(&id, row)| check_row(id, row))
+                })
+            }
+            (_, false) => {
+                let req = PushRowList {
+                    ids: ids.clone(),
+                    rows: grad.chunks_exact(ROW_BYTES).map(<[u8]>::to_vec).collect(),
+                };
+                let r = client.push_row_list(req).await;
+                r.is_ok_and(|r| r.into_inner().missing.is_empty())
+            }
+            (_, true) => {
+                let req = PushRowBlock {
+                    ids: ids.clone(),
+                    block: grad.clone(),
+                };
+                let r = client.push_row_block(req).await;
+                r.is_ok_and(|r| r.into_inner().missing.is_empty())
+            }
         };
         n += 1;
         if ok {

@@ -5,7 +5,10 @@
 //! pinned to CPU 0; the clients run in this process, pinned to CPU 1. Every workload runs
 //! `--runs` times for `--seconds` each; within a round the kinds take turns, so that load
 //! from elsewhere falls on all of them alike. Medians are reported, with the ratios
-//! starwire/gRPC and starwire/raw.
+//! starwire/gRPC, starwire/gRPC-packed and starwire/raw.
+//!
+//! The kinds: `starwire`, `grpc`, `grpc-packed` (gRPC with a rows request's rows in one
+//! `bytes` block rather than one `bytes` each; the rows workloads only) and `raw`.
 
 mod common;
 mod grpc;
@@ -32,7 +35,7 @@ struct Args {
     /// workloads to run, comma-separated (default: all; see --list)
     #[argh(option)]
     only: Option<String>,
-    /// kinds to run, comma-separated (default starwire,grpc,raw)
+    /// kinds to run, comma-separated (default starwire,grpc,grpc-packed,raw)
     #[argh(option)]
     kinds: Option<String>,
     /// one short run of everything, to check that it works
@@ -50,23 +53,28 @@ struct Args {
 }
 
 fn workloads() -> Vec<Workload> {
-    let w = |name: &str, op, inflight, connections| Workload {
+    let w = |name: &str, op, inflight, connections, rows| Workload {
         name: name.into(),
         op,
         inflight,
         connections,
+        rows,
     };
     vec![
-        w("ping-1", Op::Ping, 1, 1),
-        w("ping-64", Op::Ping, 64, 1),
-        w("pull-1", Op::Pull, 1, 1),
-        w("pull-64", Op::Pull, 64, 1),
-        w("push-64", Op::Push, 64, 1),
-        w("pull-4m", Op::PullBig, 1, 1),
-        w("step-1", Op::Step, 1, 1),
-        w("step-4", Op::Step, 4, 1),
-        w("scale-8", Op::Pull, 400, 8),
-        w("scale-400", Op::Pull, 400, 400),
+        w("ping-1", Op::Ping, 1, 1, 0),
+        w("ping-64", Op::Ping, 64, 1, 0),
+        w("pull-1", Op::Pull, 1, 1, IDS),
+        w("pull-64", Op::Pull, 64, 1, IDS),
+        w("push-64", Op::Push, 64, 1, IDS),
+        w("pull-4m", Op::PullBig, 1, 1, 0),
+        w("step-1", Op::Step, 1, 1, 0),
+        w("step-4", Op::Step, 4, 1, 0),
+        w("scale-8", Op::Pull, 400, 8, IDS),
+        w("scale-400", Op::Pull, 400, 400, IDS),
+        w("rows-pull-100", Op::RowsPull, 64, 1, 100),
+        w("rows-pull-1000", Op::RowsPull, 8, 1, 1_000),
+        w("rows-push-100", Op::RowsPush, 64, 1, 100),
+        w("rows-push-1000", Op::RowsPush, 8, 1, 1_000),
     ]
 }
 
@@ -79,6 +87,14 @@ fn describe(w: &Workload) -> String {
         Op::Step => format!(
             "training step (sparse_training model), {} worker(s)",
             w.inflight
+        ),
+        Op::RowsPull => format!(
+            "pull of {} rows x {ROW_BYTES} B, distinct ids sampled from {TABLE_ROWS}",
+            w.rows
+        ),
+        Op::RowsPush => format!(
+            "push of {} rows x {ROW_BYTES} B (f32 gradients, added in), distinct ids sampled from {TABLE_ROWS}",
+            w.rows
         ),
     };
     if w.op == Op::Step {
@@ -93,9 +109,26 @@ fn describe(w: &Workload) -> String {
 
 /// Raw sockets keep one request in flight per connection: the scale workloads, which
 /// compare connection counts at the same load, are run for starwire and gRPC only.
+/// `grpc-packed` differs from `grpc` in the rows workloads only.
 fn applies(w: &Workload, kind: Kind) -> bool {
-    !(kind == Kind::Raw && w.name.starts_with("scale"))
+    match kind {
+        Kind::Raw => !w.name.starts_with("scale"),
+        Kind::GrpcPacked => matches!(w.op, Op::RowsPull | Op::RowsPush),
+        Kind::Starwire | Kind::Grpc => true,
+    }
 }
+
+/// The connections `kind` runs `w` over: raw sockets open one per request in flight.
+fn connections(w: &Workload, kind: Kind) -> usize {
+    if kind == Kind::Raw {
+        w.inflight
+    } else {
+        w.connections
+    }
+}
+
+/// What the output says of the raw kind's requests in flight.
+const RAW_INFLIGHT: &str = "raw: one request at a time per connection, so N in flight is N connections, each with a blocking client thread and a server thread; starwire and gRPC keep their N in flight on the workload's connection(s)";
 
 fn main() -> ExitCode {
     let args: Args = argh::from_env();
@@ -104,7 +137,7 @@ fn main() -> ExitCode {
     }
     if args.list {
         for w in workloads() {
-            println!("{:<10} {}", w.name, describe(&w));
+            println!("{:<14} {}", w.name, describe(&w));
         }
         return ExitCode::SUCCESS;
     }
@@ -127,7 +160,7 @@ fn serve_child(kind: &str) -> ExitCode {
             std::mem::forget(rt);
             a
         }),
-        Some(Kind::Grpc) => grpc::serve(addr),
+        Some(Kind::Grpc | Kind::GrpcPacked) => grpc::serve(addr),
         Some(Kind::Raw) => raw::serve(addr),
         None => Err(format!("unknown kind {kind:?}")),
     };
@@ -187,11 +220,18 @@ impl Drop for Server {
     }
 }
 
-fn run_one(kind: Kind, w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, String> {
+/// One run; `None` if `kind` does not support `w` (yet).
+fn run_one(
+    kind: Kind,
+    w: &Workload,
+    addr: SocketAddr,
+    time: Duration,
+) -> Result<Option<Sample>, String> {
     match kind {
         Kind::Starwire => sw::run(w, addr, time),
-        Kind::Grpc => grpc::run(w, addr, time),
-        Kind::Raw => raw::run(w, addr, time),
+        Kind::Grpc => grpc::run(w, addr, time, false).map(Some),
+        Kind::GrpcPacked => grpc::run(w, addr, time, true).map(Some),
+        Kind::Raw => raw::run(w, addr, time).map(Some),
     }
 }
 
@@ -215,11 +255,21 @@ struct Summary {
     p50_ms: Vec<f64>,
     p99_ms: Vec<f64>,
     failed: u64,
+    /// The kind does not support the workload (yet).
+    unsupported: bool,
 }
 
 impl Summary {
     fn rate(&self) -> f64 {
         median(self.rates.clone())
+    }
+    /// Rows per second, where the workload moves rows.
+    fn rows_rate(&self, w: &Workload) -> f64 {
+        if w.rows > 0 {
+            self.rate() * w.rows as f64
+        } else {
+            f64::NAN
+        }
     }
     fn p50(&self) -> f64 {
         median(self.p50_ms.clone())
@@ -254,7 +304,7 @@ fn coordinate(args: &Args) -> Result<bool, String> {
         }
     };
     let kinds: Vec<Kind> = match &args.kinds {
-        None => vec![Kind::Starwire, Kind::Grpc, Kind::Raw],
+        None => Kind::ALL.to_vec(),
         Some(list) => list
             .split(',')
             .map(|k| Kind::parse(k).ok_or_else(|| format!("--kinds: unknown kind {k:?}")))
@@ -267,13 +317,16 @@ fn coordinate(args: &Args) -> Result<bool, String> {
             // The kinds take turns, starting with a different one each round.
             let ki = (k + round) % kinds.len();
             let kind = kinds[ki];
+            if !chosen.iter().any(|w| applies(w, kind)) {
+                continue;
+            }
             let server = Server::start(kind)?;
             for (wi, w) in chosen.iter().enumerate() {
                 if !applies(w, kind) {
                     continue;
                 }
                 eprint!(
-                    "\rround {}/{runs}: {:<10} {:<9}",
+                    "\rround {}/{runs}: {:<14} {:<11}",
                     round + 1,
                     w.name,
                     kind.name()
@@ -281,6 +334,10 @@ fn coordinate(args: &Args) -> Result<bool, String> {
                 let s = run_one(kind, w, server.addr, time)
                     .map_err(|e| format!("{} over {}: {e}", w.name, kind.name()))?;
                 let r = &mut results[wi][ki];
+                let Some(s) = s else {
+                    r.unsupported = true;
+                    continue;
+                };
                 r.rates.push(s.rate());
                 r.p50_ms.push(s.latency.quantile(0.5).as_secs_f64() * 1e3);
                 r.p99_ms.push(s.latency.quantile(0.99).as_secs_f64() * 1e3);
@@ -314,6 +371,31 @@ fn ratio(
     (x.is_finite() && y.is_finite() && y > 0.0).then(|| x / y)
 }
 
+/// A ratio as the table shows it.
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("-".to_string(), |r| format!("{r:.2}x"))
+}
+
+/// A number as the table shows it, `-` if there is none.
+fn fmt_num(x: f64, decimals: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.decimals$}")
+    } else {
+        "-".into()
+    }
+}
+
+/// starwire's rate over each other kind's, and its p50 over gRPC's.
+fn ratios(results: &[Summary], kinds: &[Kind]) -> [Option<f64>; 4] {
+    let r = |b, f| ratio(results, kinds, Kind::Starwire, b, f);
+    [
+        r(Kind::Grpc, Summary::rate),
+        r(Kind::GrpcPacked, Summary::rate),
+        r(Kind::Raw, Summary::rate),
+        r(Kind::Grpc, Summary::p50),
+    ]
+}
+
 fn print_table(
     chosen: &[Workload],
     kinds: &[Kind],
@@ -324,14 +406,16 @@ fn print_table(
     println!("wirebench: {runs} run(s) of {seconds} s per workload and kind; medians; server on CPU 0, clients on CPU 1");
     println!();
     println!(
-        "{:<10} {:<9} {:>12} {:>9} {:>9} {:>7}   {:>9} {:>9} {:>9}",
+        "{:<14} {:<11} {:>11} {:>12} {:>9} {:>9} {:>7}   {:>8} {:>15} {:>8} {:>12}",
         "workload",
         "kind",
         "rate /s",
+        "rows /s",
         "p50 ms",
         "p99 ms",
         "failed",
         "sw/grpc",
+        "sw/grpc-packed",
         "sw/raw",
         "p50 sw/grpc"
     );
@@ -341,60 +425,58 @@ fn print_table(
                 continue;
             }
             let s = &results[wi][ki];
+            if s.unsupported {
+                println!(
+                    "{:<14} {:<11} {:>11} {:>12} {:>9} {:>9} {:>7}   not supported",
+                    w.name,
+                    kind.name(),
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-"
+                );
+                continue;
+            }
             let mut line = format!(
-                "{:<10} {:<9} {:>12.0} {:>9.3} {:>9.3} {:>7}",
+                "{:<14} {:<11} {:>11} {:>12} {:>9} {:>9} {:>7}",
                 w.name,
                 kind.name(),
-                s.rate(),
-                s.p50(),
-                s.p99(),
+                fmt_num(s.rate(), 0),
+                fmt_num(s.rows_rate(w), 0),
+                fmt_num(s.p50(), 3),
+                fmt_num(s.p99(), 3),
                 s.failed
             );
             if *kind == Kind::Starwire {
-                let fmt = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
-                line += &format!(
-                    "   {:>9} {:>9} {:>9}",
-                    fmt(ratio(
-                        &results[wi],
-                        kinds,
-                        Kind::Starwire,
-                        Kind::Grpc,
-                        Summary::rate
-                    )),
-                    fmt(ratio(
-                        &results[wi],
-                        kinds,
-                        Kind::Starwire,
-                        Kind::Raw,
-                        Summary::rate
-                    )),
-                    fmt(ratio(
-                        &results[wi],
-                        kinds,
-                        Kind::Starwire,
-                        Kind::Grpc,
-                        Summary::p50
-                    )),
-                );
+                let [grpc, packed, raw, p50] = ratios(&results[wi], kinds).map(fmt_ratio);
+                line += &format!("   {grpc:>8} {packed:>15} {raw:>8} {p50:>12}");
             }
             println!("{line}");
         }
     }
     println!();
+    println!("  rate: requests/s (steps/s for step-*); rows: rate x rows a request");
     for w in chosen {
-        println!("  {:<10} {}", w.name, describe(w));
+        println!("  {:<14} {}", w.name, describe(w));
+    }
+    if chosen.iter().any(|w| applies(w, Kind::GrpcPacked)) {
+        println!("  rows-*: grpc sends one `bytes` per row, grpc-packed one `bytes` block of all the rows (both: ids as packed `repeated uint64`); raw sends them packed");
+    }
+    if kinds.contains(&Kind::Raw) {
+        println!("  {RAW_INFLIGHT}");
     }
     // Scale: 400 connections against 8, at the same load.
     let find = |name: &str| chosen.iter().position(|w| w.name == name);
     if let (Some(a), Some(b)) = (find("scale-400"), find("scale-8")) {
         println!();
         for (ki, kind) in kinds.iter().enumerate() {
-            if *kind == Kind::Raw {
+            if !applies(&chosen[a], *kind) || results[a][ki].unsupported {
                 continue;
             }
             let (x, y) = (results[a][ki].rate(), results[b][ki].rate());
             println!(
-                "  scale {:<9} 400 connections: {:.2}x the throughput at 8",
+                "  scale {:<11} 400 connections: {:.2}x the throughput at 8",
                 kind.name(),
                 x / y
             );
@@ -409,12 +491,15 @@ fn print_json(
     runs: usize,
     seconds: f64,
 ) {
-    let list = |v: &[f64]| {
-        v.iter()
-            .map(|x| format!("{x:.6}"))
-            .collect::<Vec<_>>()
-            .join(",")
+    // JSON has no NaN: a missing number is null.
+    let num = |x: f64, decimals: usize| {
+        if x.is_finite() {
+            format!("{x:.decimals$}")
+        } else {
+            "null".into()
+        }
     };
+    let list = |v: &[f64]| v.iter().map(|&x| num(x, 6)).collect::<Vec<_>>().join(",");
     let opt = |r: Option<f64>| r.map_or("null".to_string(), |r| format!("{r:.4}"));
     let mut items = Vec::new();
     for (wi, w) in chosen.iter().enumerate() {
@@ -424,20 +509,29 @@ fn print_json(
             }
             let s = &results[wi][ki];
             items.push(format!(
-                "{{\"workload\":\"{}\",\"kind\":\"{}\",\"inflight\":{},\"connections\":{},\"rate\":{:.3},\"p50_ms\":{:.6},\"p99_ms\":{:.6},\"failed\":{},\"rates\":[{}]}}",
-                w.name, kind.name(), w.inflight, w.connections, s.rate(), s.p50(), s.p99(), s.failed, list(&s.rates)
+                "{{\"workload\":\"{}\",\"kind\":\"{}\",\"inflight\":{},\"connections\":{},\"rows_per_request\":{},\"supported\":{},\"rate\":{},\"rows_rate\":{},\"p50_ms\":{},\"p99_ms\":{},\"failed\":{},\"rates\":[{}]}}",
+                w.name,
+                kind.name(),
+                w.inflight,
+                connections(w, *kind),
+                w.rows,
+                !s.unsupported,
+                num(s.rate(), 3),
+                num(s.rows_rate(w), 3),
+                num(s.p50(), 6),
+                num(s.p99(), 6),
+                s.failed,
+                list(&s.rates)
             ));
         }
+        let [grpc, packed, raw, p50] = ratios(&results[wi], kinds).map(opt);
         items.push(format!(
-            "{{\"workload\":\"{}\",\"ratios\":{{\"starwire_grpc\":{},\"starwire_raw\":{},\"p50_starwire_grpc\":{}}}}}",
+            "{{\"workload\":\"{}\",\"ratios\":{{\"starwire_grpc\":{grpc},\"starwire_grpc_packed\":{packed},\"starwire_raw\":{raw},\"p50_starwire_grpc\":{p50}}}}}",
             w.name,
-            opt(ratio(&results[wi], kinds, Kind::Starwire, Kind::Grpc, Summary::rate)),
-            opt(ratio(&results[wi], kinds, Kind::Starwire, Kind::Raw, Summary::rate)),
-            opt(ratio(&results[wi], kinds, Kind::Starwire, Kind::Grpc, Summary::p50)),
         ));
     }
     println!(
-        "{{\"runs\":{runs},\"seconds\":{seconds},\"results\":[{}]}}",
+        "{{\"runs\":{runs},\"seconds\":{seconds},\"raw_inflight\":\"{RAW_INFLIGHT}\",\"results\":[{}]}}",
         items.join(",")
     );
 }

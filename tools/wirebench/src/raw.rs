@@ -5,6 +5,13 @@
 //! Request: `u32 length | u8 op | body`; reply: `u32 length | body`. Ping echoes its body.
 //! Pull: `u32 n | n x u64 id` -> `n x (i32 status | u32 length | bytes)`. Push:
 //! `u32 n | n x (u64 id | u32 length | bytes)` -> `n x i32 status`.
+//!
+//! The rows workloads, packed: rows pull `u32 n | n x u64 id` -> `n x ROW_BYTES block |
+//! u32 m | m x u32 missing position` (a missing row's place in the block is zeros); rows
+//! push `u32 n | n x u64 id | n x ROW_BYTES block` -> `u32 m | m x u32 missing position`.
+//!
+//! A connection carries one request at a time: N requests in flight are N connections,
+//! each with a client thread and a server thread.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -16,6 +23,8 @@ use crate::common::*;
 const PING: u8 = 1;
 const PULL: u8 = 2;
 const PUSH: u8 = 3;
+const ROWS_PULL: u8 = 4;
+const ROWS_PUSH: u8 = 5;
 /// Largest message either side accepts.
 const MAX: usize = 64 << 20;
 
@@ -62,9 +71,18 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// `n` ids from `at` in `b`.
+fn ids_at(b: &[u8], at: usize, n: usize) -> Option<impl Iterator<Item = u64> + '_> {
+    let ids = b.get(at..at.checked_add(n.checked_mul(8)?)?)?;
+    Some(
+        ids.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+    )
+}
+
 fn serve_conn(mut s: TcpStream, store: &Store) -> std::io::Result<()> {
     let bad = || std::io::Error::other("malformed request");
-    let (mut req, mut reply) = (Vec::new(), Vec::new());
+    let (mut req, mut reply, mut missing) = (Vec::new(), Vec::new(), Vec::new());
     loop {
         read_msg(&mut s, &mut req)?;
         reply.clear();
@@ -104,9 +122,42 @@ fn serve_conn(mut s: TcpStream, store: &Store) -> std::io::Result<()> {
                     at += 12 + len;
                 }
             }
+            ROWS_PULL => {
+                let n = u32_at(body, 0).ok_or_else(bad)? as usize;
+                missing.clear();
+                for (i, id) in ids_at(body, 4, n).ok_or_else(bad)?.enumerate() {
+                    match store.table_row(id) {
+                        Some(row) => reply.extend_from_slice(row),
+                        None => {
+                            reply.resize(reply.len() + ROW_BYTES, 0);
+                            missing.push(i as u32);
+                        }
+                    }
+                }
+                put_missing(&mut reply, &missing);
+            }
+            ROWS_PUSH => {
+                let n = u32_at(body, 0).ok_or_else(bad)? as usize;
+                let ids = ids_at(body, 4, n).ok_or_else(bad)?;
+                let block = &body[4 + 8 * n..];
+                if block.len() != n * ROW_BYTES {
+                    return Err(bad());
+                }
+                missing.clear();
+                store.add_rows(ids.zip(block.chunks_exact(ROW_BYTES)), &mut missing);
+                put_missing(&mut reply, &missing);
+            }
             _ => return Err(bad()),
         }
         write_msg(&mut s, &mut reply)?;
+    }
+}
+
+/// `u32 m | m x u32 position` onto `out`.
+fn put_missing(out: &mut Vec<u8>, missing: &[u32]) {
+    out.extend_from_slice(&(missing.len() as u32).to_le_bytes());
+    for m in missing {
+        out.extend_from_slice(&m.to_le_bytes());
     }
 }
 
@@ -162,6 +213,30 @@ impl Conn {
         })
     }
 
+    /// A rows pull or push of `ids`; the push's rows are `block`.
+    fn rows(&mut self, op: u8, ids: &[u64], block: &[u8]) -> std::io::Result<()> {
+        self.start(op);
+        self.out
+            .extend_from_slice(&(ids.len() as u32).to_le_bytes());
+        for id in ids {
+            self.out.extend_from_slice(&id.to_le_bytes());
+        }
+        self.out.extend_from_slice(block);
+        self.call()
+    }
+
+    /// Whether the last rows pull's reply holds every row of `ids`, none missing.
+    fn rows_pulled(&self, ids: &[u64]) -> bool {
+        let (block, tail) = self
+            .reply
+            .split_at(self.reply.len().min(ids.len() * ROW_BYTES));
+        tail == 0u32.to_le_bytes()
+            && ids
+                .iter()
+                .zip(block.chunks_exact(ROW_BYTES))
+                .all(|(&id, row)| check_row(id, row))
+    }
+
     fn push_all_ok(&self, n: usize) -> bool {
         self.reply.len() == 4 * n && self.reply.chunks_exact(4).all(|c| c == OK.to_le_bytes())
     }
@@ -170,10 +245,10 @@ impl Conn {
 /// Runs `w` with one connection and one thread per request in flight.
 pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, String> {
     let end = Instant::now() + time;
-    let op = w.op;
+    let (op, rows) = (w.op, w.rows);
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..w.inflight)
-            .map(|i| scope.spawn(move || conn_loop(op, addr, i as u64, end)))
+            .map(|i| scope.spawn(move || conn_loop(op, rows, addr, i as u64, end)))
             .collect();
         let mut total = Sample::default();
         for t in threads {
@@ -183,8 +258,21 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, Str
     })
 }
 
-fn conn_loop(op: Op, addr: SocketAddr, seed: u64, end: Instant) -> Result<Sample, String> {
+/// `rows`: ids per request of the rows workloads.
+fn conn_loop(
+    op: Op,
+    rows: usize,
+    addr: SocketAddr,
+    seed: u64,
+    end: Instant,
+) -> Result<Sample, String> {
     let mut c = Conn::open(addr)?;
+    // The gradient rows, which every rows push copies into its message.
+    let grad = if op == Op::RowsPush {
+        grad_block(rows)
+    } else {
+        Vec::new()
+    };
     let mut s = Sample::default();
     let mut ids = Vec::new();
     let mut n = seed * 7919;
@@ -252,6 +340,14 @@ fn conn_loop(op: Op, addr: SocketAddr, seed: u64, end: Instant) -> Result<Sample
                 } else {
                     false
                 }
+            }
+            Op::RowsPull => {
+                rows_ids(n, rows, &mut ids);
+                c.rows(ROWS_PULL, &ids, &[]).is_ok() && c.rows_pulled(&ids)
+            }
+            Op::RowsPush => {
+                rows_ids(n, rows, &mut ids);
+                c.rows(ROWS_PUSH, &ids, &grad).is_ok() && c.reply == 0u32.to_le_bytes()
             }
         };
         n += 1;
