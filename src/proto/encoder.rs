@@ -594,6 +594,80 @@ impl Encoder {
         self.simple(header, &[], |b| emit_pull_meta(ids, b))
     }
 
+    /// Queues a `RESPONSE` of one entry, item `index` with the rows block `block` (live,
+    /// unchunked), whose contents `fill` writes straight into the frame. `fill` returns
+    /// the item's status and pushes into `missing` the positions of rows it did not have.
+    /// When the status is `OK` and no row is missing, the frame is queued and `Ok(None)`
+    /// returned; otherwise nothing is queued and what `fill` wrote is copied into
+    /// `spill` (cleared first) for the caller to answer another way: `Ok(Some(status))`.
+    /// Fails with [`EncodeError::FrameTooLarge`] (before calling `fill`) when the frame
+    /// would not fit the peer's `max_frame` or the chunk size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn response_block(
+        &mut self,
+        handle: u64,
+        end: bool,
+        index: u32,
+        block: &TensorMeta<'_>,
+        missing: &mut Vec<u32>,
+        spill: &mut Vec<u8>,
+        fill: impl FnOnce(&mut [u8], &mut Vec<u32>) -> Status,
+    ) -> Result<Option<Status>, EncodeError> {
+        let block = TensorMeta {
+            chunked: false,
+            ..*block
+        };
+        if block.dead || block.check(&UNLIMITED).is_err() {
+            return Err(EncodeError::BadTensor);
+        }
+        let entry = ResponseEntry {
+            index,
+            status: Status::Ok,
+            tensor: Some(block),
+            missing: Missing::default(),
+        };
+        let meta_len = entry.buffer_len();
+        self.check_size(meta_len, block.byte_len)?;
+        if block.byte_len > self.chunk_limit() {
+            return Err(EncodeError::FrameTooLarge {
+                len: block.byte_len,
+                max: self.chunk_limit() as u32,
+            });
+        }
+        let body = meta_len + block.byte_len as usize;
+        let (b, start) = self.alloc(HEADER_LEN + body);
+        let at = start + HEADER_LEN + meta_len;
+        let out = &mut self.blocks[b].buf[at..at + block.byte_len as usize];
+        let from = missing.len();
+        let status = fill(out, missing);
+        if !status.is_ok() || missing.len() > from {
+            spill.clear();
+            spill.extend_from_slice(out);
+            // Nothing after this frame was reserved in the block: take it back.
+            self.blocks[b].used = start;
+            return Ok(Some(status));
+        }
+        let header = HeaderRepr {
+            kind: Kind::Response,
+            end,
+            status: Status::Ok,
+            count: 1,
+            handle,
+            meta_len: meta_len as u32,
+            payload_len: block.byte_len as u32,
+        };
+        let region = &mut self.blocks[b].buf[start..start + HEADER_LEN + meta_len];
+        let (h, meta) = region.split_at_mut(HEADER_LEN);
+        header.emit(&mut Header::new_unchecked(h));
+        entry.emit(meta);
+        self.queue(Segment::Arena {
+            block: b as u32,
+            start: start as u32,
+            len: (HEADER_LEN + body) as u32,
+        });
+        Ok(None)
+    }
+
     /// Queues a `PULL_ROWS` of `tables`.
     pub fn pull_rows(&mut self, handle: u64, tables: &[RowsQuery<'_>]) -> Result<(), EncodeError> {
         if tables.is_empty() || tables.len() > u32::MAX as usize {

@@ -69,9 +69,10 @@ impl Dispatch<'_> {
         }
     }
 
-    /// Answers a `PULL_ROWS`: per table, its block of rows in request order, written by the
-    /// table into this loop's scratch and copied into the frame (or, for blocks too large
-    /// for one frame, into a tensor of their own sent in chunks), and the rows not found.
+    /// Answers a `PULL_ROWS`, one `RESPONSE` frame per table, `END` on the last: its block
+    /// of rows in request order, written by the table straight into the frame; when rows
+    /// are missing, the block and the report of them; for a block too large for one frame,
+    /// a tensor of its own sent in chunks.
     pub(super) fn serve_pull_rows(
         &mut self,
         handle: u64,
@@ -82,58 +83,51 @@ impl Dispatch<'_> {
             let _ = enc.error(handle, Status::Unimplemented, "no rows service");
             return;
         };
-        let s = &mut *self.serve;
-        let total: u64 = tables.map(|t| t.block.byte_len).sum();
-        let in_frame = total <= enc.chunk_limit();
-        s.rows.block.clear();
-        s.rows.missing.clear();
-        s.rows.spans.clear();
-        s.tokens.clear();
-        for t in tables {
-            let (status, token) = pull_table(service, &t, in_frame, &mut s.rows, self.out_tensors);
-            s.rows
-                .spans
-                .push((status, s.rows.block.len(), s.rows.missing.len()));
-            s.tokens.push(token);
-        }
-        let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(&mut s.items));
-        let (mut block_at, mut missing_at) = (0, 0);
-        for (index, (t, (&(status, block_end, missing_end), token))) in
-            tables.zip(s.rows.spans.iter().zip(&s.tokens)).enumerate()
-        {
-            let mut item = ResponseItem {
-                index: index as u32,
-                status,
-                tensor: None,
-                missing: Missing::Native(&s.rows.missing[missing_at..missing_end]),
+        let count = tables.len();
+        for (index, t) in tables.enumerate() {
+            let end = index + 1 == count;
+            let s = &mut *self.serve;
+            let (status, token) = pull_table(
+                service,
+                &t,
+                enc,
+                handle,
+                end,
+                index as u32,
+                &mut s.rows,
+                self.out_tensors,
+            );
+            let Some(status) = status else {
+                continue; // answered in the frame
             };
             let meta = TensorMeta {
                 chunked: false,
                 ..t.block
             };
-            item.tensor = match token {
+            let tensor = match token {
                 _ if !status.is_ok() => None,
-                Some(token) => {
-                    let bytes = self.out_tensors.get(*token as usize).map(|b| b.bytes());
-                    bytes.map(|bytes| OutTensor {
-                        meta,
-                        bytes,
-                        token: *token,
-                    })
-                }
+                Some(token) => self.out_tensors.get(token as usize).map(|b| OutTensor {
+                    meta,
+                    bytes: b.bytes(),
+                    token,
+                }),
                 None => Some(OutTensor {
                     meta,
-                    bytes: &s.rows.block[block_at..block_end],
+                    bytes: &s.rows.block,
                     token: COPY_TOKEN,
                 }),
             };
-            (block_at, missing_at) = (block_end, missing_end);
-            items.push(item);
-        }
-        let sent = send_items(enc, handle, true, &items);
-        s.items = recast(items);
-        if let Err(k) = sent {
-            release_unsent(self.out_tensors, s.tokens[k..].iter().flatten().copied());
+            let item = ResponseItem {
+                index: index as u32,
+                status,
+                tensor,
+                missing: Missing::Native(if status.is_ok() { &s.rows.missing } else { &[] }),
+            };
+            let sent = send_items(enc, handle, end, &[item]);
+            if sent.is_err() {
+                release_unsent(self.out_tensors, token.into_iter());
+                return;
+            }
         }
     }
 
@@ -333,13 +327,12 @@ pub(crate) fn recast<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.into_iter().filter_map(|_| None).collect()
 }
 
-/// Where a `PULL_ROWS` answer is assembled: every table's block, one after the other, and
-/// the rows not found; per table its status and where its block and report end.
+/// Where a table's answer to a `PULL_ROWS` is assembled when it does not go straight into
+/// a frame: its ids, its block and the rows not found.
 #[derive(Default)]
 pub(crate) struct RowsScratch {
     block: Vec<u8>,
     missing: Vec<u32>,
-    spans: Vec<(Status, usize, usize)>,
     ids: Vec<u64>,
 }
 
@@ -358,49 +351,59 @@ fn table_for<'s>(
     Ok(t)
 }
 
-/// Pulls one table's rows: into `scratch` when the answer fits a frame (no token), else
-/// into a tensor of its own kept in `out_tensors` (its token). Appends the rows not found
-/// to `scratch.missing`, or fails the table with `INTERNAL` when the table reports them
-/// out of order or range.
+/// Pulls one table's rows. Straight into a frame when the block fits one and every row is
+/// there: answered, `(None, None)`. Otherwise the status to answer with, the block (when
+/// `OK`) in `scratch.block` (no token) or, too large for one frame, in a tensor of its own
+/// in `out_tensors` (its token), and the rows not found in `scratch.missing`. A table that
+/// reports missing rows out of order or range fails with `INTERNAL`.
+#[allow(clippy::too_many_arguments)]
 fn pull_table(
     service: &dyn Service,
     t: &RowsTable<'_>,
-    in_frame: bool,
+    enc: &mut Encoder,
+    handle: u64,
+    end: bool,
+    index: u32,
     scratch: &mut RowsScratch,
     out_tensors: &mut Slab<Arc<Tensor>>,
-) -> (Status, Option<u64>) {
+) -> (Option<Status>, Option<u64>) {
     let table = match table_for(service, t.table, &t.block) {
         Ok(table) => table,
-        Err(status) => return (status, None),
+        Err(status) => return (Some(status), None),
     };
     scratch.ids.clear();
     scratch.ids.extend(t.ids());
-    let missing_from = scratch.missing.len();
+    scratch.missing.clear();
     let ids = &scratch.ids;
-    let missing = &mut scratch.missing;
-    let (status, token) = if in_frame {
-        let start = scratch.block.len();
-        scratch.block.resize(start + t.block.byte_len as usize, 0);
-        let out = &mut scratch.block[start..];
-        let status = crate::panic::guarded("Table::pull", || table.pull(ids, out, missing));
-        if !status.is_some_and(Status::is_ok) {
-            scratch.block.truncate(start);
-        }
-        (status.unwrap_or(Status::Internal), None)
-    } else {
-        let dims: Vec<u64> = t.block.dims.iter().collect();
-        let Ok(mut block) = Tensor::zeros(t.block.dtype, &dims) else {
-            return (Status::ResourceExhausted, None);
-        };
-        let out = block.bytes_mut();
-        let status = crate::panic::guarded("Table::pull", || table.pull(ids, out, missing));
-        let status = status.unwrap_or(Status::Internal);
-        let token = status
-            .is_ok()
-            .then(|| out_tensors.insert(Arc::new(block)) as u64);
-        (status, token)
+    let pull = |out: &mut [u8], missing: &mut Vec<u32>| {
+        crate::panic::guarded("Table::pull", || table.pull(ids, out, missing))
+            .unwrap_or(Status::Internal)
     };
-    let report = &scratch.missing[missing_from..];
+    let direct = enc.response_block(
+        handle,
+        end,
+        index,
+        &t.block,
+        &mut scratch.missing,
+        &mut scratch.block,
+        pull,
+    );
+    let (status, token) = match direct {
+        Ok(None) => return (None, None),
+        Ok(Some(status)) => (status, None),
+        Err(_) => {
+            let dims: Vec<u64> = t.block.dims.iter().collect();
+            let Ok(mut block) = Tensor::zeros(t.block.dtype, &dims) else {
+                return (Some(Status::ResourceExhausted), None);
+            };
+            let status = pull(block.bytes_mut(), &mut scratch.missing);
+            let token = status
+                .is_ok()
+                .then(|| out_tensors.insert(Arc::new(block)) as u64);
+            (status, token)
+        }
+    };
+    let report = &scratch.missing;
     let n = t.len() as u64;
     let ordered = report.windows(2).all(|w| w[0] < w[1]) && report.iter().all(|&p| (p as u64) < n);
     if status.is_ok() && !ordered {
@@ -408,16 +411,12 @@ fn pull_table(
             "table {} reported missing rows out of order or range",
             t.table
         );
-        scratch.missing.truncate(missing_from);
         if let Some(token) = token {
             out_tensors.try_remove(token as usize);
         }
-        return (Status::Internal, None);
+        return (Some(Status::Internal), None);
     }
-    if !status.is_ok() {
-        scratch.missing.truncate(missing_from);
-    }
-    (status, token)
+    (Some(status), token)
 }
 
 /// Applies one table's gradient block of a `PUSH_ROWS`.

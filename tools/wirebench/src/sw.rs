@@ -3,7 +3,8 @@
 
 use starwire::client::Driver;
 use starwire::config::ConfigBuilder;
-use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Tensor};
+use starwire::rows::Rows;
+use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Table, Tensor};
 use starwire::{DType, Status};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,6 +17,45 @@ struct Svc {
     store: Arc<Store>,
     rows: Vec<Arc<Tensor>>,
     big: Arc<Tensor>,
+    table: RowsTable,
+}
+
+/// The rows workloads' table (table 1): u8 rows of `ROW_BYTES` read from the store, pushed
+/// gradient rows added into its accumulators.
+struct RowsTable {
+    store: Arc<Store>,
+    dims: [u64; 1],
+}
+
+impl Table for RowsTable {
+    fn dtype(&self) -> DType {
+        DType::U8
+    }
+    fn row_dims(&self) -> &[u64] {
+        &self.dims
+    }
+    fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status {
+        for (i, (&id, row)) in ids.iter().zip(out.chunks_exact_mut(ROW_BYTES)).enumerate() {
+            match self.store.table_row(id) {
+                Some(r) => row.copy_from_slice(r),
+                None => {
+                    row.fill(0);
+                    missing.push(i as u32);
+                }
+            }
+        }
+        Status::Ok
+    }
+    fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
+        let mut missing = Vec::new();
+        let rows = ids.iter().copied().zip(grads.chunks_exact(ROW_BYTES));
+        self.store.add_rows(rows, &mut missing);
+        if missing.is_empty() {
+            Status::Ok
+        } else {
+            Status::NotFound
+        }
+    }
 }
 
 fn status(code: i32) -> Status {
@@ -53,6 +93,10 @@ impl Service for Svc {
             statuses.push(status(self.store.push_one(&mut shard, *id, t.bytes())));
         }
     }
+
+    fn table(&self, table: u32) -> Option<&dyn Table> {
+        (table == 1).then_some(&self.table as &dyn Table)
+    }
 }
 
 /// Serves on `addr` until the process ends.
@@ -62,6 +106,10 @@ pub fn serve(addr: SocketAddr) -> Result<(Runtime, SocketAddr), String> {
     let svc = Svc {
         rows: store.rows.iter().map(|r| tensor(r)).collect(),
         big: tensor(&store.big),
+        table: RowsTable {
+            store: store.clone(),
+            dims: [ROW_BYTES as u64],
+        },
         store,
     };
     let config = ConfigBuilder::from_env("ps", 0)
@@ -132,15 +180,10 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Option<Samp
             rt.shutdown();
             s.map(Some)
         }
-        // ROWS API: the starwire side of the rows workloads goes here, once starwire can
-        // pull and push rows (`pull_rows` / `push_rows`). What the other kinds do, to do the
-        // same: `w.rows` ids a request from `rows_ids(n, w.rows, ..)`, `w.inflight` requests
-        // in flight on `w.connections` connection(s); the server (`Svc`) answers a pull
-        // from `Store::table_row` and adds a push's rows with `Store::add_rows`; the client
-        // checks every pulled row with `check_row`, sends the rows of `grad_block(w.rows)`
-        // (copied in, as the others do), and counts a request failed if any row is missing.
-        // Until then the table shows these workloads blank for starwire.
-        Op::RowsPull | Op::RowsPush => Ok(None),
+        Op::RowsPull | Op::RowsPush => {
+            let mut e = Embedded::new(config, None).map_err(|e| e.to_string())?;
+            run_rows(&mut e, w, addr, time).map(Some)
+        }
         _ => {
             let mut e = Embedded::new(config, None).map_err(|e| e.to_string())?;
             run_ops(&mut e, w, addr, time).map(Some)
@@ -226,6 +269,70 @@ fn run_ops(
             s.failed += 1;
         }
         c.recycle(done);
+    }
+    s.elapsed = start.elapsed();
+    Ok(s)
+}
+
+/// Keeps `w.inflight` rows requests of `w.rows` ids in flight on one embedded loop: the
+/// same ids (`rows_ids`) and gradient rows (`grad_block`, copied in) as the other kinds,
+/// every pulled row checked, a request failed when a row is missing.
+fn run_rows(
+    e: &mut Embedded,
+    w: &Workload,
+    addr: SocketAddr,
+    time: Duration,
+) -> Result<Sample, String> {
+    let t = e
+        .ping(addr, 8, Some(Instant::now() + TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    e.wait(t).map_err(|e| format!("connect: {e}"))?;
+    let grad = grad_block(w.rows);
+    let dims = [ROW_BYTES as u64];
+    let mut ids = Vec::with_capacity(w.rows);
+    let mut sent: HashMap<u64, (Instant, u64)> = HashMap::with_capacity(w.inflight * 2);
+    let mut check = Vec::with_capacity(w.rows);
+    let mut s = Sample::default();
+    let mut n = 0u64;
+    let start = Instant::now();
+    let end = start + time;
+    loop {
+        let now = Instant::now();
+        while now < end && sent.len() < w.inflight {
+            rows_ids(n, w.rows, &mut ids);
+            let rows = Rows::new(1, DType::U8, &dims, &ids);
+            let d = Some(now + TIMEOUT);
+            let tag = match w.op {
+                Op::RowsPull => e.pull_rows(addr, &[rows], d).map(|t| t.tag()),
+                _ => e.push_rows(addr, &[(rows, &grad[..])], d).map(|t| t.tag()),
+            };
+            sent.insert(tag.map_err(|e| e.to_string())?, (Instant::now(), n));
+            n += 1;
+        }
+        if sent.is_empty() {
+            break;
+        }
+        let done = e.wait_any().map_err(|e| e.to_string())?;
+        let (t0, number) = sent.remove(&done.tag).ok_or("unknown completion")?;
+        let ok = match &done.result {
+            Ok(Reply::Rows(rows)) => {
+                rows_ids(number, w.rows, &mut check);
+                rows.missing(0).is_empty()
+                    && check
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &id)| rows.row(0, i).is_some_and(|r| check_row(id, r)))
+            }
+            Ok(Reply::Pushed(st)) => st.iter().all(|s| *s == Status::Ok),
+            _ => false,
+        };
+        if ok {
+            s.ops += 1;
+            s.latency.record(t0.elapsed());
+        } else {
+            s.failed += 1;
+        }
+        e.recycle(done);
     }
     s.elapsed = start.elapsed();
     Ok(s)
