@@ -38,6 +38,7 @@ use crate::session::{Action, Completion, RecvTarget, Request, Session, SessionPa
 use crate::stats::add;
 use crate::sys::bufpool::BufPool;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
+use crate::sys::uring::SetupFlags;
 use crate::sys::{socket, Backend};
 
 use io::IoConn;
@@ -87,7 +88,12 @@ impl Loop {
         parts: LoopParts,
     ) -> std::io::Result<Loop> {
         let entries = 1024u32;
-        let driver = Driver::new(backend, entries, &shared.doorbell)?;
+        let flags = if cfg.uring_flags {
+            SetupFlags::Auto
+        } else {
+            SetupFlags::Off
+        };
+        let driver = Driver::new(backend, entries, &shared.doorbell, flags)?;
         let session = Session::new(cfg.clone(), shared.counters.clone(), parts.session);
         let mut lp = Loop {
             cfg,

@@ -31,7 +31,7 @@ use nix::libc;
 use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
-use super::uring::{Ring, USER_DATA_DOORBELL};
+use super::uring::{Ring, SetupFlags, USER_DATA_DOORBELL};
 use super::Backend;
 
 /// The slot number reserved for a loop's listener.
@@ -219,10 +219,16 @@ pub struct Driver {
 
 impl Driver {
     /// A driver for `backend` with room for about `entries` operations in flight, waking on
-    /// `doorbell`.
-    pub fn new(backend: Backend, entries: u32, doorbell: &Doorbell) -> io::Result<Driver> {
+    /// `doorbell`; an io_uring ring is set up with `flags` (see [`Ring::with_flags`]: with
+    /// `Auto`, drive the driver from one thread).
+    pub fn new(
+        backend: Backend,
+        entries: u32,
+        doorbell: &Doorbell,
+        flags: SetupFlags,
+    ) -> io::Result<Driver> {
         let io = match backend {
-            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell)?),
+            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell, flags)?),
             Backend::Epoll => Io::Epoll(EpollDriver::new(doorbell)?),
         };
         Ok(Driver {
@@ -525,9 +531,18 @@ pub struct UringDriver {
 }
 
 impl UringDriver {
-    fn new(entries: u32, doorbell: &Doorbell) -> io::Result<UringDriver> {
+    fn new(entries: u32, doorbell: &Doorbell, flags: SetupFlags) -> io::Result<UringDriver> {
+        let ring = Ring::with_flags(entries, flags)?;
+        let caps = ring.capabilities();
+        log::debug!(
+            "io_uring ring: single_issuer {} defer_taskrun {} coop_taskrun {} taskrun_flag {}",
+            caps.single_issuer,
+            caps.defer_taskrun,
+            caps.coop_taskrun,
+            caps.taskrun_flag
+        );
         let mut d = UringDriver {
-            ring: Ring::new(entries)?,
+            ring,
             doorbell_fd: doorbell.as_raw_fd(),
             doorbell_armed: false,
             overflow: Vec::new(),
@@ -575,13 +590,16 @@ impl UringDriver {
         timeout: Option<Duration>,
         f: &mut dyn FnMut(Completion),
     ) -> io::Result<usize> {
+        // One enter at most: it submits everything queued since the last one and, when the
+        // ring defers task work, posts the completions waiting for it.
         if wait && self.overflow.is_empty() && !self.ring.has_completions() {
             self.ring.submit_and_wait(1, timeout)?;
-        } else if self.ring.pending_submissions() > 0 {
+        } else if self.ring.needs_enter() {
             self.ring.submit()?;
         }
-        // With nothing to submit, no syscall: completions are read from the shared ring
-        // (the kernel posts them without our help, as COOP_TASKRUN is not set).
+        // Otherwise no syscall: completions are read from the shared ring. A ring with a
+        // task-work flag raises IORING_SQ_TASKRUN when completions wait for an enter, which
+        // `needs_enter` sees; one without has them posted by the kernel on its own.
         let mut rearm = false;
         let mut n = 0;
         for (user_data, result) in self.overflow.drain(..) {
