@@ -197,6 +197,7 @@ impl Loop {
                 idle_since = None;
                 continue;
             }
+            self.submit_pending();
             if self.stopping && self.finished() {
                 return;
             }
@@ -405,6 +406,15 @@ impl Loop {
         let buf = self.session.release(slot);
         if let Some(index) = conn.pool_buf {
             self.driver.pool().give_back(index, buf);
+        }
+    }
+
+    /// Submits the re-armed receives and accepts the driver keeps queued until its next
+    /// enter: called when a turn found nothing to do, so that they are in the kernel
+    /// before the loop spins or returns to its caller.
+    fn submit_pending(&mut self) {
+        if let Err(e) = self.driver.submit_pending() {
+            log::error!("event loop submit failed: {e}");
         }
     }
 
@@ -678,6 +688,9 @@ impl Loop {
         let mut progress = false;
         while self.turn() {
             progress = true;
+        }
+        if !progress {
+            self.submit_pending();
         }
         if !progress && timeout != Some(Duration::ZERO) {
             let next = self.next_timer(Instant::now());

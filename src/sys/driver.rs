@@ -274,7 +274,7 @@ impl Driver {
                 .build()
                 .user_data((slot as u64) << 8);
             // SAFETY: the cancel entry references no memory.
-            if let Err(e) = unsafe { d.push(&entry) } {
+            if let Err(e) = unsafe { d.push_urgent(&entry) } {
                 log::warn!("cancelling connect on slot {slot}: {e}");
             }
         }
@@ -328,7 +328,7 @@ impl Driver {
                     .user_data(user_data(slot, Op::Connect));
                 // SAFETY: `addr` points into the slot's boxed memory, which the driver keeps
                 // until it is dropped (after its operations have completed).
-                unsafe { d.push(&entry) }
+                unsafe { d.push_urgent(&entry) }
             }
             Io::Epoll(d) => {
                 // SAFETY: `addr`/`len` describe the sockaddr just written.
@@ -430,7 +430,7 @@ impl Driver {
                     .user_data(user_data(slot, Op::Send));
                 // SAFETY: the message and its iovecs live in the slot's boxed memory, kept
                 // until the driver is dropped; the caller keeps the pieces valid.
-                unsafe { d.push(&entry) }
+                unsafe { d.push_urgent(&entry) }
             }
             Io::Epoll(d) => {
                 d.pending(slot).send = Some(msg);
@@ -465,6 +465,17 @@ impl Driver {
     /// The receive-buffer pool.
     pub fn pool(&mut self) -> &mut BufPool {
         &mut self.pool
+    }
+
+    /// Submits every queued entry now, also those [`complete`](Self::complete) leaves
+    /// queued until the next enter (re-armed receives, accepts, the doorbell poll). Call
+    /// when a loop turn found nothing to do, before spinning: otherwise a receive re-armed
+    /// with no send to carry it would wait for the park.
+    pub fn submit_pending(&mut self) -> io::Result<()> {
+        match &mut *self.io {
+            Io::Uring(d) => d.submit_pending(),
+            Io::Epoll(_) => Ok(()),
+        }
     }
 
     /// Makes dropping the driver free nothing and close nothing: for a loop that could not
@@ -522,8 +533,19 @@ fn errno_of_isize(rc: isize) -> i32 {
 }
 
 /// io_uring half: a ring plus the armed doorbell poll.
+///
+/// Entries are submitted lazily, to need one `io_uring_enter` per loop turn or fewer: a
+/// send, connect or cancel (something a peer or a closing connection waits for) is
+/// *urgent* and goes out at the next [`complete`](Driver::complete); a receive, accept or
+/// doorbell poll re-armed after its completion waits for the next enter that happens
+/// anyway (an urgent entry, completions to collect, a park), or for
+/// [`submit_pending`](Driver::submit_pending), which the loop calls when a turn found
+/// nothing to do. Data that arrives meanwhile waits in the socket and completes the
+/// receive as soon as it is submitted.
 pub struct UringDriver {
     ring: Ring,
+    /// An urgent entry is queued.
+    urgent: bool,
     doorbell_fd: RawFd,
     doorbell_armed: bool,
     /// Completions taken out of the ring to make room for a submission; delivered first.
@@ -543,6 +565,7 @@ impl UringDriver {
         );
         let mut d = UringDriver {
             ring,
+            urgent: false,
             doorbell_fd: doorbell.as_raw_fd(),
             doorbell_armed: false,
             overflow: Vec::new(),
@@ -564,6 +587,26 @@ impl UringDriver {
         // owned by the loop's shared state).
         unsafe { self.push(&entry)? };
         self.doorbell_armed = true;
+        Ok(())
+    }
+
+    /// [`push`](Self::push), for an entry to submit at the next `complete`.
+    ///
+    /// # Safety
+    /// As [`Ring::push`].
+    unsafe fn push_urgent(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.push(entry)? };
+        self.urgent = true;
+        Ok(())
+    }
+
+    /// Submits what is queued, urgent or not (no wait).
+    fn submit_pending(&mut self) -> io::Result<()> {
+        if self.ring.pending_submissions() > 0 {
+            self.ring.submit()?;
+            self.urgent = false;
+        }
         Ok(())
     }
 
@@ -594,8 +637,12 @@ impl UringDriver {
         // ring defers task work, posts the completions waiting for it.
         if wait && self.overflow.is_empty() && !self.ring.has_completions() {
             self.ring.submit_and_wait(1, timeout)?;
-        } else if self.ring.needs_enter() {
+            self.urgent = false;
+        } else if self.ring.completions_held()
+            || (self.urgent || wait) && self.ring.pending_submissions() > 0
+        {
             self.ring.submit()?;
+            self.urgent = false;
         }
         // Otherwise no syscall: completions are read from the shared ring. A ring with a
         // task-work flag raises IORING_SQ_TASKRUN when completions wait for an enter, which

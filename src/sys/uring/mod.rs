@@ -520,7 +520,7 @@ impl Ring {
     fn enter(&mut self, want: usize, with_timeout: bool) -> io::Result<usize> {
         let to_submit = self.ring.submission().len() as u32;
         let mut flags = EnterFlags::empty();
-        if want > 0 || self.caps.defer_taskrun || self.kernel_holds_completions() {
+        if want > 0 || self.caps.defer_taskrun || self.completions_held() {
             flags |= EnterFlags::GETEVENTS;
         }
         self.enter_raw(to_submit, want as u32, flags, with_timeout)
@@ -577,7 +577,7 @@ impl Ring {
     /// Whether the kernel has completions that only an enter with GETEVENTS posts: an
     /// overflowed CQ, or task work flagged with `IORING_SQ_TASKRUN`. A load of the shared
     /// SQ flags, no syscall.
-    fn kernel_holds_completions(&mut self) -> bool {
+    pub fn completions_held(&mut self) -> bool {
         let sq = self.ring.submission();
         sq.cq_overflow() || (self.caps.taskrun_flag && sq.taskrun())
     }
@@ -586,7 +586,7 @@ impl Ring {
     /// kernel holds completions back until the loop enters. When false, a spinning loop
     /// reads the completion queue without a syscall.
     pub fn needs_enter(&mut self) -> bool {
-        self.pending_submissions() > 0 || self.kernel_holds_completions()
+        self.pending_submissions() > 0 || self.completions_held()
     }
 
     /// `io_uring_enter` calls made on this ring so far.
@@ -597,9 +597,7 @@ impl Ring {
     /// Whether [`reap`](Self::reap) would deliver something now (for spin-then-park), or an
     /// enter would post some without waiting.
     pub fn has_completions(&mut self) -> bool {
-        !self.stash.is_empty()
-            || !self.ring.completion().is_empty()
-            || self.kernel_holds_completions()
+        !self.stash.is_empty() || !self.ring.completion().is_empty() || self.completions_held()
     }
 
     /// Entries queued but not yet submitted.
