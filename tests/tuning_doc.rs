@@ -95,6 +95,7 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_HANDLER_THREADS,
         starwire::config::ENV_MAX_SERVED,
         starwire::config::ENV_CLOSE_LINGER_MS,
+        starwire::config::ENV_URING_FLAGS,
         "`P_ENABLE_POLLING`",
         "`NETWORK_P_CORE_NUMBER`",
         "`P_DISABLE_PIN_CORES`",
@@ -107,5 +108,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 31, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 32, "{table}");
 }

@@ -87,6 +87,16 @@ settings! {
         setter: plain,
     }
 
+    /// Create each loop's io_uring with task-work setup flags, the best the kernel accepts:
+    /// SINGLE_ISSUER + DEFER_TASKRUN (Linux 6.1), else COOP_TASKRUN (5.19), else none; false
+    /// creates the rings without flags.
+    uring_flags: bool [] {
+        env: [ENV_URING_FLAGS = "STARWIRE_URING_FLAGS"],
+        default: [DEFAULT_URING_FLAGS = true],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
     /// Tensors larger than this travel as chunks of this many bytes. When only `max_frame`
     /// is lowered below the default plus 64, the default follows it down to the largest
     /// multiple of 4 KiB that fits.

@@ -38,6 +38,7 @@ use crate::session::{Action, Completion, RecvTarget, Request, Session, SessionPa
 use crate::stats::add;
 use crate::sys::bufpool::BufPool;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
+use crate::sys::uring::SetupFlags;
 use crate::sys::{socket, Backend};
 
 use io::IoConn;
@@ -87,7 +88,12 @@ impl Loop {
         parts: LoopParts,
     ) -> std::io::Result<Loop> {
         let entries = 1024u32;
-        let driver = Driver::new(backend, entries, &shared.doorbell)?;
+        let flags = if cfg.uring_flags {
+            SetupFlags::Auto
+        } else {
+            SetupFlags::Off
+        };
+        let driver = Driver::new(backend, entries, &shared.doorbell, flags)?;
         let session = Session::new(cfg.clone(), shared.counters.clone(), parts.session);
         let mut lp = Loop {
             cfg,
@@ -191,6 +197,7 @@ impl Loop {
                 idle_since = None;
                 continue;
             }
+            self.submit_pending();
             if self.stopping && self.finished() {
                 return;
             }
@@ -399,6 +406,15 @@ impl Loop {
         let buf = self.session.release(slot);
         if let Some(index) = conn.pool_buf {
             self.driver.pool().give_back(index, buf);
+        }
+    }
+
+    /// Submits the re-armed receives and accepts the driver keeps queued until its next
+    /// enter: called when a turn found nothing to do, so that they are in the kernel
+    /// before the loop spins or returns to its caller.
+    fn submit_pending(&mut self) {
+        if let Err(e) = self.driver.submit_pending() {
+            log::error!("event loop submit failed: {e}");
         }
     }
 
@@ -672,6 +688,9 @@ impl Loop {
         let mut progress = false;
         while self.turn() {
             progress = true;
+        }
+        if !progress {
+            self.submit_pending();
         }
         if !progress && timeout != Some(Duration::ZERO) {
             let next = self.next_timer(Instant::now());

@@ -31,7 +31,7 @@ use nix::libc;
 use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
-use super::uring::{Ring, USER_DATA_DOORBELL};
+use super::uring::{Ring, SetupFlags, USER_DATA_DOORBELL};
 use super::Backend;
 
 /// The slot number reserved for a loop's listener.
@@ -219,10 +219,16 @@ pub struct Driver {
 
 impl Driver {
     /// A driver for `backend` with room for about `entries` operations in flight, waking on
-    /// `doorbell`.
-    pub fn new(backend: Backend, entries: u32, doorbell: &Doorbell) -> io::Result<Driver> {
+    /// `doorbell`; an io_uring ring is set up with `flags` (see [`Ring::with_flags`]: with
+    /// `Auto`, drive the driver from one thread).
+    pub fn new(
+        backend: Backend,
+        entries: u32,
+        doorbell: &Doorbell,
+        flags: SetupFlags,
+    ) -> io::Result<Driver> {
         let io = match backend {
-            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell)?),
+            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell, flags)?),
             Backend::Epoll => Io::Epoll(EpollDriver::new(doorbell)?),
         };
         Ok(Driver {
@@ -268,7 +274,7 @@ impl Driver {
                 .build()
                 .user_data((slot as u64) << 8);
             // SAFETY: the cancel entry references no memory.
-            if let Err(e) = unsafe { d.push(&entry) } {
+            if let Err(e) = unsafe { d.push_urgent(&entry) } {
                 log::warn!("cancelling connect on slot {slot}: {e}");
             }
         }
@@ -322,7 +328,7 @@ impl Driver {
                     .user_data(user_data(slot, Op::Connect));
                 // SAFETY: `addr` points into the slot's boxed memory, which the driver keeps
                 // until it is dropped (after its operations have completed).
-                unsafe { d.push(&entry) }
+                unsafe { d.push_urgent(&entry) }
             }
             Io::Epoll(d) => {
                 // SAFETY: `addr`/`len` describe the sockaddr just written.
@@ -424,7 +430,7 @@ impl Driver {
                     .user_data(user_data(slot, Op::Send));
                 // SAFETY: the message and its iovecs live in the slot's boxed memory, kept
                 // until the driver is dropped; the caller keeps the pieces valid.
-                unsafe { d.push(&entry) }
+                unsafe { d.push_urgent(&entry) }
             }
             Io::Epoll(d) => {
                 d.pending(slot).send = Some(msg);
@@ -459,6 +465,17 @@ impl Driver {
     /// The receive-buffer pool.
     pub fn pool(&mut self) -> &mut BufPool {
         &mut self.pool
+    }
+
+    /// Submits every queued entry now, also those [`complete`](Self::complete) leaves
+    /// queued until the next enter (re-armed receives, accepts, the doorbell poll). Call
+    /// when a loop turn found nothing to do, before spinning: otherwise a receive re-armed
+    /// with no send to carry it would wait for the park.
+    pub fn submit_pending(&mut self) -> io::Result<()> {
+        match &mut *self.io {
+            Io::Uring(d) => d.submit_pending(),
+            Io::Epoll(_) => Ok(()),
+        }
     }
 
     /// Makes dropping the driver free nothing and close nothing: for a loop that could not
@@ -516,8 +533,19 @@ fn errno_of_isize(rc: isize) -> i32 {
 }
 
 /// io_uring half: a ring plus the armed doorbell poll.
+///
+/// Entries are submitted lazily, to need one `io_uring_enter` per loop turn or fewer: a
+/// send, connect or cancel (something a peer or a closing connection waits for) is
+/// *urgent* and goes out at the next [`complete`](Driver::complete); a receive, accept or
+/// doorbell poll re-armed after its completion waits for the next enter that happens
+/// anyway (an urgent entry, completions to collect, a park), or for
+/// [`submit_pending`](Driver::submit_pending), which the loop calls when a turn found
+/// nothing to do. Data that arrives meanwhile waits in the socket and completes the
+/// receive as soon as it is submitted.
 pub struct UringDriver {
     ring: Ring,
+    /// An urgent entry is queued.
+    urgent: bool,
     doorbell_fd: RawFd,
     doorbell_armed: bool,
     /// Completions taken out of the ring to make room for a submission; delivered first.
@@ -525,9 +553,19 @@ pub struct UringDriver {
 }
 
 impl UringDriver {
-    fn new(entries: u32, doorbell: &Doorbell) -> io::Result<UringDriver> {
+    fn new(entries: u32, doorbell: &Doorbell, flags: SetupFlags) -> io::Result<UringDriver> {
+        let ring = Ring::with_flags(entries, flags)?;
+        let caps = ring.capabilities();
+        log::debug!(
+            "io_uring ring: single_issuer {} defer_taskrun {} coop_taskrun {} taskrun_flag {}",
+            caps.single_issuer,
+            caps.defer_taskrun,
+            caps.coop_taskrun,
+            caps.taskrun_flag
+        );
         let mut d = UringDriver {
-            ring: Ring::new(entries)?,
+            ring,
+            urgent: false,
             doorbell_fd: doorbell.as_raw_fd(),
             doorbell_armed: false,
             overflow: Vec::new(),
@@ -549,6 +587,26 @@ impl UringDriver {
         // owned by the loop's shared state).
         unsafe { self.push(&entry)? };
         self.doorbell_armed = true;
+        Ok(())
+    }
+
+    /// [`push`](Self::push), for an entry to submit at the next `complete`.
+    ///
+    /// # Safety
+    /// As [`Ring::push`].
+    unsafe fn push_urgent(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.push(entry)? };
+        self.urgent = true;
+        Ok(())
+    }
+
+    /// Submits what is queued, urgent or not (no wait).
+    fn submit_pending(&mut self) -> io::Result<()> {
+        if self.ring.pending_submissions() > 0 {
+            self.ring.submit()?;
+            self.urgent = false;
+        }
         Ok(())
     }
 
@@ -575,13 +633,20 @@ impl UringDriver {
         timeout: Option<Duration>,
         f: &mut dyn FnMut(Completion),
     ) -> io::Result<usize> {
+        // One enter at most: it submits everything queued since the last one and, when the
+        // ring defers task work, posts the completions waiting for it.
         if wait && self.overflow.is_empty() && !self.ring.has_completions() {
             self.ring.submit_and_wait(1, timeout)?;
-        } else if self.ring.pending_submissions() > 0 {
+            self.urgent = false;
+        } else if self.ring.completions_held()
+            || (self.urgent || wait) && self.ring.pending_submissions() > 0
+        {
             self.ring.submit()?;
+            self.urgent = false;
         }
-        // With nothing to submit, no syscall: completions are read from the shared ring
-        // (the kernel posts them without our help, as COOP_TASKRUN is not set).
+        // Otherwise no syscall: completions are read from the shared ring. A ring with a
+        // task-work flag raises IORING_SQ_TASKRUN when completions wait for an enter, which
+        // `needs_enter` sees; one without has them posted by the kernel on its own.
         let mut rearm = false;
         let mut n = 0;
         for (user_data, result) in self.overflow.drain(..) {

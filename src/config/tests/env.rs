@@ -225,6 +225,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         "PS_DISABLE_PIN_CORES",
         ENV_SPIN_US,
         ENV_BACKEND,
+        ENV_URING_FLAGS,
         ENV_MAX_FRAME,
         ENV_MAX_KEY,
         ENV_MAX_TENSORS,
@@ -400,4 +401,16 @@ fn new_settings_parse_check_and_build() {
         error("ps", &[(ENV_MAX_SERVED, "0")]).to_string(),
         "STARWIRE_MAX_SERVED=\"0\": expected a decimal number of requests from 1 to 1048576"
     );
+}
+
+#[test]
+fn uring_flags_default_on_and_can_be_turned_off() {
+    assert!(config("ps", &[]).unwrap().uring_flags);
+    assert!(!config("ps", &[(ENV_URING_FLAGS, "0")]).unwrap().uring_flags);
+    assert!(
+        !config("worker", &[(ENV_URING_FLAGS, "false")])
+            .unwrap()
+            .uring_flags
+    );
+    assert_rejected("ps", ENV_URING_FLAGS, "off");
 }

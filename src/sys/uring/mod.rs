@@ -85,6 +85,21 @@ pub struct Capabilities {
     pub sq_entries: u32,
     /// Completion queue size the kernel granted.
     pub cq_entries: u32,
+    /// The ring was set up with `IORING_SETUP_SINGLE_ISSUER` (Linux 6.0): only its loop
+    /// thread submits.
+    pub single_issuer: bool,
+    /// The ring was set up with `IORING_SETUP_DEFER_TASKRUN` (Linux 6.1): completions are
+    /// posted only when the loop enters the kernel with GETEVENTS.
+    pub defer_taskrun: bool,
+    /// The ring was set up with `IORING_SETUP_COOP_TASKRUN` (Linux 5.19): no interrupt of
+    /// the loop thread to post completions.
+    pub coop_taskrun: bool,
+    /// The ring was set up with `IORING_SETUP_TASKRUN_FLAG`: the kernel raises
+    /// `IORING_SQ_TASKRUN` when completions wait for an enter.
+    pub taskrun_flag: bool,
+    /// The ring fd is registered (`IORING_REGISTER_RING_FDS`, Linux 5.18): each
+    /// `io_uring_enter` skips the fd lookup.
+    pub registered_ring_fd: bool,
 }
 
 type Check = fn(&Capabilities) -> bool;
@@ -106,6 +121,70 @@ const REQUIRED: [(&str, Check); 13] = [
     ("Timeout", |c| c.timeout),
     ("FEAT_NODROP", |c| c.feat_nodrop),
 ];
+
+/// Which task-work setup flags [`Ring::with_flags`] tries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SetupFlags {
+    /// The best this kernel accepts, tried in order: `SINGLE_ISSUER` + `DEFER_TASKRUN` +
+    /// `TASKRUN_FLAG`, then `COOP_TASKRUN` + `TASKRUN_FLAG`, then none.
+    #[default]
+    Auto,
+    /// No setup flags (the ring as `io_uring_setup` makes it by default).
+    Off,
+}
+
+/// One set of setup flags to try.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// `SINGLE_ISSUER | DEFER_TASKRUN | TASKRUN_FLAG`, created disabled (`R_DISABLED`) and
+    /// enabled by the first thread that enters it, which becomes its only issuer.
+    Deferred,
+    /// `COOP_TASKRUN | TASKRUN_FLAG`.
+    Coop,
+    /// No flags.
+    Plain,
+}
+
+impl Mode {
+    fn build(self, entries: u32) -> io::Result<IoUring> {
+        let mut b = IoUring::builder();
+        match self {
+            Mode::Deferred => {
+                b.setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_taskrun_flag()
+                    .setup_r_disabled();
+            }
+            Mode::Coop => {
+                b.setup_coop_taskrun().setup_taskrun_flag();
+            }
+            Mode::Plain => {}
+        }
+        b.build(entries)
+    }
+}
+
+/// Creates the ring with the first flags in `flags`' order that the kernel accepts. Only
+/// EINVAL (a flag this kernel does not know) moves on to the next; any other error is
+/// returned as it is.
+fn build_ring(entries: u32, flags: SetupFlags) -> io::Result<(IoUring, Mode)> {
+    let order: &[Mode] = match flags {
+        SetupFlags::Auto => &[Mode::Deferred, Mode::Coop, Mode::Plain],
+        SetupFlags::Off => &[Mode::Plain],
+    };
+    let mut last = None;
+    for &mode in order {
+        match mode.build(entries) {
+            Ok(ring) => return Ok((ring, mode)),
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) && mode != Mode::Plain => {
+                log::debug!("io_uring setup with {mode:?} flags refused ({err}); trying fewer");
+                last = Some(err);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EINVAL)))
+}
 
 impl Capabilities {
     /// Probes an existing ring.
@@ -142,6 +221,12 @@ impl Capabilities {
             feat_ext_arg: params.is_feature_ext_arg(),
             sq_entries: params.sq_entries(),
             cq_entries: params.cq_entries(),
+            // Filled in by `Ring::with_flags`, which knows what it asked for.
+            single_issuer: false,
+            defer_taskrun: false,
+            coop_taskrun: false,
+            taskrun_flag: false,
+            registered_ring_fd: false,
         }
     }
 
@@ -187,6 +272,11 @@ pub struct Ring {
     park_timers_live: u32,
     /// Kernel's dropped-completion counter as last seen, to log each new drop once.
     dropped_seen: u32,
+    /// False while a `SINGLE_ISSUER` ring created disabled waits for its first enter, which
+    /// enables it and makes the entering thread its issuer.
+    enabled: bool,
+    /// `io_uring_enter` calls made on this ring.
+    enters: u64,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -209,9 +299,27 @@ impl Ring {
     /// kernel), EMFILE. ENOMEM (before Linux 5.12 ring memory counted against
     /// `RLIMIT_MEMLOCK`) is reported with the limits and the entries asked; its kind stays
     /// `OutOfMemory`.
+    ///
+    /// The ring gets the best task-work setup flags the kernel accepts
+    /// ([`SetupFlags::Auto`]); see [`with_flags`](Self::with_flags).
     pub fn new(entries: u32) -> io::Result<Ring> {
-        let mut ring = IoUring::new(entries).map_err(|err| setup_error(err, entries))?;
-        let caps = Capabilities::probe(&ring);
+        Ring::with_flags(entries, SetupFlags::Auto)
+    }
+
+    /// As [`new`](Self::new), choosing the setup flags.
+    ///
+    /// With [`SetupFlags::Auto`] on Linux 6.1 or later the ring is `SINGLE_ISSUER` +
+    /// `DEFER_TASKRUN`: the first thread that submits to it (or waits on it) becomes the only
+    /// one that may; another thread's `io_uring_enter` then fails (`EEXIST`, reported with
+    /// an explanation). Create it anywhere, but drive it from one thread.
+    pub fn with_flags(entries: u32, flags: SetupFlags) -> io::Result<Ring> {
+        let (mut ring, mode) =
+            build_ring(entries, flags).map_err(|err| setup_error(err, entries))?;
+        let mut caps = Capabilities::probe(&ring);
+        caps.single_issuer = mode == Mode::Deferred;
+        caps.defer_taskrun = mode == Mode::Deferred;
+        caps.coop_taskrun = mode == Mode::Coop;
+        caps.taskrun_flag = mode != Mode::Plain;
         let dropped_seen = ring.completion().overflow();
         Ok(Ring {
             ring,
@@ -221,6 +329,8 @@ impl Ring {
             park_ts: Box::new(types::Timespec::new()),
             park_timers_live: 0,
             dropped_seen,
+            enabled: mode != Mode::Deferred,
+            enters: 0,
             _not_sync: PhantomData,
         })
     }
@@ -268,9 +378,13 @@ impl Ring {
     ///
     /// Retries on EINTR. On EBUSY/EAGAIN, moves ready completions into the stash and
     /// retries; returns that error only when nothing could be moved (the caller must reap).
+    ///
+    /// Also posts completions whose task work waits for an enter (`IORING_SQ_TASKRUN`, or
+    /// always on a `DEFER_TASKRUN` ring), so it is the call to make when
+    /// [`needs_enter`](Self::needs_enter) says so, even with nothing queued.
     pub fn submit(&mut self) -> io::Result<usize> {
         loop {
-            match self.ring.submit() {
+            match self.enter(0, false) {
                 Ok(n) => return Ok(n),
                 Err(err) => match err.raw_os_error() {
                     Some(libc::EINTR) => continue,
@@ -316,13 +430,7 @@ impl Ring {
 
     /// One `io_uring_enter` with GETEVENTS; `with_timeout` passes `park_ts` as EXT_ARG.
     fn enter_wait(&mut self, want: usize, with_timeout: bool) -> io::Result<usize> {
-        let res = if with_timeout {
-            let args = types::SubmitArgs::new().timespec(&self.park_ts);
-            self.ring.submitter().submit_with_args(want, &args)
-        } else {
-            self.ring.submitter().submit_and_wait(want)
-        };
-        match res {
+        match self.enter(want, with_timeout) {
             Ok(n) => Ok(n),
             Err(err) => match err.raw_os_error() {
                 // Timed out or interrupted: a wakeup like any other; the loop re-checks.
@@ -369,9 +477,9 @@ impl Ring {
     /// touch the ring; record follow-up work and push it after `reap` returns.
     pub fn reap(&mut self, mut f: impl FnMut(u64, i32, u32)) -> usize {
         let mut delivered = 0;
-        let park_timers_live = &mut self.park_timers_live;
+        let mut timers_done = 0u32;
         let mut deliver = |user_data: u64, result: i32, flags: u32| match user_data {
-            USER_DATA_PARK_TIMEOUT => *park_timers_live = park_timers_live.saturating_sub(1),
+            USER_DATA_PARK_TIMEOUT => timers_done += 1,
             USER_DATA_PARK_TIMEOUT_REMOVE => {}
             _ => {
                 delivered += 1;
@@ -390,16 +498,7 @@ impl Ring {
             }
             // The kernel holds completions that did not fit; an enter with GETEVENTS moves
             // them into the (now drained) completion queue. Nothing is submitted here.
-            // SAFETY: no argument pointer is passed (None), so there is nothing to keep valid.
-            let flushed = unsafe {
-                self.ring.submitter().enter::<libc::sigset_t>(
-                    0,
-                    0,
-                    EnterFlags::GETEVENTS.bits(),
-                    None,
-                )
-            };
-            match flushed {
+            match self.enter_raw(0, 0, EnterFlags::GETEVENTS, false) {
                 Ok(_) => {}
                 Err(err) if err.raw_os_error() == Some(libc::EINTR) => {}
                 Err(err) => {
@@ -408,15 +507,97 @@ impl Ring {
                 }
             }
         }
+        self.park_timers_live = self.park_timers_live.saturating_sub(timers_done);
         self.note_dropped();
         delivered
     }
 
-    /// Whether [`reap`](Self::reap) would deliver something now (for spin-then-park).
+    /// The one caller of `io_uring_enter` besides [`reap`](Self::reap)'s overflow flush:
+    /// submits every queued entry, waits for `want` completions (bounded by `park_ts` when
+    /// `with_timeout`), and asks for GETEVENTS whenever the kernel may hold completions
+    /// back: when waiting, on a `DEFER_TASKRUN` ring (whose completions are only posted
+    /// by such an enter), on a flagged `IORING_SQ_TASKRUN`, or on a CQ overflow.
+    fn enter(&mut self, want: usize, with_timeout: bool) -> io::Result<usize> {
+        let to_submit = self.ring.submission().len() as u32;
+        let mut flags = EnterFlags::empty();
+        if want > 0 || self.caps.defer_taskrun || self.completions_held() {
+            flags |= EnterFlags::GETEVENTS;
+        }
+        self.enter_raw(to_submit, want as u32, flags, with_timeout)
+    }
+
+    fn enter_raw(
+        &mut self,
+        to_submit: u32,
+        want: u32,
+        mut flags: EnterFlags,
+        with_timeout: bool,
+    ) -> io::Result<usize> {
+        if !self.enabled {
+            // A SINGLE_ISSUER ring created disabled: this thread becomes its issuer.
+            self.ring.submitter().register_enable_rings()?;
+            self.enabled = true;
+        }
+        self.enters += 1;
+        let res = if with_timeout {
+            flags |= EnterFlags::EXT_ARG;
+            let args = types::SubmitArgs::new().timespec(&self.park_ts);
+            // SAFETY: `args` (and the boxed timespec it points at) outlive the call; EXT_ARG
+            // tells the kernel the argument is an `io_uring_getevents_arg` of this size.
+            unsafe {
+                self.ring
+                    .submitter()
+                    .enter(to_submit, want, flags.bits(), Some(&args))
+            }
+        } else {
+            // SAFETY: no argument pointer is passed (None), so there is nothing to keep valid.
+            unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(to_submit, want, flags.bits(), None)
+            }
+        };
+        res.map_err(|err| {
+            if err.raw_os_error() == Some(libc::EEXIST) && self.caps.single_issuer {
+                io::Error::new(
+                    err.kind(),
+                    format!(
+                        "io_uring_enter: {err}: this SINGLE_ISSUER ring belongs to the thread \
+                         that first used it; drive a loop from one thread (or create rings \
+                         without setup flags: {}=false)",
+                        super::URING_FLAGS_ENV
+                    ),
+                )
+            } else {
+                err
+            }
+        })
+    }
+
+    /// Whether the kernel has completions that only an enter with GETEVENTS posts: an
+    /// overflowed CQ, or task work flagged with `IORING_SQ_TASKRUN`. A load of the shared
+    /// SQ flags, no syscall.
+    pub fn completions_held(&mut self) -> bool {
+        let sq = self.ring.submission();
+        sq.cq_overflow() || (self.caps.taskrun_flag && sq.taskrun())
+    }
+
+    /// Whether [`submit`](Self::submit) has something to do: entries are queued, or the
+    /// kernel holds completions back until the loop enters. When false, a spinning loop
+    /// reads the completion queue without a syscall.
+    pub fn needs_enter(&mut self) -> bool {
+        self.pending_submissions() > 0 || self.completions_held()
+    }
+
+    /// `io_uring_enter` calls made on this ring so far.
+    pub fn enters(&self) -> u64 {
+        self.enters
+    }
+
+    /// Whether [`reap`](Self::reap) would deliver something now (for spin-then-park), or an
+    /// enter would post some without waiting.
     pub fn has_completions(&mut self) -> bool {
-        !self.stash.is_empty()
-            || !self.ring.completion().is_empty()
-            || self.ring.submission().cq_overflow()
+        !self.stash.is_empty() || !self.ring.completion().is_empty() || self.completions_held()
     }
 
     /// Entries queued but not yet submitted.
@@ -562,316 +743,4 @@ fn register_error(err: io::Error, bufs: &[libc::iovec]) -> io::Error {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sys::doorbell::Doorbell;
-    use std::io::Write;
-    use std::os::unix::net::UnixStream;
-    use std::time::Instant;
-
-    fn nop(user_data: u64) -> squeue::Entry {
-        opcode::Nop::new().build().user_data(user_data)
-    }
-
-    fn reap_all(ring: &mut Ring, want: usize) -> Vec<(u64, i32)> {
-        let mut got = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while got.len() < want && Instant::now() < deadline {
-            ring.submit_and_wait(1, Some(Duration::from_millis(100)))
-                .unwrap();
-            ring.reap(|ud, res, _| got.push((ud, res)));
-        }
-        got
-    }
-
-    #[test]
-    fn ring_is_send() {
-        fn check<T: Send>() {}
-        check::<Ring>();
-    }
-
-    #[test]
-    fn probe_finds_what_the_loop_needs() {
-        let ring = Ring::new(8).unwrap();
-        let caps = ring.capabilities();
-        assert!(
-            caps.nop && caps.recv && caps.send && caps.poll_add,
-            "{caps:?}"
-        );
-        assert_eq!(caps.missing_required().count(), 0, "{caps:?}");
-        assert!(caps.sq_entries >= 8 && caps.cq_entries >= caps.sq_entries);
-    }
-
-    #[test]
-    fn nop_round_trips_user_data() {
-        let mut ring = Ring::new(8).unwrap();
-        // SAFETY: Nop references no memory.
-        unsafe { ring.push(&nop(42)).unwrap() };
-        assert_eq!(ring.pending_submissions(), 1);
-        ring.submit_and_wait(1, None).unwrap();
-        let mut got = Vec::new();
-        assert_eq!(ring.reap(|ud, res, flags| got.push((ud, res, flags))), 1);
-        assert_eq!(got, vec![(42, 0, 0)]);
-        assert!(!ring.has_completions());
-    }
-
-    #[test]
-    fn push_more_than_the_submission_queue_holds() {
-        let mut ring = Ring::new(4).unwrap();
-        assert_eq!(ring.capabilities().sq_entries, 4);
-        let mut seen = Vec::new();
-        for i in 0..64 {
-            // SAFETY: Nop references no memory.
-            unsafe { ring.push(&nop(i)).unwrap() };
-            // Reap as we go so this test is about the full submission queue, not the CQ.
-            ring.reap(|ud, _, _| seen.push(ud));
-        }
-        ring.submit().unwrap();
-        seen.extend(
-            reap_all(&mut ring, 64 - seen.len())
-                .into_iter()
-                .map(|(ud, _)| ud),
-        );
-        seen.sort_unstable();
-        assert_eq!(seen, (0..64).collect::<Vec<u64>>());
-        assert_eq!(ring.pending_submissions(), 0);
-    }
-
-    #[test]
-    fn completion_overflow_is_flushed_and_nothing_is_lost() {
-        let mut ring = Ring::new(4).unwrap();
-        let cq = ring.capabilities().cq_entries as u64;
-        let total = 64u64;
-        assert!(total > cq * 4);
-        for i in 0..total {
-            // SAFETY: Nop references no memory.
-            unsafe { ring.push(&nop(i)).unwrap() };
-        }
-        ring.submit().unwrap();
-        // 64 inline NOP completions cannot fit in the CQ: the kernel (NODROP) keeps the rest
-        // on its overflow list and raises IORING_SQ_CQ_OVERFLOW.
-        assert!(ring.ring.submission().cq_overflow());
-        let mut seen = vec![false; total as usize];
-        let mut count = 0u64;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while count < total && Instant::now() < deadline {
-            count += ring.reap(|ud, res, _| {
-                assert_eq!(res, 0);
-                assert!(!seen[ud as usize], "user_data {ud} delivered twice");
-                seen[ud as usize] = true;
-            }) as u64;
-            if count < total {
-                ring.submit_and_wait(1, Some(Duration::from_millis(50)))
-                    .unwrap();
-            }
-        }
-        assert_eq!(count, total);
-        assert_eq!(ring.dropped_completions(), 0);
-        assert!(!ring.has_completions());
-    }
-
-    #[test]
-    fn stashed_completions_are_delivered_first() {
-        // The EBUSY path cannot be provoked on a modern kernel; exercise its mechanics.
-        let mut ring = Ring::new(4).unwrap();
-        for i in 0..3 {
-            // SAFETY: Nop references no memory.
-            unsafe { ring.push(&nop(i)).unwrap() };
-        }
-        ring.submit_and_wait(3, None).unwrap();
-        assert_eq!(ring.stash_completions(), 3);
-        assert!(ring.has_completions());
-        // With something stashed, a park must not block.
-        let t = Instant::now();
-        ring.submit_and_wait(1, None).unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1));
-        // SAFETY: Nop references no memory.
-        unsafe { ring.push(&nop(3)).unwrap() };
-        ring.submit().unwrap();
-        let got = reap_all(&mut ring, 4);
-        let order: Vec<u64> = got.iter().map(|&(ud, _)| ud).collect();
-        assert_eq!(order, vec![0, 1, 2, 3]);
-    }
-
-    #[test]
-    fn park_with_timeout_and_no_work_returns_after_timeout() {
-        let mut ring = Ring::new(8).unwrap();
-        for ext_arg in [true, false] {
-            ring.use_ext_arg = ext_arg && ring.caps.feat_ext_arg;
-            let t = Instant::now();
-            ring.submit_and_wait(1, Some(Duration::from_millis(50)))
-                .unwrap();
-            let took = t.elapsed();
-            assert!(took >= Duration::from_millis(45), "{ext_arg}: {took:?}");
-            assert!(took < Duration::from_secs(2), "{ext_arg}: {took:?}");
-            assert_eq!(
-                ring.reap(|ud, _, _| panic!("unexpected completion {ud}")),
-                0
-            );
-        }
-        // Fallback timers do not pile up: park again, then a NOP arrives first.
-        ring.use_ext_arg = false;
-        // SAFETY: Nop references no memory.
-        unsafe { ring.push(&nop(7)).unwrap() };
-        ring.submit_and_wait(1, Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut got = Vec::new();
-        ring.reap(|ud, _, _| got.push(ud));
-        assert_eq!(got, vec![7]);
-        assert_eq!(ring.park_timers_live, 1, "the 10 s timer is still armed");
-        // Parking again removes the stale 10 s timer (its ECANCELED completion and the
-        // remove's own are swallowed) and arms a 20 ms one.
-        ring.submit_and_wait(1, Some(Duration::from_millis(20)))
-            .unwrap();
-        assert_eq!(
-            ring.reap(|ud, _, _| panic!("unexpected completion {ud}")),
-            0
-        );
-        assert!(ring.park_timers_live <= 2);
-        // Only the 20 ms timer is left: an unbounded park ends when it fires, and then no
-        // timer is live (had the 10 s one survived, one would still be counted).
-        let t = Instant::now();
-        while ring.park_timers_live > 0 && t.elapsed() < Duration::from_secs(2) {
-            ring.submit_and_wait(1, None).unwrap();
-            assert_eq!(
-                ring.reap(|ud, _, _| panic!("unexpected completion {ud}")),
-                0
-            );
-        }
-        assert_eq!(ring.park_timers_live, 0);
-        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-    }
-
-    #[test]
-    fn recv_on_a_unix_stream_pair_completes_with_the_bytes() {
-        let (mut a, b) = UnixStream::pair().unwrap();
-        let mut ring = Ring::new(8).unwrap();
-        let mut buf = vec![0u8; 64];
-        let entry = opcode::Recv::new(types::Fd(b.as_raw_fd()), buf.as_mut_ptr(), buf.len() as u32)
-            .build()
-            .user_data(5);
-        // SAFETY: `buf` and `b` outlive the completion, which is reaped below before either
-        // is dropped.
-        unsafe { ring.push(&entry).unwrap() };
-        ring.submit().unwrap();
-        a.write_all(b"tensor bytes").unwrap();
-        let got = reap_all(&mut ring, 1);
-        assert_eq!(got, vec![(5, 12)]);
-        assert_eq!(&buf[..12], b"tensor bytes");
-    }
-
-    #[test]
-    fn doorbell_wakes_a_poll_and_a_read() {
-        let bell = std::sync::Arc::new(Doorbell::new().unwrap());
-        let mut ring = Ring::new(8).unwrap();
-        let poll = opcode::PollAdd::new(types::Fd(bell.as_raw_fd()), libc::POLLIN as u32)
-            .build()
-            .user_data(USER_DATA_DOORBELL);
-        // SAFETY: PollAdd references no memory; the eventfd outlives the completion.
-        unsafe { ring.push(&poll).unwrap() };
-        ring.submit().unwrap();
-        let producer = {
-            let bell = bell.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(20));
-                bell.ring();
-            })
-        };
-        let got = reap_all(&mut ring, 1);
-        producer.join().unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].0, USER_DATA_DOORBELL);
-        assert!(got[0].1 & libc::POLLIN as i32 != 0);
-        assert_eq!(bell.drain(), 1);
-
-        // The same through a Read of the counter into a buffer owned by the test.
-        let mut counter = Box::new([0u8; 8]);
-        let read = opcode::Read::new(types::Fd(bell.as_raw_fd()), counter.as_mut_ptr(), 8)
-            .build()
-            .user_data(USER_DATA_DOORBELL);
-        // SAFETY: `counter` is boxed and outlives the completion, reaped below.
-        unsafe { ring.push(&read).unwrap() };
-        ring.submit().unwrap();
-        let producer = {
-            let bell = bell.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(20));
-                bell.ring();
-            })
-        };
-        let got = reap_all(&mut ring, 1);
-        producer.join().unwrap();
-        assert_eq!(got, vec![(USER_DATA_DOORBELL, 8)]);
-        assert_eq!(u64::from_ne_bytes(*counter), 1);
-    }
-
-    #[test]
-    fn read_fixed_receives_from_a_stream_socket_into_a_registered_buffer() {
-        let (mut a, b) = UnixStream::pair().unwrap();
-        let mut ring = Ring::new(8).unwrap();
-        let mut buf = vec![0u8; 4096];
-        let iov = [libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        }];
-        // SAFETY: `buf` outlives the registration, which ends when `ring` is dropped first.
-        if let Err(err) = unsafe { ring.register_buffers(&iov) } {
-            // Only a memlock limit too low for one page may refuse it.
-            assert!(err.to_string().contains("RLIMIT_MEMLOCK"), "{err}");
-            return;
-        }
-        let at = buf[100..].as_mut_ptr();
-        let read = opcode::ReadFixed::new(types::Fd(b.as_raw_fd()), at, 64, 0)
-            .build()
-            .user_data(9);
-        // SAFETY: `buf[100..164]` is registered buffer 0, and it and `b` outlive the
-        // completion, reaped below.
-        unsafe { ring.push(&read).unwrap() };
-        ring.submit().unwrap();
-        a.write_all(b"fixed bytes").unwrap();
-        assert_eq!(reap_all(&mut ring, 1), vec![(9, 11)]);
-        // A range outside the registered buffer is refused by the kernel, not written.
-        let mut other = vec![0u8; 64];
-        let read = opcode::ReadFixed::new(types::Fd(b.as_raw_fd()), other.as_mut_ptr(), 64, 0)
-            .build()
-            .user_data(10);
-        // SAFETY: the kernel rejects the range before touching memory; `other` outlives
-        // the completion anyway.
-        unsafe { ring.push(&read).unwrap() };
-        ring.submit().unwrap();
-        a.write_all(b"more").unwrap();
-        assert_eq!(reap_all(&mut ring, 1), vec![(10, -libc::EFAULT)]);
-        drop(ring);
-        assert_eq!(&buf[100..111], b"fixed bytes");
-        assert!(other.iter().all(|&x| x == 0));
-    }
-
-    #[test]
-    fn register_buffers_small_works_and_errors_carry_numbers() {
-        let mut ring = Ring::new(8).unwrap();
-        let mut buf = vec![0u8; 4096];
-        let iov = [libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        }];
-        // SAFETY: `buf` outlives the registration, undone below.
-        match unsafe { ring.register_buffers(&iov) } {
-            Ok(()) => ring.unregister_buffers().unwrap(),
-            // A tiny memlock limit without CAP_IPC_LOCK: the message must say so.
-            Err(err) => assert!(err.to_string().contains("RLIMIT_MEMLOCK"), "{err}"),
-        }
-        let err = register_error(io::Error::from_raw_os_error(libc::ENOMEM), &iov);
-        let msg = err.to_string();
-        assert_eq!(err.kind(), io::ErrorKind::OutOfMemory);
-        assert!(
-            msg.contains("4096 bytes") && msg.contains("RLIMIT_MEMLOCK soft="),
-            "{msg}"
-        );
-        let err = setup_error(io::Error::from_raw_os_error(libc::ENOMEM), 256);
-        assert_eq!(err.kind(), io::ErrorKind::OutOfMemory);
-        assert!(err.to_string().contains("256 entries"), "{err}");
-        let err = setup_error(io::Error::from_raw_os_error(libc::EPERM), 256);
-        assert_eq!(err.raw_os_error(), Some(libc::EPERM));
-        drop(buf);
-    }
-}
+mod tests;
