@@ -48,7 +48,7 @@ impl Default for EncoderConfig {
             max_frame: wire::Limits::default().max_frame,
             chunk_size: 4 << 20,
             inline_threshold: 256,
-            block_size: 64 << 10,
+            block_size: 128 << 10,
         }
     }
 }
