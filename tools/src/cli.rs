@@ -242,6 +242,10 @@ impl PingArgs {
     error_code(2, "usage or configuration error, or the address cannot be bound")
 )]
 pub struct ServeArgs {
+    /// more log output on stderr, as commctl -v (repeat for more; -v says what is served)
+    #[argh(switch, short = 'v')]
+    pub verbose: u8,
+
     /// the address to listen on, HOST:PORT (port 0 picks a free one)
     #[argh(option, short = 'l', arg_name = "addr")]
     pub listen: Option<String>,

@@ -537,6 +537,14 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
         );
         let _ = out.flush();
     }
+    log::info!(
+        "serving pull and push of ids 0..{} ({} B u8 tensors), recv of keys t/0..t/{}, and \
+         PULL_ROWS and PUSH_ROWS of {}",
+        content.tensors,
+        content.tensor_size,
+        content.tensors - 1,
+        content.table
+    );
     let signal = signals::wait();
     let f = server.stop();
     let stats = f.stats;

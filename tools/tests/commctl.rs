@@ -81,7 +81,11 @@ impl Server {
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("serve starts");
+        Server::from_child(cmd.spawn().expect("serve starts"))
+    }
+
+    /// A started `commctl serve` with piped stdout and stderr, once it prints its address.
+    fn from_child(mut child: Child) -> Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -1146,4 +1150,25 @@ fn serve_says_what_table_it_serves() {
         stderr.contains("table 3: 0 rows pulled (0 missing), 0 rows pushed, 0 rows stored"),
         "{stderr}"
     );
+    // Without -v the table is named only on stdout; with -v (after serve or before it)
+    // the log says what is served, rows included.
+    assert!(!stderr.contains("info: serving"), "{stderr}");
+    for verbose in [&["serve", "-v"][..], &["-v", "serve"][..]] {
+        let mut cmd = commctl(verbose);
+        cmd.args(["--listen", "127.0.0.1:0", "--loops", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().expect("serve starts");
+        let mut server = Server::from_child(child);
+        let (code, stderr) = server.signal("TERM");
+        assert_eq!(code, 0, "{verbose:?}: {stderr}");
+        assert!(
+            stderr.contains(
+                "commctl: info: serving pull and push of ids 0..1024 (4096 B u8 tensors), recv \
+                 of keys t/0..t/1023, and PULL_ROWS and PUSH_ROWS of table 1: rows of 16 f32 \
+                 (64 B), zeros, sgd lr 0.01"
+            ),
+            "{verbose:?}: {stderr}"
+        );
+    }
 }
