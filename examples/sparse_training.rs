@@ -14,11 +14,27 @@
 //! categorical features: one row of `--dim` f32 per feature id, sharded over the PS tasks by
 //! id. Labels come from a ground-truth model of the same form, so the best reachable loss is
 //! known and printed next to the reached one. Per step, a worker draws a batch, pulls the
-//! rows of the batch's distinct ids with one request per PS task (a fused pull: hundreds of
-//! rows, one round trip), computes the gradients, and pushes one gradient row per id, again
-//! one request per PS task. The PS tasks apply Adagrad in their push handler. With
-//! `--unfused`, every row is pulled and pushed by a request of its own instead (64 in
-//! flight), to show what fusion saves.
+//! rows of the batch's distinct ids, computes the gradients, and pushes one gradient row per
+//! id. The PS tasks apply Adagrad as the gradients arrive.
+//!
+//! How rows travel is chosen on the command line:
+//!
+//! - by default, as embedding rows: the worker's [`Sharded`] client spreads the ids over the
+//!   PS tasks and sends one `PULL_ROWS` and one `PUSH_ROWS` frame per PS task and step, each
+//!   carrying its rows as one packed block (an 8-byte id and the row's bytes per row). The
+//!   PS serves them from its shard of the model through the [`Table`] trait;
+//! - with `--per-tensor`, as tensors: one fused `PULL` and one fused `PUSH` per PS task and
+//!   step, one tensor (with its own descriptor) per row, served by `Service::pull` and
+//!   `Service::push`;
+//! - with `--unfused`, every row pulled and pushed by a request of its own (64 in flight),
+//!   to show what fusion saves.
+//!
+//! Either way the PS holds the same [`Shard`] (the model's rows and their Adagrad state), so
+//! the loss and AUC are those of the same model. Each worker times its steps: communication
+//! (the pull and the push, from the first request to the last answer) beside compute (the
+//! model's forward and backward pass) and data (drawing the batch); the coordinator prints
+//! communication and compute per interval, each worker's summary line, and the means per
+//! step over all workers.
 
 #[path = "sparse_training/model.rs"]
 mod model;
@@ -26,8 +42,9 @@ mod model;
 use model::{Batch, Generator, ModelConfig, Scratch, Shard};
 use starwire::cluster::{ClusterSpec, TaskId};
 use starwire::config::ConfigBuilder;
-use starwire::{Completion, Handle, Options, Peer, Resolver, Runtime, Service, Tensor};
-use starwire::{DType, Status};
+use starwire::rows::Partition;
+use starwire::{Completion, Handle, Options, Peer, Resolver, Runtime, Service, Sharded};
+use starwire::{DType, Status, Table, Tensor};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -52,10 +69,39 @@ options:
   --dim N           f32 per row (default 16: 64-byte rows)
   --lr X            Adagrad learning rate (default 0.05)
   --eval N          held-out examples evaluated at the end (default 100000)
-  --unfused         one request per row instead of one per PS task and step
+  --per-tensor      pull and push rows as tensors (one fused request per PS task and
+                    step, a tensor per row) instead of as packed rows blocks
+  --unfused         one request per row (as tensors) instead of one per PS task and step
   --check           exit with status 1 unless training went well (for tests)
   --help            this text
 ";
+
+/// How a worker's rows travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transfer {
+    /// `PULL_ROWS` and `PUSH_ROWS` through the sharded rows client: one frame per PS task
+    /// and step each way, the rows in one packed block.
+    Rows,
+    /// Fused `PULL` and `PUSH`: one request per PS task and step, one tensor per row.
+    PerTensor,
+    /// One `PULL` and one `PUSH` per row.
+    Unfused,
+}
+
+impl Transfer {
+    fn describe(self) -> &'static str {
+        match self {
+            Transfer::Rows => {
+                "as rows: one PULL_ROWS and one PUSH_ROWS frame per PS task and step, \
+                 one packed block of rows each"
+            }
+            Transfer::PerTensor => {
+                "per tensor, fused: one request per PS task and step, a tensor per row"
+            }
+            Transfer::Unfused => "per tensor, unfused: one request per row",
+        }
+    }
+}
 
 /// Settings of a run, parsed from the command line (and passed on to the tasks).
 #[derive(Clone, Debug)]
@@ -66,6 +112,7 @@ struct Args {
     interval: f64,
     model: ModelConfig,
     eval: usize,
+    per_tensor: bool,
     unfused: bool,
     check: bool,
     /// Set for the tasks this program starts: `ps:0`, `worker:1`, ...
@@ -89,6 +136,7 @@ impl Args {
             interval: 5.0,
             model: ModelConfig::default(),
             eval: 100_000,
+            per_tensor: false,
             unfused: false,
             check: false,
             role: None,
@@ -114,6 +162,7 @@ impl Args {
                 "--dim" => a.model.dim = num(&flag, value()?)?,
                 "--lr" => a.model.learning_rate = num(&flag, value()?)?,
                 "--eval" => a.eval = num(&flag, value()?)?,
+                "--per-tensor" => a.per_tensor = true,
                 "--unfused" => a.unfused = true,
                 "--check" => a.check = true,
                 "--role" => {
@@ -164,10 +213,24 @@ impl Args {
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
         .collect();
+        if self.per_tensor {
+            v.push("--per-tensor".into());
+        }
         if self.unfused {
             v.push("--unfused".into());
         }
         v
+    }
+
+    /// How rows travel: `--unfused` is per tensor too.
+    fn transfer(&self) -> Transfer {
+        if self.unfused {
+            Transfer::Unfused
+        } else if self.per_tensor {
+            Transfer::PerTensor
+        } else {
+            Transfer::Rows
+        }
     }
 }
 
@@ -220,16 +283,87 @@ fn resolver(args: &Args) -> Res<Resolver> {
 // ---------------------------------------------------------------------------------------
 // PS task
 
-/// A PS task's shard of the model. Each PS runs one event loop, so the lock is never
-/// contended: it only makes the shard `Sync` as `Service` requires.
+/// The table the PS tasks serve the model's rows as.
+const TABLE: u32 = 1;
+
+/// A PS task's shard of the model, served both ways: as tensors by id (`Service::pull` and
+/// `Service::push`) and as table [`TABLE`] of embedding rows (the [`Table`] it is). Each PS
+/// runs one event loop, so the lock is never contended: it only makes the shard `Sync` as
+/// `Service` requires.
 struct Ps {
     shard: Mutex<Shard>,
     dim: usize,
+    /// `[dim]`: the shape of a row.
+    row_dims: [u64; 1],
     pulled: std::sync::atomic::AtomicU64,
     pushed: std::sync::atomic::AtomicU64,
 }
 
+/// Reads little-endian f32s from `bytes` into `out`.
+fn f32s_from_le(bytes: &[u8], out: &mut [f32]) {
+    for (v, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
+/// Writes `values` into `bytes` as little-endian f32s.
+fn f32s_to_le(values: &[f32], bytes: &mut [u8]) {
+    for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
+        b.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The shard as a table of rows of `dim` f32: a pull reads the rows (a row never updated
+/// reads as its initial value, so none is missing), a push applies Adagrad to each.
+impl Table for Ps {
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+
+    fn row_dims(&self) -> &[u64] {
+        &self.row_dims
+    }
+
+    fn pull(&self, ids: &[u64], out: &mut [u8], _missing: &mut Vec<u32>) -> Status {
+        let row_bytes = self.dim * 4;
+        if out.len() != ids.len() * row_bytes {
+            return Status::InvalidArgument;
+        }
+        let shard = self.shard.lock().unwrap();
+        let mut row = [0f32; 1024];
+        let row = &mut row[..self.dim];
+        for (&id, dst) in ids.iter().zip(out.chunks_exact_mut(row_bytes)) {
+            shard.read(id, row);
+            f32s_to_le(row, dst);
+        }
+        self.pulled
+            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Status::Ok
+    }
+
+    fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
+        let row_bytes = self.dim * 4;
+        if grads.len() != ids.len() * row_bytes {
+            return Status::InvalidArgument;
+        }
+        let mut shard = self.shard.lock().unwrap();
+        let mut grad = [0f32; 1024];
+        let grad = &mut grad[..self.dim];
+        for (&id, g) in ids.iter().zip(grads.chunks_exact(row_bytes)) {
+            f32s_from_le(g, grad);
+            shard.apply(id, grad);
+        }
+        self.pushed
+            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Status::Ok
+    }
+}
+
 impl Service for Ps {
+    fn table(&self, table: u32) -> Option<&dyn Table> {
+        (table == TABLE).then_some(self as &dyn Table)
+    }
+
     fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
         let shard = self.shard.lock().unwrap();
         let mut row = [0f32; 1024];
@@ -253,9 +387,7 @@ impl Service for Ps {
                 continue;
             }
             let grad = &mut grad[..self.dim];
-            for (g, b) in grad.iter_mut().zip(t.bytes().chunks_exact(4)) {
-                *g = f32::from_le_bytes(b.try_into().unwrap());
-            }
+            f32s_from_le(t.bytes(), grad);
             shard.apply(*id, grad);
             statuses.push(Status::Ok);
         }
@@ -276,6 +408,7 @@ fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
     let ps = Arc::new(Ps {
         shard: Mutex::new(Shard::new(&args.model)),
         dim: args.model.dim,
+        row_dims: [args.model.dim as u64],
         pulled: Default::default(),
         pushed: Default::default(),
     });
@@ -322,12 +455,56 @@ struct Interval {
     push_rpcs: u64,
     rows: u64,
     failed: u64,
+    /// Time the steps spent pulling, pushing, computing and drawing their batches, in
+    /// nanoseconds.
+    pull_ns: u64,
+    push_ns: u64,
+    compute_ns: u64,
+    data_ns: u64,
 }
 
 impl Interval {
+    /// Mean communication time per step (pull and push), in milliseconds.
+    fn comm_ms(&self) -> f64 {
+        (self.pull_ns + self.push_ns) as f64 / 1e6 / self.steps.max(1) as f64
+    }
+
+    /// Mean compute time per step, in milliseconds.
+    fn compute_ms(&self) -> f64 {
+        self.compute_ns as f64 / 1e6 / self.steps.max(1) as f64
+    }
+
+    /// Adds the counts and times of `other` (not its loss and AUC).
+    fn add_counts(&mut self, other: &Interval) {
+        self.steps += other.steps;
+        self.examples += other.examples;
+        self.pull_rpcs += other.pull_rpcs;
+        self.push_rpcs += other.push_rpcs;
+        self.rows += other.rows;
+        self.failed += other.failed;
+        self.pull_ns += other.pull_ns;
+        self.push_ns += other.push_ns;
+        self.compute_ns += other.compute_ns;
+        self.data_ns += other.data_ns;
+    }
+
+    /// One line of times per step: communication (pull, push), compute and data, in ms.
+    fn times(&self) -> String {
+        let steps = self.steps.max(1) as f64;
+        let ms = |ns: u64| ns as f64 / 1e6 / steps;
+        format!(
+            "communication {:.3} ms (pull {:.3}, push {:.3}), compute {:.3} ms, data {:.3} ms",
+            self.comm_ms(),
+            ms(self.pull_ns),
+            ms(self.push_ns),
+            self.compute_ms(),
+            ms(self.data_ns)
+        )
+    }
+
     fn to_line(&self) -> String {
         format!(
-            "INTERVAL {} {} {} {} {} {} {} {} {} {} {}",
+            "INTERVAL {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
             self.index,
             self.steps,
             self.examples,
@@ -338,7 +515,11 @@ impl Interval {
             self.pull_rpcs,
             self.push_rpcs,
             self.rows,
-            self.failed
+            self.failed,
+            self.pull_ns,
+            self.push_ns,
+            self.compute_ns,
+            self.data_ns
         )
     }
 
@@ -357,6 +538,10 @@ impl Interval {
             push_rpcs: n()? as u64,
             rows: n()? as u64,
             failed: n()? as u64,
+            pull_ns: n()? as u64,
+            push_ns: n()? as u64,
+            compute_ns: n()? as u64,
+            data_ns: n()? as u64,
         })
     }
 }
@@ -366,7 +551,11 @@ struct Worker {
     handle: Handle,
     ps: Vec<SocketAddr>,
     dim: usize,
-    unfused: bool,
+    transfer: Transfer,
+    /// The rows client (`Transfer::Rows`): the model's table over the PS tasks.
+    sharded: Sharded,
+    /// A step's rows or gradients as little-endian bytes (`Transfer::Rows`).
+    bytes: Vec<u8>,
     /// Per PS task: the ids it owns in this batch, and their positions in `batch.unique`.
     ids: Vec<Vec<u64>>,
     positions: Vec<Vec<u32>>,
@@ -379,9 +568,28 @@ struct Worker {
 const DEADLINE: Duration = Duration::from_secs(10);
 const UNFUSED_WINDOW: usize = 64;
 
+/// The PS requests a rows step sent (one per PS task that owns some of the ids), or the
+/// first PS task's part that failed.
+fn rows_step(report: &starwire::StepReport, what: &str) -> Res<u64> {
+    if let Some((s, e)) = report.first_error() {
+        return Err(format!("{what} rows, ps:{s}: {e}"));
+    }
+    if report.missing > 0 {
+        return Err(format!("{what} rows: {} rows missing", report.missing));
+    }
+    Ok(report
+        .shards
+        .iter()
+        .filter(|r| matches!(r, Ok(n) if *n > 0))
+        .count() as u64)
+}
+
 impl Worker {
     /// Pulls the rows of `unique` into `rows` (`dim` f32 each, in `unique` order).
     fn pull(&mut self, unique: &[u64], rows: &mut [f32]) -> Res<()> {
+        if self.transfer == Transfer::Rows {
+            return self.pull_rows(unique, rows);
+        }
         for (s, (ids, pos)) in self.ids.iter_mut().zip(&mut self.positions).enumerate() {
             ids.clear();
             pos.clear();
@@ -393,7 +601,7 @@ impl Worker {
             }
         }
         let deadline = Some(Instant::now() + DEADLINE);
-        if self.unfused {
+        if self.transfer == Transfer::Unfused {
             return self.pull_unfused(unique, rows, deadline);
         }
         let mut tags = [0u64; 64];
@@ -420,6 +628,33 @@ impl Worker {
             }
             self.handle.recycle(done);
         }
+        Ok(())
+    }
+
+    /// The rows client's pull: one `PULL_ROWS` per PS task, all in flight at once, each
+    /// answered with one block that lands in `bytes` in the order of `unique`.
+    fn pull_rows(&mut self, unique: &[u64], rows: &mut [f32]) -> Res<()> {
+        self.bytes.resize(rows.len() * 4, 0);
+        let deadline = Some(Instant::now() + DEADLINE);
+        let report = self
+            .sharded
+            .pull(&mut self.handle, unique, &mut self.bytes, deadline)
+            .map_err(|e| format!("pull rows: {e}"))?;
+        self.pull_rpcs += rows_step(report, "pull")?;
+        f32s_from_le(&self.bytes, rows);
+        Ok(())
+    }
+
+    /// The rows client's push: one `PUSH_ROWS` per PS task with its ids' gradient rows.
+    fn push_rows(&mut self, unique: &[u64], grads: &[f32]) -> Res<()> {
+        self.bytes.resize(grads.len() * 4, 0);
+        f32s_to_le(grads, &mut self.bytes);
+        let deadline = Some(Instant::now() + DEADLINE);
+        let report = self
+            .sharded
+            .push(&mut self.handle, unique, &self.bytes, deadline)
+            .map_err(|e| format!("push rows: {e}"))?;
+        self.push_rpcs += rows_step(report, "push")?;
         Ok(())
     }
 
@@ -458,6 +693,9 @@ impl Worker {
 
     /// Pushes the gradient rows `grads` (`dim` f32 each, in `unique` order).
     fn push(&mut self, unique: &[u64], grads: &[f32]) -> Res<()> {
+        if self.transfer == Transfer::Rows {
+            return self.push_rows(unique, grads);
+        }
         let deadline = Some(Instant::now() + DEADLINE);
         let dim = self.dim;
         // Fill the gradient tensors, reusing last step's where the runtime let go of them.
@@ -484,7 +722,7 @@ impl Worker {
                 }
             }
         }
-        if self.unfused {
+        if self.transfer == Transfer::Unfused {
             return self.push_unfused(deadline);
         }
         let mut tags = [0u64; 64];
@@ -573,18 +811,23 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
     let rt = Runtime::start(config, None).map_err(|e| e.to_string())?;
     let cfg = &args.model;
     let shards = ps_addrs.len();
+    let peers = ps_addrs.iter().map(|&a| Peer::from(a)).collect();
+    let sharded = Sharded::new(peers, Partition::Hash, TABLE, DType::F32, &[cfg.dim as u64])
+        .map_err(|e| e.to_string())?;
     let mut w = Worker {
         handle: rt.handle(UNFUSED_WINDOW.max(shards) * 2),
         ps: ps_addrs,
         dim: cfg.dim,
-        unfused: args.unfused,
+        transfer: args.transfer(),
+        sharded,
+        bytes: Vec::new(),
         ids: vec![Vec::new(); shards],
         positions: vec![Vec::new(); shards],
         grads: vec![Vec::new(); shards],
         pull_rpcs: 0,
         push_rpcs: 0,
     };
-    let mut gen = Generator::new(cfg, 1000 + index as u64);
+    let mut gen = Generator::with_truth_cache(cfg, 1000 + index as u64);
     let mut batch = Batch::default();
     let (mut rows, mut grads, mut preds) = (Vec::new(), Vec::new(), Vec::new());
     let mut scratch = Scratch::default();
@@ -596,6 +839,8 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
     let interval = Duration::from_secs_f64(args.interval);
     let end = Duration::from_secs_f64(args.seconds);
     let mut cur = Interval::default();
+    // The whole run's counts and times, for this worker's summary.
+    let mut total = Interval::default();
     let mut out = std::io::stdout().lock();
     // Every worker starts at the same moment, so that report intervals line up.
     if let Ok(wait) = start.duration_since(SystemTime::now()) {
@@ -613,6 +858,7 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
                 writeln!(out, "{}", cur.to_line()).map_err(|e| e.to_string())?;
                 out.flush().map_err(|e| e.to_string())?;
             }
+            total.add_counts(&cur);
             all_preds.clear();
             all_labels.clear();
             all_true.clear();
@@ -624,14 +870,23 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
                 break;
             }
         }
+        let data_start = Instant::now();
         gen.next_batch(&mut batch);
         let n = batch.unique.len() * cfg.dim;
         rows.resize(n, 0.0);
         grads.resize(n, 0.0);
+        let pull_start = Instant::now();
         w.pull(&batch.unique, &mut rows)?;
+        let compute_start = Instant::now();
         let loss =
             model::forward_backward(cfg, &batch, &rows, &mut grads, &mut preds, &mut scratch);
+        let push_start = Instant::now();
         w.push(&batch.unique, &grads)?;
+        let push_end = Instant::now();
+        cur.pull_ns += (compute_start - pull_start).as_nanos() as u64;
+        cur.compute_ns += (push_start - compute_start).as_nanos() as u64;
+        cur.push_ns += (push_end - push_start).as_nanos() as u64;
+        cur.data_ns += (pull_start - data_start).as_nanos() as u64;
         cur.steps += 1;
         cur.examples += batch.len() as u64;
         cur.loss += loss;
@@ -641,6 +896,15 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
         all_labels.extend_from_slice(&batch.labels);
         all_true.extend(batch.true_logits.iter().map(|&l| model::sigmoid(l)));
     }
+    // This worker's summary: communication beside compute, per step.
+    writeln!(
+        out,
+        "WORKER {task}: {} steps; per step {}",
+        total.steps,
+        total.times()
+    )
+    .map_err(|e| e.to_string())?;
+    out.flush().map_err(|e| e.to_string())?;
     if index == 0 {
         let line = evaluate(args, &mut w)?;
         writeln!(out, "{line}").map_err(|e| e.to_string())?;
@@ -657,7 +921,7 @@ fn evaluate(args: &Args, w: &mut Worker) -> Res<String> {
         batch: 4096,
         ..args.model.clone()
     };
-    let mut gen = Generator::new(&cfg, 1);
+    let mut gen = Generator::with_truth_cache(&cfg, 1);
     let mut batch = Batch::default();
     let (mut rows, mut grads, mut preds) = (Vec::new(), Vec::new(), Vec::new());
     let mut scratch = Scratch::default();
@@ -748,11 +1012,7 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
         m.row_bytes(),
         m.batch,
         m.learning_rate,
-        if args.unfused {
-            "unfused: one request per row"
-        } else {
-            "fused: one request per PS task and step"
-        }
+        args.transfer().describe()
     );
 
     let mut tasks = Tasks(Vec::new());
@@ -799,7 +1059,7 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
     drop(tx);
 
     println!(
-        "\n{:>6} {:>8} {:>10} {:>8} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9}",
+        "\n{:>6} {:>8} {:>10} {:>8} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "time",
         "steps/s",
         "examples/s",
@@ -809,13 +1069,16 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
         "opt AUC",
         "pull RPCs",
         "push RPCs",
-        "rows/RPC"
+        "rows/RPC",
+        "comm ms",
+        "comp ms"
     );
     let mut pending: std::collections::BTreeMap<u64, Vec<Interval>> = Default::default();
     let mut eval = None;
     let mut totals = Interval::default();
     let mut last: Option<Interval> = None;
-    for (_, line) in rx {
+    let mut worker_lines = Vec::new();
+    for (worker, line) in rx {
         if let Some(iv) = Interval::from_line(&line) {
             let index = iv.index;
             let group = pending.entry(index).or_default();
@@ -823,15 +1086,13 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
             if group.len() == args.workers {
                 let group = pending.remove(&index).unwrap();
                 let row = report(&group, &args);
-                totals.steps += row.steps;
-                totals.examples += row.examples;
-                totals.pull_rpcs += row.pull_rpcs;
-                totals.push_rpcs += row.push_rpcs;
-                totals.rows += row.rows;
+                totals.add_counts(&row);
                 last = Some(row);
             }
         } else if let Some(rest) = line.strip_prefix("EVAL ") {
             eval = Some(rest.to_owned());
+        } else if let Some(rest) = line.strip_prefix("WORKER ") {
+            worker_lines.push((worker, rest.to_owned()));
         } else {
             println!("{line}");
         }
@@ -839,11 +1100,7 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
     // Any interval not every worker reported (the last one can be cut short).
     for group in pending.values() {
         let row = report(group, &args);
-        totals.steps += row.steps;
-        totals.examples += row.examples;
-        totals.pull_rpcs += row.pull_rpcs;
-        totals.push_rpcs += row.push_rpcs;
-        totals.rows += row.rows;
+        totals.add_counts(&row);
     }
     for t in workers {
         let _ = t.join();
@@ -897,6 +1154,20 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
     for line in &ps_lines {
         println!("  {line}");
     }
+    worker_lines.sort();
+    for (_, line) in &worker_lines {
+        println!("  {line}");
+    }
+    println!(
+        "  per step       {}: means over the {} steps of all workers, rows {}",
+        totals.times(),
+        totals.steps,
+        match args.transfer() {
+            Transfer::Rows => "as rows blocks",
+            Transfer::PerTensor => "as tensors (--per-tensor)",
+            Transfer::Unfused => "as tensors, one request each (--unfused)",
+        }
+    );
     if let Some(row) = &last {
         println!(
             "  last interval  loss {:.4}, optimum {:.4} (gap {:.4}); AUC {:.4}, optimum {:.4}",
@@ -957,23 +1228,19 @@ fn report(group: &[Interval], args: &Args) -> Interval {
         ..Interval::default()
     };
     for iv in group {
-        s.steps += iv.steps;
-        s.examples += iv.examples;
+        s.add_counts(iv);
         s.loss += iv.loss;
         s.optimum += iv.optimum;
         s.auc += iv.auc * iv.examples as f64;
         s.optimum_auc += iv.optimum_auc * iv.examples as f64;
-        s.pull_rpcs += iv.pull_rpcs;
-        s.push_rpcs += iv.push_rpcs;
-        s.rows += iv.rows;
-        s.failed += iv.failed;
     }
     let n = s.examples.max(1) as f64;
     (s.loss, s.optimum, s.auc, s.optimum_auc) =
         (s.loss / n, s.optimum / n, s.auc / n, s.optimum_auc / n);
     let secs = args.interval;
     println!(
-        "{:>5.0}s {:>8.0} {:>10.0} {:>8.4} {:>8.4} {:>6.4} {:>7.4} {:>9} {:>9} {:>9.1}",
+        "{:>5.0}s {:>8.0} {:>10.0} {:>8.4} {:>8.4} {:>6.4} {:>7.4} {:>9} {:>9} {:>9.1} {:>8.3} \
+         {:>8.3}",
         (s.index + 1) as f64 * secs,
         s.steps as f64 / secs,
         s.examples as f64 / secs,
@@ -983,7 +1250,9 @@ fn report(group: &[Interval], args: &Args) -> Interval {
         s.optimum_auc,
         s.pull_rpcs,
         s.push_rpcs,
-        2.0 * s.rows as f64 / (s.pull_rpcs + s.push_rpcs).max(1) as f64
+        2.0 * s.rows as f64 / (s.pull_rpcs + s.push_rpcs).max(1) as f64,
+        s.comm_ms(),
+        s.compute_ms()
     );
     s
 }

@@ -3,7 +3,9 @@
 //!
 //! Against `commctl serve` (see [`crate::serve`]): pulls ask for ids and recvs for keys
 //! `t/i`, with `i` running through `0..--variables` in turn; pushes send one shared
-//! tensor of `--tensor-size` bytes for each id.
+//! tensor of `--tensor-size` bytes for each id. Rows pulls and pushes name the server's
+//! rows table (`--table`) and `-k` row ids each, drawn from `0..--id-range` by a fixed hash
+//! of a counter ([`row_id`]); a rows push sends one block of gradient rows.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
@@ -12,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use starwire::rows::Rows;
 use starwire::{DType, Status};
 use starwire::{Error, ErrorKind, Handle, Reply, Tensor};
 
@@ -21,7 +24,7 @@ use crate::exit::{self, Failure};
 use crate::histogram::Histogram;
 use crate::jsonw::J;
 use crate::ping::{client_config, fatal, fmt_ms, start_client};
-use crate::serve::{recv_key, MAX_TENSORS, MAX_TENSOR_SIZE};
+use crate::serve::{recv_key, DEFAULT_DIM, MAX_DIM, MAX_TENSORS, MAX_TENSOR_SIZE};
 use crate::signals::{self, Watcher};
 use crate::target;
 
@@ -34,9 +37,21 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// Most tensors in one request.
 const MAX_PER_REQUEST: usize = 65_536;
+/// Most rows in one rows request (starwire's default `max_rows`).
+const MAX_ROWS_PER_REQUEST: usize = 1 << 20;
+/// Default `--id-range`.
+pub const DEFAULT_ID_RANGE: u64 = 100_000;
 
 /// The operations bench can drive.
-const OPERATIONS: &[&str] = &["ping", "pull", "push", "recv", "fused-recv"];
+const OPERATIONS: &[&str] = &[
+    "ping",
+    "pull",
+    "push",
+    "recv",
+    "fused-recv",
+    "pull-rows",
+    "push-rows",
+];
 
 /// An operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +61,17 @@ enum Op {
     Push,
     Recv,
     FusedRecv,
+    PullRows,
+    PushRows,
+}
+
+/// The `k`-th row id of a run over `0..range`: splitmix64 of `k`, reduced. The same
+/// sequence every run; spread over the range, so ids repeat only by chance.
+pub fn row_id(k: u64, range: u64) -> u64 {
+    let mut z = k.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % range.max(1)
 }
 
 impl Op {
@@ -56,8 +82,15 @@ impl Op {
             "push" => Op::Push,
             "recv" => Op::Recv,
             "fused-recv" | "fused_recv" => Op::FusedRecv,
+            "pull-rows" | "pull_rows" => Op::PullRows,
+            "push-rows" | "push_rows" => Op::PushRows,
             _ => return None,
         })
+    }
+
+    /// Whether it moves rows of a table.
+    fn rows(self) -> bool {
+        matches!(self, Op::PullRows | Op::PushRows)
     }
 
     /// Tensors in each request.
@@ -79,10 +112,28 @@ struct Load {
     variables: u64,
     next: u64,
     push: Option<Arc<Tensor>>,
+    /// Rows requests: the table, the shape of a row, the id range and the ids drawn so far.
+    table: u32,
+    row_dims: [u64; 1],
+    id_range: u64,
+    drawn: u64,
+    /// The next rows request's ids, and a push's gradient rows (the same every request).
+    row_ids: Vec<u64>,
+    grads: Vec<u8>,
+}
+
+/// What one answer moved: tensors or rows, their bytes, the rows the server did not have,
+/// and the first failure in it.
+#[derive(Debug, Default)]
+struct Tally {
+    items: u64,
+    bytes: u64,
+    missing: u64,
+    failure: Option<Error>,
 }
 
 impl Load {
-    fn new(op: Op, addr: SocketAddr, args: &BenchArgs) -> Result<Load, Failure> {
+    fn new(op: Op, addr: SocketAddr, args: &BenchArgs, dim: usize) -> Result<Load, Failure> {
         let push = match op {
             Op::Push => {
                 let size = args.tensor_size;
@@ -92,15 +143,43 @@ impl Load {
             }
             _ => None,
         };
+        let per_request = op.per_request(args);
+        // Small gradients, so that rows stay small however long the run.
+        let grads = match op {
+            Op::PushRows => (0..per_request * dim)
+                .flat_map(|i| (1e-3 * ((i % 7) as f32 - 3.0)).to_le_bytes())
+                .collect(),
+            _ => Vec::new(),
+        };
         Ok(Load {
             op,
             addr,
             ping_size: args.size,
-            per_request: op.per_request(args),
+            per_request,
             variables: args.variables,
             next: 0,
             push,
+            table: args.table,
+            row_dims: [dim as u64],
+            id_range: args.id_range,
+            drawn: 0,
+            row_ids: Vec::with_capacity(if op.rows() { per_request } else { 0 }),
+            grads,
         })
+    }
+
+    /// Bytes of one row.
+    fn row_bytes(&self) -> u64 {
+        self.row_dims[0] * 4
+    }
+
+    /// Draws the next rows request's ids into `row_ids`.
+    fn draw_rows(&mut self) {
+        self.row_ids.clear();
+        for _ in 0..self.per_request {
+            self.row_ids.push(row_id(self.drawn, self.id_range));
+            self.drawn += 1;
+        }
     }
 
     /// The ids of the next request.
@@ -137,45 +216,72 @@ impl Load {
                 let keys = self.ids().into_iter().map(recv_key).collect();
                 h.recv_many(self.addr, 0, keys, deadline).map(|t| t.tag())
             }
+            Op::PullRows => {
+                self.draw_rows();
+                let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
+                h.pull_rows(self.addr, &[rows], deadline).map(|t| t.tag())
+            }
+            Op::PushRows => {
+                self.draw_rows();
+                let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
+                h.push_rows(self.addr, &[(rows, &self.grads)], deadline)
+                    .map(|t| t.tag())
+            }
         }
     }
 
-    /// What an answer moved: tensors and bytes, and the first failure in it.
-    fn tally(&self, reply: Reply) -> (u64, u64, Option<Error>) {
-        let mut tensors = 0u64;
-        let mut bytes = 0u64;
-        let mut failure = None;
+    /// What an answer moved.
+    fn tally(&self, reply: &Reply) -> Tally {
+        let mut t = Tally::default();
+        let remote = |s: Status| Some(Error::new(ErrorKind::Remote(s)));
         match (self.op, reply) {
-            (Op::Ping, Reply::Pong { payload, .. }) => bytes = u64::from(payload),
+            (Op::Ping, Reply::Pong { payload, .. }) => t.bytes = u64::from(*payload),
             (Op::Pull, Reply::Pulled(items))
             | (Op::Recv | Op::FusedRecv, Reply::Received(items)) => {
                 for item in items {
                     match item {
-                        Ok(t) => {
-                            tensors += 1;
-                            bytes += t.byte_len() as u64;
+                        Ok(tensor) => {
+                            t.items += 1;
+                            t.bytes += tensor.byte_len() as u64;
                         }
-                        Err(s) => failure = failure.or(Some(Error::new(ErrorKind::Remote(s)))),
+                        Err(s) => t.failure = t.failure.or(remote(*s)),
                     }
                 }
             }
             (Op::Push, Reply::Pushed(statuses)) => {
                 let size = self.push.as_ref().map_or(0, |t| t.byte_len() as u64);
-                for s in statuses {
+                for &s in statuses {
                     if s == Status::Ok {
-                        tensors += 1;
-                        bytes += size;
+                        t.items += 1;
+                        t.bytes += size;
                     } else {
-                        failure = failure.or(Some(Error::new(ErrorKind::Remote(s))));
+                        t.failure = t.failure.or(remote(s));
                     }
                 }
             }
+            (Op::PullRows, Reply::Rows(rows)) => match rows.block(0) {
+                Ok(block) if rows.len() == 1 => {
+                    t.items = self.per_request as u64;
+                    t.bytes = block.byte_len() as u64;
+                    t.missing = rows.missing(0).len() as u64;
+                }
+                Ok(_) => t.failure = Some(Error::new(ErrorKind::Protocol)),
+                Err(s) => t.failure = remote(s),
+            },
+            (Op::PushRows, Reply::Pushed(statuses)) => match statuses[..] {
+                [Status::Ok] => {
+                    t.items = self.per_request as u64;
+                    t.bytes = self.per_request as u64 * self.row_bytes();
+                }
+                [s] => t.failure = remote(s),
+                _ => t.failure = Some(Error::new(ErrorKind::Protocol)),
+            },
             (_, other) => {
                 log::warn!("unexpected reply: {other:?}");
-                failure = Some(Error::new(ErrorKind::Protocol));
+                t.failure = Some(Error::new(ErrorKind::Protocol));
             }
         }
-        (tensors, bytes, failure)
+        t
     }
 }
 
@@ -186,7 +292,7 @@ struct Spawned {
 }
 
 impl Spawned {
-    fn start(args: &BenchArgs) -> Result<Spawned, Failure> {
+    fn start(args: &BenchArgs, dim: usize) -> Result<Spawned, Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::usage(format!("cannot find the commctl binary: {e}")))?;
         let mut child = Command::new(exe)
@@ -196,6 +302,10 @@ impl Spawned {
             .arg(args.variables.to_string())
             .arg("--tensor-size")
             .arg(args.tensor_size.to_string())
+            .arg("--table")
+            .arg(args.table.to_string())
+            .arg("--dim")
+            .arg(dim.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -251,8 +361,11 @@ impl Drop for Spawned {
 struct Outcome {
     ok: u64,
     failed: u64,
-    tensors: u64,
+    /// Tensors, or rows for the rows operations.
+    items: u64,
     bytes: u64,
+    /// Rows the server did not have (pull-rows).
+    missing: u64,
     errors: Vec<(Error, u64)>,
     elapsed: Duration,
     latency: Histogram,
@@ -261,7 +374,8 @@ struct Outcome {
     fatal: Option<Failure>,
 }
 
-fn check_args(args: &BenchArgs) -> Result<Op, Failure> {
+/// The operation, and the f32 per row of rows requests (and of the server bench starts).
+fn check_args(args: &BenchArgs) -> Result<(Op, usize), Failure> {
     let Some(op) = Op::parse(&args.operation) else {
         return Err(Failure::usage(format!(
             "-o {}: unknown operation (supported: {})",
@@ -269,11 +383,42 @@ fn check_args(args: &BenchArgs) -> Result<Op, Failure> {
             OPERATIONS.join(", ")
         )));
     };
-    if !(1..=MAX_PER_REQUEST).contains(&args.tensors) {
+    if op.rows() {
+        if !(1..=MAX_ROWS_PER_REQUEST).contains(&args.tensors) {
+            return Err(Failure::usage(format!(
+                "-k {}: expected 1 to {MAX_ROWS_PER_REQUEST} rows per request",
+                args.tensors
+            )));
+        }
+    } else if !(1..=MAX_PER_REQUEST).contains(&args.tensors) {
         return Err(Failure::usage(format!(
             "-k {}: expected 1 to {MAX_PER_REQUEST} tensors per request",
             args.tensors
         )));
+    }
+    let dim = match (args.dim, args.row_bytes) {
+        (Some(_), Some(_)) => {
+            return Err(Failure::usage(
+                "--dim and --row-bytes say the same thing: give one",
+            ))
+        }
+        (Some(d), None) => d,
+        (None, Some(b)) if b % 4 == 0 => usize::try_from(b / 4).unwrap_or(usize::MAX),
+        (None, Some(b)) => {
+            return Err(Failure::usage(format!(
+                "--row-bytes {b}: rows are f32, expected a multiple of 4"
+            )))
+        }
+        (None, None) => DEFAULT_DIM,
+    };
+    if !(1..=MAX_DIM).contains(&dim) {
+        return Err(Failure::usage(format!(
+            "rows of {dim} f32: expected 1 to {MAX_DIM} (--dim, or --row-bytes 4 to {})",
+            MAX_DIM * 4
+        )));
+    }
+    if args.id_range == 0 {
+        return Err(Failure::usage("--id-range 0: expected at least 1 id"));
     }
     if op == Op::Recv && args.tensors != 1 {
         return Err(Failure::usage(format!(
@@ -323,12 +468,12 @@ fn check_args(args: &BenchArgs) -> Result<Op, Failure> {
             "--server-loops applies only to the server bench starts (no TARGET)",
         ));
     }
-    Ok(op)
+    Ok((op, dim))
 }
 
 /// Runs `commctl bench`.
 pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
-    let op = check_args(args)?;
+    let (op, dim) = check_args(args)?;
     signals::block()?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let (spawned, label, addr) = match &args.target {
@@ -337,7 +482,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             (None, t.label, t.addr)
         }
         None => {
-            let s = Spawned::start(args)?;
+            let s = Spawned::start(args, dim)?;
             let addr = s.addr;
             (Some(s), addr.to_string(), addr)
         }
@@ -354,7 +499,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let rt = start_client(cfg)?;
     let watcher = Watcher::start(std::thread::current());
     let mut h = rt.handle(args.inflight.max(args.connections));
-    let mut load = Load::new(op, addr, args)?;
+    let mut load = Load::new(op, addr, args, dim)?;
 
     // Open every connection before the clock starts: one ping per lane.
     for _ in 0..args.connections {
@@ -386,8 +531,9 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let mut o = Outcome {
         ok: 0,
         failed: 0,
-        tensors: 0,
+        items: 0,
         bytes: 0,
+        missing: 0,
         errors: Vec::new(),
         elapsed: Duration::ZERO,
         latency: Histogram::default(),
@@ -432,15 +578,19 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         let Some(sent) = inflight.remove(&c.tag) else {
             continue;
         };
-        let failure = match c.result {
+        let failure = match &c.result {
             Ok(reply) => {
-                let (tensors, bytes, failure) = load.tally(reply);
-                o.tensors += tensors;
-                o.bytes += bytes;
-                failure
+                let t = load.tally(reply);
+                o.items += t.items;
+                o.bytes += t.bytes;
+                o.missing += t.missing;
+                t.failure
             }
-            Err(e) => Some(e),
+            Err(e) => Some(e.clone()),
         };
+        // Its vectors serve the next requests: a steady run allocates only what answers
+        // bring in.
+        h.recycle(c);
         match failure {
             None => {
                 o.ok += 1;
@@ -504,9 +654,9 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
 
     let mut out = std::io::stdout().lock();
     let text = if args.json {
-        json(args, op, &label, &o).render() + "\n"
+        json(args, (op, dim), &label, &o).render() + "\n"
     } else {
-        table(args, op, &label, &server_note, &o)
+        table(args, (op, dim), &label, &server_note, &o)
     };
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
@@ -536,15 +686,26 @@ fn gbps(o: &Outcome) -> f64 {
     o.bytes as f64 / o.elapsed.as_secs_f64().max(1e-9) / 1e9
 }
 
-fn tensor_rate(o: &Outcome) -> f64 {
-    o.tensors as f64 / o.elapsed.as_secs_f64().max(1e-9)
+fn item_rate(o: &Outcome) -> f64 {
+    o.items as f64 / o.elapsed.as_secs_f64().max(1e-9)
+}
+
+/// CPU nanoseconds per row (or tensor) moved; `None` when nothing moved.
+fn ns_per_item(cpu: Duration, o: &Outcome) -> Option<f64> {
+    (o.items > 0).then(|| cpu.as_secs_f64() * 1e9 / o.items as f64)
 }
 
 fn pct_of_wall(cpu: Duration, o: &Outcome) -> f64 {
     cpu.as_secs_f64() * 100.0 / o.elapsed.as_secs_f64().max(1e-9)
 }
 
-fn table(args: &BenchArgs, op: Op, label: &str, server_note: &str, o: &Outcome) -> String {
+fn table(
+    args: &BenchArgs,
+    (op, dim): (Op, usize),
+    label: &str,
+    server_note: &str,
+    o: &Outcome,
+) -> String {
     let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     let what = match op {
         Op::Ping => format!("{} B payload", args.size),
@@ -556,6 +717,13 @@ fn table(args: &BenchArgs, op: Op, label: &str, server_note: &str, o: &Outcome) 
         Op::Recv => "1 key per request".to_owned(),
         Op::Pull => format!("{} per request", plural(args.tensors, "id")),
         Op::FusedRecv => format!("{} per request", plural(args.tensors, "key")),
+        Op::PullRows | Op::PushRows => format!(
+            "{} of {} B per request (table {}, ids in 0..{})",
+            plural(args.tensors, "row"),
+            dim * 4,
+            args.table,
+            args.id_range
+        ),
     };
     let mut s = format!(
         "{} to {label}{}: {what}, {} in flight, {}, {}\n\n",
@@ -587,29 +755,63 @@ fn table(args: &BenchArgs, op: Op, label: &str, server_note: &str, o: &Outcome) 
             (Op::Push, ErrorKind::Remote(Status::InvalidArgument)) => {
                 " (--tensor-size must be the server's)"
             }
+            (Op::PullRows | Op::PushRows, ErrorKind::Remote(Status::NotFound)) => {
+                " (--table must be one the server serves)"
+            }
+            (Op::PullRows | Op::PushRows, ErrorKind::Remote(Status::InvalidArgument)) => {
+                " (--dim or --row-bytes must fit the server's table)"
+            }
             _ => "",
         };
         row("", format!("{n} x {e}{hint}"));
     }
     row("rate", format!("{:.0} req/s", rate(o)));
+    let dir = if matches!(op, Op::Push | Op::PushRows) {
+        "sent"
+    } else {
+        "received"
+    };
     if op == Op::Ping {
         row("payload", format!("{:.3} GB/s each way", gbps(o)));
+    } else if op.rows() {
+        let missing = if o.missing > 0 {
+            format!(" ({} missing: read as zeros)", o.missing)
+        } else {
+            String::new()
+        };
+        row(
+            "rows",
+            format!(
+                "{} in all, {:.0} rows/s, {} B{missing}",
+                o.items,
+                item_rate(o),
+                o.bytes
+            ),
+        );
+        row(
+            "bandwidth",
+            format!("{:.3} GB/s of row bytes {dir}", gbps(o)),
+        );
     } else {
         row(
             "tensors",
             format!(
                 "{} in all, {:.0} tensors/s, {} B",
-                o.tensors,
-                tensor_rate(o),
+                o.items,
+                item_rate(o),
                 o.bytes
             ),
         );
-        let dir = if op == Op::Push { "sent" } else { "received" };
         row(
             "bandwidth",
             format!("{:.3} GB/s of tensor bytes {dir}", gbps(o)),
         );
     }
+    // Rows operations: CPU time per row too.
+    let per_row = |cpu: Duration| match ns_per_item(cpu, o) {
+        Some(ns) if op.rows() => format!("; {ns:.0} ns per row"),
+        _ => String::new(),
+    };
     let l = &o.latency;
     row(
         "latency",
@@ -624,18 +826,20 @@ fn table(args: &BenchArgs, op: Op, label: &str, server_note: &str, o: &Outcome) 
     row(
         "client CPU",
         format!(
-            "{:.2} s ({:.0}% of one CPU)",
+            "{:.2} s ({:.0}% of one CPU{})",
             o.client_cpu.as_secs_f64(),
-            pct_of_wall(o.client_cpu, o)
+            pct_of_wall(o.client_cpu, o),
+            per_row(o.client_cpu)
         ),
     );
     row(
         "server CPU",
         match o.server_cpu {
             Some(c) => format!(
-                "{:.2} s ({:.0}% of one CPU)",
+                "{:.2} s ({:.0}% of one CPU{})",
                 c.as_secs_f64(),
-                pct_of_wall(c, o)
+                pct_of_wall(c, o),
+                per_row(c)
             ),
             None => "unknown (give --server-pid)".into(),
         },
@@ -643,25 +847,51 @@ fn table(args: &BenchArgs, op: Op, label: &str, server_note: &str, o: &Outcome) 
     s
 }
 
-fn json(args: &BenchArgs, op: Op, label: &str, o: &Outcome) -> J {
+/// The JSON report. Rows operations have `table`, `rows_per_request`, `row_bytes`,
+/// `id_range`, `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the
+/// other operations have their `tensors...` members.
+fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> J {
     // Nanosecond precision is all there is; more digits are float noise.
     let r6 = |x: f64| J::Num((x * 1e6).round() / 1e6);
+    let r1 = |x: f64| J::Num((x * 10.0).round() / 10.0);
     let ms = |d: Duration| r6(d.as_secs_f64() * 1000.0);
     let l = &o.latency;
-    J::Obj(vec![
+    let mut m = vec![
         ("operation", J::s(&args.operation)),
         ("target", J::s(label)),
         ("server_started_by_bench", J::Bool(args.target.is_none())),
-        ("payload_bytes", J::Int(i64::from(args.size))),
-        ("tensors_per_request", J::Int(op.per_request(args) as i64)),
-        ("tensor_bytes", J::Int(args.tensor_size as i64)),
+    ];
+    if op.rows() {
+        m.extend([
+            ("table", J::Int(i64::from(args.table))),
+            ("rows_per_request", J::Int(op.per_request(args) as i64)),
+            ("row_bytes", J::Int(dim as i64 * 4)),
+            ("id_range", J::Int(args.id_range as i64)),
+        ]);
+    } else {
+        m.extend([
+            ("payload_bytes", J::Int(i64::from(args.size))),
+            ("tensors_per_request", J::Int(op.per_request(args) as i64)),
+            ("tensor_bytes", J::Int(args.tensor_size as i64)),
+        ]);
+    }
+    m.extend([
         ("inflight", J::Int(args.inflight as i64)),
         ("connections", J::Int(args.connections as i64)),
         ("client_loops", J::Int(args.loops as i64)),
         ("seconds", r6(o.elapsed.as_secs_f64())),
         ("ok", J::Int(o.ok as i64)),
         ("failed", J::Int(o.failed as i64)),
-        ("tensors", J::Int(o.tensors as i64)),
+    ]);
+    if op.rows() {
+        m.extend([
+            ("rows", J::Int(o.items as i64)),
+            ("missing", J::Int(o.missing as i64)),
+        ]);
+    } else {
+        m.push(("tensors", J::Int(o.items as i64)));
+    }
+    m.extend([
         ("bytes", J::Int(o.bytes as i64)),
         (
             "errors",
@@ -677,13 +907,14 @@ fn json(args: &BenchArgs, op: Op, label: &str, o: &Outcome) -> J {
                     .collect(),
             ),
         ),
+        ("requests_per_second", r1(rate(o))),
         (
-            "requests_per_second",
-            J::Num((rate(o) * 10.0).round() / 10.0),
-        ),
-        (
-            "tensors_per_second",
-            J::Num((tensor_rate(o) * 10.0).round() / 10.0),
+            if op.rows() {
+                "rows_per_second"
+            } else {
+                "tensors_per_second"
+            },
+            r1(item_rate(o)),
         ),
         ("gigabytes_per_second", r6(gbps(o))),
         (
@@ -702,5 +933,16 @@ fn json(args: &BenchArgs, op: Op, label: &str, o: &Outcome) -> J {
             "server_cpu_seconds",
             o.server_cpu.map_or(J::Null, |c| r6(c.as_secs_f64())),
         ),
-    ])
+    ]);
+    if op.rows() {
+        let per_row = |cpu: Option<Duration>| {
+            cpu.and_then(|c| ns_per_item(c, o))
+                .map_or(J::Null, |ns| J::Num(ns.round()))
+        };
+        m.extend([
+            ("client_cpu_ns_per_row", per_row(Some(o.client_cpu))),
+            ("server_cpu_ns_per_row", per_row(o.server_cpu)),
+        ]);
+    }
+    J::Obj(m)
 }

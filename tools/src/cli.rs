@@ -218,7 +218,8 @@ impl PingArgs {
     example = "commctl serve --listen 127.0.0.1:5555\n\
                commctl serve --task ps:1 --ps-hosts ps0:2222,ps1:2222\n\
                commctl serve --tf-config      # the task named in $TF_CONFIG",
-    note = "Prints 'listening on ADDRESS ...' on stdout once it accepts connections.\n\
+    note = "Prints 'listening on ADDRESS ...' on stdout once it accepts connections\n\
+            (the line names the store and the rows table).\n\
             Answers ping, pull, push, recv and fused recv from a synthetic store of\n\
             --tensors variables (ids 0..N-1), each a u8 tensor of --tensor-size bytes:\n\
             - pull of id i < N returns variable i; other ids: NOT_FOUND.\n\
@@ -228,11 +229,23 @@ impl PingArgs {
             - recv keys are t/0 .. t/N-1 (variable i under t/i), any step: a producer\n\
               thread publishes each key again soon after a recv took it, so every key\n\
               can be received any number of times. Other keys wait until the deadline.\n\
-            Stops cleanly on SIGINT or SIGTERM.",
+            Answers pull-rows and push-rows (PULL_ROWS, PUSH_ROWS) from one in-memory\n\
+            table of embedding rows, table --table of rows of --dim f32 (starwire's\n\
+            MemTable; any u64 id):\n\
+            - a pull of an id without a row creates it (--init zeros or uniform) or\n\
+              reports it missing and reads zeros (--init missing);\n\
+            - a push applies the gradient rows: --optimizer sgd (w -= lr * g) or\n\
+              adagrad (acc += g * g; w -= lr * g / sqrt(acc)), creating rows as needed.\n\
+            Another table is NOT_FOUND; rows of another dtype or shape INVALID_ARGUMENT.\n\
+            Stops cleanly on SIGINT or SIGTERM, saying what each part served.",
     error_code(0, "stopped by SIGINT or SIGTERM"),
     error_code(2, "usage or configuration error, or the address cannot be bound")
 )]
 pub struct ServeArgs {
+    /// more log output on stderr, as commctl -v (repeat for more; -v says what is served)
+    #[argh(switch, short = 'v')]
+    pub verbose: u8,
+
     /// the address to listen on, HOST:PORT (port 0 picks a free one)
     #[argh(option, short = 'l', arg_name = "addr")]
     pub listen: Option<String>,
@@ -263,6 +276,42 @@ pub struct ServeArgs {
     /// (default: 0)
     #[argh(option, default = "0")]
     pub handler_threads: usize,
+
+    /// the rows table's id, for pull-rows and push-rows (default: 1)
+    #[argh(option, default = "crate::serve::DEFAULT_TABLE", arg_name = "id")]
+    pub table: u32,
+
+    /// f32 per row of the rows table (default: 16, rows of 64 B)
+    #[argh(option, default = "crate::serve::DEFAULT_DIM", arg_name = "n")]
+    pub dim: usize,
+
+    /// a new row of the table: zeros, missing (a pull reports it missing), or
+    /// uniform[:SCALE[:SEED]] (each element in [-SCALE, SCALE], default 0.01:0)
+    /// (default: zeros)
+    #[argh(
+        option,
+        default = "starwire::table::Init::Zeros",
+        from_str_fn(parse_init),
+        arg_name = "init"
+    )]
+    pub init: starwire::table::Init,
+
+    /// how the table applies pushed gradients: sgd or adagrad (default: sgd)
+    #[argh(
+        option,
+        default = "OptimizerKind::Sgd",
+        from_str_fn(parse_optimizer),
+        arg_name = "name"
+    )]
+    pub optimizer: OptimizerKind,
+
+    /// the optimizer's learning rate (default: 0.01)
+    #[argh(option, default = "0.01", from_str_fn(parse_rate), arg_name = "x")]
+    pub lr: f32,
+
+    /// adagrad's squared-gradient sum of a new row, more than 0 (default: 0.1)
+    #[argh(option, default = "0.1", from_str_fn(parse_rate), arg_name = "x")]
+    pub initial_accumulator: f32,
 
     /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
     #[argh(option, arg_name = "job=hosts")]
@@ -307,6 +356,7 @@ impl ServeArgs {
     example = "commctl bench                          # starts its own server\n\
                commctl bench 10.0.0.1:5555 -d 30s -p 64 -C 4 --loops 2\n\
                commctl bench -o fused-recv -k 16 --tensor-size 65536 -d 10s\n\
+               commctl bench -o pull-rows -k 1000 --row-bytes 64 -d 10s\n\
                commctl bench ps:0 --server-pid 4242 --json",
     note = "Without a TARGET, bench starts `commctl serve` on 127.0.0.1 and reports its\n\
             CPU time too; with one, --server-pid reads the server's CPU time from /proc.\n\
@@ -314,9 +364,14 @@ impl ServeArgs {
             - ping: a ping of -s bytes each way.\n\
             - pull: -k ids per request; push: -k tensors of --tensor-size bytes.\n\
             - recv: one key t/i per request; fused-recv: -k keys in one request.\n\
+            - pull-rows, push-rows: -k rows of table --table in one packed block, rows of\n\
+              --dim f32 (or --row-bytes B, B/4 f32); a push sends gradient rows.\n\
             Ids and keys i run through 0..--variables in turn, continuing across requests.\n\
-            A request counts as ok when every tensor in it is; bytes are tensor bytes\n\
-            moved (received for pull and recv, sent for push; ping: payload).\n\
+            Row ids are drawn from 0..--id-range by a fixed hash of a counter: the same\n\
+            sequence every run, repeats within a request possible.\n\
+            A request counts as ok when every tensor (or block of rows) in it is; bytes\n\
+            are tensor or row bytes moved (received for pulls and recv, sent for pushes;\n\
+            ping: payload). Rows operations also report rows/s and CPU time per row.\n\
             Latency is measured by the client, from submitting a request to taking its\n\
             completion. A progress line is shown while stderr is a terminal.",
     error_code(0, "every request answered"),
@@ -332,7 +387,8 @@ pub struct BenchArgs {
     #[argh(positional)]
     pub target: Option<String>,
 
-    /// the request to send: ping, pull, push, recv or fused-recv (default: ping)
+    /// the request to send: ping, pull, push, recv, fused-recv, pull-rows or push-rows
+    /// (default: ping)
     #[argh(option, short = 'o', default = "String::from(\"ping\")")]
     pub operation: String,
 
@@ -340,10 +396,27 @@ pub struct BenchArgs {
     #[argh(option, short = 's', default = "64")]
     pub size: u32,
 
-    /// tensors per pull, push or fused recv: ids or keys in each request (default: 1;
-    /// recv always asks for one)
+    /// tensors per pull, push or fused recv: ids or keys in each request; rows per
+    /// pull-rows or push-rows (default: 1; recv always asks for one)
     #[argh(option, short = 'k', default = "1", arg_name = "k")]
     pub tensors: usize,
+
+    /// the rows table, for pull-rows and push-rows (default: 1, commctl serve's)
+    #[argh(option, default = "crate::serve::DEFAULT_TABLE", arg_name = "id")]
+    pub table: u32,
+
+    /// f32 per row, for pull-rows and push-rows; the server bench starts gets it
+    /// (default: 16)
+    #[argh(option, arg_name = "n")]
+    pub dim: Option<usize>,
+
+    /// bytes per row instead of --dim: a multiple of 4, rows of B/4 f32
+    #[argh(option, arg_name = "bytes")]
+    pub row_bytes: Option<u64>,
+
+    /// row ids are drawn from 0..N-1 (default: 100000)
+    #[argh(option, default = "crate::bench::DEFAULT_ID_RANGE", arg_name = "n")]
+    pub id_range: u64,
 
     /// bytes of each pushed tensor, and of the store of the server bench starts
     /// (default: 4096)
@@ -430,6 +503,71 @@ impl BenchArgs {
     }
 }
 
+/// The optimizer of `commctl serve`'s rows table (its settings are options of their own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// `w -= lr * g`.
+    Sgd,
+    /// `acc += g * g; w -= lr * g / sqrt(acc)`.
+    Adagrad,
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adagrad => "adagrad",
+        })
+    }
+}
+
+/// `sgd` or `adagrad`.
+pub fn parse_optimizer(text: &str) -> Result<OptimizerKind, String> {
+    match text {
+        "sgd" | "SGD" => Ok(OptimizerKind::Sgd),
+        "adagrad" | "Adagrad" => Ok(OptimizerKind::Adagrad),
+        _ => Err(format!("{text:?}: expected sgd or adagrad")),
+    }
+}
+
+/// `zeros`, `missing` or `uniform[:SCALE[:SEED]]` (scale finite and 0 or more).
+pub fn parse_init(text: &str) -> Result<starwire::table::Init, String> {
+    use starwire::table::Init;
+    let bad = || format!("{text:?}: expected zeros, missing or uniform[:SCALE[:SEED]]");
+    let mut parts = text.split(':');
+    match parts.next() {
+        Some("zeros") if parts.next().is_none() => Ok(Init::Zeros),
+        Some("missing") if parts.next().is_none() => Ok(Init::Missing),
+        Some("uniform") => {
+            let scale = match parts.next() {
+                Some(s) => s
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(bad)?,
+                None => 0.01,
+            };
+            let seed = match parts.next() {
+                Some(s) => s.parse::<u64>().map_err(|_| bad())?,
+                None => 0,
+            };
+            if parts.next().is_some() {
+                return Err(bad());
+            }
+            Ok(Init::Uniform { scale, seed })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// A learning rate or an accumulator: a finite number more than 0.
+pub fn parse_rate(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("{text:?}: expected a number more than 0")),
+    }
+}
+
 /// Seconds as a decimal number, 0 or more (at most a day).
 pub fn parse_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
@@ -485,6 +623,44 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         for bad in ["", "s", "10x", "-1s", "0", "1e3", "8000000s", "1.2.3s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn table_options() {
+        use starwire::table::Init;
+        assert_eq!(parse_init("zeros"), Ok(Init::Zeros));
+        assert_eq!(parse_init("missing"), Ok(Init::Missing));
+        assert_eq!(
+            parse_init("uniform"),
+            Ok(Init::Uniform {
+                scale: 0.01,
+                seed: 0
+            })
+        );
+        assert_eq!(
+            parse_init("uniform:0.5:7"),
+            Ok(Init::Uniform {
+                scale: 0.5,
+                seed: 7
+            })
+        );
+        for bad in [
+            "",
+            "zeros:1",
+            "uniform:x",
+            "uniform:-1",
+            "uniform:1:2:3",
+            "uniform:inf",
+        ] {
+            assert!(parse_init(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_optimizer("adagrad"), Ok(OptimizerKind::Adagrad));
+        assert_eq!(OptimizerKind::Sgd.to_string(), "sgd");
+        assert!(parse_optimizer("adam").is_err());
+        assert_eq!(parse_rate("0.5"), Ok(0.5));
+        for bad in ["0", "-1", "NaN", "inf", "x"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
         }
     }
 

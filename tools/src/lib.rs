@@ -47,7 +47,12 @@ pub fn run(args: &[&str]) -> i32 {
         return exit::USAGE;
     };
     let quiet_default = !matches!(command, Command::Serve(_));
-    logger::init(cmd.verbose, quiet_default);
+    // `commctl -v serve` and `commctl serve -v` alike.
+    let verbose = match &command {
+        Command::Serve(a) => cmd.verbose.saturating_add(a.verbose),
+        _ => cmd.verbose,
+    };
+    logger::init(verbose, quiet_default);
     let result = match command {
         Command::Validate(a) => validate::run(&a),
         Command::Ping(a) => ping::run(&a),

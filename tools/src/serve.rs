@@ -20,6 +20,11 @@
 //! number of times; the step is ignored. The producer's CPU time is part of the
 //! server's: a pass costs one publish attempt per key, so with a large `--tensors` and
 //! few keys per request it is most of the recv cost.
+//!
+//! The same service serves embedding rows (`PULL_ROWS`, `PUSH_ROWS`) from one table,
+//! `--table` (default 1): starwire's reference [`MemTable`] of `--dim` f32 per row, with
+//! the `--init` and `--optimizer` given, counted by a [`RowsTable`] so that the server can
+//! say at the end what it served.
 
 use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -31,11 +36,12 @@ use std::time::Duration;
 use starwire::cluster::TaskId;
 use starwire::config::ConfigBuilder;
 use starwire::endpoint_map::{AddrError, HostPort};
+use starwire::table::{Init, MemTable, Optimizer};
 use starwire::DType;
 use starwire::Status;
-use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats, Tensor};
+use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats, Table, Tensor};
 
-use crate::cli::ServeArgs;
+use crate::cli::{OptimizerKind, ServeArgs};
 use crate::exit::{self, Failure};
 use crate::signals;
 use crate::target;
@@ -57,21 +63,173 @@ pub const PRODUCER_BUSY: Duration = Duration::from_micros(50);
 /// [`PRODUCER_BUSY`] up to this.
 pub const PRODUCER_IDLE: Duration = Duration::from_millis(5);
 
+/// Default `--table`: the id of the rows table.
+pub const DEFAULT_TABLE: u32 = 1;
+/// Default `--dim`: f32 per row (64-byte rows).
+pub const DEFAULT_DIM: usize = 16;
+/// Largest `--dim`: rows of 1 MiB, the default `max_row_bytes`.
+pub const MAX_DIM: usize = 1 << 18;
+
+/// The rows table a server serves: a [`MemTable`] and counters of what it served.
+pub struct RowsTable {
+    table: MemTable,
+    pulled: AtomicU64,
+    missing: AtomicU64,
+    pushed: AtomicU64,
+}
+
+/// What a [`RowsTable`] served so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RowsServed {
+    /// Rows answered to pulls (missing ones included).
+    pub pulled: u64,
+    /// Rows pulls found missing (`--init missing`).
+    pub missing: u64,
+    /// Gradient rows applied.
+    pub pushed: u64,
+    /// Rows the table holds.
+    pub stored: u64,
+}
+
+impl RowsTable {
+    /// `table`, nothing served yet.
+    pub fn new(table: MemTable) -> RowsTable {
+        RowsTable {
+            table,
+            pulled: AtomicU64::new(0),
+            missing: AtomicU64::new(0),
+            pushed: AtomicU64::new(0),
+        }
+    }
+
+    /// The table itself.
+    pub fn mem(&self) -> &MemTable {
+        &self.table
+    }
+
+    /// What it served so far.
+    pub fn served(&self) -> RowsServed {
+        RowsServed {
+            pulled: self.pulled.load(Ordering::Relaxed),
+            missing: self.missing.load(Ordering::Relaxed),
+            pushed: self.pushed.load(Ordering::Relaxed),
+            stored: self.table.len() as u64,
+        }
+    }
+}
+
+impl Table for RowsTable {
+    fn dtype(&self) -> DType {
+        self.table.dtype()
+    }
+
+    fn row_dims(&self) -> &[u64] {
+        self.table.row_dims()
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.table.row_bytes()
+    }
+
+    fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status {
+        let before = missing.len();
+        let status = self.table.pull(ids, out, missing);
+        if status == Status::Ok {
+            self.pulled.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            let new = (missing.len() - before) as u64;
+            if new > 0 {
+                self.missing.fetch_add(new, Ordering::Relaxed);
+            }
+        }
+        status
+    }
+
+    fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
+        let status = self.table.push(ids, grads);
+        if status == Status::Ok {
+            self.pushed.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        }
+        status
+    }
+}
+
+/// The rows table of a server: its id, and how its rows are made and updated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TableSpec {
+    /// The table's id.
+    pub id: u32,
+    /// f32 per row.
+    pub dim: usize,
+    /// How a new row starts.
+    pub init: Init,
+    /// How gradients apply.
+    pub optimizer: Optimizer,
+}
+
+impl Default for TableSpec {
+    /// Table 1, rows of 16 f32 starting at zero, SGD with learning rate 0.01.
+    fn default() -> TableSpec {
+        TableSpec {
+            id: DEFAULT_TABLE,
+            dim: DEFAULT_DIM,
+            init: Init::Zeros,
+            optimizer: Optimizer::Sgd { lr: 0.01 },
+        }
+    }
+}
+
+impl std::fmt::Display for TableSpec {
+    /// `table 1: rows of 16 f32 (64 B), zeros, sgd lr 0.01`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "table {}: rows of {} f32 ({} B), ",
+            self.id,
+            self.dim,
+            self.dim * 4
+        )?;
+        match self.init {
+            Init::Zeros => f.write_str("zeros")?,
+            Init::Missing => f.write_str("missing")?,
+            Init::Uniform { scale, seed } => write!(f, "uniform:{scale}:{seed}")?,
+        }
+        match self.optimizer {
+            Optimizer::Sgd { lr } => write!(f, ", sgd lr {lr}"),
+            Optimizer::Adagrad {
+                lr,
+                initial_accumulator,
+            } => write!(
+                f,
+                ", adagrad lr {lr} initial accumulator {initial_accumulator}"
+            ),
+        }
+    }
+}
+
 /// The recv key of variable `i`.
 pub fn recv_key(i: u64) -> Vec<u8> {
     format!("t/{i}").into_bytes()
 }
 
-/// The synthetic tensor store: `n` variables of `size` bytes each.
+/// What `commctl serve` serves: the synthetic tensor store, `n` variables of `size` bytes
+/// each, for pull and push, and the rows table, for pull-rows and push-rows.
 pub struct Store {
     vars: Vec<Arc<Tensor>>,
     size: usize,
     pushed: AtomicU64,
+    table_id: u32,
+    table: RowsTable,
 }
 
 impl Store {
-    /// `n` variables of `size` bytes; variable `i` is filled with the byte `i % 251`.
+    /// `n` variables of `size` bytes, variable `i` filled with the byte `i % 251`, and the
+    /// default rows table ([`TableSpec::default`]).
     pub fn new(n: u64, size: u64) -> Result<Store, Failure> {
+        Store::with_table(n, size, &TableSpec::default())
+    }
+
+    /// `n` variables of `size` bytes, and the rows table `table`.
+    pub fn with_table(n: u64, size: u64, table: &TableSpec) -> Result<Store, Failure> {
         let size_usize = usize::try_from(size)
             .map_err(|_| Failure::usage(format!("--tensor-size {size}: too large")))?;
         let mut vars = Vec::with_capacity(n as usize);
@@ -84,12 +242,19 @@ impl Store {
             vars,
             size: size_usize,
             pushed: AtomicU64::new(0),
+            table_id: table.id,
+            table: RowsTable::new(MemTable::new(table.dim, table.init, table.optimizer)),
         })
     }
 
     /// Tensors pushed and accepted so far.
     pub fn pushed(&self) -> u64 {
         self.pushed.load(Ordering::Relaxed)
+    }
+
+    /// The rows table and its id.
+    pub fn rows_table(&self) -> (u32, &RowsTable) {
+        (self.table_id, &self.table)
     }
 }
 
@@ -117,6 +282,10 @@ impl Service for Store {
             }
         }));
         self.pushed.fetch_add(ok, Ordering::Relaxed);
+    }
+
+    fn table(&self, table: u32) -> Option<&dyn Table> {
+        (table == self.table_id).then_some(&self.table as &dyn Table)
     }
 }
 
@@ -197,6 +366,8 @@ pub struct Content {
     pub tensor_size: u64,
     /// Threads running pull/push handlers (0: inline on the loops).
     pub handler_threads: usize,
+    /// The rows table.
+    pub table: TableSpec,
 }
 
 /// A running server.
@@ -215,13 +386,19 @@ pub struct Final {
     pub published: u64,
     /// Tensors pushed and accepted.
     pub pushed: u64,
+    /// What the rows table served.
+    pub rows: RowsServed,
 }
 
 impl Server {
     /// Builds the store and starts the loops on `listen`, and the producer.
     pub fn start(cfg: Config, listen: SocketAddr, content: &Content) -> Result<Server, Failure> {
         let task = TaskId::new(cfg.job(), cfg.task_index());
-        let store = Arc::new(Store::new(content.tensors, content.tensor_size)?);
+        let store = Arc::new(Store::with_table(
+            content.tensors,
+            content.tensor_size,
+            &content.table,
+        )?);
         let rv = Rendezvous::new();
         let service: Arc<dyn Service> = store.clone();
         let options = Options {
@@ -280,6 +457,7 @@ impl Server {
             stats,
             published,
             pushed: self.store.pushed(),
+            rows: self.store.table.served(),
         }
     }
 }
@@ -348,22 +526,32 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "listening on {addr} as {} ({} event loop{}, {} backend; {} tensors of {} B)",
+            "listening on {addr} as {} ({} event loop{}, {} backend; {} tensors of {} B; {})",
             server.task,
             server.rt.loops(),
             if server.rt.loops() == 1 { "" } else { "s" },
             server.rt.backend(),
             content.tensors,
-            content.tensor_size
+            content.tensor_size,
+            content.table
         );
         let _ = out.flush();
     }
+    log::info!(
+        "serving pull and push of ids 0..{} ({} B u8 tensors), recv of keys t/0..t/{}, and \
+         PULL_ROWS and PUSH_ROWS of {}",
+        content.tensors,
+        content.tensor_size,
+        content.tensors - 1,
+        content.table
+    );
     let signal = signals::wait();
     let f = server.stop();
     let stats = f.stats;
     eprintln!(
         "commctl serve: {signal}: stopped after {} connection{}, {} bytes in, {} bytes out, \
-         {} tensors published for recv, {} pushed",
+         {} tensors published for recv, {} pushed; table {}: {} rows pulled ({} missing), \
+         {} rows pushed, {} rows stored",
         stats.connections_accepted,
         if stats.connections_accepted == 1 {
             ""
@@ -373,7 +561,12 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
         stats.bytes_in,
         stats.bytes_out,
         f.published,
-        f.pushed
+        f.pushed,
+        content.table.id,
+        f.rows.pulled,
+        f.rows.missing,
+        f.rows.pushed,
+        f.rows.stored
     );
     Ok(exit::OK)
 }
@@ -404,9 +597,102 @@ fn content(args: &ServeArgs) -> Result<Content, Failure> {
             args.handler_threads
         )));
     }
+    if !(1..=MAX_DIM).contains(&args.dim) {
+        return Err(Failure::usage(format!(
+            "--dim {}: expected 1 to {MAX_DIM} f32 per row",
+            args.dim
+        )));
+    }
+    let optimizer = match args.optimizer {
+        OptimizerKind::Sgd => Optimizer::Sgd { lr: args.lr },
+        OptimizerKind::Adagrad => Optimizer::Adagrad {
+            lr: args.lr,
+            initial_accumulator: args.initial_accumulator,
+        },
+    };
     Ok(Content {
         tensors: args.tensors,
         tensor_size: args.tensor_size,
         handler_threads: args.handler_threads,
+        table: TableSpec {
+            id: args.table,
+            dim: args.dim,
+            init: args.init,
+            optimizer,
+        },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn one_service_serves_tensors_and_rows() {
+        let spec = TableSpec {
+            id: 5,
+            dim: 2,
+            init: Init::Missing,
+            optimizer: Optimizer::Sgd { lr: 0.5 },
+        };
+        let store = Store::with_table(4, 8, &spec).unwrap();
+        // Tensors, as before.
+        let mut out = Vec::new();
+        store.pull(&[1, 9], &mut out);
+        assert_eq!(out[0].as_ref().unwrap().bytes(), &[1u8; 8]);
+        assert_eq!(out[1], Err(Status::NotFound));
+        // Rows: only table 5.
+        assert!(store.table(1).is_none());
+        let table = store.table(5).expect("table 5");
+        assert_eq!((table.dtype(), table.row_dims()), (DType::F32, &[2u64][..]));
+        assert_eq!(
+            table.push(&[3, 3], &f32_bytes(&[1.0, 2.0, 1.0, 0.0])),
+            Status::Ok
+        );
+        let (mut rows, mut missing) = (vec![0u8; 16], Vec::new());
+        assert_eq!(table.pull(&[7, 3], &mut rows, &mut missing), Status::Ok);
+        assert_eq!(missing, [0]);
+        assert_eq!(rows[8..], f32_bytes(&[-1.0, -1.0]));
+        // A wrong length is refused and not counted.
+        assert_eq!(table.push(&[3], &[0u8; 4]), Status::InvalidArgument);
+        let served = store.rows_table().1.served();
+        assert_eq!(
+            served,
+            RowsServed {
+                pulled: 2,
+                missing: 1,
+                pushed: 2,
+                stored: 1
+            }
+        );
+        assert_eq!(store.rows_table().1.mem().get(3), Some(vec![-1.0, -1.0]));
+    }
+
+    #[test]
+    fn table_spec_says_what_it_is() {
+        assert_eq!(
+            TableSpec::default().to_string(),
+            "table 1: rows of 16 f32 (64 B), zeros, sgd lr 0.01"
+        );
+        let spec = TableSpec {
+            id: 2,
+            dim: 8,
+            init: Init::Uniform {
+                scale: 0.5,
+                seed: 3,
+            },
+            optimizer: Optimizer::Adagrad {
+                lr: 0.05,
+                initial_accumulator: 0.1,
+            },
+        };
+        assert_eq!(
+            spec.to_string(),
+            "table 2: rows of 8 f32 (32 B), uniform:0.5:3, adagrad lr 0.05 initial accumulator 0.1"
+        );
+    }
 }

@@ -70,6 +70,8 @@ impl Drop for Scratch {
 struct Server {
     child: Child,
     addr: SocketAddr,
+    /// The first line it printed: `listening on ...`.
+    line: String,
 }
 
 impl Server {
@@ -79,7 +81,11 @@ impl Server {
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("serve starts");
+        Server::from_child(cmd.spawn().expect("serve starts"))
+    }
+
+    /// A started `commctl serve` with piped stdout and stderr, once it prints its address.
+    fn from_child(mut child: Child) -> Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -95,7 +101,7 @@ impl Server {
             .and_then(|r| r.split_whitespace().next())
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Server { child, addr }
+        Server { child, addr, line }
     }
 
     fn signal(&mut self, sig: &str) -> (i32, String) {
@@ -627,7 +633,7 @@ fn bench_a_server_and_its_own() {
     assert_eq!(
         r.stderr,
         "commctl: -o frob: unknown operation (supported: ping, pull, push, recv, \
-         fused-recv)\n"
+         fused-recv, pull-rows, push-rows)\n"
     );
     let r = run(&mut commctl(&["bench", &addr, "-o", "recv", "-k", "4"]));
     assert_eq!(r.code, 2);
@@ -850,5 +856,319 @@ fn serve_rejects_bad_store_flags() {
     ] {
         let r = run(&mut commctl(args));
         assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Rows: serve's table, bench's pull-rows and push-rows.
+
+/// `commctl bench ADDR -o OP ARGS... --json` against `server`; the report, checked to have
+/// every request ok and `k` rows of `row_bytes` in each.
+fn bench_rows(server: &Server, op: &str, k: i64, row_bytes: i64, args: &[&str]) -> String {
+    let addr = server.addr.to_string();
+    let pid = server.child.id().to_string();
+    let k_text = k.to_string();
+    let mut cmd = commctl(&[
+        "bench",
+        &addr,
+        "-o",
+        op,
+        "-k",
+        &k_text,
+        "--server-pid",
+        &pid,
+    ]);
+    cmd.args(args).arg("--json");
+    let r = run(&mut cmd);
+    assert_eq!(r.code, 0, "{op} {args:?}: {}{}", r.stdout, r.stderr);
+    let j = r.stdout.trim().to_owned();
+    assert!(j.starts_with(&format!("{{\"operation\":\"{op}\",")), "{j}");
+    let ok = json_int(&j, "ok");
+    assert!(ok > 0, "{op}: {j}");
+    assert_eq!(json_int(&j, "failed"), 0, "{op}: {j}");
+    assert!(j.contains("\"errors\":[]"), "{j}");
+    assert_eq!(json_int(&j, "rows_per_request"), k, "{j}");
+    assert_eq!(json_int(&j, "row_bytes"), row_bytes, "{j}");
+    assert_eq!(json_int(&j, "rows"), ok * k, "{op}: {j}");
+    assert_eq!(json_int(&j, "bytes"), ok * k * row_bytes, "{op}: {j}");
+    for key in [
+        "rows_per_second",
+        "client_cpu_ns_per_row",
+        "server_cpu_ns_per_row",
+    ] {
+        assert!(j.contains(&format!("\"{key}\":")), "{key}: {j}");
+    }
+    assert!(!j.contains("\"server_cpu_ns_per_row\":null"), "{j}");
+    assert!(!j.contains("\"tensors\":"), "{j}");
+    j
+}
+
+#[test]
+fn bench_rows_operations_against_serve() {
+    // Rows start missing, so that the first pulls report them.
+    let mut server = Server::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--loops",
+            "1",
+            "--table",
+            "7",
+            "--dim",
+            "16",
+            "--init",
+            "missing",
+        ],
+        &[],
+    );
+    let (mut pulled, mut pushed, mut missing) = (0, 0, 0);
+    // Nothing pushed yet: every row pulled is missing.
+    let j = bench_rows(
+        &server,
+        "pull-rows",
+        100,
+        64,
+        &[
+            "--table",
+            "7",
+            "--row-bytes",
+            "64",
+            "--id-range",
+            "1000",
+            "-d",
+            "300ms",
+            "-p",
+            "4",
+        ],
+    );
+    pulled += json_int(&j, "rows");
+    missing += json_int(&j, "missing");
+    assert_eq!(json_int(&j, "missing"), json_int(&j, "rows"), "{j}");
+    // Pushes of 1000 rows (--dim 16 is --row-bytes 64) create the rows they name.
+    let j = bench_rows(
+        &server,
+        "push-rows",
+        1000,
+        64,
+        &[
+            "--table",
+            "7",
+            "--dim",
+            "16",
+            "--id-range",
+            "1000",
+            "-n",
+            "20",
+            "-p",
+            "4",
+        ],
+    );
+    assert_eq!(json_int(&j, "ok"), 20, "{j}");
+    pushed += json_int(&j, "rows");
+    // The ids are the same sequence every run: the first 1000 pulled are the first 1000
+    // pushed, so none is missing now.
+    let j = bench_rows(
+        &server,
+        "pull-rows",
+        100,
+        64,
+        &["--table", "7", "--id-range", "1000", "-n", "10", "-p", "1"],
+    );
+    assert_eq!(json_int(&j, "missing"), 0, "{j}");
+    pulled += json_int(&j, "rows");
+
+    // The table says rows/s, the row bytes and CPU time per row.
+    let addr = server.addr.to_string();
+    let pid = server.child.id().to_string();
+    let r = run(&mut commctl(&[
+        "bench",
+        &addr,
+        "-o",
+        "pull-rows",
+        "-k",
+        "100",
+        "--table",
+        "7",
+        "--id-range",
+        "1000",
+        "-n",
+        "50",
+        "--server-pid",
+        &pid,
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    pulled += 50 * 100;
+    for word in [
+        "pull-rows to ",
+        "100 rows of 64 B per request (table 7, ids in 0..1000)",
+        "req/s",
+        "rows/s",
+        "GB/s of row bytes received",
+        "ns per row",
+        "p999",
+    ] {
+        assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
+    }
+    assert_eq!(r.stdout.matches("ns per row").count(), 2, "{}", r.stdout);
+
+    // A table the server does not serve, rows of another size: answered with an error
+    // status (exit 1), with a hint; nothing reaches the table.
+    for (args, status, hint) in [
+        (&["--table", "8"][..], "NotFound", "--table must be one"),
+        (
+            &["--table", "7", "--dim", "8"][..],
+            "InvalidArgument",
+            "--dim or --row-bytes",
+        ),
+    ] {
+        for op in ["pull-rows", "push-rows"] {
+            let mut cmd = commctl(&["bench", &addr, "-o", op, "-k", "10", "-n", "3"]);
+            let r = run(cmd.args(args));
+            assert_eq!(r.code, 1, "{op} {args:?}: {}{}", r.stdout, r.stderr);
+            assert!(r.stdout.contains("0 ok, 3 failed"), "{}", r.stdout);
+            assert!(r.stdout.contains(status), "{}", r.stdout);
+            assert!(r.stdout.contains(hint), "{}", r.stdout);
+        }
+    }
+
+    // The server counted exactly what bench did.
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+    let want = format!(
+        "table 7: {pulled} rows pulled ({missing} missing), {pushed} rows pushed, 1000 rows \
+         stored"
+    );
+    assert!(stderr.contains(&want), "{want}: {stderr}");
+}
+
+#[test]
+fn bench_rows_starts_a_server_with_its_row_size() {
+    // Rows of 32 B: the server bench starts serves rows of 8 f32.
+    for (op, size) in [("pull-rows", "--row-bytes"), ("push-rows", "--dim")] {
+        let value = if size == "--dim" { "8" } else { "32" };
+        let r = run(&mut commctl(&[
+            "bench", "-o", op, "-k", "1000", size, value, "-d", "200ms", "--json",
+        ]));
+        assert_eq!(r.code, 0, "{op}: {}{}", r.stdout, r.stderr);
+        let ok = json_int(&r.stdout, "ok");
+        assert!(ok > 0, "{}", r.stdout);
+        assert_eq!(json_int(&r.stdout, "row_bytes"), 32, "{}", r.stdout);
+        assert_eq!(json_int(&r.stdout, "bytes"), ok * 1000 * 32, "{}", r.stdout);
+        assert!(r.stdout.contains("\"server_started_by_bench\":true"));
+        assert!(
+            !r.stdout.contains("\"server_cpu_ns_per_row\":null"),
+            "{}",
+            r.stdout
+        );
+    }
+}
+
+#[test]
+fn rows_flags_are_checked() {
+    let dead = dead_addr();
+    for (args, says) in [
+        (
+            &["-o", "pull-rows", "--row-bytes", "63"][..],
+            "multiple of 4",
+        ),
+        (
+            &["-o", "pull-rows", "--row-bytes", "64", "--dim", "16"][..],
+            "give one",
+        ),
+        (&["-o", "push-rows", "--dim", "0"][..], "expected 1 to"),
+        (&["-o", "pull-rows", "-k", "0"][..], "rows per request"),
+        (
+            &["-o", "pull-rows", "-k", "2000000"][..],
+            "rows per request",
+        ),
+        (&["-o", "pull-rows", "--id-range", "0"][..], "--id-range 0"),
+    ] {
+        let mut cmd = commctl(&["bench", &dead]);
+        let r = run(cmd.args(args));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(says), "{args:?}: {}", r.stderr);
+    }
+    for args in [
+        &["--dim", "0"][..],
+        &["--init", "gaussian"][..],
+        &["--init", "uniform:-1"][..],
+        &["--optimizer", "adam"][..],
+        &["--lr", "0"][..],
+        &["--initial-accumulator", "-1"][..],
+    ] {
+        let mut cmd = commctl(&["serve", "-l", "127.0.0.1:0"]);
+        let r = run(cmd.args(args));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+    }
+}
+
+#[test]
+fn serve_says_what_table_it_serves() {
+    let r = run(&mut commctl(&["serve", "--help"]));
+    assert_eq!(r.code, 0);
+    for word in [
+        "--table",
+        "--dim",
+        "--init",
+        "--optimizer",
+        "--lr",
+        "pull-rows",
+        "MemTable",
+    ] {
+        assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
+    }
+    let mut server = Server::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--loops",
+            "1",
+            "--table",
+            "3",
+            "--dim",
+            "4",
+            "--init",
+            "uniform:0.5:9",
+            "--optimizer",
+            "adagrad",
+            "--lr",
+            "0.05",
+        ],
+        &[],
+    );
+    assert!(
+        server.line.trim_end().ends_with(
+            "tensors of 4096 B; table 3: rows of 4 f32 (16 B), uniform:0.5:9, adagrad lr 0.05 \
+             initial accumulator 0.1)"
+        ),
+        "{}",
+        server.line
+    );
+    let (code, stderr) = server.signal("INT");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("table 3: 0 rows pulled (0 missing), 0 rows pushed, 0 rows stored"),
+        "{stderr}"
+    );
+    // Without -v the table is named only on stdout; with -v (after serve or before it)
+    // the log says what is served, rows included.
+    assert!(!stderr.contains("info: serving"), "{stderr}");
+    for verbose in [&["serve", "-v"][..], &["-v", "serve"][..]] {
+        let mut cmd = commctl(verbose);
+        cmd.args(["--listen", "127.0.0.1:0", "--loops", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().expect("serve starts");
+        let mut server = Server::from_child(child);
+        let (code, stderr) = server.signal("TERM");
+        assert_eq!(code, 0, "{verbose:?}: {stderr}");
+        assert!(
+            stderr.contains(
+                "commctl: info: serving pull and push of ids 0..1024 (4096 B u8 tensors), recv \
+                 of keys t/0..t/1023, and PULL_ROWS and PUSH_ROWS of table 1: rows of 16 f32 \
+                 (64 B), zeros, sgd lr 0.01"
+            ),
+            "{verbose:?}: {stderr}"
+        );
     }
 }
