@@ -286,7 +286,8 @@ pub struct ServeArgs {
     pub dim: usize,
 
     /// a new row of the table: zeros, missing (a pull reports it missing), or
-    /// uniform[:SCALE[:SEED]] (each element in [-SCALE, SCALE], default 0.01:0)
+    /// uniform, uniform:SCALE or uniform:SCALE:SEED (each element within plus or minus
+    /// SCALE; default 0.01:0)
     /// (default: zeros)
     #[argh(
         option,
