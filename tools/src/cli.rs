@@ -285,9 +285,9 @@ pub struct ServeArgs {
     #[argh(option, default = "crate::serve::DEFAULT_DIM", arg_name = "n")]
     pub dim: usize,
 
-    /// a new row of the table: zeros, missing (a pull reports it missing), or
-    /// uniform[:SCALE[:SEED]] (each element in [-SCALE, SCALE], default 0.01:0)
-    /// (default: zeros)
+    /// a new row of the table: zeros, missing (a pull reports it missing), uniform,
+    /// uniform:SCALE or uniform:SCALE:SEED (elements from -SCALE to SCALE; default scale
+    /// 0.01, seed 0) (default: zeros)
     #[argh(
         option,
         default = "starwire::table::Init::Zeros",
