@@ -33,7 +33,8 @@ fn specs(tables: &[Rows<'_>], spare: &mut Spare) -> Option<(Vec<RowsSpec>, Vec<u
     Some((specs, ids))
 }
 
-fn invalid(what: &str) -> Error {
+/// An `InvalidArgument` error saying `what`.
+pub(super) fn invalid(what: &str) -> Error {
     Error::new(ErrorKind::InvalidArgument).with_message(what.to_owned())
 }
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use arrayvec::ArrayVec;
 
+use super::rows::invalid;
 use super::{Client, Driver};
 use crate::error::{Error, ErrorKind};
 use crate::peer::Peer;
@@ -26,14 +27,13 @@ pub struct Sharded {
     dtype: DType,
     row_dims: ArrayVec<u64, MAX_ROW_RANK>,
     row_bytes: usize,
-    /// Per PS: the tag of its request in flight.
-    tags: Vec<Option<u64>>,
+    /// Per PS, in this step: `None` when it has no ids, else the tag of its request in
+    /// flight or why the request could not be submitted.
+    tags: Vec<Option<Result<u64, Error>>>,
     /// A push's merged gradients, every PS's one after the other.
     merged: Vec<u8>,
     /// The last step's report (kept, so that a step allocates nothing for it).
     report: StepReport,
-    /// Errors of requests not submitted, in PS order.
-    early: Vec<Error>,
 }
 
 /// What a sharded step did, per PS.
@@ -79,10 +79,6 @@ fn remote(status: Status, peer: Peer) -> Error {
     Error::new(ErrorKind::Remote(status)).with_peer(peer.addr())
 }
 
-fn invalid(what: &str) -> Error {
-    Error::new(ErrorKind::InvalidArgument).with_message(what.to_owned())
-}
-
 impl Sharded {
     /// Table `table` (rows of `dtype` and shape `row_dims`) partitioned over `peers` (PS
     /// task `i` holds the ids `partition` maps to `i`).
@@ -111,7 +107,6 @@ impl Sharded {
             row_bytes: row_bytes as usize,
             merged: Vec::new(),
             report: StepReport::default(),
-            early: Vec::new(),
         })
     }
 
@@ -149,7 +144,6 @@ impl Sharded {
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
         self.check(ids, out, "rows: out is not ids.len() x row_bytes bytes")?;
-        self.early.clear();
         for s in 0..self.peers.len() {
             let ids = self.plan.ids(s);
             self.tags[s] = None;
@@ -157,26 +151,28 @@ impl Sharded {
                 continue;
             }
             let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
-            match client.pull_rows(self.peers[s], &[rows], deadline) {
-                Ok(t) => self.tags[s] = Some(t.tag()),
-                Err(e) => self.early.push(e),
-            }
+            self.tags[s] = Some(
+                client
+                    .pull_rows(self.peers[s], &[rows], deadline)
+                    .map(|t| t.tag()),
+            );
         }
         let mut report = std::mem::take(&mut self.report);
         report.shards.clear();
         report.unique = self.plan.unique_len();
         report.missing = 0;
-        let mut early = self.early.drain(..);
         for s in 0..self.peers.len() {
             let n = self.plan.ids(s).len();
-            let Some(tag) = self.tags[s].take() else {
-                let r = if n == 0 {
-                    Ok(0)
-                } else {
-                    early.next().map_or(Ok(0), Err)
-                };
-                report.shards.push(r);
-                continue;
+            let tag = match self.tags[s].take() {
+                None => {
+                    report.shards.push(Ok(0));
+                    continue;
+                }
+                Some(Err(e)) => {
+                    report.shards.push(Err(e));
+                    continue;
+                }
+                Some(Ok(tag)) => tag,
             };
             let part = client.wait_tag(tag).and_then(|c| {
                 let r = match c.rows() {
@@ -197,7 +193,6 @@ impl Sharded {
             });
             report.shards.push(part);
         }
-        drop(early);
         self.report = report;
         Ok(&self.report)
     }
@@ -230,7 +225,6 @@ impl Sharded {
         report.shards.clear();
         report.unique = self.plan.unique_len();
         report.missing = 0;
-        self.early.clear();
         let mut at = 0;
         for s in 0..self.peers.len() {
             let ids = self.plan.ids(s);
@@ -242,22 +236,21 @@ impl Sharded {
             let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
             let block = &self.merged[at..at + len];
             at += len;
-            match client.push_rows(self.peers[s], &[(rows, block)], deadline) {
-                Ok(t) => self.tags[s] = Some(t.tag()),
-                Err(e) => self.early.push(e),
-            }
+            let submitted = client.push_rows(self.peers[s], &[(rows, block)], deadline);
+            self.tags[s] = Some(submitted.map(|t| t.tag()));
         }
-        let mut early = self.early.drain(..);
         for s in 0..self.peers.len() {
             let n = self.plan.ids(s).len();
-            let Some(tag) = self.tags[s].take() else {
-                let r = if n == 0 {
-                    Ok(0)
-                } else {
-                    early.next().map_or(Ok(0), Err)
-                };
-                report.shards.push(r);
-                continue;
+            let tag = match self.tags[s].take() {
+                None => {
+                    report.shards.push(Ok(0));
+                    continue;
+                }
+                Some(Err(e)) => {
+                    report.shards.push(Err(e));
+                    continue;
+                }
+                Some(Ok(tag)) => tag,
             };
             let part = client.wait_tag(tag).and_then(|c| {
                 let r = match c.pushed() {
@@ -271,7 +264,6 @@ impl Sharded {
             });
             report.shards.push(part);
         }
-        drop(early);
         self.report = report;
         Ok(&self.report)
     }
