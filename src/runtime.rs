@@ -26,7 +26,7 @@ use crate::event_loop::{Loop, LoopParts, LoopShared};
 use crate::pool::{HandlerPool, Job};
 use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
-use crate::session::{Callback, Completion, Endpoint, Request, SessionParts};
+use crate::session::{Budget, Callback, Completion, Endpoint, Request, SessionParts};
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend};
@@ -76,6 +76,7 @@ impl Options {
         index: usize,
         jobs: Option<SyncSender<Job>>,
         accepted: &Arc<AtomicUsize>,
+        budget: &Arc<Budget>,
     ) -> LoopParts {
         LoopParts {
             session: SessionParts {
@@ -88,6 +89,7 @@ impl Options {
                     .clone()
                     .unwrap_or_else(|| Arc::new(HeapAllocator::default())),
                 zero_copy_min: self.zero_copy_min.unwrap_or(cfg.zero_copy_min),
+                budget: budget.clone(),
             },
             accepted: accepted.clone(),
         }
@@ -101,6 +103,8 @@ pub(crate) struct Inner {
     pub(crate) cfg: Arc<Config>,
     pub(crate) loops: Vec<Arc<LoopShared>>,
     pub(crate) stopped: AtomicBool,
+    /// The receive budget the loops share.
+    pub(crate) budget: Arc<Budget>,
 }
 
 /// A handle's pair of rings with one loop.
@@ -224,6 +228,7 @@ impl Runtime {
             cfg: cfg.clone(),
             loops: shared.clone(),
             stopped: AtomicBool::new(false),
+            budget: Budget::of(&cfg),
         });
         let mut rt = Runtime {
             inner,
@@ -241,7 +246,7 @@ impl Runtime {
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
             let jobs = pool.as_ref().and_then(|p| p.sender());
-            let parts = options.parts(&cfg, i, jobs, &accepted);
+            let parts = options.parts(&cfg, i, jobs, &accepted, &rt.inner.budget);
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {
@@ -325,6 +330,7 @@ impl Runtime {
         for l in &self.inner.loops {
             s.add_loop(&l.counters);
         }
+        s.add_budget(self.inner.budget.used(), self.inner.budget.refused());
         s
     }
 

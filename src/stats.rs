@@ -54,6 +54,9 @@ pub(crate) struct Counters {
     pub spin_ns: AtomicU64,
     pub parked_ns: AtomicU64,
     pub parks: AtomicU64,
+    pub progress_timeouts: AtomicU64,
+    pub heartbeats_sent: AtomicU64,
+    pub heartbeat_losses: AtomicU64,
 }
 
 /// Adds `n` to a counter that only the calling loop writes.
@@ -110,9 +113,28 @@ pub struct Stats {
     pub parked: Duration,
     /// Times loops parked.
     pub parks: u64,
+    /// Chunked tensors refused (failed with `RESOURCE_EXHAUSTED`) because the receive budget
+    /// of their connection or of the task was spent (`STARWIRE_RECV_BUDGET`,
+    /// `STARWIRE_CONN_RECV_BUDGET`).
+    pub budget_refused: u64,
+    /// Bytes of the receive budget reserved now, for chunked tensors being received.
+    pub recv_reserved: u64,
+    /// Connections closed because a frame or chunked tensor they owed made no progress
+    /// (`STARWIRE_FRAME_TIMEOUT_MS`, `STARWIRE_PROGRESS_TIMEOUT_MS`).
+    pub progress_timeouts: u64,
+    /// Heartbeat pings sent on idle connections.
+    pub heartbeats_sent: u64,
+    /// Connections declared lost after a silence (`STARWIRE_HEARTBEAT_TIMEOUT_MS`).
+    pub heartbeat_losses: u64,
 }
 
 impl Stats {
+    /// Adds a receive budget's bytes reserved now and reservations refused so far.
+    pub(crate) fn add_budget(&mut self, reserved: u64, refused: u64) {
+        self.recv_reserved += reserved;
+        self.budget_refused += refused;
+    }
+
     pub(crate) fn add_loop(&mut self, c: &Counters) {
         let l = |a: &AtomicU64| a.load(Relaxed);
         self.frames_in += l(&c.frames_in);
@@ -138,5 +160,8 @@ impl Stats {
         self.spin += Duration::from_nanos(l(&c.spin_ns));
         self.parked += Duration::from_nanos(l(&c.parked_ns));
         self.parks += l(&c.parks);
+        self.progress_timeouts += l(&c.progress_timeouts);
+        self.heartbeats_sent += l(&c.heartbeats_sent);
+        self.heartbeat_losses += l(&c.heartbeat_losses);
     }
 }

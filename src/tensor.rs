@@ -165,8 +165,14 @@ impl Drop for Cached {
 /// A shared allocator.
 pub type SharedAllocator = Arc<dyn TensorAllocator>;
 
-/// 64-byte aligned, zero-initialized heap bytes. Allocated with `alloc_zeroed`, so a large
-/// buffer takes fresh zero pages from the kernel rather than being written up front.
+/// 64-byte aligned, zero-initialized heap bytes.
+///
+/// Below [`AlignedBuf::MAP_MIN`] bytes they come from the global allocator
+/// (`alloc_zeroed`). From there up they are an anonymous private mapping of their own: the
+/// kernel hands out zero pages only when they are first written, so a buffer costs memory
+/// as its contents arrive, not when it is created, and creating one takes the same short
+/// time at any size. (Aligned `alloc_zeroed` writes every byte up front: a peer declaring a
+/// 4 GiB tensor would have made the receiver commit 4 GiB and stall for seconds.)
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
@@ -182,6 +188,10 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     const ALIGN: usize = HeapAllocator::ALIGN;
 
+    /// Buffers at least this large are mappings of their own, committed page by page as
+    /// they are written.
+    pub const MAP_MIN: usize = 256 << 10;
+
     fn layout(len: usize) -> Option<std::alloc::Layout> {
         std::alloc::Layout::from_size_align(len, Self::ALIGN).ok()
     }
@@ -195,6 +205,19 @@ impl AlignedBuf {
             let ptr = std::ptr::NonNull::new(Self::ALIGN as *mut u8)?;
             return Some(AlignedBuf { ptr, len });
         }
+        if len >= Self::MAP_MIN {
+            use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+            let size = std::num::NonZeroUsize::new(len)?;
+            let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+            // SAFETY: a fresh private anonymous mapping at an address of the kernel's
+            // choosing: it aliases nothing. It is page-aligned (so 64-byte aligned), reads
+            // as zeros, and is unmapped once, in `drop`, with the same length.
+            let ptr = unsafe { mmap_anonymous(None, size, prot, MapFlags::MAP_PRIVATE) }.ok()?;
+            return Some(AlignedBuf {
+                ptr: ptr.cast(),
+                len,
+            });
+        }
         // SAFETY: `layout` has a nonzero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = std::ptr::NonNull::new(raw)?;
@@ -206,6 +229,14 @@ impl Drop for AlignedBuf {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
         if self.len == 0 {
+            return;
+        }
+        if self.len >= Self::MAP_MIN {
+            // SAFETY: mapped in `zeroed` with this length, unmapped once; no view of it
+            // outlives `self`.
+            if let Err(e) = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.len) } {
+                log::error!("munmap of a {}-byte tensor buffer: {e}", self.len);
+            }
             return;
         }
         if let Some(layout) = Self::layout(self.len) {

@@ -10,6 +10,8 @@
 //! process's memory). Both backends: CI runs this file once per `STARWIRE_BACKEND`.
 
 mod common;
+#[path = "common/frames.rs"]
+mod frames;
 #[path = "common/live_heap.rs"]
 mod live_heap;
 
@@ -17,6 +19,7 @@ mod live_heap;
 static GLOBAL: live_heap::LiveHeap = live_heap::LiveHeap;
 
 use common::*;
+use frames::*;
 use starwire::{DType, Status};
 use starwire::{Options, Reply, Runtime, Service, Tensor};
 use std::io::{ErrorKind, Read, Write};
@@ -76,158 +79,6 @@ fn logged(text: &str) -> String {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Frames, by hand (docs/wire-format.md)
-
-const HELLO: u8 = 1;
-const HELLO_ACK: u8 = 2;
-const PING: u8 = 3;
-const PONG: u8 = 4;
-const RECV: u8 = 5;
-const PULL: u8 = 7;
-const PUSH: u8 = 8;
-const ERROR: u8 = 10;
-const END: u16 = 1;
-const HEADER: usize = 32;
-
-#[allow(clippy::too_many_arguments)]
-fn header(
-    kind: u8,
-    flags: u16,
-    count: u32,
-    handle: u64,
-    meta_len: u32,
-    payload_len: u32,
-) -> Vec<u8> {
-    let mut h = Vec::with_capacity(HEADER);
-    h.extend_from_slice(b"SWRE");
-    h.push(2);
-    h.push(kind);
-    h.extend_from_slice(&flags.to_le_bytes());
-    h.extend_from_slice(&0u16.to_le_bytes()); // status
-    h.extend_from_slice(&0u16.to_le_bytes()); // reserved
-    h.extend_from_slice(&count.to_le_bytes());
-    h.extend_from_slice(&handle.to_le_bytes());
-    h.extend_from_slice(&meta_len.to_le_bytes());
-    h.extend_from_slice(&payload_len.to_le_bytes());
-    h
-}
-
-fn frame(kind: u8, flags: u16, count: u32, handle: u64, meta: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut f = header(
-        kind,
-        flags,
-        count,
-        handle,
-        meta.len() as u32,
-        payload.len() as u32,
-    );
-    f.extend_from_slice(meta);
-    f.extend_from_slice(payload);
-    f
-}
-
-fn hello_body(cluster_id: u64, job: &str, token: &[u8]) -> Vec<u8> {
-    let mut m = Vec::new();
-    m.extend_from_slice(&cluster_id.to_le_bytes());
-    m.extend_from_slice(&0u32.to_le_bytes()); // task index
-    m.extend_from_slice(&(16u32 << 20).to_le_bytes()); // max_frame
-    m.push(job.len() as u8);
-    m.push(token.len() as u8);
-    m.push(16); // max_rank
-    m.push(0);
-    m.extend_from_slice(&4096u16.to_le_bytes()); // max_key
-    m.extend_from_slice(&[0, 0]);
-    m.extend_from_slice(&65_536u32.to_le_bytes()); // max_tensors
-    m.extend_from_slice(&1024u32.to_le_bytes()); // max_tables
-    m.extend_from_slice(&(1u32 << 20).to_le_bytes()); // max_rows
-    m.extend_from_slice(&(1u32 << 20).to_le_bytes()); // max_row_bytes
-    m.extend_from_slice(&(4u64 << 30).to_le_bytes()); // max_tensor_bytes
-    m.extend_from_slice(job.as_bytes());
-    m.extend_from_slice(token);
-    m
-}
-
-fn hello(cluster_id: u64, token: &[u8]) -> Vec<u8> {
-    frame(
-        HELLO,
-        0,
-        0,
-        0,
-        &hello_body(cluster_id, "worker", token),
-        &[],
-    )
-}
-
-fn tensor_meta(dtype: DType, dims: &[u64], byte_len: u64) -> Vec<u8> {
-    let mut m = vec![u8::from(dtype), dims.len() as u8, 0, 0, 0, 0, 0, 0];
-    m.extend_from_slice(&byte_len.to_le_bytes());
-    for d in dims {
-        m.extend_from_slice(&d.to_le_bytes());
-    }
-    m
-}
-
-fn push_frame(handle: u64, entries: &[(u64, Vec<u8>)], payload: &[u8]) -> Vec<u8> {
-    let mut meta = Vec::new();
-    for (id, tm) in entries {
-        meta.extend_from_slice(&id.to_le_bytes());
-        meta.extend_from_slice(tm);
-    }
-    frame(PUSH, 0, entries.len() as u32, handle, &meta, payload)
-}
-
-/// A frame read whole: kind, status, handle, meta section, payload section.
-type RawFrame = (u8, u16, u64, Vec<u8>, Vec<u8>);
-
-fn read_frame(s: &mut TcpStream) -> std::io::Result<RawFrame> {
-    let mut h = [0u8; HEADER];
-    s.read_exact(&mut h)?;
-    let kind = h[5];
-    let status = u16::from_le_bytes([h[8], h[9]]);
-    let handle = u64::from_le_bytes(h[16..24].try_into().unwrap());
-    let meta_len = u32::from_le_bytes(h[24..28].try_into().unwrap()) as usize;
-    let payload_len = u32::from_le_bytes(h[28..32].try_into().unwrap()) as usize;
-    let mut meta = vec![0; meta_len];
-    s.read_exact(&mut meta)?;
-    let mut payload = vec![0; payload_len];
-    s.read_exact(&mut payload)?;
-    Ok((kind, status, handle, meta, payload))
-}
-
-/// A raw connection to `addr`, after a valid handshake.
-fn raw_open(addr: SocketAddr) -> TcpStream {
-    let mut s = raw_connect(addr);
-    s.write_all(&hello(0, b"")).unwrap();
-    let (kind, ..) = read_frame(&mut s).expect("HELLO_ACK");
-    assert_eq!(kind, HELLO_ACK);
-    s
-}
-
-fn raw_connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.set_nodelay(true).unwrap();
-    s
-}
-
-/// Reads until the peer closes; returns the frames it sent first (kind and status) and
-/// how long it took. Fails if the connection stays open `within`.
-fn expect_closed(s: &mut TcpStream, within: Duration) -> (Vec<(u8, u16)>, Duration) {
-    let start = Instant::now();
-    s.set_read_timeout(Some(within)).unwrap();
-    let mut frames = Vec::new();
-    loop {
-        match read_frame(s) {
-            Ok((kind, status, ..)) => frames.push((kind, status)),
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
-            Err(e) => panic!("connection still open after {within:?} ({e}); frames {frames:?}"),
-        }
-    }
-    (frames, start.elapsed())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -539,6 +390,14 @@ fn byte_length_inconsistent_with_dtype_and_shape() {
 }
 
 #[test]
+fn a_hello_ack_as_the_first_frame() {
+    // The server's half of the handshake sent by the client: refused with an ERROR like
+    // every other wrong first frame.
+    let ack = frame(HELLO_ACK, 0, 0, 0, &hello_body(0, "worker", b""), &[]);
+    server_class(false, &ack, Some(PROTOCOL), "unexpected handshake frame");
+}
+
+#[test]
 fn data_before_the_handshake() {
     server_class(
         false,
@@ -812,5 +671,255 @@ fn an_in_flight_recv_fails_when_its_connection_breaks_the_protocol() {
     );
     assert!(start.elapsed() < Duration::from_secs(5));
     logged("magic");
+    client.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// Peers that declare more than they send: the progress timeout and the receive budget
+
+const DEADLINE_EXCEEDED: u16 = 4;
+
+/// A server whose progress timeout is 500 ms (its frame timeout stays 30 s).
+fn progress_server() -> (Runtime, SocketAddr) {
+    let rt = serve(config("ps", 1).progress_timeout(Duration::from_millis(500)));
+    let addr = rt.local_addr().unwrap();
+    (rt, addr)
+}
+
+/// Sends `first`, then `more()` until the server closes; expects the close with an
+/// `ERROR` of status `DEADLINE_EXCEEDED`, and returns how many `more` calls were made.
+fn stall_and_expect_close(addr: SocketAddr, first: &[u8], more: impl Fn(&mut TcpStream)) -> usize {
+    let mut s = raw_open(addr);
+    s.write_all(first).unwrap();
+    let mut writes = 0;
+    let start = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut frames = Vec::new();
+    loop {
+        match read_frame(&mut s) {
+            Ok((kind, status, ..)) => frames.push((kind, status)),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+            Err(_) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "still open after 30 s (progress timeout 500 ms); frames {frames:?}"
+                );
+                more(&mut s);
+                writes += 1;
+            }
+        }
+    }
+    assert!(
+        frames.contains(&(ERROR, DEADLINE_EXCEEDED)),
+        "expected an ERROR with status DEADLINE_EXCEEDED before the close, got {frames:?}"
+    );
+    writes
+}
+
+#[test]
+fn a_payload_declared_and_never_sent_is_closed_after_the_progress_timeout() {
+    let _serial = begin();
+    let (rt, addr) = progress_server();
+    let healthy = Healthy::start(addr);
+    // A push of 6,400 payload bytes: the header, the meta section and 100 of them.
+    let entries: Vec<(u64, Vec<u8>)> = (0..100)
+        .map(|i| (i, tensor_meta(DType::U8, &[64], 64)))
+        .collect();
+    let f = push_frame(9, &entries, &vec![1u8; 6400]);
+    stall_and_expect_close(addr, &f[..f.len() - 6300], |_| {});
+    logged("STARWIRE_PROGRESS_TIMEOUT_MS");
+    wait_open_connections(&rt, 1);
+    assert_eq!(rt.stats().progress_timeouts, 1);
+    healthy.finish();
+    rt.shutdown();
+}
+
+#[test]
+fn a_chunked_tensor_announced_and_left_is_closed_after_the_progress_timeout() {
+    let _serial = begin();
+    let (rt, addr) = progress_server();
+    let healthy = Healthy::start(addr);
+    // A complete PUSH frame declaring one chunked 1 GiB tensor, and its first byte: the
+    // connection is between frames, owing the rest.
+    let mut bytes = push_frame(9, &[(1, chunked_meta(1 << 30))], &[]);
+    bytes.extend_from_slice(&chunk_frame(9, 0, 0, &[7]));
+    stall_and_expect_close(addr, &bytes, |_| {});
+    wait_open_connections(&rt, 1);
+    // The tensor's reservation goes with the connection.
+    wait_reserved(&rt, 0);
+    assert_eq!(rt.stats().progress_timeouts, 1);
+    healthy.finish();
+    rt.shutdown();
+}
+
+#[test]
+fn a_trickling_payload_is_closed_after_the_progress_timeout() {
+    let _serial = begin();
+    let (rt, addr) = progress_server();
+    let healthy = Healthy::start(addr);
+    // A chunked 1 MiB tensor sent 64 bytes at a time, every 50 ms (about 1.3 KB/s): it
+    // keeps arriving, but slower than 4 KiB per 500 ms window.
+    let f = push_frame(9, &[(1, chunked_meta(1 << 20))], &[]);
+    let offset = std::cell::Cell::new(0u64);
+    let writes = stall_and_expect_close(addr, &f, |s| {
+        let at = offset.get();
+        if s.write_all(&chunk_frame(9, 0, at, &[1u8; 64])).is_ok() {
+            offset.set(at + 64);
+        }
+    });
+    // Closed while it was still sending: long before the 16,384 writes the tensor needs.
+    assert!(
+        (5..1_000).contains(&writes),
+        "{writes} writes before the close"
+    );
+    wait_open_connections(&rt, 1);
+    assert_eq!(rt.stats().progress_timeouts, 1);
+    healthy.finish();
+    rt.shutdown();
+}
+
+/// Waits up to 10 s for the server's reserved receive budget to be `want` bytes (a
+/// connection's reservations go when its last operation has completed).
+fn wait_reserved(rt: &Runtime, want: u64) {
+    let start = Instant::now();
+    while rt.stats().recv_reserved != want {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            rt.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Pings `addr` `n` times from `h`; the round trips, sorted.
+fn ping_times(h: &mut starwire::Handle, addr: SocketAddr, n: usize) -> Vec<Duration> {
+    let mut rtts: Vec<Duration> = (0..n)
+        .map(|_| {
+            let start = Instant::now();
+            let t = h.ping(addr, 0, secs(30)).unwrap();
+            h.wait_tag(t.tag()).unwrap().result.unwrap();
+            start.elapsed()
+        })
+        .collect();
+    rtts.sort();
+    rtts
+}
+
+#[test]
+fn chunked_tensors_declared_and_not_sent_commit_no_memory_and_fail_alone_over_the_budget() {
+    let _serial = begin();
+    // A task budget of 5 GiB, 3 GiB per connection (set, so the test does not depend on
+    // the machine's memory). Progress timeout long enough to stay out of the way.
+    const GIB: u64 = 1 << 30;
+    let rt = serve(
+        config("ps", 1)
+            .recv_budget(5 * GIB)
+            .conn_recv_budget(3 * GIB)
+            .progress_timeout(Duration::from_secs(600)),
+    );
+    let addr = rt.local_addr().unwrap();
+    let client = Runtime::start(config("worker", 1).build().unwrap(), None).unwrap();
+    let mut h = client.handle(4);
+    let before_pings = ping_times(&mut h, addr, 200);
+    CAPTURING.store(false, Ordering::Relaxed);
+    let (rss0, heap0) = (resident_bytes(), live_heap::live_bytes());
+    // Five attackers: four declare a 2 GiB tensor each and send its first byte (the first
+    // two fit the task's 5 GiB, the next two do not); the fifth declares 4 GiB, over its
+    // connection's 3 GiB.
+    let mut attackers = Vec::new();
+    for (i, len) in [2 * GIB, 2 * GIB, 2 * GIB, 2 * GIB, 4 * GIB]
+        .into_iter()
+        .enumerate()
+    {
+        let mut s = raw_open(addr);
+        let mut bytes = push_frame(9, &[(1, chunked_meta(len))], &[]);
+        bytes.extend_from_slice(&chunk_frame(9, 0, 0, &[i as u8]));
+        s.write_all(&bytes).unwrap();
+        attackers.push(s);
+    }
+    // The healthy client's pings while the attackers hold their connections.
+    let start = Instant::now();
+    while rt.stats().budget_refused < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            rt.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let during_pings = ping_times(&mut h, addr, 200);
+    let (rss1, heap1) = (resident_bytes(), live_heap::live_bytes());
+    let s = rt.stats();
+    assert_eq!(
+        s.recv_reserved,
+        4 * GIB,
+        "two 2 GiB tensors reserved: {s:?}"
+    );
+    assert_eq!(s.budget_refused, 3, "{s:?}");
+    assert_eq!(
+        s.connections_accepted - s.connections_lost,
+        6,
+        "every connection open"
+    );
+    let rss = rss1 as i64 - rss0 as i64;
+    let heap = heap1 as i64 - heap0 as i64;
+    let (med0, med1) = (before_pings[100], during_pings[100]);
+    eprintln!(
+        "16 GiB declared over 5 connections, 5 bytes sent: resident memory {rss:+} bytes, \
+         heap {heap:+} bytes; healthy ping median {med0:?} before, {med1:?} during \
+         (worst {:?})",
+        during_pings[199]
+    );
+    assert!(rss < 64 << 20, "resident memory grew by {rss} bytes");
+    assert!(heap < 16 << 20, "the heap grew by {heap} bytes");
+    // The old behaviour stalled the loop for seconds per attacker; a loaded machine moves
+    // medians by a few times, not by thousands.
+    assert!(
+        med1 < med0 * 20,
+        "ping median {med0:?} before, {med1:?} during"
+    );
+    // The attackers' pushes are failed or pending, never answered OK; their connections are
+    // open. When they leave, the reservations go with them.
+    drop(attackers);
+    wait_open_connections(&rt, 1);
+    wait_reserved(&rt, 0);
+    client.shutdown();
+    rt.shutdown();
+}
+
+#[test]
+fn a_peer_that_goes_silent_is_declared_lost_by_the_heartbeat() {
+    let _serial = begin();
+    // A server that answers the first ping and then nothing, keeping the connection open.
+    let evil = evil_server(|s, kind, handle, seen| {
+        if kind == PING && seen.is_empty() {
+            seen.push(handle);
+            s.write_all(&pong(handle)).unwrap();
+        }
+    });
+    let client = Runtime::start(
+        config("worker", 1)
+            .heartbeat_interval(Duration::from_millis(100))
+            .heartbeat_timeout(Duration::from_millis(600))
+            .build()
+            .unwrap(),
+        None,
+    )
+    .unwrap();
+    let mut h = client.handle(4);
+    let t = h.ping(evil, 0, None).unwrap();
+    h.wait(t).expect("the first ping is answered");
+    // A request without a deadline: the heartbeat is what ends it.
+    let t = h.ping(evil, 0, None).unwrap();
+    let e = h.wait(t).expect_err("the peer went silent");
+    assert_eq!(e.kind(), starwire::ErrorKind::ConnectionLost, "{e}");
+    assert_eq!(e.peer(), Some(evil), "{e}");
+    logged("STARWIRE_HEARTBEAT_TIMEOUT_MS");
+    let s = client.stats();
+    // Probes every 100 ms of silence until 600 ms: about five.
+    assert_eq!(s.heartbeat_losses, 1, "{s:?}");
+    assert!((2..=6).contains(&s.heartbeats_sent), "{s:?}");
     client.shutdown();
 }

@@ -15,6 +15,7 @@ use starwire::{DType, Status};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 /// Variable `i` (below 100) holds 8 bytes of value `i`; pushes are recorded and accepted
 /// when 8 bytes long.
@@ -421,4 +422,37 @@ fn a_handle_may_move_to_another_thread() {
             .unwrap();
         assert_eq!(v[0].as_ref().unwrap().bytes(), [i as u8; 8]);
     }
+}
+
+#[test]
+fn wait_for_peers_names_the_peers_that_never_came_up_and_waits_for_late_ones() {
+    let up = server(1);
+    let up_addr = up.local_addr().unwrap();
+    // Free ports nobody listens on (yet).
+    let free = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (never, late) = (free(), free());
+    let cfg = config("worker", 1)
+        .connect_retries(1)
+        .connect_backoff(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let rt = starwire::Runtime::start(cfg, None).unwrap();
+    let mut h = rt.handle(4);
+    let e = h
+        .wait_for_peers([up_addr, never], Duration::from_millis(500))
+        .expect_err("one peer is not up");
+    assert_eq!(e.peers.len(), 1, "{e}");
+    assert_eq!(e.peers[0].0, starwire::Peer::from(never));
+    assert!(e.to_string().contains(&never.to_string()), "{e}");
+    // A peer that comes up while we wait is waited for.
+    let starter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        starwire::Runtime::start(config("ps", 1).build().unwrap(), Some(late)).unwrap()
+    });
+    h.wait_for_peers([up_addr, late], Duration::from_secs(30))
+        .expect("the late peer is reached");
+    starter.join().unwrap().shutdown();
 }

@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 
 const SERVER_ENV: &str = "STARWIRE_TEST_NETNS_SERVER";
 const CLIENT_ENV: &str = "STARWIRE_TEST_NETNS_CLIENT";
+const SILENT_CLIENT_ENV: &str = "STARWIRE_TEST_NETNS_SILENT_CLIENT";
+/// Heartbeat of the client without deadlines: probe after 200 ms of silence, lost after 1 s.
+const BEAT: Duration = Duration::from_millis(200);
+const SILENCE: Duration = Duration::from_secs(1);
 /// Deadline of each of the clients' pings.
 const DEADLINE: Duration = Duration::from_millis(500);
 
@@ -192,6 +196,34 @@ fn netns_client() {
     }
 }
 
+/// Child: like `netns_client`, but its pings have no deadline: only the heartbeat
+/// (`BEAT`, `SILENCE`) can end one that is never answered.
+#[test]
+#[ignore = "entry point of a host process"]
+fn netns_silent_client() {
+    let Ok(server) = std::env::var(SILENT_CLIENT_ENV) else {
+        return;
+    };
+    let server: SocketAddr = server.parse().unwrap();
+    let cfg = config("worker", 1)
+        .heartbeat_interval(BEAT)
+        .heartbeat_timeout(SILENCE)
+        .connect_retries(0)
+        .build()
+        .unwrap();
+    let rt = starwire::Runtime::start(cfg, None).unwrap();
+    let mut h = rt.handle(4);
+    loop {
+        let t0 = Instant::now();
+        let tag = h.ping(server, 64, None).unwrap();
+        match h.wait(tag) {
+            Ok(rtt) => println!("OK {}", rtt.as_micros()),
+            Err(e) => println!("ERR {:?} {}", e.kind(), t0.elapsed().as_millis()),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// One line a client printed, with when the parent read it.
 struct Outcome {
     at: Instant,
@@ -333,6 +365,59 @@ fn a_partitioned_client_fails_by_deadline_and_recovers_while_another_is_untouche
         settled.iter().map(|o| o.ms).fold(f64::MAX, f64::min),
         settled.iter().map(|o| o.ms).fold(0.0, f64::max),
         other.len()
+    );
+}
+
+#[test]
+fn a_link_cut_without_a_reset_is_found_by_the_heartbeat() {
+    let Some(h) = hosts_or_skip("h", 1) else {
+        return;
+    };
+    let (server, port) = start_server(&h);
+    let mut procs = Procs(vec![server]);
+    let mut c = spawn_in(
+        &h.names[1],
+        "netns_silent_client",
+        (SILENT_CLIENT_ENV, format!("10.77.1.1:{port}")),
+    );
+    let rx = outcomes(&mut c);
+    procs.0.push(c);
+    let warm = drain(&rx, Instant::now() + Duration::from_secs(1));
+    assert!(
+        warm.iter().filter(|o| o.ok).count() >= 5,
+        "never got through"
+    );
+    // The link goes down: no reset, no FIN, the ping in flight is simply never answered.
+    let (ns, link) = server_link(&h, 1);
+    ip(&["-n", &ns, "link", "set", &link, "down"]).unwrap();
+    let cut = Instant::now();
+    let during = drain(&rx, cut + Duration::from_secs(4));
+    ip(&["-n", &ns, "link", "set", &link, "up"]).unwrap();
+    let restored = Instant::now();
+    let after = drain(&rx, restored + Duration::from_secs(8));
+    // The first failure is the heartbeat's, about `SILENCE` after the last answer; pings
+    // submitted while cut may first finish, the one in flight cannot.
+    let first = during
+        .iter()
+        .find(|o| !o.ok)
+        .expect("a ping without deadline waited through a cut link");
+    assert!(
+        first.text.contains("ConnectionLost"),
+        "the first failure: {}",
+        first.text
+    );
+    let found_after = first.at - cut;
+    assert!(
+        found_after >= SILENCE - BEAT && found_after < Duration::from_secs(4),
+        "found after {found_after:?}"
+    );
+    let first_ok = after.iter().find(|o| o.ok).map(|o| o.at - restored);
+    let recovered = first_ok.expect("no ping succeeded within 8 s of the link returning");
+    eprintln!(
+        "heartbeat: a link cut without a reset found after {found_after:?} (silence limit \
+         {SILENCE:?}, probes every {BEAT:?}): {}; first success {recovered:?} after the \
+         link returned",
+        first.text
     );
 }
 

@@ -216,20 +216,20 @@ fn killed_client_mid_transfer_fails_requests_towards_it_and_frees_what_it_sent()
 
     // Another client of the server keeps pinging it through the whole test.
     let stop = Arc::new(AtomicBool::new(false));
+    let pinged = Arc::new(AtomicI64::new(0));
     let bystander = {
-        let stop = stop.clone();
+        let (stop, pinged) = (stop.clone(), pinged.clone());
         std::thread::spawn(move || {
             let c = client(1);
             let mut errors = Vec::new();
-            let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
                 if let Err(e) = ping_once(&c, server_addr, secs(5)) {
                     errors.push(e);
                 }
-                n += 1;
+                pinged.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(5));
             }
-            (n, errors)
+            errors
         })
     };
 
@@ -307,10 +307,20 @@ fn killed_client_mid_transfer_fails_requests_towards_it_and_frees_what_it_sent()
     }
     eprintln!("{during} tensor bytes alive at the kill, 0 after; the recv failed after {took:?}");
 
+    // The bystander pinged before the kill and goes on after the cleanup.
+    let at_cleanup = pinged.load(Ordering::SeqCst);
+    while pinged.load(Ordering::SeqCst) < at_cleanup + 10 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the bystander stalled"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     stop.store(true, Ordering::Relaxed);
-    let (pings, errors) = bystander.join().unwrap();
+    let errors = bystander.join().unwrap();
+    let pings = pinged.load(Ordering::SeqCst);
     assert!(
-        pings > 10 && errors.is_empty(),
+        at_cleanup > 0 && errors.is_empty(),
         "{pings} pings, errors {errors:?}"
     );
     cl.shutdown();

@@ -710,3 +710,95 @@ fn a_peer_reusing_our_handle_for_its_push_cannot_redirect_our_answer() {
     client.shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn tensors_over_the_receive_budget_fail_alone_and_the_connection_goes_on() {
+    const MIB: u64 = 1 << 20;
+    let f32s = |n_mib: u64| {
+        let n = (n_mib * MIB / 4) as usize;
+        Arc::new(Tensor::from_f32(&[n as u64], &vec![1.0; n]).unwrap())
+    };
+    // The server may hold 3 MiB of chunked tensors being received, 2 MiB per connection;
+    // the client 2 MiB. Chunks of 256 KiB both ways.
+    let store = Arc::new(Store::default());
+    let server = Runtime::start_with(
+        config("ps", 1)
+            .recv_budget(3 * MIB)
+            .conn_recv_budget(2 * MIB)
+            .chunk_size(256 << 10)
+            .build()
+            .unwrap(),
+        Options {
+            service: Some(store.clone()),
+            ..Options::listen("127.0.0.1:0".parse().unwrap())
+        },
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let client = Runtime::start(
+        config("worker", 1)
+            .recv_budget(2 * MIB)
+            .chunk_size(256 << 10)
+            .build()
+            .unwrap(),
+        None,
+    )
+    .unwrap();
+    let mut h = client.handle(4);
+    // A push of 3 MiB (over the connection's 2 MiB) and of 1 MiB: the first fails alone.
+    let t = h
+        .push(addr, vec![(1, f32s(3)), (2, f32s(1))], secs(30))
+        .unwrap();
+    assert_eq!(
+        wait_ok(&mut h, t),
+        vec![Status::ResourceExhausted, Status::Ok]
+    );
+    assert!(!store.vars.lock().unwrap().contains_key(&1));
+    // The same connection goes on: a ping, and a push that fits.
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
+    let t = h.push(addr, vec![(3, f32s(2))], secs(30)).unwrap();
+    assert_eq!(wait_ok(&mut h, t), vec![Status::Ok]);
+    let s = server.stats();
+    assert_eq!((s.budget_refused, s.recv_reserved), (1, 0), "{s:?}");
+    // Pulls: the client's own budget (2 MiB) refuses a 3 MiB answer, not the 1 MiB one.
+    store.vars.lock().unwrap().insert(1, f32s(3));
+    let t = h.pull(addr, vec![1, 2], secs(30)).unwrap();
+    let v = wait_ok(&mut h, t);
+    assert_eq!(v[0].as_ref().unwrap_err(), &Status::ResourceExhausted);
+    assert_eq!(v[1].as_ref().unwrap().byte_len(), MIB as usize);
+    let c = client.stats();
+    assert_eq!((c.budget_refused, c.recv_reserved), (1, 0), "{c:?}");
+    assert_eq!(c.connections_lost, 0);
+}
+
+#[test]
+fn heartbeats_keep_an_idle_connection_open() {
+    let beat = |job| {
+        config(job, 1)
+            .heartbeat_interval(Duration::from_millis(20))
+            .heartbeat_timeout(Duration::from_secs(10))
+    };
+    let server = Runtime::start_with(
+        beat("ps").build().unwrap(),
+        Options::listen("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let client = Runtime::start(beat("worker").build().unwrap(), None).unwrap();
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
+    // Idle: both ends probe every 20 ms of silence and each answers the other's probes.
+    let start = Instant::now();
+    while client.stats().heartbeats_sent < 10 || server.stats().heartbeats_sent < 10 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            client.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
+    let (c, s) = (client.stats(), server.stats());
+    assert_eq!((c.connections_lost, c.heartbeat_losses), (0, 0), "{c:?}");
+    assert_eq!((s.connections_lost, s.heartbeat_losses), (0, 0), "{s:?}");
+    assert_eq!((c.connections_opened, s.connections_accepted), (1, 1));
+}

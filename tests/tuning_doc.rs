@@ -96,6 +96,11 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_MAX_SERVED,
         starwire::config::ENV_CLOSE_LINGER_MS,
         starwire::config::ENV_URING_FLAGS,
+        starwire::config::ENV_PROGRESS_TIMEOUT_MS,
+        starwire::config::ENV_HEARTBEAT_INTERVAL_MS,
+        starwire::config::ENV_HEARTBEAT_TIMEOUT_MS,
+        starwire::config::ENV_RECV_BUDGET,
+        starwire::config::ENV_CONN_RECV_BUDGET,
         "`P_ENABLE_POLLING`",
         "`NETWORK_P_CORE_NUMBER`",
         "`P_DISABLE_PIN_CORES`",
@@ -108,5 +113,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 32, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 37, "{table}");
 }

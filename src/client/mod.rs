@@ -26,8 +26,10 @@
 
 mod rows;
 mod sharded;
+mod startup;
 
 pub use sharded::{Sharded, StepReport};
+pub use startup::Unreachable;
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -43,7 +45,7 @@ use crate::event_loop::{Loop, LoopShared};
 use crate::peer::Peer;
 use crate::runtime::{self, Options, StartError, StartReport};
 use crate::session::Spare;
-use crate::session::{Callback, Completion, Reply, Request, RequestOp};
+use crate::session::{Budget, Callback, Completion, Reply, Request, RequestOp};
 use crate::spsc::ThreadWaker;
 use crate::stats::Stats;
 use crate::sys::{socket, Backend};
@@ -806,6 +808,7 @@ pub struct Local {
     shared: Arc<LoopShared>,
     cfg: Arc<Config>,
     report: StartReport,
+    budget: Arc<Budget>,
 }
 
 impl sealed::Drive for Local {
@@ -871,12 +874,13 @@ impl Client<Local> {
             r.attach(vec![shared.clone()]);
         }
         let cfg = Arc::new(config);
+        let budget = Budget::of(&cfg);
         let lp = Loop::new(
             cfg.clone(),
             shared.clone(),
             backend,
             listener,
-            options.parts(&cfg, 0, None, &Arc::new(AtomicUsize::new(0))),
+            options.parts(&cfg, 0, None, &Arc::new(AtomicUsize::new(0)), &budget),
         )
         .map_err(loop_err)?;
         // The fallback was logged where it was decided.
@@ -886,6 +890,7 @@ impl Client<Local> {
             shared,
             cfg: cfg.clone(),
             report,
+            budget,
         };
         Ok(Client::with_driver(
             local,
@@ -939,6 +944,7 @@ impl Client<Local> {
     pub fn stats(&self) -> Stats {
         let mut s = Stats::default();
         s.add_loop(&self.driver.shared.counters);
+        s.add_budget(self.driver.budget.used(), self.driver.budget.refused());
         s
     }
 }

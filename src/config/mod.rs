@@ -164,6 +164,24 @@ impl Config {
         }
     }
 
+    /// The task's receive budget in bytes: [`recv_budget`](Config::recv_budget) if set,
+    /// else a quarter of the machine's physical memory (1 GiB when that cannot be read).
+    pub fn recv_budget_bytes(&self) -> u64 {
+        self.recv_budget
+            .unwrap_or_else(|| physical_memory().map_or(1 << 30, |m| m / 4))
+            .max(MIN_RECV_BUDGET)
+    }
+
+    /// One connection's part of the receive budget in bytes:
+    /// [`conn_recv_budget`](Config::conn_recv_budget) if set, else half of
+    /// [`recv_budget_bytes`](Config::recv_budget_bytes); never more than the latter.
+    pub fn conn_recv_budget_bytes(&self) -> u64 {
+        let total = self.recv_budget_bytes();
+        self.conn_recv_budget
+            .unwrap_or(total / 2)
+            .clamp(MIN_RECV_BUDGET, total)
+    }
+
     /// The delay before connect retry number `retry` (0 for the first retry):
     /// [`connect_backoff`](Config::connect_backoff) doubled `retry` times, capped at
     /// [`CONNECT_BACKOFF_CAP`], or at `connect_backoff` itself when that is larger.
@@ -306,4 +324,14 @@ fn check_job(job: &str) -> Result<(), ConfigError> {
             format!("1 to {MAX_JOB_LEN} characters from A-Z a-z 0-9 _ -"),
         ))
     }
+}
+
+/// Physical memory of the machine in bytes, if the system says.
+fn physical_memory() -> Option<u64> {
+    use nix::unistd::{sysconf, SysconfVar};
+    let pages = sysconf(SysconfVar::_PHYS_PAGES).ok()??;
+    let size = sysconf(SysconfVar::PAGE_SIZE).ok()??;
+    u64::try_from(pages)
+        .ok()?
+        .checked_mul(u64::try_from(size).ok()?)
 }

@@ -261,6 +261,83 @@ settings! {
         }
     }
 
+    /// Time a frame in progress, or a chunked tensor announced and not complete, may go
+    /// without progress: fewer than 4 KiB arriving in this time while such bytes are owed
+    /// closes the connection (silent or trickling senders).
+    progress_timeout: Duration [] {
+        env: [ENV_PROGRESS_TIMEOUT_MS = "STARWIRE_PROGRESS_TIMEOUT_MS"],
+        default: [DEFAULT_PROGRESS_TIMEOUT = Duration::from_secs(30)],
+        kind: Time { lo: MIN_PROGRESS_TIMEOUT, hi: MAX_PROGRESS_TIMEOUT, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::progress_timeout`].
+            pub const MIN_PROGRESS_TIMEOUT: Duration = Duration::from_millis(1);
+            /// Largest accepted [`Config::progress_timeout`], 1 hour.
+            pub const MAX_PROGRESS_TIMEOUT: Duration = Duration::from_secs(3600);
+        }
+    }
+
+    /// An open connection that has received nothing for this long is probed with a PING
+    /// (again every interval while it stays silent); 0 turns heartbeats off.
+    heartbeat_interval: Duration [] {
+        env: [ENV_HEARTBEAT_INTERVAL_MS = "STARWIRE_HEARTBEAT_INTERVAL_MS"],
+        default: [DEFAULT_HEARTBEAT_INTERVAL = Duration::from_secs(5)],
+        kind: Time { lo: Duration::ZERO, hi: MAX_HEARTBEAT, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::heartbeat_interval`] and
+            /// [`Config::heartbeat_timeout`], 1 hour.
+            pub const MAX_HEARTBEAT: Duration = Duration::from_secs(3600);
+        }
+    }
+
+    /// An open connection that has received nothing (no answer to its heartbeats either)
+    /// for this long is declared lost: its requests fail, and the next request reconnects.
+    /// Keep it several heartbeat intervals long.
+    heartbeat_timeout: Duration [] {
+        env: [ENV_HEARTBEAT_TIMEOUT_MS = "STARWIRE_HEARTBEAT_TIMEOUT_MS"],
+        default: [DEFAULT_HEARTBEAT_TIMEOUT = Duration::from_secs(30)],
+        kind: Time { lo: MIN_HEARTBEAT_TIMEOUT, hi: MAX_HEARTBEAT, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::heartbeat_timeout`].
+            pub const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(1);
+        }
+    }
+
+    /// Bytes of chunked tensors being received, over all connections of the task, that may
+    /// be reserved at once; a tensor that would go over fails alone with
+    /// `RESOURCE_EXHAUSTED`. `None` computes a quarter of the machine's memory.
+    ///
+    /// See [`Config::recv_budget_bytes`].
+    recv_budget: Option<u64> [] {
+        env: [ENV_RECV_BUDGET = "STARWIRE_RECV_BUDGET"],
+        default: [None],
+        kind: Opt {
+            some: Num::new(MIN_RECV_BUDGET, u64::MAX, "bytes"),
+            none: "computed: a quarter of physical memory",
+        },
+        setter: into,
+        consts: {
+            /// Smallest accepted [`Config::recv_budget`] and [`Config::conn_recv_budget`].
+            pub const MIN_RECV_BUDGET: u64 = 1 << 20;
+        }
+    }
+
+    /// The part of the receive budget one connection may hold; `None` is half of the
+    /// task's budget, so one peer can never take all of it.
+    ///
+    /// See [`Config::conn_recv_budget_bytes`].
+    conn_recv_budget: Option<u64> [] {
+        env: [ENV_CONN_RECV_BUDGET = "STARWIRE_CONN_RECV_BUDGET"],
+        default: [None],
+        kind: Opt {
+            some: Num::new(MIN_RECV_BUDGET, u64::MAX, "bytes"),
+            none: "computed: half of the task's receive budget",
+        },
+        setter: into,
+    }
+
     /// Most accepted connections open at once, over all loops; more are closed as soon as
     /// they are accepted. Connections the task opens are not counted.
     max_connections: usize [] {

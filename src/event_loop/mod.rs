@@ -810,6 +810,7 @@ mod tests {
                 index: 0,
                 allocator: Arc::new(HeapAllocator::default()),
                 zero_copy_min: 16 << 10,
+                budget: crate::session::Budget::of(&cfg),
             },
             accepted: Arc::new(AtomicUsize::new(0)),
         };

@@ -349,8 +349,9 @@ impl Connection {
             None
         };
         if let Some((status, reason)) = refusal {
-            // A client that dislikes the HELLO_ACK just leaves; a server tells the client.
-            let tell = (kind == Kind::Hello).then_some(status);
+            // A client that dislikes the HELLO_ACK just leaves; a server tells the client,
+            // also when the client's first frame is a HELLO_ACK.
+            let tell = (expected == Kind::Hello).then_some(status);
             let reason = CloseReason::Rejected { status, reason };
             close(
                 &mut self.state,

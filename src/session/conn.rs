@@ -13,6 +13,7 @@ use crate::error::{Error, ErrorKind};
 use crate::proto::{Connection, NextRead, PayloadTarget};
 use crate::tensor::{Tensor, TensorAllocator};
 
+use super::budget::ConnBudget;
 use super::reply::{IncomingPush, ReplyState};
 use super::request::Pending;
 
@@ -70,10 +71,35 @@ pub(crate) struct Conn {
     /// The answer of that request, when it was given up (by deadline) while the receive
     /// was in flight: kept until the receive completes or the connection is released.
     pub buried: Option<ReplyState>,
+    /// Its account of the receive budget.
+    pub budget: ConnBudget,
+    /// Progress of bytes the peer owes (a frame begun, chunked tensors announced).
+    pub progress: Progress,
+    /// When bytes last arrived (or the connection opened): for the heartbeat.
+    pub last_heard: Instant,
+    /// Whether a `Heartbeat` timer is pending for this connection.
+    pub heartbeat_timer: bool,
+}
+
+/// A window in which a connection that owes bytes must deliver some of them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress {
+    /// When the window started; `None` while nothing is owed.
+    pub since: Option<Instant>,
+    /// Bytes received in the window.
+    pub bytes: u64,
+    /// Whether a `Progress` timer is pending.
+    pub timer: bool,
 }
 
 impl Conn {
-    pub fn new(proto: Connection, phase: Phase, generation: u32) -> Conn {
+    pub fn new(
+        proto: Connection,
+        phase: Phase,
+        generation: u32,
+        budget: ConnBudget,
+        now: Instant,
+    ) -> Conn {
         Conn {
             proto,
             phase,
@@ -94,6 +120,10 @@ impl Conn {
             head_timer: false,
             receiving_into: None,
             buried: None,
+            budget,
+            progress: Progress::default(),
+            last_heard: now,
+            heartbeat_timer: false,
         }
     }
 
@@ -156,6 +186,7 @@ pub(crate) fn tensor_for<'a>(
     slot: u32,
     route: Route,
     default: &dyn TensorAllocator,
+    budget: &ConnBudget,
 ) -> Option<&'a mut Tensor> {
     let Route {
         handle,
@@ -164,7 +195,7 @@ pub(crate) fn tensor_for<'a>(
     } = route;
     if is_push {
         let p = incoming.iter_mut().find(|p| p.handle == handle)?;
-        return p.tensor_mut(index, default);
+        return p.tensor_mut(index, default, budget);
     }
     let p = ctxs.get_mut(CtxHandle::from_raw(handle)).ok()?;
     if p.conn != slot {
@@ -174,7 +205,7 @@ pub(crate) fn tensor_for<'a>(
         Some(a) => &**a,
         None => default,
     };
-    p.state.tensor_mut(index, alloc)
+    p.state.tensor_mut(index, alloc, budget)
 }
 
 /// Where the next payload bytes of a connection may be received directly.
@@ -217,7 +248,7 @@ pub(crate) fn direct_place(
         conn.cur_is_push,
         &conn.chunk_owners,
     )?;
-    let tensor = tensor_for(ctxs, &mut conn.incoming, slot, route, alloc)?;
+    let tensor = tensor_for(ctxs, &mut conn.incoming, slot, route, alloc, &conn.budget)?;
     // The tensor's size decides, not what is left of it: once a large tensor is being
     // received in place, its tail is too (a buffered read would also pull in what follows).
     if (tensor.byte_len() as u64) < min || tensor.is_inline() {

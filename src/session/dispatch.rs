@@ -45,6 +45,8 @@ pub(super) struct Dispatch<'a> {
     pub(super) cur_chunk: &'a mut (u64, u32, u64),
     pub(super) chunk_owners: &'a mut VecDeque<(bool, u64)>,
     pub(super) incoming: &'a mut Vec<IncomingPush>,
+    /// The connection's account of the receive budget.
+    pub(super) budget: &'a super::budget::ConnBudget,
     pub(super) serve: &'a mut ServeScratch,
     /// Requests the peer may have waiting on this connection (`max_served`).
     pub(super) max_served: usize,
@@ -73,6 +75,8 @@ impl Dispatch<'_> {
                 }
                 let h = f.header.handle;
                 match f.body {
+                    // The answer to a heartbeat: its arrival was the point.
+                    Body::Pong if h == super::timer::HEARTBEAT_HANDLE => {}
                     Body::Pong | Body::Error(_) => self.on_pong_or_error(&f),
                     Body::Response(entries) => self.on_response(h, entries, f.header.end),
                     Body::Pull(_)
@@ -286,7 +290,8 @@ impl Dispatch<'_> {
         };
         let end = offset + data.len() as u64;
         let slot = self.slot;
-        if let Some(t) = tensor_for(self.ctxs, self.incoming, slot, route, self.allocator) {
+        let (alloc, budget) = (self.allocator, self.budget);
+        if let Some(t) = tensor_for(self.ctxs, self.incoming, slot, route, alloc, budget) {
             let dst = t.bytes_mut();
             let (start, stop) = (offset as usize, end as usize);
             if stop <= dst.len() {

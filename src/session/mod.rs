@@ -15,6 +15,7 @@
 //! `serve.rs` (the serving side), `reply.rs` (answers being assembled, pushes being
 //! received), `outbox.rs` (completions), `timer.rs`.
 
+mod budget;
 mod conn;
 mod dispatch;
 mod outbox;
@@ -46,6 +47,8 @@ use crate::stats::{add, Counters, RequestKind};
 use crate::tensor::{SharedAllocator, Tensor};
 use crate::wire::{Status, HEADER_LEN};
 
+pub(crate) use budget::Budget;
+use budget::ConnBudget;
 use conn::{direct_place, mark_dirty, tensor_for, Conn, Phase};
 use dispatch::Dispatch;
 use outbox::Outbox;
@@ -76,6 +79,8 @@ pub(crate) struct SessionParts {
     pub allocator: SharedAllocator,
     /// Payload at least this long is received straight into its tensor.
     pub zero_copy_min: u64,
+    /// The task's receive budget, shared by its loops.
+    pub budget: Arc<Budget>,
 }
 
 /// What the loop must do with a socket.
@@ -123,6 +128,7 @@ pub(crate) struct Session {
     index: usize,
     allocator: SharedAllocator,
     zero_copy_min: u64,
+    budget: Arc<Budget>,
     /// Requests of the embedding thread, taken in the next drain pass.
     local_requests: VecDeque<Request>,
     /// Single-key recvs of the current drain pass, when tensor fusion is on.
@@ -223,6 +229,7 @@ impl Session {
             index: parts.index,
             allocator: parts.allocator,
             zero_copy_min: parts.zero_copy_min,
+            budget: parts.budget,
             local_requests: VecDeque::new(),
             fuse_buf: Vec::new(),
             serve: ServeScratch::default(),
@@ -387,6 +394,10 @@ impl Session {
         )
     }
 
+    fn conn_budget(&self) -> ConnBudget {
+        ConnBudget::new(&self.budget)
+    }
+
     /// The connection for `(peer, lane)`, opened on demand.
     fn peer_conn(&mut self, peer: SocketAddr, lane: u32, now: Instant) -> u32 {
         if let Some(&slot) = self.peers.get(&(peer, lane)) {
@@ -395,7 +406,13 @@ impl Session {
         let proto = self.new_proto(Side::Client);
         let conn = Conn {
             outgoing: Some((peer, lane)),
-            ..Conn::new(proto, Phase::Backoff, self.next_serial())
+            ..Conn::new(
+                proto,
+                Phase::Backoff,
+                self.next_serial(),
+                self.conn_budget(),
+                now,
+            )
         };
         let slot = self.conns.insert(conn) as u32;
         self.peers.insert((peer, lane), slot);
@@ -467,7 +484,13 @@ impl Session {
     pub(crate) fn adopt(&mut self, now: Instant) -> u32 {
         let proto = self.new_proto(Side::Server);
         let generation = self.next_serial();
-        let conn = Conn::new(proto, Phase::Handshaking, generation);
+        let conn = Conn::new(
+            proto,
+            Phase::Handshaking,
+            generation,
+            self.conn_budget(),
+            now,
+        );
         let slot = self.conns.insert(conn) as u32;
         let deadline = now + self.cfg.handshake_timeout;
         self.timers
@@ -547,8 +570,15 @@ impl Session {
     fn direct_slice(&mut self, slot: u32, place: conn::DirectPlace) -> Option<RecvTarget<'_>> {
         let conn = self.conns.get_mut(slot as usize)?;
         let alloc = &*self.allocator;
-        let Some(t) = tensor_for(&mut self.ctxs, &mut conn.incoming, slot, place.route, alloc)
-        else {
+        let incoming = &mut conn.incoming;
+        let Some(t) = tensor_for(
+            &mut self.ctxs,
+            incoming,
+            slot,
+            place.route,
+            alloc,
+            &conn.budget,
+        ) else {
             log::error!("connection {slot}: receive target vanished");
             return None;
         };
@@ -573,8 +603,91 @@ impl Session {
         } else {
             conn.proto.decoder().filled(n);
         }
+        conn.last_heard = now;
         self.process(slot, now);
         self.watch_frame_head(slot, now);
+        self.watch_progress(slot, n as u64, now);
+    }
+
+    /// Counts `n` bytes toward the progress of what connection `slot` owes (a frame begun,
+    /// chunked tensors announced), and starts the `Progress` timer when something is owed
+    /// (`STARWIRE_PROGRESS_TIMEOUT_MS`): a peer that stops or trickles in the middle of
+    /// what it sends is disconnected instead of holding memory and the connection forever.
+    fn watch_progress(&mut self, slot: u32, n: u64, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if conn.phase == Phase::Closing || conn.proto.is_closed() {
+            return;
+        }
+        let decoder = conn.proto.decoder();
+        let owed = !decoder.is_idle() || decoder.chunks_pending() > 0;
+        let p = &mut conn.progress;
+        if !owed {
+            p.since = None;
+            return;
+        }
+        match p.since {
+            Some(_) => p.bytes += n,
+            None => {
+                p.since = Some(now);
+                p.bytes = 0;
+            }
+        }
+        if !p.timer {
+            p.timer = true;
+            let timer = Timer::Progress {
+                slot,
+                generation: conn.generation,
+            };
+            self.timers.push(now + self.cfg.progress_timeout, timer);
+        }
+    }
+
+    /// Sends an `ERROR` (`status`, `reason`) on connection `slot` and closes it once that
+    /// is written (or after `STARWIRE_CLOSE_LINGER_MS`); its requests fail with `failure`.
+    fn close_with_error(
+        &mut self,
+        slot: u32,
+        status: Status,
+        reason: &'static str,
+        failure: Error,
+        now: Instant,
+    ) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if conn.phase == Phase::Closing || conn.proto.is_closed() {
+            return;
+        }
+        conn.proto.abort(status, reason);
+        conn.failure = failure;
+        mark_dirty(&mut self.dirty, conn, slot);
+        let generation = conn.generation;
+        self.timers.push(
+            now + self.cfg.close_linger,
+            Timer::Close { slot, generation },
+        );
+        self.unroute(slot);
+    }
+
+    /// Starts the heartbeat of connection `slot`, just opened (off when the interval is 0).
+    fn start_heartbeat(&mut self, slot: u32, now: Instant) {
+        let interval = self.cfg.heartbeat_interval;
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if interval.is_zero() || conn.heartbeat_timer {
+            return;
+        }
+        conn.heartbeat_timer = true;
+        conn.last_heard = now;
+        let timer = Timer::Heartbeat {
+            slot,
+            generation: conn.generation,
+        };
+        let first = interval.min(self.cfg.heartbeat_timeout);
+        self.timers.push(now + first, timer);
     }
 
     /// Hands the output of connection `slot` to `sink`, piece by piece, until it returns
@@ -701,6 +814,7 @@ impl Session {
             incoming,
             recvs,
             outgoing,
+            budget,
             ..
         } = conn;
         let outgoing = *outgoing;
@@ -723,6 +837,7 @@ impl Session {
             cur_chunk,
             chunk_owners,
             incoming,
+            budget,
             serve,
             max_served: self.cfg.max_served,
             peer: outgoing.map(|(peer, _)| peer),
@@ -750,9 +865,10 @@ impl Session {
                     self.send_request(slot, h, now);
                 }
             }
+            self.start_heartbeat(slot, now);
         }
         let conn = &mut self.conns[slot as usize];
-        if conn.proto.is_closed() {
+        if conn.proto.is_closed() && !was_closed {
             let failure = match conn.proto.close_reason() {
                 Some(CloseReason::Refused { status, message }) => {
                     Error::new(ErrorKind::Refused(*status)).with_message(message.as_str())

@@ -6,6 +6,7 @@
 //! (the client's through its completion, the server's to the loop's scratch), so that a
 //! steady stream of requests allocates nothing.
 
+use super::budget::{ConnBudget, Refused, Reservation};
 use crate::rows::{PulledRows, RowsSpec};
 use crate::tensor::{OwnedMeta, Tensor, TensorAllocator};
 use crate::wire::{PushEntries, ResponseEntries, RowsTables, Status};
@@ -17,6 +18,9 @@ pub(crate) struct Chunked {
     /// Its meta until its first chunk arrives: memory is taken only then, so a peer cannot
     /// make us commit memory for contents it has not started to send.
     deferred: Option<Box<OwnedMeta>>,
+    /// Its bytes, reserved against the receive budget from its first chunk until it is
+    /// whole or dropped.
+    reserved: Option<Reservation>,
 }
 
 /// The first value of item `index`, announced with `meta`: its tensor, received now; or,
@@ -34,6 +38,7 @@ fn announced(
                 index,
                 byte_len: meta.byte_len,
                 deferred: Some(Box::new(m)),
+                reserved: None,
             });
             return Err(Status::Protocol);
         }
@@ -41,17 +46,37 @@ fn announced(
     Tensor::receive(meta, alloc).ok_or(Status::ResourceExhausted)
 }
 
-/// The tensor receiving item `index`'s contents, allocated now if it was deferred.
+/// The tensor receiving item `index`'s contents, allocated now if it was deferred: its
+/// bytes are reserved against `budget` first, and it fails with `RESOURCE_EXHAUSTED`
+/// (its chunks read and dropped) when they do not fit.
 fn tensor_in<'r>(
     results: &'r mut [Result<Tensor, Status>],
     chunks: &mut [Chunked],
     index: u32,
     alloc: &dyn TensorAllocator,
+    budget: &ConnBudget,
 ) -> Option<&'r mut Tensor> {
     let slot = results.get_mut(index as usize)?;
     if let Some(c) = chunks.iter_mut().find(|c| c.index == index) {
         if let Some(meta) = c.deferred.take() {
-            *slot = Tensor::receive_owned(&meta, alloc).ok_or(Status::ResourceExhausted);
+            match budget.reserve(meta.byte_len) {
+                Ok(r) => {
+                    c.reserved = Some(r);
+                    *slot = Tensor::receive_owned(&meta, alloc).ok_or(Status::ResourceExhausted);
+                }
+                Err(why) => {
+                    let which = match why {
+                        Refused::Connection => "the connection's (STARWIRE_CONN_RECV_BUDGET)",
+                        Refused::Task => "the task's (STARWIRE_RECV_BUDGET)",
+                    };
+                    log::warn!(
+                        "a chunked tensor of {} bytes does not fit {which} receive budget; \
+                         it fails with RESOURCE_EXHAUSTED",
+                        meta.byte_len
+                    );
+                    *slot = Err(Status::ResourceExhausted);
+                }
+            }
         }
     }
     slot.as_mut().ok()
@@ -365,11 +390,12 @@ impl ReplyState {
         &mut self,
         index: u32,
         alloc: &dyn TensorAllocator,
+        budget: &ConnBudget,
     ) -> Option<&mut Tensor> {
         match self {
             ReplyState::Pull {
                 results, chunks, ..
-            } => tensor_in(results, chunks, index, alloc),
+            } => tensor_in(results, chunks, index, alloc, budget),
             _ => None,
         }
     }
@@ -550,8 +576,9 @@ impl IncomingPush {
         &mut self,
         index: u32,
         alloc: &dyn TensorAllocator,
+        budget: &ConnBudget,
     ) -> Option<&mut Tensor> {
-        tensor_in(&mut self.results, &mut self.chunks, index, alloc)
+        tensor_in(&mut self.results, &mut self.chunks, index, alloc, budget)
     }
 
     /// The received items: variable ids, and per item its tensor or why it failed to arrive.

@@ -2,6 +2,7 @@
 //! wire, with simulated time. No sockets, no threads, no clock.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,7 @@ fn session(cfg: Config, service: Option<SharedService>, rv: Option<Arc<Rendezvou
         index: 0,
         allocator: Arc::new(HeapAllocator::default()),
         zero_copy_min: 16 * 1024,
+        budget: super::Budget::of(&cfg),
     };
     let counters = Arc::new(CachePadded::new(Counters::default()));
     Session::new(Arc::new(cfg), counters, parts)
@@ -221,6 +223,14 @@ impl Pair {
                 return;
             }
         }
+    }
+
+    /// Moves what the server has to say to the client (and nothing the other way).
+    fn pump_server_only(&mut self) {
+        let down = Pair::output(&mut self.server, &mut self.dirty, self.s);
+        self.to_client.extend_from_slice(&down);
+        Pair::input(&mut self.client, self.c, &down, self.now);
+        self.actions();
     }
 
     fn advance(&mut self, d: Duration) {
@@ -592,9 +602,36 @@ fn a_stalled_frame_head_closes_the_connection_after_the_frame_timeout() {
     let s = p.s;
     Pair::input(&mut p.server, s, &[0x53; 10], p.now);
     p.advance(Duration::from_millis(999));
+    p.pump();
     assert!(p.s.is_some());
     p.advance(Duration::from_millis(1));
+    // The server says why (an ERROR) and closes once that is written.
+    p.pump();
     assert!(p.s.is_none(), "the server closed the stalled connection");
+    assert_eq!(error_statuses(&p.to_client), [Status::DeadlineExceeded]);
+}
+
+/// The statuses of the `ERROR` frames in `bytes` (whole frames, as one side sent them).
+fn error_statuses(bytes: &[u8]) -> Vec<Status> {
+    let mut d = crate::proto::Decoder::new(crate::wire::Limits::default(), 1 << 20);
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    loop {
+        let n = d.feed(rest);
+        rest = &rest[n..];
+        let mut progressed = false;
+        while let Ok(Some(ev)) = d.poll() {
+            progressed = true;
+            if let crate::proto::Event::Frame(f) = ev {
+                if f.header.kind == crate::wire::Kind::Error {
+                    out.push(f.header.status);
+                }
+            }
+        }
+        if rest.is_empty() || (!progressed && n == 0) {
+            return out;
+        }
+    }
 }
 
 #[test]
@@ -714,4 +751,119 @@ impl CloneErr for Result<Reply, Error> {
     fn clone_err(&self) -> Option<ErrorKind> {
         self.as_ref().err().map(Error::kind)
     }
+}
+
+#[test]
+fn a_frame_whose_payload_stops_is_closed_after_the_progress_timeout_not_before() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0).chunk_size(64 << 10),
+        Config::builder("ps", 0).progress_timeout(Duration::from_secs(2)),
+    );
+    p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    p.completions();
+    // A push of 1 MiB in 64 KiB chunks, of which the server gets the bytes below.
+    let values = vec![1.0f32; 1 << 18];
+    let t = Arc::new(Tensor::from_f32(&[1 << 18], &values).unwrap());
+    p.submit(
+        RequestOp::Push {
+            items: vec![(1, t)],
+        },
+        None,
+    );
+    p.drain();
+    let up = Pair::output(&mut p.client, &mut p.dirty, p.c);
+    let s = p.s;
+    // 5 KB per second for 4 s: each 2 s window gets more than 4 KiB, so it stays open.
+    let mut at = 0;
+    for _ in 0..4 {
+        Pair::input(&mut p.server, s, &up[at..at + 5000], p.now);
+        at += 5000;
+        p.advance(Duration::from_secs(1));
+        assert!(p.s.is_some(), "closed at {at} bytes");
+    }
+    // Then 1 KB per second: the next window that ends short closes it.
+    let mut seconds = 0;
+    while p.s.is_some() {
+        Pair::input(&mut p.server, s, &up[at..at + 1000], p.now);
+        at += 1000;
+        p.advance(Duration::from_secs(1));
+        p.pump_server_only();
+        seconds += 1;
+        assert!(seconds <= 4, "still open after {seconds} s of trickling");
+    }
+    assert!(seconds >= 1);
+    assert_eq!(error_statuses(&p.to_client), [Status::DeadlineExceeded]);
+    let progress_timeouts = p.server.counters.progress_timeouts.load(Ordering::Relaxed);
+    assert_eq!(progress_timeouts, 1);
+}
+
+#[test]
+fn heartbeats_probe_a_silent_peer_and_declare_it_lost_after_the_timeout() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0)
+            .heartbeat_interval(Duration::from_secs(1))
+            .heartbeat_timeout(Duration::from_secs(3)),
+        Config::builder("ps", 0).heartbeat_interval(Duration::ZERO),
+    );
+    p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    p.completions();
+    // While the server answers, the probes keep the connection: six seconds, six probes.
+    for _ in 0..6 {
+        p.advance(Duration::from_secs(1));
+        p.pump();
+    }
+    assert!(p.c.is_some());
+    let sent = |p: &Pair| p.client.counters.heartbeats_sent.load(Ordering::Relaxed);
+    assert_eq!(sent(&p), 6);
+    // A request without deadline, and from now on the server's bytes are lost.
+    let tag = p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    let _ = Pair::output(&mut p.client, &mut p.dirty, p.c);
+    p.advance(Duration::from_secs(1));
+    p.advance(Duration::from_secs(1));
+    assert!(p.c.is_some(), "lost only after the timeout");
+    assert!(p.completions().is_empty());
+    p.advance(Duration::from_secs(1));
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (tag, Some(ErrorKind::ConnectionLost))
+    );
+    assert_eq!(sent(&p), 8, "two more probes in the silence");
+    let losses = p.client.counters.heartbeat_losses.load(Ordering::Relaxed);
+    assert_eq!(losses, 1);
+}
+
+#[test]
+fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
+    let mut p = Pair::with(
+        Config::builder("worker", 0).chunk_size(64 << 10),
+        Config::builder("ps", 0)
+            .recv_budget(4 << 20)
+            .conn_recv_budget(1 << 20),
+    );
+    // 2 MiB (over the connection's 1 MiB) and 512 KiB (fits) in one push.
+    let small = Arc::new(Tensor::from_f32(&[1], &[1.0]).unwrap());
+    let t = |n: usize, v: f32| Arc::new(Tensor::from_f32(&[n as u64], &vec![v; n]).unwrap());
+    let items = vec![(2, t(1 << 19, 2.0)), (3, t(1 << 17, 3.0)), (1, small)];
+    p.submit(RequestOp::Push { items }, None);
+    p.drain();
+    p.pump();
+    let done = p.completions();
+    let Ok(Reply::Pushed(st)) = &done[0].result else {
+        panic!("{:?}", done[0].result);
+    };
+    assert_eq!(st[..], [Status::ResourceExhausted, Status::Ok, Status::Ok]);
+    assert_eq!(p.server.budget.used(), 0, "nothing stays reserved");
+    assert_eq!(p.server.budget.refused(), 1);
+    // The connection goes on.
+    p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    assert!(p.completions()[0].result.is_ok());
 }

@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use crate::ctx::Handle as CtxHandle;
 use crate::error::{Error, ErrorKind};
-use crate::stats::RequestKind;
+use crate::stats::{add, RequestKind};
+use crate::wire::Status;
 
-use super::conn::Phase;
+use super::conn::{mark_dirty, Phase};
 use super::reply::Spare;
 use super::Session;
 
@@ -39,6 +40,18 @@ pub(crate) enum Timer {
     /// A connection's frame head (header and meta section) in progress must be complete
     /// `frame_timeout` after it started; at most one such timer per connection is pending.
     FrameHead {
+        slot: u32,
+        generation: u32,
+    },
+    /// A connection owing bytes must have delivered some in each `progress_timeout`
+    /// window; at most one such timer per connection is pending.
+    Progress {
+        slot: u32,
+        generation: u32,
+    },
+    /// An open connection's silence is checked: probed after `heartbeat_interval`, lost
+    /// after `heartbeat_timeout`; at most one such timer per connection is pending.
+    Heartbeat {
         slot: u32,
         generation: u32,
     },
@@ -136,6 +149,8 @@ impl Session {
                     }
                 }
                 Timer::FrameHead { slot, generation } => self.frame_head_due(slot, generation, now),
+                Timer::Progress { slot, generation } => self.progress_due(slot, generation, now),
+                Timer::Heartbeat { slot, generation } => self.heartbeat_due(slot, generation, now),
                 Timer::Handshake { slot, generation } => {
                     let stuck = self.conns.get(slot as usize).is_some_and(|c| {
                         c.generation == generation
@@ -204,6 +219,106 @@ impl Session {
             "connection {slot}: a frame's header and meta section did not arrive \
              within {timeout:?} (STARWIRE_FRAME_TIMEOUT_MS); closing"
         );
-        self.lose(slot, Error::new(ErrorKind::Protocol));
+        add(&self.counters.progress_timeouts, 1);
+        let why = "frame header and meta section not complete in time";
+        self.stalled(slot, why, now);
+    }
+
+    /// A connection's `Progress` timer is due: close it if it owed bytes for a whole window
+    /// and delivered fewer than [`PROGRESS_MIN_BYTES`].
+    fn progress_due(&mut self, slot: u32, generation: u32, now: Instant) {
+        let timeout = self.cfg.progress_timeout;
+        let Some(c) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if c.generation != generation || c.phase == Phase::Closing {
+            return;
+        }
+        c.progress.timer = false;
+        let Some(since) = c.progress.since else {
+            return; // nothing owed any more
+        };
+        let next = if since + timeout > now {
+            since + timeout
+        } else if c.progress.bytes >= PROGRESS_MIN_BYTES {
+            // Enough arrived: a new window.
+            c.progress.since = Some(now);
+            c.progress.bytes = 0;
+            now + timeout
+        } else {
+            log::warn!(
+                "connection {slot}: the peer owes bytes of a frame or chunked tensor and sent \
+                 {} bytes in {timeout:?} (STARWIRE_PROGRESS_TIMEOUT_MS); closing",
+                c.progress.bytes
+            );
+            add(&self.counters.progress_timeouts, 1);
+            self.stalled(
+                slot,
+                "no progress on a frame or chunked tensor in time",
+                now,
+            );
+            return;
+        };
+        c.progress.timer = true;
+        self.timers.push(next, Timer::Progress { slot, generation });
+    }
+
+    /// Connection `slot` stalled in the middle of what it sends: it is told why with an
+    /// `ERROR` (status `DEADLINE_EXCEEDED`) and closed; its requests fail with
+    /// [`ErrorKind::Timeout`].
+    fn stalled(&mut self, slot: u32, why: &'static str, now: Instant) {
+        let mut failure = Error::new(ErrorKind::Timeout).with_message(why);
+        if let Some(peer) = self.peer_of(slot) {
+            failure = failure.with_peer(peer);
+        }
+        self.close_with_error(slot, Status::DeadlineExceeded, why, failure, now);
+    }
+
+    /// A connection's `Heartbeat` timer is due: probe it when it has been silent for an
+    /// interval, declare it lost when silent for the timeout.
+    fn heartbeat_due(&mut self, slot: u32, generation: u32, now: Instant) {
+        let (interval, timeout) = (self.cfg.heartbeat_interval, self.cfg.heartbeat_timeout);
+        let Some(c) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if c.generation != generation || c.phase != Phase::Open {
+            return;
+        }
+        c.heartbeat_timer = false;
+        let silent = now.saturating_duration_since(c.last_heard);
+        if silent >= timeout {
+            log::warn!(
+                "connection {slot}: nothing received for {silent:?} \
+                 (STARWIRE_HEARTBEAT_TIMEOUT_MS); the peer is lost"
+            );
+            add(&self.counters.heartbeat_losses, 1);
+            let mut e = Error::new(ErrorKind::ConnectionLost)
+                .with_message("no heartbeat answer from the peer in time");
+            if let Some(peer) = self.peer_of(slot) {
+                e = e.with_peer(peer);
+            }
+            self.lose(slot, e);
+            return;
+        }
+        let next = if silent >= interval {
+            if c.proto.encoder().ping(HEARTBEAT_HANDLE, &[]).is_ok() {
+                add(&self.counters.heartbeats_sent, 1);
+                mark_dirty(&mut self.dirty, c, slot);
+            }
+            now + interval
+        } else {
+            c.last_heard + interval
+        };
+        c.heartbeat_timer = true;
+        let at = next.min(c.last_heard + timeout);
+        self.timers.push(at, Timer::Heartbeat { slot, generation });
     }
 }
+
+/// Bytes a connection that owes bytes must deliver in each `progress_timeout` window (or
+/// finish what it owed): far below any working link, far above a trickle.
+pub(crate) const PROGRESS_MIN_BYTES: u64 = 4096;
+
+/// The handle of heartbeat `PING`s: generation 0, so it never names a request; their
+/// `PONG`s are recognised by it and dropped.
+pub(crate) const HEARTBEAT_HANDLE: u64 = CtxHandle::internal(1).to_raw();
