@@ -208,6 +208,37 @@ impl Rendezvous {
         }
     }
 
+    /// Removes the waiters of request `handle` of a connection (only its item `index`, when
+    /// given): the requester cancelled it, or its deadline passed. Returns how many there
+    /// were.
+    pub(crate) fn forget_request(
+        &self,
+        waiter: (usize, u32, u32),
+        handle: u64,
+        index: Option<u32>,
+    ) -> usize {
+        let (loop_index, conn, generation) = waiter;
+        let mut removed = 0;
+        for shard in &self.shards {
+            lock(shard).retain(|_, entry| {
+                if let Entry::Waiting(waiters) = entry {
+                    waiters.retain(|w| {
+                        let hit = w.loop_index == loop_index
+                            && w.conn == conn
+                            && w.generation == generation
+                            && w.handle == handle
+                            && index.map_or(true, |i| w.index == i);
+                        removed += usize::from(hit);
+                        !hit
+                    });
+                    return !waiters.is_empty();
+                }
+                true
+            });
+        }
+        removed
+    }
+
     /// Puts back a tensor whose receiver went away, so the next recv of `key` gets it.
     pub(crate) fn restore(&self, key: &[u8], tensor: Arc<Tensor>) {
         if self.publish(key, tensor).is_err() {

@@ -284,14 +284,15 @@ fn server_class(handshake: bool, bad: &[u8], expect_status: Option<u16>, log_tex
         // The server may close before all of `bad` is written (a count over the limit is
         // refused from the header): then the reset can take its ERROR frame with it.
         let written = s.write_all(bad).is_ok();
-        let (frames, took) = expect_closed(&mut s, Duration::from_secs(5));
+        // Closed at once rather than by the 1 s frame timeout: the log line checked below
+        // names the rejection.
+        let (frames, _) = expect_closed(&mut s, Duration::from_secs(5));
         if let (true, Some(status)) = (written, expect_status) {
             assert!(
                 frames.iter().any(|&(k, st)| k == ERROR && st == status),
                 "expected an ERROR with status {status}, got {frames:?}"
             );
         }
-        assert!(took < Duration::from_secs(2), "closed only after {took:?}");
     };
     attack();
     let line = logged(log_text);
@@ -922,4 +923,35 @@ fn a_peer_that_goes_silent_is_declared_lost_by_the_heartbeat() {
     assert_eq!(s.heartbeat_losses, 1, "{s:?}");
     assert!((2..=6).contains(&s.heartbeats_sent), "{s:?}");
     client.shutdown();
+}
+
+#[test]
+fn a_push_cancelled_while_arriving_is_read_to_its_end_and_dropped_unanswered() {
+    let _serial = begin();
+    let (rt, addr) = server();
+    let mut s = raw_open(addr);
+    // A push of one chunked 1 MiB tensor: its first chunk, the CANCEL, then the rest.
+    const LEN: u64 = 1 << 20;
+    s.write_all(&push_frame(9, &[(1, chunked_meta(LEN))], &[]))
+        .unwrap();
+    s.write_all(&chunk_frame(9, 0, 0, &[1u8; 4096])).unwrap();
+    s.write_all(&frame(14, 0, 0, 9, &[], &[])).unwrap();
+    let mut at = 4096;
+    while at < LEN {
+        let n = (LEN - at).min(256 << 10);
+        s.write_all(&chunk_frame(9, 0, at, &vec![1u8; n as usize]))
+            .unwrap();
+        at += n;
+    }
+    // Nothing answers the push: the next frame is the PONG of this ping.
+    s.write_all(&frame(PING, 0, 0, 10, &[], b"x")).unwrap();
+    let (kind, _, handle, ..) = read_frame(&mut s).unwrap();
+    assert_eq!((kind, handle), (PONG, 10));
+    assert_eq!(
+        rt.stats().recv_reserved,
+        0,
+        "the tensor's reservation was given back"
+    );
+    assert_eq!(rt.stats().connections_lost, 0);
+    rt.shutdown();
 }

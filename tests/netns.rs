@@ -335,9 +335,10 @@ fn a_partitioned_client_fails_by_deadline_and_recovers_while_another_is_untouche
     assert!(settled.len() >= 2, "too few outcomes while cut");
     for o in &settled {
         assert!(!o.ok, "a ping got through a cut link: {}", o.text);
+        // By its deadline: a timeout, not before the deadline (no upper bound on the wall
+        // clock: a loaded machine may be late).
         assert!(
-            o.ms >= DEADLINE.as_millis() as f64 - 1.0
-                && o.ms <= DEADLINE.as_millis() as f64 + 300.0,
+            o.text.contains("Timeout") && o.ms >= DEADLINE.as_millis() as f64 - 1.0,
             "failed after {} ms, the deadline is {DEADLINE:?}: {}",
             o.ms,
             o.text

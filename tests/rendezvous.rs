@@ -3,6 +3,8 @@
 //! step abort.
 
 mod common;
+#[path = "common/frames.rs"]
+mod frames;
 
 use common::*;
 use starwire::{DType, Status};
@@ -246,12 +248,16 @@ fn timed_out_requests_free_their_slots_and_late_answers_are_ignored() {
             "request {i}"
         );
     }
-    // A late answer (the key published after the requester gave up) is ignored.
+    // A key published after the requester gave up is not consumed by the recv given up
+    // (the responder dropped its waiter): it stays for the next recv.
     rv.publish(b"never-39", Arc::new(Tensor::dead(DType::U8)))
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(rv.ready_count(), 1);
     assert!(ping_once(&client, addr, secs(10)).is_ok());
     assert_eq!(client.stats().connections_lost, 0);
+    let tag = h.recv(addr, 1, b"never-39", secs(10)).unwrap();
+    assert!(h.wait(tag).unwrap()[0].as_ref().unwrap().is_dead());
 }
 
 #[test]
@@ -302,4 +308,113 @@ fn fused_recvs_keep_their_own_deadlines() {
         "{rb:?}"
     );
     assert_eq!(client.stats().frames_out, 1, "the two recvs were fused");
+}
+
+/// A `RECV` or `FUSED_RECV` frame of `keys` (docs/wire-format.md 4.2) with `timeout_ms`.
+fn recv_frame(handle: u64, keys: &[&[u8]], timeout_ms: u32) -> Vec<u8> {
+    let mut meta = 7u64.to_le_bytes().to_vec();
+    for k in keys {
+        meta.extend_from_slice(&(k.len() as u16).to_le_bytes());
+        meta.extend_from_slice(k);
+    }
+    let kind = if keys.len() == 1 { 5 } else { 6 };
+    let mut f = frames::frame(kind, 0, keys.len() as u32, handle, &meta, &[]);
+    f[8..12].copy_from_slice(&timeout_ms.to_le_bytes());
+    f
+}
+
+/// A `CANCEL` of `items` of request `handle` (4.10).
+fn cancel_frame(handle: u64, items: &[u32]) -> Vec<u8> {
+    let meta: Vec<u8> = items.iter().flat_map(|i| i.to_le_bytes()).collect();
+    frames::frame(14, 0, items.len() as u32, handle, &meta, &[])
+}
+
+/// The first entry of a `RESPONSE`'s meta section: item index and status.
+fn first_entry(meta: &[u8]) -> (u32, u16) {
+    let index = u32::from_le_bytes(meta[0..4].try_into().unwrap());
+    (index, u16::from_le_bytes([meta[4], meta[5]]))
+}
+
+#[test]
+fn deadlines_and_cancels_on_the_wire_end_recvs_without_consuming_later_tensors() {
+    use std::io::Write;
+    const RESPONSE: u8 = 9;
+    const END: u16 = 1;
+    const CANCELLED: u16 = 3;
+    const DEADLINE_EXCEEDED: u16 = 4;
+    let rv = Rendezvous::new();
+    let server = serve(rv.clone());
+    let addr = server.local_addr().unwrap();
+    let mut s = frames::raw_open(addr);
+    let flags = |f: &[u8]| u16::from_le_bytes([f[6], f[7]]);
+    let read = |s: &mut std::net::TcpStream| {
+        let mut h = [0u8; 32];
+        std::io::Read::read_exact(s, &mut h).unwrap();
+        let mut rest = vec![
+            0u8;
+            {
+                let m = u32::from_le_bytes(h[24..28].try_into().unwrap());
+                let p = u32::from_le_bytes(h[28..32].try_into().unwrap());
+                (m + p) as usize
+            }
+        ];
+        std::io::Read::read_exact(s, &mut rest).unwrap();
+        let mut f = h.to_vec();
+        f.extend_from_slice(&rest);
+        f
+    };
+    let status = |f: &[u8]| u16::from_le_bytes([f[8], f[9]]);
+    let handle = |f: &[u8]| u64::from_le_bytes(f[16..24].try_into().unwrap());
+
+    // A recv that carries 200 ms: the responder gives up on it itself.
+    let sent = Instant::now();
+    s.write_all(&recv_frame(7, &[b"k1"], 200)).unwrap();
+    let f = read(&mut s);
+    let took = sent.elapsed();
+    assert_eq!(
+        (f[5], status(&f), handle(&f)),
+        (frames::ERROR, DEADLINE_EXCEEDED, 7)
+    );
+    assert!(
+        took >= Duration::from_millis(200),
+        "answered after {took:?}"
+    );
+
+    // A recv without deadline, cancelled: confirmed with CANCELLED.
+    s.write_all(&recv_frame(9, &[b"k2"], 0)).unwrap();
+    s.write_all(&cancel_frame(9, &[])).unwrap();
+    let f = read(&mut s);
+    assert_eq!(
+        (f[5], status(&f), handle(&f)),
+        (frames::ERROR, CANCELLED, 9)
+    );
+
+    // A fused recv of two keys with its second item cancelled: that item is answered
+    // CANCELLED alone, the first still gets its tensor (with END).
+    s.write_all(&recv_frame(11, &[b"k3", b"k4"], 0)).unwrap();
+    s.write_all(&cancel_frame(11, &[1])).unwrap();
+    let f = read(&mut s);
+    assert_eq!((f[5], handle(&f), flags(&f) & END), (RESPONSE, 11, 0));
+    assert_eq!(first_entry(&f[32..]), (1, CANCELLED));
+    rv.publish(b"k3", Arc::new(Tensor::dead(DType::U8)))
+        .unwrap();
+    let f = read(&mut s);
+    assert_eq!((f[5], handle(&f), flags(&f) & END), (RESPONSE, 11, END));
+    assert_eq!(first_entry(&f[32..]), (0, 0));
+
+    // A cancel of a request that is not waiting (answered already, or never seen) is
+    // ignored, and the connection goes on.
+    s.write_all(&cancel_frame(11, &[])).unwrap();
+    s.write_all(&cancel_frame(12345, &[0])).unwrap();
+    s.write_all(&frames::frame(frames::PING, 0, 0, 13, &[], b"hi"))
+        .unwrap();
+    let f = read(&mut s);
+    assert_eq!((f[5], handle(&f)), (frames::PONG, 13));
+
+    // None of the keys given up was consumed: published now, they all stay.
+    for k in [b"k1", b"k2", b"k4"] {
+        rv.publish(k, Arc::new(Tensor::dead(DType::U8))).unwrap();
+    }
+    assert_eq!(rv.ready_count(), 3);
+    server.shutdown();
 }

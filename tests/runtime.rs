@@ -130,8 +130,9 @@ fn deadline_expires_with_a_timeout() {
         .unwrap();
     assert_eq!((h.wait(t)).map_err(|e| e.kind()), Err(ErrorKind::Timeout));
     let took = start.elapsed();
+    // Not before the deadline; and it did not hang (a generous bound: loaded machines).
     assert!(took >= Duration::from_millis(200), "{took:?}");
-    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
 }
 
 #[test]

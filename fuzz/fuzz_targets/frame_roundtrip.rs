@@ -21,9 +21,10 @@ use starwire::proto::{
     Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem, RowsItem, RowsQuery,
 };
 use starwire::wire::{
-    emit_pull_meta, emit_pull_rows_meta, emit_recv_meta, pull_meta_len, pull_rows_meta_len,
-    recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr, Header, HeaderRepr, HelloRepr, Kind,
-    Limits, Missing, PushEntry, ResponseEntry, Status, TensorMeta, HEADER_LEN,
+    cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta,
+    pull_meta_len, pull_rows_meta_len, recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr,
+    Header, HeaderRepr, HelloRepr, Kind, Limits, Missing, PushEntry, ResponseEntry, Status,
+    TensorMeta, HEADER_LEN,
 };
 
 /// Limits chosen by the first input bytes; `None` when they are not a valid configuration.
@@ -113,6 +114,7 @@ enum NBody {
         index: u32,
         offset: u64,
     },
+    Cancel(Vec<u32>),
 }
 
 impl NBody {
@@ -193,6 +195,12 @@ impl NBody {
                 index: c.index,
                 offset: c.offset,
             },
+            Body::Cancel(items) => {
+                let v: Vec<u32> = items.iter().collect();
+                assert_eq!(v.len(), items.len());
+                assert_eq!(v.is_empty(), items.is_empty());
+                NBody::Cancel(v)
+            }
         }
     }
 
@@ -211,6 +219,7 @@ impl NBody {
             NBody::Chunk { .. } => Kind::Chunk,
             NBody::Rows { push: false, .. } => Kind::PullRows,
             NBody::Rows { push: true, .. } => Kind::PushRows,
+            NBody::Cancel(_) => Kind::Cancel,
         }
     }
 
@@ -222,6 +231,7 @@ impl NBody {
             NBody::Response(e) => e.len() as u32,
             NBody::Rows { tables, .. } => tables.len() as u32,
             NBody::Chunk { .. } => 1,
+            NBody::Cancel(items) => items.len() as u32,
             _ => 0,
         }
     }
@@ -329,6 +339,9 @@ impl NBody {
                 };
                 put(&mut out, fill, c.buffer_len(), |b| c.emit(b));
             }
+            NBody::Cancel(items) => put(&mut out, fill, cancel_meta_len(items.len()), |b| {
+                emit_cancel_meta(items, b)
+            }),
         }
         out
     }
@@ -355,6 +368,8 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
         block_size: 512,
     });
     let mut tensors: Vec<&[u8]> = Vec::new();
+    // Written into request headers only.
+    enc.set_request_timeout(h.timeout_ms);
     let r = match nb {
         NBody::Hello { ack, .. } => enc.hello(&nb.hello().unwrap(), *ack),
         NBody::Ping => enc.ping(h.handle, payload),
@@ -365,6 +380,7 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
             keys,
         } => enc.recv(h.handle, *step_id, keys, *fused),
         NBody::Pull(ids) => enc.pull(h.handle, ids),
+        NBody::Cancel(items) => enc.cancel(h.handle, items),
         NBody::Error(m) => enc.error(h.handle, h.status, core::str::from_utf8(m).ok()?),
         NBody::Rows {
             push: false,

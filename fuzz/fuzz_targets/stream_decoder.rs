@@ -136,6 +136,7 @@ enum NBody {
         index: u32,
         offset: u64,
     },
+    Cancel(Vec<u32>),
 }
 
 impl NBody {
@@ -175,6 +176,7 @@ impl NBody {
                     .map(|t| (t.table, NTensor::of(&t.block), t.ids().collect()))
                     .collect(),
             },
+            Body::Cancel(items) => NBody::Cancel(items.iter().collect()),
         }
     }
 
@@ -642,6 +644,7 @@ struct Expected {
     handle: u64,
     end: bool,
     status: Status,
+    timeout_ms: u32,
     body: NBody,
     tokens: Vec<u64>,
     payload: Vec<u8>,
@@ -704,11 +707,12 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
             handle: 0,
             end: false,
             status: Status::Ok,
+            timeout_ms: 0,
             body: NBody::Ping,
             tokens: Vec::new(),
             payload: Vec::new(),
         };
-        let kind = (op & 0x0f) % 10;
+        let kind = (op & 0x0f) % 11;
         let result: Result<(), EncodeError> = match kind {
             0 | 1 => {
                 let n = g.input.byte() as usize * (1 + (op as usize >> 4));
@@ -760,7 +764,20 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                 exp.kind = Kind::Pull;
                 exp.handle = g.handle();
                 exp.body = NBody::Pull(ids.clone());
-                enc.pull(exp.handle, &ids)
+                // A deadline on the request, written in its header only.
+                exp.timeout_ms = u32::from(g.input.u16()) << (op >> 4);
+                enc.set_request_timeout(exp.timeout_ms);
+                let r = enc.pull(exp.handle, &ids);
+                enc.set_request_timeout(0);
+                r
+            }
+            9 => {
+                let n = g.input.byte() as usize % 4;
+                let items: Vec<u32> = (0..n).map(|_| g.input.u16().into()).collect();
+                exp.kind = Kind::Cancel;
+                exp.handle = g.handle();
+                exp.body = NBody::Cancel(items.clone());
+                enc.cancel(exp.handle, &items)
             }
             5 => {
                 let n = 1 + g.input.byte() as usize % 4;
@@ -931,8 +948,8 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
             .expect("decoder yields a frame nobody encoded");
         let h = f.header;
         assert_eq!(
-            (h.kind, h.handle, h.end, h.status),
-            (exp.kind, exp.handle, exp.end, exp.status)
+            (h.kind, h.handle, h.end, h.status, h.timeout_ms),
+            (exp.kind, exp.handle, exp.end, exp.status, exp.timeout_ms)
         );
         assert_eq!(f.body.unchunked(), exp.body);
         match exp.kind {

@@ -21,11 +21,14 @@
 
 use crate::wire::{
     self, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta, pull_meta_len, pull_rows_meta_len,
-    recv_meta_len, ChunkRepr, ErrorRepr, Header, HeaderRepr, HelloRepr, Kind, Missing, PushEntry,
+    recv_meta_len, ChunkRepr, ErrorRepr, Header, HeaderRepr, HelloRepr, Kind, Missing,
     ResponseEntry, Status, TensorMeta, HEADER_LEN,
 };
 use core::fmt;
 use std::collections::VecDeque;
+
+use super::items::{is_rows_block, TensorItem};
+pub use super::items::{PushItem, ResponseItem, RowsItem, RowsQuery};
 
 /// Encoder settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,116 +183,6 @@ enum Placement {
     Chunked,
 }
 
-/// An entry of a tensor-carrying frame (`PUSH` or `RESPONSE`).
-trait TensorItem<'a> {
-    fn tensor(&self) -> Option<&OutTensor<'a>>;
-    fn meta_len(&self) -> usize;
-    fn emit(&self, buf: &mut [u8], chunked: bool);
-}
-
-/// One entry of a push.
-#[derive(Debug, Clone, Copy)]
-pub struct PushItem<'a> {
-    /// Variable the tensor is for.
-    pub var_id: u64,
-    /// The tensor.
-    pub tensor: OutTensor<'a>,
-}
-
-impl<'a> TensorItem<'a> for PushItem<'a> {
-    fn tensor(&self) -> Option<&OutTensor<'a>> {
-        Some(&self.tensor)
-    }
-    fn meta_len(&self) -> usize {
-        8 + self.tensor.meta.buffer_len()
-    }
-    fn emit(&self, buf: &mut [u8], chunked: bool) {
-        let meta = TensorMeta {
-            chunked,
-            ..self.tensor.meta
-        };
-        PushEntry {
-            var_id: self.var_id,
-            meta,
-        }
-        .emit(buf);
-    }
-}
-
-/// One entry of a response.
-#[derive(Debug, Clone, Copy)]
-pub struct ResponseItem<'a> {
-    /// The request item answered.
-    pub index: u32,
-    /// Its status.
-    pub status: Status,
-    /// The tensor, for a successful recv or pull item (the block of a rows pull).
-    pub tensor: Option<OutTensor<'a>>,
-    /// For a rows pull: the positions of the rows not found.
-    pub missing: Missing<'a>,
-}
-
-/// One table of a `PULL_ROWS`: the block asked for (`[ids, row...]`) and the ids.
-#[derive(Debug, Clone, Copy)]
-pub struct RowsQuery<'a> {
-    /// The table.
-    pub table: u32,
-    /// The block's dtype and shape.
-    pub block: TensorMeta<'a>,
-    /// The row ids.
-    pub ids: &'a [u64],
-}
-
-/// One table of a `PUSH_ROWS`: the ids and their gradient rows as one block.
-#[derive(Debug, Clone, Copy)]
-pub struct RowsItem<'a> {
-    /// The table.
-    pub table: u32,
-    /// The row ids.
-    pub ids: &'a [u64],
-    /// The block (`[ids, row...]`).
-    pub block: OutTensor<'a>,
-}
-
-impl<'a> TensorItem<'a> for RowsItem<'a> {
-    fn tensor(&self) -> Option<&OutTensor<'a>> {
-        Some(&self.block)
-    }
-    fn meta_len(&self) -> usize {
-        pull_rows_meta_len(self.block.meta.dims.len(), self.ids.len())
-    }
-    fn emit(&self, buf: &mut [u8], chunked: bool) {
-        let meta = TensorMeta {
-            chunked,
-            ..self.block.meta
-        };
-        emit_pull_rows_meta(self.table, &meta, self.ids, buf);
-    }
-}
-
-/// Whether `block` is a rows block for `n` ids: live, `[n, row...]`, at least one byte.
-fn is_rows_block(block: &TensorMeta<'_>, n: usize) -> bool {
-    !block.dead && block.byte_len > 0 && n > 0 && block.dims.get(0) == Some(n as u64)
-}
-
-impl<'a> TensorItem<'a> for ResponseItem<'a> {
-    fn tensor(&self) -> Option<&OutTensor<'a>> {
-        self.tensor.as_ref()
-    }
-    fn meta_len(&self) -> usize {
-        8 + self.tensor.map_or(0, |t| t.meta.buffer_len()) + self.missing.buffer_len()
-    }
-    fn emit(&self, buf: &mut [u8], chunked: bool) {
-        let tensor = self.tensor.map(|t| TensorMeta { chunked, ..t.meta });
-        ResponseEntry {
-            index: self.index,
-            status: self.status,
-            tensor,
-            missing: self.missing,
-        }
-        .emit(buf);
-    }
-}
 
 /// Encoder of one direction of a connection.
 #[derive(Debug)]
@@ -303,6 +196,8 @@ pub struct Encoder {
     jobs: VecDeque<ChunkJob>,
     /// Tokens whose bytes the encoder no longer needs (copied, or fully written).
     released: Vec<u64>,
+    /// `timeout_ms` of the requests queued next (see [`Encoder::set_request_timeout`]).
+    request_timeout_ms: u32,
 }
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
@@ -322,6 +217,7 @@ impl Encoder {
             front_done: 0,
             jobs: VecDeque::new(),
             released: Vec::new(),
+            request_timeout_ms: 0,
         };
         e.new_block(cfg.block_size);
         e
@@ -330,6 +226,12 @@ impl Encoder {
     /// The settings in force.
     pub fn config(&self) -> &EncoderConfig {
         &self.cfg
+    }
+
+    /// Sets the `timeout_ms` written into the requests queued from now on (the time the
+    /// requester still waits for the answer; 0 for none), until it is set again.
+    pub fn set_request_timeout(&mut self, ms: u32) {
+        self.request_timeout_ms = ms;
     }
 
     /// Adopts the `max_frame` the peer announced in its hello.
@@ -499,6 +401,23 @@ impl Encoder {
         Ok(())
     }
 
+    /// The `timeout_ms` of a frame of `kind`: the one set for requests, 0 otherwise.
+    fn timeout_for(&self, kind: Kind) -> u32 {
+        if kind.is_request() {
+            self.request_timeout_ms
+        } else {
+            0
+        }
+    }
+
+    /// Queues a `CANCEL` of request `handle`: of the items `items`, or of the whole request
+    /// when `items` is empty.
+    pub fn cancel(&mut self, handle: u64, items: &[u32]) -> Result<(), EncodeError> {
+        let len = wire::cancel_meta_len(items.len());
+        let header = self.header(Kind::Cancel, handle, items.len() as u32, len, 0)?;
+        self.simple(header, &[], |meta| wire::emit_cancel_meta(items, meta))
+    }
+
     /// A header for `kind` after checking the frame fits the peer's limit.
     fn header(
         &self,
@@ -513,6 +432,7 @@ impl Encoder {
             kind,
             end: kind == Kind::Pong,
             status: Status::Ok,
+            timeout_ms: self.timeout_for(kind),
             count,
             handle,
             meta_len: meta_len as u32,
@@ -651,6 +571,7 @@ impl Encoder {
             kind: Kind::Response,
             end,
             status: Status::Ok,
+            timeout_ms: 0,
             count: 1,
             handle,
             meta_len: meta_len as u32,
@@ -799,6 +720,7 @@ impl Encoder {
             kind,
             end,
             status: Status::Ok,
+            timeout_ms: self.timeout_for(kind),
             count: items.len() as u32,
             handle,
             meta_len: meta_len as u32,
@@ -867,6 +789,7 @@ impl Encoder {
                 kind: Kind::Chunk,
                 end: false,
                 status: Status::Ok,
+                timeout_ms: 0,
                 count: 1,
                 handle: job.handle,
                 meta_len: 16,

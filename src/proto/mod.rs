@@ -11,6 +11,7 @@
 mod conn;
 mod decoder;
 mod encoder;
+mod items;
 
 pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo, Side};
 pub use decoder::{Decoder, Event, Frame, NextRead, PayloadTarget};

@@ -48,6 +48,8 @@ pub(super) struct Dispatch<'a> {
     /// The connection's account of the receive budget.
     pub(super) budget: &'a super::budget::ConnBudget,
     pub(super) serve: &'a mut ServeScratch,
+    /// The session's timers (deadlines of the peer's recvs).
+    pub(super) timers: &'a mut super::timer::Timers,
     /// Requests the peer may have waiting on this connection (`max_served`).
     pub(super) max_served: usize,
     /// The peer this connection was opened to (`None` for an accepted one).
@@ -91,6 +93,7 @@ impl Dispatch<'_> {
                         // payload, if any, is still read and dropped.
                         let _ = enc.error(h, Status::ResourceExhausted, "too many requests");
                     }
+                    Body::Cancel(items) => self.on_cancel(h, items, enc),
                     Body::Pull(ids) => self.serve_pull(h, ids, enc),
                     Body::PullRows(tables) => self.serve_pull_rows(h, tables, enc),
                     Body::Push(_) | Body::PushRows(_) => {
@@ -108,9 +111,14 @@ impl Dispatch<'_> {
                             }
                             _ => return,
                         };
+                        let mut push = push;
+                        push.deadline = deadline_of(self.now, f.header.timeout_ms);
                         self.incoming.push(push);
                     }
-                    Body::Recv(r) | Body::FusedRecv(r) => self.serve_recv(h, r, enc),
+                    Body::Recv(r) | Body::FusedRecv(r) => {
+                        let deadline = deadline_of(self.now, f.header.timeout_ms);
+                        self.serve_recv(h, r, deadline, enc)
+                    }
                     Body::Chunk(c) => {
                         *self.cur_chunk = (h, c.index, c.offset + f.header.payload_len as u64);
                     }
@@ -180,7 +188,11 @@ impl Dispatch<'_> {
         let reply = match f.body {
             Body::Error(_) if partial => Ok(None),
             Body::Error(e) => {
-                let status = ErrorKind::Remote(f.header.status);
+                // The responder's verdict on a deadline (its own, or our CANCEL after ours).
+                let status = match f.header.status {
+                    Status::DeadlineExceeded | Status::Cancelled => ErrorKind::Timeout,
+                    s => ErrorKind::Remote(s),
+                };
                 let message = String::from_utf8_lossy(e.message);
                 let mut e = Error::new(status);
                 if let Some(peer) = self.peer {
@@ -246,7 +258,13 @@ impl Dispatch<'_> {
             if let Some(r) = p.state.take_ready(i as u32) {
                 p.fused[i].done = true;
                 let m = p.fused[i];
-                let one = Ok(Reply::Received(vec![r]));
+                let one = match r {
+                    // Given up by its deadline: the responder confirms no tensor is coming.
+                    Err(Status::Cancelled | Status::DeadlineExceeded) if m.cancel_sent => {
+                        Err(Error::new(ErrorKind::Timeout))
+                    }
+                    r => Ok(Reply::Received(vec![r])),
+                };
                 self.outbox.deliver(
                     self.counters,
                     m.origin,
@@ -323,4 +341,9 @@ impl Dispatch<'_> {
             self.try_complete(handle);
         }
     }
+}
+
+/// When a request that arrived `now` with `timeout_ms` stops being waited for.
+fn deadline_of(now: Instant, timeout_ms: u32) -> Option<Instant> {
+    (timeout_ms > 0).then(|| now + Duration::from_millis(timeout_ms.into()))
 }

@@ -18,6 +18,7 @@
 mod budget;
 mod conn;
 mod dispatch;
+mod liveness;
 mod outbox;
 mod reply;
 mod request;
@@ -129,6 +130,8 @@ pub(crate) struct Session {
     allocator: SharedAllocator,
     zero_copy_min: u64,
     budget: Arc<Budget>,
+    /// Timer count above which answered deadlines are swept out of the heap.
+    sweep_at: usize,
     /// Requests of the embedding thread, taken in the next drain pass.
     local_requests: VecDeque<Request>,
     /// Single-key recvs of the current drain pass, when tensor fusion is on.
@@ -230,6 +233,7 @@ impl Session {
             allocator: parts.allocator,
             zero_copy_min: parts.zero_copy_min,
             budget: parts.budget,
+            sweep_at: timer::SWEEP_MIN,
             local_requests: VecDeque::new(),
             fuse_buf: Vec::new(),
             serve: ServeScratch::default(),
@@ -329,7 +333,13 @@ impl Session {
             return;
         }
         let conn = &mut self.conns[w.conn as usize];
-        answer_recv(conn, w.handle, w.index, d.result);
+        if let Some(back) = answer_recv(conn, w.handle, w.index, d.result) {
+            // Its recv was cancelled or expired while the tensor was on its way here.
+            if let (Ok(t), Some(r)) = (back, &self.rendezvous) {
+                r.restore(&d.key, t);
+            }
+            return;
+        }
         conn.release_tokens();
         mark_dirty(&mut self.dirty, conn, w.conn);
     }
@@ -607,87 +617,7 @@ impl Session {
         self.process(slot, now);
         self.watch_frame_head(slot, now);
         self.watch_progress(slot, n as u64, now);
-    }
-
-    /// Counts `n` bytes toward the progress of what connection `slot` owes (a frame begun,
-    /// chunked tensors announced), and starts the `Progress` timer when something is owed
-    /// (`STARWIRE_PROGRESS_TIMEOUT_MS`): a peer that stops or trickles in the middle of
-    /// what it sends is disconnected instead of holding memory and the connection forever.
-    fn watch_progress(&mut self, slot: u32, n: u64, now: Instant) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        if conn.phase == Phase::Closing || conn.proto.is_closed() {
-            return;
-        }
-        let decoder = conn.proto.decoder();
-        let owed = !decoder.is_idle() || decoder.chunks_pending() > 0;
-        let p = &mut conn.progress;
-        if !owed {
-            p.since = None;
-            return;
-        }
-        match p.since {
-            Some(_) => p.bytes += n,
-            None => {
-                p.since = Some(now);
-                p.bytes = 0;
-            }
-        }
-        if !p.timer {
-            p.timer = true;
-            let timer = Timer::Progress {
-                slot,
-                generation: conn.generation,
-            };
-            self.timers.push(now + self.cfg.progress_timeout, timer);
-        }
-    }
-
-    /// Sends an `ERROR` (`status`, `reason`) on connection `slot` and closes it once that
-    /// is written (or after `STARWIRE_CLOSE_LINGER_MS`); its requests fail with `failure`.
-    fn close_with_error(
-        &mut self,
-        slot: u32,
-        status: Status,
-        reason: &'static str,
-        failure: Error,
-        now: Instant,
-    ) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        if conn.phase == Phase::Closing || conn.proto.is_closed() {
-            return;
-        }
-        conn.proto.abort(status, reason);
-        conn.failure = failure;
-        mark_dirty(&mut self.dirty, conn, slot);
-        let generation = conn.generation;
-        self.timers.push(
-            now + self.cfg.close_linger,
-            Timer::Close { slot, generation },
-        );
-        self.unroute(slot);
-    }
-
-    /// Starts the heartbeat of connection `slot`, just opened (off when the interval is 0).
-    fn start_heartbeat(&mut self, slot: u32, now: Instant) {
-        let interval = self.cfg.heartbeat_interval;
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        if interval.is_zero() || conn.heartbeat_timer {
-            return;
-        }
-        conn.heartbeat_timer = true;
-        conn.last_heard = now;
-        let timer = Timer::Heartbeat {
-            slot,
-            generation: conn.generation,
-        };
-        let first = interval.min(self.cfg.heartbeat_timeout);
-        self.timers.push(now + first, timer);
+        self.sweep_timers();
     }
 
     /// Hands the output of connection `slot` to `sink`, piece by piece, until it returns
@@ -760,31 +690,6 @@ impl Session {
         mark_dirty(&mut self.dirty, conn, slot);
     }
 
-    /// Starts the frame-head timer when a frame's header or meta section has begun to
-    /// arrive and is not complete (`STARWIRE_FRAME_TIMEOUT_MS`): a peer that stalls or
-    /// trickles bytes there is disconnected instead of holding the connection forever.
-    fn watch_frame_head(&mut self, slot: u32, now: Instant) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        let in_head = conn.phase != Phase::Closing && conn.proto.decoder().in_frame_head();
-        if !in_head {
-            conn.head_since = None;
-            return;
-        }
-        conn.head_since.get_or_insert(now);
-        if !conn.head_timer {
-            // One timer per connection, however many frame heads arrive in pieces: when it
-            // fires early for a later head, it is set again for that head's deadline.
-            conn.head_timer = true;
-            let timer = Timer::FrameHead {
-                slot,
-                generation: conn.generation,
-            };
-            self.timers.push(now + self.cfg.frame_timeout, timer);
-        }
-    }
-
     /// Decodes what connection `slot` has received and acts on it.
     fn process(&mut self, slot: u32, now: Instant) {
         let Session {
@@ -800,6 +705,7 @@ impl Session {
             allocator,
             index,
             serve,
+            timers,
             ..
         } = self;
         let conn = &mut conns[slot as usize];
@@ -839,6 +745,7 @@ impl Session {
             incoming,
             budget,
             serve,
+            timers,
             max_served: self.cfg.max_served,
             peer: outgoing.map(|(peer, _)| peer),
             opened: false,

@@ -95,6 +95,9 @@ pub(crate) struct Member {
     pub deadline: Option<std::time::Instant>,
     /// Already completed (its deadline passed, or its tensor arrived).
     pub done: bool,
+    /// Its deadline passed and a `CANCEL` of its item was sent: its answer (the tensor, if
+    /// it was on its way, or `CANCELLED`) is awaited.
+    pub cancel_sent: bool,
 }
 
 /// Where completions go: the handles' rings (or callbacks) and the embedding thread.

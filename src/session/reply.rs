@@ -490,6 +490,10 @@ pub(crate) struct IncomingPush {
     rows: RowIds,
     chunks: Vec<Chunked>,
     frame_done: bool,
+    /// When the requester stops waiting for the answer (its `timeout_ms`).
+    pub deadline: Option<std::time::Instant>,
+    /// The requester cancelled it: it is received to its end and dropped, unanswered.
+    pub cancelled: bool,
 }
 
 /// The row ids of a `PUSH_ROWS`, all tables' in one vector: table `i`'s are
@@ -551,6 +555,8 @@ impl IncomingPush {
             rows,
             chunks,
             frame_done: false,
+            deadline: None,
+            cancelled: false,
         }
     }
 

@@ -105,6 +105,11 @@ pub(crate) struct Pending {
     pub sent: Option<Instant>,
     /// For recvs fused by the session: the original requests, one per key, in key order.
     pub fused: Vec<Member>,
+    /// The deadline sent with the request (`timeout_ms`): its own, or for a fused group
+    /// the latest of its members' (none when one of them has none).
+    pub wire_deadline: Option<Instant>,
+    /// Its deadline passed and a `CANCEL` was sent: the responder's verdict is awaited.
+    pub cancel_sent: bool,
     /// The submitter's vectors, returned with the completion.
     pub spare: Spare,
 }
@@ -161,6 +166,7 @@ impl Session {
                 tag: r.tag,
                 deadline: r.deadline,
                 done: false,
+                cancel_sent: false,
             };
             let mut members = vec![member(origin, &first)];
             let RequestOp::Recv { step, mut keys } = first.op else {
@@ -205,6 +211,17 @@ impl Session {
             RequestOp::Pull { alloc, .. } | RequestOp::PullRows { alloc, .. } => alloc.clone(),
             _ => None,
         };
+        let wire_deadline = if fused.is_empty() {
+            req.deadline
+        } else {
+            fused
+                .iter()
+                .map(|m| m.deadline)
+                .try_fold(None, |latest: Option<Instant>, d| {
+                    Some(latest.max(Some(d?)))
+                })
+                .flatten()
+        };
         let pending = Pending {
             tag: req.tag,
             origin,
@@ -215,6 +232,8 @@ impl Session {
             conn: slot,
             sent: None,
             fused,
+            wire_deadline,
+            cancel_sent: false,
             spare,
         };
         let handle = match self.ctxs.insert(pending) {
@@ -247,13 +266,7 @@ impl Session {
     /// they come up; when they outnumber the live requests, they are swept out, so the heap
     /// stays within a small multiple of the in-flight requests (amortized O(1) per request).
     fn push_deadline(&mut self, deadline: Instant, handle: u64) {
-        if self.timers.len() > 2 * self.ctxs.len() + 1024 {
-            let ctxs = &self.ctxs;
-            self.timers.retain(|t| match *t {
-                Timer::Deadline(h) => ctxs.contains(CtxHandle::from_raw(h)),
-                _ => true,
-            });
-        }
+        self.sweep_timers();
         self.timers.push(deadline, Timer::Deadline(handle));
     }
 
@@ -280,6 +293,13 @@ impl Session {
             }
             return;
         }
+        // The time the answer is still waited for, rounded up to whole milliseconds.
+        let timeout_ms = p.wire_deadline.map_or(0, |d| {
+            let left = d.saturating_duration_since(now);
+            let ms = left.as_nanos().div_ceil(1_000_000);
+            u32::try_from(ms).unwrap_or(u32::MAX).max(1)
+        });
+        conn.proto.encoder().set_request_timeout(timeout_ms);
         let result = match &op {
             RequestOp::Ping { payload } => {
                 let n = *payload as usize;

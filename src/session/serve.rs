@@ -11,7 +11,9 @@ use crate::rendezvous::Waiter;
 use crate::service::Service;
 use crate::table::Table;
 use crate::tensor::Tensor;
-use crate::wire::{Missing, RecvBody, RowsTable, RowsTables, Status, TensorMeta, VarIds};
+use crate::wire::{
+    ItemIndexes, Missing, RecvBody, RowsTable, RowsTables, Status, TensorMeta, VarIds,
+};
 
 use super::conn::Conn;
 use super::dispatch::Dispatch;
@@ -29,6 +31,19 @@ impl Dispatch<'_> {
             return;
         };
         let push = self.incoming.swap_remove(i);
+        if push.cancelled {
+            // The requester gave it up: dropped unanswered.
+            return self.recycle(push);
+        }
+        if push.deadline.is_some_and(|d| self.now > d) {
+            // Whole only after the requester stopped waiting: not applied.
+            let _ = enc.error(
+                handle,
+                Status::DeadlineExceeded,
+                "push complete after its deadline",
+            );
+            return self.recycle(push);
+        }
         let s = &mut *self.serve;
         let Some(service) = self.service else {
             s.statuses.clear();
@@ -144,7 +159,67 @@ impl Dispatch<'_> {
     /// Answers at once the keys already published; leaves waiters for the others, which
     /// are answered one by one as they are published (each in its own frame, so a slow
     /// tensor never holds back a ready one).
-    pub(super) fn serve_recv(&mut self, handle: u64, r: RecvBody<'_>, enc: &mut Encoder) {
+    /// Keeps the vectors of a push that is not applied, for the next one.
+    fn recycle(&mut self, push: super::reply::IncomingPush) {
+        let mut parts = push.into_parts();
+        parts.results.clear();
+        if self.serve.push_vecs.len() < PUSH_VECS_KEPT {
+            self.serve.push_vecs.push(parts);
+        }
+    }
+
+    /// The peer gave up its request `handle` (or the items `items` of it): its recv
+    /// waiters are removed and what they waited for is answered `CANCELLED` (so the peer
+    /// knows no tensor is on its way for them), a push still arriving is dropped
+    /// unanswered. A handle with nothing waiting (answered already, or never seen) is
+    /// ignored: the cancel crossed the answer.
+    pub(super) fn on_cancel(&mut self, handle: u64, items: ItemIndexes<'_>, enc: &mut Encoder) {
+        if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == handle) {
+            p.cancelled = true;
+            return;
+        }
+        let (Some(rendezvous), Some(pos)) = (
+            self.rendezvous,
+            self.recvs.iter().position(|&(h, _)| h == handle),
+        ) else {
+            return;
+        };
+        let (loop_index, generation) = self.waiter_base;
+        let waiter = (loop_index, self.slot, generation);
+        if items.is_empty() {
+            rendezvous.forget_request(waiter, handle, None);
+            self.recvs.swap_remove(pos);
+            let _ = enc.error(handle, Status::Cancelled, "cancelled by the requester");
+            return;
+        }
+        for index in items.iter() {
+            if rendezvous.forget_request(waiter, handle, Some(index)) == 0 {
+                continue; // answered already, or its answer is on its way
+            }
+            let owed = &mut self.recvs[pos].1;
+            *owed -= 1;
+            let last = *owed == 0;
+            let item = ResponseItem {
+                index,
+                status: Status::Cancelled,
+                tensor: None,
+                missing: Missing::default(),
+            };
+            let _ = send_items(enc, handle, last, &[item]);
+            if last {
+                self.recvs.swap_remove(pos);
+                return;
+            }
+        }
+    }
+
+    pub(super) fn serve_recv(
+        &mut self,
+        handle: u64,
+        r: RecvBody<'_>,
+        deadline: Option<std::time::Instant>,
+        enc: &mut Encoder,
+    ) {
         let Some(rendezvous) = self.rendezvous else {
             let _ = enc.error(handle, Status::Unimplemented, "no rendezvous on this task");
             return;
@@ -186,6 +261,14 @@ impl Dispatch<'_> {
             .collect();
         if waiting > 0 {
             self.recvs.push((handle, waiting));
+            if let Some(at) = deadline {
+                let timer = super::timer::Timer::ServeDeadline {
+                    slot: self.slot,
+                    generation,
+                    handle,
+                };
+                self.timers.push(at, timer);
+            }
         }
         if waiting == 0 || !items.is_empty() {
             if let Err(k) = send_items(enc, handle, waiting == 0, &items) {
@@ -450,14 +533,16 @@ pub(super) const PUSH_VECS_KEPT: usize = 64;
 
 /// Answers item `index` of the recv `handle` with a tensor delivered by the rendezvous (or
 /// a failure); the last item owed carries `END`.
+/// Answers item `index` of the peer's recv `handle` with `result`; when that recv is no
+/// longer waiting (cancelled, or past its deadline), gives `result` back.
 pub(crate) fn answer_recv(
     conn: &mut Conn,
     handle: u64,
     index: u32,
     result: Result<Arc<Tensor>, Status>,
-) {
+) -> Option<Result<Arc<Tensor>, Status>> {
     let Some(pos) = conn.recvs.iter().position(|&(h, _)| h == handle) else {
-        return;
+        return Some(result);
     };
     conn.recvs[pos].1 -= 1;
     let last = conn.recvs[pos].1 == 0;
@@ -489,6 +574,7 @@ pub(crate) fn answer_recv(
     if send_items(enc, handle, last, &[item]).is_err() {
         release_unsent(&mut conn.out_tensors, token.into_iter());
     }
+    None
 }
 
 /// Sends `items` in `RESPONSE` frames that fit the peer's frame limit, `end` on the last.

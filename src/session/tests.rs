@@ -381,32 +381,72 @@ fn recvs_of_one_pass_go_out_as_one_frame_and_complete_one_by_one() {
 }
 
 #[test]
-fn a_deadline_fails_the_request_and_its_late_answer_is_ignored() {
+fn a_recv_past_its_deadline_is_dropped_by_the_responder_and_a_later_tensor_stays() {
     let mut p = Pair::new();
     let slow = p.submit(recv(1, b"late"), Some(Duration::from_millis(10)));
     p.drain();
     p.pump();
     assert!(p.completions().is_empty());
     p.advance(Duration::from_millis(9));
+    p.pump();
     assert!(p.completions().is_empty());
+    // Both ends reach the deadline: the server drops its waiter and says so, the client
+    // asks it to (CANCEL); the verdict fails the recv.
     p.advance(Duration::from_millis(1));
+    p.pump();
     let done = p.completions();
     assert_eq!(done.len(), 1);
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
         (slow, Some(ErrorKind::Timeout))
     );
-    // The answer comes after all; the connection stays up and serves the next request.
+    // Published afterwards, the tensor is not consumed by the recv given up: it waits for
+    // the next one.
     p.publish(b"late", 1.0);
     p.pump();
     assert!(p.completions().is_empty());
-    let ping = p.submit(RequestOp::Ping { payload: 0 }, None);
+    assert_eq!(p.rendezvous.ready_count(), 1);
+    let again = p.submit(recv(1, b"late"), None);
     p.drain();
     p.pump();
     let done = p.completions();
-    assert_eq!(done.len(), 1);
-    assert_eq!(done[0].tag, ping);
-    assert!(done[0].result.is_ok());
+    assert_eq!(done[0].tag, again);
+    assert_eq!(received_values(&done[0]), [1.0]);
+}
+
+#[test]
+fn a_tensor_taken_as_the_deadline_passes_is_delivered_or_put_back_never_lost() {
+    for deliver_first in [false, true] {
+        let mut p = Pair::new();
+        let tag = p.submit(recv(1, b"k"), Some(Duration::from_millis(10)));
+        p.drain();
+        p.pump();
+        // The client's deadline passes first (its CANCEL is queued, not yet sent); the
+        // tensor is published at that moment, so the server's waiter takes it.
+        p.now += Duration::from_millis(10);
+        p.client.handle_timeout(p.now);
+        p.publish(b"k", 7.0);
+        if deliver_first {
+            // The server answers with the tensor before the CANCEL reaches it.
+            let posted: Vec<Delivery> = std::mem::take(&mut *p.posted.0.lock().unwrap());
+            for d in posted {
+                p.server.deliver_recv(d);
+            }
+        }
+        p.pump();
+        let done = p.completions();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].tag, tag);
+        if deliver_first {
+            // Late, but delivered.
+            assert_eq!(received_values(&done[0]), [7.0]);
+            assert_eq!(p.rendezvous.ready_count(), 0);
+        } else {
+            // Cancelled first: the tensor went back to the rendezvous.
+            assert_eq!(done[0].result.clone_err(), Some(ErrorKind::Timeout));
+            assert_eq!(p.rendezvous.ready_count(), 1);
+        }
+    }
 }
 
 #[test]
@@ -429,12 +469,39 @@ fn fused_recvs_keep_their_own_deadlines() {
     let done = p.completions();
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].tag, ready);
+    // The quick one's deadline: its item is cancelled alone, and fails once the server
+    // confirms.
     p.advance(Duration::from_millis(5));
+    p.pump();
     let done = p.completions();
     assert_eq!(done.len(), 1);
     assert_eq!(
         (done[0].tag, done[0].result.clone_err()),
         (quick, Some(ErrorKind::Timeout))
+    );
+    // The server holds no waiter for it any more: a tensor published now stays.
+    p.publish(b"never", 1.0);
+    p.pump();
+    assert_eq!(p.rendezvous.ready_count(), 1);
+}
+
+#[test]
+fn a_responder_that_never_confirms_a_cancel_fails_the_recv_after_the_wait() {
+    let mut p = Pair::new();
+    let tag = p.submit(recv(1, b"k"), Some(Duration::from_millis(10)));
+    p.drain();
+    p.pump();
+    // From now on the server's bytes are lost.
+    p.advance(Duration::from_millis(10));
+    let _ = Pair::output(&mut p.client, &mut p.dirty, p.c);
+    assert!(p.completions().is_empty(), "the verdict is awaited");
+    p.advance(timer::CANCEL_WAIT - Duration::from_millis(1));
+    assert!(p.completions().is_empty());
+    p.advance(Duration::from_millis(1));
+    let done = p.completions();
+    assert_eq!(
+        (done[0].tag, done[0].result.clone_err()),
+        (tag, Some(ErrorKind::Timeout))
     );
 }
 

@@ -19,6 +19,14 @@ use super::Session;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
     Deadline(u64),
+    /// A recv whose deadline passed and whose `CANCEL` was sent: failed locally if the
+    /// responder's verdict has not come by now.
+    CancelWait(u64),
+    /// The same for one recv fused into the request `handle`.
+    MemberCancelWait {
+        handle: u64,
+        index: u32,
+    },
     /// The deadline of one recv fused into the request `handle`.
     Member {
         handle: u64,
@@ -54,6 +62,12 @@ pub(crate) enum Timer {
     Heartbeat {
         slot: u32,
         generation: u32,
+    },
+    /// The deadline the peer gave its recv `handle` (its `timeout_ms`).
+    ServeDeadline {
+        slot: u32,
+        generation: u32,
+        handle: u64,
     },
 }
 
@@ -119,16 +133,18 @@ impl Session {
                     if closing {
                         continue;
                     }
-                    if let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(h)) {
-                        self.abandon(h, &p);
-                        let e = Err(Error::new(ErrorKind::Timeout));
-                        let spare = std::mem::take(&mut p.spare);
-                        let peer = self.peer_of(p.conn);
-                        self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, spare);
-                        self.bury(h, p);
+                    if self.ask_verdict(h, None, now) {
+                        continue;
+                    }
+                    self.give_up(h, true);
+                }
+                Timer::CancelWait(h) => self.give_up(h, false),
+                Timer::Member { handle, index } => {
+                    if !self.ask_verdict(handle, Some(index), now) {
+                        self.member_timed_out(handle, index);
                     }
                 }
-                Timer::Member { handle, index } => self.member_timed_out(handle, index),
+                Timer::MemberCancelWait { handle, index } => self.member_timed_out(handle, index),
                 Timer::Reconnect { slot, generation } => {
                     let live = self
                         .conns
@@ -151,6 +167,11 @@ impl Session {
                 Timer::FrameHead { slot, generation } => self.frame_head_due(slot, generation, now),
                 Timer::Progress { slot, generation } => self.progress_due(slot, generation, now),
                 Timer::Heartbeat { slot, generation } => self.heartbeat_due(slot, generation, now),
+                Timer::ServeDeadline {
+                    slot,
+                    generation,
+                    handle,
+                } => self.serve_deadline_due(slot, generation, handle),
                 Timer::Handshake { slot, generation } => {
                     let stuck = self.conns.get(slot as usize).is_some_and(|c| {
                         c.generation == generation
@@ -164,6 +185,74 @@ impl Session {
             }
         }
         progress
+    }
+
+    /// A recv (`handle`, or its fused member `index`) that was sent reached its deadline:
+    /// asks the responder to give it up with a `CANCEL` and waits for the verdict (up to
+    /// [`CANCEL_WAIT`]) instead of failing it now: a tensor the responder took for it just
+    /// before then is on its way and is delivered, not lost. Returns whether it asked.
+    fn ask_verdict(&mut self, handle: u64, index: Option<u32>, now: Instant) -> bool {
+        let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) else {
+            return false;
+        };
+        let recv = matches!(p.kind, RequestKind::Recv | RequestKind::FusedRecv);
+        if !recv || p.sent.is_none() {
+            return false;
+        }
+        let asked = match index {
+            None => &mut p.cancel_sent,
+            Some(i) => match p.fused.get_mut(i as usize).filter(|m| !m.done) {
+                Some(m) => &mut m.cancel_sent,
+                None => return false,
+            },
+        };
+        if *asked {
+            return false;
+        }
+        let Some(c) = self.conns.get_mut(p.conn as usize) else {
+            return false;
+        };
+        if c.phase != Phase::Open || c.proto.is_closed() {
+            return false;
+        }
+        let items: &[u32] = match &index {
+            Some(i) => std::slice::from_ref(i),
+            None => &[],
+        };
+        if c.proto.encoder().cancel(handle, items).is_err() {
+            return false;
+        }
+        *asked = true;
+        mark_dirty(&mut self.dirty, c, p.conn);
+        let timer = match index {
+            None => Timer::CancelWait(handle),
+            Some(index) => Timer::MemberCancelWait { handle, index },
+        };
+        self.timers.push(now + CANCEL_WAIT, timer);
+        true
+    }
+
+    /// Fails request `handle` with a timeout now, its answer no longer awaited; when
+    /// `tell` and it was sent, the responder is told with a `CANCEL` (it then drops what it
+    /// holds for it, e.g. a push still arriving).
+    fn give_up(&mut self, handle: u64, tell: bool) {
+        let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(handle)) else {
+            return;
+        };
+        self.abandon(handle, &p);
+        if let (true, Some(_)) = (tell, p.sent) {
+            if let Some(c) = self.conns.get_mut(p.conn as usize) {
+                if c.phase == Phase::Open && !c.proto.is_closed() {
+                    let _ = c.proto.encoder().cancel(handle, &[]);
+                    mark_dirty(&mut self.dirty, c, p.conn);
+                }
+            }
+        }
+        let e = Err(Error::new(ErrorKind::Timeout));
+        let spare = std::mem::take(&mut p.spare);
+        let peer = self.peer_of(p.conn);
+        self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, spare);
+        self.bury(handle, p);
     }
 
     /// One recv of a fused request reached its own deadline: it fails alone.
@@ -274,6 +363,54 @@ impl Session {
         self.close_with_error(slot, Status::DeadlineExceeded, why, failure, now);
     }
 
+    /// Drops the deadline timers of requests and served recvs that are answered already,
+    /// when they outnumber the live ones: such entries stay in the heap until they come
+    /// up, so without this a long deadline on many short requests would grow it. Amortized
+    /// O(1) per timer.
+    pub(super) fn sweep_timers(&mut self) {
+        if self.timers.len() <= self.sweep_at {
+            return;
+        }
+        let (ctxs, conns) = (&self.ctxs, &self.conns);
+        self.timers.retain(|t| match *t {
+            Timer::Deadline(h) => ctxs.contains(CtxHandle::from_raw(h)),
+            Timer::ServeDeadline {
+                slot,
+                generation,
+                handle,
+            } => conns.get(slot as usize).is_some_and(|c| {
+                c.generation == generation && c.recvs.iter().any(|&(h, _)| h == handle)
+            }),
+            _ => true,
+        });
+        self.sweep_at = 2 * self.timers.len() + SWEEP_MIN;
+    }
+
+    /// The peer's recv `handle` reached the deadline it carried: if still waiting, its
+    /// waiters are removed and it is answered `DEADLINE_EXCEEDED`, so a tensor published
+    /// after the requester stopped waiting stays for the next recv.
+    fn serve_deadline_due(&mut self, slot: u32, generation: u32, handle: u64) {
+        let Some(c) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
+        if c.generation != generation || c.phase == Phase::Closing {
+            return;
+        }
+        let Some(pos) = c.recvs.iter().position(|&(h, _)| h == handle) else {
+            return;
+        };
+        c.recvs.swap_remove(pos);
+        if let Some(r) = &self.rendezvous {
+            r.forget_request((self.index, slot, generation), handle, None);
+        }
+        let why = "deadline passed before the tensor was published";
+        let _ = c
+            .proto
+            .encoder()
+            .error(handle, Status::DeadlineExceeded, why);
+        mark_dirty(&mut self.dirty, c, slot);
+    }
+
     /// A connection's `Heartbeat` timer is due: probe it when it has been silent for an
     /// interval, declare it lost when silent for the timeout.
     fn heartbeat_due(&mut self, slot: u32, generation: u32, now: Instant) {
@@ -314,6 +451,14 @@ impl Session {
         self.timers.push(at, Timer::Heartbeat { slot, generation });
     }
 }
+
+/// How long a recv whose deadline passed waits for the responder's verdict on its
+/// `CANCEL` before it fails without it (a peer that does not answer is also found by the
+/// heartbeat).
+pub(crate) const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Timers kept before the first sweep of answered deadlines.
+pub(super) const SWEEP_MIN: usize = 1024;
 
 /// Bytes a connection that owes bytes must deliver in each `progress_timeout` window (or
 /// finish what it owed): far below any working link, far above a trickle.

@@ -52,6 +52,8 @@ pub enum Body<'a> {
     PullRows(RowsTables<'a>),
     /// `PUSH_ROWS`.
     PushRows(RowsTables<'a>),
+    /// `CANCEL`: the items given up (none: the whole request).
+    Cancel(ItemIndexes<'a>),
 }
 
 impl<'a> Body<'a> {
@@ -92,6 +94,7 @@ impl<'a> Body<'a> {
                 check_payload(header, payload)?;
                 Body::PushRows(tables)
             }
+            Kind::Cancel => Body::Cancel(ItemIndexes::parse(meta, header.count)?),
             Kind::Unknown(k) => return Err(Error::UnknownKind(k)),
         };
         Ok(body)
@@ -341,6 +344,48 @@ impl<'a> VarIds<'a> {
     /// The ids, in item order.
     pub fn iter(&self) -> impl Iterator<Item = u64> + 'a {
         self.bytes.chunks_exact(8).map(|b| get_u64(b, 0))
+    }
+}
+
+/// `CANCEL` content (4.10): item indexes of the cancelled request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemIndexes<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> ItemIndexes<'a> {
+    fn parse(meta: &'a [u8], count: u32) -> Result<Self> {
+        if meta.len() as u64 != 4 * count as u64 {
+            return Err(Error::BadMetaLen);
+        }
+        Ok(ItemIndexes { bytes: meta })
+    }
+
+    /// Number of indexes.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / 4
+    }
+
+    /// Whether there are none (the whole request is cancelled).
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The indexes, in order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + 'a {
+        self.bytes.chunks_exact(4).map(|b| get_u32(b, 0))
+    }
+}
+
+/// Meta length of a cancel of `n` items.
+pub fn cancel_meta_len(n: usize) -> usize {
+    4 * n
+}
+
+/// Writes a cancel meta section into exactly `cancel_meta_len(items.len())` bytes.
+pub fn emit_cancel_meta(items: &[u32], buf: &mut [u8]) {
+    for (i, index) in items.iter().enumerate() {
+        put_u32(buf, 4 * i, *index);
     }
 }
 

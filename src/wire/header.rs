@@ -20,6 +20,8 @@ mod field {
     pub const FLAGS: usize = 6;
     pub const STATUS: usize = 8;
     pub const RESERVED: usize = 10;
+    /// On request kinds, in place of `status` and `reserved`.
+    pub const TIMEOUT: usize = 8;
     pub const COUNT: usize = 12;
     pub const HANDLE: usize = 16;
     pub const META_LEN: usize = 24;
@@ -55,6 +57,8 @@ enum_with_unknown! {
         PullRows = 12,
         /// Delivery of gradient rows by id, one packed block per table.
         PushRows = 13,
+        /// The requester gave up a request (or some of its items): answer it no further.
+        Cancel = 14,
     }
 }
 
@@ -139,6 +143,11 @@ impl<T: AsRef<[u8]>> Header<T> {
         get_u16(self.buffer.as_ref(), field::RESERVED)
     }
 
+    /// On request kinds, the `timeout_ms` field (the same bytes as `status` and `reserved`).
+    pub fn timeout_ms(&self) -> u32 {
+        get_u32(self.buffer.as_ref(), field::TIMEOUT)
+    }
+
     /// Number of items in the meta section.
     pub fn count(&self) -> u32 {
         get_u32(self.buffer.as_ref(), field::COUNT)
@@ -188,6 +197,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
         put_u16(self.buffer.as_mut(), field::RESERVED, 0);
     }
 
+    /// Sets the `timeout_ms` field of a request (over `status` and `reserved`).
+    pub fn set_timeout_ms(&mut self, ms: u32) {
+        put_u32(self.buffer.as_mut(), field::TIMEOUT, ms);
+    }
+
     /// Sets the item count.
     pub fn set_count(&mut self, count: u32) {
         put_u32(self.buffer.as_mut(), field::COUNT, count);
@@ -218,6 +232,9 @@ pub struct HeaderRepr {
     pub end: bool,
     /// Status (nonzero only on `ERROR`).
     pub status: Status,
+    /// On request kinds: the time the requester still waits for the answer, in
+    /// milliseconds from when it sent the frame; 0 for none. Always 0 on other kinds.
+    pub timeout_ms: u32,
     /// Item count.
     pub count: u32,
     /// Request handle.
@@ -243,7 +260,9 @@ impl HeaderRepr {
         if let Kind::Unknown(k) = kind {
             return Err(Error::UnknownKind(k));
         }
-        if header.reserved() != 0 {
+        // Requests carry `timeout_ms` where other kinds have `status` and `reserved`.
+        let request = kind.is_request();
+        if !request && header.reserved() != 0 {
             return Err(Error::ReservedNotZero);
         }
         let len = HEADER_LEN as u64 + header.meta_len() as u64 + header.payload_len() as u64;
@@ -260,7 +279,8 @@ impl HeaderRepr {
         let repr = HeaderRepr {
             kind,
             end: flags & FLAG_END != 0,
-            status: header.status(),
+            status: if request { Status::Ok } else { header.status() },
+            timeout_ms: if request { header.timeout_ms() } else { 0 },
             count: header.count(),
             handle: header.handle(),
             meta_len: header.meta_len(),
@@ -292,7 +312,7 @@ impl HeaderRepr {
         let handle_ok = match self.kind {
             Kind::Hello | Kind::HelloAck => self.handle == 0,
             k if k.is_request() => self.handle != 0,
-            Kind::Pong | Kind::Response | Kind::Chunk => self.handle != 0,
+            Kind::Pong | Kind::Response | Kind::Chunk | Kind::Cancel => self.handle != 0,
             _ => true,
         };
         if !handle_ok {
@@ -303,7 +323,7 @@ impl HeaderRepr {
             Kind::Hello | Kind::HelloAck | Kind::Ping | Kind::Pong | Kind::Error => self.count == 0,
             Kind::Recv | Kind::Chunk => self.count == 1,
             Kind::FusedRecv | Kind::Pull | Kind::Push => many.contains(&self.count),
-            Kind::Response => self.count <= limits.max_tensors,
+            Kind::Response | Kind::Cancel => self.count <= limits.max_tensors,
             Kind::PullRows | Kind::PushRows => (1..=limits.max_tables).contains(&self.count),
             Kind::Unknown(_) => false,
         };
@@ -325,7 +345,8 @@ impl HeaderRepr {
             | Kind::FusedRecv
             | Kind::Pull
             | Kind::PullRows
-            | Kind::Error => self.payload_len == 0,
+            | Kind::Error
+            | Kind::Cancel => self.payload_len == 0,
             Kind::Chunk => self.payload_len > 0,
             _ => true,
         };
@@ -350,8 +371,12 @@ impl HeaderRepr {
         header.set_magic_version();
         header.set_kind(self.kind);
         header.set_flags(if self.end { FLAG_END } else { 0 });
-        header.set_status(self.status);
-        header.clear_reserved();
+        if self.kind.is_request() {
+            header.set_timeout_ms(self.timeout_ms);
+        } else {
+            header.set_status(self.status);
+            header.clear_reserved();
+        }
         header.set_count(self.count);
         header.set_handle(self.handle);
         header.set_meta_len(self.meta_len);

@@ -21,8 +21,8 @@ mod tensor;
 mod tests;
 
 pub use body::{
-    emit_pull_meta, emit_recv_meta, pull_meta_len, recv_meta_len, Body, ChunkRepr, ErrorRepr,
-    HelloRepr, Keys, PushEntries, PushEntry, RecvBody, ResponseEntries, ResponseEntry,
+    cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_recv_meta, pull_meta_len,
+    recv_meta_len, Body, ChunkRepr, ErrorRepr, HelloRepr, ItemIndexes, Keys, PushEntries, PushEntry, RecvBody, ResponseEntries, ResponseEntry,
     TensorEntries, TensorEntry, VarIds, ENTRY_HAS_TENSOR, MAX_ERROR_MESSAGE, MAX_JOB_NAME,
     MAX_TOKEN,
 };

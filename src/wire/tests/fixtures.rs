@@ -637,3 +637,35 @@ fn every_dtype_size_checked() {
         assert!(try_parse(&push1(&tmeta(dtype, 1, 0, &[]), 0)).is_ok());
     }
 }
+
+#[test]
+fn fixture_cancel() {
+    let (h, body, payload) = parse_ok(CANCEL);
+    let want = hdr(Kind::Cancel, false, Status::Ok, 2, 0x0000_0002_0000_0001, 8, 0);
+    assert_eq!(h, want);
+    assert!(payload.is_empty());
+    let Body::Cancel(items) = body else {
+        panic!("{body:?}")
+    };
+    assert_eq!(items.iter().collect::<Vec<_>>(), [2, 5]);
+    assert_eq!(emit_frame(&want, 8, |b| emit_cancel_meta(&[2, 5], b), &[]), CANCEL);
+    round_trip(CANCEL);
+    let (h, body, _) = parse_ok(CANCEL_ALL);
+    assert_eq!(h, hdr(Kind::Cancel, false, Status::Ok, 0, 0x0000_0001_0000_0004, 0, 0));
+    assert!(matches!(body, Body::Cancel(items) if items.is_empty()));
+    round_trip(CANCEL_ALL);
+}
+
+#[test]
+fn fixture_request_with_a_timeout() {
+    let (h, body, _) = parse_ok(RECV_TIMEOUT);
+    let want = HeaderRepr {
+        timeout_ms: 1500,
+        ..hdr(Kind::Recv, false, Status::Ok, 1, 0x0000_0001_0000_0004, 13, 0)
+    };
+    assert_eq!(h, want);
+    assert_eq!(body, parse_ok(RECV).1, "the same body as without a timeout");
+    let meta = &RECV_TIMEOUT[HEADER_LEN..];
+    assert_eq!(emit_frame(&want, 13, |b| b.copy_from_slice(meta), &[]), RECV_TIMEOUT);
+    round_trip(RECV_TIMEOUT);
+}

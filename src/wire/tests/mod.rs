@@ -305,6 +305,52 @@ const CHUNK: &[u8] = &[
     0x01, 0x02, 0x03, 0x04, 0x05,
 ];
 
+/// 4.10 `CANCEL` of items 2 and 5 of the request 0x0000000200000001.
+#[rustfmt::skip]
+const CANCEL: &[u8] = &[
+    0x53, 0x57, 0x52, 0x45, 0x02,
+    0x0e,                                           // kind CANCEL
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00,             // flags, status, reserved
+    0x02, 0x00, 0x00, 0x00,                         // count 2
+    0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, // handle
+    0x08, 0x00, 0x00, 0x00,                         // meta_len 8
+    0x00, 0x00, 0x00, 0x00,                         // payload_len 0
+    0x02, 0x00, 0x00, 0x00,                         // item 2
+    0x05, 0x00, 0x00, 0x00,                         // item 5
+];
+
+/// 4.10 `CANCEL` of the whole request 0x0000000100000004.
+#[rustfmt::skip]
+const CANCEL_ALL: &[u8] = &[
+    0x53, 0x57, 0x52, 0x45, 0x02,
+    0x0e,                                           // kind CANCEL
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00,                         // count 0
+    0x04, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, // handle
+    0x00, 0x00, 0x00, 0x00,                         // meta_len 0
+    0x00, 0x00, 0x00, 0x00,
+];
+
+/// 2.1 the `RECV` above with a deadline: `timeout_ms` 1500 (0x5dc) in bytes 8-11.
+#[rustfmt::skip]
+const RECV_TIMEOUT: &[u8] = &[
+    0x53, 0x57, 0x52, 0x45, 0x02,
+    0x05,                                           // kind RECV
+    0x00, 0x00,                                     // flags
+    0xdc, 0x05, 0x00, 0x00,                         // timeout_ms 1500
+    0x01, 0x00, 0x00, 0x00,                         // count 1
+    0x04, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, // handle
+    0x0d, 0x00, 0x00, 0x00,                         // meta_len 13
+    0x00, 0x00, 0x00, 0x00,                         // payload_len 0
+    0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // step_id 42
+    0x03, 0x00, 0x77, 0x3a, 0x30,                   // key "w:0"
+];
+
+/// Whether frame bytes are of a request kind (bytes 8-11 are then `timeout_ms`).
+fn is_request(frame: &[u8]) -> bool {
+    Kind::from(frame[H_KIND]).is_request()
+}
+
 const ALL: &[(&str, &[u8])] = &[
     ("HELLO", HELLO),
     ("HELLO_ACK", HELLO_ACK),
@@ -321,6 +367,9 @@ const ALL: &[(&str, &[u8])] = &[
     ("ERROR_CONN", ERROR_CONN),
     ("ERROR_REQ", ERROR_REQ),
     ("CHUNK", CHUNK),
+    ("CANCEL", CANCEL),
+    ("CANCEL_ALL", CANCEL_ALL),
+    ("RECV_TIMEOUT", RECV_TIMEOUT),
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -482,6 +531,10 @@ fn emit_body(body: &Body<'_>) -> Vec<u8> {
             .collect(),
         Body::Error(e) => fill(e.buffer_len(), |b| e.emit(b)),
         Body::Chunk(c) => fill(c.buffer_len(), |b| c.emit(b)),
+        Body::Cancel(items) => {
+            let items: Vec<u32> = items.iter().collect();
+            fill(cancel_meta_len(items.len()), |b| emit_cancel_meta(&items, b))
+        }
     }
 }
 
@@ -510,6 +563,7 @@ fn hdr(
         kind,
         end,
         status,
+        timeout_ms: 0,
         count,
         handle,
         meta_len,

@@ -25,14 +25,14 @@ fn reject_bad_version() {
 
 #[test]
 fn reject_unknown_kind() {
-    for k in [0u8, 14, 15, 128, 255] {
+    for k in [0u8, 15, 16, 128, 255] {
         rejects(&patch(PING, |v| v[H_KIND] = k), Error::UnknownKind(k));
     }
 }
 
 #[test]
 fn reject_reserved_nonzero() {
-    for (name, frame) in ALL {
+    for (name, frame) in ALL.iter().filter(|(_, f)| !is_request(f)) {
         for x in [1u16, 0x8000] {
             let f = patch(frame, |v| set16(v, H_RESERVED, x));
             assert_eq!(try_parse(&f).unwrap_err(), Error::ReservedNotZero, "{name}");
@@ -72,7 +72,7 @@ fn reject_end_where_forbidden_or_missing() {
 
 #[test]
 fn reject_status_rules() {
-    for (name, frame) in ALL {
+    for (name, frame) in ALL.iter().filter(|(_, f)| !is_request(f)) {
         if frame[H_KIND] == 10 {
             continue;
         }
@@ -89,6 +89,35 @@ fn reject_status_rules() {
         &patch(ERROR_REQ, |v| set16(v, H_STATUS, 0)),
         Error::BadStatus,
     );
+}
+
+#[test]
+fn requests_read_bytes_8_to_11_as_their_timeout() {
+    // On request kinds the status and reserved bytes are `timeout_ms`: any value parses.
+    for (name, frame) in ALL.iter().filter(|(_, f)| is_request(f)) {
+        for ms in [1u32, 0x8000, 0x0001_0000, u32::MAX] {
+            let f = patch(frame, |v| v[H_STATUS..H_STATUS + 4].copy_from_slice(&ms.to_le_bytes()));
+            let (h, ..) = parse_ok(&f);
+            assert_eq!((h.timeout_ms, h.status), (ms, Status::Ok), "{name}");
+            round_trip(&f);
+        }
+    }
+}
+
+#[test]
+fn reject_cancel_rules() {
+    // A nonzero handle, no END, no payload, 4 bytes of meta per item, at most max_tensors.
+    rejects(&patch(CANCEL, |v| set64(v, H_HANDLE, 0)), Error::BadHandle);
+    rejects(&patch(CANCEL, |v| v[H_FLAGS] |= 1), Error::BadFlags);
+    rejects(&patch(CANCEL, |v| set32(v, H_COUNT, 3)), Error::BadMetaLen);
+    rejects(&patch(CANCEL_ALL, |v| set32(v, H_COUNT, 1)), Error::BadMetaLen);
+    let mut with_payload = CANCEL.to_vec();
+    set32(&mut with_payload, H_PAYLOAD_LEN, 1);
+    with_payload.push(0);
+    rejects(&with_payload, Error::BadPayloadLen);
+    let mut few = lim();
+    few.max_tensors = 1;
+    rejects_with(CANCEL, &few, Error::BadCount);
 }
 
 #[test]
