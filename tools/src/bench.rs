@@ -21,8 +21,9 @@ use starwire::{Error, ErrorKind, Handle, Reply, Tensor};
 use crate::cli::BenchArgs;
 use crate::cpu;
 use crate::exit::{self, Failure};
-use crate::histogram::Histogram;
-use crate::jsonw::J;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
 use crate::ping::{client_config, fatal, fmt_ms, start_client};
 use crate::serve::{recv_key, DEFAULT_DIM, MAX_DIM, MAX_TENSORS, MAX_TENSOR_SIZE};
 use crate::signals::{self, Watcher};
@@ -34,6 +35,10 @@ const DEFAULT_DURATION: Duration = Duration::from_secs(5);
 const MAX_INFLIGHT: usize = 65_536;
 /// How often the progress line is redrawn.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+/// Longest latency told apart from longer ones: a day (more than any timeout), in ns.
+const LATENCY_MAX_NS: u64 = 86_400 * 1_000_000_000;
+/// Significant digits of the latency histogram: 3, within 0.1%.
+const LATENCY_DIGITS: u8 = 3;
 
 /// Most tensors in one request.
 const MAX_PER_REQUEST: usize = 65_536;
@@ -368,7 +373,7 @@ struct Outcome {
     missing: u64,
     errors: Vec<(Error, u64)>,
     elapsed: Duration,
-    latency: Histogram,
+    latency: Histogram<u64>,
     client_cpu: Duration,
     server_cpu: Option<Duration>,
     fatal: Option<Failure>,
@@ -474,7 +479,7 @@ fn check_args(args: &BenchArgs) -> Result<(Op, usize), Failure> {
 /// Runs `commctl bench`.
 pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let (op, dim) = check_args(args)?;
-    signals::block()?;
+    let signals = signals::take()?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let (spawned, label, addr) = match &args.target {
         Some(t) => {
@@ -497,7 +502,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     }
     let cfg = client_config(args.loops, args.connections, 2)?;
     let rt = start_client(cfg)?;
-    let watcher = Watcher::start(std::thread::current());
+    let watcher = Watcher::start(signals, std::thread::current());
     let mut h = rt.handle(args.inflight.max(args.connections));
     let mut load = Load::new(op, addr, args, dim)?;
 
@@ -536,7 +541,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         missing: 0,
         errors: Vec::new(),
         elapsed: Duration::ZERO,
-        latency: Histogram::default(),
+        latency: latency_histogram(),
         client_cpu: Duration::ZERO,
         server_cpu: None,
         fatal: None,
@@ -544,7 +549,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let mut last_draw = start;
     let mut last_ok = 0u64;
     let mut last_bytes = 0u64;
-    let mut window = Histogram::default();
+    let mut window = latency_histogram();
     loop {
         let now = Instant::now();
         let stopping = o.fatal.is_some()
@@ -594,9 +599,9 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         match failure {
             None => {
                 o.ok += 1;
-                o.latency.record(done - sent);
+                record(&mut o.latency, done - sent);
                 if progress {
-                    window.record(done - sent);
+                    record(&mut window, done - sent);
                 }
             }
             Some(e) => {
@@ -620,14 +625,14 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
                 (done - start).as_secs_f64(),
                 (o.ok - last_ok) as f64 / secs,
                 (o.bytes - last_bytes) as f64 / secs / 1e9,
-                fmt_ms(window.quantile(0.5)),
-                fmt_ms(window.quantile(0.99)),
+                fmt_ms(quantile(&window, 0.5)),
+                fmt_ms(quantile(&window, 0.99)),
                 o.failed
             );
             last_draw = done;
             last_ok = o.ok;
             last_bytes = o.bytes;
-            window = Histogram::default();
+            window.reset();
         }
     }
     o.elapsed = start.elapsed();
@@ -654,7 +659,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
 
     let mut out = std::io::stdout().lock();
     let text = if args.json {
-        json(args, (op, dim), &label, &o).render() + "\n"
+        json(args, (op, dim), &label, &o) + "\n"
     } else {
         table(args, (op, dim), &label, &server_note, &o)
     };
@@ -676,6 +681,22 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
                 _ => exit::code_of(e),
             })
     })
+}
+
+/// An empty latency histogram: 1 ns to [`LATENCY_MAX_NS`], [`LATENCY_DIGITS`] digits.
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_DIGITS)
+        .expect("the latency histogram's bounds are valid")
+}
+
+/// Adds a latency; one longer than [`LATENCY_MAX_NS`] counts as that.
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    h.saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+}
+
+/// The `q` quantile (0 to 1) of the latencies; zero when there are none.
+fn quantile(h: &Histogram<u64>, q: f64) -> Duration {
+    Duration::from_nanos(h.value_at_quantile(q))
 }
 
 fn rate(o: &Outcome) -> f64 {
@@ -817,10 +838,10 @@ fn table(
         "latency",
         format!(
             "p50 {} ms, p99 {} ms, p999 {} ms, max {} ms",
-            fmt_ms(l.quantile(0.5)),
-            fmt_ms(l.quantile(0.99)),
-            fmt_ms(l.quantile(0.999)),
-            fmt_ms(l.max())
+            fmt_ms(quantile(l, 0.5)),
+            fmt_ms(quantile(l, 0.99)),
+            fmt_ms(quantile(l, 0.999)),
+            fmt_ms(Duration::from_nanos(l.max()))
         ),
     );
     row(
@@ -849,100 +870,135 @@ fn table(
 
 /// The JSON report. Rows operations have `table`, `rows_per_request`, `row_bytes`,
 /// `id_range`, `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the
-/// other operations have their `tensors...` members.
-fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> J {
+/// other operations have their `tensors...` members. Members in this order; the ones a
+/// report does not have are left out.
+#[derive(Serialize)]
+struct Report<'a> {
+    operation: &'a str,
+    target: &'a str,
+    server_started_by_bench: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    table: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows_per_request: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    row_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id_range: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_bytes: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensors_per_request: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensor_bytes: Option<u64>,
+    inflight: usize,
+    connections: usize,
+    client_loops: usize,
+    seconds: f64,
+    ok: u64,
+    failed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    missing: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensors: Option<u64>,
+    bytes: u64,
+    errors: Vec<ErrorCount>,
+    requests_per_second: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows_per_second: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensors_per_second: Option<f64>,
+    gigabytes_per_second: f64,
+    latency_ms: LatencyMs,
+    client_cpu_seconds: f64,
+    /// `null` when unknown.
+    server_cpu_seconds: Option<f64>,
+    /// Rows operations only; `null` when nothing moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_cpu_ns_per_row: Option<Option<u64>>,
+    /// Rows operations only; `null` when unknown or nothing moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_cpu_ns_per_row: Option<Option<u64>>,
+}
+
+/// One kind of failure and how often it happened.
+#[derive(Serialize)]
+struct ErrorCount {
+    error: String,
+    count: u64,
+}
+
+/// Latency percentiles, in milliseconds.
+#[derive(Serialize)]
+struct LatencyMs {
+    min: f64,
+    mean: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+}
+
+fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> String {
     // Nanosecond precision is all there is; more digits are float noise.
-    let r6 = |x: f64| J::Num((x * 1e6).round() / 1e6);
-    let r1 = |x: f64| J::Num((x * 10.0).round() / 10.0);
-    let ms = |d: Duration| r6(d.as_secs_f64() * 1000.0);
+    let r6 = |x: f64| (x * 1e6).round() / 1e6;
+    let r1 = |x: f64| (x * 10.0).round() / 10.0;
+    let ms = |ns: f64| r6(ns / 1e6);
     let l = &o.latency;
-    let mut m = vec![
-        ("operation", J::s(&args.operation)),
-        ("target", J::s(label)),
-        ("server_started_by_bench", J::Bool(args.target.is_none())),
-    ];
-    if op.rows() {
-        m.extend([
-            ("table", J::Int(i64::from(args.table))),
-            ("rows_per_request", J::Int(op.per_request(args) as i64)),
-            ("row_bytes", J::Int(dim as i64 * 4)),
-            ("id_range", J::Int(args.id_range as i64)),
-        ]);
-    } else {
-        m.extend([
-            ("payload_bytes", J::Int(i64::from(args.size))),
-            ("tensors_per_request", J::Int(op.per_request(args) as i64)),
-            ("tensor_bytes", J::Int(args.tensor_size as i64)),
-        ]);
-    }
-    m.extend([
-        ("inflight", J::Int(args.inflight as i64)),
-        ("connections", J::Int(args.connections as i64)),
-        ("client_loops", J::Int(args.loops as i64)),
-        ("seconds", r6(o.elapsed.as_secs_f64())),
-        ("ok", J::Int(o.ok as i64)),
-        ("failed", J::Int(o.failed as i64)),
-    ]);
-    if op.rows() {
-        m.extend([
-            ("rows", J::Int(o.items as i64)),
-            ("missing", J::Int(o.missing as i64)),
-        ]);
-    } else {
-        m.push(("tensors", J::Int(o.items as i64)));
-    }
-    m.extend([
-        ("bytes", J::Int(o.bytes as i64)),
-        (
-            "errors",
-            J::Arr(
-                o.errors
-                    .iter()
-                    .map(|(e, n)| {
-                        J::Obj(vec![
-                            ("error", J::s(e.to_string())),
-                            ("count", J::Int(*n as i64)),
-                        ])
-                    })
-                    .collect(),
-            ),
-        ),
-        ("requests_per_second", r1(rate(o))),
-        (
-            if op.rows() {
-                "rows_per_second"
-            } else {
-                "tensors_per_second"
-            },
-            r1(item_rate(o)),
-        ),
-        ("gigabytes_per_second", r6(gbps(o))),
-        (
-            "latency_ms",
-            J::Obj(vec![
-                ("min", ms(l.min())),
-                ("mean", ms(l.mean())),
-                ("p50", ms(l.quantile(0.5))),
-                ("p99", ms(l.quantile(0.99))),
-                ("p999", ms(l.quantile(0.999))),
-                ("max", ms(l.max())),
-            ]),
-        ),
-        ("client_cpu_seconds", r6(o.client_cpu.as_secs_f64())),
-        (
-            "server_cpu_seconds",
-            o.server_cpu.map_or(J::Null, |c| r6(c.as_secs_f64())),
-        ),
-    ]);
-    if op.rows() {
-        let per_row = |cpu: Option<Duration>| {
+    let rows = op.rows();
+    let per_row = |cpu: Option<Duration>| {
+        rows.then(|| {
             cpu.and_then(|c| ns_per_item(c, o))
-                .map_or(J::Null, |ns| J::Num(ns.round()))
-        };
-        m.extend([
-            ("client_cpu_ns_per_row", per_row(Some(o.client_cpu))),
-            ("server_cpu_ns_per_row", per_row(o.server_cpu)),
-        ]);
-    }
-    J::Obj(m)
+                .map(|ns| ns.round() as u64)
+        })
+    };
+    let report = Report {
+        operation: &args.operation,
+        target: label,
+        server_started_by_bench: args.target.is_none(),
+        table: rows.then_some(args.table),
+        rows_per_request: rows.then(|| op.per_request(args)),
+        row_bytes: rows.then_some(dim * 4),
+        id_range: rows.then_some(args.id_range),
+        payload_bytes: (!rows).then_some(args.size),
+        tensors_per_request: (!rows).then(|| op.per_request(args)),
+        tensor_bytes: (!rows).then_some(args.tensor_size),
+        inflight: args.inflight,
+        connections: args.connections,
+        client_loops: args.loops,
+        seconds: r6(o.elapsed.as_secs_f64()),
+        ok: o.ok,
+        failed: o.failed,
+        rows: rows.then_some(o.items),
+        missing: rows.then_some(o.missing),
+        tensors: (!rows).then_some(o.items),
+        bytes: o.bytes,
+        errors: o
+            .errors
+            .iter()
+            .map(|(e, n)| ErrorCount {
+                error: e.to_string(),
+                count: *n,
+            })
+            .collect(),
+        requests_per_second: r1(rate(o)),
+        rows_per_second: rows.then(|| r1(item_rate(o))),
+        tensors_per_second: (!rows).then(|| r1(item_rate(o))),
+        gigabytes_per_second: r6(gbps(o)),
+        latency_ms: LatencyMs {
+            min: ms(l.min() as f64),
+            mean: ms(l.mean()),
+            p50: ms(l.value_at_quantile(0.5) as f64),
+            p99: ms(l.value_at_quantile(0.99) as f64),
+            p999: ms(l.value_at_quantile(0.999) as f64),
+            max: ms(l.max() as f64),
+        },
+        client_cpu_seconds: r6(o.client_cpu.as_secs_f64()),
+        server_cpu_seconds: o.server_cpu.map(|c| r6(c.as_secs_f64())),
+        client_cpu_ns_per_row: per_row(Some(o.client_cpu)),
+        server_cpu_ns_per_row: per_row(o.server_cpu),
+    };
+    serde_json::to_string(&report).expect("the report serializes")
 }

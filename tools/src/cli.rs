@@ -17,7 +17,10 @@ use argh::FromArgs;
             Transport settings come from the environment as for any starwire task\n\
             (STARWIRE_CLUSTER_ID, STARWIRE_CLUSTER_TOKEN, STARWIRE_BACKEND, ...).",
     error_code(0, "success: valid, or every request answered"),
-    error_code(1, "validate found problems; ping or bench lost some requests"),
+    error_code(
+        1,
+        "validate or endpoint-map found problems; ping or bench lost some requests"
+    ),
     error_code(2, "usage or configuration error, unreadable file"),
     error_code(3, "could not connect: nothing listening, or unreachable"),
     error_code(4, "handshake refused: cluster id or token mismatch"),
@@ -49,6 +52,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// `commctl bench`
     Bench(BenchArgs),
+    /// `commctl endpoint-map`
+    EndpointMap(EndpointMapArgs),
 }
 
 /// The cluster-spec and endpoint-map options several subcommands share.
@@ -500,6 +505,75 @@ impl BenchArgs {
             worker_hosts: self.worker_hosts.clone(),
             tf_config: false,
             endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// write the .endpoint_map of a cluster spec, each task's data port by a rule
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "endpoint-map",
+    help_triggers("-h", "--help"),
+    example = "commctl endpoint-map --tf-config --port-rule 5555 -o /etc/starwire\n\
+               commctl endpoint-map --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.1:2223 \
+               --port-rule +1000",
+    note = "Each task's data address (where its starwire listens) is its control address\n\
+            from the cluster spec, same host, with the port of --port-rule:\n\
+            - PORT: that port on every host (tasks on hosts of their own, as pods are);\n\
+            - +OFFSET: the control port plus OFFSET (tasks sharing a host).\n\
+            The map is checked as every task will read it (no two tasks on one data\n\
+            address, no data address that is a control address) before it is written.\n\
+            Without -o it goes to stdout. With -o, the file (or .endpoint_map in the\n\
+            folder) is replaced in one step: a task reading it never sees half of it.\n\
+            Tasks find it through $TF_SEASTAR_ENDPOINT_MAP_PATH (the folder).",
+    error_code(0, "written"),
+    error_code(1, "the rule gives a map with problems; nothing written"),
+    error_code(
+        2,
+        "usage error, a cluster spec with problems, or a file that cannot be written"
+    )
+)]
+pub struct EndpointMapArgs {
+    /// each task's data port: PORT, the same on every host, or +OFFSET, the control port
+    /// plus OFFSET
+    #[argh(
+        option,
+        from_str_fn(crate::endpoint_map::parse_port_rule),
+        arg_name = "rule"
+    )]
+    pub port_rule: crate::endpoint_map::PortRule,
+
+    /// write the map to this file, or to .endpoint_map in this folder (default: stdout)
+    #[argh(option, short = 'o', arg_name = "path")]
+    pub output: Option<PathBuf>,
+
+    /// read the cluster spec from $TF_CONFIG
+    #[argh(switch)]
+    pub tf_config: bool,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT,...; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT,...
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT,...
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+}
+
+impl EndpointMapArgs {
+    /// The shared options (the map is written, not read).
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: self.tf_config,
+            endpoint_map: None,
         }
     }
 }

@@ -2,15 +2,14 @@
 //!
 //! The binary is `src/bin/commctl.rs`; everything it does lives here so it can be unit
 //! tested: the command line ([`cli`]), one module per subcommand, and the small helpers
-//! they share (exit codes, a stderr logger, signal handling, a latency histogram, a JSON
-//! writer, CPU time).
+//! they share (exit codes, a stderr logger, signal handling, CPU time). JSON reports are
+//! serde_json, latency percentiles hdrhistogram, signals signal-hook.
 
 pub mod bench;
 pub mod cli;
 pub mod cpu;
+pub mod endpoint_map;
 pub mod exit;
-pub mod histogram;
-pub mod jsonw;
 pub mod logger;
 pub mod ping;
 pub mod serve;
@@ -58,6 +57,7 @@ pub fn run(args: &[&str]) -> i32 {
         Command::Ping(a) => ping::run(&a),
         Command::Serve(a) => serve::run(&a),
         Command::Bench(a) => bench::run(&a),
+        Command::EndpointMap(a) => endpoint_map::run(&a),
     };
     match result {
         Ok(code) => code,

@@ -12,7 +12,6 @@ use starwire::{Config, Error, ErrorKind, Reply, Runtime};
 
 use crate::cli::PingArgs;
 use crate::exit::{self, Failure};
-use crate::histogram::Histogram;
 use crate::signals::{self, Watcher};
 use crate::target;
 
@@ -106,7 +105,7 @@ pub fn fmt_pct(x: f64) -> String {
 
 /// Runs `commctl ping`.
 pub fn run(args: &PingArgs) -> Result<i32, Failure> {
-    signals::block()?;
+    let signals = signals::take()?;
     let target = target::resolve(&args.target, &args.cluster_opts())?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let interval = Duration::from_secs_f64(args.interval);
@@ -114,7 +113,7 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
         return Err(Failure::usage("-c: the count must be at least 1"));
     }
     let rt = start_client(client_config(1, 1, 0)?)?;
-    let watcher = Watcher::start(std::thread::current());
+    let watcher = Watcher::start(signals, std::thread::current());
     let mut h = rt.handle(MAX_OUTSTANDING);
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "PING {}: {} payload bytes", target.label, args.size);
@@ -124,8 +123,8 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
     let mut next = start;
     let mut sent: u64 = 0;
     let mut pending: HashMap<u64, u64> = HashMap::new();
-    let mut rtts = Histogram::default();
-    let mut exact: Vec<Duration> = Vec::new();
+    // Every round-trip time, for exact percentiles.
+    let mut rtts: Vec<Duration> = Vec::new();
     let mut first_error: Option<Error> = None;
     let mut failure: Option<Failure> = None;
     let who = target.task.as_ref().map_or_else(
@@ -159,8 +158,7 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
             let seq = pending.remove(&c.tag).unwrap_or(0);
             match c.result {
                 Ok(Reply::Pong { rtt, payload }) => {
-                    rtts.record(rtt);
-                    exact.push(rtt);
+                    rtts.push(rtt);
                     if !args.quiet {
                         let _ = writeln!(
                             out,
@@ -223,7 +221,7 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
     drop(h);
     rt.shutdown();
 
-    let received = rtts.len();
+    let received = rtts.len() as u64;
     if failure.is_none() || sent > 1 {
         let _ = writeln!(out, "\n--- {} ping statistics ---", target.label);
         let loss = if sent == 0 {
@@ -238,19 +236,20 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
             elapsed.as_millis()
         );
         if received > 0 {
-            exact.sort();
+            rtts.sort();
             let q = |p: f64| {
-                let rank = ((p * exact.len() as f64).ceil() as usize).clamp(1, exact.len());
-                exact[rank - 1]
+                let rank = ((p * rtts.len() as f64).ceil() as usize).clamp(1, rtts.len());
+                rtts[rank - 1]
             };
+            let mean = rtts.iter().sum::<Duration>().div_f64(received as f64);
             let _ = writeln!(
                 out,
                 "rtt min/avg/p50/p99/max = {}/{}/{}/{}/{} ms",
-                fmt_ms(rtts.min()),
-                fmt_ms(rtts.mean()),
+                fmt_ms(q(0.0)),
+                fmt_ms(mean),
                 fmt_ms(q(0.5)),
                 fmt_ms(q(0.99)),
-                fmt_ms(rtts.max())
+                fmt_ms(q(1.0))
             );
         }
         let _ = out.flush();

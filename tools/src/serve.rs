@@ -511,7 +511,7 @@ fn listen_addr(text: &str) -> Result<SocketAddr, Failure> {
 
 /// Runs `commctl serve` until SIGINT or SIGTERM.
 pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
-    signals::block()?;
+    let mut signals = signals::take()?;
     let (task, listen) = plan(args)?;
     let mut b = ConfigBuilder::from_env(&task.job, task.index)
         .map_err(|e| Failure::usage(e.to_string()))?;
@@ -545,7 +545,7 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
         content.tensors - 1,
         content.table
     );
-    let signal = signals::wait();
+    let signal = signals::wait(&mut signals);
     let f = server.stop();
     let stats = f.stats;
     eprintln!(

@@ -1,37 +1,30 @@
-//! SIGINT and SIGTERM, taken synchronously.
+//! SIGINT and SIGTERM, through signal-hook.
 //!
-//! [`block`] blocks both in the calling thread before any other thread exists, so every
-//! thread started later (the event loops too) inherits the mask and none is interrupted;
-//! the signals then wait to be taken with [`wait`] or by a [`Watcher`].
+//! [`take`] installs signal-hook's handlers first thing in a command, so that from then on
+//! the two signals no longer end the process but are queued for [`wait`] or a [`Watcher`].
+//! A signal can land on any thread, the event loops too; their blocking calls treat the
+//! interruption (EINTR) as a wake-up.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
 
-use nix::sys::signal::{SigSet, Signal};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
 use crate::exit::Failure;
 
-fn set() -> SigSet {
-    let mut s = SigSet::empty();
-    s.add(Signal::SIGINT);
-    s.add(Signal::SIGTERM);
-    s
-}
-
-/// Blocks SIGINT and SIGTERM in the calling thread (and the threads it starts later).
-pub fn block() -> Result<(), Failure> {
-    set()
-        .thread_block()
-        .map_err(|e| Failure::usage(format!("cannot block SIGINT/SIGTERM: {e}")))
+/// Takes SIGINT and SIGTERM over from their default action (ending the process).
+pub fn take() -> Result<Signals, Failure> {
+    Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| Failure::usage(format!("cannot handle SIGINT/SIGTERM: {e}")))
 }
 
 /// Waits for SIGINT or SIGTERM; returns its name.
-pub fn wait() -> &'static str {
-    match set().wait() {
-        Ok(sig) => sig.as_str(),
-        Err(_) => "a signal",
-    }
+pub fn wait(signals: &mut Signals) -> &'static str {
+    let sig = signals.forever().next();
+    sig.and_then(signal_hook::low_level::signal_name)
+        .unwrap_or("a signal")
 }
 
 /// A thread that takes SIGINT/SIGTERM: the first sets a flag and unparks a thread, the
@@ -41,17 +34,17 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Starts the watcher; `main` is unparked on the first signal. Call [`block`] first.
-    pub fn start(main: Thread) -> Watcher {
+    /// Starts the watcher over the signals [`take`] took; `main` is unparked on the first.
+    pub fn start(mut signals: Signals, main: Thread) -> Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let spawned = std::thread::Builder::new()
             .name("commctl-signals".into())
             .spawn(move || {
-                wait();
+                wait(&mut signals);
                 flag.store(true, Ordering::SeqCst);
                 main.unpark();
-                wait();
+                wait(&mut signals);
                 std::process::exit(130);
             });
         if let Err(e) = spawned {

@@ -5,12 +5,15 @@ use std::io::Write;
 use starwire::cluster::{Cluster, ClusterError};
 use starwire::endpoint_map::EndpointMap;
 
+use serde::Serialize;
+
 use crate::cli::ValidateArgs;
 use crate::exit::{self, Failure};
-use crate::jsonw::J;
 use crate::target::{self, SpecError};
 
-/// One problem, wherever it is.
+/// One problem, wherever it is; in the JSON report, `{"source", "line", "message"}` with
+/// `line` `null` when the problem is not on a line.
+#[derive(Serialize)]
 struct Finding {
     source: String,
     line: Option<usize>,
@@ -24,14 +27,38 @@ impl Finding {
             None => format!("{}: {}", self.source, self.message),
         }
     }
+}
 
-    fn json(&self) -> J {
-        J::Obj(vec![
-            ("source", J::s(&self.source)),
-            ("line", self.line.map_or(J::Null, |l| J::Int(l as i64))),
-            ("message", J::s(&self.message)),
-        ])
-    }
+/// The JSON report.
+#[derive(Serialize)]
+struct Report<'a> {
+    valid: bool,
+    endpoint_map: MapReport<'a>,
+    /// `null` without a cluster spec.
+    cluster: Option<ClusterReport<'a>>,
+    problems: &'a [Finding],
+}
+
+#[derive(Serialize)]
+struct MapReport<'a> {
+    path: &'a str,
+    entries: usize,
+}
+
+#[derive(Serialize)]
+struct ClusterReport<'a> {
+    source: &'a str,
+    /// The task `TF_CONFIG` names, `null` without one.
+    task: Option<String>,
+    /// Every task with both addresses; empty when the spec does not resolve.
+    tasks: Vec<TaskReport>,
+}
+
+#[derive(Serialize)]
+struct TaskReport {
+    task: String,
+    control: String,
+    data: String,
 }
 
 fn cluster_findings(source: &str, errors: Vec<ClusterError>) -> impl Iterator<Item = Finding> {
@@ -80,51 +107,30 @@ pub fn run(args: &ValidateArgs) -> Result<i32, Failure> {
     let valid = findings.is_empty();
     let mut out = std::io::stdout().lock();
     let r = if args.json {
-        let report = J::Obj(vec![
-            ("valid", J::Bool(valid)),
-            (
-                "endpoint_map",
-                J::Obj(vec![
-                    ("path", J::s(&shown)),
-                    ("entries", J::Int(map.len() as i64)),
-                ]),
-            ),
-            (
-                "cluster",
-                match &spec {
-                    None => J::Null,
-                    Some(s) => J::Obj(vec![
-                        ("source", J::s(s.source)),
-                        (
-                            "task",
-                            s.task.as_ref().map_or(J::Null, |t| J::s(t.to_string())),
-                        ),
-                        (
-                            "tasks",
-                            J::Arr(match &cluster {
-                                Some(c) => c
-                                    .tasks()
-                                    .iter()
-                                    .map(|t| {
-                                        J::Obj(vec![
-                                            ("task", J::s(t.id.to_string())),
-                                            ("control", J::s(t.control.to_string())),
-                                            ("data", J::s(t.data.to_string())),
-                                        ])
-                                    })
-                                    .collect(),
-                                None => Vec::new(),
-                            }),
-                        ),
-                    ]),
-                },
-            ),
-            (
-                "problems",
-                J::Arr(findings.iter().map(Finding::json).collect()),
-            ),
-        ]);
-        writeln!(out, "{}", report.render())
+        let report = Report {
+            valid,
+            endpoint_map: MapReport {
+                path: &shown,
+                entries: map.len(),
+            },
+            cluster: spec.as_ref().map(|s| ClusterReport {
+                source: s.source,
+                task: s.task.as_ref().map(|t| t.to_string()),
+                tasks: cluster.as_ref().map_or_else(Vec::new, |c| {
+                    c.tasks()
+                        .iter()
+                        .map(|t| TaskReport {
+                            task: t.id.to_string(),
+                            control: t.control.to_string(),
+                            data: t.data.to_string(),
+                        })
+                        .collect()
+                }),
+            }),
+            problems: &findings,
+        };
+        let text = serde_json::to_string(&report).expect("the report serializes");
+        writeln!(out, "{text}")
     } else {
         write_text(
             &mut out,

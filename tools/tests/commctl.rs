@@ -143,10 +143,17 @@ fn dead_addr() -> String {
 fn help_for_every_subcommand() {
     let r = run(&mut commctl(&["--help"]));
     assert_eq!(r.code, 0);
-    for word in ["validate", "ping", "serve", "bench", "Error codes:"] {
+    for word in [
+        "validate",
+        "ping",
+        "serve",
+        "bench",
+        "endpoint-map",
+        "Error codes:",
+    ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
     }
-    for sub in ["validate", "ping", "serve", "bench"] {
+    for sub in ["validate", "ping", "serve", "bench", "endpoint-map"] {
         let r = run(&mut commctl(&[sub, "--help"]));
         assert_eq!(r.code, 0, "{sub}");
         assert!(
@@ -1171,4 +1178,345 @@ fn serve_says_what_table_it_serves() {
             "{verbose:?}: {stderr}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Signals: ping interrupted.
+
+#[test]
+fn ping_until_interrupted_prints_its_summary() {
+    let server = Server::start(&["--listen", "127.0.0.1:0", "--loops", "1"], &[]);
+    let addr = server.addr.to_string();
+    let mut child = commctl(&["ping", "-i", "0.05", &addr])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ping starts");
+    // Wait for the header and two replies, then interrupt it.
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for _ in 0..3 {
+            let _ = tx.send(lines.next());
+        }
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let _ = tx.send(Some(Ok(rest.join("\n"))));
+    });
+    let mut head = Vec::new();
+    for _ in 0..3 {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("ping prints")
+            .expect("a line")
+            .unwrap();
+        head.push(line);
+    }
+    assert_eq!(head[0], format!("PING {addr}: 56 payload bytes"));
+    assert!(head[2].contains("seq=2 time="), "{head:?}");
+    let ok = Command::new("kill")
+        .args(["-s", "INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let status = child.wait().unwrap();
+    let rest = rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // Not killed by the signal: it ends itself, with its summary; 0, or 1 when a ping was
+    // still in flight when the signal came.
+    assert!(matches!(status.code(), Some(0 | 1)), "{status:?}: {rest}");
+    assert!(
+        rest.contains(&format!("--- {addr} ping statistics ---")),
+        "{rest}"
+    );
+    let received: u64 = rest
+        .split(" replies received")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no reply count in {rest}"));
+    assert!(received >= 2, "{rest}");
+    assert!(rest.contains("rtt min/avg/p50/p99/max = "), "{rest}");
+}
+
+// ---------------------------------------------------------------------------------------
+// endpoint-map.
+
+const OPERATOR_TF_CONFIG: &str = r#"{"cluster": {
+    "chief": ["trainer-chief-0.ns.svc:2222"],
+    "ps": ["trainer-ps-0.ns.svc:2222", "trainer-ps-1.ns.svc:2222"],
+    "worker": ["trainer-worker-0.ns.svc:2222", "trainer-worker-1.ns.svc:2222"]},
+    "task": {"type": "worker", "index": 1}, "environment": "cloud"}"#;
+
+#[test]
+fn endpoint_map_from_tf_config() {
+    let dir = Scratch::new("endpoint-map-tf");
+    // To stdout.
+    let r = run(
+        commctl(&["endpoint-map", "--tf-config", "--port-rule", "5555"])
+            .env("TF_CONFIG", OPERATOR_TF_CONFIG),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let entries: Vec<&str> = r.stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(
+        entries,
+        [
+            "trainer-chief-0.ns.svc:2222=trainer-chief-0.ns.svc:5555   # chief:0",
+            "trainer-ps-0.ns.svc:2222=trainer-ps-0.ns.svc:5555   # ps:0",
+            "trainer-ps-1.ns.svc:2222=trainer-ps-1.ns.svc:5555   # ps:1",
+            "trainer-worker-0.ns.svc:2222=trainer-worker-0.ns.svc:5555   # worker:0",
+            "trainer-worker-1.ns.svc:2222=trainer-worker-1.ns.svc:5555   # worker:1",
+        ]
+    );
+    assert!(
+        r.stdout
+            .starts_with("# written by commctl endpoint-map from the TF_CONFIG (data port 5555"),
+        "{}",
+        r.stdout
+    );
+    let printed = r.stdout;
+
+    // Into a folder: .endpoint_map there, the same text; validate and the library agree.
+    let r = run(commctl(&[
+        "endpoint-map",
+        "--tf-config",
+        "--port-rule",
+        "5555",
+        "-o",
+        dir.0.to_str().unwrap(),
+    ])
+    .env("TF_CONFIG", OPERATOR_TF_CONFIG));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let file = dir.0.join(".endpoint_map");
+    assert_eq!(
+        r.stdout,
+        format!(
+            "{}: 5 entries (chief 1, ps 2, worker 2), data port 5555 on every host\n",
+            file.display()
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), printed);
+    // No temporary file left beside it.
+    let names: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, [".endpoint_map"]);
+    let r = run(commctl(&["validate", "--tf-config", "--json"])
+        .env("TF_CONFIG", OPERATOR_TF_CONFIG)
+        .env("TF_SEASTAR_ENDPOINT_MAP_PATH", &dir.0));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(
+        "{\"task\":\"ps:1\",\"control\":\"trainer-ps-1.ns.svc:2222\",\
+         \"data\":\"trainer-ps-1.ns.svc:5555\"}"
+    ));
+    assert!(r.stdout.contains("\"task\":\"worker:1\""), "{}", r.stdout);
+
+    // A file path, replaced in one step when it exists.
+    let other = dir.file("map", "stale\n");
+    let r = run(&mut commctl(&[
+        "endpoint-map",
+        "--cluster",
+        "ps=10.0.0.1:2222",
+        "--cluster",
+        "worker=10.0.0.2:2222",
+        "--port-rule",
+        "+1000",
+        "-o",
+        other.to_str().unwrap(),
+    ]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let text = std::fs::read_to_string(&other).unwrap();
+    assert!(text.starts_with(
+        "# written by commctl endpoint-map from the cluster spec of the command line (data \
+         port = control port + 1000)\n"
+    ));
+    assert!(text.ends_with(
+        "10.0.0.1:2222=10.0.0.1:3222   # ps:0\n10.0.0.2:2222=10.0.0.2:3222   # worker:0\n"
+    ));
+}
+
+#[test]
+fn endpoint_map_refuses_a_rule_that_clashes() {
+    let dir = Scratch::new("endpoint-map-clash");
+    let out = dir.0.join("m");
+    let out = out.to_str().unwrap();
+    // Tasks sharing a host: one fixed port gives two tasks one data address.
+    let r = run(&mut commctl(&[
+        "endpoint-map",
+        "--ps-hosts",
+        "127.0.0.1:2222,127.0.0.1:2223",
+        "--worker-hosts",
+        "127.0.0.1:2224",
+        "--port-rule",
+        "5555",
+        "-o",
+        out,
+    ]));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(r.stdout, "");
+    assert_eq!(
+        r.stderr,
+        "commctl: ps:1 (127.0.0.1:2223): data address 127.0.0.1:5555 is also the data \
+         address of ps:0; the rule must give tasks on one host different ports (use +OFFSET)\n\
+         commctl: worker:0 (127.0.0.1:2224): data address 127.0.0.1:5555 is also the data \
+         address of ps:0; the rule must give tasks on one host different ports (use +OFFSET)\n\
+         commctl: 2 problems found; no map written\n"
+    );
+    assert!(!dir.0.join("m").exists());
+    // An offset that lands on another task's control port.
+    let r = run(&mut commctl(&[
+        "endpoint-map",
+        "--ps-hosts",
+        "127.0.0.1:2222",
+        "--worker-hosts",
+        "127.0.0.1:3222",
+        "--port-rule",
+        "+1000",
+    ]));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with(
+            "commctl: ps:0 (127.0.0.1:2222): data address 127.0.0.1:3222 is the control \
+             address of worker:0; the rule must give another port\n"
+        ),
+        "{}",
+        r.stderr
+    );
+    // Past the last port.
+    let r = run(&mut commctl(&[
+        "endpoint-map",
+        "--ps-hosts",
+        "ps0:65000",
+        "--port-rule",
+        "+1000",
+    ]));
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.starts_with(
+            "commctl: ps:0 (ps0:65000): the data port would be past 65535 (data port = \
+             control port + 1000)\n"
+        ),
+        "{}",
+        r.stderr
+    );
+    // An offset that fits them.
+    let r = run(&mut commctl(&[
+        "endpoint-map",
+        "--ps-hosts",
+        "127.0.0.1:2222,127.0.0.1:2223",
+        "--worker-hosts",
+        "127.0.0.1:2224",
+        "--port-rule",
+        "+1000",
+        "-o",
+        out,
+    ]));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = run(&mut commctl(&[
+        "validate",
+        out,
+        "--ps-hosts",
+        "127.0.0.1:2222,127.0.0.1:2223",
+        "--worker-hosts",
+        "127.0.0.1:2224",
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("ps:1      127.0.0.1:2223  127.0.0.1:3223"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn endpoint_map_usage_errors() {
+    let dir = Scratch::new("endpoint-map-usage");
+    for (args, env, want) in [
+        (
+            &["endpoint-map", "--port-rule", "5555"][..],
+            None,
+            "no cluster spec",
+        ),
+        (
+            &["endpoint-map", "--tf-config", "--port-rule", "5555"],
+            None,
+            "TF_CONFIG is not set",
+        ),
+        (
+            &["endpoint-map", "--tf-config", "--port-rule", "5555"],
+            Some(r#"{"cluster": {"ps": ["a:1",]}}"#),
+            "TF_CONFIG: invalid JSON at byte 26: expected a JSON value, found ']'",
+        ),
+        (
+            &["endpoint-map", "--ps-hosts", "a:1", "--port-rule", "0"],
+            None,
+            "expected PORT",
+        ),
+        (&["endpoint-map", "--ps-hosts", "a:1"], None, "--port-rule"),
+        (
+            &[
+                "endpoint-map",
+                "--ps-hosts",
+                "a:1",
+                "--port-rule",
+                "5555",
+                "-o",
+                "/nonexistent/folder/map",
+            ],
+            None,
+            "/nonexistent/folder/map: ",
+        ),
+    ] {
+        let mut cmd = commctl(args);
+        if let Some(tf) = env {
+            cmd.env("TF_CONFIG", tf);
+        }
+        let r = run(cmd.current_dir(&dir.0));
+        assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(want), "{args:?}: {}", r.stderr);
+        assert_eq!(r.stdout, "", "{args:?}");
+    }
+    assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 0);
+}
+
+#[test]
+fn a_generated_map_serves_and_reaches_a_task() {
+    // TF_CONFIG names the PS by its control address; the map gives it a free data port;
+    // `serve --tf-config` listens there and `ping ps:0` finds it through the same map.
+    let dir = Scratch::new("endpoint-map-e2e");
+    let data: SocketAddr = dead_addr().parse().unwrap();
+    let tf = r#"{"cluster": {"ps": ["127.0.0.1:2222"]}, "task": {"type": "ps", "index": 0}}"#;
+    let r = run(commctl(&[
+        "endpoint-map",
+        "--tf-config",
+        "--port-rule",
+        &data.port().to_string(),
+        "-o",
+        dir.0.to_str().unwrap(),
+    ])
+    .env("TF_CONFIG", tf));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let p = dir.0.to_str().unwrap().to_owned();
+    let env = [
+        ("TF_CONFIG", tf),
+        ("TF_SEASTAR_ENDPOINT_MAP_PATH", p.as_str()),
+    ];
+    let mut server = Server::start(&["--tf-config", "--loops", "1"], &env);
+    assert_eq!(server.addr, data);
+    let r = run(commctl(&["ping", "-c", "1", "ps:0"]).envs(env));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .starts_with(&format!("PING ps:0 ({data}): 56 payload bytes")),
+        "{}",
+        r.stdout
+    );
+    let (code, _) = server.signal("TERM");
+    assert_eq!(code, 0);
 }
