@@ -5,7 +5,8 @@
     pip install ./ffi/python      # or STARWIRE_LIB=target/release/libstarwire_ffi.so
     python ffi/python/bench/bench_pull_rows.py --commctl target/release/commctl
 
-One `commctl serve` (rows of 16 float32, 64 bytes) answers both clients; each is a
+One `commctl serve` (rows of 16 float32, 64 bytes; every row of the id range created
+before the first round) answers both clients; each is a
 `Runtime` with one `Handle`-driven client, one request in flight, `k` rows per request of
 ids drawn as `commctl bench` draws them (splitmix64 of a counter, modulo 100,000). The two
 take turns, `--rounds` times per `k`; a cell is the median over rounds of each round's
@@ -83,11 +84,12 @@ def python_round(client: starwire.Client, addr: str, k: int,
     end = time.monotonic() + seconds
     i = 0
     while time.monotonic() < end:
-        batch = ids[i % len(ids)]
+        # Successive batches, so that neither form meets rows the other just touched.
+        batch, other = ids[(2 * i) % len(ids)], ids[(2 * i + 1) % len(ids)]
         t0 = clock()
         pull(addr, 1, batch, 16, out=out)
         t1 = clock()
-        rows.ids = batch.ctypes.data
+        rows.ids = other.ctypes.data
         t2 = clock()
         _lib.client_pull_rows(handle, peer, C.byref(rows), 1, 5000, C.byref(tag))
         _lib.client_wait(handle, tag.value, C.byref(reply))
@@ -99,6 +101,33 @@ def python_round(client: starwire.Client, addr: str, k: int,
     us = np.array(times, dtype=np.float64) / 1e3
     wrapper = float(np.median(us - np.array(bare, dtype=np.float64) / 1e3))
     return (float(np.median(us)), float(us.mean()), len(times)), wrapper
+
+
+def outside_wait(client: starwire.Client, addr: str, k: int, calls: int) -> float:
+    """Median µs per `pull_rows` call spent outside ``sw_client_wait``: the Python layer,
+    the ctypes calls and the C ABI's own work (submitting, the reply), not the round trip.
+    Measured by timing the wait from a wrapper around it (which adds its own ~0.2 µs)."""
+    waits: list[int] = []
+    real_wait, clock = _lib.client_wait, time.perf_counter_ns
+
+    def timed_wait(*a: object) -> int:
+        t0 = clock()
+        r = real_wait(*a)
+        waits.append(clock() - t0)
+        return int(r)
+
+    out = np.empty((k, 16), dtype=np.float32)
+    ids = row_ids(0, max(100_000 // k, 1) * k).reshape(-1, k)
+    totals = []
+    _lib.client_wait = timed_wait
+    try:
+        for i in range(calls):
+            t0 = clock()
+            client.pull_rows(addr, 1, ids[i % len(ids)], 16, out=out)
+            totals.append(clock() - t0)
+    finally:
+        _lib.client_wait = real_wait
+    return float(np.median(np.array(totals) - np.array(waits))) / 1e3
 
 
 def main() -> int:
@@ -133,6 +162,9 @@ def main() -> int:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
+            # Every row of the id range once, so that no client pays for creating rows.
+            for start in range(0, ID_RANGE, 10_000):
+                client.pull_rows(addr, 1, np.arange(start, start + 10_000, dtype=np.uint64), 16)
             print(f"starwire {starwire.version()} ({starwire.library_path()}), "
                   f"server {addr}, {args.rounds} rounds x {args.seconds} s per client and k, "
                   f"1 request in flight, 64-byte rows; pid {os.getpid()}")
@@ -155,6 +187,7 @@ def main() -> int:
                        "rust_mean_us": med["rust"][1], "python_mean_us": med["python"][1],
                        "overhead_mean_us": med["python"][1] - med["rust"][1],
                        "wrapper_us": statistics.median(wrappers),
+                       "outside_wait_us": outside_wait(client, addr, k, 5000),
                        "rust_requests": med["rust"][2], "python_requests": med["python"][2],
                        "rust_p50_rounds": [round(r[0], 1) for r in rust],
                        "python_p50_rounds": [round(r[0], 1) for r in py]}
@@ -163,7 +196,8 @@ def main() -> int:
                       f"{row['python_p50_us']:7.1f} us, overhead {row['overhead_p50_us']:+6.1f} "
                       f"us; mean Rust {row['rust_mean_us']:7.1f}, Python "
                       f"{row['python_mean_us']:7.1f}, overhead {row['overhead_mean_us']:+6.1f} us;"
-                      f" pull_rows less the bare C calls {row['wrapper_us']:+5.1f} us"
+                      f" pull_rows less the bare C calls {row['wrapper_us']:+5.1f} us;"
+                      f" outside the wait {row['outside_wait_us']:.1f} us"
                       f"  (p50 per round: Rust {row['rust_p50_rounds']}, Python "
                       f"{row['python_p50_rounds']})", flush=True)
             if args.json:
