@@ -66,6 +66,32 @@ typedef uint32_t sw_optimizer_kind;
 #endif // __cplusplus
 
 /*
+ How ids are spread over the PS tasks: the `kind` of `sw_partition`.
+ */
+enum sw_partition_kind
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   Shard `id % shards` (TensorFlow's `"mod"`).
+   */
+  SW_PARTITION_MOD = 0,
+  /*
+   Contiguous ranges of `0..vocab` (TensorFlow's `"div"`): the first `vocab % shards`
+   shards hold one id more; ids at or above `vocab` go to the last shard.
+   */
+  SW_PARTITION_DIV = 1,
+  /*
+   Shard `mix64(id) % shards` (splitmix64's finalizer): even for patterned ids.
+   */
+  SW_PARTITION_HASH = 2,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_partition_kind;
+#endif // __cplusplus
+
+/*
  What a call returned. `SW_OK` is 0; the values are stable.
  */
 enum sw_result
@@ -152,9 +178,23 @@ typedef struct sw_client sw_client;
 typedef struct sw_reply sw_reply;
 
 /*
+ Turns task names into addresses: through a cluster spec (`TF_CONFIG`) and an endpoint
+ map (`.endpoint_map`), as `docs/tuning.md` describes. Shared between threads freely.
+ */
+typedef struct sw_resolver sw_resolver;
+
+/*
  A running starwire runtime: event loops, and the task's rendezvous.
  */
 typedef struct sw_runtime sw_runtime;
+
+/*
+ A table of embedding rows partitioned over PS tasks, seen from a worker: each step's
+ ids deduplicated, spread over the PS tasks, sent as one rows request per PS, and the
+ answers scattered into the caller's buffer (duplicates filled); a push sums the
+ gradients of duplicate ids first (f32 and f64 rows). Used by one thread at a time.
+ */
+typedef struct sw_sharded sw_sharded;
 
 /*
  A table of embedding rows a PS task serves (shared: a runtime serving it keeps its own
@@ -325,7 +365,7 @@ typedef struct sw_runtime_options {
    */
   const uint32_t *table_ids;
   /*
-   The tables, in the order of `table_ids` (from `sw_mem_table_new`). The runtime keeps
+   The tables, in the order of `table_ids` (from `sw_mem_table_new` or `sw_table_new`). The runtime keeps
    its own references: the caller may free its handles once `sw_runtime_new` returns.
    */
   const struct sw_table *const *tables;
@@ -426,6 +466,83 @@ typedef struct sw_rows {
   uint64_t byte_len;
 } sw_rows;
 
+/*
+ A table's rows as C callbacks. They run on a loop thread (or a handler thread), possibly
+ several at once: they must be thread-safe.
+
+ `pull` writes the rows of `ids[0..n]`, in order, into `out` (`byte_len == n *
+ row_bytes` bytes, row `i` at `i * row_bytes`, little-endian elements, no alignment
+ promised); for ids it has no row for, it writes their positions (increasing, below `n`)
+ to `missing`, which has room for `n`, and their count to `*n_missing` (it starts at 0);
+ starwire zeroes those rows. It returns a wire status: 0 `OK`, or why the whole table
+ failed (7 `INVALID_ARGUMENT`, 8 `INTERNAL`, ...).
+
+ `push` applies the gradient rows `grads` (`byte_len == n * row_bytes` bytes, laid out as
+ `pull`'s `out`) to the rows of `ids[0..n]` and returns a wire status.
+
+ The pointers are valid for the call only. A NULL callback answers with `UNIMPLEMENTED`.
+ */
+typedef struct sw_table_callbacks {
+  /*
+   Passed to both callbacks.
+   */
+  void *user_data;
+  /*
+   Writes rows.
+   */
+  uint32_t (*pull)(void *user_data,
+                   const uint64_t *ids,
+                   size_t n,
+                   void *out,
+                   uint64_t byte_len,
+                   uint32_t *missing,
+                   size_t *n_missing);
+  /*
+   Applies gradient rows.
+   */
+  uint32_t (*push)(void *user_data,
+                   const uint64_t *ids,
+                   size_t n,
+                   const void *grads,
+                   uint64_t byte_len);
+} sw_table_callbacks;
+
+/*
+ How ids are spread over the PS tasks.
+ */
+typedef struct sw_partition {
+  /*
+   A `sw_partition_kind`.
+   */
+  uint32_t kind;
+  /*
+   `SW_PARTITION_DIV`: the number of ids of the table. Otherwise unused.
+   */
+  uint64_t vocab;
+} sw_partition;
+
+/*
+ What a sharded step did.
+ */
+typedef struct sw_step_report {
+  /*
+   Distinct ids the step sent.
+   */
+  size_t unique;
+  /*
+   Rows of the batch the PS tasks did not have (a pull; left zero in the buffer).
+   */
+  size_t missing;
+  /*
+   PS tasks whose part failed (see `sw_sharded_part`).
+   */
+  size_t failed;
+  /*
+   The first PS (in the order given) whose part failed; `SIZE_MAX` if none did.
+   */
+  size_t first_failed;
+} sw_step_report;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -435,6 +552,21 @@ extern "C" {
  starwire, valid until the next starwire call on this thread. Empty if none failed.
  */
 const char *sw_last_error(void);
+
+/*
+ For this thread's last failed call, when it failed with `SW_ERR_REMOTE` or
+ `SW_ERR_REFUSED`: the wire status the peer answered with (9 `UNIMPLEMENTED`, ... as in
+ `docs/wire-format.md`). 0 otherwise.
+ */
+uint32_t sw_last_error_status(void);
+
+/*
+ For this thread's last failed call, when it failed with `SW_ERR_REMOTE` or
+ `SW_ERR_REFUSED`: the peer's own message (a NUL-terminated string owned by starwire,
+ valid until the next starwire call on this thread; empty if the peer sent none, or for
+ other failures).
+ */
+const char *sw_last_error_remote(void);
 
 /*
  The starwire version as a NUL-terminated C string with static lifetime.
@@ -458,6 +590,52 @@ sw_result sw_tensor_new(uint8_t dtype,
                         const void *data,
                         uint64_t byte_len,
                         struct sw_tensor **out);
+
+/*
+ Creates a tensor whose contents are the caller's `byte_len` bytes at `data`, not copied:
+ a push or publish of it sends them straight from that memory. Dtype, shape and length as
+ `sw_tensor_new`. The memory must stay valid and unchanged until the tensor's last
+ reference is dropped, which starwire reports by calling `release(user_data)` once (on
+ any thread; `release` may be NULL, then ask `sw_tensor_shared` of the caller's handle).
+ On `SW_OK`, `*out` is a new handle the caller frees with `sw_tensor_free`; on failure
+ `release` has been called before this returns.
+
+ # Safety
+ `dims` points at `rank` values (may be NULL when `rank` is 0); `data` at `byte_len`
+ bytes that stay valid and unchanged as said above (may be NULL when `byte_len` is 0);
+ `release`, when not NULL, is safe to call with `user_data` from any thread; `out` is
+ writable.
+ */
+sw_result sw_tensor_wrap(uint8_t dtype,
+                         const uint64_t *dims,
+                         uint32_t rank,
+                         const void *data,
+                         uint64_t byte_len,
+                         void (*release)(void *user_data),
+                         void *user_data,
+                         struct sw_tensor **out);
+
+/*
+ Whether starwire still holds a reference to the tensor besides the handle `t` (a push
+ not yet written, a publish not yet received). With `sw_tensor_wrap`'s memory, the caller
+ may reuse it once this is false and `t` is freed. False if `t` is NULL.
+
+ # Safety
+ `t` is NULL or a live tensor handle.
+ */
+bool sw_tensor_shared(const struct sw_tensor *t);
+
+/*
+ The tensor's contents, writable: only when `t` is the tensor's one reference (a received
+ tensor taken with `sw_reply_take_tensor`, for instance) and the memory is starwire's or
+ the allocator's, not the caller's (`sw_tensor_wrap`). NULL otherwise, or if `t` is NULL.
+
+ # Safety
+ `t` is NULL or a live tensor handle used by no other thread during the call; the pointer
+ is valid while the handle lives, and only while no other reference is made
+ (`sw_tensor_clone`, a push, a publish).
+ */
+void *sw_tensor_data_mut(struct sw_tensor *t);
 
 /*
  A new handle to the same tensor (no copy). Returns NULL if `t` is NULL.
@@ -633,6 +811,17 @@ uint32_t sw_reply_status(const struct sw_reply *r, size_t i);
  `r` is NULL or a live reply.
  */
 const struct sw_tensor *sw_reply_tensor(const struct sw_reply *r, size_t i);
+
+/*
+ Takes item `i`'s tensor out of the reply: a new handle the caller frees with
+ `sw_tensor_free` (and the tensor's one reference, so `sw_tensor_data_mut` works on it),
+ or NULL if the item has none or it was taken before. `sw_reply_tensor` then gives NULL
+ for the item.
+
+ # Safety
+ `r` is NULL or a live reply used by no other thread during the call.
+ */
+struct sw_tensor *sw_reply_take_tensor(struct sw_reply *r, size_t i);
 
 /*
  A ping's round-trip time in microseconds (0 for other replies).
@@ -856,7 +1045,8 @@ sw_result sw_client_push_rows(struct sw_client *c,
  Waits for request `tag` of this client (spins briefly, then parks). Returns the
  request's outcome; on `SW_OK`, `*reply` is its answer, which the caller frees with
  `sw_reply_free`. Completions of other requests that arrive meanwhile are kept for their
- own wait. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
+ own wait; a request `sw_client_poll` or `sw_client_wait_any` reported is answered at
+ once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
  pull, once this returns (whatever it returns) starwire no longer touches the request's
  buffers: a pull given up by its deadline while a receive into a buffer is in flight is
  waited for until that receive ends.
@@ -865,6 +1055,184 @@ sw_result sw_client_push_rows(struct sw_client *c,
  `c` is a live client used by this thread only; `reply` is writable.
  */
 sw_result sw_client_wait(struct sw_client *c, uint64_t tag, struct sw_reply **reply);
+
+/*
+ Whether a request of this client has completed, without waiting: on `SW_OK`, `*ready`
+ says whether one has and, if so, `*tag` names it. Each completed request is reported
+ once (by this or `sw_client_wait_any`); its answer is then taken with `sw_client_wait`,
+ which returns at once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+
+ # Safety
+ `c` is a live client used by this thread only; `tag` and `ready` are writable.
+ */
+sw_result sw_client_poll(struct sw_client *c, uint64_t *tag, bool *ready);
+
+/*
+ Waits for the next request of this client to complete (spins briefly, then parks), and
+ writes its tag to `*tag`; reported once, as by `sw_client_poll`, and its answer then
+ taken with `sw_client_wait`. `SW_ERR_INVALID_ARGUMENT` when no request is outstanding
+ (all completed ones already reported), and for clients made with a callback.
+
+ # Safety
+ `c` is a live client used by this thread only; `tag` is writable.
+ */
+sw_result sw_client_wait_any(struct sw_client *c, uint64_t *tag);
+
+/*
+ Creates a table whose rows the caller keeps: rows of `dtype` shaped
+ `row_dims[0..rank]`, pulled and pushed through `callbacks` (copied; `user_data` must stay
+ valid while any runtime serves the table). Serve it by giving it to
+ `sw_runtime_options.tables`. On `SW_OK`, `*out` is a new handle the caller frees with
+ `sw_table_free`.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for an unknown dtype, rows of no bytes or more than
+ 7 row dimensions.
+
+ # Safety
+ `row_dims` points at `rank` values (may be NULL when `rank` is 0); `callbacks` at valid
+ callbacks as `sw_table_callbacks` says; `out` is writable.
+ */
+sw_result sw_table_new(uint8_t dtype,
+                       const uint64_t *row_dims,
+                       uint32_t rank,
+                       const struct sw_table_callbacks *callbacks,
+                       struct sw_table **out);
+
+/*
+ Creates a resolver. `tf_config`: the `TF_CONFIG` JSON text, or NULL to read the
+ `TF_CONFIG` environment variable (unset or empty: a resolver of `host:port` texts only).
+ `endpoint_map`: the text of the endpoint map (`control_host:port=data_host:port` lines),
+ or NULL to load `.endpoint_map` from the folder in `TF_SEASTAR_ENDPOINT_MAP_PATH`, else
+ the current folder (read only when there is a cluster spec). On `SW_OK`, `*out` is a new
+ handle the caller frees with `sw_resolver_free`.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` naming every problem of the spec or the map.
+
+ # Safety
+ `tf_config` and `endpoint_map` are NULL or NUL-terminated strings; `out` is writable.
+ */
+sw_result sw_resolver_new(const char *tf_config,
+                          const char *endpoint_map,
+                          struct sw_resolver **out);
+
+/*
+ Releases a resolver. NULL is ignored.
+
+ # Safety
+ `r` is NULL or a handle from `sw_resolver_new` not freed before.
+ */
+void sw_resolver_free(struct sw_resolver *r);
+
+/*
+ The address of `target` (`ps:0`, `/job:ps/task:0`, `/job:ps/replica:0/task:0`, or a
+ `host:port`, a host name looked up now), written to `out` as a NUL-terminated
+ `host:port` the request functions take. `out` has room for `capacity` bytes (64
+ always suffice). Fails with `SW_ERR_INVALID_ARGUMENT` saying why the target does not
+ resolve, or when `capacity` is too small.
+
+ # Safety
+ `r` is a live resolver; `target` a NUL-terminated string; `out` has room for `capacity`
+ bytes.
+ */
+sw_result sw_resolver_resolve(const struct sw_resolver *r,
+                              const char *target,
+                              char *out,
+                              size_t capacity);
+
+/*
+ The number of tasks of `job` in the cluster spec, each of which resolves (`job:0` to
+ `job:<count - 1>`). Fails with `SW_ERR_INVALID_ARGUMENT` when there is no cluster spec,
+ no such job, or a task of it does not resolve.
+
+ # Safety
+ `r` is a live resolver; `job` a NUL-terminated string; `count` is writable.
+ */
+sw_result sw_resolver_tasks(const struct sw_resolver *r, const char *job, size_t *count);
+
+/*
+ Creates a sharded table: table `table` of rows of `dtype` shaped `row_dims[0..rank]`,
+ PS task `i` at `peers[i]` (`host:port`; resolve task names with `sw_resolver_resolve`)
+ holding the ids `partition` gives it. On `SW_OK`, `*out` is a new handle the caller frees
+ with `sw_sharded_free`.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
+ unknown partition kind or dtype, rows of no bytes, or more than 7 row dimensions.
+
+ # Safety
+ `peers` points at `n_peers` NUL-terminated strings; `row_dims` at `rank` values (may be
+ NULL when `rank` is 0); `out` is writable.
+ */
+sw_result sw_sharded_new(const char *const *peers,
+                         size_t n_peers,
+                         struct sw_partition partition,
+                         uint32_t table,
+                         uint8_t dtype,
+                         const uint64_t *row_dims,
+                         uint32_t rank,
+                         struct sw_sharded **out);
+
+/*
+ Releases a sharded table. NULL is ignored.
+
+ # Safety
+ `s` is NULL or a handle from `sw_sharded_new` not freed before.
+ */
+void sw_sharded_free(struct sw_sharded *s);
+
+/*
+ Pulls the rows of `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
+ row_bytes` bytes, row `i` for `ids[i]`: one rows request per PS that has ids, all in
+ flight at once, waited for through `c` (a client made by `sw_client_new`). Rows a PS
+ does not have are left zero and counted in `report->missing`.
+
+ A PS that fails fails its part alone: the rows of the others are written. The result is
+ `SW_OK` when every part succeeded, else the first failed part's result (with its
+ message); in both cases `*report` is written, and `sw_sharded_part` tells each PS's
+ outcome. Arguments that are not valid fail the call before anything is sent
+ (`SW_ERR_INVALID_ARGUMENT`, `SW_ERR_NULL`), `*report` untouched.
+
+ # Safety
+ `s`, `c` are live handles used by this thread only; `ids` points at `n` values (may be
+ NULL when `n` is 0); `out` at `byte_len` writable bytes not used by anyone else during
+ the call; `report` is writable.
+ */
+sw_result sw_sharded_pull(struct sw_sharded *s,
+                          struct sw_client *c,
+                          const uint64_t *ids,
+                          size_t n,
+                          void *out,
+                          uint64_t byte_len,
+                          uint64_t timeout_ms,
+                          struct sw_step_report *report);
+
+/*
+ Pushes the gradient rows `grads` (`byte_len == n * row_bytes` bytes, row `i` for
+ `ids[i]`): the gradients of duplicate ids are summed (f32 and f64 rows), then each PS
+ gets its distinct ids and their summed rows in one request, all in flight at once. The
+ result and `*report` as for `sw_sharded_pull`.
+
+ # Safety
+ As `sw_sharded_pull`, with `grads` pointing at `byte_len` readable bytes.
+ */
+sw_result sw_sharded_push(struct sw_sharded *s,
+                          struct sw_client *c,
+                          const uint64_t *ids,
+                          size_t n,
+                          const void *grads,
+                          uint64_t byte_len,
+                          uint64_t timeout_ms,
+                          struct sw_step_report *report);
+
+/*
+ The last step's outcome at PS `i` (in the order given to `sw_sharded_new`): `SW_OK`, or
+ why its part failed (with its message for `sw_last_error`, naming the PS; a PS that
+ answered with an error status: `SW_ERR_REMOTE`, and `sw_last_error_status`).
+ `SW_ERR_INVALID_ARGUMENT` when `i` is not below the number of PS tasks, or no step ran.
+
+ # Safety
+ `s` is a live handle.
+ */
+sw_result sw_sharded_part(const struct sw_sharded *s, size_t i);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -12,6 +12,14 @@
 //! - on failure, `sw_last_error()` describes it (per thread, until the next call).
 #![allow(non_camel_case_types)]
 
+mod callback_table;
+mod resolver;
+mod sharded;
+
+pub use callback_table::*;
+pub use resolver::*;
+pub use sharded::*;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -69,15 +77,28 @@ pub enum sw_result {
 
 use sw_result::*;
 
-/// A failure: its code and message.
-struct Failure(sw_result, String);
+/// A failure: its code and message, and for an error the peer reported (`SW_ERR_REMOTE`,
+/// `SW_ERR_REFUSED`), its wire status and the peer's own message.
+#[derive(Clone)]
+struct Failure {
+    code: sw_result,
+    msg: String,
+    remote: Option<(u32, String)>,
+}
 
 impl Failure {
+    fn new(code: sw_result, msg: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            msg: msg.into(),
+            remote: None,
+        }
+    }
     fn null(what: &str) -> Failure {
-        Failure(SW_ERR_NULL, format!("{what} is NULL"))
+        Failure::new(SW_ERR_NULL, format!("{what} is NULL"))
     }
     fn invalid(msg: impl Into<String>) -> Failure {
-        Failure(SW_ERR_INVALID_ARGUMENT, msg.into())
+        Failure::new(SW_ERR_INVALID_ARGUMENT, msg.into())
     }
 }
 
@@ -94,26 +115,62 @@ impl From<Error> for Failure {
             ErrorKind::Shutdown => SW_ERR_SHUTDOWN,
             _ => SW_ERR_INVALID_ARGUMENT,
         };
-        Failure(code, e.to_string())
+        let remote = match e.kind() {
+            ErrorKind::Refused(s) | ErrorKind::Remote(s) => Some((
+                u32::from(u16::from(s)),
+                e.remote_message().unwrap_or_default().to_owned(),
+            )),
+            _ => None,
+        };
+        Failure {
+            code,
+            msg: e.to_string(),
+            remote,
+        }
     }
 }
 
+/// What `sw_last_error`, `sw_last_error_status` and `sw_last_error_remote` give.
+#[derive(Default)]
+struct LastError {
+    message: CString,
+    status: u32,
+    remote: CString,
+}
+
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_ERROR: RefCell<LastError> = RefCell::new(LastError::default());
+}
+
+fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', " ")).unwrap_or_default()
 }
 
 fn set_last_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    record(&Failure::new(SW_ERR_INVALID_ARGUMENT, msg));
+}
+
+/// Makes `f` this thread's last error.
+fn record(f: &Failure) {
+    let (status, remote) = match &f.remote {
+        Some((status, remote)) => (*status, c_string(remote)),
+        None => (0, CString::default()),
+    };
+    let last = LastError {
+        message: c_string(&f.msg),
+        status,
+        remote,
+    };
+    LAST_ERROR.with(|e| *e.borrow_mut() = last);
 }
 
 /// Runs `f` inside the panic boundary, recording the error message of a failure.
 fn boundary(f: impl FnOnce() -> Result<(), Failure>) -> sw_result {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => SW_OK,
-        Ok(Err(Failure(code, msg))) => {
-            set_last_error(&msg);
-            code
+        Ok(Err(failure)) => {
+            record(&failure);
+            failure.code
         }
         Err(_) => {
             set_last_error("starwire panicked inside this call");
@@ -131,7 +188,28 @@ fn boundary_value<T>(default: T, f: impl FnOnce() -> T) -> T {
 /// starwire, valid until the next starwire call on this thread. Empty if none failed.
 #[no_mangle]
 pub extern "C" fn sw_last_error() -> *const c_char {
-    boundary_value(c"".as_ptr(), || LAST_ERROR.with(|e| e.borrow().as_ptr()))
+    boundary_value(c"".as_ptr(), || {
+        LAST_ERROR.with(|e| e.borrow().message.as_ptr())
+    })
+}
+
+/// For this thread's last failed call, when it failed with `SW_ERR_REMOTE` or
+/// `SW_ERR_REFUSED`: the wire status the peer answered with (9 `UNIMPLEMENTED`, ... as in
+/// `docs/wire-format.md`). 0 otherwise.
+#[no_mangle]
+pub extern "C" fn sw_last_error_status() -> u32 {
+    boundary_value(0, || LAST_ERROR.with(|e| e.borrow().status))
+}
+
+/// For this thread's last failed call, when it failed with `SW_ERR_REMOTE` or
+/// `SW_ERR_REFUSED`: the peer's own message (a NUL-terminated string owned by starwire,
+/// valid until the next starwire call on this thread; empty if the peer sent none, or for
+/// other failures).
+#[no_mangle]
+pub extern "C" fn sw_last_error_remote() -> *const c_char {
+    boundary_value(c"".as_ptr(), || {
+        LAST_ERROR.with(|e| e.borrow().remote.as_ptr())
+    })
 }
 
 /// The starwire version as a NUL-terminated C string with static lifetime.
@@ -218,10 +296,21 @@ fn deadline(timeout_ms: u64) -> Option<Instant> {
 /// A tensor: dtype, shape and contents (shared; freeing a handle drops one reference).
 pub struct sw_tensor {
     tensor: Arc<Tensor>,
+    /// Its contents are the caller's memory (`sw_tensor_wrap`), never written by starwire.
+    borrowed: bool,
+}
+
+impl sw_tensor {
+    fn owned(tensor: Arc<Tensor>) -> sw_tensor {
+        sw_tensor {
+            tensor,
+            borrowed: false,
+        }
+    }
 }
 
 fn new_handle(tensor: Arc<Tensor>) -> *mut sw_tensor {
-    Box::into_raw(Box::new(sw_tensor { tensor }))
+    Box::into_raw(Box::new(sw_tensor::owned(tensor)))
 }
 
 /// Creates a tensor holding a copy of `byte_len` bytes at `data`, of element type `dtype`
@@ -259,6 +348,148 @@ pub unsafe extern "C" fn sw_tensor_new(
     })
 }
 
+/// The caller's memory lent to a tensor of `sw_tensor_wrap`; `release` is called when the
+/// last reference is dropped.
+struct Borrowed {
+    ptr: *const u8,
+    len: usize,
+    release: Option<unsafe extern "C" fn(user_data: *mut c_void)>,
+    user_data: *mut c_void,
+}
+
+// SAFETY: `sw_tensor_wrap`'s contract keeps the memory valid and unchanged while the tensor
+// lives, and makes `release` and `user_data` usable from any thread.
+unsafe impl Send for Borrowed {}
+// SAFETY: as above; starwire only reads the memory.
+unsafe impl Sync for Borrowed {}
+
+// SAFETY: `ptr`/`len` never change while the value lives, and `sw_tensor_wrap`'s contract
+// keeps the memory valid and unmoved until `release` (in `drop`).
+unsafe impl TensorMemory for Borrowed {
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `len` bytes at `ptr`, valid until `release`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // Never reached: a wrapped tensor is only sent and read (`sw_tensor_data_mut`
+        // refuses it); written through, it would write the caller's memory.
+        &mut []
+    }
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        if let Some(release) = self.release {
+            // SAFETY: the caller's callback, called once, with its user data.
+            unsafe { release(self.user_data) };
+        }
+    }
+}
+
+/// Creates a tensor whose contents are the caller's `byte_len` bytes at `data`, not copied:
+/// a push or publish of it sends them straight from that memory. Dtype, shape and length as
+/// `sw_tensor_new`. The memory must stay valid and unchanged until the tensor's last
+/// reference is dropped, which starwire reports by calling `release(user_data)` once (on
+/// any thread; `release` may be NULL, then ask `sw_tensor_shared` of the caller's handle).
+/// On `SW_OK`, `*out` is a new handle the caller frees with `sw_tensor_free`; on failure
+/// `release` has been called before this returns.
+///
+/// # Safety
+/// `dims` points at `rank` values (may be NULL when `rank` is 0); `data` at `byte_len`
+/// bytes that stay valid and unchanged as said above (may be NULL when `byte_len` is 0);
+/// `release`, when not NULL, is safe to call with `user_data` from any thread; `out` is
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_wrap(
+    dtype: u8,
+    dims: *const u64,
+    rank: u32,
+    data: *const c_void,
+    byte_len: u64,
+    release: Option<unsafe extern "C" fn(user_data: *mut c_void)>,
+    user_data: *mut c_void,
+    out: *mut *mut sw_tensor,
+) -> sw_result {
+    boundary(|| {
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        // SAFETY: per this function's contract.
+        let dims = unsafe { slice(dims, rank as usize, "dims") }?;
+        let len = usize::try_from(byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
+        if len > 0 && data.is_null() {
+            return Err(Failure::null("data"));
+        }
+        let dtype = DType::from(dtype);
+        let want = starwire::table::row_bytes(dtype, dims);
+        let memory = Borrowed {
+            ptr: data.cast(),
+            len,
+            release,
+            user_data,
+        };
+        if want == usize::MAX || want != len {
+            // Dropping `memory` calls `release`: the memory is not used.
+            drop(memory);
+            return Err(Failure::invalid(format!(
+                "tensor: {byte_len} bytes are not dtype {} in shape {dims:?}",
+                u8::from(dtype)
+            )));
+        }
+        let t = Tensor::from_memory(dtype, dims, Box::new(memory))
+            .map_err(|e| Failure::invalid(format!("tensor: {e}")))?;
+        let handle = Box::new(sw_tensor {
+            tensor: Arc::new(t),
+            borrowed: true,
+        });
+        // SAFETY: checked non-null above.
+        unsafe { write(out, Box::into_raw(handle)) };
+        Ok(())
+    })
+}
+
+/// Whether starwire still holds a reference to the tensor besides the handle `t` (a push
+/// not yet written, a publish not yet received). With `sw_tensor_wrap`'s memory, the caller
+/// may reuse it once this is false and `t` is freed. False if `t` is NULL.
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_shared(t: *const sw_tensor) -> bool {
+    // SAFETY: per this function's contract.
+    boundary_value(false, || {
+        unsafe { t.as_ref() }.is_some_and(|t| Arc::strong_count(&t.tensor) > 1)
+    })
+}
+
+/// The tensor's contents, writable: only when `t` is the tensor's one reference (a received
+/// tensor taken with `sw_reply_take_tensor`, for instance) and the memory is starwire's or
+/// the allocator's, not the caller's (`sw_tensor_wrap`). NULL otherwise, or if `t` is NULL.
+///
+/// # Safety
+/// `t` is NULL or a live tensor handle used by no other thread during the call; the pointer
+/// is valid while the handle lives, and only while no other reference is made
+/// (`sw_tensor_clone`, a push, a publish).
+#[no_mangle]
+pub unsafe extern "C" fn sw_tensor_data_mut(t: *mut sw_tensor) -> *mut c_void {
+    boundary_value(std::ptr::null_mut(), || {
+        // SAFETY: per this function's contract.
+        let Some(t) = (unsafe { t.as_mut() }) else {
+            return std::ptr::null_mut();
+        };
+        if t.borrowed {
+            return std::ptr::null_mut();
+        }
+        match Arc::get_mut(&mut t.tensor) {
+            Some(t) if t.byte_len() > 0 => t.bytes_mut().as_mut_ptr().cast(),
+            _ => std::ptr::null_mut(),
+        }
+    })
+}
+
 /// A new handle to the same tensor (no copy). Returns NULL if `t` is NULL.
 ///
 /// # Safety
@@ -268,7 +499,10 @@ pub unsafe extern "C" fn sw_tensor_clone(t: *const sw_tensor) -> *mut sw_tensor 
     boundary_value(std::ptr::null_mut(), || {
         // SAFETY: per this function's contract.
         match unsafe { t.as_ref() } {
-            Some(t) => new_handle(t.tensor.clone()),
+            Some(t) => Box::into_raw(Box::new(sw_tensor {
+                tensor: t.tensor.clone(),
+                borrowed: t.borrowed,
+            })),
             None => std::ptr::null_mut(),
         }
     })
@@ -568,9 +802,7 @@ impl Service for CService {
         let ids: Vec<u64> = items.iter().map(|(id, _)| *id).collect();
         let handles: Vec<sw_tensor> = items
             .drain(..)
-            .map(|(_, t)| sw_tensor {
-                tensor: Arc::new(t),
-            })
+            .map(|(_, t)| sw_tensor::owned(Arc::new(t)))
             .collect();
         let ptrs: Vec<*const sw_tensor> = handles.iter().map(|h| h as *const _).collect();
         let mut out = vec![0u32; ids.len()];
@@ -807,7 +1039,7 @@ pub struct sw_runtime_options {
     /// served as table `table_ids[i]`, ids distinct; may be NULL when `n_tables` is 0. A
     /// table not given is answered `NOT_FOUND`.
     pub table_ids: *const u32,
-    /// The tables, in the order of `table_ids` (from `sw_mem_table_new`). The runtime keeps
+    /// The tables, in the order of `table_ids` (from `sw_mem_table_new` or `sw_table_new`). The runtime keeps
     /// its own references: the caller may free its handles once `sw_runtime_new` returns.
     pub tables: *const *const sw_table,
     /// Number of tables.
@@ -865,7 +1097,7 @@ pub unsafe extern "C" fn sw_runtime_new(
         };
         let config = ConfigBuilder::from_lookup(job, o.task_index, lookup)
             .and_then(|b| b.build())
-            .map_err(|e| Failure(SW_ERR_CONFIG, e.to_string()))?;
+            .map_err(|e| Failure::new(SW_ERR_CONFIG, e.to_string()))?;
         let listen = if o.listen.is_null() {
             None
         } else {
@@ -897,7 +1129,7 @@ pub unsafe extern "C" fn sw_runtime_new(
             ..Options::default()
         };
         let runtime = Runtime::start_with(config, options)
-            .map_err(|e| Failure(SW_ERR_IO, format!("starting the runtime: {e}")))?;
+            .map_err(|e| Failure::new(SW_ERR_IO, format!("starting the runtime: {e}")))?;
         let rt = Box::new(sw_runtime {
             runtime,
             rendezvous,
@@ -945,7 +1177,7 @@ pub unsafe extern "C" fn sw_runtime_publish(
         }
         rt.rendezvous
             .publish(key, t.tensor.clone())
-            .map_err(|e| Failure(SW_ERR_ALREADY_PUBLISHED, e.to_string()))
+            .map_err(|e| Failure::new(SW_ERR_ALREADY_PUBLISHED, e.to_string()))
     })
 }
 
@@ -1081,9 +1313,7 @@ fn reply_of(reply: Reply, targets: Option<&RowsTargets>) -> sw_reply {
             for item in items {
                 match item {
                     Ok(t) => {
-                        r.tensors.push(Some(sw_tensor {
-                            tensor: Arc::new(t),
-                        }));
+                        r.tensors.push(Some(sw_tensor::owned(Arc::new(t))));
                         r.statuses.push(0);
                     }
                     Err(s) => {
@@ -1113,9 +1343,9 @@ fn outcome(c: Completion, targets: Option<&RowsTargets>) -> (sw_result, Option<B
     match c.result {
         Ok(reply) => (SW_OK, Some(Box::new(reply_of(reply, targets)))),
         Err(e) => {
-            let Failure(code, msg) = Failure::from(e);
-            set_last_error(&msg);
-            (code, None)
+            let failure = Failure::from(e);
+            record(&failure);
+            (failure.code, None)
         }
     }
 }
@@ -1161,6 +1391,24 @@ pub unsafe extern "C" fn sw_reply_tensor(r: *const sw_reply, i: usize) -> *const
             .and_then(|r| r.tensors.get(i))
             .and_then(|t| t.as_ref())
             .map_or(std::ptr::null(), |t| t as *const sw_tensor)
+    })
+}
+
+/// Takes item `i`'s tensor out of the reply: a new handle the caller frees with
+/// `sw_tensor_free` (and the tensor's one reference, so `sw_tensor_data_mut` works on it),
+/// or NULL if the item has none or it was taken before. `sw_reply_tensor` then gives NULL
+/// for the item.
+///
+/// # Safety
+/// `r` is NULL or a live reply used by no other thread during the call.
+#[no_mangle]
+pub unsafe extern "C" fn sw_reply_take_tensor(r: *mut sw_reply, i: usize) -> *mut sw_tensor {
+    boundary_value(std::ptr::null_mut(), || {
+        // SAFETY: per this function's contract.
+        unsafe { r.as_mut() }
+            .and_then(|r| r.tensors.get_mut(i))
+            .and_then(Option::take)
+            .map_or(std::ptr::null_mut(), |t| Box::into_raw(Box::new(t)))
     })
 }
 
@@ -1247,6 +1495,9 @@ pub struct sw_client {
     callback: bool,
     /// Rows pulls not yet waited for, by tag: the caller's buffers their blocks go to.
     rows: HashMap<u64, Arc<RowsTargets>>,
+    /// Completions reported by `sw_client_poll` or `sw_client_wait_any`, kept for
+    /// `sw_client_wait`.
+    ready: HashMap<u64, Completion>,
 }
 
 impl sw_client {
@@ -1255,6 +1506,7 @@ impl sw_client {
             handle,
             callback,
             rows: HashMap::new(),
+            ready: HashMap::new(),
         }
     }
 }
@@ -1960,7 +2212,8 @@ pub unsafe extern "C" fn sw_client_push_rows(
 /// Waits for request `tag` of this client (spins briefly, then parks). Returns the
 /// request's outcome; on `SW_OK`, `*reply` is its answer, which the caller frees with
 /// `sw_reply_free`. Completions of other requests that arrive meanwhile are kept for their
-/// own wait. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
+/// own wait; a request `sw_client_poll` or `sw_client_wait_any` reported is answered at
+/// once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
 /// pull, once this returns (whatever it returns) starwire no longer touches the request's
 /// buffers: a pull given up by its deadline while a receive into a buffer is in flight is
 /// waited for until that receive ends.
@@ -1980,12 +2233,15 @@ pub unsafe extern "C" fn sw_client_wait(
         if reply.is_null() {
             return Err(Failure::null("reply"));
         }
-        let completion = client.handle.wait_tag(tag).map_err(|_| {
-            Failure::invalid(format!(
-                "request {tag} is not outstanding (never submitted, already waited for, \
-                 or submitted through a client with a callback)"
-            ))
-        })?;
+        let completion = match client.ready.remove(&tag) {
+            Some(c) => c,
+            None => client.handle.wait_tag(tag).map_err(|_| {
+                Failure::invalid(format!(
+                    "request {tag} is not outstanding (never submitted, already waited for, \
+                     or submitted through a client with a callback)"
+                ))
+            })?,
+        };
         let targets = client.rows.remove(&tag);
         let (result, answer) = outcome(completion, targets.as_deref());
         if let Some(targets) = targets {
@@ -2003,6 +2259,72 @@ pub unsafe extern "C" fn sw_client_wait(
         return r;
     }
     code
+}
+
+/// Whether a request of this client has completed, without waiting: on `SW_OK`, `*ready`
+/// says whether one has and, if so, `*tag` names it. Each completed request is reported
+/// once (by this or `sw_client_wait_any`); its answer is then taken with `sw_client_wait`,
+/// which returns at once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `c` is a live client used by this thread only; `tag` and `ready` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_poll(
+    c: *mut sw_client,
+    tag: *mut u64,
+    ready: *mut bool,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { reference_mut(c, "client") }?;
+        if tag.is_null() || ready.is_null() {
+            return Err(Failure::null(if tag.is_null() { "tag" } else { "ready" }));
+        }
+        if client.callback {
+            return Err(Failure::invalid(
+                "a client with a callback has nothing to poll: its completions go to the callback",
+            ));
+        }
+        let completion = client.handle.poll();
+        // SAFETY: checked non-null above.
+        unsafe { write(ready, completion.is_some()) };
+        if let Some(c) = completion {
+            // SAFETY: checked non-null above.
+            unsafe { write(tag, c.tag) };
+            client.ready.insert(c.tag, c);
+        }
+        Ok(())
+    })
+}
+
+/// Waits for the next request of this client to complete (spins briefly, then parks), and
+/// writes its tag to `*tag`; reported once, as by `sw_client_poll`, and its answer then
+/// taken with `sw_client_wait`. `SW_ERR_INVALID_ARGUMENT` when no request is outstanding
+/// (all completed ones already reported), and for clients made with a callback.
+///
+/// # Safety
+/// `c` is a live client used by this thread only; `tag` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_wait_any(c: *mut sw_client, tag: *mut u64) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { reference_mut(c, "client") }?;
+        if tag.is_null() {
+            return Err(Failure::null("tag"));
+        }
+        if client.callback {
+            return Err(Failure::invalid(
+                "a client with a callback has nothing to wait for: its completions go to the callback",
+            ));
+        }
+        let c = client.handle.wait_any().map_err(|_| {
+            Failure::invalid("no request outstanding (every completed one already reported)")
+        })?;
+        // SAFETY: checked non-null above.
+        unsafe { write(tag, c.tag) };
+        client.ready.insert(c.tag, c);
+        Ok(())
+    })
 }
 
 #[cfg(test)]

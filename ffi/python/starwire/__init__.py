@@ -1,0 +1,54 @@
+"""starwire from Python: the tensor transport of parameter-server training, over its C ABI.
+
+A `Runtime` runs the event loops (use it as a context manager); a PS passes ``listen`` and
+what it serves (a `MemTable`, a `RowsTable` kept in Python, a per-tensor `Service`). A
+`Client` per thread sends requests: ping, pull/push of tensors, recv/recv_many of published
+tensors, rows (`Client.pull_rows`, `Client.push_rows`) and the sharded rows client
+(`Client.sharded`). Each request has a blocking form and a submitted one (``submit_*``,
+returning a `Pending`); waiting releases the GIL.
+
+Arrays cross without copies: a received tensor or row block is a numpy array over the
+memory its payload was received into, and an array pushed or published is sent from its
+own memory. Failures raise `StarwireError` subclasses (see `starwire.errors`).
+
+    import numpy as np, starwire
+
+    with starwire.Runtime("ps", listen="127.0.0.1:0",
+                          tables={0: starwire.MemTable(16, init="uniform", scale=0.1)}) as ps, \\
+            starwire.Runtime("worker") as worker:
+        client = worker.client()
+        rows, missing = client.pull_rows(ps.address, 0, np.arange(4, dtype=np.uint64), 16)
+"""
+
+from . import _lib
+from .client import DEFAULT_TIMEOUT, Client, Pending, Sharded, StepReport
+from .errors import (ABORTED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, INVALID_ARGUMENT,
+                     NOT_FOUND, OK, PROTOCOL, RESOURCE_EXHAUSTED, SHUTDOWN, UNAVAILABLE,
+                     UNIMPLEMENTED, AlreadyPublished, Backpressure, Closed, ConfigError,
+                     ConnectFailed, ConnectionLost, InternalError, InvalidArgument, IoError,
+                     ProtocolError, Refused, RemoteError, Shutdown, StarwireError, Timeout,
+                     status_name)
+from .runtime import Allocator, MemTable, RowsTable, Runtime, Service
+
+Stats = _lib.Stats
+
+
+def version() -> str:
+    """The native library's version."""
+    return (_lib.version() or b"").decode()
+
+
+def library_path() -> str:
+    """Where the native library was loaded from."""
+    return _lib.library_path()
+
+
+__all__ = [
+    "ABORTED", "CANCELLED", "DEADLINE_EXCEEDED", "DEFAULT_TIMEOUT", "INTERNAL",
+    "INVALID_ARGUMENT", "NOT_FOUND", "OK", "PROTOCOL", "RESOURCE_EXHAUSTED", "SHUTDOWN",
+    "UNAVAILABLE", "UNIMPLEMENTED", "AlreadyPublished", "Allocator", "Backpressure", "Client",
+    "Closed", "ConfigError", "ConnectFailed", "ConnectionLost", "InternalError",
+    "InvalidArgument", "IoError", "MemTable", "Pending", "ProtocolError", "Refused",
+    "RemoteError", "RowsTable", "Runtime", "Service", "Sharded", "Shutdown", "StarwireError",
+    "Stats", "StepReport", "Timeout", "library_path", "status_name", "version",
+]

@@ -1,0 +1,179 @@
+"""numpy arrays in and out of starwire, without copies.
+
+Out: a received tensor's memory (where its payload was received) becomes a numpy array
+that owns the tensor; freeing the array frees the tensor. In: an array to send becomes a
+tensor over the array's own memory (``sw_tensor_wrap``); the array is kept alive until
+starwire holds no reference to that tensor (`Lender`).
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import threading
+from typing import Any, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _lib
+from .errors import InvalidArgument, check
+
+
+_from_buffer = C.c_char.from_buffer
+_addressof = C.addressof
+
+
+def address(array: npt.NDArray[Any]) -> int:
+    """The address of a C-contiguous array's data. Through the buffer protocol (a third of
+    ``array.ctypes.data``'s cost); read-only and empty arrays take the slow way."""
+    try:
+        return _addressof(_from_buffer(array))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return int(array.ctypes.data)
+
+
+def code_of(dtype: np.dtype[Any], what: str) -> int:
+    """The wire dtype code of `dtype`, or `InvalidArgument`."""
+    code = _lib.CODES.get(dtype)
+    if code is None:
+        supported = ", ".join(sorted(str(d) for d in _lib.CODES))
+        raise InvalidArgument(f"{what} has dtype {dtype}, which starwire does not carry "
+                              f"(it carries {supported})")
+    return code
+
+
+def contiguous(array: Any, what: str) -> npt.NDArray[Any]:
+    """`array` itself when it is a C-contiguous numpy array, else `InvalidArgument` (no
+    silent copy: the caller decides)."""
+    if not isinstance(array, np.ndarray):
+        raise InvalidArgument(f"{what} must be a numpy array, not {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise InvalidArgument(f"{what} is not C-contiguous (strides {array.strides}); pass "
+                              f"np.ascontiguousarray({what}) to send a copy")
+    return array
+
+
+def view(address: int, nbytes: int, dtype: np.dtype[Any], shape: tuple[int, ...],
+         owner: Any = None) -> npt.NDArray[Any]:
+    """A numpy array over `nbytes` at `address` (no copy), keeping `owner` alive."""
+    if nbytes == 0:
+        return np.empty(shape, dtype=dtype)
+    buf = (C.c_char * nbytes).from_address(address)
+    if owner is not None:
+        buf._starwire_owner = owner  # type: ignore[attr-defined]
+    return np.frombuffer(memoryview(buf), dtype=dtype).reshape(shape)
+
+
+class _Tensor:
+    """Owns one tensor handle: the base object of the array over its memory."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __del__(self) -> None:
+        _lib.tensor_free(self.handle)
+
+
+class HookArrays:
+    """Arrays an allocator hook handed starwire for received tensors, by address, until
+    starwire releases them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.live: dict[int, npt.NDArray[Any]] = {}
+
+    def add(self, array: npt.NDArray[Any]) -> int:
+        address = int(array.ctypes.data)
+        with self.lock:
+            self.live[address] = array
+        return address
+
+    def release(self, address: int) -> None:
+        with self.lock:
+            self.live.pop(address, None)
+
+    def get(self, address: int) -> Optional[npt.NDArray[Any]]:
+        with self.lock:
+            return self.live.get(address)
+
+
+def received(handle: int, hooks: Optional[HookArrays]) -> npt.NDArray[Any]:
+    """The numpy array of a received tensor `handle` (taken from a reply; this takes
+    ownership): the allocator hook's array when the hook allocated it, else an array over
+    the memory starwire received the payload into (writable: the handle is its only
+    reference)."""
+    dtype = _lib.DTYPES.get(_lib.tensor_dtype(handle), np.dtype(np.uint8))
+    rank = _lib.tensor_rank(handle)
+    dims = _lib.tensor_dims(handle)
+    shape = tuple(dims[i] for i in range(rank))
+    nbytes = _lib.tensor_byte_len(handle)
+    address = _lib.tensor_data_mut(handle)
+    if hooks is not None and address:
+        array = hooks.get(address)
+        if array is not None:
+            # The hook's own array; freeing the handle gives it back (release), and the
+            # caller's reference keeps the memory.
+            _lib.tensor_free(handle)
+            return array
+    owner = _Tensor(handle)
+    if not address:
+        # Shared with another reference: read-only.
+        address = _lib.tensor_data(handle) or 0
+        arr = view(address, nbytes, dtype, shape, owner)
+        arr.flags.writeable = False
+        return arr
+    return view(address, nbytes, dtype, shape, owner)
+
+
+class Lender:
+    """Arrays lent to starwire as tensors over their memory (no copy), each kept alive
+    until starwire holds no reference to its tensor."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lent: list[tuple[int, npt.NDArray[Any]]] = []
+
+    def wrap(self, array: Any, what: str) -> int:
+        """A tensor handle over `array`'s memory (the caller frees it with `give_back`)."""
+        a = contiguous(array, what)
+        code = code_of(a.dtype, what)
+        dims = (C.c_uint64 * max(a.ndim, 1))(*a.shape)
+        out = C.c_void_p()
+        check(_lib.tensor_wrap(code, C.addressof(dims), a.ndim, a.ctypes.data, a.nbytes, None,
+                               None, C.byref(out)))
+        return int(out.value or 0)
+
+    def give_back(self, handles: list[tuple[int, npt.NDArray[Any]]]) -> None:
+        """Frees the caller's handles of tensors over these arrays; each array is kept
+        until starwire's own references are gone too."""
+        with self.lock:
+            self.lent.extend(handles)
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Lets go of the arrays starwire no longer holds."""
+        with self.lock:
+            if not self.lent:
+                return
+            keep = []
+            for handle, array in self.lent:
+                if _lib.tensor_shared(handle):
+                    keep.append((handle, array))
+                else:
+                    _lib.tensor_free(handle)
+            self.lent = keep
+
+    def held(self) -> int:
+        """Arrays starwire still holds (a push not yet written, a publish not received)."""
+        self.sweep()
+        with self.lock:
+            return len(self.lent)
+
+    def close(self) -> None:
+        """Frees every handle: only once the runtime is stopped (it holds none then)."""
+        with self.lock:
+            for handle, _ in self.lent:
+                _lib.tensor_free(handle)
+            self.lent = []

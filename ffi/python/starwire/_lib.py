@@ -1,0 +1,195 @@
+"""The native library and its C ABI (ffi/include/starwire.h), declared for ctypes.
+
+The library ships inside the package (``starwire/_native.abi3.so``, built by setuptools-rust
+from the ``starwire-ffi`` crate). ``$STARWIRE_LIB`` names another build of it instead (for
+working on the Rust side without reinstalling).
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def library_path() -> str:
+    """Where the native library is loaded from."""
+    env = os.environ.get("STARWIRE_LIB")
+    if env:
+        return env
+    for name in sorted(os.listdir(_HERE)):
+        if name.startswith("_native") and name.endswith(".so"):
+            return os.path.join(_HERE, name)
+    raise ImportError(
+        f"starwire's native library is not in {_HERE}: install the package with "
+        "`pip install ./ffi/python` (which builds it), or set STARWIRE_LIB to a "
+        "libstarwire_ffi.so built by `cargo build -p starwire-ffi`"
+    )
+
+
+lib = C.CDLL(library_path())
+
+p = C.c_void_p
+u64p = C.POINTER(C.c_uint64)
+u32p = C.POINTER(C.c_uint32)
+sizep = C.POINTER(C.c_size_t)
+
+# Wire dtype codes and their numpy dtypes. bfloat16 (7) has no numpy dtype: received
+# bfloat16 tensors come as uint16 arrays of the same bits.
+DTYPES: dict[int, np.dtype[Any]] = {
+    code: np.dtype(t)
+    for code, t in {
+        1: np.bool_, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.float16,
+        7: np.uint16, 8: np.uint32, 9: np.int32, 10: np.float32, 11: np.uint64, 12: np.int64,
+        13: np.float64, 14: np.complex64, 15: np.complex128,
+    }.items()
+}
+CODES: dict[np.dtype[Any], int] = {dt: code for code, dt in DTYPES.items() if code != 7}
+
+PULL_FN = C.CFUNCTYPE(None, p, u64p, C.c_size_t, C.POINTER(p), u32p)
+PUSH_FN = C.CFUNCTYPE(None, p, u64p, C.POINTER(p), C.c_size_t, u32p)
+ALLOC_FN = C.CFUNCTYPE(p, p, C.c_uint8, u64p, C.c_uint32, C.c_uint64)
+RELEASE_FN = C.CFUNCTYPE(None, p, p, C.c_uint64)
+# Arrays as addresses: the callbacks view them as numpy arrays.
+TABLE_PULL_FN = C.CFUNCTYPE(C.c_uint32, p, p, C.c_size_t, p, C.c_uint64, p, sizep)
+TABLE_PUSH_FN = C.CFUNCTYPE(C.c_uint32, p, p, C.c_size_t, p, C.c_uint64)
+
+
+class Service(C.Structure):
+    _fields_ = [("user_data", p), ("pull", PULL_FN), ("push", PUSH_FN)]
+
+
+class Allocator(C.Structure):
+    _fields_ = [("user_data", p), ("allocate", ALLOC_FN), ("release", RELEASE_FN)]
+
+
+class TableCallbacks(C.Structure):
+    _fields_ = [("user_data", p), ("pull", TABLE_PULL_FN), ("push", TABLE_PUSH_FN)]
+
+
+class Options(C.Structure):
+    _fields_ = [
+        ("job", C.c_char_p), ("task_index", C.c_uint32),
+        ("setting_names", C.POINTER(C.c_char_p)), ("setting_values", C.POINTER(C.c_char_p)),
+        ("settings", C.c_size_t), ("use_env", C.c_bool), ("listen", C.c_char_p),
+        ("service", C.POINTER(Service)), ("allocator", C.POINTER(Allocator)),
+        ("handler_threads", C.c_uint32),
+        ("table_ids", u32p), ("tables", C.POINTER(p)), ("n_tables", C.c_size_t),
+    ]
+
+
+class Init(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("scale", C.c_float), ("seed", C.c_uint64)]
+
+
+class Optimizer(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("lr", C.c_float), ("initial_accumulator", C.c_float)]
+
+
+class Partition(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("vocab", C.c_uint64)]
+
+
+class Rows(C.Structure):
+    _fields_ = [
+        # The pointers as addresses (c_void_p, the same layout): set from numpy arrays
+        # addresses without building typed pointers.
+        ("table", C.c_uint32), ("dtype", C.c_uint8), ("row_dims", p), ("rank", C.c_uint32),
+        ("ids", p), ("n", C.c_size_t), ("data", p), ("byte_len", C.c_uint64),
+    ]
+
+
+class StepReport(C.Structure):
+    _fields_ = [("unique", C.c_size_t), ("missing", C.c_size_t), ("failed", C.c_size_t),
+                ("first_failed", C.c_size_t)]
+
+
+class Stats(C.Structure):
+    """Counters of all of a runtime's loops (``sw_stats``)."""
+
+    _fields_ = [(name, C.c_uint64) for name in (
+        "frames_in", "frames_out", "bytes_in", "bytes_out", "requests_completed",
+        "requests_failed", "connections_accepted", "connections_opened", "connections_lost",
+        "payload_direct", "payload_copied")]
+
+
+def _sig(name: str, res: Any, *args: Any) -> Callable[..., Any]:
+    f = getattr(lib, name)
+    f.restype, f.argtypes = res, list(args)
+    return f  # type: ignore[no-any-return]
+
+
+R = C.c_uint32  # sw_result
+
+last_error = _sig("sw_last_error", C.c_char_p)
+last_error_status = _sig("sw_last_error_status", C.c_uint32)
+last_error_remote = _sig("sw_last_error_remote", C.c_char_p)
+version = _sig("starwire_version", C.c_char_p)
+
+tensor_new = _sig("sw_tensor_new", R, C.c_uint8, p, C.c_uint32, p, C.c_uint64, C.POINTER(p))
+tensor_wrap = _sig("sw_tensor_wrap", R, C.c_uint8, p, C.c_uint32, p, C.c_uint64, p, p,
+                   C.POINTER(p))
+tensor_free = _sig("sw_tensor_free", None, p)
+tensor_shared = _sig("sw_tensor_shared", C.c_bool, p)
+tensor_dtype = _sig("sw_tensor_dtype", C.c_uint8, p)
+tensor_rank = _sig("sw_tensor_rank", C.c_uint32, p)
+tensor_dims = _sig("sw_tensor_dims", u64p, p)
+tensor_data = _sig("sw_tensor_data", p, p)
+tensor_data_mut = _sig("sw_tensor_data_mut", p, p)
+tensor_byte_len = _sig("sw_tensor_byte_len", C.c_uint64, p)
+tensor_is_dead = _sig("sw_tensor_is_dead", C.c_bool, p)
+
+mem_table_new = _sig("sw_mem_table_new", R, C.c_size_t, Init, Optimizer, C.POINTER(p))
+table_new = _sig("sw_table_new", R, C.c_uint8, p, C.c_uint32, C.POINTER(TableCallbacks),
+                 C.POINTER(p))
+table_free = _sig("sw_table_free", None, p)
+
+runtime_new = _sig("sw_runtime_new", R, C.POINTER(Options), C.POINTER(p))
+runtime_port = _sig("sw_runtime_port", C.c_uint16, p)
+runtime_publish = _sig("sw_runtime_publish", R, p, C.c_char_p, C.c_size_t, p)
+runtime_abort_step = _sig("sw_runtime_abort_step", R, p, C.c_uint64)
+runtime_stats = _sig("sw_runtime_stats", R, p, C.POINTER(Stats))
+runtime_free = _sig("sw_runtime_free", None, p)
+
+resolver_new = _sig("sw_resolver_new", R, C.c_char_p, C.c_char_p, C.POINTER(p))
+resolver_resolve = _sig("sw_resolver_resolve", R, p, C.c_char_p, C.c_char_p, C.c_size_t)
+resolver_tasks = _sig("sw_resolver_tasks", R, p, C.c_char_p, sizep)
+resolver_free = _sig("sw_resolver_free", None, p)
+
+reply_count = _sig("sw_reply_count", C.c_size_t, p)
+reply_status = _sig("sw_reply_status", C.c_uint32, p, C.c_size_t)
+reply_take_tensor = _sig("sw_reply_take_tensor", p, p, C.c_size_t)
+reply_rtt_us = _sig("sw_reply_rtt_us", C.c_double, p)
+reply_missing = _sig("sw_reply_missing", R, p, C.c_size_t, u32p, C.c_size_t, sizep)
+reply_free = _sig("sw_reply_free", None, p)
+
+client_new = _sig("sw_client_new", R, p, C.c_uint32, C.POINTER(p))
+client_free = _sig("sw_client_free", None, p)
+client_ping = _sig("sw_client_ping", R, p, C.c_char_p, C.c_uint32, C.c_uint64, u64p)
+client_pull = _sig("sw_client_pull", R, p, C.c_char_p, p, C.c_size_t, C.c_uint64, u64p)
+client_push = _sig("sw_client_push", R, p, C.c_char_p, p, C.POINTER(p), C.c_size_t,
+                   C.c_uint64, u64p)
+client_recv = _sig("sw_client_recv", R, p, C.c_char_p, C.c_uint64, C.c_char_p, C.c_size_t,
+                   C.c_uint64, u64p)
+client_recv_many = _sig("sw_client_recv_many", R, p, C.c_char_p, C.c_uint64,
+                        C.POINTER(C.c_char_p), sizep, C.c_size_t, C.c_uint64, u64p)
+client_pull_rows = _sig("sw_client_pull_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
+                        C.c_uint64, u64p)
+client_push_rows = _sig("sw_client_push_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
+                        C.c_uint64, u64p)
+client_wait = _sig("sw_client_wait", R, p, C.c_uint64, C.POINTER(p))
+client_poll = _sig("sw_client_poll", R, p, u64p, C.POINTER(C.c_bool))
+client_wait_any = _sig("sw_client_wait_any", R, p, u64p)
+
+sharded_new = _sig("sw_sharded_new", R, C.POINTER(C.c_char_p), C.c_size_t, Partition,
+                   C.c_uint32, C.c_uint8, p, C.c_uint32, C.POINTER(p))
+sharded_pull = _sig("sw_sharded_pull", R, p, p, p, C.c_size_t, p, C.c_uint64, C.c_uint64,
+                    C.POINTER(StepReport))
+sharded_push = _sig("sw_sharded_push", R, p, p, p, C.c_size_t, p, C.c_uint64, C.c_uint64,
+                    C.POINTER(StepReport))
+sharded_part = _sig("sw_sharded_part", R, p, C.c_size_t)
+sharded_free = _sig("sw_sharded_free", None, p)

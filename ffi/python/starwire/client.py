@@ -1,0 +1,580 @@
+"""Clients: requests to peers, blocking or submitted and waited for later, and the sharded
+rows client."""
+
+from __future__ import annotations
+
+import ctypes as C
+import math
+from dataclasses import dataclass, field
+from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Optional, Sequence,
+                    TypeVar, Union)
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _lib
+from ._arrays import address, code_of, contiguous, received
+from .errors import (NOT_FOUND, OK, Closed, InvalidArgument, StarwireError, check, from_code,
+                     remote_status)
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+T = TypeVar("T")
+Key = Union[str, bytes]
+
+#: The default deadline of a request, in seconds.
+DEFAULT_TIMEOUT = 5.0
+
+
+def _ms(timeout: Optional[float]) -> int:
+    """A deadline in whole milliseconds for the C ABI (0: none)."""
+    if timeout == DEFAULT_TIMEOUT:
+        return 5000
+    if timeout is None:
+        return 0
+    if not timeout > 0:
+        raise InvalidArgument(f"timeout {timeout!r} is not a positive number of seconds "
+                              "(None: no deadline)")
+    return max(1, math.ceil(timeout * 1000))
+
+
+def _key(k: Key) -> bytes:
+    return k.encode() if isinstance(k, str) else bytes(k)
+
+
+def _row_ids(ids: Any) -> npt.NDArray[np.uint64]:
+    """`ids` as a 1-D C-contiguous uint64 array: itself when it already is one (no copy),
+    else converted (a list, another integer dtype)."""
+    if isinstance(ids, np.ndarray) and ids.dtype == np.uint64 and ids.flags.c_contiguous:
+        a = ids
+    else:
+        try:
+            a = np.ascontiguousarray(ids, dtype=np.uint64)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InvalidArgument(f"ids must be integers in 0..2^64: {e}") from None
+    if a.ndim != 1:
+        raise InvalidArgument(f"ids must be 1-D, not of shape {list(a.shape)}")
+    return a
+
+
+def _row_shape(row_shape: Union[int, Sequence[int]]) -> tuple[int, ...]:
+    if type(row_shape) is int and 0 < row_shape:
+        return (row_shape,)
+    shape = (int(row_shape),) if isinstance(row_shape, (int, np.integer)) else tuple(
+        int(d) for d in row_shape)
+    if any(d <= 0 for d in shape) or len(shape) > 7:
+        raise InvalidArgument(f"row shape {list(shape)}: up to 7 dimensions, each at least 1")
+    return shape
+
+
+class Pending(Generic[T]):
+    """A request submitted and not yet waited for: `done` says (without waiting) whether
+    it completed, `wait` gives its result (or raises its error). Take every pending's
+    result: the arrays it reads or writes stay referenced until then."""
+
+    __slots__ = ("_client", "tag", "_finish", "_taken")
+
+    def __init__(self, client: Client, tag: int, finish: Callable[[int], T],
+                 keep: Any = None) -> None:
+        self._client = client
+        self.tag = tag
+        self._finish = finish
+        self._taken = False
+        if keep is not None:
+            # Kept by the client, not by this object: dropping a pending without waiting
+            # must not free memory starwire writes into.
+            client._inflight[tag] = keep
+
+    def done(self) -> bool:
+        """Whether the request completed (its `wait` then returns at once)."""
+        if self._taken:
+            return True
+        return self._client._is_ready(self.tag)
+
+    def wait(self) -> T:
+        """Waits for the request (releasing the GIL) and gives its result."""
+        if self._taken:
+            raise InvalidArgument(f"request {self.tag} was already waited for")
+        self._taken = True
+        try:
+            reply = self._client._wait_reply(self.tag)
+        finally:
+            # Once the wait returned (whatever it returned), starwire no longer touches
+            # the request's arrays.
+            self._client._inflight.pop(self.tag, None)
+        return self._finish(reply)
+
+    def __repr__(self) -> str:
+        state = "taken" if self._taken else "pending"
+        return f"<starwire.Pending {self.tag:#x} {state}>"
+
+
+@dataclass
+class StepReport:
+    """What a sharded step did: distinct ids sent, rows the PS tasks did not have (left
+    zero), and per PS task (in the order given) None or why its part failed."""
+
+    unique: int
+    missing: int
+    parts: list[Optional[StarwireError]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every PS part succeeded."""
+        return all(p is None for p in self.parts)
+
+
+class Client:
+    """A thread's way to submit requests (make one per thread with `Runtime.client`).
+
+    Every request exists in two forms: blocking (`pull_rows`) and submitted
+    (`submit_pull_rows`, which returns a `Pending` at once, for overlapping communication
+    with compute; `wait_any` waits for the first of several). Waiting releases the GIL.
+    Peers are task names or addresses (see `Runtime`); `timeout` is in seconds (None: no
+    deadline).
+    """
+
+    def __init__(self, runtime: Runtime, capacity: int = 64) -> None:
+        self.runtime = runtime
+        self._c = C.c_void_p()
+        self._ready: set[int] = set()
+        # Arrays of requests not yet waited for (rows pulls write into theirs), by tag.
+        self._inflight: dict[int, Any] = {}
+        self._tag = C.c_uint64()
+        self._tag_ref = C.byref(self._tag)
+        self._reply = C.c_void_p()
+        self._reply_ref = C.byref(self._reply)
+        self._flag = C.c_bool()
+        self._missing_count = C.c_size_t()
+        # A rows request's table and row shape, filled per call (no allocation).
+        self._rows = _lib.Rows()
+        self._rows_ref = C.byref(self._rows)
+        self._dims = (C.c_uint64 * 7)()
+        self._rows.row_dims = C.addressof(self._dims)
+        self._missing = (C.c_uint32 * 0)()
+        if capacity < 1:
+            raise InvalidArgument(f"capacity {capacity} is not at least 1")
+        check(_lib.client_new(runtime._handle(), capacity, C.byref(self._c)))
+
+    # ----- plumbing -----
+
+    def _handle(self) -> C.c_void_p:
+        if not self._c:
+            raise Closed("the client is closed")
+        if not self.runtime._rt:
+            raise Closed(f"the runtime of {self.runtime.job}:{self.runtime.task_index} is "
+                         "closed")
+        return self._c
+
+    def _submitted(self, code: int) -> int:
+        check(code)
+        return int(self._tag.value)
+
+    def _wait_reply(self, tag: int) -> int:
+        self._ready.discard(tag)
+        code = _lib.client_wait(self._handle(), tag, C.byref(self._reply))
+        if code:
+            raise from_code(code)
+        return int(self._reply.value or 0)
+
+    def _is_ready(self, tag: int) -> bool:
+        if tag in self._ready:
+            return True
+        c = self._handle()
+        while True:
+            check(_lib.client_poll(c, C.byref(self._tag), C.byref(self._flag)))
+            if not self._flag.value:
+                return False
+            self._ready.add(int(self._tag.value))
+            if self._tag.value == tag:
+                return True
+
+    def wait_any(self, pending: Iterable[Pending[Any]]) -> Pending[Any]:
+        """Waits until one of `pending` completed and returns it (its `wait` then returns
+        at once). Completions of this client's other requests are kept for their own
+        wait."""
+        by_tag = {p.tag: p for p in pending if not p._taken}
+        if not by_tag:
+            raise InvalidArgument("wait_any of no pending request")
+        for tag in by_tag:
+            if tag in self._ready or self._is_ready(tag):
+                return by_tag[tag]
+        c = self._handle()
+        while True:
+            check(_lib.client_wait_any(c, C.byref(self._tag)))
+            tag = int(self._tag.value)
+            self._ready.add(tag)
+            if tag in by_tag:
+                return by_tag[tag]
+
+    def _tensors(self, reply: int, what: str, missing_ok: bool) -> list[Any]:
+        hooks = self.runtime._hooks
+        try:
+            out: list[Any] = []
+            for i in range(_lib.reply_count(reply)):
+                status = _lib.reply_status(reply, i)
+                if status == OK:
+                    out.append(received(_lib.reply_take_tensor(reply, i), hooks))
+                elif status == NOT_FOUND and missing_ok:
+                    out.append(None)
+                else:
+                    raise remote_status(f"{what} item {i}", status)
+            return out
+        finally:
+            _lib.reply_free(reply)
+
+    def _statuses(self, reply: int) -> list[int]:
+        try:
+            return [_lib.reply_status(reply, i) for i in range(_lib.reply_count(reply))]
+        finally:
+            _lib.reply_free(reply)
+
+    # ----- ping -----
+
+    def submit_ping(self, peer: str, payload: int = 32,
+                    timeout: Optional[float] = DEFAULT_TIMEOUT) -> Pending[float]:
+        """`ping`, submitted."""
+        tag = self._submitted(_lib.client_ping(self._handle(), self.runtime._peer(peer),
+                                               payload, _ms(timeout), C.byref(self._tag)))
+        return Pending(self, tag, _rtt)
+
+    def ping(self, peer: str, payload: int = 32,
+             timeout: Optional[float] = DEFAULT_TIMEOUT) -> float:
+        """The round-trip time to `peer`, in microseconds, with `payload` bytes each way."""
+        return self.submit_ping(peer, payload, timeout).wait()
+
+    # ----- per-tensor pull and push -----
+
+    def submit_pull(self, peer: str, ids: Sequence[int],
+                    timeout: Optional[float] = DEFAULT_TIMEOUT
+                    ) -> Pending[list[Optional[npt.NDArray[Any]]]]:
+        """`pull`, submitted."""
+        id_arr = _row_ids(ids)
+        tag = self._submitted(_lib.client_pull(self._handle(), self.runtime._peer(peer),
+                                               id_arr.ctypes.data, len(id_arr), _ms(timeout),
+                                               C.byref(self._tag)))
+        return Pending(self, tag, lambda r: self._tensors(r, "pull", True))
+
+    def pull(self, peer: str, ids: Sequence[int],
+             timeout: Optional[float] = DEFAULT_TIMEOUT) -> list[Optional[npt.NDArray[Any]]]:
+        """Variables `ids` from `peer`: per id, a numpy array over the memory its payload
+        was received into (no copy), or None when the peer has no such variable. Another
+        failed item raises `RemoteError`."""
+        return self.submit_pull(peer, ids, timeout).wait()
+
+    def submit_push(self, peer: str, items: Sequence[tuple[int, npt.NDArray[Any]]],
+                    timeout: Optional[float] = DEFAULT_TIMEOUT) -> Pending[list[int]]:
+        """`push`, submitted. The arrays must not change until it completes."""
+        c, addr = self._handle(), self.runtime._peer(peer)
+        if not items:
+            raise InvalidArgument("push of no items")
+        lender = self.runtime._lender
+        handles: list[tuple[int, npt.NDArray[Any]]] = []
+        try:
+            for i, (_, a) in enumerate(items):
+                handles.append((lender.wrap(a, f"items[{i}]"), a))
+            ids = np.array([int(i) for i, _ in items], dtype=np.uint64)
+            ptrs = (C.c_void_p * len(handles))(*[h for h, _ in handles])
+            tag = self._submitted(_lib.client_push(c, addr, ids.ctypes.data, ptrs, len(ids),
+                                                   _ms(timeout), C.byref(self._tag)))
+        finally:
+            lender.give_back(handles)
+        return Pending(self, tag, self._statuses)
+
+    def push(self, peer: str, items: Sequence[tuple[int, npt.NDArray[Any]]],
+             timeout: Optional[float] = DEFAULT_TIMEOUT) -> list[int]:
+        """Pushes `(id, array)` pairs to `peer`; returns the service's wire status per item
+        (0 ``OK``). Each array is sent from its own memory (no copy): it must be
+        C-contiguous, of a dtype starwire carries."""
+        return self.submit_push(peer, items, timeout).wait()
+
+    # ----- rendezvous -----
+
+    def submit_recv(self, peer: str, step: int, key: Key,
+                    timeout: Optional[float] = DEFAULT_TIMEOUT
+                    ) -> Pending[npt.NDArray[Any]]:
+        """`recv`, submitted."""
+        k = _key(key)
+        tag = self._submitted(_lib.client_recv(self._handle(), self.runtime._peer(peer),
+                                               step, k, len(k), _ms(timeout),
+                                               C.byref(self._tag)))
+        return Pending(self, tag, lambda r: self._tensors(r, f"recv of {key!r}", False)[0])
+
+    def recv(self, peer: str, step: int, key: Key,
+             timeout: Optional[float] = DEFAULT_TIMEOUT) -> npt.NDArray[Any]:
+        """The tensor `peer` publishes under `key` (waiting until it does), as a numpy array
+        over the memory it was received into."""
+        return self.submit_recv(peer, step, key, timeout).wait()
+
+    def submit_recv_many(self, peer: str, step: int, keys: Sequence[Key],
+                         timeout: Optional[float] = DEFAULT_TIMEOUT
+                         ) -> Pending[list[npt.NDArray[Any]]]:
+        """`recv_many`, submitted."""
+        raw = [_key(k) for k in keys]
+        if not raw:
+            raise InvalidArgument("recv_many of no keys")
+        ks = (C.c_char_p * len(raw))(*raw)
+        lens = (C.c_size_t * len(raw))(*[len(k) for k in raw])
+        tag = self._submitted(_lib.client_recv_many(
+            self._handle(), self.runtime._peer(peer), step, ks, lens, len(raw), _ms(timeout),
+            C.byref(self._tag)))
+        return Pending(self, tag, lambda r: self._tensors(r, "recv_many", False))
+
+    def recv_many(self, peer: str, step: int, keys: Sequence[Key],
+                  timeout: Optional[float] = DEFAULT_TIMEOUT) -> list[npt.NDArray[Any]]:
+        """The tensors `peer` publishes under `keys`, in one round trip (one fused frame);
+        each is sent as soon as it is published."""
+        return self.submit_recv_many(peer, step, keys, timeout).wait()
+
+    # ----- rows -----
+
+    def _fill_rows(self, table: int, ids: npt.NDArray[np.uint64], code: int,
+                   row_shape: tuple[int, ...], data: npt.NDArray[Any]) -> Any:
+        """The client's `sw_rows` for one table (a reference to it), filled."""
+        rows, dims = self._rows, self._dims
+        for i, d in enumerate(row_shape):
+            dims[i] = d
+        rows.table, rows.dtype, rows.rank = table, code, len(row_shape)
+        rows.ids, rows.n = address(ids), len(ids)
+        rows.data, rows.byte_len = address(data), data.nbytes
+        return self._rows_ref
+
+    def _pull_rows_args(self, ids: Any, row_shape: Union[int, Sequence[int]], dtype: Any,
+                        out: Optional[npt.NDArray[Any]]
+                        ) -> tuple[npt.NDArray[np.uint64], int, npt.NDArray[Any]]:
+        id_arr = _row_ids(ids)
+        shape = (len(id_arr), *_row_shape(row_shape))
+        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        code = code_of(dt, "the rows")
+        if out is None:
+            return id_arr, code, np.empty(shape, dtype=dt)
+        if not isinstance(out, np.ndarray) or not out.flags.c_contiguous:
+            contiguous(out, "out")
+        if out.dtype != dt or out.shape != shape:
+            raise InvalidArgument(f"out is {out.dtype}{list(out.shape)}, not "
+                                  f"{dt}{list(shape)}")
+        if not out.flags.writeable:
+            raise InvalidArgument("out is read-only")
+        return id_arr, code, out
+
+    def submit_pull_rows(self, peer: str, table: int, ids: Any,
+                         row_shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+                         out: Optional[npt.NDArray[Any]] = None,
+                         timeout: Optional[float] = DEFAULT_TIMEOUT
+                         ) -> Pending[tuple[npt.NDArray[Any], npt.NDArray[np.uint32]]]:
+        """`pull_rows`, submitted: `out` (and `ids`) must not be touched until it is
+        waited for."""
+        c, addr = self._handle(), self.runtime._peer(peer)
+        id_arr, code, target = self._pull_rows_args(ids, row_shape, dtype, out)
+        rows = self._fill_rows(table, id_arr, code, target.shape[1:], target)
+        tag = self._submitted(_lib.client_pull_rows(c, addr, rows, 1, _ms(timeout),
+                                                    C.byref(self._tag)))
+        return Pending(self, tag, lambda r: self._rows_pulled(r, table, target),
+                       keep=(id_arr, target))
+
+    def _rows_pulled(self, reply: int, table: int, out: npt.NDArray[Any]
+                     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.uint32]]:
+        try:
+            status = _lib.reply_status(reply, 0)
+            if status != OK:
+                raise remote_status(f"table {table}", status)
+            n = len(out)
+            if len(self._missing) < n:
+                self._missing = (C.c_uint32 * max(n, 2 * len(self._missing)))()
+            check(_lib.reply_missing(reply, 0, self._missing, len(self._missing),
+                                     C.byref(self._missing_count)))
+        finally:
+            _lib.reply_free(reply)
+        count = self._missing_count.value
+        if count == 0:
+            return out, _NO_ROWS
+        return out, np.frombuffer(memoryview(self._missing), dtype=np.uint32,
+                                  count=count).copy()
+
+    def pull_rows(self, peer: str, table: int, ids: Any, row_shape: Union[int, Sequence[int]],
+                  dtype: Any = np.float32, out: Optional[npt.NDArray[Any]] = None,
+                  timeout: Optional[float] = DEFAULT_TIMEOUT
+                  ) -> tuple[npt.NDArray[Any], npt.NDArray[np.uint32]]:
+        """Rows `ids` of `table` at `peer`, each of `dtype` and shape `row_shape` (an int
+        for ``(dim,)``): returns ``(rows, missing)``, `rows` an array
+        ``[len(ids), *row_shape]`` and `missing` the positions (increasing) of the ids the
+        PS has no row for (their rows are zero).
+
+        The block is received straight into `rows`' memory (no copy above the small-frame
+        size); with `out` (a C-contiguous, writable array of that dtype and shape), that is
+        `out`, which is returned. `ids` (uint64, 1-D) is used as it is when it is a
+        C-contiguous uint64 array. A table the PS does not serve, or of another dtype or
+        shape, raises `RemoteError` (``NOT_FOUND``, ``INVALID_ARGUMENT``)."""
+        return self.submit_pull_rows(peer, table, ids, row_shape, dtype, out, timeout).wait()
+
+    def submit_push_rows(self, peer: str, table: int, ids: Any, grads: npt.NDArray[Any],
+                         timeout: Optional[float] = DEFAULT_TIMEOUT) -> Pending[None]:
+        """`push_rows`, submitted (the rows are copied before this returns)."""
+        c, addr = self._handle(), self.runtime._peer(peer)
+        id_arr = _row_ids(ids)
+        g = contiguous(grads, "grads")
+        if g.ndim < 2 or g.shape[0] != len(id_arr):
+            raise InvalidArgument(f"grads has shape {list(g.shape)}, not "
+                                  f"[{len(id_arr)}, *row_shape] (one row per id)")
+        code = code_of(g.dtype, "grads")
+        rows = self._fill_rows(table, id_arr, code, g.shape[1:], g)
+        tag = self._submitted(_lib.client_push_rows(c, addr, rows, 1, _ms(timeout),
+                                                    C.byref(self._tag)))
+        return Pending(self, tag, lambda r: _rows_pushed(r, table))
+
+    def push_rows(self, peer: str, table: int, ids: Any, grads: npt.NDArray[Any],
+                  timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
+        """Pushes gradient rows `grads` (C-contiguous, ``[len(ids), *row_shape]``, of the
+        table's dtype) for `ids` of `table` at `peer`. Raises `RemoteError` when the PS
+        refuses them (``NOT_FOUND``: no such table; ``INVALID_ARGUMENT``: another dtype or
+        shape)."""
+        self.submit_push_rows(peer, table, ids, grads, timeout).wait()
+
+    def sharded(self, table: int, row_shape: Union[int, Sequence[int]], *,
+                peers: Optional[Sequence[str]] = None, job: str = "ps",
+                dtype: Any = np.float32, partition: str = "mod",
+                vocab: int = 0) -> Sharded:
+        """The sharded client of `table`, partitioned over `peers` (task names or
+        addresses; default: every task of `job` in the cluster spec). `partition`:
+        ``"mod"`` (id % tasks), ``"div"`` (contiguous ranges of ``0..vocab``) or
+        ``"hash"``."""
+        names = list(peers) if peers is not None else self.runtime.peers(job)
+        return Sharded(self, [self.runtime.peer(p) for p in names], table,
+                       _row_shape(row_shape), np.dtype(dtype), partition, vocab)
+
+    def close(self) -> None:
+        """Frees the client (its rows pulls in flight are waited for first). Closing twice
+        does nothing."""
+        if self._c:
+            # Waits for the rows pulls in flight: their arrays are let go after it.
+            _lib.client_free(self._c)
+            self._c = C.c_void_p()
+            self._ready.clear()
+            self._inflight.clear()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rtt(reply: int) -> float:
+    try:
+        return float(_lib.reply_rtt_us(reply))
+    finally:
+        _lib.reply_free(reply)
+
+
+def _rows_pushed(reply: int, table: int) -> None:
+    try:
+        status = _lib.reply_status(reply, 0)
+    finally:
+        _lib.reply_free(reply)
+    if status != OK:
+        raise remote_status(f"table {table}", status)
+
+
+_PARTITIONS = {"mod": 0, "div": 1, "hash": 2}
+_NO_ROWS: npt.NDArray[np.uint32] = np.empty(0, dtype=np.uint32)
+_NO_ROWS.flags.writeable = False
+
+
+class Sharded:
+    """One table partitioned over PS tasks, from a worker (`Client.sharded`): each step's
+    ids are deduplicated, spread over the PS tasks, sent as one rows request per PS (all in
+    flight at once), and the answers scattered into the caller's ``[batch, *row_shape]``
+    array with duplicates filled; a push sums the gradients of duplicate ids before
+    sending. All of it runs in Rust: no Python per row or per PS."""
+
+    def __init__(self, client: Client, addresses: list[str], table: int,
+                 row_shape: tuple[int, ...], dtype: np.dtype[Any], partition: str,
+                 vocab: int) -> None:
+        if partition not in _PARTITIONS:
+            raise InvalidArgument(f"partition {partition!r} is not one of "
+                                  f"{sorted(_PARTITIONS)}")
+        self.client, self.peers, self.table = client, addresses, table
+        self.row_shape, self.dtype = row_shape, dtype
+        code = code_of(dtype, "the rows")
+        raw = [a.encode() for a in addresses]
+        texts = (C.c_char_p * max(len(raw), 1))(*raw)
+        dims = (C.c_uint64 * len(row_shape))(*row_shape)
+        self._s = C.c_void_p()
+        self._report = _lib.StepReport()
+        check(_lib.sharded_new(texts, len(raw), _lib.Partition(_PARTITIONS[partition], vocab),
+                               table, code, C.addressof(dims), len(row_shape),
+                               C.byref(self._s)))
+
+    def _handle(self) -> C.c_void_p:
+        if not self._s:
+            raise Closed("the sharded table is closed")
+        return self._s
+
+    def _finish(self, code: int) -> StepReport:
+        r = self._report
+        report = StepReport(r.unique, r.missing, [None] * len(self.peers))
+        if code == OK:
+            return report
+        if r.failed == 0:
+            # The step did not run: an argument was refused.
+            raise from_code(code)
+        for i in range(len(self.peers)):
+            part = _lib.sharded_part(self._s, i)
+            if part:
+                report.parts[i] = from_code(part)
+        first = report.parts[r.first_failed] or from_code(code)
+        first.report = report
+        raise first
+
+    def pull(self, ids: Any, out: Optional[npt.NDArray[Any]] = None,
+             timeout: Optional[float] = DEFAULT_TIMEOUT
+             ) -> tuple[npt.NDArray[Any], StepReport]:
+        """The rows of `ids` (duplicates allowed) in `out` (``[len(ids), *row_shape]``,
+        C-contiguous and writable; a new array when None), row `i` for ``ids[i]``, and the
+        step's report. Rows a PS does not have are left zero (``report.missing``). When a
+        PS fails, the others' rows are still written and its error is raised with the
+        report attached (``e.report``)."""
+        s, c = self._handle(), self.client._handle()
+        id_arr = _row_ids(ids)
+        shape = (len(id_arr), *self.row_shape)
+        self._report.failed = 0
+        if out is None:
+            out = np.zeros(shape, dtype=self.dtype)
+        else:
+            contiguous(out, "out")
+            if out.dtype != self.dtype or out.shape != shape:
+                raise InvalidArgument(f"out is {out.dtype}{list(out.shape)}, not "
+                                      f"{self.dtype}{list(shape)}")
+            if not out.flags.writeable:
+                raise InvalidArgument("out is read-only")
+        code = _lib.sharded_pull(s, c, id_arr.ctypes.data, len(id_arr), out.ctypes.data,
+                                 out.nbytes, _ms(timeout), C.byref(self._report))
+        return out, self._finish(code)
+
+    def push(self, ids: Any, grads: npt.NDArray[Any],
+             timeout: Optional[float] = DEFAULT_TIMEOUT) -> StepReport:
+        """Pushes the gradient rows `grads` (``[len(ids), *row_shape]``, C-contiguous)
+        of `ids`: duplicates' gradients summed, one request per PS. When a PS fails, its
+        error is raised with the report attached (``e.report``)."""
+        s, c = self._handle(), self.client._handle()
+        id_arr = _row_ids(ids)
+        g = contiguous(grads, "grads")
+        shape = (len(id_arr), *self.row_shape)
+        if g.dtype != self.dtype or g.shape != shape:
+            raise InvalidArgument(f"grads is {g.dtype}{list(g.shape)}, not "
+                                  f"{self.dtype}{list(shape)}")
+        self._report.failed = 0
+        code = _lib.sharded_push(s, c, id_arr.ctypes.data, len(id_arr), g.ctypes.data,
+                                 g.nbytes, _ms(timeout), C.byref(self._report))
+        return self._finish(code)
+
+    def close(self) -> None:
+        """Frees the sharded table. Closing twice does nothing."""
+        if self._s:
+            _lib.sharded_free(self._s)
+            self._s = C.c_void_p()
+
+    def __del__(self) -> None:
+        if getattr(self, "_s", None):
+            self.close()

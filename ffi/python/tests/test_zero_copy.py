@@ -1,0 +1,124 @@
+"""Arrays cross without copies: received tensors and row blocks are numpy arrays over the
+memory their payload was received into; arrays pushed or published are sent from their own
+memory."""
+
+from __future__ import annotations
+
+import threading
+import unittest
+from typing import Any, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+import starwire
+from starwire import _lib
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+class RecordingAllocator:
+    """An allocator hook that hands out fresh numpy arrays and records their addresses."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.returned: list[int] = []
+
+    def __call__(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Optional[npt.NDArray[Any]]:
+        a = np.empty(shape, dtype=dtype)
+        with self.lock:
+            self.returned.append(int(a.ctypes.data))
+        return a
+
+
+class ZeroCopyTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.ps = starwire.Runtime("ps", listen="127.0.0.1:0", NETWORK_PS_CORE_NUMBER=1,
+                                   tables={0: starwire.MemTable(64, init="uniform", scale=1.0)})
+        self.peer = self.ps.address
+
+    def tearDown(self) -> None:
+        self.ps.close()
+
+    def test_received_arrays_are_the_memory_the_allocator_hook_returned(self) -> None:
+        hook = RecordingAllocator()
+        with starwire.Runtime("worker", allocator=hook) as w:
+            c = w.client()
+            big = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: received from the socket
+            small = np.arange(6, dtype=np.int16).reshape(2, 3)
+            self.ps.publish("big", big)
+            self.ps.publish("small", small)
+            got_big, got_small = c.recv_many(self.peer, 1, ["big", "small"])
+            self.assertEqual(len(hook.returned), 2)
+            self.assertEqual({int(got_big.ctypes.data), int(got_small.ctypes.data)},
+                             set(hook.returned))
+            np.testing.assert_array_equal(got_big, big)
+            np.testing.assert_array_equal(got_small, small)
+            self.assertGreaterEqual(w.stats().payload_direct, big.nbytes // 2)
+
+    def test_received_arrays_are_over_the_received_memory(self) -> None:
+        with starwire.Runtime("worker") as w:
+            c = w.client()
+            big = np.arange(1 << 20, dtype=np.float64)
+            self.ps.publish("big", big)
+            before = w.stats().payload_direct
+            got = c.recv(self.peer, 1, "big")
+            np.testing.assert_array_equal(got, big)
+            # Most of the 8 MiB went from the socket straight into the array's memory.
+            self.assertGreaterEqual(w.stats().payload_direct - before, big.nbytes // 2)
+            self.assertEqual(w.stats().payload_copied, 0)
+            self.assertTrue(got.flags.writeable and got.flags.c_contiguous)
+
+    def test_row_blocks_are_received_into_out(self) -> None:
+        with starwire.Runtime("worker") as w:
+            c = w.client()
+            ids = np.arange(20000, dtype=np.uint64)
+            out = np.empty((len(ids), 64), dtype=np.float32)
+            rows, _ = c.pull_rows(self.peer, 0, ids, 64, out=out)
+            self.assertIs(rows, out)
+            self.assertGreaterEqual(w.stats().payload_direct, out.nbytes // 2)
+
+    def test_published_arrays_are_sent_from_their_own_memory(self) -> None:
+        a = np.zeros(1000, dtype=np.int32)
+        self.ps.publish("shared", a)
+        self.assertEqual(self.ps.lent, 1)
+        # Changed after the publish and before the recv: the peer sees the change, so the
+        # bytes were not copied at the publish.
+        a[:] = 7
+        with starwire.Runtime("worker") as w:
+            got = w.client().recv(self.peer, 1, "shared")
+        np.testing.assert_array_equal(got, 7)
+        self.assertEqual(self.ps.lent, 0)
+
+    def test_pushed_arrays_are_wrapped_not_copied(self) -> None:
+        lender = self.ps._lender
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        handle = lender.wrap(a, "a")
+        self.assertEqual(_lib.tensor_data(handle), a.ctypes.data)
+        self.assertFalse(_lib.tensor_data_mut(handle), "never written through")
+        _lib.tensor_free(handle)
+        with self.assertRaisesRegex(starwire.InvalidArgument, "C-contiguous"):
+            lender.wrap(a.T, "a")
+        with self.assertRaisesRegex(starwire.InvalidArgument, "C-contiguous"):
+            lender.wrap(a[:, ::2], "a")
+
+    @unittest.skipIf(torch is None, "torch is not installed (CI installs numpy only)")
+    def test_torch_tensors_share_the_memory(self) -> None:
+        assert torch is not None
+        with starwire.Runtime("worker") as w:
+            c = w.client()
+            rows, _ = c.pull_rows(self.peer, 0, np.arange(8, dtype=np.uint64), 64)
+            t = torch.from_numpy(rows)
+            self.assertEqual(t.data_ptr(), rows.ctypes.data)
+            src = torch.arange(16, dtype=torch.float32)
+            self.ps.publish("t", src.numpy())
+            src += 1  # the publish reads the tensor's own memory
+            recv = torch.from_numpy(c.recv(self.peer, 1, "t"))
+            self.assertTrue(torch.equal(recv, torch.arange(1, 17, dtype=torch.float32)))
+
+
+if __name__ == "__main__":
+    unittest.main()

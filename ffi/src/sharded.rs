@@ -1,0 +1,337 @@
+//! The sharded rows client over the C ABI: one table partitioned over PS tasks, a batch
+//! pulled into (or pushed from) the caller's `[batch, row]` buffer with one request per PS,
+//! all in flight at once.
+
+use std::ffi::{c_char, c_void};
+
+use starwire::rows::{Partition, MAX_ROW_RANK};
+use starwire::{DType, Peer, Sharded};
+
+use crate::{
+    address, boundary, deadline, record, reference, reference_mut, slice, sw_client, sw_result,
+    write, Failure,
+};
+
+/// How ids are spread over the PS tasks: the `kind` of `sw_partition`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum sw_partition_kind {
+    /// Shard `id % shards` (TensorFlow's `"mod"`).
+    SW_PARTITION_MOD = 0,
+    /// Contiguous ranges of `0..vocab` (TensorFlow's `"div"`): the first `vocab % shards`
+    /// shards hold one id more; ids at or above `vocab` go to the last shard.
+    SW_PARTITION_DIV = 1,
+    /// Shard `mix64(id) % shards` (splitmix64's finalizer): even for patterned ids.
+    SW_PARTITION_HASH = 2,
+}
+
+/// How ids are spread over the PS tasks.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sw_partition {
+    /// A `sw_partition_kind`.
+    pub kind: u32,
+    /// `SW_PARTITION_DIV`: the number of ids of the table. Otherwise unused.
+    pub vocab: u64,
+}
+
+/// What a sharded step did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct sw_step_report {
+    /// Distinct ids the step sent.
+    pub unique: usize,
+    /// Rows of the batch the PS tasks did not have (a pull; left zero in the buffer).
+    pub missing: usize,
+    /// PS tasks whose part failed (see `sw_sharded_part`).
+    pub failed: usize,
+    /// The first PS (in the order given) whose part failed; `SIZE_MAX` if none did.
+    pub first_failed: usize,
+}
+
+/// A table of embedding rows partitioned over PS tasks, seen from a worker: each step's
+/// ids deduplicated, spread over the PS tasks, sent as one rows request per PS, and the
+/// answers scattered into the caller's buffer (duplicates filled); a push sums the
+/// gradients of duplicate ids first (f32 and f64 rows). Used by one thread at a time.
+pub struct sw_sharded {
+    sharded: Sharded,
+    /// The last step's outcome per PS: its result and, when it failed, its message.
+    parts: Vec<Failure>,
+}
+
+fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
+    match p.kind {
+        k if k == sw_partition_kind::SW_PARTITION_MOD as u32 => Ok(Partition::Mod),
+        k if k == sw_partition_kind::SW_PARTITION_DIV as u32 => {
+            Ok(Partition::Div { vocab: p.vocab })
+        }
+        k if k == sw_partition_kind::SW_PARTITION_HASH as u32 => Ok(Partition::Hash),
+        k => Err(Failure::invalid(format!(
+            "partition.kind {k} is not a sw_partition_kind"
+        ))),
+    }
+}
+
+/// Creates a sharded table: table `table` of rows of `dtype` shaped `row_dims[0..rank]`,
+/// PS task `i` at `peers[i]` (`host:port`; resolve task names with `sw_resolver_resolve`)
+/// holding the ids `partition` gives it. On `SW_OK`, `*out` is a new handle the caller frees
+/// with `sw_sharded_free`.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
+/// unknown partition kind or dtype, rows of no bytes, or more than 7 row dimensions.
+///
+/// # Safety
+/// `peers` points at `n_peers` NUL-terminated strings; `row_dims` at `rank` values (may be
+/// NULL when `rank` is 0); `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_sharded_new(
+    peers: *const *const c_char,
+    n_peers: usize,
+    partition: sw_partition,
+    table: u32,
+    dtype: u8,
+    row_dims: *const u64,
+    rank: u32,
+    out: *mut *mut sw_sharded,
+) -> sw_result {
+    boundary(|| {
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        // SAFETY: per this function's contract.
+        let texts = unsafe { slice(peers, n_peers, "peers") }?;
+        if texts.is_empty() {
+            return Err(Failure::invalid("no peers"));
+        }
+        let peers = texts
+            .iter()
+            .enumerate()
+            // SAFETY: per this function's contract.
+            .map(|(i, &p)| unsafe { address(p, &format!("peers[{i}]")) }.map(Peer::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        if rank as usize > MAX_ROW_RANK {
+            return Err(Failure::invalid(format!(
+                "rank {rank} is above {MAX_ROW_RANK}"
+            )));
+        }
+        // SAFETY: per this function's contract.
+        let row_dims = unsafe { slice(row_dims, rank as usize, "row_dims") }?;
+        let sharded = Sharded::new(
+            peers,
+            partition_of(partition)?,
+            table,
+            DType::from(dtype),
+            row_dims,
+        )?;
+        let handle = Box::new(sw_sharded {
+            sharded,
+            parts: Vec::new(),
+        });
+        // SAFETY: checked non-null above.
+        unsafe { write(out, Box::into_raw(handle)) };
+        Ok(())
+    })
+}
+
+/// Releases a sharded table. NULL is ignored.
+///
+/// # Safety
+/// `s` is NULL or a handle from `sw_sharded_new` not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sw_sharded_free(s: *mut sw_sharded) {
+    crate::boundary_value((), || {
+        if !s.is_null() {
+            // SAFETY: made by `Box::into_raw` in `sw_sharded_new`, freed once.
+            drop(unsafe { Box::from_raw(s) });
+        }
+    })
+}
+
+/// Which way a step goes.
+enum Step {
+    Pull(*mut u8),
+    Push(*const u8),
+}
+
+/// One step of `s` through `c`: checks, runs, keeps the parts' outcomes and writes the
+/// report. The result is the first failed part's, when one failed.
+///
+/// # Safety
+/// As `sw_sharded_pull`.
+// The arguments of the two C functions it serves, passed through as they are.
+#[allow(clippy::too_many_arguments)]
+unsafe fn step(
+    s: *mut sw_sharded,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    data: Step,
+    byte_len: u64,
+    timeout_ms: u64,
+    report: *mut sw_step_report,
+) -> sw_result {
+    let mut first = None;
+    let r = boundary(|| {
+        // SAFETY: per the caller.
+        let (s, client) = unsafe { (reference_mut(s, "sharded")?, reference_mut(c, "client")?) };
+        if report.is_null() {
+            return Err(Failure::null("report"));
+        }
+        if client.callback {
+            return Err(Failure::invalid(
+                "a sharded step waits for its requests: not for a client with a callback",
+            ));
+        }
+        // SAFETY: per the caller.
+        let ids = unsafe { slice(ids, n, "ids") }?;
+        let len = usize::try_from(byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
+        let want = ids.len().checked_mul(s.sharded.row_bytes());
+        if want != Some(len) {
+            return Err(Failure::invalid(format!(
+                "{byte_len} bytes for {} ids of {} bytes",
+                ids.len(),
+                s.sharded.row_bytes()
+            )));
+        }
+        let deadline = deadline(timeout_ms);
+        let done = match data {
+            Step::Pull(out) => {
+                // SAFETY: per the caller, `len` writable bytes at `out` (NULL only when 0).
+                let out = unsafe { buffer_mut(out, len, "out") }?;
+                s.sharded.pull(&mut client.handle, ids, out, deadline)?
+            }
+            Step::Push(grads) => {
+                // SAFETY: per the caller, `len` readable bytes at `grads`.
+                let grads = unsafe { slice(grads, len, "grads") }?;
+                s.sharded.push(&mut client.handle, ids, grads, deadline)?
+            }
+        };
+        s.parts = done
+            .shards
+            .iter()
+            .map(|part| match part {
+                Ok(_) => Failure::new(sw_result::SW_OK, ""),
+                Err(e) => Failure::from(e.clone()),
+            })
+            .collect();
+        let failed = s.parts.iter().filter(|p| p.code != sw_result::SW_OK);
+        let summary = sw_step_report {
+            unique: done.unique,
+            missing: done.missing,
+            failed: failed.count(),
+            first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
+        };
+        first = done.first_error().map(|(i, _)| s.parts[i].clone());
+        // SAFETY: checked non-null above.
+        unsafe { write(report, summary) };
+        Ok(())
+    });
+    match (r, first) {
+        (sw_result::SW_OK, Some(part)) => {
+            record(&part);
+            part.code
+        }
+        (r, _) => r,
+    }
+}
+
+/// `len` writable bytes at `p`; an empty slice for 0 (NULL allowed then).
+///
+/// # Safety
+/// `p` points at `len` writable bytes used by no one else for the returned lifetime, or
+/// `len` is 0.
+unsafe fn buffer_mut<'a>(p: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8], Failure> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(Failure::null(what));
+    }
+    // SAFETY: non-null, and the caller guarantees `len` writable, unaliased bytes.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+}
+
+/// Pulls the rows of `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
+/// row_bytes` bytes, row `i` for `ids[i]`: one rows request per PS that has ids, all in
+/// flight at once, waited for through `c` (a client made by `sw_client_new`). Rows a PS
+/// does not have are left zero and counted in `report->missing`.
+///
+/// A PS that fails fails its part alone: the rows of the others are written. The result is
+/// `SW_OK` when every part succeeded, else the first failed part's result (with its
+/// message); in both cases `*report` is written, and `sw_sharded_part` tells each PS's
+/// outcome. Arguments that are not valid fail the call before anything is sent
+/// (`SW_ERR_INVALID_ARGUMENT`, `SW_ERR_NULL`), `*report` untouched.
+///
+/// # Safety
+/// `s`, `c` are live handles used by this thread only; `ids` points at `n` values (may be
+/// NULL when `n` is 0); `out` at `byte_len` writable bytes not used by anyone else during
+/// the call; `report` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_sharded_pull(
+    s: *mut sw_sharded,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    out: *mut c_void,
+    byte_len: u64,
+    timeout_ms: u64,
+    report: *mut sw_step_report,
+) -> sw_result {
+    let out = Step::Pull(out.cast());
+    // SAFETY: per this function's contract.
+    unsafe { step(s, c, ids, n, out, byte_len, timeout_ms, report) }
+}
+
+/// Pushes the gradient rows `grads` (`byte_len == n * row_bytes` bytes, row `i` for
+/// `ids[i]`): the gradients of duplicate ids are summed (f32 and f64 rows), then each PS
+/// gets its distinct ids and their summed rows in one request, all in flight at once. The
+/// result and `*report` as for `sw_sharded_pull`.
+///
+/// # Safety
+/// As `sw_sharded_pull`, with `grads` pointing at `byte_len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn sw_sharded_push(
+    s: *mut sw_sharded,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    grads: *const c_void,
+    byte_len: u64,
+    timeout_ms: u64,
+    report: *mut sw_step_report,
+) -> sw_result {
+    let grads = Step::Push(grads.cast());
+    // SAFETY: per this function's contract.
+    unsafe { step(s, c, ids, n, grads, byte_len, timeout_ms, report) }
+}
+
+/// The last step's outcome at PS `i` (in the order given to `sw_sharded_new`): `SW_OK`, or
+/// why its part failed (with its message for `sw_last_error`, naming the PS; a PS that
+/// answered with an error status: `SW_ERR_REMOTE`, and `sw_last_error_status`).
+/// `SW_ERR_INVALID_ARGUMENT` when `i` is not below the number of PS tasks, or no step ran.
+///
+/// # Safety
+/// `s` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn sw_sharded_part(s: *const sw_sharded, i: usize) -> sw_result {
+    let mut part = None;
+    let r = boundary(|| {
+        // SAFETY: per this function's contract.
+        let s = unsafe { reference(s, "sharded") }?;
+        let p = s.parts.get(i).ok_or_else(|| {
+            Failure::invalid(format!(
+                "part {i}: the last step has {} parts",
+                s.parts.len()
+            ))
+        })?;
+        part = Some(p.clone());
+        Ok(())
+    });
+    match part {
+        Some(p) if p.code != sw_result::SW_OK => {
+            record(&p);
+            p.code
+        }
+        _ => r,
+    }
+}
