@@ -54,6 +54,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// `commctl endpoint-map`
     EndpointMap(EndpointMapArgs),
+    /// `commctl wait`
+    Wait(WaitArgs),
 }
 
 /// The cluster-spec and endpoint-map options several subcommands share.
@@ -202,6 +204,65 @@ pub struct PingArgs {
 }
 
 impl PingArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: false,
+            endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// wait until starwire tasks answer, and name the ones that do not
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "wait",
+    help_triggers("-h", "--help"),
+    example = "commctl wait ps:0 ps:1 --ps-hosts ps0:2222,ps1:2222 -W 120\n\
+               commctl wait 10.0.0.1:5555 10.0.0.2:5555",
+    note = "Each target is tried (connect, handshake, ping) again and again until it answers\n\
+            or the time is up; then the ones that never answered are listed, each with its\n\
+            last error. For a job's start-up: it says which peers never came up.",
+    error_code(0, "every target answered"),
+    error_code(2, "usage error"),
+    error_code(3, "some targets did not answer within the time")
+)]
+pub struct WaitArgs {
+    /// HOST:PORT, or JOB:INDEX looked up in the cluster spec and the endpoint map
+    #[argh(positional)]
+    pub targets: Vec<String>,
+
+    /// seconds to wait in all (default: 60)
+    #[argh(
+        option,
+        short = 'W',
+        default = "60.0",
+        from_str_fn(parse_positive_seconds)
+    )]
+    pub timeout: f64,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// the endpoint map, or a folder holding one
+    #[argh(option, arg_name = "path")]
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl WaitArgs {
     /// The shared options.
     pub fn cluster_opts(&self) -> ClusterOpts {
         ClusterOpts {

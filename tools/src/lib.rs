@@ -16,6 +16,7 @@ pub mod serve;
 pub mod signals;
 pub mod target;
 pub mod validate;
+pub mod wait;
 
 use cli::{Command, Commctl};
 use exit::Failure;
@@ -58,6 +59,7 @@ pub fn run(args: &[&str]) -> i32 {
         Command::Serve(a) => serve::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::EndpointMap(a) => endpoint_map::run(&a),
+        Command::Wait(a) => wait::run(&a),
     };
     match result {
         Ok(code) => code,

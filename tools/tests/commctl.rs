@@ -149,11 +149,12 @@ fn help_for_every_subcommand() {
         "serve",
         "bench",
         "endpoint-map",
+        "wait",
         "Error codes:",
     ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
     }
-    for sub in ["validate", "ping", "serve", "bench", "endpoint-map"] {
+    for sub in ["validate", "ping", "serve", "bench", "endpoint-map", "wait"] {
         let r = run(&mut commctl(&[sub, "--help"]));
         assert_eq!(r.code, 0, "{sub}");
         assert!(
@@ -1519,4 +1520,50 @@ fn a_generated_map_serves_and_reaches_a_task() {
     );
     let (code, _) = server.signal("TERM");
     assert_eq!(code, 0);
+}
+
+#[test]
+fn wait_names_the_tasks_that_never_came_up() {
+    let server = Server::start(&["--listen", "127.0.0.1:0", "--loops", "1"], &[]);
+    let up = server.addr.to_string();
+    let r = run(&mut commctl(&["wait", &up, "-W", "30"]));
+    assert_eq!(
+        (r.code, r.stdout.trim()),
+        (0, "all 1 targets answered"),
+        "{}",
+        r.stderr
+    );
+    // ps:1 is a task of the spec whose data address nobody listens on.
+    let dir = Scratch::new("wait");
+    let dead = dead_addr();
+    let map = dir.file(
+        ".endpoint_map",
+        &format!("10.1.1.1:2222={up}\n10.1.1.2:2222={dead}\n"),
+    );
+    let r = run(&mut commctl(&[
+        "wait",
+        "ps:0",
+        "ps:1",
+        "-W",
+        "0.5",
+        "--ps-hosts",
+        "10.1.1.1:2222,10.1.1.2:2222",
+        "--endpoint-map",
+        map.to_str().unwrap(),
+    ]));
+    assert_eq!(r.code, 3, "{}{}", r.stdout, r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("1 of 2 targets did not answer within "),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        lines[1].starts_with(&format!("  ps:1 ({dead}): ")),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    let r = run(&mut commctl(&["wait"]));
+    assert_eq!(r.code, 2, "{}", r.stderr);
 }
