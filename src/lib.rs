@@ -198,7 +198,7 @@ internal!(
 
 pub use crate::session::{Callback, Completion, Reply};
 pub use client::{Client, Embedded, Handle, Sharded, StepReport, Ticket};
-pub use config::{Config, ConfigBuilder};
+pub use config::{Config, ConfigBuilder, IoFeatures};
 pub use error::{Error, ErrorKind};
 pub use peer::{Peer, ResolveError, Resolver};
 pub use rendezvous::Rendezvous;

@@ -29,7 +29,7 @@ use crate::service::SharedService;
 use crate::session::{Budget, Callback, Completion, Endpoint, Request, SessionParts};
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
-use crate::sys::{self, affinity, socket, Backend};
+use crate::sys::{self, affinity, socket, Backend, IoFeatures};
 use crate::tensor::{HeapAllocator, SharedAllocator};
 use std::sync::mpsc::SyncSender;
 
@@ -241,7 +241,8 @@ impl Runtime {
         let accepted = Arc::new(AtomicUsize::new(0));
         for (i, listener) in listeners.into_iter().enumerate() {
             // Ok(Some(note)): the loop runs, but not pinned as asked.
-            let (ready_tx, ready_rx) = mpsc::channel::<Result<Option<StartNote>, StartError>>();
+            let (ready_tx, ready_rx) =
+                mpsc::channel::<Result<(Option<StartNote>, IoFeatures), StartError>>();
             let cfg = cfg.clone();
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
@@ -270,14 +271,18 @@ impl Runtime {
                             return;
                         }
                     };
-                    let _ = ready_tx.send(Ok(note));
+                    let _ = ready_tx.send(Ok((note, lp.io_features())));
                     lp.run();
                 })
                 .map_err(StartError::Thread)?;
             rt.threads.push(thread);
             match ready_rx.recv() {
-                Ok(Ok(None)) => {}
-                Ok(Ok(Some(note))) => report.notes.push(note),
+                Ok(Ok((note, features))) => {
+                    report.notes.extend(note);
+                    if i == 0 {
+                        report.features = features;
+                    }
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(StartError::Loop {
@@ -455,6 +460,7 @@ pub struct StartReport {
     backend: Backend,
     loops: usize,
     notes: Vec<StartNote>,
+    features: IoFeatures,
 }
 
 impl StartReport {
@@ -466,7 +472,20 @@ impl StartReport {
                 .map(|reason| StartNote::BackendFallback { reason })
                 .into_iter()
                 .collect(),
+            features: IoFeatures::default(),
         }
+    }
+
+    /// With the kernel features the loops' I/O uses.
+    pub(crate) fn with_features(mut self, features: IoFeatures) -> StartReport {
+        self.features = features;
+        self
+    }
+
+    /// The optional kernel features the loops' I/O uses (those of the first loop: every
+    /// loop probes the same kernel). All off on epoll.
+    pub fn features(&self) -> IoFeatures {
+        self.features
     }
 
     /// The backend the loops run on.
@@ -493,6 +512,9 @@ impl fmt::Display for StartReport {
             "starwire: {} event loop{s} on {}",
             self.loops, self.backend
         )?;
+        if self.backend == Backend::Uring {
+            write!(f, " ({})", self.features)?;
+        }
         for note in &self.notes {
             write!(f, "\n  {note}")?;
         }

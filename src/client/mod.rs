@@ -884,7 +884,7 @@ impl Client<Local> {
         )
         .map_err(loop_err)?;
         // The fallback was logged where it was decided.
-        let report = StartReport::new(backend, 1, fallback);
+        let report = StartReport::new(backend, 1, fallback).with_features(lp.io_features());
         let local = Local {
             lp,
             shared,

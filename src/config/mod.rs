@@ -44,7 +44,7 @@ use std::borrow::Cow;
 use std::ffi::OsString;
 use std::time::Duration;
 
-pub use crate::sys::{Backend, BackendChoice};
+pub use crate::sys::{Backend, BackendChoice, IoFeatures};
 use crate::wire::Limits;
 
 #[macro_use]

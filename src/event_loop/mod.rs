@@ -179,6 +179,11 @@ impl Loop {
         self.io.get_mut(slot as usize).and_then(Option::as_mut)
     }
 
+    /// The optional kernel features the loop's I/O uses.
+    pub(crate) fn io_features(&self) -> crate::sys::IoFeatures {
+        self.driver.features()
+    }
+
     pub(crate) fn backend(&self) -> Backend {
         self.driver.backend()
     }
@@ -187,9 +192,11 @@ impl Loop {
     pub(crate) fn run(&mut self) {
         let mut idle_since: Option<Instant> = None;
         let mut last = Instant::now();
+        // One clock read per turn: the time read after a turn is the next turn's `now`.
+        let mut now = last;
         loop {
-            let progress = self.turn();
-            let now = Instant::now();
+            let progress = self.turn_at(now);
+            now = Instant::now();
             let spent = now.saturating_duration_since(last).as_nanos() as u64;
             last = now;
             if progress {
@@ -219,6 +226,7 @@ impl Loop {
             );
             add(&self.shared.counters.parks, 1);
             last = woke;
+            now = woke;
             idle_since = None;
         }
     }
@@ -243,7 +251,7 @@ impl Loop {
             return;
         }
         let timeout = self.next_timer(now);
-        self.io(true, timeout);
+        self.io(true, timeout, now);
         self.shared.parked.store(false, Ordering::SeqCst);
     }
 
@@ -260,7 +268,12 @@ impl Loop {
 
     /// One bounded iteration; returns whether anything happened.
     pub(crate) fn turn(&mut self) -> bool {
-        let now = Instant::now();
+        self.turn_at(Instant::now())
+    }
+
+    /// One bounded iteration at time `now` (read once by the caller; nothing in the turn
+    /// reads the clock again unless it waits in the kernel).
+    fn turn_at(&mut self, now: Instant) -> bool {
         let mut progress = false;
         if !self.stopping && self.shared.stop.load(Ordering::Acquire) {
             self.begin_stop(now);
@@ -270,7 +283,7 @@ impl Loop {
         progress |= self.take_posted();
         progress |= self.session.drain_requests(now);
         self.apply_actions(now);
-        progress |= self.io(false, None);
+        progress |= self.io(false, None, now);
         progress |= self.flush(now);
         progress |= self.session.handle_timeout(now);
         if self.accept_retry.is_some_and(|at| at <= now) {
@@ -419,14 +432,19 @@ impl Loop {
     }
 
     /// Submits and reaps I/O, handling every completion.
-    fn io(&mut self, wait: bool, timeout: Option<Duration>) -> bool {
+    /// `now` is the turn's time; after a wait in the kernel the clock is read again.
+    fn io(&mut self, wait: bool, timeout: Option<Duration>, now: Instant) -> bool {
         let mut events = std::mem::take(&mut self.io_events);
         let r = self.driver.complete(wait, timeout, |c| events.push(c));
         if let Err(e) = r {
             log::error!("event loop I/O wait failed: {e}");
         }
         let progress = !events.is_empty();
-        let now = Instant::now();
+        let now = if wait && progress {
+            Instant::now()
+        } else {
+            now
+        };
         for c in events.drain(..) {
             match c {
                 IoCompletion::Doorbell => {}
@@ -693,12 +711,13 @@ impl Loop {
             self.submit_pending();
         }
         if !progress && timeout != Some(Duration::ZERO) {
-            let next = self.next_timer(Instant::now());
+            let now = Instant::now();
+            let next = self.next_timer(now);
             let t = match (timeout, next) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            progress |= self.io(true, t);
+            progress |= self.io(true, t, now);
             while self.turn() {
                 progress = true;
             }
@@ -710,7 +729,7 @@ impl Loop {
         self.shared.stop.store(true, Ordering::SeqCst);
         while !(self.stopping && self.finished()) {
             if !self.turn() {
-                self.io(true, Some(Duration::from_millis(10)));
+                self.io(true, Some(Duration::from_millis(10)), Instant::now());
             }
         }
     }

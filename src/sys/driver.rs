@@ -247,6 +247,27 @@ impl Driver {
         }
     }
 
+    /// The optional kernel features this driver uses.
+    pub fn features(&self) -> super::IoFeatures {
+        let fixed_buffers = self.pool.is_registered();
+        match &*self.io {
+            Io::Uring(d) => {
+                let c = d.ring.capabilities();
+                super::IoFeatures {
+                    single_issuer: c.single_issuer,
+                    defer_taskrun: c.defer_taskrun,
+                    coop_taskrun: c.coop_taskrun,
+                    taskrun_flag: c.taskrun_flag,
+                    ext_arg: c.feat_ext_arg,
+                    fixed_buffers,
+                    sq_entries: c.sq_entries,
+                    cq_entries: c.cq_entries,
+                }
+            }
+            Io::Epoll(_) => super::IoFeatures::default(),
+        }
+    }
+
     /// Starts watching `fd` for `slot` (epoll registers it; io_uring needs nothing).
     pub fn register(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
         match &mut *self.io {

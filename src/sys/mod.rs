@@ -57,6 +57,57 @@ impl fmt::Display for Backend {
     }
 }
 
+/// The optional kernel features a loop's I/O uses, as the probe found them: what an
+/// operator checks when a container or an old kernel makes starwire slower than expected.
+/// All false on epoll. `Display` lists the ones in use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IoFeatures {
+    /// io_uring ring set up `SINGLE_ISSUER` (only its loop submits; Linux 6.0).
+    pub single_issuer: bool,
+    /// `DEFER_TASKRUN`: completions are posted when the loop asks (Linux 6.1).
+    pub defer_taskrun: bool,
+    /// `COOP_TASKRUN`: the loop is not interrupted to post completions (Linux 5.19).
+    pub coop_taskrun: bool,
+    /// `TASKRUN_FLAG`: the kernel flags completions waiting for an enter.
+    pub taskrun_flag: bool,
+    /// `FEAT_EXT_ARG`: the loop parks with a timeout argument, no timer entry.
+    pub ext_arg: bool,
+    /// Receive buffers registered as fixed buffers (`STARWIRE_BUF_SIZE`).
+    pub fixed_buffers: bool,
+    /// Submission and completion queue sizes granted (0 on epoll).
+    pub sq_entries: u32,
+    /// See `sq_entries`.
+    pub cq_entries: u32,
+}
+
+impl fmt::Display for IoFeatures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let named = [
+            (self.single_issuer, "SINGLE_ISSUER"),
+            (self.defer_taskrun, "DEFER_TASKRUN"),
+            (self.coop_taskrun, "COOP_TASKRUN"),
+            (self.taskrun_flag, "TASKRUN_FLAG"),
+            (self.ext_arg, "EXT_ARG"),
+            (self.fixed_buffers, "fixed buffers"),
+        ];
+        let on: Vec<&str> = named.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
+        if on.is_empty() {
+            f.write_str("none")?;
+        } else {
+            f.write_str(&on.join(", "))?;
+        }
+        if self.sq_entries > 0 {
+            write!(
+                f,
+                " (rings of {}/{} entries)",
+                self.sq_entries, self.cq_entries
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// What the configuration asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BackendChoice {

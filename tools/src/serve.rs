@@ -538,6 +538,11 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
         let _ = out.flush();
     }
     log::info!(
+        "{} backend, kernel I/O features in use: {}",
+        server.rt.backend(),
+        server.rt.report().features()
+    );
+    log::info!(
         "serving pull and push of ids 0..{} ({} B u8 tensors), recv of keys t/0..t/{}, and \
          PULL_ROWS and PUSH_ROWS of {}",
         content.tensors,

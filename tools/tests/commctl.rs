@@ -1178,6 +1178,21 @@ fn serve_says_what_table_it_serves() {
             ),
             "{verbose:?}: {stderr}"
         );
+        // The kernel features the loops use: on io_uring this kernel grants the deferred
+        // task-work setup (unless STARWIRE_URING_FLAGS turns it off); none on epoll.
+        let features = stderr
+            .lines()
+            .find(|l| l.contains("kernel I/O features in use: "))
+            .unwrap_or_else(|| panic!("{verbose:?}: {stderr}"));
+        let flags_off = std::env::var("STARWIRE_URING_FLAGS").is_ok_and(|v| v == "0");
+        if features.contains("info: uring backend") && !flags_off {
+            assert!(
+                features.contains("SINGLE_ISSUER, DEFER_TASKRUN"),
+                "{features}"
+            );
+        } else {
+            assert!(features.ends_with("in use: none"), "{features}");
+        }
     }
 }
 
