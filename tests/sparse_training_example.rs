@@ -86,3 +86,19 @@ fn unfused_requests_carry_one_row_each() {
     let (pulls, rows) = (requests[0], requests[2]);
     assert_eq!(pulls, rows, "one row per request: {out}");
 }
+
+#[test]
+fn rows_as_tensors_take_one_fused_request_per_ps_task_and_step_and_learn() {
+    let out = run(&["--per-tensor", "--ps", "2", "--workers", "1"]);
+    assert!(out.contains("per tensor, fused"), "{out}");
+    let trained = numbers_after(&out, "trained");
+    assert!(trained[0] >= 4.0, "too few steps: {out}");
+    let requests = numbers_after(&out, "requests");
+    let (pulls, pushes, rows) = (requests[0], requests[1], requests[2]);
+    assert_eq!(pulls, pushes, "{out}");
+    assert_eq!(pulls, 2.0 * trained[0], "a pull per PS task and step: {out}");
+    assert!(rows / pulls > 100.0, "rows per request: {out}");
+    let held_out = numbers_after(&out, "held-out");
+    let (loss, optimum, constant) = (held_out[1], held_out[2], held_out[4]);
+    assert!(optimum < loss && loss < constant, "{out}");
+}
