@@ -96,7 +96,11 @@ fn rows_as_tensors_take_one_fused_request_per_ps_task_and_step_and_learn() {
     let requests = numbers_after(&out, "requests");
     let (pulls, pushes, rows) = (requests[0], requests[1], requests[2]);
     assert_eq!(pulls, pushes, "{out}");
-    assert_eq!(pulls, 2.0 * trained[0], "a pull per PS task and step: {out}");
+    assert_eq!(
+        pulls,
+        2.0 * trained[0],
+        "a pull per PS task and step: {out}"
+    );
     assert!(rows / pulls > 100.0, "rows per request: {out}");
     let held_out = numbers_after(&out, "held-out");
     let (loss, optimum, constant) = (held_out[1], held_out[2], held_out[4]);

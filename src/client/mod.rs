@@ -774,8 +774,13 @@ impl sealed::Drive for Threads {
     fn turn(&mut self) {}
 
     fn idle(&mut self, idle_since: &mut Instant) {
-        if self.inner.cfg.polling || idle_since.elapsed() < HANDLE_WAIT_SPIN {
+        if self.inner.cfg.polling {
             core::hint::spin_loop();
+            return;
+        }
+        if idle_since.elapsed() < HANDLE_WAIT_SPIN {
+            // Yield rather than spin: the loop this handle waits for may share its CPU.
+            std::thread::yield_now();
             return;
         }
         let Some((waker, home)) = &self.waker else {

@@ -215,7 +215,10 @@ impl Loop {
             }
             let since = *idle_since.get_or_insert(now);
             if now.saturating_duration_since(since) < self.cfg.spin {
-                core::hint::spin_loop();
+                // Spin by yielding: free when this CPU has nothing else to run, and a thread
+                // sharing the CPU (the client that submits to this loop) runs at once
+                // instead of waiting for this spin to end.
+                std::thread::yield_now();
                 continue;
             }
             self.park(now);
