@@ -27,9 +27,11 @@
 mod rows;
 mod sharded;
 mod startup;
+mod ticket;
 
 pub use sharded::{Sharded, StepReport};
 pub use startup::Unreachable;
+pub use ticket::{Kind, Ping, Pull, PullRows, Push, Recv, Ticket};
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -118,99 +120,6 @@ mod sealed {
 pub trait Driver: sealed::Drive {}
 impl Driver for Threads {}
 impl Driver for Local {}
-
-/// A request kind: [`Ping`], [`Pull`], [`Push`] or [`Recv`], with the result its
-/// [`Ticket`] gives. Sealed.
-pub trait Kind: sealed::Sealed {
-    /// What a finished request of this kind gives.
-    type Output;
-    /// The typed result held by `completion`; [`ErrorKind::OtherKind`] when it is the
-    /// completion of another kind of request.
-    fn output(completion: Completion) -> Result<Self::Output, Error>;
-}
-
-/// A ping: its result is the round-trip time.
-#[derive(Debug)]
-pub enum Ping {}
-/// A pull: its result is, per id and in order, the tensor or why there is none.
-#[derive(Debug)]
-pub enum Pull {}
-/// A push: its result is, per item and in order, how the service took it.
-#[derive(Debug)]
-pub enum Push {}
-/// A recv (one key or many): its result is, per key and in order, the tensor or why there
-/// is none.
-#[derive(Debug)]
-pub enum Recv {}
-/// A rows pull: its result is, per table and in order, its block of rows.
-#[derive(Debug)]
-pub enum PullRows {}
-
-impl sealed::Sealed for PullRows {}
-impl sealed::Sealed for Ping {}
-impl sealed::Sealed for Pull {}
-impl sealed::Sealed for Push {}
-impl sealed::Sealed for Recv {}
-
-impl Kind for Ping {
-    type Output = Duration;
-    fn output(c: Completion) -> Result<Duration, Error> {
-        c.into_pong()
-    }
-}
-impl Kind for Pull {
-    type Output = Vec<Result<Tensor, Status>>;
-    fn output(c: Completion) -> Result<Self::Output, Error> {
-        c.into_pulled()
-    }
-}
-impl Kind for Push {
-    type Output = Vec<Status>;
-    fn output(c: Completion) -> Result<Self::Output, Error> {
-        c.into_pushed()
-    }
-}
-impl Kind for PullRows {
-    type Output = crate::rows::PulledRows;
-    fn output(c: Completion) -> Result<Self::Output, Error> {
-        c.into_rows()
-    }
-}
-impl Kind for Recv {
-    type Output = Vec<Result<Tensor, Status>>;
-    fn output(c: Completion) -> Result<Self::Output, Error> {
-        c.into_received()
-    }
-}
-
-/// A queued request of kind `K`: give it to [`Client::wait`] for the typed result. Its
-/// [`tag`](Self::tag) is also carried by the request's [`Completion`].
-#[must_use = "a request's result is only had by waiting on its ticket (or its tag)"]
-pub struct Ticket<K> {
-    tag: u64,
-    kind: PhantomData<fn() -> K>,
-}
-
-impl<K> Ticket<K> {
-    /// The tag the request's [`Completion`] carries.
-    pub fn tag(&self) -> u64 {
-        self.tag
-    }
-}
-
-impl<K: Kind> Ticket<K> {
-    /// [`client.wait(ticket)`](Client::wait), for a request and its wait in one line:
-    /// `let pulled = h.pull(peer, ids, None)?.wait(&mut h)?;`.
-    pub fn wait<D: Driver>(self, client: &mut Client<D>) -> Result<K::Output, Error> {
-        client.wait(self)
-    }
-}
-
-impl<K> std::fmt::Debug for Ticket<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Ticket({})", self.tag)
-    }
-}
 
 /// Typed results of a finished request, for completions taken with
 /// [`Client::wait_any`], [`Client::poll`], [`Client::wait_tag`] or given to a
