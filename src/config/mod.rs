@@ -165,7 +165,8 @@ impl Config {
     }
 
     /// The task's receive budget in bytes: [`recv_budget`](Config::recv_budget) if set,
-    /// else a quarter of the machine's physical memory (1 GiB when that cannot be read).
+    /// else a quarter of the machine's physical memory or of the cgroup's memory limit,
+    /// whichever is lower (1 GiB when neither can be read).
     pub fn recv_budget_bytes(&self) -> u64 {
         self.recv_budget
             .unwrap_or_else(|| physical_memory().map_or(1 << 30, |m| m / 4))
@@ -326,12 +327,33 @@ fn check_job(job: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// Physical memory of the machine in bytes, if the system says.
+/// Memory this process may use in bytes: the machine's physical memory, or the memory
+/// limit of its cgroup (a container's) when that is lower; `None` if the system says
+/// neither.
 fn physical_memory() -> Option<u64> {
     use nix::unistd::{sysconf, SysconfVar};
-    let pages = sysconf(SysconfVar::_PHYS_PAGES).ok()??;
-    let size = sysconf(SysconfVar::PAGE_SIZE).ok()??;
-    u64::try_from(pages)
-        .ok()?
-        .checked_mul(u64::try_from(size).ok()?)
+    let physical = (|| {
+        let pages = sysconf(SysconfVar::_PHYS_PAGES).ok()??;
+        let size = sysconf(SysconfVar::PAGE_SIZE).ok()??;
+        u64::try_from(pages)
+            .ok()?
+            .checked_mul(u64::try_from(size).ok()?)
+    })();
+    // cgroup v2, then v1, as a container sees its own cgroup; "max" means no limit.
+    let limit = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|path| {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    });
+    match (physical, limit) {
+        (Some(p), Some(l)) => Some(p.min(l)),
+        (p, l) => p.or(l),
+    }
 }

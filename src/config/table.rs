@@ -307,7 +307,8 @@ settings! {
 
     /// Bytes of chunked tensors being received, over all connections of the task, that may
     /// be reserved at once; a tensor that would go over fails alone with
-    /// `RESOURCE_EXHAUSTED`. `None` computes a quarter of the machine's memory.
+    /// `RESOURCE_EXHAUSTED`. `None` computes a quarter of the machine's memory (or of the
+    /// container's memory limit, when lower).
     ///
     /// See [`Config::recv_budget_bytes`].
     recv_budget: Option<u64> [] {
@@ -315,7 +316,7 @@ settings! {
         default: [None],
         kind: Opt {
             some: Num::new(MIN_RECV_BUDGET, u64::MAX, "bytes"),
-            none: "computed: a quarter of physical memory",
+            none: "computed: a quarter of physical memory or of the cgroup limit",
         },
         setter: into,
         consts: {

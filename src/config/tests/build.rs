@@ -368,3 +368,21 @@ fn debug_shows_every_setting() {
     assert!(shown.contains("close_linger: 1s"), "{shown}");
     assert!(shown.contains("cluster_token: None"), "{shown}");
 }
+
+#[test]
+fn receive_budgets_default_to_a_quarter_of_memory_and_half_of_that_per_connection() {
+    let c = Config::builder("ps", 0).build().unwrap();
+    let total = c.recv_budget_bytes();
+    assert!(total >= MIN_RECV_BUDGET, "{total}");
+    assert_eq!(c.conn_recv_budget_bytes(), total / 2);
+    let c = Config::builder("ps", 0)
+        .recv_budget(8u64 << 20)
+        .conn_recv_budget(64u64 << 20)
+        .build()
+        .unwrap();
+    // A connection's part never exceeds the task's budget.
+    assert_eq!(
+        (c.recv_budget_bytes(), c.conn_recv_budget_bytes()),
+        (8 << 20, 8 << 20)
+    );
+}
