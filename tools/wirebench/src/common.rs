@@ -1,6 +1,5 @@
 //! What every kind of transport serves and measures: the data, the workloads, the samples.
 
-use starwire_tools::histogram::Histogram;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -199,6 +198,33 @@ pub struct Workload {
     pub rows: usize,
 }
 
+/// Latencies in nanoseconds: hdrhistogram, 3 significant digits, 1 ns to a day.
+#[derive(Clone)]
+pub struct Latency(hdrhistogram::Histogram<u64>);
+
+impl Default for Latency {
+    fn default() -> Self {
+        let h = hdrhistogram::Histogram::new_with_bounds(1, 86_400_000_000_000, 3);
+        Latency(h.expect("valid histogram bounds"))
+    }
+}
+
+impl Latency {
+    pub fn record(&mut self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.0.saturating_record(ns.max(1));
+    }
+
+    pub fn merge(&mut self, other: &Latency) {
+        // Same bounds on both sides: adding cannot fail.
+        let _ = self.0.add(&other.0);
+    }
+
+    pub fn quantile(&self, q: f64) -> Duration {
+        Duration::from_nanos(self.0.value_at_quantile(q))
+    }
+}
+
 /// What one run of one workload over one kind measured.
 #[derive(Default, Clone)]
 pub struct Sample {
@@ -206,7 +232,7 @@ pub struct Sample {
     pub ops: u64,
     pub failed: u64,
     pub elapsed: Duration,
-    pub latency: Histogram,
+    pub latency: Latency,
 }
 
 impl Sample {
