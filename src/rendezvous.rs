@@ -193,19 +193,9 @@ impl Rendezvous {
 
     /// Removes the waiters of a connection that closed.
     pub(crate) fn forget(&self, loop_index: usize, conn: u32, generation: u32) {
-        for shard in &self.shards {
-            lock(shard).retain(|_, entry| {
-                if let Entry::Waiting(waiters) = entry {
-                    waiters.retain(|w| {
-                        !(w.loop_index == loop_index
-                            && w.conn == conn
-                            && w.generation == generation)
-                    });
-                    return !waiters.is_empty();
-                }
-                true
-            });
-        }
+        self.remove_waiters(|w| {
+            w.loop_index == loop_index && w.conn == conn && w.generation == generation
+        });
     }
 
     /// Removes the waiters of request `handle` of a connection (only its item `index`, when
@@ -218,18 +208,25 @@ impl Rendezvous {
         index: Option<u32>,
     ) -> usize {
         let (loop_index, conn, generation) = waiter;
+        self.remove_waiters(|w| {
+            w.loop_index == loop_index
+                && w.conn == conn
+                && w.generation == generation
+                && w.handle == handle
+                && index.map_or(true, |i| w.index == i)
+        })
+    }
+
+    /// Removes every waiter `hit` picks; returns how many.
+    fn remove_waiters(&self, mut hit: impl FnMut(&Waiter) -> bool) -> usize {
         let mut removed = 0;
         for shard in &self.shards {
             lock(shard).retain(|_, entry| {
                 if let Entry::Waiting(waiters) = entry {
                     waiters.retain(|w| {
-                        let hit = w.loop_index == loop_index
-                            && w.conn == conn
-                            && w.generation == generation
-                            && w.handle == handle
-                            && index.map_or(true, |i| w.index == i);
-                        removed += usize::from(hit);
-                        !hit
+                        let gone = hit(w);
+                        removed += usize::from(gone);
+                        !gone
                     });
                     return !waiters.is_empty();
                 }

@@ -347,22 +347,7 @@ fn deadlines_and_cancels_on_the_wire_end_recvs_without_consuming_later_tensors()
     let addr = server.local_addr().unwrap();
     let mut s = frames::raw_open(addr);
     let flags = |f: &[u8]| u16::from_le_bytes([f[6], f[7]]);
-    let read = |s: &mut std::net::TcpStream| {
-        let mut h = [0u8; 32];
-        std::io::Read::read_exact(s, &mut h).unwrap();
-        let mut rest = vec![
-            0u8;
-            {
-                let m = u32::from_le_bytes(h[24..28].try_into().unwrap());
-                let p = u32::from_le_bytes(h[28..32].try_into().unwrap());
-                (m + p) as usize
-            }
-        ];
-        std::io::Read::read_exact(s, &mut rest).unwrap();
-        let mut f = h.to_vec();
-        f.extend_from_slice(&rest);
-        f
-    };
+    let read = |s: &mut std::net::TcpStream| frames::read_raw(s).unwrap();
     let status = |f: &[u8]| u16::from_le_bytes([f[8], f[9]]);
     let handle = |f: &[u8]| u64::from_le_bytes(f[16..24].try_into().unwrap());
 

@@ -55,15 +55,13 @@ fn numbers_after(text: &str, label: &str) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-fn trains_with_fused_requests_and_learns() {
-    let out = run(&["--ps", "2", "--workers", "2"]);
-    // Per-interval table rows, then the summary.
-    assert!(out.contains("examples/s"), "{out}");
-    let trained = numbers_after(&out, "trained");
+/// Checks a run over 2 PS tasks: enough steps, one pull and one push per PS task and step
+/// (hundreds of rows per request), and a held-out loss between the optimum and the best
+/// constant.
+fn steps_fused_over_two_ps_tasks_and_learned(out: &str) {
+    let trained = numbers_after(out, "trained");
     assert!(trained[0] >= 4.0, "too few steps: {out}");
-    // One pull and one push per PS task and step: hundreds of rows per request.
-    let requests = numbers_after(&out, "requests");
+    let requests = numbers_after(out, "requests");
     let (pulls, pushes, rows) = (requests[0], requests[1], requests[2]);
     assert_eq!(pulls, pushes, "{out}");
     assert_eq!(
@@ -72,11 +70,19 @@ fn trains_with_fused_requests_and_learns() {
         "a pull per PS task and step: {out}"
     );
     assert!(rows / pulls > 100.0, "rows per request: {out}");
-    // Both PS tasks applied gradients.
-    assert!(out.contains("ps:0:") && out.contains("ps:1:"), "{out}");
-    let held_out = numbers_after(&out, "held-out");
+    let held_out = numbers_after(out, "held-out");
     let (loss, optimum, constant) = (held_out[1], held_out[2], held_out[4]);
     assert!(optimum < loss && loss < constant, "{out}");
+}
+
+#[test]
+fn trains_with_fused_requests_and_learns() {
+    let out = run(&["--ps", "2", "--workers", "2"]);
+    // Per-interval table rows, then the summary.
+    assert!(out.contains("examples/s"), "{out}");
+    steps_fused_over_two_ps_tasks_and_learned(&out);
+    // Both PS tasks applied gradients.
+    assert!(out.contains("ps:0:") && out.contains("ps:1:"), "{out}");
 }
 
 #[test]
@@ -91,18 +97,5 @@ fn unfused_requests_carry_one_row_each() {
 fn rows_as_tensors_take_one_fused_request_per_ps_task_and_step_and_learn() {
     let out = run(&["--per-tensor", "--ps", "2", "--workers", "1"]);
     assert!(out.contains("per tensor, fused"), "{out}");
-    let trained = numbers_after(&out, "trained");
-    assert!(trained[0] >= 4.0, "too few steps: {out}");
-    let requests = numbers_after(&out, "requests");
-    let (pulls, pushes, rows) = (requests[0], requests[1], requests[2]);
-    assert_eq!(pulls, pushes, "{out}");
-    assert_eq!(
-        pulls,
-        2.0 * trained[0],
-        "a pull per PS task and step: {out}"
-    );
-    assert!(rows / pulls > 100.0, "rows per request: {out}");
-    let held_out = numbers_after(&out, "held-out");
-    let (loss, optimum, constant) = (held_out[1], held_out[2], held_out[4]);
-    assert!(optimum < loss && loss < constant, "{out}");
+    steps_fused_over_two_ps_tasks_and_learned(&out);
 }

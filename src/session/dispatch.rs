@@ -102,7 +102,7 @@ impl Dispatch<'_> {
                             return;
                         }
                         let spare = self.serve.push_vecs.pop().unwrap_or_default();
-                        let push = match f.body {
+                        let mut push = match f.body {
                             Body::Push(entries) => {
                                 IncomingPush::new(h, entries, self.allocator, spare)
                             }
@@ -111,7 +111,6 @@ impl Dispatch<'_> {
                             }
                             _ => return,
                         };
-                        let mut push = push;
                         push.deadline = deadline_of(self.now, f.header.timeout_ms);
                         self.incoming.push(push);
                     }

@@ -89,6 +89,17 @@ impl Session {
             return;
         }
         conn.proto.abort(status, reason);
+        self.linger_then_close(slot, failure, now);
+    }
+
+    /// Connection `slot`, whose protocol has closed with an `ERROR` queued, fails its
+    /// requests with `failure` once it is released; the `ERROR` may go out first, but not
+    /// for long (`STARWIRE_CLOSE_LINGER_MS`): a peer that does not read must not keep the
+    /// connection. No new request goes out behind the `ERROR`.
+    pub(super) fn linger_then_close(&mut self, slot: u32, failure: Error, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot as usize) else {
+            return;
+        };
         conn.failure = failure;
         mark_dirty(&mut self.dirty, conn, slot);
         let generation = conn.generation;

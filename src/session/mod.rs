@@ -791,17 +791,7 @@ impl Session {
                 }
                 _ => Error::new(ErrorKind::Protocol),
             };
-            conn.failure = failure;
-            // Let the queued ERROR frame go out before closing, but not for long: a peer
-            // that does not read must not keep the connection.
-            mark_dirty(&mut self.dirty, conn, slot);
-            let generation = conn.generation;
-            self.timers.push(
-                now + self.cfg.close_linger,
-                Timer::Close { slot, generation },
-            );
-            // No new request may go out behind the connection's ERROR frame.
-            self.unroute(slot);
+            self.linger_then_close(slot, failure, now);
         }
     }
 

@@ -1,5 +1,6 @@
-//! The session's timers: request deadlines, connect retries, handshake and frame-head
-//! limits, and the linger of a closing connection. The session never reads the clock: the
+//! The session's timers: request deadlines and the wait for a cancel's verdict, connect
+//! retries, handshake, frame-head and progress limits, heartbeats, the deadlines of the
+//! peer's recvs, and the linger of a closing connection. The session never reads the clock: the
 //! loop asks [`Session::poll_timeout`] when the next one is due and calls
 //! [`Session::handle_timeout`] with the time it read.
 
@@ -7,12 +8,14 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Instant;
 
+use slab::Slab;
+
 use crate::ctx::Handle as CtxHandle;
 use crate::error::{Error, ErrorKind};
 use crate::stats::{add, RequestKind};
 use crate::wire::Status;
 
-use super::conn::{mark_dirty, Phase};
+use super::conn::{mark_dirty, Conn, Phase};
 use super::reply::Spare;
 use super::Session;
 
@@ -209,21 +212,14 @@ impl Session {
         if *asked {
             return false;
         }
-        let Some(c) = self.conns.get_mut(p.conn as usize) else {
-            return false;
-        };
-        if c.phase != Phase::Open || c.proto.is_closed() {
-            return false;
-        }
         let items: &[u32] = match &index {
             Some(i) => std::slice::from_ref(i),
             None => &[],
         };
-        if c.proto.encoder().cancel(handle, items).is_err() {
+        if !send_cancel(&mut self.conns, &mut self.dirty, p.conn, handle, items) {
             return false;
         }
         *asked = true;
-        mark_dirty(&mut self.dirty, c, p.conn);
         let timer = match index {
             None => Timer::CancelWait(handle),
             Some(index) => Timer::MemberCancelWait { handle, index },
@@ -240,13 +236,8 @@ impl Session {
             return;
         };
         self.abandon(handle, &p);
-        if let (true, Some(_)) = (tell, p.sent) {
-            if let Some(c) = self.conns.get_mut(p.conn as usize) {
-                if c.phase == Phase::Open && !c.proto.is_closed() {
-                    let _ = c.proto.encoder().cancel(handle, &[]);
-                    mark_dirty(&mut self.dirty, c, p.conn);
-                }
-            }
+        if tell && p.sent.is_some() {
+            send_cancel(&mut self.conns, &mut self.dirty, p.conn, handle, &[]);
         }
         let e = Err(Error::new(ErrorKind::Timeout));
         let spare = std::mem::take(&mut p.spare);
@@ -287,12 +278,9 @@ impl Session {
     /// A connection's frame-head timer came up: close it if the head it watches is late.
     fn frame_head_due(&mut self, slot: u32, generation: u32, now: Instant) {
         let timeout = self.cfg.frame_timeout;
-        let Some(c) = self.conns.get_mut(slot as usize) else {
+        let Some(c) = timed_conn(&mut self.conns, slot, generation) else {
             return;
         };
-        if c.generation != generation || c.phase == Phase::Closing {
-            return;
-        }
         c.head_timer = false;
         let Some(since) = c.head_since else {
             return;
@@ -317,12 +305,9 @@ impl Session {
     /// and delivered fewer than [`PROGRESS_MIN_BYTES`].
     fn progress_due(&mut self, slot: u32, generation: u32, now: Instant) {
         let timeout = self.cfg.progress_timeout;
-        let Some(c) = self.conns.get_mut(slot as usize) else {
+        let Some(c) = timed_conn(&mut self.conns, slot, generation) else {
             return;
         };
-        if c.generation != generation || c.phase == Phase::Closing {
-            return;
-        }
         c.progress.timer = false;
         let Some(since) = c.progress.since else {
             return; // nothing owed any more
@@ -390,12 +375,9 @@ impl Session {
     /// waiters are removed and it is answered `DEADLINE_EXCEEDED`, so a tensor published
     /// after the requester stopped waiting stays for the next recv.
     fn serve_deadline_due(&mut self, slot: u32, generation: u32, handle: u64) {
-        let Some(c) = self.conns.get_mut(slot as usize) else {
+        let Some(c) = timed_conn(&mut self.conns, slot, generation) else {
             return;
         };
-        if c.generation != generation || c.phase == Phase::Closing {
-            return;
-        }
         let Some(pos) = c.recvs.iter().position(|&(h, _)| h == handle) else {
             return;
         };
@@ -415,10 +397,10 @@ impl Session {
     /// interval, declare it lost when silent for the timeout.
     fn heartbeat_due(&mut self, slot: u32, generation: u32, now: Instant) {
         let (interval, timeout) = (self.cfg.heartbeat_interval, self.cfg.heartbeat_timeout);
-        let Some(c) = self.conns.get_mut(slot as usize) else {
+        let Some(c) = timed_conn(&mut self.conns, slot, generation) else {
             return;
         };
-        if c.generation != generation || c.phase != Phase::Open {
+        if c.phase != Phase::Open {
             return;
         }
         c.heartbeat_timer = false;
@@ -450,6 +432,36 @@ impl Session {
         let at = next.min(c.last_heard + timeout);
         self.timers.push(at, Timer::Heartbeat { slot, generation });
     }
+}
+
+/// Connection `slot` if it is the one a timer was set for (same `generation`) and not
+/// closing.
+fn timed_conn(conns: &mut Slab<Conn>, slot: u32, generation: u32) -> Option<&mut Conn> {
+    conns
+        .get_mut(slot as usize)
+        .filter(|c| c.generation == generation && c.phase != Phase::Closing)
+}
+
+/// Queues a `CANCEL` of `items` of request `handle` (all of it when empty) on connection
+/// `slot`, if it is open; returns whether it did.
+fn send_cancel(
+    conns: &mut Slab<Conn>,
+    dirty: &mut Vec<u32>,
+    slot: u32,
+    handle: u64,
+    items: &[u32],
+) -> bool {
+    let Some(c) = conns.get_mut(slot as usize) else {
+        return false;
+    };
+    if c.phase != Phase::Open || c.proto.is_closed() {
+        return false;
+    }
+    if c.proto.encoder().cancel(handle, items).is_err() {
+        return false;
+    }
+    mark_dirty(dirty, c, slot);
+    true
 }
 
 /// How long a recv whose deadline passed waits for the responder's verdict on its

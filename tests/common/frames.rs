@@ -116,18 +116,24 @@ pub fn push_frame(handle: u64, entries: &[(u64, Vec<u8>)], payload: &[u8]) -> Ve
 pub type RawFrame = (u8, u16, u64, Vec<u8>, Vec<u8>);
 
 pub fn read_frame(s: &mut TcpStream) -> std::io::Result<RawFrame> {
-    let mut h = [0u8; HEADER];
-    s.read_exact(&mut h)?;
-    let kind = h[5];
-    let status = u16::from_le_bytes([h[8], h[9]]);
-    let handle = u64::from_le_bytes(h[16..24].try_into().unwrap());
-    let meta_len = u32::from_le_bytes(h[24..28].try_into().unwrap()) as usize;
-    let payload_len = u32::from_le_bytes(h[28..32].try_into().unwrap()) as usize;
-    let mut meta = vec![0; meta_len];
-    s.read_exact(&mut meta)?;
-    let mut payload = vec![0; payload_len];
-    s.read_exact(&mut payload)?;
-    Ok((kind, status, handle, meta, payload))
+    let f = read_raw(s)?;
+    let kind = f[5];
+    let status = u16::from_le_bytes([f[8], f[9]]);
+    let handle = u64::from_le_bytes(f[16..24].try_into().unwrap());
+    let meta_len = u32::from_le_bytes(f[24..28].try_into().unwrap()) as usize;
+    let (meta, payload) = f[HEADER..].split_at(meta_len);
+    Ok((kind, status, handle, meta.to_vec(), payload.to_vec()))
+}
+
+/// A frame read whole, header included, as bytes.
+pub fn read_raw(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut f = vec![0u8; HEADER];
+    s.read_exact(&mut f)?;
+    let meta_len = u32::from_le_bytes(f[24..28].try_into().unwrap()) as usize;
+    let payload_len = u32::from_le_bytes(f[28..32].try_into().unwrap()) as usize;
+    f.resize(HEADER + meta_len + payload_len, 0);
+    s.read_exact(&mut f[HEADER..])?;
+    Ok(f)
 }
 
 /// A raw connection to `addr`, after a valid handshake.
