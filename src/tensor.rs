@@ -274,6 +274,25 @@ unsafe impl TensorMemory for Vec<u8> {
     }
 }
 
+// SAFETY: `TensorMemory` promises the same memory at the same address from every call, not
+// moved while the value lives; moving the box moves a pointer, not the memory.
+#[allow(unsafe_code)]
+unsafe impl crate::sys::loan::IoBufMut for Box<dyn TensorMemory> {
+    fn io_bytes_mut(&mut self) -> &mut [u8] {
+        self.bytes_mut()
+    }
+}
+
+// SAFETY: the contents are either separate memory (stable by `TensorMemory`'s contract) or
+// inside the tensor value, which the `Arc` keeps at one heap address while any clone lives;
+// a shared tensor is not written (every writing method takes `&mut self`).
+#[allow(unsafe_code)]
+unsafe impl crate::sys::loan::IoBuf for std::sync::Arc<Tensor> {
+    fn io_bytes(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
 /// Why a tensor could not be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorError {
@@ -377,6 +396,8 @@ enum Contents {
     Inline(Inline),
     /// Memory from an allocator or the caller.
     Memory(Box<dyn TensorMemory>),
+    /// The memory is lent to a receive in flight ([`Tensor::lend_memory`]).
+    Lent,
 }
 
 /// The contents of a small tensor, kept in the tensor itself.
@@ -471,6 +492,37 @@ impl Tensor {
         matches!(self.memory, Contents::Inline(_))
     }
 
+    /// Takes the contents' memory out, to be written by a receive in flight; `None` for
+    /// contents that are not separate memory (inline, empty, or already lent). Until
+    /// [`restore_memory`](Self::restore_memory) the tensor reads as empty.
+    pub(crate) fn lend_memory(&mut self) -> Option<Box<dyn TensorMemory>> {
+        if !matches!(self.memory, Contents::Memory(_)) {
+            return None;
+        }
+        match std::mem::replace(&mut self.memory, Contents::Lent) {
+            Contents::Memory(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Whether the contents' memory is lent out.
+    pub(crate) fn is_lent(&self) -> bool {
+        matches!(self.memory, Contents::Lent)
+    }
+
+    /// Puts back memory taken by [`lend_memory`](Self::lend_memory); gives it back if this
+    /// tensor has none lent.
+    pub(crate) fn restore_memory(
+        &mut self,
+        memory: Box<dyn TensorMemory>,
+    ) -> Result<(), Box<dyn TensorMemory>> {
+        if !self.is_lent() {
+            return Err(memory);
+        }
+        self.memory = Contents::Memory(memory);
+        Ok(())
+    }
+
     /// A tensor whose contents are `values` (any dtype whose elements are 4-byte floats).
     pub fn from_f32(dims: &[u64], values: &[f32]) -> Result<Tensor, TensorError> {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -513,7 +565,7 @@ impl Tensor {
         match &self.memory {
             Contents::Memory(m) => &m.bytes()[..self.byte_len],
             Contents::Inline(b) => &b.0[..self.byte_len],
-            Contents::Empty => &[],
+            Contents::Empty | Contents::Lent => &[],
         }
     }
 
@@ -523,7 +575,7 @@ impl Tensor {
         match &mut self.memory {
             Contents::Memory(m) => &mut m.bytes_mut()[..len],
             Contents::Inline(b) => &mut b.0[..len],
-            Contents::Empty => &mut [],
+            Contents::Empty | Contents::Lent => &mut [],
         }
     }
 

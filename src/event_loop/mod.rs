@@ -14,15 +14,12 @@
 //! parks in the kernel (`io_uring_enter` or `epoll_wait`) until a completion, a timer or the
 //! doorbell.
 //!
-//! Buffer lifetime: memory the kernel reads or writes for a connection (the session's
-//! receive buffer or a tensor, the encoder's output, the boxed `ConnIo`) stays alive until
-//! every operation on the connection has completed. Closing is therefore two-phase:
-//! `shutdown(2)` the socket (its pending operations complete promptly), then release the
-//! connection in the session when the last one has.
-// The loop hands the driver the memory a receive writes into and a send reads from, both
-// owned by the session: the two `unsafe` blocks below (`arm_recv`, `flush`) rely on the
-// two-phase close to keep that memory alive while the kernel uses it.
-#![allow(unsafe_code)]
+//! Memory: what a receive writes into (the connection's receive buffer, or a tensor's
+//! memory) and what a send reads (the encoder's arena blocks, shared tensors) is lent to
+//! the driver by value for the life of the operation and handed back to the session after
+//! its completion, so nothing here can free memory the kernel uses. Closing is two-phase
+//! for the socket's sake: `shutdown(2)` it (its pending operations complete promptly), then
+//! release the connection in the session, and close the descriptor, when the last one has.
 
 mod io;
 mod shared;
@@ -34,12 +31,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::session::{Action, Completion, RecvTarget, Request, Session, SessionParts};
+use crate::session::{
+    Action, Completion, RecvLoan, RecvPlace, Request, SendSink, Session, SessionParts,
+};
 use crate::stats::add;
 use crate::sys::bufpool::BufPool;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
+use crate::sys::loan::{Gather, RecvMem, SendMem};
 use crate::sys::uring::SetupFlags;
 use crate::sys::{socket, Backend};
+use crate::tensor::{Tensor, TensorMemory};
 
 use io::IoConn;
 pub(crate) use shared::{LoopShared, Posted};
@@ -55,12 +56,16 @@ pub(crate) struct LoopParts {
     pub accepted: Arc<AtomicUsize>,
 }
 
+/// The driver of a loop: tensors are received into their allocator's memory and sent
+/// shared.
+type LoopDriver = Driver<Box<dyn TensorMemory>, Arc<Tensor>>;
+
 /// The per-thread event loop.
 pub(crate) struct Loop {
     cfg: Arc<Config>,
     shared: Arc<LoopShared>,
-    /// Leaked in `Drop` when the kernel may still use loop memory.
-    driver: Driver,
+    /// Holds the memory of the operations in flight; dropping it drains them.
+    driver: LoopDriver,
     session: Session,
     listener: Option<OwnedFd>,
     accepting: bool,
@@ -93,7 +98,7 @@ impl Loop {
         } else {
             SetupFlags::Off
         };
-        let driver = Driver::new(backend, entries, &shared.doorbell, flags)?;
+        let driver = LoopDriver::new(backend, entries, &shared.doorbell, flags)?;
         let session = Session::new(cfg.clone(), shared.counters.clone(), parts.session);
         let mut lp = Loop {
             cfg,
@@ -481,10 +486,23 @@ impl Loop {
             }
             Op::Recv => {
                 conn.reading = false;
-                if conn.closing {
+                let direct = std::mem::take(&mut conn.direct);
+                let closing = conn.closing;
+                let n = match &result {
+                    Ok(n) if !closing => *n,
+                    _ => 0,
+                };
+                // Counted before the session sees the bytes: they may complete a request
+                // whose waiter then reads the counters.
+                add(&self.shared.counters.bytes_in, n as u64);
+                if direct {
+                    add(&self.shared.counters.payload_direct, n as u64);
+                }
+                self.return_recv(slot, n as usize, now);
+                if closing {
                     return self.maybe_finish(slot);
                 }
-                let n = match result {
+                match result {
                     Ok(0) => {
                         log::debug!("connection {slot}: peer closed the connection");
                         return self
@@ -497,19 +515,15 @@ impl Loop {
                             .session
                             .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
                     }
-                    Ok(n) => n,
-                };
-                let direct = std::mem::take(&mut conn.direct);
-                add(&self.shared.counters.bytes_in, n as u64);
-                if direct {
-                    add(&self.shared.counters.payload_direct, n as u64);
+                    Ok(_) => {}
                 }
-                self.session.received(slot, n as usize, direct, now);
                 self.arm_recv(slot);
             }
             Op::Send => {
                 conn.writing = false;
-                if conn.closing {
+                let closing = conn.closing;
+                self.return_sent(slot);
+                if closing {
                     return self.maybe_finish(slot);
                 }
                 let n = match result {
@@ -599,44 +613,51 @@ impl Loop {
             return;
         }
         let fd = conn.fd();
-        let (ptr, len, direct) = match self.session.recv_target(slot) {
-            Some(RecvTarget::Direct(dst)) => (dst.as_mut_ptr(), dst.len() as u32, true),
-            Some(RecvTarget::Buffer(buf)) => (buf.as_mut_ptr(), buf.len() as u32, false),
-            None => return,
+        let fixed = conn.pool_buf;
+        let Some(RecvPlace { mem, start, len }) = self.session.lend_recv(slot) else {
+            return;
         };
-        let pool = self.driver.pool();
-        let fixed = conn
-            .pool_buf
-            .filter(|_| !direct && pool.is_registered())
-            .filter(|&i| pool.contains(i, ptr, len as usize));
+        let (mem, direct) = match mem {
+            RecvLoan::Buffer(b) => (RecvMem::Buffer(b), false),
+            RecvLoan::Tensor(m) => (RecvMem::Memory(m), true),
+        };
         conn.reading = true;
         conn.direct = direct;
         add(&self.shared.counters.reads, 1);
-        // `ptr..ptr+len` is the spare room of the connection's receive buffer, or a part of
-        // a tensor owned by a request context or an incoming push of this connection. The
-        // session neither moves nor frees either before `received` for this completion: a
-        // request given up meanwhile leaves that tensor buried with the connection
-        // (`Session::bury`), and a closed connection is released (its requests failed, its
-        // buffer returned) only once its operations have completed (`maybe_finish`).
-        let armed = match fixed {
-            Some(index) => {
-                add(&self.shared.counters.fixed_reads, 1);
-                // SAFETY: as above; and the range was just checked to lie in pool buffer
-                // `index`, which stays registered for the life of the driver.
-                unsafe { self.driver.recv_fixed(slot, fd, ptr, len, index) }
-            }
-            // SAFETY: as above.
-            None => unsafe { self.driver.recv(slot, fd, ptr, len) },
-        };
-        if let Err(e) = armed {
+        let fixed = fixed.filter(|_| !direct);
+        if fixed.is_some() && self.driver.pool().is_registered() {
+            add(&self.shared.counters.fixed_reads, 1);
+        }
+        if let Err((e, mem)) = self.driver.recv(slot, fd, mem, start, len, fixed) {
             log::warn!("connection {slot}: recv: {e}");
             if let Some(conn) = self.io_mut(slot) {
                 conn.reading = false;
                 conn.direct = false;
             }
+            self.session.received(slot, loan_of(mem), 0, Instant::now());
             self.session
                 .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
         }
+    }
+
+    /// Gives the memory of `slot`'s completed receive back to the session, with the `n`
+    /// bytes it received.
+    fn return_recv(&mut self, slot: u32, n: usize, now: Instant) {
+        match self.driver.take_recv(slot) {
+            Some(mem) => self.session.received(slot, loan_of(mem), n, now),
+            None => log::error!("connection {slot}: receive completed without its memory"),
+        }
+    }
+
+    /// Gives the blocks of `slot`'s completed send back to the session's encoder (the
+    /// shared tensors it read are dropped here).
+    fn return_sent(&mut self, slot: u32) {
+        let session = &mut self.session;
+        self.driver.take_sent(slot, |m| {
+            if let SendMem::Block { tag, buf } = m {
+                session.restore_block(slot, tag, buf);
+            }
+        });
     }
 
     /// Starts writes on connections with output.
@@ -653,23 +674,26 @@ impl Loop {
                 continue;
             }
             let fd = conn.fd();
-            let mut gather = self.driver.gather(slot);
-            let any = self.session.transmit(slot, acc, |bytes| {
-                gather.bytes() < acc && gather.push(bytes)
-            });
-            if !any {
+            let Some(gather) = self.driver.gather(slot) else {
+                continue;
+            };
+            let mut sink = Sink {
+                gather,
+                blocks: arrayvec::ArrayVec::new(),
+            };
+            if !self.session.transmit(slot, acc, &mut sink) {
+                drop(sink);
+                self.return_sent(slot);
                 continue;
             }
+            drop(sink);
             conn.writing = true;
-            // SAFETY: the pieces point into the encoder's arena blocks and the tensors its
-            // connection holds, which do not move or get released before `sent` (after
-            // this completion); the connection is released only once the completion has
-            // been reaped.
-            if let Err(e) = unsafe { self.driver.send(slot, fd) } {
+            if let Err(e) = self.driver.send(slot, fd) {
                 log::warn!("connection {slot}: send: {e}");
                 if let Some(conn) = self.io_mut(slot) {
                     conn.writing = false;
                 }
+                self.return_sent(slot);
                 self.session
                     .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
             }
@@ -745,113 +769,56 @@ impl Loop {
 }
 
 impl Loop {
+    #[cfg(test)]
     fn io_in_flight(&self) -> bool {
         self.io.iter().flatten().any(IoConn::ops_in_flight)
     }
+}
 
-    /// Dropped with operations in flight (a panic unwound the loop thread): shut every
-    /// socket down and reap completions until none is left, so that no memory the kernel
-    /// may still use is freed. Bounded: about a second at most.
-    fn drain(&mut self) {
-        for (slot, conn) in self.io.iter().enumerate() {
-            let Some(conn) = conn else { continue };
-            if conn.ops_in_flight() && conn.fd() >= 0 {
-                self.driver.shutdown(slot as u32, conn.fd());
-            }
-        }
-        let mut events = std::mem::take(&mut self.io_events);
-        for _ in 0..1000 {
-            if !self.io_in_flight() {
-                break;
-            }
-            let wait = Some(Duration::from_millis(1));
-            if self
-                .driver
-                .complete(true, wait, |c| events.push(c))
-                .is_err()
-            {
-                break;
-            }
-            for c in events.drain(..) {
-                let IoCompletion::Op { slot, op, .. } = c else {
-                    continue;
-                };
-                if let Some(conn) = self.io.get_mut(slot as usize).and_then(Option::as_mut) {
-                    match op {
-                        Op::Connect => conn.connecting = false,
-                        Op::Recv => conn.reading = false,
-                        Op::Send => conn.writing = false,
-                        Op::Accept => {}
-                    }
-                }
-            }
-        }
+/// The memory of a completed receive, as the session lent it.
+fn loan_of(mem: RecvMem<Box<dyn TensorMemory>>) -> RecvLoan {
+    match mem {
+        RecvMem::Buffer(b) => RecvLoan::Buffer(b),
+        RecvMem::Memory(m) => RecvLoan::Tensor(m),
     }
 }
 
-impl Drop for Loop {
-    fn drop(&mut self) {
-        if self.driver.backend() == Backend::Uring && self.io_in_flight() {
-            self.drain();
+/// A send being filled: the driver's iovecs and owners, and which of the encoder's blocks
+/// are lent to it already (by owner number).
+struct Sink<'a> {
+    gather: Gather<'a, Box<dyn TensorMemory>, Arc<Tensor>>,
+    blocks: arrayvec::ArrayVec<(u32, usize), { crate::sys::loan::MAX_IOV }>,
+}
+
+impl SendSink for Sink<'_> {
+    fn has_room(&self) -> bool {
+        self.gather.has_room()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.gather.bytes()
+    }
+
+    fn block(&mut self, block: u32, buf: Box<[u8]>, start: usize, len: usize) {
+        // `has_room` was checked: the owner and the piece fit.
+        if let Ok(owner) = self.gather.own(SendMem::Block { tag: block, buf }) {
+            self.blocks.push((block, owner));
+            self.gather.piece(owner, start, len);
         }
-        if self.driver.backend() == Backend::Uring && self.io_in_flight() {
-            // Operations still in the kernel may write into connection buffers and tensors
-            // and read the driver's slot memory. Closing the ring cancels them
-            // asynchronously, so freeing that memory now could let the kernel use freed
-            // memory. Leak it instead.
-            log::error!(
-                "event loop dropped with I/O in flight that did not drain; leaking its buffers"
-            );
-            std::mem::forget(std::mem::take(&mut self.io));
-            // Connections and requests own the buffers and tensors receives write into.
-            self.session.leak();
-            // The ring (closing it would cancel the operations), the pool and slot memory.
-            self.driver.leak();
+    }
+
+    fn in_block(&mut self, block: u32, start: usize, len: usize) {
+        if let Some(&(_, owner)) = self.blocks.iter().find(|(b, _)| *b == block) {
+            self.gather.piece(owner, start, len);
+        }
+    }
+
+    fn tensor(&mut self, tensor: Arc<Tensor>, start: usize, len: usize) {
+        if let Ok(owner) = self.gather.own(SendMem::Shared(tensor)) {
+            self.gather.piece(owner, start, len);
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::Read;
-
-    use super::*;
-    use crate::tensor::HeapAllocator;
-
-    #[test]
-    fn dropping_a_loop_with_receives_in_flight_drains_them_and_closes_its_sockets() {
-        let cfg = Arc::new(Config::builder("ps", 0).build().unwrap());
-        let shared = Arc::new(LoopShared::new().unwrap());
-        let (backend, _) = crate::sys::select(cfg.backend).unwrap();
-        let listener = socket::listen_tcp("127.0.0.1:0".parse().unwrap(), 16).unwrap();
-        let parts = LoopParts {
-            session: SessionParts {
-                service: None,
-                rendezvous: None,
-                jobs: None,
-                index: 0,
-                allocator: Arc::new(HeapAllocator::default()),
-                zero_copy_min: 16 << 10,
-                budget: crate::session::Budget::of(&cfg),
-            },
-            accepted: Arc::new(AtomicUsize::new(0)),
-        };
-        let mut lp = Loop::new(cfg, shared, backend, Some(listener), parts).unwrap();
-        let mut client = std::net::TcpStream::connect(lp.local_addr().unwrap()).unwrap();
-        // Turn until the accepted connection has a receive in flight (it waits for HELLO).
-        while !lp.io_in_flight() {
-            lp.poll_local(Some(Duration::from_millis(10)));
-        }
-        drop(lp);
-        // The loop's socket was closed, not leaked: the client reads the end of the stream.
-        // (The timeout only bounds a failing run.)
-        client
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let mut buf = [0u8; 64];
-        match client.read(&mut buf) {
-            Ok(n) => assert_eq!(n, 0, "unexpected bytes"),
-            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
-        }
-    }
-}
+mod tests;

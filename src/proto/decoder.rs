@@ -298,6 +298,30 @@ impl Decoder {
         &mut self.buf[self.tail..]
     }
 
+    /// Lends the receive buffer out for a read into its free space: returns the buffer
+    /// and the range `start..start + len` the next bytes may be written to (`len` at most
+    /// `limit`), or `None` when there is no free space (decode first). Until
+    /// [`restore`](Self::restore) the decoder holds no buffer and must not be used.
+    pub fn lend(&mut self, limit: usize) -> Option<(Vec<u8>, usize, usize)> {
+        let len = self.spare().len().min(limit);
+        if len == 0 {
+            return None;
+        }
+        Some((std::mem::take(&mut self.buf), self.tail, len))
+    }
+
+    /// Takes back the buffer [`lend`](Self::lend) gave, with `n` bytes written at the start
+    /// of the range it named.
+    pub fn restore(&mut self, buf: Vec<u8>, n: usize) {
+        self.buf = buf;
+        self.filled(n);
+    }
+
+    /// Whether the buffer is lent out ([`lend`](Self::lend)).
+    pub fn is_lent(&self) -> bool {
+        self.buf.is_empty()
+    }
+
     /// Records that `n` bytes were written at the start of [`spare`](Self::spare).
     pub fn filled(&mut self, n: usize) {
         self.tail = (self.tail + n).min(self.buf.len());

@@ -88,6 +88,29 @@ pub enum Piece<'a> {
     },
 }
 
+/// One piece of output by position ([`Encoder::out_piece`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutPiece {
+    /// Bytes `start..start + len` of arena block `block`.
+    Arena {
+        /// Block number.
+        block: u32,
+        /// Start in the block.
+        start: usize,
+        /// Number of bytes.
+        len: usize,
+    },
+    /// Bytes `offset..offset + len` of the tensor the caller named `token`.
+    Tensor {
+        /// The caller's token.
+        token: u64,
+        /// Start within the tensor's contents.
+        offset: u64,
+        /// Number of bytes.
+        len: u64,
+    },
+}
+
 /// A queued output segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Segment {
@@ -163,6 +186,9 @@ struct Block {
     buf: Box<[u8]>,
     used: usize,
     refs: usize,
+    /// `buf` is lent out to a write in flight ([`Encoder::lend_block`]): nothing is written
+    /// into the block until it is back.
+    lent: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -266,7 +292,10 @@ impl Encoder {
 
     /// Arena blocks holding memory (in use, or idle and kept for reuse).
     pub fn block_count(&self) -> usize {
-        self.blocks.iter().filter(|b| !b.buf.is_empty()).count()
+        self.blocks
+            .iter()
+            .filter(|b| !b.buf.is_empty() || b.lent)
+            .count()
     }
 
     /// Chunked tensors whose chunks are not all queued yet.
@@ -279,9 +308,10 @@ impl Encoder {
             buf: vec![0; size].into_boxed_slice(),
             used: 0,
             refs: 0,
+            lent: false,
         };
         // The slot of a freed block, if any: segments name blocks by index.
-        match self.blocks.iter().position(|b| b.buf.is_empty()) {
+        match self.blocks.iter().position(|b| b.buf.is_empty() && !b.lent) {
             Some(i) => {
                 self.blocks[i] = block;
                 i
@@ -319,11 +349,11 @@ impl Encoder {
         if cur.refs == 0 {
             cur.used = 0;
         }
-        if cur.buf.len() - cur.used < len {
+        if cur.lent || cur.buf.len() - cur.used < len {
             let free = self
                 .blocks
                 .iter()
-                .position(|b| b.refs == 0 && b.buf.len() >= len);
+                .position(|b| b.refs == 0 && !b.lent && b.buf.len() >= len);
             self.current = match free {
                 Some(i) => i,
                 None => self.new_block(len.max(self.cfg.block_size)),
@@ -842,6 +872,54 @@ impl Encoder {
         })
     }
 
+    /// Output piece `i` in write order (the first trimmed by what was already written),
+    /// naming arena bytes by block, for a writer that borrows the blocks
+    /// ([`lend_block`](Self::lend_block)); `None` past the last.
+    pub fn out_piece(&self, i: usize) -> Option<OutPiece> {
+        let seg = self.ready.get(i)?;
+        let skip = if i == 0 { self.front_done } else { 0 };
+        Some(match *seg {
+            Segment::Arena { block, start, len } => OutPiece::Arena {
+                block,
+                start: start as usize + skip as usize,
+                len: len as usize - skip as usize,
+            },
+            Segment::Tensor {
+                token, offset, len, ..
+            } => OutPiece::Tensor {
+                token,
+                offset: offset + skip,
+                len: len - skip,
+            },
+        })
+    }
+
+    /// Takes arena block `block` out, for a write in flight to read; `None` when it is
+    /// lent already (or no such block). Nothing is written into it until
+    /// [`restore_block`](Self::restore_block) brings it back; later frames go into other
+    /// blocks.
+    pub fn lend_block(&mut self, block: u32) -> Option<Box<[u8]>> {
+        let b = self.blocks.get_mut(block as usize)?;
+        if b.lent {
+            return None;
+        }
+        b.lent = true;
+        Some(std::mem::take(&mut b.buf))
+    }
+
+    /// Takes back a block [`lend_block`](Self::lend_block) gave out. Call before
+    /// [`advance`](Self::advance) for the write that read it.
+    pub fn restore_block(&mut self, block: u32, buf: Box<[u8]>) {
+        if let Some(b) = self.blocks.get_mut(block as usize).filter(|b| b.lent) {
+            b.buf = buf;
+            b.lent = false;
+            if b.refs == 0 {
+                b.used = 0;
+                self.trim(block as usize);
+            }
+        }
+    }
+
     /// Records that the first `n` bytes of [`pieces`](Self::pieces) were written.
     pub fn advance(&mut self, mut n: u64) {
         while n > 0 {
@@ -861,7 +939,7 @@ impl Encoder {
                 Segment::Arena { block, .. } => {
                     let b = &mut self.blocks[block as usize];
                     b.refs -= 1;
-                    if b.refs == 0 {
+                    if b.refs == 0 && !b.lent {
                         b.used = 0;
                         self.trim(block as usize);
                     }

@@ -16,7 +16,7 @@ mod items;
 pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo, Side};
 pub use decoder::{Decoder, Event, Frame, NextRead, PayloadTarget};
 pub use encoder::{
-    EncodeError, Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem, RowsItem,
+    EncodeError, Encoder, EncoderConfig, OutPiece, OutTensor, Piece, PushItem, ResponseItem, RowsItem,
     RowsQuery, Segment, COPY_TOKEN,
 };
 

@@ -14,7 +14,7 @@ use crate::proto::{Connection, NextRead, PayloadTarget};
 use crate::tensor::{Tensor, TensorAllocator};
 
 use super::budget::ConnBudget;
-use super::reply::{IncomingPush, ReplyState};
+use super::reply::IncomingPush;
 use super::request::Pending;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,11 +66,8 @@ pub(crate) struct Conn {
     pub head_since: Option<Instant>,
     /// Whether a `FrameHead` timer is pending for this connection.
     pub head_timer: bool,
-    /// The request whose tensor the receive in flight writes straight into, if any.
-    pub receiving_into: Option<u64>,
-    /// The answer of that request, when it was given up (by deadline) while the receive
-    /// was in flight: kept until the receive completes or the connection is released.
-    pub buried: Option<ReplyState>,
+    /// What the receive in flight writes into, lent out until it completes.
+    pub lent: Option<Lent>,
     /// Its account of the receive budget.
     pub budget: ConnBudget,
     /// Progress of bytes the peer owes (a frame begun, chunked tensors announced).
@@ -118,8 +115,7 @@ impl Conn {
             recvs: Vec::new(),
             head_since: None,
             head_timer: false,
-            receiving_into: None,
-            buried: None,
+            lent: None,
             budget,
             progress: Progress::default(),
             last_heard: now,
@@ -208,6 +204,15 @@ pub(crate) fn tensor_for<'a>(
     p.state.tensor_mut(index, alloc, budget)
 }
 
+/// What a connection lent to its receive in flight ([`Session::lend_recv`](super::Session::lend_recv)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Lent {
+    /// Its receive buffer.
+    Buffer,
+    /// The memory of the tensor `route` leads to.
+    Tensor(Route),
+}
+
 /// Where the next payload bytes of a connection may be received directly.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DirectPlace {
@@ -215,13 +220,6 @@ pub(crate) struct DirectPlace {
     /// Where in the tensor, and how many bytes.
     pub offset: usize,
     pub len: usize,
-}
-
-impl DirectPlace {
-    /// The request (not a push from the peer) whose tensor the bytes go into.
-    pub fn request(&self) -> Option<u64> {
-        (!self.route.is_push).then_some(self.route.handle)
-    }
 }
 
 /// Where the next payload bytes of `conn` may be received directly: when the decoder offers

@@ -5,8 +5,10 @@
 //! A [`Session`] does no I/O and never reads the clock. The event loop feeds it what
 //! happened — requests from handles, bytes received, bytes sent, connects that completed
 //! or failed, the time — and asks it what to do: which connections have output
-//! ([`Session::take_dirty`] and [`Session::transmit`]), where the next bytes of a
-//! connection must land ([`Session::recv_target`]), which sockets to open or close
+//! ([`Session::take_dirty`] and [`Session::transmit`], which lend the encoder's blocks),
+//! where the next bytes of a connection must land ([`Session::lend_recv`], which lends the
+//! buffer or tensor memory until [`Session::received`] gives it back), which sockets to
+//! open or close
 //! ([`Session::poll_action`]) and when to call again ([`Session::poll_timeout`]). So the
 //! protocol is tested in memory with simulated time (`tests.rs`), no sockets involved.
 //!
@@ -41,16 +43,16 @@ use crate::config::Config;
 use crate::ctx::CtxSlab;
 use crate::error::{Error, ErrorKind};
 use crate::pool::{Answer, Job};
-use crate::proto::{CloseReason, Connection, EncoderConfig, Identity, OutTensor, Piece, Side};
+use crate::proto::{CloseReason, Connection, EncoderConfig, Identity, OutPiece, OutTensor, Side};
 use crate::rendezvous::{Delivery, Rendezvous};
 use crate::service::SharedService;
 use crate::stats::{add, Counters, RequestKind};
-use crate::tensor::{SharedAllocator, Tensor};
+use crate::tensor::{SharedAllocator, Tensor, TensorMemory};
 use crate::wire::{Status, HEADER_LEN};
 
 pub(crate) use budget::Budget;
 use budget::ConnBudget;
-use conn::{direct_place, mark_dirty, tensor_for, Conn, Phase};
+use conn::{direct_place, mark_dirty, tensor_for, Conn, Lent, Phase};
 use dispatch::Dispatch;
 use outbox::Outbox;
 use request::{Pending, PushEncodeScratch};
@@ -95,12 +97,35 @@ pub(crate) enum Action {
     Close { slot: u32 },
 }
 
-/// Where the next bytes of a connection go.
-pub(crate) enum RecvTarget<'a> {
-    /// Into the connection's receive buffer: at most this many bytes.
-    Buffer(&'a mut [u8]),
-    /// Straight into a tensor's memory (payload of a large tensor).
-    Direct(&'a mut [u8]),
+/// The memory the next receive of a connection writes into, lent by the session until the
+/// receive has completed ([`Session::lend_recv`], [`Session::received`]).
+pub(crate) enum RecvLoan {
+    /// The connection's receive buffer.
+    Buffer(Vec<u8>),
+    /// A tensor's memory (payload of a large tensor, received in place).
+    Tensor(Box<dyn TensorMemory>),
+}
+
+/// A [`RecvLoan`] and where in it the bytes go: `start..start + len`.
+pub(crate) struct RecvPlace {
+    pub mem: RecvLoan,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// Where [`Session::transmit`] puts a connection's output: the memory each piece is in,
+/// lent or shared, and the range of it to write, in order.
+pub(crate) trait SendSink {
+    /// Whether another piece fits.
+    fn has_room(&self) -> bool;
+    /// Bytes taken so far.
+    fn bytes(&self) -> u64;
+    /// Bytes `start..start + len` of arena block `block`, lent here (`buf`).
+    fn block(&mut self, block: u32, buf: Box<[u8]>, start: usize, len: usize);
+    /// Bytes `start..start + len` of arena block `block`, lent earlier in this write.
+    fn in_block(&mut self, block: u32, start: usize, len: usize);
+    /// Bytes `start..start + len` of the contents of `tensor`.
+    fn tensor(&mut self, tensor: Arc<Tensor>, start: usize, len: usize);
 }
 
 /// The loop's sans-IO protocol state. See the module docs.
@@ -533,25 +558,22 @@ impl Session {
         }
     }
 
-    /// Where the next bytes of connection `slot` must land, or `None` when nothing is to be
-    /// received on it (closed; or its buffer is full, which closes it).
-    pub(crate) fn recv_target(&mut self, slot: u32) -> Option<RecvTarget<'_>> {
+    /// Lends out the memory the next bytes of connection `slot` must land in, or `None`
+    /// when nothing is to be received on it (closed; or its buffer is full, which closes
+    /// it). Until the memory comes back through [`received`](Self::received), the
+    /// connection's buffer or the tensor is empty here: the session neither reads nor
+    /// frees it, whatever happens to the request meanwhile.
+    pub(crate) fn lend_recv(&mut self, slot: u32) -> Option<RecvPlace> {
         let conn = self.conns.get_mut(slot as usize)?;
-        if conn.phase == Phase::Closing || conn.proto.is_closed() {
+        if conn.phase == Phase::Closing || conn.proto.is_closed() || conn.lent.is_some() {
             return None;
         }
         let alloc = &*self.allocator;
         let min = self.zero_copy_min;
         if let Some(place) = direct_place(conn, &mut self.ctxs, min, alloc, slot) {
-            conn.receiving_into = place.request();
-            return self.direct_slice(slot, place);
-        }
-        if self.conns[slot as usize].proto.decoder().spare().is_empty() {
-            // Buffered bytes are decoded after every receive; this means the decoder is
-            // stuck on a frame it cannot finish.
-            log::error!("connection {slot}: receive buffer full; closing");
-            self.lose(slot, Error::new(ErrorKind::Protocol));
-            return None;
+            if let Some(loan) = self.lend_direct(slot, place) {
+                return Some(loan);
+            }
         }
         let conn = &mut self.conns[slot as usize];
         let decoder = conn.proto.decoder();
@@ -571,13 +593,24 @@ impl Session {
         } else {
             usize::MAX
         };
-        let spare = decoder.spare();
-        let n = spare.len().min(limit).min(u32::MAX as usize);
-        Some(RecvTarget::Buffer(&mut spare[..n]))
+        let Some((buf, start, len)) = decoder.lend(limit.min(u32::MAX as usize)) else {
+            // Buffered bytes are decoded after every receive; this means the decoder is
+            // stuck on a frame it cannot finish.
+            log::error!("connection {slot}: receive buffer full; closing");
+            self.lose(slot, Error::new(ErrorKind::Protocol));
+            return None;
+        };
+        conn.lent = Some(Lent::Buffer);
+        Some(RecvPlace {
+            mem: RecvLoan::Buffer(buf),
+            start,
+            len,
+        })
     }
 
-    /// The memory `place` names (just found by `direct_place`, so it is there).
-    fn direct_slice(&mut self, slot: u32, place: conn::DirectPlace) -> Option<RecvTarget<'_>> {
+    /// Lends the memory of the tensor `place` names (just found by `direct_place`, so it is
+    /// there); `None` when its contents are not separate memory.
+    fn lend_direct(&mut self, slot: u32, place: conn::DirectPlace) -> Option<RecvPlace> {
         let conn = self.conns.get_mut(slot as usize)?;
         let alloc = &*self.allocator;
         let incoming = &mut conn.incoming;
@@ -592,26 +625,52 @@ impl Session {
             log::error!("connection {slot}: receive target vanished");
             return None;
         };
-        let range = place.offset..place.offset + place.len;
-        t.bytes_mut().get_mut(range).map(RecvTarget::Direct)
+        let mem = t.lend_memory()?;
+        conn.lent = Some(Lent::Tensor(place.route));
+        Some(RecvPlace {
+            mem: RecvLoan::Tensor(mem),
+            start: place.offset,
+            len: place.len,
+        })
     }
 
-    /// `n` bytes arrived on connection `slot`, into what [`recv_target`](Self::recv_target)
-    /// gave (`direct`: a tensor). Decodes them and acts on what they complete.
-    pub(crate) fn received(&mut self, slot: u32, n: usize, direct: bool, now: Instant) {
+    /// The memory [`lend_recv`](Self::lend_recv) lent for connection `slot` is back, with
+    /// `n` bytes written at the start of the range it named (0 when the receive failed or
+    /// the stream ended). Puts it back; then, unless the connection is closing or `n` is 0,
+    /// decodes the bytes and acts on what they complete. Memory of a tensor whose request
+    /// was given up meanwhile is dropped.
+    pub(crate) fn received(&mut self, slot: u32, mem: RecvLoan, n: usize, now: Instant) {
         let Some(conn) = self.conns.get_mut(slot as usize) else {
             return;
         };
-        if conn.phase == Phase::Closing {
-            return;
+        match (conn.lent.take(), mem) {
+            (Some(Lent::Buffer), RecvLoan::Buffer(buf)) => {
+                conn.proto.decoder().restore(buf, n);
+            }
+            (Some(Lent::Tensor(route)), RecvLoan::Tensor(m)) => {
+                let alloc = &*self.allocator;
+                let t = tensor_for(
+                    &mut self.ctxs,
+                    &mut conn.incoming,
+                    slot,
+                    route,
+                    alloc,
+                    &conn.budget,
+                );
+                if let Some(t) = t {
+                    // Given up and replaced meanwhile: not this memory's tensor.
+                    drop(t.restore_memory(m));
+                }
+                conn.proto.decoder().payload_received(n as u64);
+            }
+            (lent, _) => {
+                log::error!("connection {slot}: received into memory it did not lend");
+                conn.lent = lent;
+                return;
+            }
         }
-        // The receive that may have been writing into a buried answer has completed.
-        conn.receiving_into = None;
-        conn.buried = None;
-        if direct {
-            conn.proto.decoder().payload_received(n as u64);
-        } else {
-            conn.proto.decoder().filled(n);
+        if conn.phase == Phase::Closing || n == 0 {
+            return;
         }
         conn.last_heard = now;
         self.process(slot, now);
@@ -620,15 +679,12 @@ impl Session {
         self.sweep_timers();
     }
 
-    /// Hands the output of connection `slot` to `sink`, piece by piece, until it returns
-    /// false; at most about `max` bytes are ready at once. Returns whether it gave any.
-    /// A connection closed by its protocol with nothing left to say is closed here.
-    pub(crate) fn transmit(
-        &mut self,
-        slot: u32,
-        max: u64,
-        mut sink: impl FnMut(&[u8]) -> bool,
-    ) -> bool {
+    /// Hands the output of connection `slot` to `sink`, piece by piece with the memory it
+    /// is in, while the sink has room and holds less than `max` bytes; arena blocks are
+    /// lent out (once each) until [`restore_block`](Self::restore_block), tensors shared.
+    /// Returns whether it gave any. A connection closed by its protocol with nothing left
+    /// to say is closed here.
+    pub(crate) fn transmit(&mut self, slot: u32, max: u64, sink: &mut impl SendSink) -> bool {
         let Some(conn) = self.conns.get_mut(slot as usize) else {
             return false;
         };
@@ -648,24 +704,34 @@ impl Session {
         let Conn {
             proto, out_tensors, ..
         } = conn;
+        let enc = proto.encoder();
         let mut any = false;
         let mut bad = false;
-        for piece in proto.encoder().pieces() {
-            let bytes = match piece {
-                Piece::Bytes(b) => b,
-                Piece::Tensor { token, offset, len } => {
-                    let bytes = out_tensors.get(token as usize).map(|t| t.bytes());
-                    match bytes.and_then(|b| b.get(offset as usize..(offset + len) as usize)) {
-                        Some(b) => b,
+        let mut i = 0;
+        while sink.has_room() && sink.bytes() < max {
+            let Some(piece) = enc.out_piece(i) else {
+                break;
+            };
+            i += 1;
+            match piece {
+                OutPiece::Arena { block, start, len } => match enc.lend_block(block) {
+                    Some(buf) => sink.block(block, buf, start, len),
+                    None => sink.in_block(block, start, len),
+                },
+                OutPiece::Tensor { token, offset, len } => {
+                    let t = out_tensors.get(token as usize).filter(|t| {
+                        offset
+                            .checked_add(len)
+                            .is_some_and(|end| end <= t.byte_len() as u64)
+                    });
+                    match t {
+                        Some(t) => sink.tensor(t.clone(), offset as usize, len as usize),
                         None => {
                             bad = true;
                             break;
                         }
                     }
                 }
-            };
-            if !sink(bytes) {
-                break;
             }
             any = true;
         }
@@ -675,6 +741,15 @@ impl Session {
             return false;
         }
         any
+    }
+
+    /// Arena block `block` of connection `slot`'s output, lent by
+    /// [`transmit`](Self::transmit), is back: the write that read it has completed. Call
+    /// before [`sent`](Self::sent).
+    pub(crate) fn restore_block(&mut self, slot: u32, block: u32, buf: Box<[u8]>) {
+        if let Some(conn) = self.conns.get_mut(slot as usize) {
+            conn.proto.encoder().restore_block(block, buf);
+        }
     }
 
     /// `n` bytes of connection `slot`'s output were written.
@@ -903,12 +978,5 @@ impl Session {
     /// Whether every connection has been released.
     pub(crate) fn is_empty(&self) -> bool {
         self.conns.is_empty()
-    }
-
-    /// Forgets, without dropping, every connection and request: used when the kernel may
-    /// still write into their memory (a loop dropped with I/O in flight).
-    pub(crate) fn leak(&mut self) {
-        std::mem::forget(std::mem::take(&mut self.conns));
-        std::mem::forget(std::mem::replace(&mut self.ctxs, CtxSlab::with_capacity(0)));
     }
 }

@@ -368,17 +368,6 @@ impl Session {
         }
     }
 
-    /// Drops request `handle`, given up before its answer arrived; when the receive in
-    /// flight on its connection writes straight into one of its tensors, its answer's
-    /// memory stays with the connection until that receive completes.
-    pub(super) fn bury(&mut self, handle: u64, p: Pending) {
-        if let Some(conn) = self.conns.get_mut(p.conn as usize) {
-            if conn.receiving_into == Some(handle) {
-                conn.buried = Some(p.state);
-            }
-        }
-    }
-
     /// Remembers a request given up while its answer may still come, so that the answer is
     /// ignored rather than taken for a forged handle. Bounded: the oldest is forgotten
     /// first (a very late answer to it then closes the connection as a protocol violation).

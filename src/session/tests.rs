@@ -168,16 +168,16 @@ impl Pair {
             return out;
         };
         loop {
-            let mut chunk = Vec::new();
-            from.transmit(slot, 1 << 20, |b| {
-                chunk.extend_from_slice(b);
-                true
-            });
-            if chunk.is_empty() {
+            let mut sink = Collect::default();
+            from.transmit(slot, 1 << 20, &mut sink);
+            for (block, buf) in sink.blocks.drain(..) {
+                from.restore_block(slot, block, buf);
+            }
+            if sink.bytes.is_empty() {
                 return out;
             }
-            from.sent(slot, chunk.len());
-            out.extend_from_slice(&chunk);
+            from.sent(slot, sink.bytes.len());
+            out.extend_from_slice(&sink.bytes);
         }
     }
 
@@ -187,20 +187,17 @@ impl Pair {
             return;
         };
         while !bytes.is_empty() {
-            let (n, direct) = match to.recv_target(slot) {
-                Some(RecvTarget::Buffer(b)) => {
-                    let n = b.len().min(bytes.len());
-                    b[..n].copy_from_slice(&bytes[..n]);
-                    (n, false)
-                }
-                Some(RecvTarget::Direct(b)) => {
-                    let n = b.len().min(bytes.len());
-                    b[..n].copy_from_slice(&bytes[..n]);
-                    (n, true)
-                }
-                None => return,
+            let Some(RecvPlace {
+                mut mem,
+                start,
+                len,
+            }) = to.lend_recv(slot)
+            else {
+                return;
             };
-            to.received(slot, n, direct, now);
+            let n = len.min(bytes.len());
+            loan_bytes(&mut mem)[start..start + n].copy_from_slice(&bytes[..n]);
+            to.received(slot, mem, n, now);
             bytes = &bytes[n..];
         }
     }
@@ -783,21 +780,27 @@ fn a_tensor_being_received_in_place_outlives_its_request_s_deadline() {
     // receive is then "in the kernel".
     let c = p.c.unwrap();
     let mut at = 0;
-    let direct_len = loop {
-        match p.client.recv_target(c) {
-            Some(RecvTarget::Buffer(b)) => {
-                let n = b.len().min(answer.len() - at);
-                b[..n].copy_from_slice(&answer[at..at + n]);
-                p.client.received(c, n, false, p.now);
+    let (loan, direct_len) = loop {
+        match p.client.lend_recv(c) {
+            Some(RecvPlace {
+                mem: RecvLoan::Buffer(mut b),
+                start,
+                len,
+            }) => {
+                let n = len.min(answer.len() - at);
+                b[start..start + n].copy_from_slice(&answer[at..at + n]);
+                p.client.received(c, RecvLoan::Buffer(b), n, p.now);
                 at += n;
             }
-            Some(RecvTarget::Direct(d)) => break d.len(),
+            Some(RecvPlace { mem, len, .. }) => break (mem, len),
             None => panic!("no receive target"),
         }
     };
     assert!(direct_len > 16 << 10);
-    // The deadline passes: the request fails now, but its tensor's memory stays until the
-    // receive writing into it completes.
+    // While the memory is lent, the tensor has none, and no second receive is lent out.
+    assert!(p.client.lend_recv(c).is_none());
+    // The deadline passes: the request fails now, but its tensor's memory stays lent (not
+    // dropped) until the receive writing into it completes.
     p.advance(Duration::from_millis(10));
     let done = p.completions();
     assert_eq!(
@@ -805,8 +808,48 @@ fn a_tensor_being_received_in_place_outlives_its_request_s_deadline() {
         (tag, Some(ErrorKind::Timeout))
     );
     assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 0);
-    p.client.received(c, 4096, true, p.now);
+    p.client.received(c, loan, 4096, p.now);
     assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// The memory a loan writes into.
+fn loan_bytes(m: &mut RecvLoan) -> &mut [u8] {
+    match m {
+        RecvLoan::Buffer(b) => b,
+        RecvLoan::Tensor(t) => t.bytes_mut(),
+    }
+}
+
+/// A writer that copies everything it is given and keeps the blocks lent to it.
+#[derive(Default)]
+struct Collect {
+    bytes: Vec<u8>,
+    blocks: Vec<(u32, Box<[u8]>)>,
+}
+
+impl SendSink for Collect {
+    fn has_room(&self) -> bool {
+        true
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn block(&mut self, block: u32, buf: Box<[u8]>, start: usize, len: usize) {
+        self.bytes.extend_from_slice(&buf[start..start + len]);
+        self.blocks.push((block, buf));
+    }
+
+    fn in_block(&mut self, block: u32, start: usize, len: usize) {
+        let (_, buf) = self.blocks.iter().find(|(b, _)| *b == block).expect("lent");
+        self.bytes.extend_from_slice(&buf[start..start + len]);
+    }
+
+    fn tensor(&mut self, tensor: Arc<Tensor>, start: usize, len: usize) {
+        self.bytes
+            .extend_from_slice(&tensor.bytes()[start..start + len]);
+    }
 }
 
 trait CloneErr {

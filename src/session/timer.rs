@@ -243,7 +243,6 @@ impl Session {
         let spare = std::mem::take(&mut p.spare);
         let peer = self.peer_of(p.conn);
         self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, spare);
-        self.bury(handle, p);
     }
 
     /// One recv of a fused request reached its own deadline: it fails alone.
@@ -270,7 +269,6 @@ impl Session {
         if all_done {
             if let Ok(p) = self.ctxs.remove(h) {
                 self.abandon(handle, &p);
-                self.bury(handle, p);
             }
         }
     }

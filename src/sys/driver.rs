@@ -8,16 +8,17 @@
 //! readiness arrives; either way it reports a completion. The loop above this is therefore
 //! the same code for both backends.
 //!
-//! Kernel memory: the driver owns what the kernel reads and writes for an operation besides
-//! the data itself — the socket address of a connect, the `msghdr` and iovec array of a
-//! send (one boxed [`SlotMem`] per slot, kept until the driver is dropped), and the
-//! registered receive-buffer pool — so a caller never keeps those alive by hand. The data a
-//! receive writes into and a send reads from belong to the caller: it keeps them valid, and
-//! unmoved, until that operation's completion has been delivered (the two `unsafe`
-//! operations, [`Driver::recv`] and [`Driver::send`]). To abandon the operations of a
-//! socket, `shutdown(2)` it ([`Driver::shutdown`]): pending operations then complete
-//! promptly (recv with 0, send with `EPIPE`, accept with `EINVAL`), after which the fd may
-//! be closed. Completions carry `io::Result`: the kernel's `-errno` is converted here.
+//! Kernel memory: the driver owns everything the kernel reads or writes for an operation
+//! until that operation's completion has been reaped — the socket address of a connect,
+//! the `msghdr` and iovecs of a send, and the data itself: the buffer a receive writes into
+//! and the blocks and tensors a send reads are lent to the driver by value and given back
+//! after the completion ([`loan`](super::loan)). Every call here is therefore safe. To
+//! abandon the operations of a socket, `shutdown(2)` it ([`Driver::shutdown`]): pending
+//! operations then complete promptly (recv with 0, send with `EPIPE`, accept with
+//! `EINVAL`), after which the fd may be closed. A driver dropped with operations in flight
+//! cancels them and waits for their completions (bounded); memory of any the kernel still
+//! holds after that is leaked, never freed. Completions carry `io::Result`: the kernel's
+//! `-errno` is converted here.
 
 use std::collections::VecDeque;
 use std::io;
@@ -31,6 +32,7 @@ use nix::libc;
 use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
+use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
 use super::uring::{Ring, SetupFlags, USER_DATA_DOORBELL};
 use super::Backend;
 
@@ -108,74 +110,6 @@ fn decode(user_data: u64, result: i32) -> Option<Completion> {
     })
 }
 
-/// Most iovecs in one send.
-pub const MAX_IOV: usize = 64;
-
-/// What the kernel reads for one slot's connect and send, owned by the driver; boxed so it
-/// never moves.
-pub struct SlotMem {
-    iov: [libc::iovec; MAX_IOV],
-    iov_len: usize,
-    msg: libc::msghdr,
-    addr: libc::sockaddr_storage,
-    addr_len: libc::socklen_t,
-}
-
-impl SlotMem {
-    fn new() -> Box<SlotMem> {
-        Box::new(SlotMem {
-            iov: [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; MAX_IOV],
-            iov_len: 0,
-            // SAFETY: msghdr is plain old data; all-zero (null pointers, zero lengths) is
-            // valid.
-            msg: unsafe { std::mem::zeroed() },
-            // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
-            addr: unsafe { std::mem::zeroed() },
-            addr_len: 0,
-        })
-    }
-}
-
-/// The iovecs of the next send on a slot, filled by [`Driver::gather`].
-pub struct Gather<'a> {
-    mem: &'a mut SlotMem,
-    bytes: u64,
-}
-
-impl Gather<'_> {
-    /// Adds `data` to the send; false (and nothing added) when the send is full.
-    pub fn push(&mut self, data: &[u8]) -> bool {
-        if self.mem.iov_len == MAX_IOV {
-            return false;
-        }
-        self.mem.iov[self.mem.iov_len] = libc::iovec {
-            iov_base: data.as_ptr() as *mut libc::c_void,
-            iov_len: data.len(),
-        };
-        self.mem.iov_len += 1;
-        self.bytes += data.len() as u64;
-        true
-    }
-
-    /// Pieces added so far.
-    pub fn len(&self) -> usize {
-        self.mem.iov_len
-    }
-
-    /// Whether nothing was added.
-    pub fn is_empty(&self) -> bool {
-        self.mem.iov_len == 0
-    }
-
-    /// Bytes added so far.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-}
-
 /// Writes `addr` as a C sockaddr into `out`; returns its length.
 fn write_sockaddr(addr: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
     let storage = nix::sys::socket::SockaddrStorage::from(*addr);
@@ -203,21 +137,20 @@ enum Io {
     Epoll(EpollDriver),
 }
 
-/// A loop's I/O: the backend, the kernel memory of each slot's operations, and the
-/// receive-buffer pool.
-pub struct Driver {
-    /// Dropped in `Drop`, unless the driver was leaked.
+/// A loop's I/O: the backend, the kernel memory of each slot's operations (including the
+/// memory lent to them, see [`loan`](super::loan)), and the receive-buffer pool. `M` is the
+/// memory of a tensor received in place, `S` a tensor sent by reference.
+pub struct Driver<M: IoBufMut, S: IoBuf> {
+    /// Dropped in `Drop`, after the operations in flight have been drained.
     io: std::mem::ManuallyDrop<Io>,
-    /// Set by [`leak`](Driver::leak): nothing is freed or closed on drop.
-    leaked: bool,
-    /// Per slot, what a connect or send hands the kernel; allocated on a slot's first use
-    /// and reused (a slot is reused only once its operations have completed).
-    mem: Vec<Option<Box<SlotMem>>>,
+    /// Per slot, what the kernel reads and writes for the slot's operations; allocated on a
+    /// slot's first use and reused.
+    mem: Vec<Option<Box<SlotMem<M, S>>>>,
     /// Receive buffers lent to connections, registered with io_uring when possible.
     pool: BufPool,
 }
 
-impl Driver {
+impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     /// A driver for `backend` with room for about `entries` operations in flight, waking on
     /// `doorbell`; an io_uring ring is set up with `flags` (see [`Ring::with_flags`]: with
     /// `Auto`, drive the driver from one thread).
@@ -226,14 +159,13 @@ impl Driver {
         entries: u32,
         doorbell: &Doorbell,
         flags: SetupFlags,
-    ) -> io::Result<Driver> {
+    ) -> io::Result<Self> {
         let io = match backend {
             Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell, flags)?),
             Backend::Epoll => Io::Epoll(EpollDriver::new(doorbell)?),
         };
         Ok(Driver {
             io: std::mem::ManuallyDrop::new(io),
-            leaked: false,
             mem: Vec::new(),
             pool: BufPool::new(0, 1),
         })
@@ -328,7 +260,7 @@ impl Driver {
     }
 
     /// The kernel memory of `slot`, allocated on first use.
-    fn mem(&mut self, slot: u32) -> &mut SlotMem {
+    fn mem(&mut self, slot: u32) -> &mut SlotMem<M, S> {
         let i = slot as usize;
         if self.mem.len() <= i {
             self.mem.resize_with(i + 1, || None);
@@ -342,13 +274,14 @@ impl Driver {
         mem.addr_len = write_sockaddr(addr, &mut mem.addr);
         let len = mem.addr_len;
         let addr: *const libc::sockaddr = (&mem.addr as *const libc::sockaddr_storage).cast();
-        match &mut *self.io {
+        mem.connect_busy = true;
+        let r = match &mut *self.io {
             Io::Uring(d) => {
                 let entry = opcode::Connect::new(types::Fd(fd), addr, len)
                     .build()
                     .user_data(user_data(slot, Op::Connect));
                 // SAFETY: `addr` points into the slot's boxed memory, which the driver keeps
-                // until it is dropped (after its operations have completed).
+                // until the connect's completion has been reaped (`connect_busy`).
                 unsafe { d.push_urgent(&entry) }
             }
             Io::Epoll(d) => {
@@ -363,21 +296,62 @@ impl Driver {
                 }
                 Ok(())
             }
+        };
+        if r.is_err() {
+            self.mem(slot).connect_busy = false;
         }
+        r
     }
 
-    /// Receives up to `len` bytes into `buf`; completes with the count (0 at end of
-    /// stream) or `-errno`.
-    ///
-    /// # Safety
-    /// `buf..buf+len` must stay valid and untouched until the completion is delivered.
-    pub unsafe fn recv(&mut self, slot: u32, fd: RawFd, buf: *mut u8, len: u32) -> io::Result<()> {
-        match &mut *self.io {
+    /// Receives into bytes `start..start + len` of `mem`, which the driver keeps until the
+    /// completion (the count, 0 at the end of the stream, or the error) has been reaped;
+    /// then [`take_recv`](Self::take_recv) gives it back. `fixed` names the pool buffer
+    /// `mem` is, if the caller knows it: on io_uring, when that buffer is registered and
+    /// `mem` lies in it, the receive is a `READ_FIXED`, which spares the kernel mapping the
+    /// user pages on every operation. An operation that cannot be started gives `mem`
+    /// back with the error.
+    pub fn recv(
+        &mut self,
+        slot: u32,
+        fd: RawFd,
+        mem: RecvMem<M>,
+        start: usize,
+        len: usize,
+        fixed: Option<u16>,
+    ) -> Result<(), (io::Error, RecvMem<M>)> {
+        let slot_mem = self.mem(slot);
+        if slot_mem.recv_busy || slot_mem.recv.is_some() {
+            let e = io::Error::other("a receive is already in flight");
+            return Err((e, mem));
+        }
+        let (buf, len) = match slot_mem.lend_recv(mem, start, len) {
+            Ok(p) => p,
+            Err(mem) => {
+                let e = io::Error::new(io::ErrorKind::InvalidInput, "receive range out of bounds");
+                return Err((e, mem));
+            }
+        };
+        slot_mem.recv_busy = true;
+        let fixed = fixed.filter(|&i| {
+            self.pool.is_registered()
+                && matches!(self.mem(slot).recv, Some((RecvMem::Buffer(_), _)))
+                && self.pool.contains(i, buf, len as usize)
+        });
+        let r = match &mut *self.io {
             Io::Uring(d) => {
-                let entry = opcode::Recv::new(types::Fd(fd), buf, len)
-                    .build()
-                    .user_data(user_data(slot, Op::Recv));
-                // SAFETY: the caller keeps the buffer valid until the completion.
+                let entry = match fixed {
+                    // Offset 0 on a socket (not seekable): the kernel reads at the stream's
+                    // current position.
+                    Some(index) => opcode::ReadFixed::new(types::Fd(fd), buf, len, index)
+                        .build()
+                        .user_data(user_data(slot, Op::Recv)),
+                    None => opcode::Recv::new(types::Fd(fd), buf, len)
+                        .build()
+                        .user_data(user_data(slot, Op::Recv)),
+                };
+                // SAFETY: `buf..buf+len` lies in memory the slot holds until the completion
+                // has been reaped (`recv_busy`); a fixed read's range was checked to lie in
+                // pool buffer `index`, registered for the life of the ring.
                 unsafe { d.push(&entry) }
             }
             Io::Epoll(d) => {
@@ -388,69 +362,71 @@ impl Driver {
                 }
                 Ok(())
             }
-        }
-    }
-
-    /// As [`recv`](Self::recv), into memory inside the buffer registered under `buf_index`
-    /// by [`register_buffers`](Self::register_buffers): on io_uring a `READ_FIXED`, which
-    /// skips mapping the user pages for each operation; on epoll a plain receive.
-    ///
-    /// # Safety
-    /// As [`recv`](Self::recv); and on io_uring `buf..buf+len` must lie inside registered
-    /// buffer `buf_index` (the kernel checks the range and fails the operation with
-    /// `-EFAULT` otherwise).
-    pub unsafe fn recv_fixed(
-        &mut self,
-        slot: u32,
-        fd: RawFd,
-        buf: *mut u8,
-        len: u32,
-        buf_index: u16,
-    ) -> io::Result<()> {
-        match &mut *self.io {
-            Io::Uring(d) => {
-                // Offset 0 on a socket (not seekable): the kernel reads at the stream's
-                // current position.
-                let entry = opcode::ReadFixed::new(types::Fd(fd), buf, len, buf_index)
-                    .build()
-                    .user_data(user_data(slot, Op::Recv));
-                // SAFETY: the caller keeps the buffer valid until the completion, and it
-                // lies in a buffer that stays registered as long as the ring.
-                unsafe { d.push(&entry) }
+        };
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let mem = self.mem(slot);
+                mem.recv_busy = false;
+                let (m, _) = mem.recv.take().expect("lent just above");
+                Err((e, m))
             }
-            // SAFETY: passed on from the caller.
-            Io::Epoll(_) => unsafe { self.recv(slot, fd, buf, len) },
         }
     }
 
-    /// The pieces of the next send on `slot`, emptied; fill it, then call
-    /// [`send`](Self::send).
-    pub fn gather(&mut self, slot: u32) -> Gather<'_> {
+    /// Whether a receive on `slot` has been started and its completion not yet reaped.
+    pub fn recv_in_flight(&self, slot: u32) -> bool {
+        self.mem
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|m| m.recv_busy)
+    }
+
+    /// The memory of `slot`'s last receive, once its completion has been reaped.
+    pub fn take_recv(&mut self, slot: u32) -> Option<RecvMem<M>> {
+        let mem = self.mem.get_mut(slot as usize)?.as_mut()?;
+        if mem.recv_busy {
+            return None;
+        }
+        mem.recv.take().map(|(m, _)| m)
+    }
+
+    /// The next send on `slot`, emptied; fill it, then call [`send`](Self::send). `None`
+    /// while the previous send is in flight.
+    pub fn gather(&mut self, slot: u32) -> Option<Gather<'_, M, S>> {
         let mem = self.mem(slot);
+        if mem.send_busy {
+            return None;
+        }
+        mem.send.clear();
         mem.iov_len = 0;
-        Gather { mem, bytes: 0 }
+        Some(Gather { mem, bytes: 0 })
     }
 
     /// Sends the pieces [`gather`](Self::gather) collected for `slot`, as one message (with
-    /// `MSG_NOSIGNAL`); completes with the bytes sent or the error.
-    ///
-    /// # Safety
-    /// Every piece must stay valid, and unmoved, until the completion is delivered.
-    pub unsafe fn send(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
+    /// `MSG_NOSIGNAL`); completes with the bytes sent or the error. The memory they are in
+    /// stays with the driver until then; [`take_sent`](Self::take_sent) gives it back. A
+    /// send that cannot be started leaves it there too.
+    pub fn send(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
         let mem = self.mem(slot);
+        if mem.send_busy {
+            return Err(io::Error::other("a send is already in flight"));
+        }
         // SAFETY: msghdr is plain old data; all-zero (null pointers, zero lengths) is valid.
         mem.msg = unsafe { std::mem::zeroed() };
         mem.msg.msg_iov = mem.iov.as_mut_ptr();
         mem.msg.msg_iovlen = mem.iov_len as _;
         let msg: *const libc::msghdr = &mem.msg;
-        match &mut *self.io {
+        mem.send_busy = true;
+        let r = match &mut *self.io {
             Io::Uring(d) => {
                 let entry = opcode::SendMsg::new(types::Fd(fd), msg)
                     .flags(libc::MSG_NOSIGNAL as u32)
                     .build()
                     .user_data(user_data(slot, Op::Send));
-                // SAFETY: the message and its iovecs live in the slot's boxed memory, kept
-                // until the driver is dropped; the caller keeps the pieces valid.
+                // SAFETY: the message, its iovecs and the memory they point into (checked
+                // to lie in the owners by `Gather::piece`) are the slot's, kept until the
+                // completion has been reaped (`send_busy`).
                 unsafe { d.push_urgent(&entry) }
             }
             Io::Epoll(d) => {
@@ -458,6 +434,24 @@ impl Driver {
                 d.retry(slot, false, true);
                 Ok(())
             }
+        };
+        if r.is_err() {
+            self.mem(slot).send_busy = false;
+        }
+        r
+    }
+
+    /// Hands the memory of `slot`'s last send to `f`, once its completion has been reaped.
+    pub fn take_sent(&mut self, slot: u32, mut f: impl FnMut(SendMem<S>)) {
+        let Some(mem) = self.mem.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if mem.send_busy {
+            return;
+        }
+        mem.iov_len = 0;
+        for m in mem.send.drain(..) {
+            f(m);
         }
     }
 
@@ -499,34 +493,100 @@ impl Driver {
         }
     }
 
-    /// Makes dropping the driver free nothing and close nothing: for a loop that could not
-    /// drain its operations, whose memory the kernel may still use.
-    pub fn leak(&mut self) {
-        self.leaked = true;
-    }
-
     /// Submits what is queued and delivers ready completions to `f`, waiting up to
     /// `timeout` for the first one when `wait` is true (`None`: no limit). Returns how many
-    /// completions were delivered.
+    /// completions were delivered. The memory of a completed operation can be taken back
+    /// from then on.
     pub fn complete(
         &mut self,
         wait: bool,
         timeout: Option<Duration>,
         mut f: impl FnMut(Completion),
     ) -> io::Result<usize> {
+        let mem = &mut self.mem;
+        let mut reaped = |c: Completion| {
+            if let Completion::Op { slot, op, .. } = c {
+                if let Some(m) = mem.get_mut(slot as usize).and_then(Option::as_mut) {
+                    match op {
+                        Op::Recv => m.recv_busy = false,
+                        Op::Send => m.send_busy = false,
+                        Op::Connect => m.connect_busy = false,
+                        Op::Accept => {}
+                    }
+                }
+            }
+            f(c)
+        };
         match &mut *self.io {
-            Io::Uring(d) => d.complete(wait, timeout, &mut f),
-            Io::Epoll(d) => d.complete(wait, timeout, &mut f),
+            Io::Uring(d) => d.complete(wait, timeout, &mut reaped),
+            Io::Epoll(d) => d.complete(wait, timeout, &mut reaped),
         }
+    }
+
+    /// Operations whose completion has not been reaped yet.
+    pub fn in_flight(&self) -> usize {
+        self.mem
+            .iter()
+            .flatten()
+            .map(|m| m.recv_busy as usize + m.send_busy as usize + m.connect_busy as usize)
+            .sum()
+    }
+
+    /// Cancels every operation in flight and reaps completions until none is left, for a
+    /// second at most. Returns whether all completed.
+    fn drain(&mut self) -> bool {
+        if let Io::Uring(d) = &mut *self.io {
+            for (slot, m) in self.mem.iter().enumerate() {
+                let Some(m) = m else { continue };
+                let ops = [
+                    (m.recv_busy, Op::Recv),
+                    (m.send_busy, Op::Send),
+                    (m.connect_busy, Op::Connect),
+                ];
+                for (_, op) in ops.iter().filter(|(busy, _)| *busy) {
+                    let entry = opcode::AsyncCancel::new(user_data(slot as u32, *op))
+                        .build()
+                        .user_data((slot as u64) << 8);
+                    // SAFETY: the cancel entry references no memory.
+                    if let Err(e) = unsafe { d.push_urgent(&entry) } {
+                        log::warn!("cancelling on slot {slot}: {e}");
+                    }
+                }
+            }
+        }
+        for _ in 0..1000 {
+            if self.in_flight() == 0 {
+                return true;
+            }
+            if self
+                .complete(true, Some(Duration::from_millis(1)), |_| {})
+                .is_err()
+            {
+                break;
+            }
+        }
+        self.in_flight() == 0
     }
 }
 
-impl Drop for Driver {
+impl<M: IoBufMut, S: IoBuf> Drop for Driver<M, S> {
     fn drop(&mut self) {
-        if self.leaked {
-            std::mem::forget(std::mem::take(&mut self.mem));
+        if matches!(*self.io, Io::Uring(_)) && self.in_flight() > 0 && !self.drain() {
+            // Operations still in the kernel may write into or read the memory lent to them
+            // and their slot's `msghdr`. Closing the ring cancels them asynchronously, so
+            // freeing that memory now could let the kernel use freed memory: leak it. A
+            // fixed read may also still write into a registered pool buffer.
+            log::error!(
+                "I/O driver dropped with {} operations in flight that did not drain; \
+                 leaking their memory",
+                self.in_flight()
+            );
+            for m in self.mem.iter_mut() {
+                if m.as_ref().is_some_and(|m| m.busy()) {
+                    std::mem::forget(m.take());
+                }
+            }
             std::mem::forget(std::mem::replace(&mut self.pool, BufPool::new(0, 1)));
-            return;
         }
         // SAFETY: dropped once, here, and not used after.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.io) };

@@ -19,6 +19,7 @@ pub mod bufpool;
 pub mod doorbell;
 pub mod driver;
 pub mod epoll;
+pub mod loan;
 pub mod socket;
 pub mod uring;
 
