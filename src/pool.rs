@@ -10,9 +10,10 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::service::SharedService;
+use crate::service::{Service, SharedService};
+use crate::table::Table;
 use crate::tensor::Tensor;
-use crate::wire::Status;
+use crate::wire::{DType, Status};
 
 /// Jobs waiting for a handler thread, at most.
 const QUEUE: usize = 4096;
@@ -39,6 +40,37 @@ pub(crate) enum Job {
         ids: Vec<u64>,
         results: Vec<Result<Tensor, Status>>,
     },
+    /// The tables of a `PULL_ROWS`.
+    PullRows {
+        to: ReplyTo,
+        tables: Vec<RowsPull>,
+    },
+    /// A received `PUSH_ROWS`: per table its id, its gradient block (or the status of its
+    /// failure to arrive) and its row ids, `ids[ends[i - 1]..ends[i]]`.
+    PushRows {
+        to: ReplyTo,
+        tables: Vec<u64>,
+        blocks: Vec<Result<Tensor, Status>>,
+        ids: Vec<u64>,
+        ends: Vec<usize>,
+    },
+}
+
+/// One table of a `PULL_ROWS` for a handler thread: the table, the block the requester
+/// expects (`[n, row...]` of `dtype`) and the `n` ids.
+pub(crate) struct RowsPull {
+    pub table: u32,
+    pub dtype: DType,
+    pub dims: Vec<u64>,
+    pub ids: Vec<u64>,
+}
+
+/// One table's answer from a handler thread: its status, its block when `OK`, and the
+/// positions of the rows not found.
+pub(crate) struct RowsPulled {
+    pub status: Status,
+    pub block: Option<Arc<Tensor>>,
+    pub missing: Vec<u32>,
 }
 
 /// A handler's answer, on its way back to the loop.
@@ -51,6 +83,19 @@ pub(crate) enum Answer {
         to: ReplyTo,
         statuses: Vec<Status>,
     },
+    PullRows {
+        to: ReplyTo,
+        tables: Vec<RowsPulled>,
+    },
+}
+
+impl Answer {
+    /// Where it goes.
+    pub(crate) fn to(&self) -> ReplyTo {
+        match self {
+            Answer::Pull { to, .. } | Answer::Push { to, .. } | Answer::PullRows { to, .. } => *to,
+        }
+    }
 }
 
 /// Where handler threads hand answers back: the loop that serves the connection.
@@ -133,9 +178,7 @@ fn work(
             return; // every sender is gone: the runtime stopped
         };
         let answer = run(job, service);
-        let to = match &answer {
-            Answer::Pull { to, .. } | Answer::Push { to, .. } => *to,
-        };
+        let to = answer.to();
         match loops.get(to.loop_index) {
             Some(l) => l.post_answer(answer),
             None => log::error!("handler pool: no loop {}", to.loop_index),
@@ -161,7 +204,102 @@ pub(crate) fn run(job: Job, service: &dyn crate::service::Service) -> Answer {
             apply_push(service, &ids, &mut results, &mut statuses, scratch);
             Answer::Push { to, statuses }
         }
+        Job::PullRows { to, tables } => Answer::PullRows {
+            to,
+            tables: tables.iter().map(|t| pull_rows(service, t)).collect(),
+        },
+        Job::PushRows {
+            to,
+            tables,
+            blocks,
+            ids,
+            ends,
+        } => {
+            let statuses = tables
+                .iter()
+                .zip(&blocks)
+                .enumerate()
+                .map(|(i, (&table, block))| {
+                    let start = if i == 0 { 0 } else { ends[i - 1] };
+                    match (block, ids.get(start..ends[i])) {
+                        (Ok(b), Some(ids)) => apply_rows(service, table as u32, ids, b),
+                        (Ok(_), None) => Status::Internal,
+                        (Err(s), _) => *s,
+                    }
+                })
+                .collect();
+            Answer::Push { to, statuses }
+        }
     }
+}
+
+/// Pulls one table's rows into a block of their own.
+fn pull_rows(service: &dyn Service, t: &RowsPull) -> RowsPulled {
+    let failed = |status| RowsPulled {
+        status,
+        block: None,
+        missing: Vec::new(),
+    };
+    let table = match table_for(service, t.table, t.dtype, t.dims.iter().copied()) {
+        Ok(table) => table,
+        Err(status) => return failed(status),
+    };
+    let Ok(mut block) = Tensor::zeros(t.dtype, &t.dims) else {
+        return failed(Status::ResourceExhausted);
+    };
+    let mut missing = Vec::new();
+    let status = crate::panic::guarded("Table::pull", || {
+        table.pull(&t.ids, block.bytes_mut(), &mut missing)
+    })
+    .unwrap_or(Status::Internal);
+    if !status.is_ok() {
+        return failed(status);
+    }
+    if !missing_is_ordered(&missing, t.ids.len()) {
+        log::warn!(
+            "table {} reported missing rows out of order or range",
+            t.table
+        );
+        return failed(Status::Internal);
+    }
+    RowsPulled {
+        status,
+        block: Some(Arc::new(block)),
+        missing,
+    }
+}
+
+/// Whether a table's report of missing rows is increasing and within its `n` rows.
+pub(crate) fn missing_is_ordered(missing: &[u32], n: usize) -> bool {
+    missing.windows(2).all(|w| w[0] < w[1]) && missing.iter().all(|&p| (p as usize) < n)
+}
+
+/// The table `table` names, checked against the block the request expects of it: `dtype`
+/// rows shaped like `dims` after its first (the row count).
+pub(crate) fn table_for(
+    service: &dyn Service,
+    table: u32,
+    dtype: DType,
+    mut dims: impl Iterator<Item = u64>,
+) -> Result<&dyn Table, Status> {
+    let t = service.table(table).ok_or(Status::NotFound)?;
+    let rows = dims.next();
+    let dims_match = rows.is_some() && t.row_dims().iter().copied().eq(dims);
+    if t.dtype() != dtype || !dims_match {
+        return Err(Status::InvalidArgument);
+    }
+    Ok(t)
+}
+
+/// Applies one table's gradient block of a `PUSH_ROWS`.
+pub(crate) fn apply_rows(service: &dyn Service, table: u32, ids: &[u64], block: &Tensor) -> Status {
+    let meta = block.meta();
+    let table = match table_for(service, table, meta.dtype, meta.dims.iter()) {
+        Ok(t) => t,
+        Err(status) => return status,
+    };
+    crate::panic::guarded("Table::push", || table.push(ids, block.bytes()))
+        .unwrap_or(Status::Internal)
 }
 
 /// Vectors a push is applied with, kept between pushes so that applying one allocates

@@ -389,8 +389,8 @@ settings! {
         setter: plain,
     }
 
-    /// Threads that run a service's pull and push handlers; 0 runs them inline on the loop
-    /// that received the request.
+    /// Threads that run a service's pull and push handlers and its tables' rows pulls and
+    /// pushes; 0 runs them inline on the loop that received the request.
     handler_threads: usize [] {
         env: [ENV_HANDLER_THREADS = "STARWIRE_HANDLER_THREADS"],
         default: [DEFAULT_HANDLER_THREADS = 0],

@@ -56,7 +56,7 @@ use conn::{direct_place, mark_dirty, tensor_for, Conn, Lent, Phase};
 use dispatch::Dispatch;
 use outbox::Outbox;
 use request::{Pending, PushEncodeScratch};
-use serve::{answer_pull, answer_push, answer_recv, ServeScratch};
+use serve::{answer_pull, answer_pull_rows, answer_push, answer_recv, ServeScratch};
 use timer::{Timer, Timers};
 
 pub use outbox::{Callback, Completion, Reply};
@@ -371,9 +371,7 @@ impl Session {
 
     /// Sends a pool handler's answer, if its connection is still there.
     pub(crate) fn take_answer(&mut self, a: Answer) {
-        let to = match &a {
-            Answer::Pull { to, .. } | Answer::Push { to, .. } => *to,
-        };
+        let to = a.to();
         if !self.conn_live(to.conn, to.generation) {
             return;
         }
@@ -394,6 +392,14 @@ impl Session {
             Answer::Push { statuses, .. } => {
                 answer_push(proto.encoder(), to.handle, &statuses, &mut scratch.items)
             }
+            Answer::PullRows { tables, .. } => answer_pull_rows(
+                proto.encoder(),
+                out_tensors,
+                to.handle,
+                &tables,
+                &mut scratch.tokens,
+                &mut scratch.items,
+            ),
         }
         conn.release_tokens();
         mark_dirty(&mut self.dirty, conn, to.conn);

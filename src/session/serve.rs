@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use slab::Slab;
 
-use crate::pool::{Job, PushScratch, ReplyTo};
+use crate::pool::{
+    apply_rows, missing_is_ordered, table_for, Job, PushScratch, ReplyTo, RowsPull, RowsPulled,
+};
 use crate::proto::{Encoder, OutTensor, ResponseItem, COPY_TOKEN};
 use crate::rendezvous::Waiter;
 use crate::service::Service;
-use crate::table::Table;
 use crate::tensor::Tensor;
 use crate::wire::{
     ItemIndexes, Missing, RecvBody, RowsTable, RowsTables, Status, TensorMeta, VarIds,
@@ -56,6 +57,18 @@ impl Dispatch<'_> {
             rows,
         } = push.into_parts();
         if rows.is_rows() {
+            if let Some(jobs) = self.jobs {
+                let to = self.reply_to(handle);
+                let job = Job::PushRows {
+                    to,
+                    tables: ids,
+                    blocks: results,
+                    ids: rows.ids,
+                    ends: rows.ends,
+                };
+                refuse_if_unsent(jobs.try_send(job), enc, handle);
+                return;
+            }
             s.statuses.clear();
             for (i, (table, block)) in ids.iter().zip(&results).enumerate() {
                 let status = match block {
@@ -98,6 +111,19 @@ impl Dispatch<'_> {
             let _ = enc.error(handle, Status::Unimplemented, "no rows service");
             return;
         };
+        if let Some(jobs) = self.jobs {
+            let to = self.reply_to(handle);
+            let tables = tables
+                .map(|t| RowsPull {
+                    table: t.table,
+                    dtype: t.block.dtype,
+                    dims: t.block.dims.iter().collect(),
+                    ids: t.ids().collect(),
+                })
+                .collect();
+            refuse_if_unsent(jobs.try_send(Job::PullRows { to, tables }), enc, handle);
+            return;
+        }
         let count = tables.len();
         for (index, t) in tables.enumerate() {
             let end = index + 1 == count;
@@ -370,6 +396,53 @@ pub(crate) fn answer_pull(
     *spare = recast(items);
 }
 
+/// Answers a `PULL_ROWS` with the tables a handler thread pulled: their blocks sent by
+/// reference, with the missing-rows reports.
+pub(crate) fn answer_pull_rows(
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    tables: &[RowsPulled],
+    tokens: &mut Vec<Option<u64>>,
+    spare: &mut Vec<ResponseItem<'static>>,
+) {
+    tokens.clear();
+    tokens.extend(tables.iter().map(|t| {
+        t.block
+            .as_ref()
+            .map(|b| out_tensors.insert(b.clone()) as u64)
+    }));
+    let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
+    items.extend(
+        tables
+            .iter()
+            .zip(tokens.iter())
+            .enumerate()
+            .map(|(index, (t, token))| match (&t.block, token) {
+                (Some(b), Some(token)) if t.status.is_ok() => ResponseItem {
+                    index: index as u32,
+                    status: Status::Ok,
+                    tensor: Some(out_tensor(b, *token)),
+                    missing: crate::wire::Missing::Native(&t.missing),
+                },
+                _ => ResponseItem {
+                    index: index as u32,
+                    status: if t.status.is_ok() {
+                        Status::Internal
+                    } else {
+                        t.status
+                    },
+                    tensor: None,
+                    missing: crate::wire::Missing::default(),
+                },
+            }),
+    );
+    if let Err(k) = send_items(enc, handle, true, &items) {
+        release_unsent(out_tensors, tokens[k..].iter().flatten().copied());
+    }
+    *spare = recast(items);
+}
+
 /// Drops the references of tensors whose items were not encoded (those already queued keep
 /// theirs until written).
 fn release_unsent(out_tensors: &mut Slab<Arc<Tensor>>, tokens: impl Iterator<Item = u64>) {
@@ -419,21 +492,6 @@ pub(crate) struct RowsScratch {
     ids: Vec<u64>,
 }
 
-/// The table `t` names, checked against what the request expects of it.
-fn table_for<'s>(
-    service: &'s dyn Service,
-    table: u32,
-    block: &TensorMeta<'_>,
-) -> Result<&'s dyn Table, Status> {
-    let t = service.table(table).ok_or(Status::NotFound)?;
-    let dims_match = t.row_dims().len() + 1 == block.dims.len()
-        && t.row_dims().iter().copied().eq(block.dims.iter().skip(1));
-    if t.dtype() != block.dtype || !dims_match {
-        return Err(Status::InvalidArgument);
-    }
-    Ok(t)
-}
-
 /// Pulls one table's rows. Straight into a frame when the block fits one and every row is
 /// there: answered, `(None, None)`. Otherwise the status to answer with, the block (when
 /// `OK`) in `scratch.block` (no token) or, too large for one frame, in a tensor of its own
@@ -450,7 +508,7 @@ fn pull_table(
     scratch: &mut RowsScratch,
     out_tensors: &mut Slab<Arc<Tensor>>,
 ) -> (Option<Status>, Option<u64>) {
-    let table = match table_for(service, t.table, &t.block) {
+    let table = match table_for(service, t.table, t.block.dtype, t.block.dims.iter()) {
         Ok(table) => table,
         Err(status) => return (Some(status), None),
     };
@@ -486,10 +544,7 @@ fn pull_table(
             (status, token)
         }
     };
-    let report = &scratch.missing;
-    let n = t.len() as u64;
-    let ordered = report.windows(2).all(|w| w[0] < w[1]) && report.iter().all(|&p| (p as u64) < n);
-    if status.is_ok() && !ordered {
+    if status.is_ok() && !missing_is_ordered(&scratch.missing, t.len()) {
         log::warn!(
             "table {} reported missing rows out of order or range",
             t.table
@@ -500,17 +555,6 @@ fn pull_table(
         return (Some(Status::Internal), None);
     }
     (Some(status), token)
-}
-
-/// Applies one table's gradient block of a `PUSH_ROWS`.
-fn apply_rows(service: &dyn Service, table: u32, ids: &[u64], block: &Tensor) -> Status {
-    let meta = block.meta();
-    let table = match table_for(service, table, &meta) {
-        Ok(t) => t,
-        Err(status) => return status,
-    };
-    crate::panic::guarded("Table::push", || table.push(ids, block.bytes()))
-        .unwrap_or(Status::Internal)
 }
 
 /// Vectors the serving side reuses from request to request, so that answering allocates
