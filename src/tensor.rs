@@ -604,13 +604,51 @@ impl Tensor {
         }
     }
 
-    /// A tensor for an incoming meta, in memory from `alloc`; `None` if the allocator
+    /// A tensor for an incoming meta, in memory taken from `reuse` when one there is large
+    /// enough (it is removed from `reuse`: memory kept from earlier answers, so that a
+    /// steady stream of them allocates nothing), else from `alloc`; `None` if the allocator
     /// refuses or returns too little memory.
-    pub(crate) fn receive(meta: &TensorMeta<'_>, alloc: &dyn TensorAllocator) -> Option<Tensor> {
+    pub(crate) fn receive_reusing(
+        meta: &TensorMeta<'_>,
+        alloc: &dyn TensorAllocator,
+        reuse: &mut Vec<Box<dyn TensorMemory>>,
+    ) -> Option<Tensor> {
         if meta.dead {
             return Some(Tensor::dead(meta.dtype));
         }
-        Self::receive_owned(&OwnedMeta::of(meta)?, alloc)
+        Self::receive_owned_reusing(&OwnedMeta::of(meta)?, alloc, reuse)
+    }
+
+    /// As [`receive_owned`](Self::receive_owned), in memory from `reuse` when one fits.
+    pub(crate) fn receive_owned_reusing(
+        meta: &OwnedMeta,
+        alloc: &dyn TensorAllocator,
+        reuse: &mut Vec<Box<dyn TensorMemory>>,
+    ) -> Option<Tensor> {
+        let len = usize::try_from(meta.byte_len).ok()?;
+        let small = meta.byte_len <= Self::INLINE_MAX as u64 && alloc.inline_small();
+        let fits = (!small)
+            .then(|| reuse.iter().position(|m| m.bytes().len() >= len))
+            .flatten();
+        match fits {
+            Some(i) => Some(Tensor {
+                dtype: meta.dtype,
+                dims: meta.dims.clone(),
+                dead: false,
+                byte_len: len,
+                memory: Contents::Memory(reuse.swap_remove(i)),
+            }),
+            None => Self::receive_owned(meta, alloc),
+        }
+    }
+
+    /// The contents' memory, for reuse (`None` for contents kept inside the value, or
+    /// none).
+    pub fn into_memory(self) -> Option<Box<dyn TensorMemory>> {
+        match self.memory {
+            Contents::Memory(m) => Some(m),
+            _ => None,
+        }
     }
 
     /// A tensor for a meta kept from an earlier frame (a chunked tensor, allocated when its
@@ -776,10 +814,10 @@ mod tests {
             dims: Dims::Native(&dims),
         };
         let hook = Counting(Default::default());
-        let t = Tensor::receive(&meta, &hook).unwrap();
+        let t = Tensor::receive_reusing(&meta, &hook, &mut Vec::new()).unwrap();
         assert!(!t.is_inline());
         assert_eq!(hook.0.load(std::sync::atomic::Ordering::Relaxed), 1);
-        let t = Tensor::receive(&meta, &HeapAllocator::default()).unwrap();
+        let t = Tensor::receive_reusing(&meta, &HeapAllocator::default(), &mut Vec::new()).unwrap();
         assert!(t.is_inline());
         assert_eq!(t.byte_len(), 64);
     }
@@ -827,8 +865,8 @@ mod tests {
         }
         let dims = [4u64];
         let meta = TensorMeta::new(DType::U8, &dims).unwrap();
-        assert!(Tensor::receive(&meta, &Short).is_none());
-        let t = Tensor::receive(&meta, &HeapAllocator::default()).unwrap();
+        assert!(Tensor::receive_reusing(&meta, &Short, &mut Vec::new()).is_none());
+        let t = Tensor::receive_reusing(&meta, &HeapAllocator::default(), &mut Vec::new()).unwrap();
         assert_eq!(t.byte_len(), 4);
     }
 
@@ -837,16 +875,16 @@ mod tests {
         let heap = HeapAllocator::default();
         let dims = [2u64 << 20];
         let meta = TensorMeta::new(DType::U8, &dims).unwrap();
-        let mut t = Tensor::receive(&meta, &heap).unwrap();
+        let mut t = Tensor::receive_reusing(&meta, &heap, &mut Vec::new()).unwrap();
         t.bytes_mut()[0] = 7;
         let first = t.bytes().as_ptr();
         drop(t);
-        let again = Tensor::receive(&meta, &heap).unwrap();
+        let again = Tensor::receive_reusing(&meta, &heap, &mut Vec::new()).unwrap();
         assert_eq!(again.bytes().as_ptr(), first, "the cached buffer is reused");
         assert_eq!(again.byte_len(), 2 << 20);
         // Small tensors are not cached.
         let small = TensorMeta::new(DType::U8, &[16]).unwrap();
-        let s = Tensor::receive(&small, &heap).unwrap();
+        let s = Tensor::receive_reusing(&small, &heap, &mut Vec::new()).unwrap();
         drop(s);
         assert_eq!(heap.cache.lock().0.len(), 0);
     }

@@ -487,7 +487,11 @@ impl<D: Driver> Client<D> {
 
     /// Hands a completion back once its reply has been used: its vectors (the reply's, and
     /// those the request was submitted with) serve the next requests of this client, so
-    /// that they allocate nothing. Tensors still in the reply are dropped.
+    /// that they allocate nothing. Tensors still in the reply are dropped, except the
+    /// blocks of a rows pull: the memory of up to two of them (of at most 1 MiB each) is
+    /// kept for the blocks of the next rows pulls that use the runtime's allocator (not
+    /// [`pull_rows_into`](Self::pull_rows_into)'s), so a steady stream of them allocates
+    /// nothing either. Take a block out first ([`PulledRows::take_block`](crate::rows::PulledRows::take_block)) to keep it.
     pub fn recycle(&mut self, completion: Completion) {
         if self.spares.len() < self.spares_kept {
             self.spares.push(completion.into_spare());

@@ -72,78 +72,7 @@ pub struct OutTensor<'a> {
 /// the call. A tensor with it must fit the frame (it cannot be chunked).
 pub const COPY_TOKEN: u64 = u64::MAX;
 
-/// One piece of output, in write order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Piece<'a> {
-    /// Bytes from the arena.
-    Bytes(&'a [u8]),
-    /// Bytes `offset..offset + len` of the tensor the caller named `token`.
-    Tensor {
-        /// The caller's token.
-        token: u64,
-        /// Start within the tensor's contents.
-        offset: u64,
-        /// Number of bytes.
-        len: u64,
-    },
-}
-
-/// One piece of output by position ([`Encoder::out_piece`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutPiece {
-    /// Bytes `start..start + len` of arena block `block`.
-    Arena {
-        /// Block number.
-        block: u32,
-        /// Start in the block.
-        start: usize,
-        /// Number of bytes.
-        len: usize,
-    },
-    /// Bytes `offset..offset + len` of the tensor the caller named `token`.
-    Tensor {
-        /// The caller's token.
-        token: u64,
-        /// Start within the tensor's contents.
-        offset: u64,
-        /// Number of bytes.
-        len: u64,
-    },
-}
-
-/// A queued output segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Segment {
-    /// Bytes in arena block `block`.
-    Arena {
-        /// Block number.
-        block: u32,
-        /// Start in the block.
-        start: u32,
-        /// Length.
-        len: u32,
-    },
-    /// Bytes of a referenced tensor.
-    Tensor {
-        /// The caller's token.
-        token: u64,
-        /// Start in the tensor.
-        offset: u64,
-        /// Length.
-        len: u64,
-        /// The tensor's last bytes: once written, the token is released.
-        last: bool,
-    },
-}
-
-impl Segment {
-    fn len(&self) -> u64 {
-        match *self {
-            Segment::Arena { len, .. } => len as u64,
-            Segment::Tensor { len, .. } => len,
-        }
-    }
-}
+pub use super::output::{OutPiece, Piece, Segment};
 
 /// Why a frame could not be encoded. Nothing was queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +156,10 @@ pub struct Encoder {
 }
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
+
+/// Size of a block taken while the current one is lent to a write in flight (see
+/// [`Encoder::lend_block`]), when the frame fits it.
+const SIDE_BLOCK: usize = 16 << 10;
 
 /// Idle arena blocks an encoder keeps for the next frames; more are freed.
 pub const FREE_BLOCKS_KEPT: usize = 2;
@@ -349,14 +282,25 @@ impl Encoder {
         if cur.refs == 0 {
             cur.used = 0;
         }
-        if cur.lent || cur.buf.len() - cur.used < len {
+        let cur_lent = cur.lent;
+        if cur_lent || cur.buf.len() - cur.used < len {
             let free = self
                 .blocks
                 .iter()
                 .position(|b| b.refs == 0 && !b.lent && b.buf.len() >= len);
+            // A block wanted while blocks are out with a write gets the small size when the
+            // frame fits: frames queued during a write then take 16 KiB blocks, and a
+            // connection holds one standard block and a few small ones, not several
+            // standard ones.
+            let lent = cur_lent || self.blocks.iter().any(|b| b.lent);
+            let size = if lent && len <= SIDE_BLOCK {
+                SIDE_BLOCK
+            } else {
+                len.max(self.cfg.block_size)
+            };
             self.current = match free {
                 Some(i) => i,
-                None => self.new_block(len.max(self.cfg.block_size)),
+                None => self.new_block(size),
             };
             self.blocks[self.current].used = 0;
         }

@@ -12,6 +12,7 @@ mod conn;
 mod decoder;
 mod encoder;
 mod items;
+mod output;
 
 pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo, Side};
 pub use decoder::{Decoder, Event, Frame, NextRead, PayloadTarget};

@@ -8,7 +8,7 @@
 
 use super::budget::{ConnBudget, Refused, Reservation};
 use crate::rows::{PulledRows, RowsSpec};
-use crate::tensor::{OwnedMeta, Tensor, TensorAllocator};
+use crate::tensor::{OwnedMeta, Tensor, TensorAllocator, TensorMemory};
 use crate::wire::{PushEntries, ResponseEntries, RowsTables, Status};
 
 /// A chunked tensor still arriving.
@@ -31,6 +31,7 @@ fn announced(
     meta: &crate::wire::TensorMeta<'_>,
     alloc: &dyn TensorAllocator,
     chunks: &mut Vec<Chunked>,
+    reuse: &mut Vec<Box<dyn TensorMemory>>,
 ) -> Result<Tensor, Status> {
     if meta.chunked {
         if let Some(m) = OwnedMeta::of(meta) {
@@ -43,7 +44,7 @@ fn announced(
             return Err(Status::Protocol);
         }
     }
-    Tensor::receive(meta, alloc).ok_or(Status::ResourceExhausted)
+    Tensor::receive_reusing(meta, alloc, reuse).ok_or(Status::ResourceExhausted)
 }
 
 /// The tensor receiving item `index`'s contents, allocated now if it was deferred: its
@@ -55,6 +56,7 @@ fn tensor_in<'r>(
     index: u32,
     alloc: &dyn TensorAllocator,
     budget: &ConnBudget,
+    reuse: &mut Vec<Box<dyn TensorMemory>>,
 ) -> Option<&'r mut Tensor> {
     let slot = results.get_mut(index as usize)?;
     if let Some(c) = chunks.iter_mut().find(|c| c.index == index) {
@@ -62,7 +64,8 @@ fn tensor_in<'r>(
             match budget.reserve(meta.byte_len) {
                 Ok(r) => {
                     c.reserved = Some(r);
-                    *slot = Tensor::receive_owned(&meta, alloc).ok_or(Status::ResourceExhausted);
+                    *slot = Tensor::receive_owned_reusing(&meta, alloc, reuse)
+                        .ok_or(Status::ResourceExhausted);
                 }
                 Err(why) => {
                     let which = match why {
@@ -111,6 +114,8 @@ pub(crate) enum ReplyState {
         state: Vec<u8>,
         chunks: Vec<Chunked>,
         end: bool,
+        /// Memory kept from earlier answers, for this one's blocks (rows pulls only).
+        reuse: Vec<Box<dyn TensorMemory>>,
     },
     /// A push: one status per item.
     Push {
@@ -146,6 +151,39 @@ pub(crate) struct Spare {
     pub spans: Vec<(u32, u32)>,
     /// A rows pull's expected blocks, while its answer is assembled.
     pub expected: Vec<RowsSpec>,
+    /// The memory of blocks of recycled rows answers, for the next ones (at most
+    /// [`MEMORY_KEPT`]).
+    pub memory: Vec<Box<dyn TensorMemory>>,
+    /// The request these vectors served used the runtime's allocator: its blocks' memory
+    /// may serve the next requests.
+    pub runtime_memory: bool,
+}
+
+/// Blocks' memories a [`Spare`] or a push's vectors keep for reuse.
+pub(crate) const MEMORY_KEPT: usize = 2;
+
+/// Largest block whose memory is kept: larger ones are rare and cost their allocation
+/// little next to their transfer.
+pub(crate) const MEMORY_KEPT_BYTES: usize = 1 << 20;
+
+/// Keeps the memory of the blocks in `blocks` (emptied) in `memory`, up to
+/// [`MEMORY_KEPT`] blocks of at most [`MEMORY_KEPT_BYTES`].
+pub(crate) fn keep_memory(
+    blocks: &mut Vec<Result<Tensor, Status>>,
+    memory: &mut Vec<Box<dyn TensorMemory>>,
+) {
+    for b in blocks.drain(..) {
+        if memory.len() == MEMORY_KEPT {
+            continue;
+        }
+        let m = b.ok().and_then(Tensor::into_memory);
+        if let Some(m) = m.filter(|m| m.bytes().len() <= MEMORY_KEPT_BYTES) {
+            if memory.capacity() == 0 {
+                memory.reserve_exact(MEMORY_KEPT);
+            }
+            memory.push(m);
+        }
+    }
 }
 
 impl Spare {
@@ -185,6 +223,9 @@ impl Spare {
                     mut missing,
                     mut spans,
                 } = rows;
+                if self.runtime_memory {
+                    keep_memory(&mut blocks, &mut self.memory);
+                }
                 blocks.clear();
                 missing.clear();
                 spans.clear();
@@ -230,19 +271,26 @@ impl ReplyState {
             state: filled(std::mem::take(&mut spare.state), n, OPEN),
             chunks: Vec::new(),
             end: false,
+            reuse: Vec::new(),
         }
     }
 
-    /// The state of a pull of the rows of `tables`, in `spare`'s vectors.
-    pub(crate) fn rows(tables: &[RowsSpec], spare: &mut Spare) -> ReplyState {
+    /// The state of a pull of the rows of `tables`, in `spare`'s vectors; with `reuse`,
+    /// its blocks land in the memory `spare` kept from earlier answers when it fits.
+    pub(crate) fn rows(tables: &[RowsSpec], spare: &mut Spare, reuse: bool) -> ReplyState {
         let mut state = ReplyState::pull(tables.len(), false, spare);
         if let ReplyState::Pull {
             rows,
             missing,
             spans,
+            reuse: kept,
             ..
         } = &mut state
         {
+            spare.runtime_memory = reuse;
+            if reuse {
+                *kept = std::mem::take(&mut spare.memory);
+            }
             *rows = std::mem::take(&mut spare.expected);
             rows.clear();
             rows.extend_from_slice(tables);
@@ -279,6 +327,7 @@ impl ReplyState {
                 rows,
                 missing,
                 spans,
+                reuse,
                 ..
             } => {
                 for entry in entries {
@@ -305,7 +354,9 @@ impl ReplyState {
                     match entry.tensor {
                         None if entry.status.is_ok() => return Err("pull answer without a tensor"),
                         None => results[i as usize] = Err(entry.status),
-                        Some(meta) => results[i as usize] = announced(i, &meta, alloc, chunks),
+                        Some(meta) => {
+                            results[i as usize] = announced(i, &meta, alloc, chunks, reuse)
+                        }
                     }
                 }
                 *e |= end;
@@ -394,8 +445,11 @@ impl ReplyState {
     ) -> Option<&mut Tensor> {
         match self {
             ReplyState::Pull {
-                results, chunks, ..
-            } => tensor_in(results, chunks, index, alloc, budget),
+                results,
+                chunks,
+                reuse,
+                ..
+            } => tensor_in(results, chunks, index, alloc, budget, reuse),
             _ => None,
         }
     }
@@ -453,9 +507,13 @@ impl ReplyState {
                 rows,
                 missing,
                 spans,
+                reuse,
                 ..
             } => {
                 spare.state = state;
+                if spare.memory.is_empty() {
+                    spare.memory = reuse;
+                }
                 if !rows.is_empty() {
                     spare.expected = rows;
                     return crate::session::Reply::Rows(PulledRows {
@@ -489,6 +547,8 @@ pub(crate) struct IncomingPush {
     results: Vec<Result<Tensor, Status>>,
     rows: RowIds,
     chunks: Vec<Chunked>,
+    /// Memory kept from earlier pushes' blocks, for this one's (rows pushes only).
+    memory: Vec<Box<dyn TensorMemory>>,
     frame_done: bool,
     /// When the requester stops waiting for the answer (its `timeout_ms`).
     pub deadline: Option<std::time::Instant>,
@@ -524,6 +584,9 @@ pub(crate) struct PushVecs {
     pub ids: Vec<u64>,
     pub results: Vec<Result<Tensor, Status>>,
     pub rows: RowIds,
+    /// The memory of applied gradient blocks, for the next rows push's (at most
+    /// [`MEMORY_KEPT`]).
+    pub memory: Vec<Box<dyn TensorMemory>>,
 }
 
 impl IncomingPush {
@@ -538,6 +601,7 @@ impl IncomingPush {
             mut ids,
             mut results,
             mut rows,
+            memory,
         } = spare;
         ids.clear();
         results.clear();
@@ -546,7 +610,13 @@ impl IncomingPush {
         let mut chunks = Vec::new();
         for (i, e) in entries.enumerate() {
             ids.push(e.var_id);
-            results.push(announced(i as u32, &e.meta, alloc, &mut chunks));
+            results.push(announced(
+                i as u32,
+                &e.meta,
+                alloc,
+                &mut chunks,
+                &mut Vec::new(),
+            ));
         }
         IncomingPush {
             handle,
@@ -554,6 +624,7 @@ impl IncomingPush {
             results,
             rows,
             chunks,
+            memory,
             frame_done: false,
             deadline: None,
             cancelled: false,
@@ -572,7 +643,13 @@ impl IncomingPush {
             push.ids.push(t.table as u64);
             push.rows.ids.extend(t.ids());
             push.rows.ends.push(push.rows.ids.len());
-            let block = announced(i as u32, &t.block, alloc, &mut push.chunks);
+            let block = announced(
+                i as u32,
+                &t.block,
+                alloc,
+                &mut push.chunks,
+                &mut push.memory,
+            );
             push.results.push(block);
         }
         push
@@ -584,7 +661,14 @@ impl IncomingPush {
         alloc: &dyn TensorAllocator,
         budget: &ConnBudget,
     ) -> Option<&mut Tensor> {
-        tensor_in(&mut self.results, &mut self.chunks, index, alloc, budget)
+        tensor_in(
+            &mut self.results,
+            &mut self.chunks,
+            index,
+            alloc,
+            budget,
+            &mut self.memory,
+        )
     }
 
     /// The received items: variable ids, and per item its tensor or why it failed to arrive.
@@ -593,6 +677,7 @@ impl IncomingPush {
             ids: self.ids,
             results: self.results,
             rows: self.rows,
+            memory: self.memory,
         }
     }
 

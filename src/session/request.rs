@@ -70,7 +70,11 @@ impl RequestOp {
             RequestOp::Pull { ids, .. } => ReplyState::pull(ids.len(), false, spare),
             RequestOp::Push { items } => ReplyState::push(items.len(), spare),
             RequestOp::Recv { keys, .. } => ReplyState::pull(keys.len(), true, spare),
-            RequestOp::PullRows { tables, .. } => ReplyState::rows(tables, spare),
+            // Memory kept from earlier answers serves only requests that use the runtime's
+            // allocator: one that brings its own gets its blocks from it.
+            RequestOp::PullRows { tables, alloc, .. } => {
+                ReplyState::rows(tables, spare, alloc.is_none())
+            }
             RequestOp::PushRows { tables, .. } => ReplyState::push(tables.len(), spare),
         }
     }

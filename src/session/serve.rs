@@ -19,7 +19,7 @@ use crate::wire::{
 use super::conn::Conn;
 use super::dispatch::Dispatch;
 use super::out_tensor;
-use super::reply::PushVecs;
+use super::reply::{keep_memory, PushVecs};
 
 impl Dispatch<'_> {
     /// Applies a completely received push and answers it.
@@ -55,6 +55,7 @@ impl Dispatch<'_> {
             ids,
             mut results,
             rows,
+            mut memory,
         } = push.into_parts();
         if rows.is_rows() {
             if let Some(jobs) = self.jobs {
@@ -78,9 +79,15 @@ impl Dispatch<'_> {
                 s.statuses.push(status);
             }
             answer_push(enc, handle, &s.statuses, &mut s.items);
-            results.clear();
+            // The blocks were applied: their memory takes the next push's blocks.
+            keep_memory(&mut results, &mut memory);
             if s.push_vecs.len() < PUSH_VECS_KEPT {
-                s.push_vecs.push(PushVecs { ids, results, rows });
+                s.push_vecs.push(PushVecs {
+                    ids,
+                    results,
+                    rows,
+                    memory,
+                });
             }
             return;
         }
@@ -93,7 +100,12 @@ impl Dispatch<'_> {
         crate::pool::apply_push(service, &ids, &mut results, &mut s.statuses, &mut s.push);
         answer_push(enc, handle, &s.statuses, &mut s.items);
         if s.push_vecs.len() < PUSH_VECS_KEPT {
-            s.push_vecs.push(PushVecs { ids, results, rows });
+            s.push_vecs.push(PushVecs {
+                ids,
+                results,
+                rows,
+                memory,
+            });
         }
     }
 
