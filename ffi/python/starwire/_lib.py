@@ -179,6 +179,8 @@ client_recv_many = _sig("sw_client_recv_many", R, p, C.c_char_p, C.c_uint64,
                         C.POINTER(C.c_char_p), sizep, C.c_size_t, C.c_uint64, u64p)
 client_pull_rows = _sig("sw_client_pull_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
                         C.c_uint64, u64p)
+client_pull_rows_wait = _sig("sw_client_pull_rows_wait", R, p, C.c_char_p, C.POINTER(Rows),
+                             C.c_uint64, u32p, sizep)
 client_push_rows = _sig("sw_client_push_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
                         C.c_uint64, u64p)
 client_wait = _sig("sw_client_wait", R, p, C.c_uint64, C.POINTER(p))
