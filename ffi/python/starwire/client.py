@@ -549,7 +549,9 @@ class _PullPlan:
 
     def __init__(self, peer: bytes, table: int, code: int, target: npt.NDArray[Any],
                  ms: int) -> None:
-        self.peer, self.ms, self.dtype, self.shape = peer, ms, target.dtype, target.shape
+        # ctypes values, not Python ints and bytes: converting those costs more per call.
+        self.peer, self.ms = C.c_char_p(peer), C.c_uint64(ms)
+        self.dtype, self.shape = target.dtype, target.shape
         row_shape = target.shape[1:]
         self.dims = (C.c_uint64 * max(len(row_shape), 1))(*row_shape)
         self.rows = _lib.Rows(table, code, C.addressof(self.dims), len(row_shape), 0,
