@@ -564,7 +564,7 @@ class _PullPlan:
 _PLANS_KEPT = 64
 _ndarray = np.ndarray
 _U64 = np.dtype(np.uint64)
-_pull_rows_wait = _lib.client_pull_rows_wait_unchecked
+_pull_rows_wait: Callable[..., int] = _lib.client_pull_rows_wait_unchecked
 
 _PARTITIONS = {"mod": 0, "div": 1, "hash": 2}
 _NO_ROWS: npt.NDArray[np.uint32] = np.empty(0, dtype=np.uint32)
