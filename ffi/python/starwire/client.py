@@ -256,7 +256,7 @@ class Client:
         """`pull`, submitted."""
         id_arr = _row_ids(ids)
         tag = self._submitted(_lib.client_pull(self._handle(), self.runtime._peer(peer),
-                                               id_arr.ctypes.data, len(id_arr), _ms(timeout),
+                                               address(id_arr), len(id_arr), _ms(timeout),
                                                C.byref(self._tag)))
         return Pending(self, tag, lambda r: self._tensors(r, "pull", True))
 
@@ -280,7 +280,7 @@ class Client:
                 handles.append((lender.wrap(a, f"items[{i}]"), a))
             ids = np.array([int(i) for i, _ in items], dtype=np.uint64)
             ptrs = (C.c_void_p * len(handles))(*[h for h, _ in handles])
-            tag = self._submitted(_lib.client_push(c, addr, ids.ctypes.data, ptrs, len(ids),
+            tag = self._submitted(_lib.client_push(c, addr, address(ids), ptrs, len(ids),
                                                    _ms(timeout), C.byref(self._tag)))
         finally:
             lender.give_back(handles)
@@ -638,7 +638,7 @@ class Sharded:
                                       f"{self.dtype}{list(shape)}")
             if not out.flags.writeable:
                 raise InvalidArgument("out is read-only")
-        code = _lib.sharded_pull(s, c, id_arr.ctypes.data, len(id_arr), out.ctypes.data,
+        code = _lib.sharded_pull(s, c, address(id_arr), len(id_arr), address(out),
                                  out.nbytes, _ms(timeout), C.byref(self._report))
         return out, self._finish(code)
 
@@ -655,7 +655,7 @@ class Sharded:
             raise InvalidArgument(f"grads is {g.dtype}{list(g.shape)}, not "
                                   f"{self.dtype}{list(shape)}")
         self._report.failed = 0
-        code = _lib.sharded_push(s, c, id_arr.ctypes.data, len(id_arr), g.ctypes.data,
+        code = _lib.sharded_push(s, c, address(id_arr), len(id_arr), address(g),
                                  g.nbytes, _ms(timeout), C.byref(self._report))
         return self._finish(code)
 
