@@ -888,3 +888,46 @@ fn a_rows_pull_in_one_call_needs_a_client_that_waits() {
         sw_client_free(c);
     }
 }
+
+#[test]
+fn a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it_returns() {
+    let cluster = Cluster::new(&[(
+        0,
+        mem_table(
+            64,
+            sw_init {
+                kind: sw_init_kind::SW_INIT_UNIFORM as u32,
+                scale: 1.0,
+                seed: 2,
+            },
+            sgd(1.0),
+        ),
+    )]);
+    let ids: Vec<u64> = (0..40_000).collect();
+    let mut buf = vec![0u8; ids.len() * 64 * 4];
+    // Create the rows first, so that the deadlines below fall inside the transfer.
+    let table = rows(0, F32, &[64], &ids, &mut buf);
+    assert_eq!(
+        pull_rows_wait(&cluster, &cluster.peer, &table, 5000),
+        (sw_result::SW_OK, vec![])
+    );
+    for timeout_ms in [1u64, 2, 3, 5, 8] {
+        buf.fill(0xff);
+        let table = rows(0, F32, &[64], &ids, &mut buf);
+        let (r, missing) = pull_rows_wait(&cluster, &cluster.peer, &table, timeout_ms);
+        match r {
+            sw_result::SW_OK => assert_eq!(missing, Vec::<u32>::new()),
+            r => assert_eq!(r, sw_result::SW_ERR_TIMEOUT),
+        }
+        // Once the call returned, nothing writes into the buffer any more.
+        let snapshot = buf.clone();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(buf == snapshot, "written after the call ({timeout_ms} ms)");
+    }
+    // The connection still serves.
+    let table = rows(0, F32, &[64], &ids[..10], &mut buf[..10 * 256]);
+    assert_eq!(
+        pull_rows_wait(&cluster, &cluster.peer, &table, 5000),
+        (sw_result::SW_OK, vec![])
+    );
+}
