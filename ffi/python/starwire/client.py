@@ -429,7 +429,7 @@ class Client:
             # read-only ones): those take the checked path below.
             rows.ids = _addressof(_from_buffer(ids))  # type: ignore[arg-type]
             rows.data = _addressof(_from_buffer(out))  # type: ignore[arg-type]
-        except (KeyError, AttributeError, TypeError, ValueError, _Unplanned):
+        except (KeyError, AttributeError, TypeError, ValueError, BufferError, _Unplanned):
             ids, out, plan = self._plan_pull(peer, table, ids, row_shape, dtype, out, timeout)
         code = _pull_rows_wait(self._c, plan.peer, plan.rows_ref, plan.ms, plan.missing,
                                self._count_ref)
