@@ -460,7 +460,10 @@ class Client:
             hash(key)
         except TypeError:  # a row shape given as a list
             key = None
-        plan = _PullPlan(addr, table, code, target, ms)
+        if len(self._missing) < len(target):
+            # Grown for all plans to come; earlier plans keep the smaller one they fit.
+            self._missing = (C.c_uint32 * max(len(target), 2 * len(self._missing)))()
+        plan = _PullPlan(addr, table, code, target, ms, self._missing)
         plan.rows.ids, plan.rows.data = address(id_arr), address(target)
         if key is not None and id_arr is ids:
             if len(self._plans) >= _PLANS_KEPT:
@@ -543,12 +546,12 @@ class _Unplanned(Exception):
 class _PullPlan:
     """A blocking rows pull, checked: its request (table, dtype, row shape, number of ids;
     the ids and data addresses are set per call), the peer and deadline, and room for the
-    missing positions."""
+    missing positions (the client's buffer)."""
 
     __slots__ = ("peer", "ms", "dtype", "shape", "dims", "rows", "rows_ref", "missing")
 
     def __init__(self, peer: bytes, table: int, code: int, target: npt.NDArray[Any],
-                 ms: int) -> None:
+                 ms: int, missing: Any) -> None:
         # ctypes values, not Python ints and bytes: converting those costs more per call.
         self.peer, self.ms = C.c_char_p(peer), C.c_uint64(ms)
         self.dtype, self.shape = target.dtype, target.shape
@@ -557,7 +560,8 @@ class _PullPlan:
         self.rows = _lib.Rows(table, code, C.addressof(self.dims), len(row_shape), 0,
                               len(target), 0, target.nbytes)
         self.rows_ref = C.byref(self.rows)
-        self.missing = (C.c_uint32 * len(target))()
+        # The client's buffer (room for at least `len(target)`), shared by its plans.
+        self.missing = missing
 
 
 #: Plans a client keeps (all dropped when more are made: a program has a few kinds of call).

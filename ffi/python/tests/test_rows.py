@@ -195,6 +195,12 @@ class RowsTest(unittest.TestCase):
             got, missing = self.client.pull_rows(self.peer, 1, missing_ids, 4, out=out1)
             np.testing.assert_array_equal(missing, [0, 1])
             np.testing.assert_array_equal(got, 0)
+        # Plans of other lengths share the client's room for missing positions, which grows.
+        for n in (2, 300, 2, 300):
+            missing_ids = np.arange(1000, 1000 + n, dtype=np.uint64)
+            got, missing = self.client.pull_rows(self.peer, 1, missing_ids, 4,
+                                                 out=np.empty((n, 4), dtype=np.float32))
+            np.testing.assert_array_equal(missing, np.arange(n))
         # A closed client: Closed, also on a planned call.
         self.client.close()
         with self.assertRaises(starwire.Closed):
