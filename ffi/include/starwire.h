@@ -1021,6 +1021,36 @@ sw_result sw_client_pull_rows(struct sw_client *c,
                               uint64_t *tag);
 
 /*
+ A rows pull of one table, submitted and waited for in one call: `sw_client_pull_rows`
+ with `n_tables` 1, then `sw_client_wait`, without a reply to read and free. The rows are
+ received into `rows->data` as there. On `SW_OK` the table's rows are in `rows->data` and
+ the positions (in `rows->ids`, increasing) of the rows the peer did not have (their
+ bytes are zero) are in `missing`, `*missing_count` of them; `missing` has room for
+ `rows->n` positions.
+
+ Fails as the two calls do: at once on an invalid argument, and with the request's
+ outcome (`SW_ERR_TIMEOUT`, `SW_ERR_CONNECTION_LOST`, ...); a table the peer refused
+ (`NOT_FOUND`, `INVALID_ARGUMENT`, ...) is `SW_ERR_REMOTE`, with its wire status in
+ `sw_last_error_status`. Once this returns, whatever it returns, starwire no longer touches
+ `rows->data`. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+
+ This is the blocking call of language bindings: one foreign call per pull, and a
+ waiting thread that holds no lock of the caller's runtime (a Python binding releases
+ the GIL around it).
+
+ # Safety
+ As `sw_client_ping`; `rows` points at one `sw_rows` whose pointers are valid for the
+ call, `data` neither read nor written by the caller during it; `missing` has room for
+ `rows->n` values; `missing_count` is writable.
+ */
+sw_result sw_client_pull_rows_wait(struct sw_client *c,
+                                   const char *peer,
+                                   const struct sw_rows *rows,
+                                   uint64_t timeout_ms,
+                                   uint32_t *missing,
+                                   size_t *missing_count);
+
+/*
  Pushes gradient rows of `n_tables` tables to `peer` in one request: per table, the rows
  at `tables[t].data` (`n * row_bytes` bytes, in the order of the ids) for its ids. The
  ids and rows are copied before this returns: the caller may reuse its buffers at once.

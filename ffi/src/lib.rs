@@ -253,6 +253,22 @@ unsafe fn slice<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T], Fai
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
+/// As [`slice`], naming the argument only when it is NULL (no message built per call).
+///
+/// # Safety
+/// As [`slice`].
+unsafe fn slice_named<'a, T>(
+    p: *const T,
+    n: usize,
+    what: impl FnOnce() -> String,
+) -> Result<&'a [T], Failure> {
+    if n > 0 && p.is_null() {
+        return Err(Failure::null(&what()));
+    }
+    // SAFETY: forwarded; not NULL when `n` is above 0.
+    unsafe { slice(p, n, "") }
+}
+
 /// A NUL-terminated string argument.
 ///
 /// # Safety
@@ -1339,8 +1355,11 @@ fn status_code<T>(block: Result<T, Status>) -> u32 {
 
 /// A completion as C sees it: the result code and, on success, a reply (a rows pull's
 /// blocks put in `targets`).
-fn outcome(c: Completion, targets: Option<&RowsTargets>) -> (sw_result, Option<Box<sw_reply>>) {
-    match c.result {
+fn outcome(
+    result: Result<Reply, Error>,
+    targets: Option<&RowsTargets>,
+) -> (sw_result, Option<Box<sw_reply>>) {
+    match result {
         Ok(reply) => (SW_OK, Some(Box::new(reply_of(reply, targets)))),
         Err(e) => {
             let failure = Failure::from(e);
@@ -1590,7 +1609,7 @@ pub unsafe extern "C" fn sw_client_new_with_callback(
             capacity.max(1) as usize,
             Arc::new(move |c: Completion| {
                 let tag = c.tag;
-                let (code, reply) = outcome(c, None);
+                let (code, reply) = outcome(c.result, None);
                 cb.call(tag, code, reply.map_or(std::ptr::null_mut(), Box::into_raw));
             }),
         );
@@ -1890,14 +1909,12 @@ unsafe fn rows_args<'a>(tables: *const sw_rows, n: usize) -> Result<Vec<RowsArg<
         }
         // SAFETY: per the caller.
         let row_dims = unsafe {
-            slice(
-                t.row_dims,
-                t.rank as usize,
-                &format!("tables[{i}].row_dims"),
-            )
+            slice_named(t.row_dims, t.rank as usize, || {
+                format!("tables[{i}].row_dims")
+            })
         }?;
         // SAFETY: per the caller.
-        let ids = unsafe { slice(t.ids, t.n, &format!("tables[{i}].ids")) }?;
+        let ids = unsafe { slice_named(t.ids, t.n, || format!("tables[{i}].ids")) }?;
         if ids.is_empty() {
             return Err(Failure::invalid(format!("tables[{i}] has no ids")));
         }
@@ -2160,6 +2177,126 @@ pub unsafe extern "C" fn sw_client_pull_rows(
     })
 }
 
+/// A rows pull of one table, submitted and waited for in one call: `sw_client_pull_rows`
+/// with `n_tables` 1, then `sw_client_wait`, without a reply to read and free. The rows are
+/// received into `rows->data` as there. On `SW_OK` the table's rows are in `rows->data` and
+/// the positions (in `rows->ids`, increasing) of the rows the peer did not have (their
+/// bytes are zero) are in `missing`, `*missing_count` of them; `missing` has room for
+/// `rows->n` positions.
+///
+/// Fails as the two calls do: at once on an invalid argument, and with the request's
+/// outcome (`SW_ERR_TIMEOUT`, `SW_ERR_CONNECTION_LOST`, ...); a table the peer refused
+/// (`NOT_FOUND`, `INVALID_ARGUMENT`, ...) is `SW_ERR_REMOTE`, with its wire status in
+/// `sw_last_error_status`. Once this returns, whatever it returns, starwire no longer touches
+/// `rows->data`. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+///
+/// This is the blocking call of language bindings: one foreign call per pull, and a
+/// waiting thread that holds no lock of the caller's runtime (a Python binding releases
+/// the GIL around it).
+///
+/// # Safety
+/// As `sw_client_ping`; `rows` points at one `sw_rows` whose pointers are valid for the
+/// call, `data` neither read nor written by the caller during it; `missing` has room for
+/// `rows->n` values; `missing_count` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_pull_rows_wait(
+    c: *mut sw_client,
+    peer: *const c_char,
+    rows: *const sw_rows,
+    timeout_ms: u64,
+    missing: *mut u32,
+    missing_count: *mut usize,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { reference_mut(c, "client") }?;
+        // SAFETY: per this function's contract.
+        let peer = unsafe { address(peer, "peer") }?;
+        if missing_count.is_null() {
+            return Err(Failure::null("missing_count"));
+        }
+        if client.callback {
+            return Err(Failure::invalid(
+                "a rows pull is waited for with sw_client_wait: not for a client with a callback",
+            ));
+        }
+        // SAFETY: per this function's contract.
+        let args = unsafe { rows_args(rows, 1) }?;
+        let targets = Arc::new(RowsTargets::new(&args));
+        let alloc = Arc::new(RowsAllocator(targets.clone()));
+        let ticket =
+            client
+                .handle
+                .pull_rows_into(peer, &[args[0].rows], alloc, deadline(timeout_ms))?;
+        let completion = match client.handle.wait_tag(ticket.tag()) {
+            Ok(c) => c,
+            Err(e) => {
+                targets.wait_released();
+                return Err(Failure::from(e));
+            }
+        };
+        let answer = match &completion.result {
+            Ok(Reply::Rows(rows)) => {
+                let status = targets.place(rows).first().copied().unwrap_or(u32::MAX);
+                let m = rows.missing(0);
+                if status != 0 {
+                    Err(table_failure(args[0].rows.table, status))
+                } else if m.len() > args[0].rows.ids.len() {
+                    Err(Failure::new(
+                        SW_ERR_PROTOCOL,
+                        "more rows missing than asked for",
+                    ))
+                } else if !m.is_empty() && missing.is_null() {
+                    Err(Failure::null("missing"))
+                } else {
+                    if !m.is_empty() {
+                        // SAFETY: `missing` has room for `rows->n` values per this
+                        // function's contract, and at most that many are written (checked
+                        // above); it is not memory of the reply.
+                        unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), missing, m.len()) };
+                    }
+                    Ok(m.len())
+                }
+            }
+            Ok(_) => Err(Failure::new(
+                SW_ERR_PROTOCOL,
+                "not an answer to a rows pull",
+            )),
+            Err(e) => Err(Failure::from(e.clone())),
+        };
+        // Drops the blocks (giving the buffer back); the request's and the answer's vectors
+        // serve the client's next requests.
+        client.handle.recycle(completion);
+        // A pull given up mid-transfer may still be receiving into the buffer.
+        targets.wait_released();
+        let count = answer?;
+        // SAFETY: checked non-null above.
+        unsafe { write(missing_count, count) };
+        Ok(())
+    })
+}
+
+/// The failure of a rows table the peer answered with wire status `status`.
+fn table_failure(table: u32, status: u32) -> Failure {
+    // The wire name (`NOT_FOUND`) from the variant's (`NotFound`).
+    let mut name = String::new();
+    for (i, ch) in format!("{:?}", Status::from(status as u16))
+        .chars()
+        .enumerate()
+    {
+        if ch.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(ch.to_ascii_uppercase());
+    }
+    let mut f = Failure::new(
+        SW_ERR_REMOTE,
+        format!("table {table}: the peer answered {name} ({status})"),
+    );
+    f.remote = Some((status, String::new()));
+    f
+}
+
 /// Pushes gradient rows of `n_tables` tables to `peer` in one request: per table, the rows
 /// at `tables[t].data` (`n * row_bytes` bytes, in the order of the ids) for its ids. The
 /// ids and rows are copied before this returns: the caller may reuse its buffers at once.
@@ -2233,7 +2370,7 @@ pub unsafe extern "C" fn sw_client_wait(
         if reply.is_null() {
             return Err(Failure::null("reply"));
         }
-        let completion = match client.ready.remove(&tag) {
+        let mut completion = match client.ready.remove(&tag) {
             Some(c) => c,
             None => client.handle.wait_tag(tag).map_err(|_| {
                 Failure::invalid(format!(
@@ -2243,7 +2380,11 @@ pub unsafe extern "C" fn sw_client_wait(
             })?,
         };
         let targets = client.rows.remove(&tag);
-        let (result, answer) = outcome(completion, targets.as_deref());
+        let result =
+            std::mem::replace(&mut completion.result, Err(Error::new(ErrorKind::Shutdown)));
+        // The request's vectors serve the client's next requests (no allocation for them).
+        client.handle.recycle(completion);
+        let (result, answer) = outcome(result, targets.as_deref());
         if let Some(targets) = targets {
             // A rows pull given up mid-transfer may still be receiving into the buffers.
             targets.wait_released();

@@ -739,3 +739,195 @@ fn a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait() {
         .expect("pull");
     assert_eq!(statuses_and_missing(reply), [(0, vec![])]);
 }
+
+/// `sw_client_pull_rows_wait`: the outcome, and the missing positions (`count` set to 77
+/// first, so that a failure shows it unwritten).
+fn pull_rows_wait(
+    cluster: &Cluster,
+    peer: &CStr,
+    table: &sw_rows,
+    timeout_ms: u64,
+) -> (sw_result, Vec<u32>) {
+    let mut missing = vec![9u32; table.n];
+    let mut count = 77usize;
+    // SAFETY: a live client; `table`'s pointers valid for the call; room for `n` positions.
+    let r = unsafe {
+        sw_client_pull_rows_wait(
+            cluster.client,
+            peer.as_ptr(),
+            table,
+            timeout_ms,
+            missing.as_mut_ptr(),
+            &mut count,
+        )
+    };
+    if r == sw_result::SW_OK {
+        missing.truncate(count);
+    } else {
+        assert_eq!(count, 77, "nothing written on failure");
+        assert!(missing.iter().all(|&m| m == 9));
+        missing.clear();
+    }
+    (r, missing)
+}
+
+#[test]
+fn a_rows_pull_in_one_call_fills_the_buffer_and_reports_the_missing_rows() {
+    let cluster = Cluster::new(&[
+        (
+            0,
+            mem_table(2, init(sw_init_kind::SW_INIT_MISSING), sgd(1.0)),
+        ),
+        (
+            1,
+            mem_table(64, init(sw_init_kind::SW_INIT_ZEROS), sgd(1.0)),
+        ),
+    ]);
+    let dims = [2u64];
+    let mut g = f32_bytes(&[-1.0, -2.0, -3.0, -4.0]);
+    assert_eq!(
+        cluster.push_rows(&[rows(0, F32, &dims, &[10, 30], &mut g)]),
+        Ok(vec![0])
+    );
+    let ids = [10u64, 20, 30, 40, 10];
+    let mut out = vec![0xffu8; ids.len() * 8];
+    let table = rows(0, F32, &dims, &ids, &mut out);
+    let (r, missing) = pull_rows_wait(&cluster, &cluster.peer, &table, 5000);
+    assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+    assert_eq!(missing, [1, 3]);
+    assert_eq!(
+        to_f32(&out),
+        [1.0, 2.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0, 1.0, 2.0]
+    );
+
+    // Repeated calls reuse the client's request vectors; each lands in its own buffer. A
+    // large block goes from the socket straight into the buffer.
+    let big_ids: Vec<u64> = (0..40_000).collect();
+    for round in 0..3u8 {
+        let mut big = vec![round + 1; big_ids.len() * 64 * 4];
+        let before = cluster.stats().payload_direct;
+        let table = rows(1, F32, &[64], &big_ids, &mut big);
+        let (r, missing) = pull_rows_wait(&cluster, &cluster.peer, &table, 5000);
+        assert_eq!((r, missing), (sw_result::SW_OK, vec![]), "{}", last_error());
+        assert!(big.iter().all(|&b| b == 0));
+        assert!(cluster.stats().payload_direct - before >= big.len() as u64 / 2);
+    }
+
+    // A table the peer does not serve, or of another shape: SW_ERR_REMOTE with the table's
+    // wire status, and the buffer untouched.
+    for (table_id, row_dims, status, name) in [
+        (7u32, [2u64], 1u32, "NOT_FOUND"),
+        (0, [3], 7, "INVALID_ARGUMENT"),
+    ] {
+        let mut buf = vec![0xabu8; 2 * 4 * row_dims[0] as usize];
+        let table = rows(table_id, F32, &row_dims, &ids[..2], &mut buf);
+        let (r, _) = pull_rows_wait(&cluster, &cluster.peer, &table, 5000);
+        assert_eq!(r, sw_result::SW_ERR_REMOTE);
+        assert_eq!(sw_last_error_status(), status);
+        assert!(last_error().contains(name), "{}", last_error());
+        assert!(buf.iter().all(|&b| b == 0xab));
+    }
+
+    // Invalid arguments fail before anything is sent; nobody listening fails at the wait.
+    let mut short = vec![0u8; 7];
+    let bad = rows(0, F32, &dims, &ids[..1], &mut short);
+    let (r, _) = pull_rows_wait(&cluster, &cluster.peer, &bad, 5000);
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    let mut buf = vec![0xabu8; 8];
+    let table = rows(0, F32, &dims, &ids[..1], &mut buf);
+    let (r, _) = pull_rows_wait(&cluster, c"127.0.0.1:1", &table, 300);
+    assert!(
+        matches!(
+            r,
+            sw_result::SW_ERR_CONNECT_FAILED
+                | sw_result::SW_ERR_CONNECTION_LOST
+                | sw_result::SW_ERR_TIMEOUT
+        ),
+        "{r:?}"
+    );
+    assert_eq!(buf, [0xab; 8]);
+    // SAFETY: a NULL count is refused before anything else.
+    let r = unsafe {
+        sw_client_pull_rows_wait(
+            cluster.client,
+            cluster.peer.as_ptr(),
+            &table,
+            5000,
+            ptr::null_mut(),
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, sw_result::SW_ERR_NULL);
+}
+
+#[test]
+fn a_rows_pull_in_one_call_needs_a_client_that_waits() {
+    let cluster = Cluster::new(&[(0, mem_table(2, init(sw_init_kind::SW_INIT_ZEROS), sgd(1.0)))]);
+    let ids = [1u64];
+    let mut buf = vec![0u8; 8];
+    let table = rows(0, F32, &[2], &ids, &mut buf);
+    let mut missing = [0u32; 1];
+    let mut count = 0;
+    // SAFETY: live handles, valid pointers; the callback client freed once.
+    unsafe {
+        let mut c = ptr::null_mut();
+        assert_eq!(
+            sw_client_new_with_callback(cluster.worker, 4, Some(ignore), ptr::null_mut(), &mut c),
+            sw_result::SW_OK
+        );
+        let r = sw_client_pull_rows_wait(
+            c,
+            cluster.peer.as_ptr(),
+            &table,
+            5000,
+            missing.as_mut_ptr(),
+            &mut count,
+        );
+        assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("callback"), "{}", last_error());
+        sw_client_free(c);
+    }
+}
+
+#[test]
+fn a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it_returns() {
+    let cluster = Cluster::new(&[(
+        0,
+        mem_table(
+            64,
+            sw_init {
+                kind: sw_init_kind::SW_INIT_UNIFORM as u32,
+                scale: 1.0,
+                seed: 2,
+            },
+            sgd(1.0),
+        ),
+    )]);
+    let ids: Vec<u64> = (0..40_000).collect();
+    let mut buf = vec![0u8; ids.len() * 64 * 4];
+    // Create the rows first, so that the deadlines below fall inside the transfer.
+    let table = rows(0, F32, &[64], &ids, &mut buf);
+    assert_eq!(
+        pull_rows_wait(&cluster, &cluster.peer, &table, 5000),
+        (sw_result::SW_OK, vec![])
+    );
+    for timeout_ms in [1u64, 2, 3, 5, 8] {
+        buf.fill(0xff);
+        let table = rows(0, F32, &[64], &ids, &mut buf);
+        let (r, missing) = pull_rows_wait(&cluster, &cluster.peer, &table, timeout_ms);
+        match r {
+            sw_result::SW_OK => assert_eq!(missing, Vec::<u32>::new()),
+            r => assert_eq!(r, sw_result::SW_ERR_TIMEOUT),
+        }
+        // Once the call returned, nothing writes into the buffer any more.
+        let snapshot = buf.clone();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(buf == snapshot, "written after the call ({timeout_ms} ms)");
+    }
+    // The connection still serves.
+    let table = rows(0, F32, &[64], &ids[..10], &mut buf[..10 * 256]);
+    assert_eq!(
+        pull_rows_wait(&cluster, &cluster.peer, &table, 5000),
+        (sw_result::SW_OK, vec![])
+    );
+}

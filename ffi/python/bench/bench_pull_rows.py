@@ -69,7 +69,7 @@ def python_round(client: starwire.Client, addr: str, k: int,
                  seconds: float) -> tuple[tuple[float, float, int], float]:
     """The Python client for `seconds`: p50 and mean latency in µs, and requests; and the
     median over pairs of calls of `pull_rows` less the same request made with the bare
-    ctypes calls (``sw_client_pull_rows``, ``sw_client_wait``, ``sw_reply_free``), the
+    ctypes call (``sw_client_pull_rows_wait``, the one foreign call `pull_rows` makes), the
     two alternating call by call so that both meet the same load."""
     out = np.empty((k, 16), dtype=np.float32)
     # The ids of the next 100,000 rows, drawn up front (commctl draws them per request
@@ -77,10 +77,12 @@ def python_round(client: starwire.Client, addr: str, k: int,
     ids = row_ids(0, max(100_000 // k, 1) * k).reshape(-1, k)
     dims = (C.c_uint64 * 1)(16)
     rows = _lib.Rows(1, 10, C.addressof(dims), 1, 0, k, int(out.ctypes.data), out.nbytes)
-    tag, reply = C.c_uint64(), C.c_void_p()
+    rows_ref = C.byref(rows)
+    missing, count = (C.c_uint32 * k)(), C.c_size_t()
+    count_ref = C.byref(count)
     handle, peer = client._handle(), addr.encode()
     times, bare = [], []
-    pull, clock = client.pull_rows, time.perf_counter_ns
+    pull, clock, call = client.pull_rows, time.perf_counter_ns, _lib.client_pull_rows_wait
     end = time.monotonic() + seconds
     i = 0
     while time.monotonic() < end:
@@ -91,9 +93,7 @@ def python_round(client: starwire.Client, addr: str, k: int,
         t1 = clock()
         rows.ids = other.ctypes.data
         t2 = clock()
-        _lib.client_pull_rows(handle, peer, C.byref(rows), 1, 5000, C.byref(tag))
-        _lib.client_wait(handle, tag.value, C.byref(reply))
-        _lib.reply_free(reply)
+        call(handle, peer, rows_ref, 5000, missing, count_ref)
         t3 = clock()
         times.append(t1 - t0)
         bare.append(t3 - t2)
@@ -103,30 +103,31 @@ def python_round(client: starwire.Client, addr: str, k: int,
     return (float(np.median(us)), float(us.mean()), len(times)), wrapper
 
 
-def outside_wait(client: starwire.Client, addr: str, k: int, calls: int) -> float:
-    """Median µs per `pull_rows` call spent outside ``sw_client_wait``: the Python layer,
-    the ctypes calls and the C ABI's own work (submitting, the reply), not the round trip.
-    Measured by timing the wait from a wrapper around it (which adds its own ~0.2 µs)."""
+def outside_call(client: starwire.Client, addr: str, k: int, calls: int) -> float:
+    """Median µs per `pull_rows` call spent outside its foreign call
+    (``sw_client_pull_rows_wait``): the Python layer, not the C ABI nor the round trip.
+    Measured by timing the foreign call from a wrapper around it (which adds its own
+    ~0.2 µs)."""
     waits: list[int] = []
-    real_wait, clock = _lib.client_wait, time.perf_counter_ns
+    real_call, clock = starwire.client._pull_rows_wait, time.perf_counter_ns
 
-    def timed_wait(*a: object) -> int:
+    def timed_call(*a: object) -> int:
         t0 = clock()
-        r = real_wait(*a)
+        r = real_call(*a)
         waits.append(clock() - t0)
         return int(r)
 
     out = np.empty((k, 16), dtype=np.float32)
     ids = row_ids(0, max(100_000 // k, 1) * k).reshape(-1, k)
     totals = []
-    _lib.client_wait = timed_wait
+    starwire.client._pull_rows_wait = timed_call
     try:
         for i in range(calls):
             t0 = clock()
             client.pull_rows(addr, 1, ids[i % len(ids)], 16, out=out)
             totals.append(clock() - t0)
     finally:
-        _lib.client_wait = real_wait
+        starwire.client._pull_rows_wait = real_call
     return float(np.median(np.array(totals) - np.array(waits))) / 1e3
 
 
@@ -187,7 +188,7 @@ def main() -> int:
                        "rust_mean_us": med["rust"][1], "python_mean_us": med["python"][1],
                        "overhead_mean_us": med["python"][1] - med["rust"][1],
                        "wrapper_us": statistics.median(wrappers),
-                       "outside_wait_us": outside_wait(client, addr, k, 5000),
+                       "outside_call_us": outside_call(client, addr, k, 5000),
                        "rust_requests": med["rust"][2], "python_requests": med["python"][2],
                        "rust_p50_rounds": [round(r[0], 1) for r in rust],
                        "python_p50_rounds": [round(r[0], 1) for r in py]}
@@ -196,8 +197,8 @@ def main() -> int:
                       f"{row['python_p50_us']:7.1f} us, overhead {row['overhead_p50_us']:+6.1f} "
                       f"us; mean Rust {row['rust_mean_us']:7.1f}, Python "
                       f"{row['python_mean_us']:7.1f}, overhead {row['overhead_mean_us']:+6.1f} us;"
-                      f" pull_rows less the bare C calls {row['wrapper_us']:+5.1f} us;"
-                      f" outside the wait {row['outside_wait_us']:.1f} us"
+                      f" pull_rows less the bare C call {row['wrapper_us']:+5.1f} us;"
+                      f" Python outside the C call {row['outside_call_us']:.1f} us"
                       f"  (p50 per round: Rust {row['rust_p50_rounds']}, Python "
                       f"{row['python_p50_rounds']})", flush=True)
             if args.json:

@@ -179,6 +179,14 @@ client_recv_many = _sig("sw_client_recv_many", R, p, C.c_char_p, C.c_uint64,
                         C.POINTER(C.c_char_p), sizep, C.c_size_t, C.c_uint64, u64p)
 client_pull_rows = _sig("sw_client_pull_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
                         C.c_uint64, u64p)
+client_pull_rows_wait = _sig("sw_client_pull_rows_wait", R, p, C.c_char_p, C.POINTER(Rows),
+                             C.c_uint64, u32p, sizep)
+# The same function without argument conversion, for `Client.pull_rows`' planned calls,
+# which pass only ctypes values of the exact types (c_void_p, c_char_p, a reference to a
+# Rows, c_uint64, a c_uint32 array, a reference to a c_size_t): converting arguments
+# through `argtypes` costs more than the rest of such a call.
+client_pull_rows_wait_unchecked = lib["sw_client_pull_rows_wait"]
+client_pull_rows_wait_unchecked.restype = R
 client_push_rows = _sig("sw_client_push_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
                         C.c_uint64, u64p)
 client_wait = _sig("sw_client_wait", R, p, C.c_uint64, C.POINTER(p))

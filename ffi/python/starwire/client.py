@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _lib
-from ._arrays import address, code_of, contiguous, received
+from ._arrays import _addressof, _from_buffer, address, code_of, contiguous, received
 from .errors import (NOT_FOUND, OK, Closed, InvalidArgument, StarwireError, check, from_code,
                      remote_status)
 
@@ -153,6 +153,10 @@ class Client:
         self._dims = (C.c_uint64 * 7)()
         self._rows.row_dims = C.addressof(self._dims)
         self._missing = (C.c_uint32 * 0)()
+        # Blocking rows pulls checked once per kind of call (peer, table, row shape, dtype,
+        # timeout, and the shapes of ids and out): see `pull_rows`.
+        self._plans: dict[Any, _PullPlan] = {}
+        self._count_ref = C.byref(self._missing_count)
         if capacity < 1:
             raise InvalidArgument(f"capacity {capacity} is not at least 1")
         check(_lib.client_new(runtime._handle(), capacity, C.byref(self._c)))
@@ -252,7 +256,7 @@ class Client:
         """`pull`, submitted."""
         id_arr = _row_ids(ids)
         tag = self._submitted(_lib.client_pull(self._handle(), self.runtime._peer(peer),
-                                               id_arr.ctypes.data, len(id_arr), _ms(timeout),
+                                               address(id_arr), len(id_arr), _ms(timeout),
                                                C.byref(self._tag)))
         return Pending(self, tag, lambda r: self._tensors(r, "pull", True))
 
@@ -276,7 +280,7 @@ class Client:
                 handles.append((lender.wrap(a, f"items[{i}]"), a))
             ids = np.array([int(i) for i, _ in items], dtype=np.uint64)
             ptrs = (C.c_void_p * len(handles))(*[h for h, _ in handles])
-            tag = self._submitted(_lib.client_push(c, addr, ids.ctypes.data, ptrs, len(ids),
+            tag = self._submitted(_lib.client_push(c, addr, address(ids), ptrs, len(ids),
                                                    _ms(timeout), C.byref(self._tag)))
         finally:
             lender.give_back(handles)
@@ -405,8 +409,67 @@ class Client:
         size); with `out` (a C-contiguous, writable array of that dtype and shape), that is
         `out`, which is returned. `ids` (uint64, 1-D) is used as it is when it is a
         C-contiguous uint64 array. A table the PS does not serve, or of another dtype or
-        shape, raises `RemoteError` (``NOT_FOUND``, ``INVALID_ARGUMENT``)."""
-        return self.submit_pull_rows(peer, table, ids, row_shape, dtype, out, timeout).wait()
+        shape, raises `RemoteError` (``NOT_FOUND``, ``INVALID_ARGUMENT``).
+
+        One foreign call (``sw_client_pull_rows_wait``, which submits, waits with the GIL
+        released, and reports the missing rows). The arguments are checked in full the first
+        time a kind of call is made (peer, table, row shape, dtype, timeout, and the shapes
+        of `ids` and `out`); later calls of that kind check only what can differ between
+        arrays of those shapes (type, dtype, layout, writability)."""
+        try:
+            plan = self._plans[(peer, table, row_shape, dtype, timeout, ids.shape,
+                                None if out is None else out.shape)]
+            if out is None:
+                out = np.empty(plan.shape, plan.dtype)
+            if (type(ids) is not _ndarray or type(out) is not _ndarray
+                    or ids.dtype is not _U64 or out.dtype is not plan.dtype):
+                raise _Unplanned
+            rows = plan.rows
+            # The buffer protocol refuses arrays that are not C-contiguous (and, for `out`,
+            # read-only ones): those take the checked path below.
+            rows.ids = _addressof(_from_buffer(ids))  # type: ignore[arg-type]
+            rows.data = _addressof(_from_buffer(out))  # type: ignore[arg-type]
+        except (KeyError, AttributeError, TypeError, ValueError, BufferError, _Unplanned):
+            ids, out, plan = self._plan_pull(peer, table, ids, row_shape, dtype, out, timeout)
+        code = _pull_rows_wait(self._c, plan.peer, plan.rows_ref, plan.ms, plan.missing,
+                               self._count_ref)
+        if code:
+            self._handle()  # Closed, when the client or its runtime is
+            raise from_code(code)
+        count = self._missing_count.value
+        if count == 0:
+                return out, _NO_ROWS
+        return out, np.frombuffer(memoryview(plan.missing), dtype=np.uint32,
+                                  count=count).copy()
+
+    def _plan_pull(self, peer: str, table: int, ids: Any, row_shape: Union[int, Sequence[int]],
+                   dtype: Any, out: Optional[npt.NDArray[Any]], timeout: Optional[float]
+                   ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[Any], _PullPlan]:
+        """`pull_rows`' arguments checked in full (the array to receive into made when `out`
+        is None) and the plan of the call, kept for later calls of its kind when they can
+        be told apart."""
+        self._handle()
+        addr = self.runtime._peer(peer)
+        ms = _ms(timeout)
+        id_arr, code, target = self._pull_rows_args(ids, row_shape, dtype, out)
+        if len(id_arr) == 0:
+            raise InvalidArgument("pull_rows of no ids")
+        key: Any = (peer, table, row_shape, dtype, timeout, id_arr.shape,
+                    None if out is None else target.shape)
+        try:
+            hash(key)
+        except TypeError:  # a row shape given as a list
+            key = None
+        if len(self._missing) < len(target):
+            # Grown for all plans to come; earlier plans keep the smaller one they fit.
+            self._missing = (C.c_uint32 * max(len(target), 2 * len(self._missing)))()
+        plan = _PullPlan(addr, table, code, target, ms, self._missing)
+        plan.rows.ids, plan.rows.data = address(id_arr), address(target)
+        if key is not None and id_arr is ids:
+            if len(self._plans) >= _PLANS_KEPT:
+                self._plans.clear()
+            self._plans[key] = plan
+        return id_arr, target, plan
 
     def submit_push_rows(self, peer: str, table: int, ids: Any, grads: npt.NDArray[Any],
                          timeout: Optional[float] = DEFAULT_TIMEOUT) -> Pending[None]:
@@ -475,6 +538,37 @@ def _rows_pushed(reply: int, table: int) -> None:
     if status != OK:
         raise remote_status(f"table {table}", status)
 
+
+class _Unplanned(Exception):
+    """A call that its plan does not cover (another type, dtype or layout)."""
+
+
+class _PullPlan:
+    """A blocking rows pull, checked: its request (table, dtype, row shape, number of ids;
+    the ids and data addresses are set per call), the peer and deadline, and room for the
+    missing positions (the client's buffer)."""
+
+    __slots__ = ("peer", "ms", "dtype", "shape", "dims", "rows", "rows_ref", "missing")
+
+    def __init__(self, peer: bytes, table: int, code: int, target: npt.NDArray[Any],
+                 ms: int, missing: Any) -> None:
+        # ctypes values, not Python ints and bytes: converting those costs more per call.
+        self.peer, self.ms = C.c_char_p(peer), C.c_uint64(ms)
+        self.dtype, self.shape = target.dtype, target.shape
+        row_shape = target.shape[1:]
+        self.dims = (C.c_uint64 * max(len(row_shape), 1))(*row_shape)
+        self.rows = _lib.Rows(table, code, C.addressof(self.dims), len(row_shape), 0,
+                              len(target), 0, target.nbytes)
+        self.rows_ref = C.byref(self.rows)
+        # The client's buffer (room for at least `len(target)`), shared by its plans.
+        self.missing = missing
+
+
+#: Plans a client keeps (all dropped when more are made: a program has a few kinds of call).
+_PLANS_KEPT = 64
+_ndarray = np.ndarray
+_U64 = np.dtype(np.uint64)
+_pull_rows_wait: Callable[..., int] = _lib.client_pull_rows_wait_unchecked
 
 _PARTITIONS = {"mod": 0, "div": 1, "hash": 2}
 _NO_ROWS: npt.NDArray[np.uint32] = np.empty(0, dtype=np.uint32)
@@ -548,7 +642,7 @@ class Sharded:
                                       f"{self.dtype}{list(shape)}")
             if not out.flags.writeable:
                 raise InvalidArgument("out is read-only")
-        code = _lib.sharded_pull(s, c, id_arr.ctypes.data, len(id_arr), out.ctypes.data,
+        code = _lib.sharded_pull(s, c, address(id_arr), len(id_arr), address(out),
                                  out.nbytes, _ms(timeout), C.byref(self._report))
         return out, self._finish(code)
 
@@ -565,7 +659,7 @@ class Sharded:
             raise InvalidArgument(f"grads is {g.dtype}{list(g.shape)}, not "
                                   f"{self.dtype}{list(shape)}")
         self._report.failed = 0
-        code = _lib.sharded_push(s, c, id_arr.ctypes.data, len(id_arr), g.ctypes.data,
+        code = _lib.sharded_push(s, c, address(id_arr), len(id_arr), address(g),
                                  g.nbytes, _ms(timeout), C.byref(self._report))
         return self._finish(code)
 

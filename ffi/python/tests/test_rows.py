@@ -148,6 +148,73 @@ class RowsTest(unittest.TestCase):
         again, _ = self.client.pull_rows(self.peer, 0, np.arange(100), 8)
         np.testing.assert_array_equal(again, outs[0])
 
+    def test_repeated_pulls_of_one_kind_check_what_can_change(self) -> None:
+        # The first call of a kind is checked in full and planned; later calls of it (same
+        # peer, table, shapes) take the planned path, which must still refuse or convert
+        # what differs between arrays of those shapes.
+        ids = np.array([3, 1, 4], dtype=np.uint64)
+        out = np.empty((3, 8), dtype=np.float32)
+        want, _ = self.client.pull_rows(self.peer, 0, ids, 8)
+        for _ in range(3):
+            got, missing = self.client.pull_rows(self.peer, 0, ids, 8, out=out)
+            self.assertIs(got, out)
+            self.assertEqual(missing.size, 0)
+            np.testing.assert_array_equal(out, want)
+        self.assertEqual(len(self.client._plans), 2)  # with and without `out`
+        # Other ids dtypes and layouts of the same shape: converted, same rows.
+        for other in (ids.astype(np.int64), np.array([3, 9, 1, 9, 4], dtype=np.uint64)[::2],
+                      ids.astype(">u8")):
+            out[:] = np.nan
+            got, _ = self.client.pull_rows(self.peer, 0, other, 8, out=out)
+            np.testing.assert_array_equal(got, want)
+        read_only = ids.copy()
+        read_only.flags.writeable = False
+        np.testing.assert_array_equal(self.client.pull_rows(self.peer, 0, read_only, 8)[0], want)
+        # Without `out`: a new array per call.
+        a, _ = self.client.pull_rows(self.peer, 0, ids, 8)
+        b, _ = self.client.pull_rows(self.peer, 0, ids, 8)
+        self.assertIsNot(a, b)
+        np.testing.assert_array_equal(a, b)
+        # Outs of the planned shape that cannot be written into, or of another dtype.
+        strided = np.empty((3, 16), dtype=np.float32)[:, ::2]
+        fortran = np.asfortranarray(np.empty((3, 8), dtype=np.float32))
+        frozen = np.empty((3, 8), dtype=np.float32)
+        frozen.flags.writeable = False
+        for bad, what in ((strided, "C-contiguous"), (fortran, "C-contiguous"),
+                          (frozen, "read-only"),
+                          (np.empty((3, 8), dtype=np.float64), "float64"),
+                          (np.empty((3, 8), dtype=">f4"), "out is")):
+            with self.assertRaisesRegex(starwire.InvalidArgument, what):
+                self.client.pull_rows(self.peer, 0, ids, 8, out=bad)
+        with self.assertRaises(starwire.InvalidArgument):
+            self.client.pull_rows(self.peer, 0, ids[:0], 8, out=out[:0])
+        # Missing rows through the planned path: positions, and zero rows.
+        missing_ids = np.array([500, 501], dtype=np.uint64)
+        out1 = np.full((2, 4), np.nan, dtype=np.float32)
+        for _ in range(2):
+            got, missing = self.client.pull_rows(self.peer, 1, missing_ids, 4, out=out1)
+            np.testing.assert_array_equal(missing, [0, 1])
+            np.testing.assert_array_equal(got, 0)
+        # Plans of other lengths share the client's room for missing positions, which grows.
+        for n in (2, 300, 2, 300):
+            missing_ids = np.arange(1000, 1000 + n, dtype=np.uint64)
+            got, missing = self.client.pull_rows(self.peer, 1, missing_ids, 4,
+                                                 out=np.empty((n, 4), dtype=np.float32))
+            np.testing.assert_array_equal(missing, np.arange(n))
+        # A closed client: Closed, also on a planned call.
+        self.client.close()
+        with self.assertRaises(starwire.Closed):
+            self.client.pull_rows(self.peer, 0, ids, 8, out=out)
+
+    def test_a_refused_table_raises_also_on_a_planned_call(self) -> None:
+        ids = np.array([1, 2], dtype=np.uint64)
+        out = np.zeros((2, 8), dtype=np.float32)
+        for _ in range(2):
+            with self.assertRaises(starwire.RemoteError) as e:
+                self.client.pull_rows(self.peer, 9, ids, 8, out=out)
+            self.assertEqual(e.exception.status, starwire.NOT_FOUND)
+        np.testing.assert_array_equal(out, 0)
+
 
 class ShardedTest(unittest.TestCase):
     """Two PS tasks, each a MemTable (ids missing until pushed), one table split by id."""

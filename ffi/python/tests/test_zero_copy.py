@@ -34,6 +34,44 @@ class RecordingAllocator:
         return a
 
 
+class Recorded:
+    """A PS service that keeps a copy of every array pushed to it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pushed: dict[int, npt.NDArray[Any]] = {}
+
+    def pull(self, ids: list[int]) -> list[Optional[npt.NDArray[Any]]]:
+        return [None for _ in ids]
+
+    def push(self, ids: list[int], arrays: list[npt.NDArray[Any]]) -> list[int]:
+        with self.lock:
+            for i, a in zip(ids, arrays):
+                self.pushed[i] = a.copy()
+        return [starwire.OK] * len(ids)
+
+
+class WrapSpy:
+    """Records the data address of every array lent to starwire as a tensor
+    (``sw_tensor_wrap``: the memory a push or publish is sent from) while active."""
+
+    def __init__(self) -> None:
+        self.addresses: list[int] = []
+
+    def __enter__(self) -> WrapSpy:
+        self.real = _lib.tensor_wrap
+
+        def wrap(*args: Any) -> int:
+            self.addresses.append(int(args[3]))
+            return int(self.real(*args))
+
+        _lib.tensor_wrap = wrap
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _lib.tensor_wrap = self.real
+
+
 class ZeroCopyTest(unittest.TestCase):
     def setUp(self) -> None:
         self.ps = starwire.Runtime("ps", listen="127.0.0.1:0", NETWORK_PS_CORE_NUMBER=1,
@@ -104,6 +142,69 @@ class ZeroCopyTest(unittest.TestCase):
             lender.wrap(a.T, "a")
         with self.assertRaisesRegex(starwire.InvalidArgument, "C-contiguous"):
             lender.wrap(a[:, ::2], "a")
+
+    def test_pushed_arrays_are_lent_to_starwire_not_copied(self) -> None:
+        service = Recorded()
+        with starwire.Runtime("ps", listen="127.0.0.1:0", service=service) as ps, \
+                starwire.Runtime("worker") as w:
+            c = w.client()
+            big = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: sent in chunks from it
+            small = np.arange(6, dtype=np.int16).reshape(2, 3)
+            with WrapSpy() as spy:
+                self.assertEqual(c.push(ps.address, [(1, big), (2, small)]), [0, 0])
+            # The tensors starwire sent are over the arrays' own memory.
+            self.assertEqual(spy.addresses, [big.ctypes.data, small.ctypes.data])
+            np.testing.assert_array_equal(service.pushed[1], big)
+            np.testing.assert_array_equal(service.pushed[2], small)
+            # Not C-contiguous: refused before anything is sent, no silent copy.
+            with WrapSpy() as spy, self.assertRaisesRegex(starwire.InvalidArgument,
+                                                          "C-contiguous"):
+                c.push(ps.address, [(3, big.reshape(512, 512).T)])
+            self.assertEqual(spy.addresses, [])
+            self.assertNotIn(3, service.pushed)
+
+    def test_push_rows_hands_starwire_the_callers_arrays(self) -> None:
+        # The Python layer passes the ids and the gradient block as they are (their own
+        # memory, no conversion); the request is built from them by the C ABI.
+        with starwire.Runtime("worker") as w:
+            c = w.client()
+            ids = np.arange(4096, dtype=np.uint64)
+            grads = np.ones((len(ids), 64), dtype=np.float32)
+            before, _ = c.pull_rows(self.peer, 0, ids, 64)
+            c.push_rows(self.peer, 0, ids, grads)
+            self.assertEqual((c._rows.ids, c._rows.data), (ids.ctypes.data, grads.ctypes.data))
+            after, _ = c.pull_rows(self.peer, 0, ids, 64)
+            np.testing.assert_allclose(after, before - np.float32(0.01) * grads, rtol=1e-6)
+            with self.assertRaisesRegex(starwire.InvalidArgument, "C-contiguous"):
+                c.push_rows(self.peer, 0, ids[:64], grads[:128].reshape(64, 128)[:, ::2])
+
+    @unittest.skipIf(torch is None, "torch is not installed (CI installs numpy only)")
+    def test_torch_tensors_are_pushed_and_pulled_without_copies(self) -> None:
+        assert torch is not None
+        service = Recorded()
+        with starwire.Runtime("ps", listen="127.0.0.1:0", service=service) as ps, \
+                starwire.Runtime("worker") as w:
+            c = w.client()
+            t = torch.arange(1 << 16, dtype=torch.float32).reshape(256, 256)
+            view = t.numpy()  # the tensor's memory, no copy
+            self.assertEqual(view.ctypes.data, t.data_ptr())
+            with WrapSpy() as spy:
+                self.assertEqual(c.push(ps.address, [(1, view)]), [0])
+            self.assertEqual(spy.addresses, [t.data_ptr()])
+            np.testing.assert_array_equal(service.pushed[1], view)
+            # A transposed tensor is not C-contiguous: refused, not copied.
+            with self.assertRaisesRegex(starwire.InvalidArgument, "C-contiguous"):
+                c.push(ps.address, [(2, t.t().numpy())])
+            # Rows pulled into a torch tensor's memory, and its gradient pushed from it.
+            ids = np.arange(512, dtype=np.uint64)
+            emb = torch.empty((len(ids), 64), dtype=torch.float32)
+            rows, _ = c.pull_rows(self.peer, 0, ids, 64, out=emb.numpy())
+            self.assertEqual(rows.ctypes.data, emb.data_ptr())
+            grad = torch.full((len(ids), 64), 2.0)
+            c.push_rows(self.peer, 0, ids, grad.numpy())
+            self.assertEqual(c._rows.data, grad.data_ptr())
+            again, _ = c.pull_rows(self.peer, 0, ids, 64)
+            self.assertTrue(torch.allclose(torch.from_numpy(again), emb - 0.02))
 
     @unittest.skipIf(torch is None, "torch is not installed (CI installs numpy only)")
     def test_torch_tensors_share_the_memory(self) -> None:
