@@ -19,6 +19,7 @@ mod budget;
 mod conn;
 mod dispatch;
 mod liveness;
+mod metrics;
 mod outbox;
 mod reply;
 mod request;
@@ -142,6 +143,10 @@ pub(crate) struct Session {
     push_scratch: PushEncodeScratch,
     /// Requests given up by deadline after they were sent: handle and connection.
     abandoned: VecDeque<(u64, u32)>,
+    /// Per-peer metric blocks, by the index connections keep.
+    peer_table: metrics::PeerTable,
+    /// This task's name (`job:index`) for stats answers; `None`: the stats endpoint is off.
+    stats_task: Option<String>,
 }
 
 /// Hashes the (peer, lane) keys of the session's routing table, looked up once per
@@ -211,6 +216,9 @@ impl Session {
             task_index: cfg.task_index,
             token,
         };
+        let stats_task = cfg
+            .stats_endpoint
+            .then(|| format!("{}:{}", cfg.job, cfg.task_index));
         Session {
             ctxs: CtxSlab::with_capacity(cfg.max_inflight),
             timers: Timers::with_capacity(cfg.max_inflight.min(1 << 16)),
@@ -239,6 +247,8 @@ impl Session {
             serve: ServeScratch::default(),
             push_scratch: PushEncodeScratch::default(),
             abandoned: VecDeque::new(),
+            peer_table: metrics::PeerTable::default(),
+            stats_task,
         }
     }
 
@@ -318,8 +328,13 @@ impl Session {
             Some(peer) => e.with_peer(peer),
             None => e,
         });
+        // Requests that end here were not answered by their peer: no latency.
+        let meter = metrics::Meter {
+            block: self.peer_table.of_addr(peer),
+            latency: None,
+        };
         self.outbox
-            .notify(counters, origin, tag, kind, fused, result, spare);
+            .notify(counters, meter, origin, tag, kind, fused, result, spare);
     }
 
     /// Answers a recv whose key another thread published.
@@ -339,6 +354,11 @@ impl Session {
                 r.restore(&d.key, t);
             }
             return;
+        }
+        if !conn.recvs.iter().any(|&(h, _)| h == w.handle) {
+            // Its last item answered.
+            let block = self.peer_table.get(conn.metrics);
+            metrics::served_end(block, RequestKind::Recv, crate::stats::Outcome::Ok);
         }
         conn.release_tokens();
         mark_dirty(&mut self.dirty, conn, w.conn);
@@ -426,6 +446,7 @@ impl Session {
         };
         let slot = self.conns.insert(conn) as u32;
         self.peers.insert((peer, lane), slot);
+        self.conns[slot as usize].metrics = self.peer_table.client(&self.counters, peer);
         self.start_connect(slot, now);
         slot
     }
@@ -474,6 +495,9 @@ impl Session {
             conn.generation = self.serial;
             let generation = conn.generation;
             add(&self.counters.reconnects, 1);
+            if let Some(b) = self.peer_table.get(conn.metrics) {
+                add(&b.reconnects, 1);
+            }
             log::debug!(
                 "connect to {peer:?} failed (attempt {}); retrying in {delay:?}",
                 conn.attempts
@@ -706,9 +730,12 @@ impl Session {
             index,
             serve,
             timers,
+            peer_table,
+            stats_task,
             ..
         } = self;
         let conn = &mut conns[slot as usize];
+        let metrics = peer_table.get(conn.metrics);
         let generation = conn.generation;
         let Conn {
             proto,
@@ -748,6 +775,8 @@ impl Session {
             timers,
             max_served: self.cfg.max_served,
             peer: outgoing.map(|(peer, _)| peer),
+            metrics,
+            stats_task: stats_task.as_deref(),
             opened: false,
             violation: None,
         };
@@ -765,8 +794,10 @@ impl Session {
         mark_dirty(dirty, conn, slot);
         if opened {
             conn.phase = Phase::Open;
+            self.note_opened(slot);
+            let conn = &mut self.conns[slot as usize];
             if conn.outgoing.is_some() {
-                add(&counters.connections_opened, 1);
+                add(&self.counters.connections_opened, 1);
                 conn.attempts = 0;
                 while let Some(h) = self.conns[slot as usize].waiting.pop_front() {
                     self.send_request(slot, h, now);
@@ -804,6 +835,9 @@ impl Session {
             return;
         }
         add(&self.counters.connections_lost, 1);
+        if let Some(b) = self.peer_table.get(conn.metrics) {
+            add(&b.connections_lost, 1);
+        }
         // A reason the protocol found (a refusal, a violation) outranks what the socket
         // said afterwards (usually the peer closing it).
         if !conn.proto.is_closed() {
@@ -861,6 +895,7 @@ impl Session {
         }
         self.scratch = failed;
         let conn = &self.conns[slot as usize];
+        self.note_unanswered(slot);
         if let (false, Some(r)) = (conn.recvs.is_empty(), &self.rendezvous) {
             r.forget(self.index, slot, conn.generation);
         }
