@@ -83,6 +83,8 @@ impl Dispatch<'_> {
                 }
                 let h = f.header.handle;
                 self.count_frame(&f);
+                let queued_before = metrics::queued(enc);
+                let kind = f.header.kind;
                 match f.body {
                     // The answer to a heartbeat: its arrival was the point.
                     Body::Pong if h == super::timer::HEARTBEAT_HANDLE => {}
@@ -135,6 +137,7 @@ impl Dispatch<'_> {
                     }
                     _ => {}
                 }
+                self.count_answer(kind, queued_before, enc);
             }
             ConnEvent::Payload {
                 target,
@@ -149,7 +152,9 @@ impl Dispatch<'_> {
                     if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == h.handle) {
                         p.frame_done();
                     }
+                    let queued_before = metrics::queued(enc);
                     self.finish_push(h.handle, enc);
+                    self.count_answer(h.kind, queued_before, enc);
                 }
                 Kind::Response => {
                     self.deliver_ready_members(h.handle);

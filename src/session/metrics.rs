@@ -214,6 +214,15 @@ impl super::Session {
 }
 
 impl Dispatch<'_> {
+    /// Counts the bytes queued on `enc` since `before` as the answer to a served request
+    /// of frame kind `kind`.
+    #[inline]
+    pub(super) fn count_answer(&self, kind: Kind, before: u64, enc: &Encoder) {
+        if let (Some(b), Some(kind)) = (self.metrics, served_kind(kind)) {
+            add(&b.op(kind).bytes_out, queued(enc).saturating_sub(before));
+        }
+    }
+
     /// Counts a decoded frame: the bytes of an answer to one of our requests, or a request
     /// of the peer (its items and bytes).
     pub(super) fn count_frame(&mut self, f: &Frame<'_>) {
