@@ -86,6 +86,27 @@ fn trains_with_fused_requests_and_learns() {
 }
 
 #[test]
+fn the_communication_breakdown_comes_from_the_metrics() {
+    let out = run(&["--ps", "2", "--workers", "1", "--comm-breakdown"]);
+    let trained = numbers_after(&out, "trained")[0];
+    assert!(out.contains("communication per PS task"), "{out}");
+    // One line per PS task and operation, each with a request per training step (the
+    // sharded client sends one rows pull and one rows push per PS task and step).
+    for ps in ["ps:0", "ps:1"] {
+        for op in ["pull_rows", "push_rows"] {
+            let label = format!("worker:0 -> {ps}: {op} ");
+            let line = out
+                .lines()
+                .find(|l| l.contains(&label))
+                .unwrap_or_else(|| panic!("no {ps} {op} line in:\n{out}"));
+            let n = numbers_after(line, op)[0];
+            assert_eq!(n, trained, "{line}");
+            assert!(line.contains(" 0 failed"), "{line}");
+        }
+    }
+}
+
+#[test]
 fn unfused_requests_carry_one_row_each() {
     let out = run(&["--unfused", "--workers", "1", "--eval", "1024"]);
     let requests = numbers_after(&out, "requests");
