@@ -261,7 +261,9 @@ impl Dispatch<'_> {
                     }
                     _ => (u64::from(h.count), 0),
                 };
-                b.started(kind, tensors, rows);
+                if kind != RequestKind::Stats {
+                    b.started(kind, tensors, rows);
+                }
                 Some(kind)
             }
         };
@@ -274,7 +276,14 @@ impl Dispatch<'_> {
     /// Answers a `STATS` request: one `RESPONSE` entry whose tensor (dtype `U8`, rank 1)
     /// holds the JSON document; `UNIMPLEMENTED` when the endpoint is off.
     pub(super) fn serve_stats(&mut self, handle: u64, enc: &mut Encoder) {
+        // Counted once answered, so that the document does not show itself in flight.
+        let started = |b: Option<&PeerBlock>| {
+            if let Some(b) = b {
+                b.started(RequestKind::Stats, 0, 0);
+            }
+        };
         let Some(task) = self.stats_task else {
+            started(self.metrics);
             let _ = enc.error(handle, Status::Unimplemented, "stats endpoint disabled");
             served_end(self.metrics, RequestKind::Stats, Outcome::Error);
             return;
@@ -283,6 +292,7 @@ impl Dispatch<'_> {
             .counters
             .peers
             .with_loops(self.counters, |loops| stats_document(loops, task));
+        started(self.metrics);
         let bytes = doc.into_bytes();
         let result = Tensor::from_bytes(DType::U8, &[bytes.len() as u64], bytes)
             .map(Arc::new)

@@ -215,10 +215,10 @@ pub fn fmt_bytes(n: f64) -> String {
     }
 }
 
-/// A duration in ns shown in µs, ms or s.
-pub fn fmt_ns(ns: u64) -> String {
+/// A latency in ns shown in µs, ms or s; `-` when nothing was measured (`count` 0).
+pub fn fmt_ns(ns: u64, count: u64) -> String {
     let us = ns as f64 / 1000.0;
-    if ns == 0 {
+    if count == 0 {
         "-".into()
     } else if us < 1000.0 {
         format!("{us:.1}µs")
@@ -273,10 +273,10 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
                 o("refused"),
                 fmt_bytes(m.bytes_out as f64),
                 fmt_bytes(m.bytes_in as f64),
-                fmt_ns(m.latency.p50_ns),
-                fmt_ns(m.latency.p90_ns),
-                fmt_ns(m.latency.p99_ns),
-                fmt_ns(m.latency.max_ns),
+                fmt_ns(m.latency.p50_ns, m.latency.count),
+                fmt_ns(m.latency.p90_ns, m.latency.count),
+                fmt_ns(m.latency.p99_ns, m.latency.count),
+                fmt_ns(m.latency.max_ns, m.latency.count),
             );
             if let Some((prev, dt)) = rates {
                 let before = prev
