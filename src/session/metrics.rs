@@ -110,6 +110,7 @@ impl Meter<'_> {
 }
 
 /// Tensors (or keys, or ids) and rows a request carries.
+#[inline]
 pub(crate) fn items_of(op: &RequestOp) -> (u64, u64) {
     match op {
         RequestOp::Ping { .. } | RequestOp::Stats => (0, 0),
@@ -125,6 +126,7 @@ pub(crate) fn items_of(op: &RequestOp) -> (u64, u64) {
 
 /// Bytes of tensors of `op` too large for one frame, which travel in `CHUNK` frames
 /// queued later (the request's own frame is measured as it is queued).
+#[inline]
 pub(crate) fn chunked_bytes(op: &RequestOp, chunk_limit: u64) -> u64 {
     let big = |n: u64| if n > chunk_limit { n } else { 0 };
     match op {
@@ -151,7 +153,7 @@ pub(crate) fn served_kind(kind: crate::wire::Kind) -> Option<RequestKind> {
     })
 }
 
-/// Adds `n` to a served operation's counter of `outcome`.
+/// Counts a served request of `kind` that ended with `outcome`.
 #[inline]
 pub(crate) fn served_end(block: Option<&PeerBlock>, kind: RequestKind, outcome: Outcome) {
     if let Some(b) = block {
