@@ -915,7 +915,7 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
     )
     .map_err(|e| e.to_string())?;
     if args.comm_breakdown {
-        for line in comm_breakdown(&task, &rt.metrics()) {
+        for line in comm_breakdown(task, &rt.metrics()) {
             writeln!(out, "COMM {line}").map_err(|e| e.to_string())?;
         }
     }

@@ -80,7 +80,10 @@ fn requests_are_counted_per_peer_on_both_sides_over_loops_and_lanes() {
     assert!(h50 <= pulls.latency.quantile(0.99));
     assert!(pulls.latency.quantile(0.99) <= pulls.latency.max());
     let pushes = sent.op(RequestKind::Push);
-    assert_eq!((pushes.requests, pushes.outcome(Outcome::Ok)), (PUSHES, PUSHES));
+    assert_eq!(
+        (pushes.requests, pushes.outcome(Outcome::Ok)),
+        (PUSHES, PUSHES)
+    );
     // Each pull answer brings three 64-byte tensors.
     assert!(pulls.bytes_in > PULLS * 3 * 64);
 
@@ -89,7 +92,10 @@ fn requests_are_counted_per_peer_on_both_sides_over_loops_and_lanes() {
     let served = m.served("worker:0").expect("the worker's block");
     assert_eq!(served.connections, 2);
     let p = served.op(RequestKind::Pull);
-    assert_eq!((p.requests, p.outcome(Outcome::Ok), p.tensors), (PULLS, PULLS, 3 * PULLS));
+    assert_eq!(
+        (p.requests, p.outcome(Outcome::Ok), p.tensors),
+        (PULLS, PULLS, 3 * PULLS)
+    );
     assert_eq!(p.bytes_in, pulls.bytes_out);
     assert_eq!(p.bytes_out, pulls.bytes_in);
     let q = served.op(RequestKind::Push);
@@ -103,7 +109,9 @@ fn requests_are_counted_per_peer_on_both_sides_over_loops_and_lanes() {
     assert!(doc.contains(r#""task":"ps:0""#), "{doc}");
     let want = format!(r#""pull":{{"requests":{PULLS},"in_flight":0"#);
     assert!(doc.contains(&want), "{doc}");
-    assert!(ps.metrics_json().contains(r#""role":"server","addr":null,"task":"worker:0""#));
+    assert!(ps
+        .metrics_json()
+        .contains(r#""role":"server","addr":null,"task":"worker:0""#));
 }
 
 #[test]

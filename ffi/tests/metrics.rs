@@ -32,7 +32,10 @@ fn metrics_as_json_and_a_peer_s_stats() {
     // SAFETY: valid handles and pointers throughout; each handle freed once.
     unsafe {
         let (mut ps, mut worker) = (ptr::null_mut(), ptr::null_mut());
-        assert_eq!(sw_runtime_new(&options(c"ps", true), &mut ps), sw_result::SW_OK);
+        assert_eq!(
+            sw_runtime_new(&options(c"ps", true), &mut ps),
+            sw_result::SW_OK
+        );
         assert_eq!(
             sw_runtime_new(&options(c"worker", false), &mut worker),
             sw_result::SW_OK
@@ -57,7 +60,10 @@ fn metrics_as_json_and_a_peer_s_stats() {
         let text = CStr::from_ptr(doc).to_str().unwrap().to_owned();
         sw_string_free(doc);
         assert!(text.contains(r#""task":"ps:0""#), "{text}");
-        assert!(text.contains(r#""ping":{"requests":3,"in_flight":0"#), "{text}");
+        assert!(
+            text.contains(r#""ping":{"requests":3,"in_flight":0"#),
+            "{text}"
+        );
 
         // The PS's document, asked over the wire: one U8 tensor.
         assert_eq!(

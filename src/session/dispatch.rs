@@ -242,8 +242,16 @@ impl Dispatch<'_> {
             block: self.metrics,
             latency: p.sent.map(|s| self.now.saturating_duration_since(s)),
         };
-        self.outbox
-            .notify(self.counters, meter, origin, tag, kind, &p.fused, result, p.spare);
+        self.outbox.notify(
+            self.counters,
+            meter,
+            origin,
+            tag,
+            kind,
+            &p.fused,
+            result,
+            p.spare,
+        );
     }
 
     fn on_response(&mut self, handle: u64, entries: ResponseEntries<'_>, end: bool) {

@@ -131,9 +131,7 @@ pub(crate) fn chunked_bytes(op: &RequestOp, chunk_limit: u64) -> u64 {
     let big = |n: u64| if n > chunk_limit { n } else { 0 };
     match op {
         RequestOp::Push { items } => items.iter().map(|(_, t)| big(t.byte_len() as u64)).sum(),
-        RequestOp::PushRows { tables, .. } => {
-            tables.iter().map(|t| big(t.meta().byte_len)).sum()
-        }
+        RequestOp::PushRows { tables, .. } => tables.iter().map(|t| big(t.meta().byte_len)).sum(),
         _ => 0,
     }
 }
@@ -245,12 +243,14 @@ impl Dispatch<'_> {
         let kind = match h.kind {
             Kind::Pong | Kind::Error | Kind::Response => ours(self.ctxs),
             Kind::Chunk => match self.chunk_owners.front() {
-                Some(&(true, _)) => self.incoming.iter().find(|p| p.handle == h.handle).map(
-                    |p| match p.is_rows() {
+                Some(&(true, _)) => self
+                    .incoming
+                    .iter()
+                    .find(|p| p.handle == h.handle)
+                    .map(|p| match p.is_rows() {
                         true => RequestKind::PushRows,
                         false => RequestKind::Push,
-                    },
-                ),
+                    }),
                 _ => ours(self.ctxs),
             },
             k => {
@@ -273,7 +273,6 @@ impl Dispatch<'_> {
             add(&b.op(kind).bytes_in, len);
         }
     }
-
 
     /// Answers a `STATS` request: one `RESPONSE` entry whose tensor (dtype `U8`, rank 1)
     /// holds the JSON document; `UNIMPLEMENTED` when the endpoint is off.

@@ -18,9 +18,9 @@ use crate::wire::{
 use super::conn::Conn;
 use super::dispatch::Dispatch;
 use super::metrics::served_end;
-use crate::stats::{Outcome, RequestKind};
 use super::out_tensor;
 use super::reply::PushVecs;
+use crate::stats::{Outcome, RequestKind};
 
 impl Dispatch<'_> {
     /// Applies a completely received push and answers it.
@@ -92,7 +92,10 @@ impl Dispatch<'_> {
             let to = self.reply_to(handle);
             let job = Job::Push { to, ids, results };
             let sent = refuse_if_unsent(jobs.try_send(job), enc, handle);
-            end(self.metrics, if sent { Outcome::Ok } else { Outcome::Refused });
+            end(
+                self.metrics,
+                if sent { Outcome::Ok } else { Outcome::Refused },
+            );
             return;
         }
         crate::pool::apply_push(service, &ids, &mut results, &mut s.statuses, &mut s.push);

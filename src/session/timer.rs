@@ -266,7 +266,11 @@ impl Session {
         let timeout = Err(timeout);
         let kind = RequestKind::Recv;
         let meter = super::metrics::Meter {
-            block: self.peer_table.get(self.conns.get(conn as usize).map_or(u32::MAX, |c| c.metrics)),
+            block: self.peer_table.get(
+                self.conns
+                    .get(conn as usize)
+                    .map_or(u32::MAX, |c| c.metrics),
+            ),
             latency: None,
         };
         let spare = Spare::default();

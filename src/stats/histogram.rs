@@ -197,7 +197,10 @@ mod tests {
         // Each bucket is at most 1/8 of its values wide.
         for i in SUB_BUCKETS..BUCKETS {
             let (lo, hi) = (bucket_low(i), bucket_high(i));
-            assert!((hi - lo + 1) * SUB_BUCKETS as u64 <= lo, "bucket {i}: {lo}..={hi}");
+            assert!(
+                (hi - lo + 1) * SUB_BUCKETS as u64 <= lo,
+                "bucket {i}: {lo}..={hi}"
+            );
         }
     }
 
@@ -227,7 +230,10 @@ mod tests {
     #[test]
     fn empty_and_huge_values() {
         let h = Histogram::default();
-        assert_eq!((h.count(), h.quantile(0.99), h.mean()), (0, Duration::ZERO, Duration::ZERO));
+        assert_eq!(
+            (h.count(), h.quantile(0.99), h.mean()),
+            (0, Duration::ZERO, Duration::ZERO)
+        );
         let a = AtomicHistogram::default();
         a.record(Duration::from_secs(3600));
         let mut h = Histogram::default();

@@ -148,7 +148,9 @@ fn fetch(h: &mut Handle, target: &Target, timeout: Duration) -> Result<String, F
 /// Runs `commctl stats`.
 pub fn run(args: &StatsArgs) -> Result<i32, Failure> {
     if args.json && args.prometheus {
-        return Err(Failure::usage("give either --json or --prometheus, not both"));
+        return Err(Failure::usage(
+            "give either --json or --prometheus, not both",
+        ));
     }
     let signals = signals::take()?;
     let target = target::resolve(&args.target, &args.cluster_opts())?;
@@ -285,7 +287,9 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
                     .find(|q| q.role == p.role && q.addr == p.addr && q.task == p.task)
                     .and_then(|q| q.ops.get(op));
                 let secs = dt.as_secs_f64().max(1e-9);
-                let rate = |now: u64, then: Option<u64>| now.saturating_sub(then.unwrap_or(0)) as f64 / secs;
+                let rate = |now: u64, then: Option<u64>| {
+                    now.saturating_sub(then.unwrap_or(0)) as f64 / secs
+                };
                 let _ = write!(
                     line,
                     " {:>9.1} {:>8}/s {:>8}/s",
@@ -306,7 +310,9 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
 
 /// A label value escaped for the Prometheus text format.
 fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Upper bounds of the exported histogram buckets: powers of two nanoseconds, 2^10 (about
@@ -342,7 +348,12 @@ pub fn prometheus(doc: &Doc) -> String {
             }
         }
     };
-    family(&mut s, "starwire_requests_total", "counter", "Requests ended, by outcome.");
+    family(
+        &mut s,
+        "starwire_requests_total",
+        "counter",
+        "Requests ended, by outcome.",
+    );
     for p in &doc.peers {
         for (op, m) in &p.ops {
             for o in OUTCOMES {
@@ -356,17 +367,47 @@ pub fn prometheus(doc: &Doc) -> String {
             }
         }
     }
-    family(&mut s, "starwire_requests_started_total", "counter", "Requests started.");
+    family(
+        &mut s,
+        "starwire_requests_started_total",
+        "counter",
+        "Requests started.",
+    );
     per_op(&mut s, "starwire_requests_started_total", &|m| m.requests);
-    family(&mut s, "starwire_requests_in_flight", "gauge", "Requests started and not ended.");
+    family(
+        &mut s,
+        "starwire_requests_in_flight",
+        "gauge",
+        "Requests started and not ended.",
+    );
     per_op(&mut s, "starwire_requests_in_flight", &|m| m.in_flight);
-    family(&mut s, "starwire_sent_bytes_total", "counter", "Bytes of frames sent.");
+    family(
+        &mut s,
+        "starwire_sent_bytes_total",
+        "counter",
+        "Bytes of frames sent.",
+    );
     per_op(&mut s, "starwire_sent_bytes_total", &|m| m.bytes_out);
-    family(&mut s, "starwire_received_bytes_total", "counter", "Bytes of frames received.");
+    family(
+        &mut s,
+        "starwire_received_bytes_total",
+        "counter",
+        "Bytes of frames received.",
+    );
     per_op(&mut s, "starwire_received_bytes_total", &|m| m.bytes_in);
-    family(&mut s, "starwire_tensors_total", "counter", "Tensors, keys or ids carried.");
+    family(
+        &mut s,
+        "starwire_tensors_total",
+        "counter",
+        "Tensors, keys or ids carried.",
+    );
     per_op(&mut s, "starwire_tensors_total", &|m| m.tensors);
-    family(&mut s, "starwire_rows_total", "counter", "Embedding rows carried.");
+    family(
+        &mut s,
+        "starwire_rows_total",
+        "counter",
+        "Embedding rows carried.",
+    );
     per_op(&mut s, "starwire_rows_total", &|m| m.rows);
     family(
         &mut s,
@@ -409,11 +450,28 @@ pub fn prometheus(doc: &Doc) -> String {
             let _ = writeln!(s, "{name}{{{}}} {}", base(p), f(p));
         }
     };
-    family(&mut s, "starwire_connections_total", "counter", "Connections opened or accepted.");
+    family(
+        &mut s,
+        "starwire_connections_total",
+        "counter",
+        "Connections opened or accepted.",
+    );
     per_peer(&mut s, "starwire_connections_total", &|p| p.connections);
-    family(&mut s, "starwire_connections_lost_total", "counter", "Connections lost.");
-    per_peer(&mut s, "starwire_connections_lost_total", &|p| p.connections_lost);
-    family(&mut s, "starwire_reconnects_total", "counter", "Connect attempts after a failure.");
+    family(
+        &mut s,
+        "starwire_connections_lost_total",
+        "counter",
+        "Connections lost.",
+    );
+    per_peer(&mut s, "starwire_connections_lost_total", &|p| {
+        p.connections_lost
+    });
+    family(
+        &mut s,
+        "starwire_reconnects_total",
+        "counter",
+        "Connect attempts after a failure.",
+    );
     per_peer(&mut s, "starwire_reconnects_total", &|p| p.reconnects);
     s
 }
@@ -447,14 +505,21 @@ mod tests {
         let doc = parse(DOC).unwrap();
         let p = prometheus(&doc);
         let labels = r#"role="server",peer="worker:0",task="worker:0",op="pull""#;
-        assert!(p.contains(&format!(r#"starwire_requests_total{{{labels},status="ok"}} 2"#)));
-        assert!(p.contains(&format!(r#"starwire_requests_total{{{labels},status="error"}} 1"#)));
+        assert!(p.contains(&format!(
+            r#"starwire_requests_total{{{labels},status="ok"}} 2"#
+        )));
+        assert!(p.contains(&format!(
+            r#"starwire_requests_total{{{labels},status="error"}} 1"#
+        )));
         // Cumulative buckets: 1 value below 1.024 µs, 2 below 2.048 µs and above.
-        let bucket = |le: &str| format!("starwire_request_duration_seconds_bucket{{{labels},le=\"{le}\"}}");
+        let bucket =
+            |le: &str| format!("starwire_request_duration_seconds_bucket{{{labels},le=\"{le}\"}}");
         assert!(p.contains(&format!("{} 1\n", bucket("0.000001024"))), "{p}");
         assert!(p.contains(&format!("{} 2\n", bucket("0.000002048"))), "{p}");
         assert!(p.contains(&format!("{} 2\n", bucket("+Inf"))));
-        assert!(p.contains(&format!("starwire_request_duration_seconds_count{{{labels}}} 2\n")));
+        assert!(p.contains(&format!(
+            "starwire_request_duration_seconds_count{{{labels}}} 2\n"
+        )));
         // Every sample line belongs to a family announced before it, once.
         let mut announced = Vec::new();
         for line in p.lines() {

@@ -1612,8 +1612,21 @@ fn stats_shows_what_a_server_served_per_peer_and_operation() {
     );
     let addr = server.addr.to_string();
     let r = run(&mut commctl(&[
-        "bench", &addr, "-o", "pull", "-k", "8", "--tensor-size", "1000", "--variables", "64",
-        "-d", "200ms", "-p", "4", "--json",
+        "bench",
+        &addr,
+        "-o",
+        "pull",
+        "-k",
+        "8",
+        "--tensor-size",
+        "1000",
+        "--variables",
+        "64",
+        "-d",
+        "200ms",
+        "-p",
+        "4",
+        "--json",
     ]));
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let pulls = json_int(r.stdout.trim(), "ok") as u64;

@@ -27,7 +27,12 @@ fn requests_are_counted_per_peer_and_operation_on_both_sides() {
         p.submit(pull(&[3, 0, 1]), None);
     }
     let t = Arc::new(Tensor::from_f32(&[2], &[4.0, 4.0]).unwrap());
-    p.submit(RequestOp::Push { items: vec![(4, t)] }, None);
+    p.submit(
+        RequestOp::Push {
+            items: vec![(4, t)],
+        },
+        None,
+    );
     p.drain();
     p.pump();
     assert_eq!(p.completions().len(), 4 + 1);
@@ -64,7 +69,10 @@ fn requests_are_counted_per_peer_and_operation_on_both_sides() {
     assert_eq!(served.bytes_in, pulls.bytes_out);
     // Its answers are what the client received.
     assert_eq!(served.bytes_out, pulls.bytes_in);
-    assert_eq!(s.op(RequestKind::Push).bytes_in, c.op(RequestKind::Push).bytes_out);
+    assert_eq!(
+        s.op(RequestKind::Push).bytes_in,
+        c.op(RequestKind::Push).bytes_out
+    );
     assert_eq!(s.op(RequestKind::Push).latency.count(), 1);
 }
 
@@ -115,10 +123,19 @@ fn a_stats_request_is_answered_with_the_responder_s_document() {
     let doc = done.pop().unwrap().into_stats_document().unwrap();
     assert!(doc.starts_with(r#"{"format":"starwire-stats","version":1,"task":"ps:0""#));
     // The server had served the pull when it answered.
-    assert!(doc.contains(r#""role":"server","addr":null,"task":"worker:0""#), "{doc}");
-    assert!(doc.contains(r#""pull":{"requests":1,"in_flight":0"#), "{doc}");
+    assert!(
+        doc.contains(r#""role":"server","addr":null,"task":"worker:0""#),
+        "{doc}"
+    );
+    assert!(
+        doc.contains(r#""pull":{"requests":1,"in_flight":0"#),
+        "{doc}"
+    );
     let m = metrics(&p.client);
-    let stats = m.client(PEER.parse().unwrap()).unwrap().op(RequestKind::Stats);
+    let stats = m
+        .client(PEER.parse().unwrap())
+        .unwrap()
+        .op(RequestKind::Stats);
     assert_eq!((stats.requests, stats.outcome(Outcome::Ok)), (1, 1));
     assert_eq!(stats.bytes_out, 32);
     assert!(stats.bytes_in > doc.len() as u64);
@@ -139,7 +156,10 @@ fn a_disabled_stats_endpoint_refuses_with_unimplemented() {
         Some(ErrorKind::Remote(Status::Unimplemented))
     );
     let m = metrics(&p.client);
-    let stats = m.client(PEER.parse().unwrap()).unwrap().op(RequestKind::Stats);
+    let stats = m
+        .client(PEER.parse().unwrap())
+        .unwrap()
+        .op(RequestKind::Stats);
     assert_eq!(stats.outcome(Outcome::Error), 1);
     let m = metrics(&p.server);
     let served = m.served("worker:0").unwrap().op(RequestKind::Stats);
