@@ -137,7 +137,7 @@ def metrics_json(runtime: "Runtime") -> str:
     out = C.c_void_p()
     check(_runtime_metrics_json(runtime._handle(), C.byref(out)))
     try:
-        return C.string_at(out.value).decode()
+        return C.string_at(out).decode()
     finally:
         _string_free(out)
 
