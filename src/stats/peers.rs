@@ -8,6 +8,7 @@
 //! every loop by peer.
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -361,31 +362,29 @@ pub struct Metrics {
 impl Metrics {
     /// Merges the blocks of `loops`.
     pub(crate) fn of(loops: &[&Counters]) -> Metrics {
+        // Requesters' blocks are the same peer by address; served ones by task (an
+        // accepted connection's address is the peer's ephemeral port).
+        let mut index: HashMap<(Role, Option<SocketAddr>, Option<String>), usize> = HashMap::new();
         let mut m = Metrics::default();
         for l in loops {
             for b in l.peers.blocks() {
-                m.add(PeerMetrics::of(&b));
+                let p = PeerMetrics::of(&b);
+                let key = match p.role {
+                    Role::Client => (p.role, p.addr, None),
+                    Role::Server => (p.role, None, p.task.clone()),
+                };
+                match index.get(&key) {
+                    Some(&i) => m.peers[i].merge(p),
+                    None => {
+                        index.insert(key, m.peers.len());
+                        m.peers.push(p);
+                    }
+                }
             }
         }
         m.peers
             .sort_by(|a, b| (a.role, &a.task, a.addr).cmp(&(b.role, &b.task, b.addr)));
         m
-    }
-
-    fn add(&mut self, p: PeerMetrics) {
-        // Requesters' blocks are the same peer by address; served ones by task (an
-        // accepted connection's address is the peer's ephemeral port).
-        let same = |q: &PeerMetrics| {
-            q.role == p.role
-                && match p.role {
-                    Role::Client => q.addr == p.addr,
-                    Role::Server => q.task == p.task,
-                }
-        };
-        match self.peers.iter_mut().find(|q| same(q)) {
-            Some(q) => q.merge(p),
-            None => self.peers.push(p),
-        }
     }
 
     /// The peers of `role`.
