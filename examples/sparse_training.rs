@@ -72,6 +72,9 @@ options:
   --per-tensor      pull and push rows as tensors (one fused request per PS task and
                     step, a tensor per row) instead of as packed rows blocks
   --unfused         one request per row (as tensors) instead of one per PS task and step
+  --comm-breakdown  print each worker's communication per PS task and operation, from
+                    its runtime's metrics (requests, failures, latency percentiles,
+                    bytes and rows)
   --check           exit with status 1 unless training went well (for tests)
   --help            this text
 ";
@@ -115,6 +118,8 @@ struct Args {
     per_tensor: bool,
     unfused: bool,
     check: bool,
+    /// Print each worker's per-PS communication from its runtime's metrics.
+    comm_breakdown: bool,
     /// Set for the tasks this program starts: `ps:0`, `worker:1`, ...
     role: Option<TaskId>,
     /// The cluster's directory (with `.endpoint_map`), for tasks.
@@ -139,6 +144,7 @@ impl Args {
             per_tensor: false,
             unfused: false,
             check: false,
+            comm_breakdown: false,
             role: None,
             dir: None,
             ps_hosts: String::new(),
@@ -165,6 +171,7 @@ impl Args {
                 "--per-tensor" => a.per_tensor = true,
                 "--unfused" => a.unfused = true,
                 "--check" => a.check = true,
+                "--comm-breakdown" => a.comm_breakdown = true,
                 "--role" => {
                     let v = value()?;
                     a.role = Some(TaskId::parse(&v).map_err(|e| format!("--role {v}: {e}"))?);
@@ -218,6 +225,9 @@ impl Args {
         }
         if self.unfused {
             v.push("--unfused".into());
+        }
+        if self.comm_breakdown {
+            v.push("--comm-breakdown".into());
         }
         v
     }
@@ -904,6 +914,11 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
         total.times()
     )
     .map_err(|e| e.to_string())?;
+    if args.comm_breakdown {
+        for line in comm_breakdown(task, &rt.metrics()) {
+            writeln!(out, "COMM {line}").map_err(|e| e.to_string())?;
+        }
+    }
     out.flush().map_err(|e| e.to_string())?;
     if index == 0 {
         let line = evaluate(args, &mut w)?;
@@ -911,6 +926,39 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
     }
     rt.shutdown();
     Ok(ExitCode::SUCCESS)
+}
+
+/// This worker's communication with each PS task, per operation, from its runtime's
+/// per-peer metrics: one line each.
+fn comm_breakdown(task: &TaskId, m: &starwire::stats::Metrics) -> Vec<String> {
+    use starwire::stats::{Outcome, RequestKind, Role};
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut lines = Vec::new();
+    for p in m.role(Role::Client) {
+        for kind in RequestKind::ALL {
+            let op = p.op(kind);
+            if op.requests == 0 {
+                continue;
+            }
+            let l = &op.latency;
+            lines.push(format!(
+                "{task} -> {}: {:<9} {:>6} requests, {} failed, latency p50 {:.2} ms p90 {:.2} \
+                 ms p99 {:.2} ms max {:.2} ms, {:.1} MB out, {:.1} MB in, {} rows",
+                p.name(),
+                kind.name(),
+                op.requests,
+                op.requests - op.outcome(Outcome::Ok) - op.in_flight(),
+                ms(l.quantile(0.5)),
+                ms(l.quantile(0.9)),
+                ms(l.quantile(0.99)),
+                ms(l.max()),
+                op.bytes_out as f64 / 1e6,
+                op.bytes_in as f64 / 1e6,
+                op.rows,
+            ));
+        }
+    }
+    lines
 }
 
 /// Loss and AUC of the trained model, of the ground truth and of the best constant on
@@ -1078,6 +1126,7 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
     let mut totals = Interval::default();
     let mut last: Option<Interval> = None;
     let mut worker_lines = Vec::new();
+    let mut comm_lines = Vec::new();
     for (worker, line) in rx {
         if let Some(iv) = Interval::from_line(&line) {
             let index = iv.index;
@@ -1093,6 +1142,8 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
             eval = Some(rest.to_owned());
         } else if let Some(rest) = line.strip_prefix("WORKER ") {
             worker_lines.push((worker, rest.to_owned()));
+        } else if let Some(rest) = line.strip_prefix("COMM ") {
+            comm_lines.push(rest.to_owned());
         } else {
             println!("{line}");
         }
@@ -1157,6 +1208,13 @@ fn coordinate(mut args: Args) -> Res<ExitCode> {
     worker_lines.sort();
     for (_, line) in &worker_lines {
         println!("  {line}");
+    }
+    if !comm_lines.is_empty() {
+        comm_lines.sort();
+        println!("\ncommunication per PS task (the workers' runtime metrics)");
+        for line in &comm_lines {
+            println!("  {line}");
+        }
     }
     println!(
         "  per step       {}: means over the {} steps of all workers, rows {}",

@@ -213,6 +213,8 @@ impl Runtime {
                     .map_err(|source| StartError::Loop { index, source })
             })
             .collect::<Result<_, _>>()?;
+        let counters: Vec<_> = shared.iter().map(|l| l.counters.clone()).collect();
+        crate::stats::PeerRegistry::link(&counters);
         if let Some(r) = &options.rendezvous {
             r.attach(shared.clone());
         }
@@ -337,6 +339,22 @@ impl Runtime {
         }
         s.add_budget(self.inner.budget.used(), self.inner.budget.refused());
         s
+    }
+
+    /// Per-peer, per-operation metrics of every loop, merged by peer: requests by
+    /// outcome, bytes, items, latency histograms. Takes no lock the loops take on their
+    /// request path.
+    pub fn metrics(&self) -> crate::stats::Metrics {
+        let counters: Vec<&crate::stats::Counters> =
+            self.inner.loops.iter().map(|l| &**l.counters).collect();
+        crate::stats::Metrics::of(&counters)
+    }
+
+    /// The JSON document a `STATS` request is answered with (`docs/wire-format.md`,
+    /// section 4.11): this task's [`stats`](Self::stats) totals and [`metrics`](Self::metrics).
+    pub fn metrics_json(&self) -> String {
+        let task = format!("{}:{}", self.inner.cfg.job, self.inner.cfg.task_index);
+        self.metrics().to_json(&task, &self.stats())
     }
 
     /// Stops the loops: requests in flight or queued complete with [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown),

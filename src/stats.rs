@@ -8,8 +8,17 @@
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+mod histogram;
+mod json;
+mod peers;
+
+pub use histogram::{bucket_high, bucket_low, Histogram, BUCKETS, MAX_TRACKED_NS, SUB_BUCKETS};
+pub use json::{MAX_PEERS_IN_DOCUMENT, STATS_FORMAT_VERSION};
+pub use peers::{Metrics, OpMetrics, Outcome, PeerMetrics, Role, OUTCOMES};
+pub(crate) use peers::{PeerBlock, PeerRegistry};
+
 /// Kinds of request, for per-kind counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RequestKind {
     /// `PING`.
     Ping = 0,
@@ -25,10 +34,12 @@ pub enum RequestKind {
     PullRows = 5,
     /// `PUSH_ROWS`.
     PushRows = 6,
+    /// `STATS`: a task's counters, asked by `commctl stats`.
+    Stats = 7,
 }
 
 /// Number of [`RequestKind`]s.
-pub const REQUEST_KINDS: usize = 7;
+pub const REQUEST_KINDS: usize = 8;
 
 /// One loop's counters.
 #[derive(Debug, Default)]
@@ -57,6 +68,8 @@ pub(crate) struct Counters {
     pub progress_timeouts: AtomicU64,
     pub heartbeats_sent: AtomicU64,
     pub heartbeat_losses: AtomicU64,
+    /// The loop's per-peer metric blocks.
+    pub peers: PeerRegistry,
 }
 
 /// Adds `n` to a counter that only the calling loop writes.

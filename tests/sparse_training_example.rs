@@ -77,12 +77,33 @@ fn steps_fused_over_two_ps_tasks_and_learned(out: &str) {
 
 #[test]
 fn trains_with_fused_requests_and_learns() {
-    let out = run(&["--ps", "2", "--workers", "2"]);
+    let out = run(&["--ps", "2", "--workers", "2", "--comm-breakdown"]);
     // Per-interval table rows, then the summary.
     assert!(out.contains("examples/s"), "{out}");
     steps_fused_over_two_ps_tasks_and_learned(&out);
     // Both PS tasks applied gradients.
     assert!(out.contains("ps:0:") && out.contains("ps:1:"), "{out}");
+    communication_breakdown_from_the_metrics(&out);
+}
+
+/// The `--comm-breakdown` lines: per worker, PS task and operation, from the workers'
+/// runtime metrics. The sharded client sends one rows pull and one rows push per PS task
+/// and step, so over the workers each (PS task, operation) has a request per step.
+fn communication_breakdown_from_the_metrics(out: &str) {
+    assert!(out.contains("communication per PS task"), "{out}");
+    let trained = numbers_after(out, "trained")[0];
+    for ps in ["ps:0", "ps:1"] {
+        for op in ["pull_rows", "push_rows"] {
+            let label = format!(" -> {ps}: {op} ");
+            let lines: Vec<&str> = out.lines().filter(|l| l.contains(&label)).collect();
+            assert_eq!(lines.len(), 2, "one line per worker for {ps} {op}: {out}");
+            let requests: f64 = lines.iter().map(|l| numbers_after(l, op)[0]).sum();
+            assert_eq!(requests, trained, "{out}");
+            for line in lines {
+                assert!(line.contains(" 0 failed"), "{line}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -1129,6 +1129,40 @@ sw_result sw_table_new(uint8_t dtype,
                        struct sw_table **out);
 
 /*
+ Writes to `*out` this runtime's counters and per-peer, per-operation metrics (requests
+ by outcome, bytes, tensors and rows, latency percentiles and histogram buckets) as a
+ NUL-terminated JSON document (`docs/wire-format.md`, section 4.11). The caller frees it
+ with `sw_string_free`.
+
+ # Safety
+ `rt` is a live runtime; `out` is writable.
+ */
+sw_result sw_runtime_metrics_json(const struct sw_runtime *rt, char **out);
+
+/*
+ Frees a string starwire returned (`sw_runtime_metrics_json`). NULL is ignored.
+
+ # Safety
+ `s` is NULL or a string from starwire not freed before.
+ */
+void sw_string_free(char *s);
+
+/*
+ Asks `peer` (`host:port`) for its counters and latencies (a `STATS` request). The reply
+ has one tensor (dtype `U8`, rank 1) holding the peer's JSON document, not
+ NUL-terminated; a peer with the stats endpoint off fails the request with
+ `SW_ERR_REMOTE` and status `UNIMPLEMENTED` (9). `timeout_ms` 0: no deadline.
+
+ # Safety
+ `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
+ writable.
+ */
+sw_result sw_client_stats(struct sw_client *c,
+                          const char *peer,
+                          uint64_t timeout_ms,
+                          uint64_t *tag);
+
+/*
  Creates a resolver. `tf_config`: the `TF_CONFIG` JSON text, or NULL to read the
  `TF_CONFIG` environment variable (unset or empty: a resolver of `host:port` texts only).
  `endpoint_map`: the text of the endpoint map (`control_host:port=data_host:port` lines),

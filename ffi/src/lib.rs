@@ -13,6 +13,7 @@
 #![allow(non_camel_case_types)]
 
 mod callback_table;
+pub mod metrics;
 mod resolver;
 mod sharded;
 

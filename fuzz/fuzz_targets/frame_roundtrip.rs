@@ -97,6 +97,7 @@ enum NBody {
     },
     Ping,
     Pong,
+    Stats,
     Recv {
         fused: bool,
         step_id: u64,
@@ -132,6 +133,7 @@ impl NBody {
             Body::HelloAck(h) => hello(h, true),
             Body::Ping => NBody::Ping,
             Body::Pong => NBody::Pong,
+            Body::Stats => NBody::Stats,
             Body::Recv(r) | Body::FusedRecv(r) => {
                 let keys = r.keys;
                 assert_eq!(keys.len(), keys.count(), "Keys: size_hint vs items");
@@ -210,6 +212,7 @@ impl NBody {
             NBody::Hello { ack: true, .. } => Kind::HelloAck,
             NBody::Ping => Kind::Ping,
             NBody::Pong => Kind::Pong,
+            NBody::Stats => Kind::Stats,
             NBody::Recv { fused: false, .. } => Kind::Recv,
             NBody::Recv { fused: true, .. } => Kind::FusedRecv,
             NBody::Pull(_) => Kind::Pull,
@@ -289,7 +292,7 @@ impl NBody {
                 let h = self.hello().unwrap();
                 put(&mut out, fill, h.buffer_len(), |b| h.emit(b));
             }
-            NBody::Ping | NBody::Pong => {}
+            NBody::Ping | NBody::Pong | NBody::Stats => {}
             NBody::Recv { step_id, keys, .. } => {
                 put(&mut out, fill, recv_meta_len(keys), |b| {
                     emit_recv_meta(*step_id, keys, b)
@@ -374,6 +377,7 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
         NBody::Hello { ack, .. } => enc.hello(&nb.hello().unwrap(), *ack),
         NBody::Ping => enc.ping(h.handle, payload),
         NBody::Pong => enc.pong(h.handle, payload),
+        NBody::Stats => enc.stats(h.handle),
         NBody::Recv {
             fused,
             step_id,

@@ -119,6 +119,7 @@ enum NBody {
     },
     Ping,
     Pong,
+    Stats,
     Recv {
         fused: bool,
         step_id: u64,
@@ -154,6 +155,7 @@ impl NBody {
             Body::HelloAck(h) => hello(h, true),
             Body::Ping => NBody::Ping,
             Body::Pong => NBody::Pong,
+            Body::Stats => NBody::Stats,
             Body::Recv(r) | Body::FusedRecv(r) => NBody::Recv {
                 fused: matches!(body, Body::FusedRecv(_)),
                 step_id: r.step_id,

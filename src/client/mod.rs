@@ -24,6 +24,7 @@
 //!
 //! [`Runtime`]: crate::Runtime
 
+mod metrics;
 mod rows;
 mod sharded;
 mod startup;
@@ -31,7 +32,7 @@ mod ticket;
 
 pub use sharded::{Sharded, StepReport};
 pub use startup::Unreachable;
-pub use ticket::{Kind, Ping, Pull, PullRows, Push, Recv, Ticket};
+pub use ticket::{Kind, Ping, Pull, PullRows, Push, Recv, RemoteStats, Ticket};
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;

@@ -36,6 +36,18 @@ pub enum Recv {}
 #[derive(Debug)]
 pub enum PullRows {}
 
+/// A stats request: its result is the peer's JSON document of counters and latencies.
+#[derive(Debug)]
+pub enum RemoteStats {}
+
+impl sealed::Sealed for RemoteStats {}
+impl Kind for RemoteStats {
+    type Output = String;
+    fn output(c: Completion) -> Result<String, Error> {
+        c.into_stats_document()
+    }
+}
+
 impl sealed::Sealed for PullRows {}
 impl sealed::Sealed for Ping {}
 impl sealed::Sealed for Pull {}

@@ -157,6 +157,16 @@ settings! {
         setter: plain,
     }
 
+    /// Answer `STATS` requests (what `commctl stats` sends) with this task's counters and
+    /// latencies; when off they are refused with `UNIMPLEMENTED`. A stats request passes
+    /// the handshake (cluster id, token) like any other.
+    stats_endpoint: bool [] {
+        env: [ENV_STATS_ENDPOINT = "STARWIRE_STATS_ENDPOINT"],
+        default: [DEFAULT_STATS_ENDPOINT = true],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
     /// Initial receive buffer of each connection; it grows up to one frame as needed.
     recv_buffer: usize [] {
         env: [ENV_RECV_BUFFER = "STARWIRE_RECV_BUFFER"],

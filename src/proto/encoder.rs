@@ -392,6 +392,12 @@ impl Encoder {
         self.simple(header, &[], |meta| wire::emit_cancel_meta(items, meta))
     }
 
+    /// Queues a `STATS` request (no meta, no payload).
+    pub fn stats(&mut self, handle: u64) -> Result<(), EncodeError> {
+        let header = self.header(Kind::Stats, handle, 0, 0, 0)?;
+        self.simple(header, &[], |_| {})
+    }
+
     /// A header for `kind` after checking the frame fits the peer's limit.
     fn header(
         &self,

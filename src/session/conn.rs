@@ -76,6 +76,8 @@ pub(crate) struct Conn {
     pub last_heard: Instant,
     /// Whether a `Heartbeat` timer is pending for this connection.
     pub heartbeat_timer: bool,
+    /// Index of its peer's metric block in the session's table (`metrics::NO_PEER`: none).
+    pub metrics: u32,
 }
 
 /// A window in which a connection that owes bytes must deliver some of them.
@@ -120,6 +122,7 @@ impl Conn {
             progress: Progress::default(),
             last_heard: now,
             heartbeat_timer: false,
+            metrics: super::metrics::NO_PEER,
         }
     }
 

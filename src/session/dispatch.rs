@@ -13,11 +13,12 @@ use crate::pool::Job;
 use crate::proto::{ConnEvent, Encoder, Frame, PayloadTarget};
 use crate::rendezvous::Rendezvous;
 use crate::service::Service;
-use crate::stats::{add, Counters, RequestKind};
+use crate::stats::{add, Counters, Outcome, RequestKind};
 use crate::tensor::Tensor;
 use crate::wire::{Body, Kind, ResponseEntries, Status};
 
 use super::conn::{route, tensor_for};
+use super::metrics::{self, Meter};
 use super::outbox::{Outbox, Reply};
 use super::reply::{IncomingPush, ReplyState, Spare};
 use super::request::{remember_abandoned, Pending};
@@ -54,6 +55,11 @@ pub(super) struct Dispatch<'a> {
     pub(super) max_served: usize,
     /// The peer this connection was opened to (`None` for an accepted one).
     pub(super) peer: Option<std::net::SocketAddr>,
+    /// The peer's metric block: of requests sent to it on an outgoing connection, of
+    /// requests served to it on an accepted one.
+    pub(super) metrics: Option<&'a crate::stats::PeerBlock>,
+    /// This task's name for stats answers; `None`: the stats endpoint is off.
+    pub(super) stats_task: Option<&'a str>,
     pub(super) opened: bool,
     pub(super) violation: Option<&'static str>,
 }
@@ -76,6 +82,9 @@ impl Dispatch<'_> {
                     self.chunk_owners.push_back((is_push, t.meta.byte_len));
                 }
                 let h = f.header.handle;
+                self.count_frame(&f);
+                let queued_before = metrics::queued(enc);
+                let kind = f.header.kind;
                 match f.body {
                     // The answer to a heartbeat: its arrival was the point.
                     Body::Pong if h == super::timer::HEARTBEAT_HANDLE => {}
@@ -92,8 +101,12 @@ impl Dispatch<'_> {
                         // A peer may not pile up unanswered requests without limit. Its
                         // payload, if any, is still read and dropped.
                         let _ = enc.error(h, Status::ResourceExhausted, "too many requests");
+                        if let Some(kind) = metrics::served_kind(f.header.kind) {
+                            metrics::served_end(self.metrics, kind, Outcome::Refused);
+                        }
                     }
                     Body::Cancel(items) => self.on_cancel(h, items, enc),
+                    Body::Stats => self.serve_stats(h, enc),
                     Body::Pull(ids) => self.serve_pull(h, ids, enc),
                     Body::PullRows(tables) => self.serve_pull_rows(h, tables, enc),
                     Body::Push(_) | Body::PushRows(_) => {
@@ -112,6 +125,7 @@ impl Dispatch<'_> {
                             _ => return,
                         };
                         push.deadline = deadline_of(self.now, f.header.timeout_ms);
+                        push.arrived = Some(self.now);
                         self.incoming.push(push);
                     }
                     Body::Recv(r) | Body::FusedRecv(r) => {
@@ -123,6 +137,7 @@ impl Dispatch<'_> {
                     }
                     _ => {}
                 }
+                self.count_answer(kind, queued_before, enc);
             }
             ConnEvent::Payload {
                 target,
@@ -137,7 +152,9 @@ impl Dispatch<'_> {
                     if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == h.handle) {
                         p.frame_done();
                     }
+                    let queued_before = metrics::queued(enc);
                     self.finish_push(h.handle, enc);
+                    self.count_answer(h.kind, queued_before, enc);
                 }
                 Kind::Response => {
                     self.deliver_ready_members(h.handle);
@@ -221,8 +238,20 @@ impl Dispatch<'_> {
     fn complete(&mut self, mut p: Pending, result: Option<Result<Reply, Error>>) {
         let result = result.unwrap_or_else(|| Ok(p.state.finish(&mut p.spare)));
         let (origin, tag, kind) = (p.origin, p.tag, p.kind);
-        self.outbox
-            .notify(self.counters, origin, tag, kind, &p.fused, result, p.spare);
+        let meter = Meter {
+            block: self.metrics,
+            latency: p.sent.map(|s| self.now.saturating_duration_since(s)),
+        };
+        self.outbox.notify(
+            self.counters,
+            meter,
+            origin,
+            tag,
+            kind,
+            &p.fused,
+            result,
+            p.spare,
+        );
     }
 
     fn on_response(&mut self, handle: u64, entries: ResponseEntries<'_>, end: bool) {
@@ -250,6 +279,7 @@ impl Dispatch<'_> {
         if p.fused.is_empty() {
             return;
         }
+        let sent = p.sent;
         for i in 0..p.fused.len() {
             if p.fused[i].done {
                 continue;
@@ -264,8 +294,13 @@ impl Dispatch<'_> {
                     }
                     r => Ok(Reply::Received(vec![r])),
                 };
+                let meter = Meter {
+                    block: self.metrics,
+                    latency: sent.map(|s| self.now.saturating_duration_since(s)),
+                };
                 self.outbox.deliver(
                     self.counters,
+                    meter,
                     m.origin,
                     m.tag,
                     RequestKind::Recv,

@@ -11,6 +11,7 @@ use crate::stats::{add, Counters, RequestKind};
 use crate::tensor::Tensor;
 use crate::wire::Status;
 
+use super::metrics::Meter;
 use super::reply::Spare;
 use super::request::Request;
 
@@ -133,9 +134,11 @@ impl Outbox {
     }
 
     /// Hands one completion to whoever submitted the request.
+    #[allow(clippy::too_many_arguments)]
     pub fn deliver(
         &mut self,
         counters: &Counters,
+        meter: Meter<'_>,
         origin: Origin,
         tag: u64,
         kind: RequestKind,
@@ -148,6 +151,7 @@ impl Outbox {
             &counters.failed[kind as usize]
         };
         add(counter, 1);
+        meter.ended(kind, &result);
         let completion = Completion { tag, result, spare };
         match origin {
             Origin::Local => self.local.push_back(completion),
@@ -176,6 +180,7 @@ impl Outbox {
     pub fn notify(
         &mut self,
         counters: &Counters,
+        meter: Meter<'_>,
         origin: Origin,
         tag: u64,
         kind: RequestKind,
@@ -184,7 +189,7 @@ impl Outbox {
         spare: Spare,
     ) {
         if fused.is_empty() {
-            return self.deliver(counters, origin, tag, kind, result, spare);
+            return self.deliver(counters, meter, origin, tag, kind, result, spare);
         }
         // Members whose own deadline already passed got their completion then.
         match result {
@@ -192,7 +197,8 @@ impl Outbox {
                 for (m, r) in fused.iter().zip(results).filter(|(m, _)| !m.done) {
                     let one = Ok(Reply::Received(vec![r]));
                     let kind = RequestKind::Recv;
-                    self.deliver(counters, m.origin, m.tag, kind, one, Spare::default());
+                    let spare = Spare::default();
+                    self.deliver(counters, meter, m.origin, m.tag, kind, one, spare);
                 }
             }
             other => {
@@ -202,6 +208,7 @@ impl Outbox {
                     let kind = RequestKind::Recv;
                     self.deliver(
                         counters,
+                        meter,
                         m.origin,
                         m.tag,
                         kind,

@@ -554,6 +554,8 @@ pub(crate) struct IncomingPush {
     pub deadline: Option<std::time::Instant>,
     /// The requester cancelled it: it is received to its end and dropped, unanswered.
     pub cancelled: bool,
+    /// When its first frame arrived (for its served latency).
+    pub arrived: Option<std::time::Instant>,
 }
 
 /// The row ids of a `PUSH_ROWS`, all tables' in one vector: table `i`'s are
@@ -628,6 +630,7 @@ impl IncomingPush {
             frame_done: false,
             deadline: None,
             cancelled: false,
+            arrived: None,
         }
     }
 
@@ -669,6 +672,11 @@ impl IncomingPush {
             budget,
             &mut self.memory,
         )
+    }
+
+    /// Whether this is a rows push.
+    pub(crate) fn is_rows(&self) -> bool {
+        self.rows.is_rows()
     }
 
     /// The received items: variable ids, and per item its tensor or why it failed to arrive.

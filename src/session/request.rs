@@ -48,6 +48,8 @@ pub(crate) enum RequestOp {
         ids: Vec<u64>,
         grads: Vec<u8>,
     },
+    /// The peer's counters and latencies: a JSON document (`docs/wire-format.md` 4.11).
+    Stats,
 }
 
 impl RequestOp {
@@ -60,6 +62,7 @@ impl RequestOp {
             RequestOp::Recv { .. } => RequestKind::FusedRecv,
             RequestOp::PullRows { .. } => RequestKind::PullRows,
             RequestOp::PushRows { .. } => RequestKind::PushRows,
+            RequestOp::Stats => RequestKind::Stats,
         }
     }
 
@@ -76,6 +79,7 @@ impl RequestOp {
                 ReplyState::rows(tables, spare, alloc.is_none())
             }
             RequestOp::PushRows { tables, .. } => ReplyState::push(tables.len(), spare),
+            RequestOp::Stats => ReplyState::pull(1, false, spare),
         }
     }
 }
@@ -211,6 +215,17 @@ impl Session {
             return self.notify(Some(req.peer), origin, req.tag, kind, &fused, e, spare);
         }
         let slot = self.peer_conn(req.peer, req.lane, now);
+        if let Some(b) = self.peer_table.get(self.conns[slot as usize].metrics) {
+            if fused.is_empty() {
+                let (tensors, rows) = super::metrics::items_of(&req.op);
+                b.started(kind, tensors, rows);
+            } else {
+                // Recvs the session fused count one by one, as they complete.
+                for _ in &fused {
+                    b.started(RequestKind::Recv, 1, 0);
+                }
+            }
+        }
         let alloc = match &req.op {
             RequestOp::Pull { alloc, .. } | RequestOp::PullRows { alloc, .. } => alloc.clone(),
             _ => None,
@@ -304,6 +319,7 @@ impl Session {
             u32::try_from(ms).unwrap_or(u32::MAX).max(1)
         });
         conn.proto.encoder().set_request_timeout(timeout_ms);
+        let queued_before = super::metrics::queued(conn.proto.encoder());
         let result = match &op {
             RequestOp::Ping { payload } => {
                 let n = *payload as usize;
@@ -324,7 +340,19 @@ impl Session {
             RequestOp::PushRows { tables, ids, grads } => {
                 encode_push_rows(conn, handle, tables, ids, grads, &mut self.push_scratch)
             }
+            RequestOp::Stats => conn.proto.encoder().stats(handle),
         };
+        if let (Ok(()), Some(b)) = (&result, self.peer_table.get(conn.metrics)) {
+            let enc = conn.proto.encoder();
+            let n = super::metrics::queued(enc) - queued_before
+                + super::metrics::chunked_bytes(&op, enc.chunk_limit());
+            let kind = if p.fused.is_empty() {
+                p.kind
+            } else {
+                RequestKind::Recv
+            };
+            add(&b.op(kind).bytes_out, n);
+        }
         // The request's vectors go back to its submitter with the completion.
         match op {
             RequestOp::Pull { mut ids, .. } => {
@@ -525,7 +553,7 @@ fn over_limits(op: &RequestOp, l: &crate::wire::Limits) -> Option<String> {
             .or_else(|| over("tensor bytes", t.byte_len() as u64, l.max_tensor_bytes))
     };
     match op {
-        RequestOp::Ping { .. } => None,
+        RequestOp::Ping { .. } | RequestOp::Stats => None,
         RequestOp::Pull { ids, .. } => over("ids", ids.len() as u64, l.max_tensors as u64),
         RequestOp::Push { items } => over("tensors", items.len() as u64, l.max_tensors as u64)
             .or_else(|| items.iter().find_map(|(_, t)| tensor(t))),

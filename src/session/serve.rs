@@ -18,8 +18,10 @@ use crate::wire::{
 
 use super::conn::Conn;
 use super::dispatch::Dispatch;
+use super::metrics::served_end;
 use super::out_tensor;
 use super::reply::{keep_memory, PushVecs};
+use crate::stats::{Outcome, RequestKind};
 
 impl Dispatch<'_> {
     /// Applies a completely received push and answers it.
@@ -32,6 +34,19 @@ impl Dispatch<'_> {
             return;
         };
         let push = self.incoming.swap_remove(i);
+        let kind = match push.is_rows() {
+            true => RequestKind::PushRows,
+            false => RequestKind::Push,
+        };
+        let took = push.arrived.map(|a| self.now.saturating_duration_since(a));
+        let end = |b: Option<&crate::stats::PeerBlock>, o: Outcome| {
+            if let Some(b) = b {
+                b.ended(kind, o, took.filter(|_| o == Outcome::Ok));
+            }
+        };
+        if push.cancelled || push.deadline.is_some_and(|d| self.now > d) {
+            end(self.metrics, Outcome::Timeout);
+        }
         if push.cancelled {
             // The requester gave it up: dropped unanswered.
             return self.recycle(push);
@@ -47,6 +62,7 @@ impl Dispatch<'_> {
         }
         let s = &mut *self.serve;
         let Some(service) = self.service else {
+            end(self.metrics, Outcome::Error);
             s.statuses.clear();
             s.statuses.resize(push.len(), Status::Unimplemented);
             return answer_push(enc, handle, &s.statuses, &mut s.items);
@@ -67,6 +83,7 @@ impl Dispatch<'_> {
                     ids: rows.ids,
                     ends: rows.ends,
                 };
+                end(self.metrics, Outcome::Ok);
                 refuse_if_unsent(jobs.try_send(job), enc, handle);
                 return;
             }
@@ -79,6 +96,7 @@ impl Dispatch<'_> {
                 s.statuses.push(status);
             }
             answer_push(enc, handle, &s.statuses, &mut s.items);
+            end(self.metrics, Outcome::Ok);
             // The blocks were applied: their memory takes the next push's blocks.
             keep_memory(&mut results, &mut memory);
             if s.push_vecs.len() < PUSH_VECS_KEPT {
@@ -94,11 +112,16 @@ impl Dispatch<'_> {
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
             let job = Job::Push { to, ids, results };
-            refuse_if_unsent(jobs.try_send(job), enc, handle);
+            let sent = refuse_if_unsent(jobs.try_send(job), enc, handle);
+            end(
+                self.metrics,
+                if sent { Outcome::Ok } else { Outcome::Refused },
+            );
             return;
         }
         crate::pool::apply_push(service, &ids, &mut results, &mut s.statuses, &mut s.push);
         answer_push(enc, handle, &s.statuses, &mut s.items);
+        end(self.metrics, Outcome::Ok);
         if s.push_vecs.len() < PUSH_VECS_KEPT {
             s.push_vecs.push(PushVecs {
                 ids,
@@ -121,8 +144,11 @@ impl Dispatch<'_> {
     ) {
         let Some(service) = self.service else {
             let _ = enc.error(handle, Status::Unimplemented, "no rows service");
+            served_end(self.metrics, RequestKind::PullRows, Outcome::Error);
             return;
         };
+        // Counted when answered here or handed to the pool (whose answer is not seen here).
+        served_end(self.metrics, RequestKind::PullRows, Outcome::Ok);
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
             let tables = tables
@@ -228,6 +254,7 @@ impl Dispatch<'_> {
             rendezvous.forget_request(waiter, handle, None);
             self.recvs.swap_remove(pos);
             let _ = enc.error(handle, Status::Cancelled, "cancelled by the requester");
+            served_end(self.metrics, RequestKind::Recv, Outcome::Timeout);
             return;
         }
         for index in items.iter() {
@@ -246,6 +273,7 @@ impl Dispatch<'_> {
             let _ = send_items(enc, handle, last, &[item]);
             if last {
                 self.recvs.swap_remove(pos);
+                served_end(self.metrics, RequestKind::Recv, Outcome::Timeout);
                 return;
             }
         }
@@ -260,6 +288,7 @@ impl Dispatch<'_> {
     ) {
         let Some(rendezvous) = self.rendezvous else {
             let _ = enc.error(handle, Status::Unimplemented, "no rendezvous on this task");
+            served_end(self.metrics, RequestKind::Recv, Outcome::Error);
             return;
         };
         if self.recvs.iter().any(|&(h, _)| h == handle) {
@@ -308,6 +337,9 @@ impl Dispatch<'_> {
                 self.timers.push(at, timer);
             }
         }
+        if waiting == 0 {
+            served_end(self.metrics, RequestKind::Recv, Outcome::Ok);
+        }
         if waiting == 0 || !items.is_empty() {
             if let Err(k) = send_items(enc, handle, waiting == 0, &items) {
                 release_unsent(self.out_tensors, tokens[k..].iter().copied());
@@ -318,14 +350,18 @@ impl Dispatch<'_> {
     pub(super) fn serve_pull(&mut self, handle: u64, ids: VarIds<'_>, enc: &mut Encoder) {
         let Some(service) = self.service else {
             let _ = enc.error(handle, Status::Unimplemented, "no pull service");
+            served_end(self.metrics, RequestKind::Pull, Outcome::Error);
             return;
         };
         if let Some(jobs) = self.jobs {
             let to = self.reply_to(handle);
             let ids = ids.iter().collect();
-            refuse_if_unsent(jobs.try_send(Job::Pull { to, ids }), enc, handle);
+            let sent = refuse_if_unsent(jobs.try_send(Job::Pull { to, ids }), enc, handle);
+            let outcome = if sent { Outcome::Ok } else { Outcome::Refused };
+            served_end(self.metrics, RequestKind::Pull, outcome);
             return;
         }
+        served_end(self.metrics, RequestKind::Pull, Outcome::Ok);
         let s = &mut *self.serve;
         s.ids.clear();
         s.ids.extend(ids.iter());
@@ -342,19 +378,21 @@ impl Dispatch<'_> {
     }
 }
 
-/// Answers a request the handler pool could not take.
+/// Answers a request the handler pool could not take; returns whether it took it.
 pub(super) fn refuse_if_unsent(
     r: Result<(), std::sync::mpsc::TrySendError<Job>>,
     enc: &mut Encoder,
     h: u64,
-) {
+) -> bool {
     match r {
-        Ok(()) => {}
+        Ok(()) => true,
         Err(std::sync::mpsc::TrySendError::Full(_)) => {
             let _ = enc.error(h, Status::ResourceExhausted, "handlers are behind; retry");
+            false
         }
         Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
             let _ = enc.error(h, Status::Shutdown, "handler pool stopped");
+            false
         }
     }
 }

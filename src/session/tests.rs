@@ -977,3 +977,5 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
     p.pump();
     assert!(p.completions()[0].result.is_ok());
 }
+
+mod metrics;

@@ -264,8 +264,17 @@ impl Session {
         }
         let timeout = Err(timeout);
         let kind = RequestKind::Recv;
+        let meter = super::metrics::Meter {
+            block: self.peer_table.get(
+                self.conns
+                    .get(conn as usize)
+                    .map_or(u32::MAX, |c| c.metrics),
+            ),
+            latency: None,
+        };
+        let spare = Spare::default();
         self.outbox
-            .deliver(&self.counters, origin, tag, kind, timeout, Spare::default());
+            .deliver(&self.counters, meter, origin, tag, kind, timeout, spare);
         if all_done {
             if let Ok(p) = self.ctxs.remove(h) {
                 self.abandon(handle, &p);
@@ -383,6 +392,8 @@ impl Session {
         if let Some(r) = &self.rendezvous {
             r.forget_request((self.index, slot, generation), handle, None);
         }
+        let block = self.peer_table.get(c.metrics);
+        super::metrics::served_end(block, RequestKind::Recv, crate::stats::Outcome::Timeout);
         let why = "deadline passed before the tensor was published";
         let _ = c
             .proto

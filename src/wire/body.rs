@@ -54,6 +54,8 @@ pub enum Body<'a> {
     PushRows(RowsTables<'a>),
     /// `CANCEL`: the items given up (none: the whole request).
     Cancel(ItemIndexes<'a>),
+    /// `STATS`: no meta, no payload.
+    Stats,
 }
 
 impl<'a> Body<'a> {
@@ -95,6 +97,7 @@ impl<'a> Body<'a> {
                 Body::PushRows(tables)
             }
             Kind::Cancel => Body::Cancel(ItemIndexes::parse(meta, header.count)?),
+            Kind::Stats => Body::Stats,
             Kind::Unknown(k) => return Err(Error::UnknownKind(k)),
         };
         Ok(body)

@@ -59,6 +59,8 @@ enum_with_unknown! {
         PushRows = 13,
         /// The requester gave up a request (or some of its items): answer it no further.
         Cancel = 14,
+        /// Request for the responder's counters and latencies (a JSON document).
+        Stats = 15,
     }
 }
 
@@ -74,6 +76,7 @@ impl Kind {
                 | Kind::Push
                 | Kind::PullRows
                 | Kind::PushRows
+                | Kind::Stats
         )
     }
 }
@@ -320,7 +323,12 @@ impl HeaderRepr {
         }
         let many = 1..=limits.max_tensors;
         let count_ok = match self.kind {
-            Kind::Hello | Kind::HelloAck | Kind::Ping | Kind::Pong | Kind::Error => self.count == 0,
+            Kind::Hello
+            | Kind::HelloAck
+            | Kind::Ping
+            | Kind::Pong
+            | Kind::Error
+            | Kind::Stats => self.count == 0,
             Kind::Recv | Kind::Chunk => self.count == 1,
             Kind::FusedRecv | Kind::Pull | Kind::Push => many.contains(&self.count),
             Kind::Response | Kind::Cancel => self.count <= limits.max_tensors,
@@ -331,7 +339,7 @@ impl HeaderRepr {
             return Err(Error::BadCount);
         }
         let meta_ok = match self.kind {
-            Kind::Ping | Kind::Pong => self.meta_len == 0,
+            Kind::Ping | Kind::Pong | Kind::Stats => self.meta_len == 0,
             Kind::Chunk => self.meta_len == super::body::CHUNK_META_LEN as u32,
             _ => true,
         };
@@ -346,7 +354,8 @@ impl HeaderRepr {
             | Kind::Pull
             | Kind::PullRows
             | Kind::Error
-            | Kind::Cancel => self.payload_len == 0,
+            | Kind::Cancel
+            | Kind::Stats => self.payload_len == 0,
             Kind::Chunk => self.payload_len > 0,
             _ => true,
         };

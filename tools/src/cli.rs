@@ -56,6 +56,8 @@ pub enum Command {
     EndpointMap(EndpointMapArgs),
     /// `commctl wait`
     Wait(WaitArgs),
+    /// `commctl stats`
+    Stats(StatsArgs),
 }
 
 /// The cluster-spec and endpoint-map options several subcommands share.
@@ -204,6 +206,94 @@ pub struct PingArgs {
 }
 
 impl PingArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: false,
+            endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// show a running task's counters and latencies per peer and operation
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "stats",
+    help_triggers("-h", "--help"),
+    example = "commctl stats ps:0 --ps-hosts 10.0.0.1:2222,10.0.0.2:2222\n\
+               commctl stats 127.0.0.1:5555 --watch -i 1\n\
+               commctl stats ps:1 --prometheus > ps1.prom",
+    note = "Sends a STATS request (behind the handshake and the cluster token, like every\n\
+            request) and shows the answer: per peer (its task name from the handshake, and\n\
+            its address for requests the task sent) and operation, requests by outcome,\n\
+            bytes, and latency percentiles. `sent` rows are requests the task sent to a\n\
+            peer, `served` rows requests a peer sent to it. A task with\n\
+            STARWIRE_STATS_ENDPOINT=0 refuses (exit status 6). docs/deploying.md explains\n\
+            the columns.",
+    error_code(0, "answered"),
+    error_code(2, "usage or configuration error"),
+    error_code(3, "could not connect: nothing listening, or unreachable"),
+    error_code(4, "handshake refused: cluster id or token mismatch"),
+    error_code(5, "no reply within the timeout"),
+    error_code(6, "connection lost, protocol error, or stats refused")
+)]
+pub struct StatsArgs {
+    /// HOST:PORT, or JOB:INDEX looked up in the cluster spec and the endpoint map
+    #[argh(positional)]
+    pub target: String,
+
+    /// refresh until interrupted, with rates per second
+    #[argh(switch, short = 'w')]
+    pub watch: bool,
+
+    /// seconds between refreshes with --watch (default: 2)
+    #[argh(
+        option,
+        short = 'i',
+        default = "2.0",
+        from_str_fn(parse_positive_seconds)
+    )]
+    pub interval: f64,
+
+    /// print the task's JSON document (one line per refresh)
+    #[argh(switch)]
+    pub json: bool,
+
+    /// print the Prometheus text exposition format
+    #[argh(switch)]
+    pub prometheus: bool,
+
+    /// seconds to wait for the answer (default: 5)
+    #[argh(
+        option,
+        short = 'W',
+        default = "5.0",
+        from_str_fn(parse_positive_seconds)
+    )]
+    pub timeout: f64,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// the endpoint map, or a folder holding one
+    #[argh(option, arg_name = "path")]
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl StatsArgs {
     /// The shared options.
     pub fn cluster_opts(&self) -> ClusterOpts {
         ClusterOpts {

@@ -14,6 +14,7 @@ pub mod logger;
 pub mod ping;
 pub mod serve;
 pub mod signals;
+pub mod stats;
 pub mod target;
 pub mod validate;
 pub mod wait;
@@ -60,6 +61,7 @@ pub fn run(args: &[&str]) -> i32 {
         Command::Bench(a) => bench::run(&a),
         Command::EndpointMap(a) => endpoint_map::run(&a),
         Command::Wait(a) => wait::run(&a),
+        Command::Stats(a) => stats::run(&a),
     };
     match result {
         Ok(code) => code,

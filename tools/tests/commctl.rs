@@ -150,11 +150,20 @@ fn help_for_every_subcommand() {
         "bench",
         "endpoint-map",
         "wait",
+        "stats",
         "Error codes:",
     ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
     }
-    for sub in ["validate", "ping", "serve", "bench", "endpoint-map", "wait"] {
+    for sub in [
+        "validate",
+        "ping",
+        "serve",
+        "bench",
+        "endpoint-map",
+        "wait",
+        "stats",
+    ] {
         let r = run(&mut commctl(&[sub, "--help"]));
         assert_eq!(r.code, 0, "{sub}");
         assert!(
@@ -1581,4 +1590,111 @@ fn wait_names_the_tasks_that_never_came_up() {
     assert_eq!(lines.len(), 2, "{}", r.stdout);
     let r = run(&mut commctl(&["wait"]));
     assert_eq!(r.code, 2, "{}", r.stderr);
+}
+
+// ---------------------------------------------------------------------------------------
+// stats.
+
+#[test]
+fn stats_shows_what_a_server_served_per_peer_and_operation() {
+    let server = Server::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--loops",
+            "1",
+            "--tensors",
+            "64",
+            "--tensor-size",
+            "1000",
+        ],
+        &[],
+    );
+    let addr = server.addr.to_string();
+    let r = run(&mut commctl(&[
+        "bench",
+        &addr,
+        "-o",
+        "pull",
+        "-k",
+        "8",
+        "--tensor-size",
+        "1000",
+        "--variables",
+        "64",
+        "-d",
+        "200ms",
+        "-p",
+        "4",
+        "--json",
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let pulls = json_int(r.stdout.trim(), "ok") as u64;
+    assert!(pulls > 0);
+
+    // The JSON document: the bench's pulls, served to its task, each with a latency.
+    let r = run(&mut commctl(&["stats", &addr, "--json"]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let doc: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(doc["format"], "starwire-stats");
+    assert_eq!(doc["version"], 1);
+    let peers = doc["peers"].as_array().unwrap();
+    let bench = peers
+        .iter()
+        .find(|p| p["role"] == "server" && p["ops"]["pull"].is_object())
+        .unwrap_or_else(|| panic!("no served pulls in {doc}"));
+    assert!(bench["task"].as_str().unwrap().starts_with("commctl:"));
+    let pull = &bench["ops"]["pull"];
+    assert_eq!(pull["requests"].as_u64(), Some(pulls));
+    assert_eq!(pull["outcomes"]["ok"].as_u64(), Some(pulls));
+    assert_eq!(pull["tensors"].as_u64(), Some(pulls * 8));
+    assert!(pull["bytes_out"].as_u64().unwrap() > pulls * 8 * 1000);
+    // Every pull was answered when the stats were taken.
+    assert_eq!(pull["in_flight"].as_u64(), Some(0));
+
+    // The table names the peer's task and the operation.
+    let r = run(&mut commctl(&["stats", &addr]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("served commctl:0"), "{}", r.stdout);
+    assert!(r.stdout.contains(" pull "), "{}", r.stdout);
+
+    // Prometheus: the counters of the same pulls.
+    let r = run(&mut commctl(&["stats", &addr, "--prometheus"]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("# TYPE starwire_requests_total counter"));
+    let ok_line = r
+        .stdout
+        .lines()
+        .find(|l| {
+            l.starts_with("starwire_requests_total{role=\"server\"")
+                && l.contains("op=\"pull\",status=\"ok\"")
+        })
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(ok_line.ends_with(&format!(" {pulls}")), "{ok_line}");
+
+    // --watch refreshes until interrupted.
+    let child = commctl(&["stats", &addr, "--watch", "-i", "0.1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = Command::new("kill")
+        .args(["-s", "INT", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.matches("stats of ").count() >= 2, "{text}");
+    assert!(text.contains("REQ/s"), "{text}");
+}
+
+#[test]
+fn stats_refused_by_a_task_with_the_endpoint_off() {
+    let server = Server::start(
+        &["--listen", "127.0.0.1:0", "--loops", "1"],
+        &[("STARWIRE_STATS_ENDPOINT", "0")],
+    );
+    let r = run(&mut commctl(&["stats", &server.addr.to_string()]));
+    assert_eq!(r.code, 6, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("Unimplemented"), "{}", r.stderr);
 }

@@ -28,6 +28,7 @@ from .errors import (ABORTED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, INVALID_AR
                      ConnectFailed, ConnectionLost, InternalError, InvalidArgument, IoError,
                      ProtocolError, Refused, RemoteError, Shutdown, StarwireError, Timeout,
                      status_name)
+from .metrics import Metrics, remote_stats
 from .runtime import Allocator, MemTable, RowsTable, Runtime, Service
 
 Stats = _lib.Stats
@@ -48,7 +49,7 @@ __all__ = [
     "INVALID_ARGUMENT", "NOT_FOUND", "OK", "PROTOCOL", "RESOURCE_EXHAUSTED", "SHUTDOWN",
     "UNAVAILABLE", "UNIMPLEMENTED", "AlreadyPublished", "Allocator", "Backpressure", "Client",
     "Closed", "ConfigError", "ConnectFailed", "ConnectionLost", "InternalError",
-    "InvalidArgument", "IoError", "MemTable", "Pending", "ProtocolError", "Refused",
+    "InvalidArgument", "IoError", "MemTable", "Metrics", "Pending", "ProtocolError", "Refused",
     "RemoteError", "RowsTable", "Runtime", "Service", "Sharded", "Shutdown", "StarwireError",
-    "Stats", "StepReport", "Timeout", "library_path", "status_name", "version",
+    "Stats", "StepReport", "Timeout", "library_path", "remote_stats", "status_name", "version",
 ]

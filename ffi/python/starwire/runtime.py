@@ -19,6 +19,7 @@ from .errors import INTERNAL, NOT_FOUND, Closed, InvalidArgument, check
 
 if TYPE_CHECKING:
     from .client import Client
+    from .metrics import Metrics
 
 log = logging.getLogger("starwire")
 
@@ -361,6 +362,13 @@ class Runtime:
         s = _lib.Stats()
         check(_lib.runtime_stats(self._handle(), C.byref(s)))
         return s
+
+    def metrics(self) -> "Metrics":
+        """Per-peer, per-operation metrics of the loops (`starwire.metrics.Metrics`):
+        requests by outcome, bytes, tensors and rows, latency percentiles."""
+        from .metrics import runtime_metrics
+
+        return runtime_metrics(self)
 
     @property
     def lent(self) -> int:

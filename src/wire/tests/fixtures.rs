@@ -564,6 +564,8 @@ fn tables_match_spec() {
         Kind::Chunk,
         Kind::PullRows,
         Kind::PushRows,
+        Kind::Cancel,
+        Kind::Stats,
     ];
     for (i, k) in kinds.iter().enumerate() {
         assert_eq!(Kind::from(i as u8 + 1), *k);
@@ -579,7 +581,8 @@ fn tables_match_spec() {
             Kind::Pull,
             Kind::Push,
             Kind::PullRows,
-            Kind::PushRows
+            Kind::PushRows,
+            Kind::Stats
         ]
     );
 
@@ -654,6 +657,20 @@ fn fixture_cancel() {
     assert_eq!(h, hdr(Kind::Cancel, false, Status::Ok, 0, 0x0000_0001_0000_0004, 0, 0));
     assert!(matches!(body, Body::Cancel(items) if items.is_empty()));
     round_trip(CANCEL_ALL);
+}
+
+#[test]
+fn fixture_stats() {
+    let (h, body, payload) = parse_ok(STATS);
+    let want = HeaderRepr {
+        timeout_ms: 2000,
+        ..hdr(Kind::Stats, false, Status::Ok, 0, 0x0000_0001_0000_0005, 0, 0)
+    };
+    assert_eq!(h, want);
+    assert_eq!(body, Body::Stats);
+    assert!(payload.is_empty());
+    assert_eq!(emit_frame(&want, 0, |_| {}, &[]), STATS);
+    round_trip(STATS);
 }
 
 #[test]

@@ -346,6 +346,19 @@ const RECV_TIMEOUT: &[u8] = &[
     0x03, 0x00, 0x77, 0x3a, 0x30,                   // key "w:0"
 ];
 
+/// 4.11 `STATS` request 0x0000000100000005 with `timeout_ms` 2000 (0x7d0).
+#[rustfmt::skip]
+const STATS: &[u8] = &[
+    0x53, 0x57, 0x52, 0x45, 0x02,
+    0x0f,                                           // kind STATS
+    0x00, 0x00,                                     // flags
+    0xd0, 0x07, 0x00, 0x00,                         // timeout_ms 2000
+    0x00, 0x00, 0x00, 0x00,                         // count 0
+    0x05, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, // handle
+    0x00, 0x00, 0x00, 0x00,                         // meta_len 0
+    0x00, 0x00, 0x00, 0x00,                         // payload_len 0
+];
+
 /// Whether frame bytes are of a request kind (bytes 8-11 are then `timeout_ms`).
 fn is_request(frame: &[u8]) -> bool {
     Kind::from(frame[H_KIND]).is_request()
@@ -370,6 +383,7 @@ const ALL: &[(&str, &[u8])] = &[
     ("CANCEL", CANCEL),
     ("CANCEL_ALL", CANCEL_ALL),
     ("RECV_TIMEOUT", RECV_TIMEOUT),
+    ("STATS", STATS),
 ];
 
 // ---------------------------------------------------------------------------------------
@@ -509,7 +523,7 @@ fn emit_body(body: &Body<'_>) -> Vec<u8> {
     }
     match *body {
         Body::Hello(r) | Body::HelloAck(r) => fill(r.buffer_len(), |b| r.emit(b)),
-        Body::Ping | Body::Pong => Vec::new(),
+        Body::Ping | Body::Pong | Body::Stats => Vec::new(),
         Body::Recv(r) | Body::FusedRecv(r) => {
             let keys: Vec<&[u8]> = r.keys.collect();
             fill(recv_meta_len(&keys), |b| {

@@ -25,7 +25,7 @@ fn reject_bad_version() {
 
 #[test]
 fn reject_unknown_kind() {
-    for k in [0u8, 15, 16, 128, 255] {
+    for k in [0u8, 16, 17, 128, 255] {
         rejects(&patch(PING, |v| v[H_KIND] = k), Error::UnknownKind(k));
     }
 }
@@ -118,6 +118,22 @@ fn reject_cancel_rules() {
     let mut few = lim();
     few.max_tensors = 1;
     rejects_with(CANCEL, &few, Error::BadCount);
+}
+
+#[test]
+fn reject_stats_rules() {
+    // A nonzero handle, no END, no count, no meta, no payload (4.11).
+    rejects(&patch(STATS, |v| set64(v, H_HANDLE, 0)), Error::BadHandle);
+    rejects(&patch(STATS, |v| v[H_FLAGS] |= 1), Error::BadFlags);
+    rejects(&patch(STATS, |v| set32(v, H_COUNT, 1)), Error::BadCount);
+    let mut with_meta = STATS.to_vec();
+    set32(&mut with_meta, H_META_LEN, 1);
+    with_meta.push(0);
+    rejects(&with_meta, Error::BadMetaLen);
+    let mut with_payload = STATS.to_vec();
+    set32(&mut with_payload, H_PAYLOAD_LEN, 1);
+    with_payload.push(0);
+    rejects(&with_payload, Error::BadPayloadLen);
 }
 
 #[test]

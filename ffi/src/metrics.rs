@@ -1,0 +1,66 @@
+//! Per-peer metrics through the C ABI: a runtime's metrics as a JSON document (the one a
+//! `STATS` request is answered with, `docs/wire-format.md` section 4.11), and a stats
+//! request to a peer.
+
+use std::ffi::{c_char, CString};
+
+use super::{boundary, boundary_value, c_string, deadline, reference, submit, write};
+use super::{sw_client, sw_result, sw_runtime, Failure};
+
+/// Writes to `*out` this runtime's counters and per-peer, per-operation metrics (requests
+/// by outcome, bytes, tensors and rows, latency percentiles and histogram buckets) as a
+/// NUL-terminated JSON document (`docs/wire-format.md`, section 4.11). The caller frees it
+/// with `sw_string_free`.
+///
+/// # Safety
+/// `rt` is a live runtime; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_metrics_json(
+    rt: *const sw_runtime,
+    out: *mut *mut c_char,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let rt = unsafe { reference(rt, "rt") }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        let doc: CString = c_string(&rt.runtime.metrics_json());
+        // SAFETY: checked non-null above.
+        unsafe { write(out, doc.into_raw()) };
+        Ok(())
+    })
+}
+
+/// Frees a string starwire returned (`sw_runtime_metrics_json`). NULL is ignored.
+///
+/// # Safety
+/// `s` is NULL or a string from starwire not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sw_string_free(s: *mut c_char) {
+    boundary_value((), || {
+        if !s.is_null() {
+            // SAFETY: made by `CString::into_raw` in this library, freed once.
+            drop(unsafe { CString::from_raw(s) });
+        }
+    })
+}
+
+/// Asks `peer` (`host:port`) for its counters and latencies (a `STATS` request). The reply
+/// has one tensor (dtype `U8`, rank 1) holding the peer's JSON document, not
+/// NUL-terminated; a peer with the stats endpoint off fails the request with
+/// `SW_ERR_REMOTE` and status `UNIMPLEMENTED` (9). `timeout_ms` 0: no deadline.
+///
+/// # Safety
+/// `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_stats(
+    c: *mut sw_client,
+    peer: *const c_char,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    // SAFETY: per this function's contract.
+    unsafe { submit(c, peer, tag, |h, p| h.remote_stats(p, deadline(timeout_ms))) }
+}

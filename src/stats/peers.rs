@@ -1,0 +1,405 @@
+//! Per-peer, per-operation metrics.
+//!
+//! A loop keeps one [`PeerBlock`] per peer it talks to, allocated when the peer is first
+//! seen (a connect to a new address, a handshake from a new task) and registered with the
+//! loop's [`Counters`](super::Counters) under a lock that only registration and snapshots
+//! take. Requests then update their peer's block with relaxed loads and stores, as the
+//! loop counters are: no lock, no allocation. A [`Metrics`] snapshot merges the blocks of
+//! every loop by peer.
+
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use super::histogram::{AtomicHistogram, Histogram};
+use super::{add, Counters, RequestKind, REQUEST_KINDS};
+
+/// Which side of the requests a peer's metrics count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// Requests this task sent to the peer (the peer is a server to it).
+    Client,
+    /// Requests the peer sent to this task and this task served.
+    Server,
+}
+
+impl Role {
+    /// `"client"` or `"server"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Server => "server",
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Answered (items may still carry statuses of their own, e.g. `NOT_FOUND`).
+    Ok = 0,
+    /// Requester: the peer answered the whole request with an error. Server: answered
+    /// with an error (no handler, handler failed, ...).
+    Error = 1,
+    /// Its deadline passed, or it was cancelled.
+    Timeout = 2,
+    /// Requester: the connection was lost or could not be made, or the runtime stopped.
+    Unavailable = 3,
+    /// Refused before it was served: too many requests in flight, or over a limit.
+    Refused = 4,
+}
+
+/// Number of [`Outcome`]s.
+pub const OUTCOMES: usize = 5;
+
+impl Outcome {
+    /// Every outcome, in order.
+    pub const ALL: [Outcome; OUTCOMES] = [
+        Outcome::Ok,
+        Outcome::Error,
+        Outcome::Timeout,
+        Outcome::Unavailable,
+        Outcome::Refused,
+    ];
+
+    /// The label used in the JSON document and by `commctl stats`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Timeout => "timeout",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
+impl RequestKind {
+    /// Every request kind, in order.
+    pub const ALL: [RequestKind; REQUEST_KINDS] = [
+        RequestKind::Ping,
+        RequestKind::Recv,
+        RequestKind::FusedRecv,
+        RequestKind::Pull,
+        RequestKind::Push,
+        RequestKind::PullRows,
+        RequestKind::PushRows,
+        RequestKind::Stats,
+    ];
+
+    /// The label used in the JSON document and by `commctl stats` (`"pull_rows"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestKind::Ping => "ping",
+            RequestKind::Recv => "recv",
+            RequestKind::FusedRecv => "fused_recv",
+            RequestKind::Pull => "pull",
+            RequestKind::Push => "push",
+            RequestKind::PullRows => "pull_rows",
+            RequestKind::PushRows => "push_rows",
+            RequestKind::Stats => "stats",
+        }
+    }
+}
+
+/// One operation's counters in a peer block.
+#[derive(Default)]
+pub(crate) struct OpCounters {
+    pub requests: AtomicU64,
+    pub outcomes: [AtomicU64; OUTCOMES],
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub tensors: AtomicU64,
+    pub rows: AtomicU64,
+    pub latency: AtomicHistogram,
+}
+
+/// One loop's metrics of one peer. Only that loop writes it.
+pub(crate) struct PeerBlock {
+    pub role: Role,
+    /// The address this task connects to (requester side).
+    pub addr: Option<SocketAddr>,
+    /// The peer's task as its handshake named it: job and index.
+    pub task: OnceLock<(String, u32)>,
+    pub ops: [OpCounters; REQUEST_KINDS],
+    pub connections: AtomicU64,
+    pub connections_lost: AtomicU64,
+    pub reconnects: AtomicU64,
+}
+
+impl PeerBlock {
+    pub(crate) fn new(role: Role, addr: Option<SocketAddr>) -> PeerBlock {
+        PeerBlock {
+            role,
+            addr,
+            task: OnceLock::new(),
+            ops: Default::default(),
+            connections: AtomicU64::new(0),
+            connections_lost: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+        }
+    }
+
+    /// The counters of `kind`.
+    #[inline]
+    pub(crate) fn op(&self, kind: RequestKind) -> &OpCounters {
+        &self.ops[kind as usize]
+    }
+
+    /// A request of `kind` with `tensors` tensors (or keys, or ids) and `rows` rows started.
+    #[inline]
+    pub(crate) fn started(&self, kind: RequestKind, tensors: u64, rows: u64) {
+        let op = self.op(kind);
+        add(&op.requests, 1);
+        add(&op.tensors, tensors);
+        add(&op.rows, rows);
+    }
+
+    /// A request of `kind` ended with `outcome`, after `latency` when it was answered.
+    #[inline]
+    pub(crate) fn ended(&self, kind: RequestKind, outcome: Outcome, latency: Option<Duration>) {
+        let op = self.op(kind);
+        add(&op.outcomes[outcome as usize], 1);
+        if let Some(d) = latency {
+            op.latency.record(d);
+        }
+    }
+
+    /// The task name, `job:index`, once the handshake gave it.
+    fn task_name(&self) -> Option<String> {
+        self.task.get().map(|(job, index)| format!("{job}:{index}"))
+    }
+}
+
+impl std::fmt::Debug for PeerBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerBlock")
+            .field("role", &self.role)
+            .field("addr", &self.addr)
+            .field("task", &self.task.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The blocks of one loop, for snapshots; and the other loops of the same runtime, so that
+/// a loop answering a stats request can see them all.
+#[derive(Debug, Default)]
+pub(crate) struct PeerRegistry {
+    blocks: Mutex<Vec<Arc<PeerBlock>>>,
+    siblings: OnceLock<Vec<Weak<CachePadded<Counters>>>>,
+}
+
+impl PeerRegistry {
+    /// Adds a new peer's block (when the peer is first seen: not on the request path).
+    pub(crate) fn register(&self, block: Arc<PeerBlock>) {
+        self.blocks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(block);
+    }
+
+    fn blocks(&self) -> Vec<Arc<PeerBlock>> {
+        self.blocks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Tells every loop of a runtime about the others (before the loops start).
+    pub(crate) fn link(loops: &[Arc<CachePadded<Counters>>]) {
+        let all: Vec<_> = loops.iter().map(Arc::downgrade).collect();
+        for l in loops {
+            l.peers.siblings.set(all.clone()).ok();
+        }
+    }
+
+    /// Runs `f` with every loop of this loop's runtime (`this` alone when it was not
+    /// linked, as an embedded loop).
+    pub(crate) fn with_loops<R>(&self, this: &Counters, f: impl FnOnce(&[&Counters]) -> R) -> R {
+        match self.siblings.get() {
+            Some(all) => {
+                let strong: Vec<_> = all.iter().filter_map(Weak::upgrade).collect();
+                let refs: Vec<&Counters> = strong.iter().map(|c| &***c).collect();
+                f(&refs)
+            }
+            None => f(&[this]),
+        }
+    }
+}
+
+/// One operation's metrics with one peer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpMetrics {
+    /// Requests started (requester: submitted; server: received).
+    pub requests: u64,
+    /// Requests ended, by [`Outcome`] (index: `Outcome as usize`).
+    pub outcomes: [u64; OUTCOMES],
+    /// Bytes of request frames (requester: sent; server: answers queued at once).
+    pub bytes_out: u64,
+    /// Bytes of answer frames received (requester), or of request frames (server).
+    pub bytes_in: u64,
+    /// Tensors, keys or ids the requests carried.
+    pub tensors: u64,
+    /// Embedding rows the requests carried (rows pulls and pushes).
+    pub rows: u64,
+    /// Latency of the requests answered (requester: from the request being queued on the
+    /// connection to its answer; server: from the request's frame to its answer, for
+    /// answers that did not go out in the same loop turn).
+    pub latency: Histogram,
+}
+
+impl OpMetrics {
+    /// Requests of `outcome`.
+    pub fn outcome(&self, outcome: Outcome) -> u64 {
+        self.outcomes[outcome as usize]
+    }
+
+    /// Requests started and not ended yet.
+    pub fn in_flight(&self) -> u64 {
+        self.requests
+            .saturating_sub(self.outcomes.iter().sum::<u64>())
+    }
+
+    fn add(&mut self, c: &OpCounters) {
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        self.requests += l(&c.requests);
+        for (o, a) in self.outcomes.iter_mut().zip(&c.outcomes) {
+            *o += l(a);
+        }
+        self.bytes_out += l(&c.bytes_out);
+        self.bytes_in += l(&c.bytes_in);
+        self.tensors += l(&c.tensors);
+        self.rows += l(&c.rows);
+        c.latency.merge_into(&mut self.latency);
+    }
+
+    fn merge(&mut self, o: &OpMetrics) {
+        self.requests += o.requests;
+        for (a, b) in self.outcomes.iter_mut().zip(o.outcomes) {
+            *a += b;
+        }
+        self.bytes_out += o.bytes_out;
+        self.bytes_in += o.bytes_in;
+        self.tensors += o.tensors;
+        self.rows += o.rows;
+        self.latency.merge(&o.latency);
+    }
+}
+
+/// Metrics of one peer, in one role, over every loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerMetrics {
+    /// Whose requests are counted.
+    pub role: Role,
+    /// The peer's address (requester side: the address connected to).
+    pub addr: Option<SocketAddr>,
+    /// The peer's task, `job:index`, as its handshake named it (`None` before any
+    /// handshake completed).
+    pub task: Option<String>,
+    /// Connections opened (requester) or accepted (server) whose handshake completed.
+    pub connections: u64,
+    /// Connections lost or closed for an error.
+    pub connections_lost: u64,
+    /// Connect attempts after a failed one.
+    pub reconnects: u64,
+    /// Per operation (index: [`RequestKind`]` as usize`).
+    pub ops: Vec<OpMetrics>,
+}
+
+impl PeerMetrics {
+    /// The metrics of `kind`.
+    pub fn op(&self, kind: RequestKind) -> &OpMetrics {
+        &self.ops[kind as usize]
+    }
+
+    /// The peer as shown to people: its task name, else its address.
+    pub fn name(&self) -> String {
+        match (&self.task, self.addr) {
+            (Some(t), _) => t.clone(),
+            (None, Some(a)) => a.to_string(),
+            (None, None) => "?".to_string(),
+        }
+    }
+
+    fn of(b: &PeerBlock) -> PeerMetrics {
+        let mut ops = vec![OpMetrics::default(); REQUEST_KINDS];
+        for (m, c) in ops.iter_mut().zip(&b.ops) {
+            m.add(c);
+        }
+        PeerMetrics {
+            role: b.role,
+            addr: b.addr,
+            task: b.task_name(),
+            connections: b.connections.load(Relaxed),
+            connections_lost: b.connections_lost.load(Relaxed),
+            reconnects: b.reconnects.load(Relaxed),
+            ops,
+        }
+    }
+
+    fn merge(&mut self, o: PeerMetrics) {
+        self.task = self.task.take().or(o.task);
+        self.connections += o.connections;
+        self.connections_lost += o.connections_lost;
+        self.reconnects += o.reconnects;
+        for (a, b) in self.ops.iter_mut().zip(&o.ops) {
+            a.merge(b);
+        }
+    }
+}
+
+/// Per-peer, per-operation metrics of a runtime: every loop's blocks merged by peer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics {
+    /// One entry per (role, peer): requesters by address, served peers by task.
+    pub peers: Vec<PeerMetrics>,
+}
+
+impl Metrics {
+    /// Merges the blocks of `loops`.
+    pub(crate) fn of(loops: &[&Counters]) -> Metrics {
+        // Requesters' blocks are the same peer by address; served ones by task (an
+        // accepted connection's address is the peer's ephemeral port).
+        let mut index: HashMap<(Role, Option<SocketAddr>, Option<String>), usize> = HashMap::new();
+        let mut m = Metrics::default();
+        for l in loops {
+            for b in l.peers.blocks() {
+                let p = PeerMetrics::of(&b);
+                let key = match p.role {
+                    Role::Client => (p.role, p.addr, None),
+                    Role::Server => (p.role, None, p.task.clone()),
+                };
+                match index.get(&key) {
+                    Some(&i) => m.peers[i].merge(p),
+                    None => {
+                        index.insert(key, m.peers.len());
+                        m.peers.push(p);
+                    }
+                }
+            }
+        }
+        m.peers
+            .sort_by(|a, b| (a.role, &a.task, a.addr).cmp(&(b.role, &b.task, b.addr)));
+        m
+    }
+
+    /// The peers of `role`.
+    pub fn role(&self, role: Role) -> impl Iterator<Item = &PeerMetrics> {
+        self.peers.iter().filter(move |p| p.role == role)
+    }
+
+    /// The metrics of requests this task sent to `addr`.
+    pub fn client(&self, addr: SocketAddr) -> Option<&PeerMetrics> {
+        self.role(Role::Client).find(|p| p.addr == Some(addr))
+    }
+
+    /// The metrics of requests task `task` (`job:index`) sent to this one.
+    pub fn served(&self, task: &str) -> Option<&PeerMetrics> {
+        self.role(Role::Server)
+            .find(|p| p.task.as_deref() == Some(task))
+    }
+}
