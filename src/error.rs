@@ -34,6 +34,10 @@ pub enum ErrorKind {
     NotOutstanding,
     /// The completion answers another kind of request than the one asked for.
     OtherKind,
+    /// The peer's address is no longer a task of the cluster: the task moved to another
+    /// address or was removed ([`Runtime::update_cluster`](crate::Runtime::update_cluster)).
+    /// The error's message says which; resolve the task again.
+    NotInCluster,
 }
 
 impl ErrorKind {
@@ -41,7 +45,9 @@ impl ErrorKind {
     pub fn status(self) -> Status {
         match self {
             ErrorKind::Timeout => Status::DeadlineExceeded,
-            ErrorKind::ConnectionLost | ErrorKind::ConnectFailed => Status::Unavailable,
+            ErrorKind::ConnectionLost | ErrorKind::ConnectFailed | ErrorKind::NotInCluster => {
+                Status::Unavailable
+            }
             ErrorKind::Refused(s) | ErrorKind::Remote(s) => s,
             ErrorKind::Protocol => Status::Protocol,
             ErrorKind::Backpressure => Status::ResourceExhausted,
@@ -67,6 +73,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::InvalidArgument => f.write_str("invalid request"),
             ErrorKind::NotOutstanding => f.write_str("no request with this tag is outstanding"),
             ErrorKind::OtherKind => f.write_str("the completion is of another request kind"),
+            ErrorKind::NotInCluster => f.write_str("the peer is no longer a task of the cluster"),
         }
     }
 }

@@ -362,6 +362,28 @@ impl Resolver {
             .collect()
     }
 
+    /// Every task of the cluster that has a data address, with its peer, job by job (jobs
+    /// in name order, task 0 first); empty without a cluster spec. Tasks the endpoint map
+    /// does not list (or all, without a map) are left out, as a map may list only the tasks
+    /// one talks to; any other failure to resolve one is an error.
+    pub fn tasks(&self) -> Result<Vec<(TaskId, Peer)>, ResolveError> {
+        let Some(known) = &self.cluster else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (job, slots) in &known.jobs {
+            for i in 0..slots.len() {
+                let task = TaskId::new(job, i as u32);
+                match self.resolve_task(&task) {
+                    Ok(peer) => out.push((task, peer)),
+                    Err(ResolveError::NoEndpointMap { .. } | ResolveError::NoEntry { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn task_peer(&self, target: &str, task: &TaskId) -> Result<Peer, ResolveError> {
         let Some(known) = &self.cluster else {
             return Err(ResolveError::NoClusterSpec {

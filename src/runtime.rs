@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     pub(crate) stopped: AtomicBool,
     /// The receive budget the loops share.
     pub(crate) budget: Arc<Budget>,
+    /// Addresses of tasks that moved or left the cluster ([`Runtime::update_cluster`]).
+    pub(crate) retired: std::sync::Mutex<crate::membership::Retirements>,
 }
 
 /// A handle's pair of rings with one loop.
@@ -231,6 +233,7 @@ impl Runtime {
             loops: shared.clone(),
             stopped: AtomicBool::new(false),
             budget: Budget::of(&cfg),
+            retired: Default::default(),
         });
         let mut rt = Runtime {
             inner,
@@ -339,6 +342,38 @@ impl Runtime {
         }
         s.add_budget(self.inner.budget.used(), self.inner.budget.refused());
         s
+    }
+
+    /// Takes a change of the cluster: `old` resolved the tasks this runtime has been sending
+    /// to, `new` resolves them now (built from the new cluster spec or `.endpoint_map`).
+    /// Tasks that moved or left have their old addresses retired on every loop: a request
+    /// to one fails at once with [`ErrorKind::NotInCluster`](crate::ErrorKind::NotInCluster)
+    /// (its message names the task and where it went), and connections to one are drained —
+    /// the requests already on them finish, nothing new is sent — then closed. Peers
+    /// resolved with `new` reach moved tasks at their new addresses over new connections;
+    /// point a [`Sharded`](crate::Sharded) client at them with
+    /// [`set_peers`](crate::Sharded::set_peers). An address a task of `new` has is not
+    /// retired (a task may come back to it). Returns what changed; an error, and no
+    /// change, when a task of either resolver cannot be resolved.
+    pub fn update_cluster(
+        &self,
+        old: &crate::Resolver,
+        new: &crate::Resolver,
+    ) -> Result<crate::ClusterChange, crate::ResolveError> {
+        let change = crate::ClusterChange::between(old, new)?;
+        let tasks = new.tasks()?;
+        let retired = {
+            let mut r = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
+            crate::membership::apply(&mut r, &change, &tasks);
+            Arc::new(r.clone())
+        };
+        if !change.is_empty() {
+            log::info!("cluster changed: {change}");
+        }
+        for l in &self.inner.loops {
+            l.post_retired(retired.clone());
+        }
+        Ok(change)
     }
 
     /// Per-peer, per-operation metrics of every loop, merged by peer: requests by

@@ -24,6 +24,7 @@
 //!
 //! [`Runtime`]: crate::Runtime
 
+mod members;
 mod metrics;
 mod rows;
 mod sharded;
@@ -728,6 +729,8 @@ pub struct Local {
     cfg: Arc<Config>,
     report: StartReport,
     budget: Arc<Budget>,
+    /// Addresses of tasks that moved or left the cluster (`update_cluster`).
+    retired: crate::membership::Retirements,
 }
 
 impl sealed::Drive for Local {
@@ -810,6 +813,7 @@ impl Client<Local> {
             cfg: cfg.clone(),
             report,
             budget,
+            retired: Default::default(),
         };
         Ok(Client::with_driver(
             local,

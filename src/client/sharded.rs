@@ -110,6 +110,23 @@ impl Sharded {
         })
     }
 
+    /// Points the client at a new list of PS tasks (after
+    /// [`Runtime::update_cluster`](crate::Runtime::update_cluster): a task moved, or tasks
+    /// were added or removed), keeping its table, row shape and partition strategy. With
+    /// as many PS as before, every id stays on its shard; with another number the ids are
+    /// partitioned over the new list, and moving the rows to their new shards is the
+    /// service's business. Fails, changing nothing, on an empty list or one the partition
+    /// cannot spread ids over.
+    pub fn set_peers(&mut self, peers: Vec<Peer>) -> Result<(), Error> {
+        let plan =
+            Plan::new(peers.len(), self.plan.partition()).map_err(|e| invalid(&e.to_string()))?;
+        self.tags.clear();
+        self.tags.resize(peers.len(), None);
+        self.plan = plan;
+        self.peers = peers;
+        Ok(())
+    }
+
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.row_bytes

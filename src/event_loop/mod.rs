@@ -334,6 +334,7 @@ impl Loop {
             match posted {
                 Posted::Recv(d) => self.session.deliver_recv(d),
                 Posted::Answer(a) => self.session.take_answer(a),
+                Posted::Retired(r) => self.session.set_retired(r),
             }
         }
         self.posted = batch;

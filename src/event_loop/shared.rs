@@ -17,6 +17,8 @@ use crate::sys::doorbell::Doorbell;
 pub(crate) enum Posted {
     Recv(Delivery),
     Answer(Answer),
+    /// The addresses of tasks that moved or left the cluster.
+    Retired(Arc<crate::membership::Retirements>),
 }
 
 /// State a loop shares with the runtime and the handles.
@@ -46,6 +48,11 @@ impl LoopShared {
             has_deliveries: AtomicBool::new(false),
             counters: Arc::new(CachePadded::new(Counters::default())),
         })
+    }
+
+    /// Hands the loop the addresses it must no longer send to.
+    pub(crate) fn post_retired(&self, retired: Arc<crate::membership::Retirements>) {
+        self.post_any(Posted::Retired(retired));
     }
 
     fn post_any(&self, p: Posted) {

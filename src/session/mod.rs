@@ -22,6 +22,7 @@ mod conn;
 mod dispatch;
 mod io;
 mod liveness;
+mod members;
 mod metrics;
 mod outbox;
 mod reply;
@@ -143,6 +144,10 @@ pub(crate) struct Session {
     peer_table: metrics::PeerTable,
     /// This task's name (`job:index`) for stats answers; `None`: the stats endpoint is off.
     stats_task: Option<String>,
+    /// Addresses of tasks that moved or left the cluster: not sent to.
+    retired: Arc<crate::membership::Retirements>,
+    /// Connections to retired addresses, closed once no request is left on them.
+    draining: Vec<u32>,
 }
 
 /// Hashes the (peer, lane) keys of the session's routing table, looked up once per
@@ -245,6 +250,8 @@ impl Session {
             abandoned: VecDeque::new(),
             peer_table: metrics::PeerTable::default(),
             stats_task,
+            retired: Arc::default(),
+            draining: Vec::new(),
         }
     }
 

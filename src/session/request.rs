@@ -214,6 +214,9 @@ impl Session {
             let e = Err(Error::new(ErrorKind::Shutdown));
             return self.notify(Some(req.peer), origin, req.tag, kind, &fused, e, spare);
         }
+        if let Some(e) = self.retired_error(req.peer) {
+            return self.notify(Some(req.peer), origin, req.tag, kind, &fused, Err(e), spare);
+        }
         let slot = self.peer_conn(req.peer, req.lane, now);
         if let Some(b) = self.peer_table.get(self.conns[slot as usize].metrics) {
             if fused.is_empty() {

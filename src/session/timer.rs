@@ -121,7 +121,7 @@ impl Session {
 
     /// Fires every timer due at `now`; returns whether any fired.
     pub(crate) fn handle_timeout(&mut self, now: Instant) -> bool {
-        let mut progress = false;
+        let mut progress = self.close_drained();
         while let Some(timer) = self.timers.pop_due(now) {
             progress = true;
             match timer {
