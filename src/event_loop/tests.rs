@@ -21,6 +21,22 @@ fn backends() -> Vec<Backend> {
     b
 }
 
+/// Reaps completions until one of `op` arrives; its byte count.
+fn reap(d: &mut LoopDriver, op: Op) -> u32 {
+    let mut got = None;
+    while got.is_none() {
+        d.complete(true, Some(Duration::from_secs(5)), |c| {
+            if let IoCompletion::Op { op: o, result, .. } = c {
+                if o == op {
+                    got = Some(result.unwrap());
+                }
+            }
+        })
+        .unwrap();
+    }
+    got.unwrap()
+}
+
 fn counted(len: usize, drops: &Arc<AtomicUsize>) -> Box<dyn TensorMemory> {
     Box::new(DropCounted {
         buf: vec![0; len],
@@ -46,21 +62,7 @@ fn a_receive_holds_its_memory_until_its_completion_is_reaped() {
         assert!(d.recv_in_flight(0), "{backend}");
         assert!(d.take_recv(0).is_none(), "{backend}: taken while in flight");
         b.write_all(b"abcdefgh").unwrap();
-        let mut got = None;
-        while got.is_none() {
-            d.complete(true, Some(Duration::from_secs(5)), |c| {
-                if let IoCompletion::Op {
-                    op: Op::Recv,
-                    result,
-                    ..
-                } = c
-                {
-                    got = Some(result.unwrap());
-                }
-            })
-            .unwrap();
-        }
-        assert_eq!(got, Some(8), "{backend}");
+        assert_eq!(reap(&mut d, Op::Recv), 8, "{backend}");
         let Some(RecvMem::Memory(mut m)) = d.take_recv(0) else {
             panic!("{backend}: memory not given back");
         };
@@ -112,23 +114,9 @@ fn a_send_keeps_its_blocks_and_shared_tensors_until_its_completion_is_reaped() {
         assert_eq!(g.bytes(), 7);
         d.send(0, fd).unwrap();
         assert!(d.gather(0).is_none() || backend == Backend::Epoll);
-        let mut sent = None;
-        while sent.is_none() {
-            // Before the completion is reaped the driver still holds the tensor.
-            assert_eq!(Arc::strong_count(&tensor), 2, "{backend}");
-            d.complete(true, Some(Duration::from_secs(5)), |c| {
-                if let IoCompletion::Op {
-                    op: Op::Send,
-                    result,
-                    ..
-                } = c
-                {
-                    sent = Some(result.unwrap());
-                }
-            })
-            .unwrap();
-        }
-        assert_eq!(sent, Some(7), "{backend}");
+        // Before the completion is reaped the driver still holds the tensor.
+        assert_eq!(Arc::strong_count(&tensor), 2, "{backend}");
+        assert_eq!(reap(&mut d, Op::Send), 7, "{backend}");
         let mut back = Vec::new();
         d.take_sent(0, |m| {
             if let SendMem::Block { tag, buf } = m {

@@ -803,22 +803,13 @@ impl Encoder {
     /// The queued output in write order, the first piece trimmed by what was already
     /// written.
     pub fn pieces(&self) -> impl Iterator<Item = Piece<'_>> + '_ {
-        let skip = self.front_done;
-        self.ready.iter().enumerate().map(move |(i, seg)| {
-            let skip = if i == 0 { skip } else { 0 };
-            match *seg {
-                Segment::Arena { block, start, len } => {
-                    let s = start as usize + skip as usize;
-                    Piece::Bytes(&self.blocks[block as usize].buf[s..start as usize + len as usize])
+        (0..self.ready.len()).filter_map(move |i| {
+            Some(match self.out_piece(i)? {
+                OutPiece::Arena { block, start, len } => {
+                    Piece::Bytes(&self.blocks[block as usize].buf[start..start + len])
                 }
-                Segment::Tensor {
-                    token, offset, len, ..
-                } => Piece::Tensor {
-                    token,
-                    offset: offset + skip,
-                    len: len - skip,
-                },
-            }
+                OutPiece::Tensor { token, offset, len } => Piece::Tensor { token, offset, len },
+            })
         })
     }
 
