@@ -168,8 +168,9 @@ settings! {
     }
 
     /// Record, per request, when it was submitted, sent, answered and completed, for a
-    /// Chrome trace file (Runtime::write_trace; docs/deploying.md says how to read it).
-    /// Each loop keeps the latest trace_events requests.
+    /// Chrome trace file (`Runtime::write_trace`; `docs/deploying.md` says how to read
+    /// it). Each loop keeps the latest `trace_events` requests. Off, it costs one branch
+    /// per request.
     trace: bool [] {
         env: [ENV_TRACE = "STARWIRE_TRACE"],
         default: [DEFAULT_TRACE = false],
@@ -177,7 +178,7 @@ settings! {
         setter: plain,
     }
 
-    /// Requests each loop's trace keeps when trace is on (64 bytes each, allocated at
+    /// Requests each loop's trace keeps when `trace` is on (64 bytes each, allocated at
     /// start); when full, the oldest is overwritten and counted as dropped.
     trace_events: usize [] {
         env: [ENV_TRACE_EVENTS = "STARWIRE_TRACE_EVENTS"],
