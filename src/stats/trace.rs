@@ -231,9 +231,9 @@ const STEP_TID: u32 = 1;
 /// Per request a complete event (`"ph":"X"`) named by its kind, from submitted to
 /// completed, on a track of its peer (several lanes per peer when requests overlap), with
 /// three child slices: `queued` (submitted to sent), `wire+peer` (sent to the first frame
-/// of the answer) and `delivering` (answer to completion). Per sharded step a `step`
-/// slice from its first part's submission to its last part's completion, on the `steps`
-/// tracks; its parts carry its id in `args.step`.
+/// of the answer) and `delivering` (answer to completion). Per sharded step a slice
+/// (`pull_rows step`, `push_rows step`) from its first part's submission to its last
+/// part's completion, on the `steps` tracks; its parts carry its id in `args.step`.
 pub(crate) fn chrome_json(input: &TraceInput<'_>) -> String {
     // (peer name, record) for every record, and the peers' names in order of appearance.
     let mut names: Vec<&str> = Vec::new();
@@ -285,21 +285,22 @@ pub(crate) fn chrome_json(input: &TraceInput<'_>) -> String {
     };
 
     // Steps: from the first part's submission to the last part's completion.
-    let mut steps: Vec<(u64, u64, u64, u32)> = Vec::new(); // (start, end, step, parts)
-    let mut by_step: Vec<(u64, u64, u64)> = all
+    // (start, end, step, parts, kind of its parts)
+    let mut steps: Vec<(u64, u64, u64, u32, &str)> = Vec::new();
+    let mut by_step: Vec<(u64, u64, u64, &str)> = all
         .iter()
         .filter(|(_, _, r)| r.step != 0)
-        .map(|(_, t, r)| (r.step, t[0], t[3]))
+        .map(|(_, t, r)| (r.step, t[0], t[3], r.kind.name()))
         .collect();
     by_step.sort_unstable();
-    for (step, start, end) in by_step {
+    for (step, start, end, kind) in by_step {
         match steps.last_mut() {
             Some(s) if s.2 == step => {
                 s.0 = s.0.min(start);
                 s.1 = s.1.max(end);
                 s.3 += 1;
             }
-            _ => steps.push((start, end, step, 1)),
+            _ => steps.push((start, end, step, 1, kind)),
         }
     }
     steps.sort_unstable();
@@ -313,7 +314,8 @@ pub(crate) fn chrome_json(input: &TraceInput<'_>) -> String {
         event(&mut out);
         let _ = write!(
             out,
-            "{{\"ph\":\"X\",\"cat\":\"step\",\"name\":\"step\",\"pid\":1,\"tid\":{},\"ts\":",
+            "{{\"ph\":\"X\",\"cat\":\"step\",\"name\":\"{} step\",\"pid\":1,\"tid\":{},\"ts\":",
+            s.4,
             STEP_TID + lane
         );
         micros(&mut out, s.0);
@@ -412,6 +414,11 @@ mod tests {
         let (l, n) = lanes(&[(0, 10), (5, 12), (10, 20), (13, 14)]);
         assert_eq!(l, [0, 1, 0, 1]);
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn a_record_is_64_bytes() {
+        assert_eq!(std::mem::size_of::<Record>(), 64);
     }
 
     #[test]
