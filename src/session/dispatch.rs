@@ -245,8 +245,9 @@ impl Dispatch<'_> {
         let result = result.unwrap_or_else(|| Ok(p.state.finish(&mut p.spare)));
         let (origin, tag, kind) = (p.origin, p.tag, p.kind);
         let marks = Some(&p.trace);
+        let (now, index) = (self.now, self.peer_index);
         self.trace
-            .ended(tag, kind, self.peer_index, p.sent, marks, &result);
+            .ended(now, tag, kind, index, p.sent, marks, &result);
         let meter = Meter {
             block: self.metrics,
             latency: p.sent.map(|s| self.now.saturating_duration_since(s)),
@@ -307,9 +308,9 @@ impl Dispatch<'_> {
                     block: self.metrics,
                     latency: sent.map(|s| self.now.saturating_duration_since(s)),
                 };
-                let (marks, index) = (Some(&p.trace), self.peer_index);
+                let (marks, index, now) = (Some(&p.trace), self.peer_index, self.now);
                 self.trace
-                    .ended(m.tag, RequestKind::Recv, index, sent, marks, &one);
+                    .ended(now, m.tag, RequestKind::Recv, index, sent, marks, &one);
                 self.outbox.deliver(
                     self.counters,
                     meter,

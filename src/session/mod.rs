@@ -331,7 +331,9 @@ impl Session {
             let index = peer.map_or(metrics::NO_PEER, |a| self.peer_table.index_of(a));
             let (marks, sent) = traced.map_or((None, None), |(m, s)| (Some(m), s));
             let marks = marks.as_ref();
-            self.trace.ended(tag, kind, index, sent, marks, &result);
+            let now = self.trace.now();
+            self.trace
+                .ended(now, tag, kind, index, sent, marks, &result);
         }
         let counters = &self.counters;
         let result = result.map_err(|e| match peer {

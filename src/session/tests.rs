@@ -981,3 +981,4 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
 }
 
 mod metrics;
+mod trace;

@@ -90,12 +90,19 @@ impl Tracer {
         }
     }
 
-    /// Records a request that ended with `result`: sent at `sent` (if it was), with
-    /// `marks`, to the loop's peer number `peer`.
+    /// The current turn's time.
+    #[inline]
+    pub(crate) fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Records a request that ended at `now` with `result`: sent at `sent` (if it was),
+    /// with `marks`, to the loop's peer number `peer`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn ended(
         &mut self,
+        now: Instant,
         tag: u64,
         kind: RequestKind,
         peer: u32,
@@ -108,7 +115,7 @@ impl Tracer {
         };
         let e = self.epoch;
         let at = |t: Option<Instant>| t.map_or(0, |t| nanos(e, t).max(1));
-        let now = nanos(e, self.now).max(1);
+        let now = nanos(e, now).max(1);
         ring.push(Record {
             tag,
             step: marks.map_or(0, |m| m.step),
