@@ -74,19 +74,26 @@ impl Tracer {
     }
 
     /// A new turn at `now`; hands the records over when a dump asked for them.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn tick(&mut self, now: Instant, shared: &TraceShared, peers: &PeerTable) {
-        if let Some(ring) = &mut self.ring {
+        if self.ring.is_some() {
             self.now = now;
             if shared.wanted() {
-                let (records, dropped) = ring.take();
-                let peers = peer_names(peers);
-                shared.hand_over(LoopTrace {
-                    records,
-                    dropped,
-                    peers,
-                });
+                self.hand_over(shared, peers);
             }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn hand_over(&mut self, shared: &TraceShared, peers: &PeerTable) {
+        if let Some(ring) = &mut self.ring {
+            let (records, dropped) = ring.take();
+            shared.hand_over(LoopTrace {
+                records,
+                dropped,
+                peers: peer_names(peers),
+            });
         }
     }
 
@@ -98,9 +105,27 @@ impl Tracer {
 
     /// Records a request that ended at `now` with `result`: sent at `sent` (if it was),
     /// with `marks`, to the loop's peer number `peer`.
+    /// Inlined: off, it is the one branch.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ended(
+        &mut self,
+        now: Instant,
+        tag: u64,
+        kind: RequestKind,
+        peer: u32,
+        sent: Option<Instant>,
+        marks: Option<&Marks>,
+        result: &Result<Reply, Error>,
+    ) {
+        if self.ring.is_some() {
+            self.record(now, tag, kind, peer, sent, marks, result);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn record(
         &mut self,
         now: Instant,
         tag: u64,

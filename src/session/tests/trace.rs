@@ -102,3 +102,32 @@ fn with_the_trace_off_a_dump_gets_nothing() {
     assert!(records(&mut p).is_none());
     assert!(!p.client.trace.on());
 }
+
+/// `PROBE_N` pull round trips through a pair in memory, traced when `PROBE_TRACE=1` (the
+/// submitter's clock read included): for counting the trace's instructions per request
+/// under callgrind, at two values of `PROBE_N` (`docs/performance.md`, "Trace: cost").
+#[test]
+#[ignore]
+fn probe_pulls() {
+    let n: usize = std::env::var("PROBE_N").map_or(1000, |v| v.parse().unwrap());
+    let on = std::env::var("PROBE_TRACE").is_ok_and(|v| v == "1");
+    let mut p = Pair::with(
+        Config::builder("worker", 0).trace(on),
+        Config::builder("ps", 0),
+    );
+    for i in 0..n {
+        let submitted = on.then(Instant::now);
+        p.client.submit_local(Request {
+            op: pull(&[3]),
+            peer: PEER.parse().unwrap(),
+            lane: 0,
+            deadline: None,
+            tag: i as u64,
+            spare: Spare::default(),
+            trace: Stamp { submitted, step: 0 },
+        });
+        p.drain();
+        p.pump();
+        assert_eq!(p.completions().len(), 1);
+    }
+}
