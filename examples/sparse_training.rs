@@ -948,7 +948,9 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
 
 /// Where worker `index` writes its trace: `FILE` with `.worker<index>` before its extension.
 fn trace_path(file: &Path, index: u32) -> PathBuf {
-    let stem = file.file_stem().map_or_else(Default::default, |s| s.to_string_lossy());
+    let stem = file
+        .file_stem()
+        .map_or_else(Default::default, |s| s.to_string_lossy());
     let name = match file.extension() {
         Some(ext) => format!("{stem}.worker{index}.{}", ext.to_string_lossy()),
         None => format!("{stem}.worker{index}"),

@@ -64,7 +64,13 @@ impl Reader<'_> {
     }
     fn eat(&mut self, c: u8) {
         self.ws();
-        assert_eq!(self.s.get(self.at), Some(&c), "expected {} at {}", c as char, self.at);
+        assert_eq!(
+            self.s.get(self.at),
+            Some(&c),
+            "expected {} at {}",
+            c as char,
+            self.at
+        );
         self.at += 1;
     }
     fn peek(&mut self) -> u8 {
@@ -94,7 +100,9 @@ impl Reader<'_> {
                         b'u' => {
                             let hex = std::str::from_utf8(&self.s[self.at..self.at + 4]).unwrap();
                             self.at += 4;
-                            out.push(char::from_u32(u32::from_str_radix(hex, 16).unwrap()).unwrap());
+                            out.push(
+                                char::from_u32(u32::from_str_radix(hex, 16).unwrap()).unwrap(),
+                            );
                         }
                         _ => panic!("bad escape at {}", self.at),
                     }
@@ -162,7 +170,10 @@ impl Reader<'_> {
                     self.at += 1;
                 }
                 let text = std::str::from_utf8(&self.s[start..self.at]).unwrap();
-                Json::Num(text.parse().unwrap_or_else(|_| panic!("bad number {text:?}")))
+                Json::Num(
+                    text.parse()
+                        .unwrap_or_else(|_| panic!("bad number {text:?}")),
+                )
             }
         }
     }
@@ -306,7 +317,10 @@ fn pulls_and_pushes_are_complete_events_with_ordered_phases() {
         .filter(|e| e.get("name").str() == "thread_name")
         .map(|e| e.get("args").get("name").str())
         .collect();
-    assert!(names.iter().any(|n| n.contains(&addr.to_string())), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.contains(&addr.to_string())),
+        "{names:?}"
+    );
     // Sequential requests never overlap: one lane for the peer.
     assert!(requests.iter().all(|r| r.tid == requests[0].tid));
     // A dump takes the records: the next one starts empty.
@@ -326,7 +340,10 @@ fn a_sharded_step_encloses_its_per_ps_parts() {
             Runtime::start_with(config("ps", 1).build().unwrap(), options).unwrap()
         })
         .collect();
-    let peers: Vec<Peer> = rts.iter().map(|r| Peer::from(r.local_addr().unwrap())).collect();
+    let peers: Vec<Peer> = rts
+        .iter()
+        .map(|r| Peer::from(r.local_addr().unwrap()))
+        .collect();
     let worker = Runtime::start(config("worker", 2).trace(true).build().unwrap(), None).unwrap();
     let mut h = worker.handle(16);
     let mut sharded = Sharded::new(peers, Partition::Mod, 3, DType::F32, &[4]).unwrap();
@@ -377,7 +394,11 @@ fn a_sharded_step_encloses_its_per_ps_parts() {
 fn a_tiny_ring_stays_bounded_and_counts_what_it_dropped() {
     let ps = ps();
     let addr = ps.local_addr().unwrap();
-    let cfg = config("worker", 1).trace(true).trace_events(4).build().unwrap();
+    let cfg = config("worker", 1)
+        .trace(true)
+        .trace_events(4)
+        .build()
+        .unwrap();
     let mut e = Embedded::new(cfg, None).unwrap();
     let mut tags = Vec::new();
     for _ in 0..10 {
@@ -390,7 +411,10 @@ fn a_tiny_ring_stays_bounded_and_counts_what_it_dropped() {
     assert_eq!(doc.get("otherData").get("dropped").num(), 6.0);
     let requests = requests_with_phases(&slices(&doc));
     // The newest are kept.
-    let kept: Vec<u64> = requests.iter().map(|r| r.args.get("tag").num() as u64).collect();
+    let kept: Vec<u64> = requests
+        .iter()
+        .map(|r| r.args.get("tag").num() as u64)
+        .collect();
     assert_eq!(kept, tags[6..]);
 }
 

@@ -27,8 +27,7 @@ fn document(cfg: &Config, loops: &[LoopTrace], missing_loops: usize) -> String {
 }
 
 fn off() -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::Other,
+    std::io::Error::other(
         "the request trace is off (STARWIRE_TRACE=1 or ConfigBuilder::trace(true))",
     )
 }

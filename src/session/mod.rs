@@ -284,8 +284,7 @@ impl Session {
     /// the pass are fused. Returns whether there were any.
     pub(crate) fn drain_requests(&mut self, now: Instant) -> bool {
         let mut progress = false;
-        self.trace
-            .tick(now, &self.counters.trace, &self.peer_table);
+        self.trace.tick(now, &self.counters.trace, &self.peer_table);
         // The embedding thread's requests first (embedded mode).
         while let Some(req) = self.local_requests.pop_front() {
             progress = true;

@@ -217,7 +217,8 @@ impl Session {
         let mut spare = req.spare;
         if self.stopping {
             let e = Err(Error::new(ErrorKind::Shutdown));
-            return self.notify(Some(req.peer), origin, req.tag, kind, &fused, e, spare, None);
+            let peer = Some(req.peer);
+            return self.notify(peer, origin, req.tag, kind, &fused, e, spare, None);
         }
         let slot = self.peer_conn(req.peer, req.lane, now);
         if let Some(b) = self.peer_table.get(self.conns[slot as usize].metrics) {

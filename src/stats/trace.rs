@@ -172,7 +172,11 @@ pub(crate) struct TraceInput<'a> {
 fn ordered(r: &Record) -> [u64; 4] {
     let submitted = r.submitted;
     let sent = if r.sent == 0 { r.completed } else { r.sent };
-    let answered = if r.answered == 0 { r.completed } else { r.answered };
+    let answered = if r.answered == 0 {
+        r.completed
+    } else {
+        r.answered
+    };
     let sent = sent.max(submitted);
     let answered = answered.max(sent);
     let completed = r.completed.max(answered);
