@@ -75,6 +75,9 @@ options:
   --comm-breakdown  print each worker's communication per PS task and operation, from
                     its runtime's metrics (requests, failures, latency percentiles,
                     bytes and rows)
+  --trace FILE      record every request of each worker and write it at the end as a
+                    Chrome trace (open it in ui.perfetto.dev): worker i writes FILE
+                    with .worker<i> before its extension (docs/deploying.md)
   --check           exit with status 1 unless training went well (for tests)
   --help            this text
 ";
@@ -120,6 +123,8 @@ struct Args {
     check: bool,
     /// Print each worker's per-PS communication from its runtime's metrics.
     comm_breakdown: bool,
+    /// Write each worker's request trace to this file (`.worker<i>` added).
+    trace: Option<PathBuf>,
     /// Set for the tasks this program starts: `ps:0`, `worker:1`, ...
     role: Option<TaskId>,
     /// The cluster's directory (with `.endpoint_map`), for tasks.
@@ -145,6 +150,7 @@ impl Args {
             unfused: false,
             check: false,
             comm_breakdown: false,
+            trace: None,
             role: None,
             dir: None,
             ps_hosts: String::new(),
@@ -172,6 +178,7 @@ impl Args {
                 "--unfused" => a.unfused = true,
                 "--check" => a.check = true,
                 "--comm-breakdown" => a.comm_breakdown = true,
+                "--trace" => a.trace = Some(PathBuf::from(value()?)),
                 "--role" => {
                     let v = value()?;
                     a.role = Some(TaskId::parse(&v).map_err(|e| format!("--role {v}: {e}"))?);
@@ -228,6 +235,10 @@ impl Args {
         }
         if self.comm_breakdown {
             v.push("--comm-breakdown".into());
+        }
+        if let Some(t) = &self.trace {
+            v.push("--trace".into());
+            v.push(t.display().to_string());
         }
         v
     }
@@ -816,7 +827,7 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
     }
     let index = task.index;
     let config = ConfigBuilder::from_env("worker", index)
-        .and_then(|b| b.loops(1).build())
+        .and_then(|b| b.loops(1).trace(args.trace.is_some()).build())
         .map_err(|e| e.to_string())?;
     let rt = Runtime::start(config, None).map_err(|e| e.to_string())?;
     let cfg = &args.model;
@@ -919,6 +930,13 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
             writeln!(out, "COMM {line}").map_err(|e| e.to_string())?;
         }
     }
+    // The trace covers training only: written before the evaluation's requests.
+    if let Some(path) = &args.trace {
+        let path = trace_path(path, index);
+        rt.write_trace(&path)
+            .map_err(|e| format!("writing the trace {}: {e}", path.display()))?;
+        writeln!(out, "TRACE {task}: {}", path.display()).map_err(|e| e.to_string())?;
+    }
     out.flush().map_err(|e| e.to_string())?;
     if index == 0 {
         let line = evaluate(args, &mut w)?;
@@ -926,6 +944,18 @@ fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
     }
     rt.shutdown();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where worker `index` writes its trace: `FILE` with `.worker<index>` before its extension.
+fn trace_path(file: &Path, index: u32) -> PathBuf {
+    let stem = file
+        .file_stem()
+        .map_or_else(Default::default, |s| s.to_string_lossy());
+    let name = match file.extension() {
+        Some(ext) => format!("{stem}.worker{index}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.worker{index}"),
+    };
+    file.with_file_name(name)
 }
 
 /// This worker's communication with each PS task, per operation, from its runtime's

@@ -11,6 +11,7 @@ use std::time::Duration;
 mod histogram;
 mod json;
 mod peers;
+pub(crate) mod trace;
 
 pub use histogram::{bucket_high, bucket_low, Histogram, BUCKETS, MAX_TRACKED_NS, SUB_BUCKETS};
 pub use json::{MAX_PEERS_IN_DOCUMENT, STATS_FORMAT_VERSION};
@@ -70,6 +71,8 @@ pub(crate) struct Counters {
     pub heartbeat_losses: AtomicU64,
     /// The loop's per-peer metric blocks.
     pub peers: PeerRegistry,
+    /// Where the loop hands its request trace over to a dump.
+    pub trace: trace::TraceShared,
 }
 
 /// Adds `n` to a counter that only the calling loop writes.

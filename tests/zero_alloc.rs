@@ -210,6 +210,23 @@ fn without_recycling_a_pull_allocates_only_its_vectors() {
 /// blocks land in memory kept from earlier ones: a pulled block's memory comes back with
 /// the recycled completion, a pushed gradient block's stays with the PS's loop once
 /// applied.
+/// With the request trace on, a request is a copy into the loop's ring, allocated at
+/// start: still nothing per request.
+#[test]
+fn with_the_trace_on_pull_and_push_allocate_nothing_in_steady_state() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let server = serve();
+    let peer = server.local_addr().unwrap();
+    let cfg = config("worker", 1).trace(true).trace_events(4096);
+    let rt = Runtime::start(cfg.build().unwrap(), None).unwrap();
+    let mut h = rt.handle(64);
+    assert_eq!(
+        steady_state(&mut h, peer),
+        (0, 0),
+        "allocations over 500 pulls, 500 pushes, traced"
+    );
+}
+
 #[test]
 fn a_sharded_rows_step_allocates_nothing() {
     use starwire::rows::Partition;

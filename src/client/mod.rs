@@ -30,6 +30,7 @@ mod rows;
 mod sharded;
 mod startup;
 mod ticket;
+mod trace;
 
 pub use sharded::{Sharded, StepReport};
 pub use startup::Unreachable;
@@ -230,6 +231,10 @@ pub struct Client<D: Driver> {
     /// Vectors of recycled completions, for the next requests.
     spares: Vec<Spare>,
     spares_kept: usize,
+    /// Requests are stamped with their submit time (`STARWIRE_TRACE`).
+    trace: bool,
+    /// The sharded step requests are submitted for (0: none), for the trace.
+    trace_step: u64,
 }
 
 impl<D: Driver> Client<D> {
@@ -252,6 +257,8 @@ impl<D: Driver> Client<D> {
             done: VecDeque::with_capacity(expected),
             spares: Vec::new(),
             spares_kept: spares_kept.max(1),
+            trace: cfg.trace,
+            trace_step: 0,
         }
     }
 
@@ -383,6 +390,18 @@ impl<D: Driver> Client<D> {
         self.submit_with(op, peer, deadline, spare)
     }
 
+    /// A request's submit time and step, read only when tracing.
+    #[inline]
+    fn stamp(&self) -> crate::session::Stamp {
+        if !self.trace {
+            return crate::session::Stamp::default();
+        }
+        crate::session::Stamp {
+            submitted: Some(Instant::now()),
+            step: self.trace_step,
+        }
+    }
+
     /// Vectors of a finished request, for a new one.
     pub(crate) fn spare(&mut self) -> Spare {
         self.spares.pop().unwrap_or_default()
@@ -422,6 +441,7 @@ impl<D: Driver> Client<D> {
             deadline,
             tag,
             spare,
+            trace: self.stamp(),
         };
         if let Err(sealed::Outgoing(req)) = self.driver.send(sealed::Outgoing(req)) {
             self.outstanding.remove(tag);

@@ -161,6 +161,7 @@ impl Sharded {
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
         self.check(ids, out, "rows: out is not ids.len() x row_bytes bytes")?;
+        client.begin_step();
         for s in 0..self.peers.len() {
             let ids = self.plan.ids(s);
             self.tags[s] = None;
@@ -174,6 +175,7 @@ impl Sharded {
                     .map(|t| t.tag()),
             );
         }
+        client.end_step();
         let mut report = std::mem::take(&mut self.report);
         report.shards.clear();
         report.unique = self.plan.unique_len();
@@ -243,6 +245,7 @@ impl Sharded {
         report.unique = self.plan.unique_len();
         report.missing = 0;
         let mut at = 0;
+        client.begin_step();
         for s in 0..self.peers.len() {
             let ids = self.plan.ids(s);
             let len = ids.len() * rb;
@@ -256,6 +259,7 @@ impl Sharded {
             let submitted = client.push_rows(self.peers[s], &[(rows, block)], deadline);
             self.tags[s] = Some(submitted.map(|t| t.tag()));
         }
+        client.end_step();
         for s in 0..self.peers.len() {
             let n = self.plan.ids(s).len();
             let tag = match self.tags[s].take() {

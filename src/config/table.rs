@@ -167,6 +167,30 @@ settings! {
         setter: plain,
     }
 
+    /// Record, per request, when it was submitted, sent, answered and completed, for a
+    /// Chrome trace file (`Runtime::write_trace`; `docs/deploying.md` says how to read
+    /// it). Each loop keeps the latest `trace_events` requests. Off, it costs one branch
+    /// per request.
+    trace: bool [] {
+        env: [ENV_TRACE = "STARWIRE_TRACE"],
+        default: [DEFAULT_TRACE = false],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
+    /// Requests each loop's trace keeps when `trace` is on (64 bytes each, allocated at
+    /// start); when full, the oldest is overwritten and counted as dropped.
+    trace_events: usize [] {
+        env: [ENV_TRACE_EVENTS = "STARWIRE_TRACE_EVENTS"],
+        default: [DEFAULT_TRACE_EVENTS = 1 << 18],
+        kind: Num::new(1, MAX_TRACE_EVENTS, "records"),
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::trace_events`], 2^24 (1 GiB of records a loop).
+            pub const MAX_TRACE_EVENTS: usize = 1 << 24;
+        }
+    }
+
     /// Initial receive buffer of each connection; it grows up to one frame as needed.
     recv_buffer: usize [] {
         env: [ENV_RECV_BUFFER = "STARWIRE_RECV_BUFFER"],

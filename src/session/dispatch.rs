@@ -58,6 +58,9 @@ pub(super) struct Dispatch<'a> {
     /// The peer's metric block: of requests sent to it on an outgoing connection, of
     /// requests served to it on an accepted one.
     pub(super) metrics: Option<&'a crate::stats::PeerBlock>,
+    /// The peer's index in the loop's peer table (for the trace).
+    pub(super) peer_index: u32,
+    pub(super) trace: &'a mut super::trace::Tracer,
     /// This task's name for stats answers; `None`: the stats endpoint is off.
     pub(super) stats_task: Option<&'a str>,
     pub(super) opened: bool,
@@ -184,7 +187,10 @@ impl Dispatch<'_> {
             return None;
         }
         match self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
-            Ok(p) if p.conn == slot && p.sent.is_some() => Some(p),
+            Ok(p) if p.conn == slot && p.sent.is_some() => {
+                p.trace.answered.get_or_insert(self.now);
+                Some(p)
+            }
             _ => {
                 self.violation = Some("answer with an unknown or stale handle");
                 None
@@ -238,6 +244,10 @@ impl Dispatch<'_> {
     fn complete(&mut self, mut p: Pending, result: Option<Result<Reply, Error>>) {
         let result = result.unwrap_or_else(|| Ok(p.state.finish(&mut p.spare)));
         let (origin, tag, kind) = (p.origin, p.tag, p.kind);
+        let marks = Some(&p.trace);
+        let (now, index) = (self.now, self.peer_index);
+        self.trace
+            .ended(now, tag, kind, index, p.sent, marks, &result);
         let meter = Meter {
             block: self.metrics,
             latency: p.sent.map(|s| self.now.saturating_duration_since(s)),
@@ -298,6 +308,9 @@ impl Dispatch<'_> {
                     block: self.metrics,
                     latency: sent.map(|s| self.now.saturating_duration_since(s)),
                 };
+                let (marks, index, now) = (Some(&p.trace), self.peer_index, self.now);
+                self.trace
+                    .ended(now, m.tag, RequestKind::Recv, index, sent, marks, &one);
                 self.outbox.deliver(
                     self.counters,
                     meter,

@@ -57,6 +57,11 @@ impl PeerTable {
         i
     }
 
+    /// The index of the block of requests sent to `addr` ([`NO_PEER`] if none).
+    pub(crate) fn index_of(&self, addr: SocketAddr) -> u32 {
+        self.by_addr.get(&addr).copied().unwrap_or(NO_PEER)
+    }
+
     /// The block of requests sent to `addr`, if this loop has one.
     pub(crate) fn of_addr(&self, addr: Option<SocketAddr>) -> Option<&PeerBlock> {
         self.by_addr.get(&addr?).and_then(|&i| self.get(i))

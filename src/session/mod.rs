@@ -29,6 +29,7 @@ mod reply;
 mod request;
 mod serve;
 mod timer;
+mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -67,6 +68,7 @@ pub use outbox::{Callback, Completion, Reply};
 pub(crate) use outbox::{Endpoint, Origin};
 pub(crate) use reply::Spare;
 pub(crate) use request::{Request, RequestOp};
+pub(crate) use trace::Stamp;
 
 /// Most requests taken from one handle's ring per drain pass (bounded work per step).
 const DRAIN_BATCH: usize = 256;
@@ -148,6 +150,8 @@ pub(crate) struct Session {
     retired: Arc<crate::membership::Retirements>,
     /// Connections to retired addresses, closed once no request is left on them.
     draining: Vec<u32>,
+    /// The request trace (off unless `STARWIRE_TRACE`).
+    trace: trace::Tracer,
 }
 
 /// Hashes the (peer, lane) keys of the session's routing table, looked up once per
@@ -223,6 +227,7 @@ impl Session {
         Session {
             ctxs: CtxSlab::with_capacity(cfg.max_inflight),
             timers: Timers::with_capacity(cfg.max_inflight.min(1 << 16)),
+            trace: trace::Tracer::new(&cfg),
             cfg,
             counters,
             identity,
@@ -286,6 +291,7 @@ impl Session {
     /// the pass are fused. Returns whether there were any.
     pub(crate) fn drain_requests(&mut self, now: Instant) -> bool {
         let mut progress = false;
+        self.trace.tick(now, &self.counters.trace, &self.peer_table);
         // The embedding thread's requests first (embedded mode).
         while let Some(req) = self.local_requests.pop_front() {
             progress = true;
@@ -325,7 +331,16 @@ impl Session {
         fused: &[outbox::Member],
         result: Result<Reply, Error>,
         spare: Spare,
+        traced: Option<(trace::Marks, Option<Instant>)>,
     ) {
+        if self.trace.on() {
+            let index = peer.map_or(metrics::NO_PEER, |a| self.peer_table.index_of(a));
+            let (marks, sent) = traced.map_or((None, None), |(m, s)| (Some(m), s));
+            let marks = marks.as_ref();
+            let now = self.trace.now();
+            self.trace
+                .ended(now, tag, kind, index, sent, marks, &result);
+        }
         let counters = &self.counters;
         let result = result.map_err(|e| match peer {
             Some(peer) => e.with_peer(peer),
@@ -584,10 +599,12 @@ impl Session {
             timers,
             peer_table,
             stats_task,
+            trace,
             ..
         } = self;
         let conn = &mut conns[slot as usize];
         let metrics = peer_table.get(conn.metrics);
+        let peer_index = conn.metrics;
         let generation = conn.generation;
         let Conn {
             proto,
@@ -628,6 +645,8 @@ impl Session {
             max_served: self.cfg.max_served,
             peer: outgoing.map(|(peer, _)| peer),
             metrics,
+            peer_index,
+            trace,
             stats_task: stats_task.as_deref(),
             opened: false,
             violation: None,
@@ -742,6 +761,7 @@ impl Session {
                     &p.fused,
                     Err(why.clone()),
                     p.spare,
+                    Some((p.trace, p.sent)),
                 );
             }
         }

@@ -95,6 +95,8 @@ pub(crate) struct Request {
     pub tag: u64,
     /// Vectors for the answer, returned with the completion.
     pub spare: Spare,
+    /// Its submit time and sharded step, for the trace.
+    pub trace: super::Stamp,
 }
 
 /// An in-flight request.
@@ -120,6 +122,8 @@ pub(crate) struct Pending {
     pub cancel_sent: bool,
     /// The submitter's vectors, returned with the completion.
     pub spare: Spare,
+    /// Its times for the trace.
+    pub trace: super::trace::Marks,
 }
 
 /// Vectors for encoding a push, reused from push to push.
@@ -194,6 +198,7 @@ impl Session {
                 deadline: None,
                 tag: 0,
                 spare: Spare::default(),
+                trace: first.trace,
             };
             self.submit_group(fused, Origin::Local, members, now);
         }
@@ -212,10 +217,12 @@ impl Session {
         let mut spare = req.spare;
         if self.stopping {
             let e = Err(Error::new(ErrorKind::Shutdown));
-            return self.notify(Some(req.peer), origin, req.tag, kind, &fused, e, spare);
+            let peer = Some(req.peer);
+            return self.notify(peer, origin, req.tag, kind, &fused, e, spare, None);
         }
         if let Some(e) = self.retired_error(req.peer) {
-            return self.notify(Some(req.peer), origin, req.tag, kind, &fused, Err(e), spare);
+            let peer = Some(req.peer);
+            return self.notify(peer, origin, req.tag, kind, &fused, Err(e), spare, None);
         }
         let slot = self.peer_conn(req.peer, req.lane, now);
         if let Some(b) = self.peer_table.get(self.conns[slot as usize].metrics) {
@@ -257,12 +264,14 @@ impl Session {
             wire_deadline,
             cancel_sent: false,
             spare,
+            trace: super::trace::Marks::taken(req.trace, now),
         };
         let handle = match self.ctxs.insert(pending) {
             Ok(h) => h.to_raw(),
             Err(Full(p)) => {
                 let e = Err(Error::new(ErrorKind::Backpressure));
-                return self.notify(Some(req.peer), origin, p.tag, kind, &p.fused, e, p.spare);
+                let t = Some((p.trace, None));
+                return self.notify(Some(req.peer), origin, p.tag, kind, &p.fused, e, p.spare, t);
             }
         };
         if let Some(deadline) = req.deadline {
@@ -311,7 +320,8 @@ impl Session {
             if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
                 let e = Error::new(ErrorKind::InvalidArgument).with_message(why);
                 let peer = self.peer_of(p.conn);
-                self.notify(peer, p.origin, p.tag, p.kind, &p.fused, Err(e), p.spare);
+                let t = Some((p.trace, p.sent));
+                self.notify(peer, p.origin, p.tag, p.kind, &p.fused, Err(e), p.spare, t);
             }
             return;
         }
@@ -355,6 +365,7 @@ impl Session {
                 RequestKind::Recv
             };
             add(&b.op(kind).bytes_out, n);
+            p.trace.bytes = n;
         }
         // The request's vectors go back to its submitter with the completion.
         match op {
@@ -397,7 +408,8 @@ impl Session {
                 if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
                     let e = Err(Error::new(ErrorKind::InvalidArgument));
                     let peer = self.peer_of(p.conn);
-                    self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, p.spare);
+                    let t = Some((p.trace, p.sent));
+                    self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, p.spare, t);
                 }
             }
         }

@@ -123,6 +123,7 @@ impl Pair {
             deadline: deadline.map(|d| self.now + d),
             tag,
             spare: Spare::default(),
+            trace: Default::default(),
         });
         tag
     }
@@ -614,6 +615,7 @@ fn connects_are_retried_with_backoff_then_given_up() {
         deadline: None,
         tag: 9,
         spare: Spare::default(),
+        trace: Default::default(),
     });
     s.drain_requests(now);
     let Some(Action::Connect { slot, .. }) = s.poll_action() else {
@@ -979,3 +981,4 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
 }
 
 mod metrics;
+mod trace;

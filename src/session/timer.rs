@@ -242,7 +242,8 @@ impl Session {
         let e = Err(Error::new(ErrorKind::Timeout));
         let spare = std::mem::take(&mut p.spare);
         let peer = self.peer_of(p.conn);
-        self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, spare);
+        let t = Some((p.trace, p.sent));
+        self.notify(peer, p.origin, p.tag, p.kind, &p.fused, e, spare, t);
     }
 
     /// One recv of a fused request reached its own deadline: it fails alone.

@@ -42,6 +42,8 @@ fn every_variable_parsed() {
             ("STARWIRE_BUF_SIZE", "0"),
             ("STARWIRE_TENSOR_FUSE", "yes"),
             ("STARWIRE_STATS_ENDPOINT", "0"),
+            ("STARWIRE_TRACE", "1"),
+            ("STARWIRE_TRACE_EVENTS", "16777216"),
             ("STARWIRE_RECV_BUFFER", "67108864"),
             ("STARWIRE_MAX_INFLIGHT", "4194304"),
             ("STARWIRE_CONNECT_RETRIES", "0"),
@@ -76,6 +78,8 @@ fn every_variable_parsed() {
     assert_eq!(c.buf_size, 0);
     assert!(c.tensor_fuse);
     assert!(!c.stats_endpoint);
+    assert!(c.trace);
+    assert_eq!(c.trace_events, MAX_TRACE_EVENTS);
     assert_eq!(c.recv_buffer, 64 << 20);
     assert_eq!(c.max_inflight, 1 << 22);
     assert_eq!(c.connect_retries, 0);
@@ -102,6 +106,8 @@ fn every_variable_parsed() {
             ("STARWIRE_BUF_SIZE", "4096"),
             ("STARWIRE_TENSOR_FUSE", "no"),
             ("STARWIRE_STATS_ENDPOINT", "1"),
+            ("STARWIRE_TRACE", "no"),
+            ("STARWIRE_TRACE_EVENTS", "1"),
             ("STARWIRE_RECV_BUFFER", "4096"),
             ("STARWIRE_MAX_INFLIGHT", "1"),
             ("STARWIRE_CONNECT_BACKOFF_MS", "1"),
@@ -111,7 +117,8 @@ fn every_variable_parsed() {
     )
     .unwrap();
     assert_eq!(c.loops, Some(1));
-    assert!(!c.polling && !c.pin && !c.tensor_fuse && c.stats_endpoint);
+    assert!(!c.polling && !c.pin && !c.tensor_fuse && c.stats_endpoint && !c.trace);
+    assert_eq!(c.trace_events, 1);
     assert_eq!(c.spin, MAX_SPIN);
     assert_eq!(c.backend, BackendChoice::Uring);
     assert_eq!(c.limits.max_frame, 65536);
@@ -150,6 +157,7 @@ fn every_bool_variable_rejects_bad_values() {
         ("ps", "PS_DISABLE_PIN_CORES"),
         ("ps", ENV_TENSOR_FUSE),
         ("ps", ENV_STATS_ENDPOINT),
+        ("ps", ENV_TRACE),
     ] {
         for bad in BAD_BOOLS {
             assert_rejected(job, var, bad);
@@ -260,6 +268,8 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_ZERO_COPY_MIN,
         ENV_HANDLER_THREADS,
         ENV_STATS_ENDPOINT,
+        ENV_TRACE,
+        ENV_TRACE_EVENTS,
     ];
     // Every variable of the table is in the list.
     let table: Vec<&str> = table::rows()
