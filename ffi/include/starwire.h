@@ -1140,7 +1140,19 @@ sw_result sw_table_new(uint8_t dtype,
 sw_result sw_runtime_metrics_json(const struct sw_runtime *rt, char **out);
 
 /*
- Frees a string starwire returned (`sw_runtime_metrics_json`). NULL is ignored.
+ Writes to `*out` this runtime's request trace as a NUL-terminated Chrome trace /
+ Perfetto JSON document (per request: submitted, sent, answered, completed; see the
+ README's Trace section), and empties the trace. With tracing off (`STARWIRE_TRACE`) the
+ document holds no requests. The caller frees it with `sw_string_free`.
+
+ # Safety
+ `rt` is a live runtime; `out` is writable.
+ */
+sw_result sw_runtime_trace_json(const struct sw_runtime *rt, char **out);
+
+/*
+ Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`).
+ NULL is ignored.
 
  # Safety
  `s` is NULL or a string from starwire not freed before.

@@ -1,6 +1,6 @@
 //! Per-peer metrics through the C ABI: a runtime's metrics as a JSON document (the one a
-//! `STATS` request is answered with, `docs/wire-format.md` section 4.11), and a stats
-//! request to a peer.
+//! `STATS` request is answered with, `docs/wire-format.md` section 4.11), a stats request
+//! to a peer, and the request trace as a Chrome trace JSON document.
 
 use std::ffi::{c_char, CString};
 
@@ -32,7 +32,33 @@ pub unsafe extern "C" fn sw_runtime_metrics_json(
     })
 }
 
-/// Frees a string starwire returned (`sw_runtime_metrics_json`). NULL is ignored.
+/// Writes to `*out` this runtime's request trace as a NUL-terminated Chrome trace /
+/// Perfetto JSON document (per request: submitted, sent, answered, completed; see the
+/// README's Trace section), and empties the trace. With tracing off (`STARWIRE_TRACE`) the
+/// document holds no requests. The caller frees it with `sw_string_free`.
+///
+/// # Safety
+/// `rt` is a live runtime; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_runtime_trace_json(
+    rt: *const sw_runtime,
+    out: *mut *mut c_char,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let rt = unsafe { reference(rt, "rt") }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        let doc: CString = c_string(&rt.runtime.trace_json());
+        // SAFETY: checked non-null above.
+        unsafe { write(out, doc.into_raw()) };
+        Ok(())
+    })
+}
+
+/// Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`).
+/// NULL is ignored.
 ///
 /// # Safety
 /// `s` is NULL or a string from starwire not freed before.

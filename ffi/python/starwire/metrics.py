@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 _R = _lib.R
 _runtime_metrics_json = _lib._sig("sw_runtime_metrics_json", _R, _lib.p,
                                   C.POINTER(C.c_void_p))
+_runtime_trace_json = _lib._sig("sw_runtime_trace_json", _R, _lib.p,
+                                C.POINTER(C.c_void_p))
 _string_free = _lib._sig("sw_string_free", None, _lib.p)
 _client_stats = _lib._sig("sw_client_stats", _R, _lib.p, C.c_char_p, C.c_uint64, _lib.u64p)
 
@@ -136,6 +138,17 @@ def metrics_json(runtime: "Runtime") -> str:
     """`runtime`'s metrics as its JSON document."""
     out = C.c_void_p()
     check(_runtime_metrics_json(runtime._handle(), C.byref(out)))
+    try:
+        return C.string_at(out).decode()
+    finally:
+        _string_free(out)
+
+
+def trace_json(runtime: "Runtime") -> str:
+    """`runtime`'s request trace as a Chrome trace / Perfetto JSON document (`Runtime.trace_json`);
+    the trace is emptied."""
+    out = C.c_void_p()
+    check(_runtime_trace_json(runtime._handle(), C.byref(out)))
     try:
         return C.string_at(out).decode()
     finally:

@@ -370,6 +370,20 @@ class Runtime:
 
         return runtime_metrics(self)
 
+    def trace_json(self) -> str:
+        """The request trace (with ``trace=True`` or ``STARWIRE_TRACE=1``): a Chrome trace /
+        Perfetto JSON document with, per request, when it was submitted, sent, answered and
+        completed, on a track per peer. Takes the records: the next call holds only what
+        came after. Without tracing the document holds no requests."""
+        from .metrics import trace_json
+
+        return trace_json(self)
+
+    def write_trace(self, path: str) -> None:
+        """Writes `trace_json` to `path` (open it in Perfetto or chrome://tracing)."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.trace_json())
+
     @property
     def lent(self) -> int:
         """Arrays starwire still reads from (pushed or published without a copy, not yet

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import unittest
 
 import starwire
@@ -38,6 +41,32 @@ class MetricsTest(unittest.TestCase):
                 starwire.Runtime("worker") as worker:
             with self.assertRaises(starwire.RemoteError):
                 starwire.remote_stats(worker.client(), ps.address)
+
+    def test_a_trace_holds_one_slice_per_request_with_its_phases(self) -> None:
+        with starwire.Runtime("ps", listen="127.0.0.1:0") as ps, \
+                starwire.Runtime("worker", STARWIRE_TRACE=1) as worker:
+            client = worker.client()
+            for _ in range(5):
+                client.ping(ps.address, payload=8)
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "trace.json")
+                worker.write_trace(path)
+                with open(path, encoding="utf-8") as f:
+                    doc = json.load(f)
+            pings = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["name"] == "ping"]
+            self.assertEqual(len(pings), 5)
+            phases = {e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"}
+            self.assertTrue({"queued", "delivering"} <= phases, phases)
+            # The records were taken: the next document holds no requests.
+            again = json.loads(worker.trace_json())
+            self.assertFalse([e for e in again["traceEvents"] if e.get("ph") == "X"])
+
+    def test_without_tracing_the_trace_is_empty(self) -> None:
+        with starwire.Runtime("ps", listen="127.0.0.1:0") as ps, \
+                starwire.Runtime("worker", STARWIRE_TRACE=0) as worker:
+            worker.client().ping(ps.address, payload=8)
+            doc = json.loads(worker.trace_json())
+            self.assertFalse([e for e in doc["traceEvents"] if e.get("ph") == "X"])
 
 
 if __name__ == "__main__":
