@@ -997,8 +997,11 @@ sw_result sw_client_recv_many(struct sw_client *c,
  block land in another of the request's buffers; it is then copied into place at the
  wait.
 
- Wait for it with `sw_client_wait` (not for clients made with a callback:
- `SW_ERR_INVALID_ARGUMENT`); the reply has one item per table: `sw_reply_status` (0, or
+ Wait for it with `sw_client_wait`; a client made with a callback gets the reply in its
+ callback instead, called once starwire holds none of the buffers (a pull given up
+ mid-transfer may still be receiving into them: the callback then comes when that
+ receive has ended, on the thread that ended it). The reply has one item per table:
+ `sw_reply_status` (0, or
  1 `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
  row shape other than the table's, ...) and `sw_reply_missing` (the rows the peer did not
  have, whose bytes are zero). A table's buffer holds its rows only when its status is 0.
@@ -1010,8 +1013,8 @@ sw_result sw_client_recv_many(struct sw_client *c,
  # Safety
  As `sw_client_ping`; `tables` points at `n_tables` values whose `row_dims` and `ids`
  are valid for the call, and whose `data` stays valid, and is neither read nor written by
- the caller, until `sw_client_wait` for this request returns (or `sw_client_free`, which
- waits for it).
+ the caller, until `sw_client_wait` for this request returns, or its callback is called
+ (or `sw_client_free`, which waits for either).
  */
 sw_result sw_client_pull_rows(struct sw_client *c,
                               const char *peer,

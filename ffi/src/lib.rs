@@ -1515,6 +1515,8 @@ pub struct sw_client {
     callback: bool,
     /// Rows pulls not yet waited for, by tag: the caller's buffers their blocks go to.
     rows: HashMap<u64, Arc<RowsTargets>>,
+    /// For a client with a callback: its rows pulls in flight, shared with the callback.
+    callback_rows: Option<Arc<CallbackRows>>,
     /// Completions reported by `sw_client_poll` or `sw_client_wait_any`, kept for
     /// `sw_client_wait`.
     ready: HashMap<u64, Completion>,
@@ -1526,10 +1528,28 @@ impl sw_client {
             handle,
             callback,
             rows: HashMap::new(),
+            callback_rows: None,
             ready: HashMap::new(),
         }
     }
 }
+
+/// The rows pulls in flight of a client with a callback, by tag, for the callback to find
+/// the caller's buffers of each (`count` spares it the lock for other completions).
+#[derive(Default)]
+struct CallbackRows {
+    pending: Mutex<HashMap<u64, Arc<RowsTargets>>>,
+    count: std::sync::atomic::AtomicUsize,
+}
+
+/// A reply on its way to a callback that waits for the caller's buffers.
+struct Deferred(Box<dyn FnOnce() + Send>);
+
+/// A reply pointer handed to a callback later, maybe on another thread.
+struct ReplyPtr(*mut sw_reply);
+
+// SAFETY: the reply is owned by this value alone until the callback takes it.
+unsafe impl Send for ReplyPtr {}
 
 /// A client of `rt` with room for `capacity` requests in flight, whose completions are
 /// taken with `sw_client_wait`. Free it with `sw_client_free` before its runtime.
@@ -1605,16 +1625,41 @@ pub unsafe extern "C" fn sw_client_new_with_callback(
         if out.is_null() {
             return Err(Failure::null("out"));
         }
-        let cb = CCallback(callback, user_data);
+        let cb = Arc::new(CCallback(callback, user_data));
+        let rows = Arc::new(CallbackRows::default());
+        let shared = rows.clone();
         let handle = rt.runtime.handle_with_callback(
             capacity.max(1) as usize,
             Arc::new(move |c: Completion| {
                 let tag = c.tag;
-                let (code, reply) = outcome(c.result, None);
-                cb.call(tag, code, reply.map_or(std::ptr::null_mut(), Box::into_raw));
+                let targets = if shared.count.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                    let t = lock(&shared.pending).remove(&tag);
+                    if t.is_some() {
+                        shared
+                            .count
+                            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    }
+                    t
+                } else {
+                    None
+                };
+                let (code, reply) = outcome(c.result, targets.as_deref());
+                let reply = ReplyPtr(reply.map_or(std::ptr::null_mut(), Box::into_raw));
+                let cb = cb.clone();
+                let call = move || {
+                    let reply = reply;
+                    cb.call(tag, code, reply.0)
+                };
+                match targets {
+                    // The reply waits until starwire holds none of the caller's buffers (a
+                    // pull given up mid-transfer may still be receiving into them).
+                    Some(t) => t.when_released(Deferred(Box::new(call))),
+                    None => call(),
+                }
             }),
         );
-        let client = Box::new(sw_client::new(handle, true));
+        let mut client = Box::new(sw_client::new(handle, true));
+        client.callback_rows = Some(rows);
         // SAFETY: checked non-null above.
         unsafe { write(out, Box::into_raw(client)) };
         Ok(())
@@ -1636,6 +1681,13 @@ pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
             for (tag, targets) in std::mem::take(&mut client.rows) {
                 drop(client.handle.wait_tag(tag));
                 targets.wait_released();
+            }
+            if let Some(cb) = &client.callback_rows {
+                // A callback client's rows pulls: until each has been handed to the callback
+                // (which happens once the caller's buffers are back).
+                while cb.count.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
             }
         }
     })
@@ -1965,8 +2017,9 @@ struct Target {
 /// The caller's buffers of a rows pull, and which of them starwire holds.
 struct RowsTargets {
     targets: Vec<Target>,
-    /// Per table, whether its buffer was handed out; and how many handed out are still held.
-    state: Mutex<(Vec<bool>, usize)>,
+    /// Per table, whether its buffer was handed out; how many handed out are still held;
+    /// and, for a client with a callback, its call once none is.
+    state: Mutex<(Vec<bool>, usize, Option<Deferred>)>,
     /// Signalled when a buffer is given back.
     released: Condvar,
 }
@@ -1992,7 +2045,7 @@ impl RowsTargets {
             })
             .collect();
         RowsTargets {
-            state: Mutex::new((vec![false; targets.len()], 0)),
+            state: Mutex::new((vec![false; targets.len()], 0, None)),
             targets,
             released: Condvar::new(),
         }
@@ -2007,6 +2060,18 @@ impl RowsTargets {
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Runs `call` once starwire holds none of the buffers: now, or when the last is given
+    /// back (on the thread that gives it back).
+    fn when_released(&self, call: Deferred) {
+        let mut state = lock(&self.state);
+        if state.1 > 0 {
+            state.2 = Some(call);
+            return;
+        }
+        drop(state);
+        (call.0)();
     }
 
     /// Puts each received block of `rows` in its table's buffer and gives the statuses.
@@ -2059,7 +2124,7 @@ impl TensorAllocator for RowsAllocator {
         let len = usize::try_from(desc.byte_len).ok()?;
         let owner = &self.0;
         let mut state = lock(&owner.state);
-        let (taken, lent) = &mut *state;
+        let (taken, lent, _) = &mut *state;
         let free = owner
             .targets
             .iter()
@@ -2111,8 +2176,12 @@ impl Drop for Lent {
     fn drop(&mut self) {
         let mut state = lock(&self.owner.state);
         state.1 -= 1;
+        let deferred = if state.1 == 0 { state.2.take() } else { None };
         drop(state);
         self.owner.released.notify_all();
+        if let Some(call) = deferred {
+            (call.0)();
+        }
     }
 }
 
@@ -2126,8 +2195,11 @@ impl Drop for Lent {
 /// block land in another of the request's buffers; it is then copied into place at the
 /// wait.
 ///
-/// Wait for it with `sw_client_wait` (not for clients made with a callback:
-/// `SW_ERR_INVALID_ARGUMENT`); the reply has one item per table: `sw_reply_status` (0, or
+/// Wait for it with `sw_client_wait`; a client made with a callback gets the reply in its
+/// callback instead, called once starwire holds none of the buffers (a pull given up
+/// mid-transfer may still be receiving into them: the callback then comes when that
+/// receive has ended, on the thread that ended it). The reply has one item per table:
+/// `sw_reply_status` (0, or
 /// 1 `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
 /// row shape other than the table's, ...) and `sw_reply_missing` (the rows the peer did not
 /// have, whose bytes are zero). A table's buffer holds its rows only when its status is 0.
@@ -2139,8 +2211,8 @@ impl Drop for Lent {
 /// # Safety
 /// As `sw_client_ping`; `tables` points at `n_tables` values whose `row_dims` and `ids`
 /// are valid for the call, and whose `data` stays valid, and is neither read nor written by
-/// the caller, until `sw_client_wait` for this request returns (or `sw_client_free`, which
-/// waits for it).
+/// the caller, until `sw_client_wait` for this request returns, or its callback is called
+/// (or `sw_client_free`, which waits for either).
 #[no_mangle]
 pub unsafe extern "C" fn sw_client_pull_rows(
     c: *mut sw_client,
@@ -2158,20 +2230,31 @@ pub unsafe extern "C" fn sw_client_pull_rows(
         if tag.is_null() {
             return Err(Failure::null("tag"));
         }
-        if client.callback {
-            return Err(Failure::invalid(
-                "a rows pull is waited for with sw_client_wait: not for a client with a callback",
-            ));
-        }
         // SAFETY: per this function's contract.
         let args = unsafe { rows_args(tables, n_tables) }?;
         let targets = Arc::new(RowsTargets::new(&args));
         let rows: Vec<Rows<'_>> = args.iter().map(|a| a.rows).collect();
         let alloc = Arc::new(RowsAllocator(targets.clone()));
-        let t = client
-            .handle
-            .pull_rows_into(peer, &rows, alloc, deadline(timeout_ms))?;
-        client.rows.insert(t.tag(), targets);
+        let t = match &client.callback_rows {
+            Some(cb) => {
+                // Registered before the callback can look for it: the callback takes this
+                // lock, and submitting never waits for the loop.
+                let mut pending = lock(&cb.pending);
+                let t = client
+                    .handle
+                    .pull_rows_into(peer, &rows, alloc, deadline(timeout_ms))?;
+                pending.insert(t.tag(), targets);
+                cb.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                t
+            }
+            None => {
+                let t = client
+                    .handle
+                    .pull_rows_into(peer, &rows, alloc, deadline(timeout_ms))?;
+                client.rows.insert(t.tag(), targets);
+                t
+            }
+        };
         // SAFETY: checked non-null above.
         unsafe { write(tag, t.tag()) };
         Ok(())

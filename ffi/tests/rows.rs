@@ -592,28 +592,97 @@ unsafe extern "C" fn ignore(_: *mut c_void, _: u64, _: sw_result, reply: *mut sw
     unsafe { sw_reply_free(reply) };
 }
 
-#[test]
-fn rows_pulls_need_a_client_that_waits() {
-    let cluster = Cluster::new(&[(0, mem_table(2, init(sw_init_kind::SW_INIT_ZEROS), sgd(1.0)))]);
-    let ids = [1u64];
-    let mut buf = vec![0u8; 8];
-    let table = rows(0, F32, &[2], &ids, &mut buf);
-    // SAFETY: live handles, valid pointers; the callback client freed once.
+/// What a callback saw of a rows pull: its tag, result, the table's status and missing
+/// rows, and whether it was called.
+#[derive(Default)]
+struct RowsSeen {
+    got: std::sync::Mutex<Option<Seen>>,
+}
+
+/// The tag, result, status of table 0 and its missing rows.
+type Seen = (u64, sw_result, u32, Vec<u32>);
+
+unsafe extern "C" fn on_rows(user: *mut c_void, tag: u64, code: sw_result, reply: *mut sw_reply) {
+    // SAFETY: `user` is the test's `RowsSeen`, alive until the client is freed; the reply
+    // is ours to read and free.
     unsafe {
+        let seen = &*(user as *const RowsSeen);
+        let status = if reply.is_null() {
+            u32::MAX
+        } else {
+            sw_reply_status(reply, 0)
+        };
+        let mut missing = vec![0u32; 8];
+        let mut count = 0;
+        if !reply.is_null() {
+            sw_reply_missing(reply, 0, missing.as_mut_ptr(), missing.len(), &mut count);
+        }
+        missing.truncate(count);
+        *seen.got.lock().unwrap() = Some((tag, code, status, missing));
+        sw_reply_free(reply);
+    }
+}
+
+#[test]
+fn a_client_with_a_callback_pulls_rows_into_the_callers_buffer() {
+    let cluster = Cluster::new(&[(
+        0,
+        mem_table(2, init(sw_init_kind::SW_INIT_MISSING), sgd(1.0)),
+    )]);
+    let seen = RowsSeen::default();
+    // Rows 1 and 2 exist after a push; row 9 is missing.
+    let pushed = [1u64, 2];
+    let mut grads: Vec<u8> = [-1.0f32, -2.0, -3.0, -4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let ids = [1u64, 9, 2];
+    let mut buf = vec![0xEEu8; ids.len() * 8];
+    let table = rows(0, F32, &[2], &ids, &mut buf);
+    // SAFETY: live handles, valid pointers; `seen` and `buf` outlive the client, which is
+    // freed once (it waits for the callback).
+    unsafe {
+        let mut tag = 0;
+        let push = rows(0, F32, &[2], &pushed, &mut grads);
+        let r = sw_client_push_rows(
+            cluster.client,
+            cluster.peer.as_ptr(),
+            &push,
+            1,
+            5000,
+            &mut tag,
+        );
+        assert_eq!(r, sw_result::SW_OK);
+        let reply = cluster.wait(tag).expect("push");
+        assert_eq!(sw_reply_status(reply, 0), 0);
+        sw_reply_free(reply);
         let mut c = ptr::null_mut();
+        let user = &seen as *const RowsSeen as *mut c_void;
         assert_eq!(
-            sw_client_new_with_callback(cluster.worker, 4, Some(ignore), ptr::null_mut(), &mut c),
+            sw_client_new_with_callback(cluster.worker, 4, Some(on_rows), user, &mut c),
             sw_result::SW_OK
         );
-        let mut tag = 0;
         let r = sw_client_pull_rows(c, cluster.peer.as_ptr(), &table, 1, 5000, &mut tag);
-        assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
-        assert!(last_error().contains("callback"), "{}", last_error());
-        // A push is fine: its reply is statuses.
-        let r = sw_client_push_rows(c, cluster.peer.as_ptr(), &table, 1, 5000, &mut tag);
-        assert_eq!(r, sw_result::SW_OK);
+        assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while seen.got.lock().unwrap().is_none() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         sw_client_free(c);
     }
+    let got = seen
+        .got
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the callback was called");
+    assert_eq!(got, (got.0, sw_result::SW_OK, 0, vec![1]));
+    let values: Vec<f32> = buf
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    // SGD with lr 1 from a new row of zeros: the negated gradients; the missing row zero.
+    assert_eq!(values, [1.0, 2.0, 0.0, 0.0, 3.0, 4.0]);
 }
 
 #[test]
