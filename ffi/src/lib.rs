@@ -108,7 +108,9 @@ impl From<Error> for Failure {
         let code = match e.kind() {
             ErrorKind::Timeout => SW_ERR_TIMEOUT,
             ErrorKind::ConnectionLost => SW_ERR_CONNECTION_LOST,
-            ErrorKind::ConnectFailed => SW_ERR_CONNECT_FAILED,
+            // A task that moved or left the cluster: as unreachable as one that refuses
+            // connections; the message says where it went.
+            ErrorKind::ConnectFailed | ErrorKind::NotInCluster => SW_ERR_CONNECT_FAILED,
             ErrorKind::Refused(_) => SW_ERR_REFUSED,
             ErrorKind::Remote(_) => SW_ERR_REMOTE,
             ErrorKind::Protocol => SW_ERR_PROTOCOL,
