@@ -241,7 +241,11 @@ fn shared_gradient_blocks_are_applied_and_given_back() {
     let e = h.push_rows_shared(addr, &tables, secs(30)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     drop(tables);
-    assert_eq!(Arc::strong_count(&mid), 1, "a refused push keeps no reference");
+    assert_eq!(
+        Arc::strong_count(&mid),
+        1,
+        "a refused push keeps no reference"
+    );
 }
 
 #[test]

@@ -288,8 +288,14 @@ fn rows_pulls_and_pushes_allocate_nothing_in_steady_state() {
     });
     // The same blocks in shared tensors, sent from their own memory.
     let shared = [
-        (tables[0], Arc::new(Tensor::from_slice(DType::U8, &[6400], &g_small).unwrap())),
-        (tables[1], Arc::new(Tensor::zeros(DType::U8, &[100 * 1024]).unwrap())),
+        (
+            tables[0],
+            Arc::new(Tensor::from_slice(DType::U8, &[6400], &g_small).unwrap()),
+        ),
+        (
+            tables[1],
+            Arc::new(Tensor::zeros(DType::U8, &[100 * 1024]).unwrap()),
+        ),
     ];
     let shared_pushes = allocations_per_request(|| {
         let t = h.push_rows_shared(addr, &shared, secs(10)).unwrap();
@@ -303,5 +309,8 @@ fn rows_pulls_and_pushes_allocate_nothing_in_steady_state() {
     );
     assert_eq!(pulls, 0, "allocations over 500 rows pulls");
     assert_eq!(pushes, 0, "allocations over 500 rows pushes");
-    assert_eq!(shared_pushes, 0, "allocations over 500 pushes of shared blocks");
+    assert_eq!(
+        shared_pushes, 0,
+        "allocations over 500 pushes of shared blocks"
+    );
 }

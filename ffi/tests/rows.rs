@@ -956,7 +956,9 @@ fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
     let g3 = f32_bytes(&[0.5; 8]);
     let g5 = f32_bytes(&vec![0.25; 1000 * 64]);
     let released = AtomicUsize::new(0);
-    let user = (&released as *const AtomicUsize).cast_mut().cast::<c_void>();
+    let user = (&released as *const AtomicUsize)
+        .cast_mut()
+        .cast::<c_void>();
     let wrap = |g: &[u8]| {
         let mut t = ptr::null_mut();
         let dims = [g.len() as u64];
@@ -1005,7 +1007,10 @@ fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
     // SAFETY: a live reply, freed once; then the caller's handles, freed once.
     unsafe {
         assert_eq!(sw_reply_count(reply), 2);
-        assert_eq!((sw_reply_status(reply, 0), sw_reply_status(reply, 1)), (0, 0));
+        assert_eq!(
+            (sw_reply_status(reply, 0), sw_reply_status(reply, 1)),
+            (0, 0)
+        );
         sw_reply_free(reply);
         sw_tensor_free(t3);
         sw_tensor_free(t5);

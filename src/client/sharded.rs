@@ -231,7 +231,9 @@ impl Sharded {
         let rb = self.row_bytes;
         let peers = self.peers.len();
         if self.blocks.len() != peers {
-            self.blocks = (0..peers).map(|_| Arc::new(Tensor::dead(DType::U8))).collect();
+            self.blocks = (0..peers)
+                .map(|_| Arc::new(Tensor::dead(DType::U8)))
+                .collect();
             self.placed = vec![None; peers];
         }
         self.merged.clear();
