@@ -579,6 +579,25 @@ impl Tensor {
         }
     }
 
+    /// Makes this a one-dimensional `U8` tensor of `len` bytes over the memory it has,
+    /// when that memory has room for them (the bytes are then whatever it held): a buffer
+    /// reused from request to request without an allocation. False, and nothing changed,
+    /// when it has not (or the tensor is dead).
+    pub(crate) fn reuse_as_bytes(&mut self, len: usize) -> bool {
+        let room = match &mut self.memory {
+            Contents::Memory(m) => m.bytes_mut().len(),
+            Contents::Inline(_) => Self::INLINE_MAX,
+            Contents::Empty | Contents::Lent => 0,
+        };
+        if self.dead || room < len || len as u64 > i64::MAX as u64 {
+            return false;
+        }
+        self.dtype = DType::U8;
+        self.dims = Shape::Inline(1, [len as u64, 0, 0, 0]);
+        self.byte_len = len;
+        true
+    }
+
     /// The contents as f32 values (for `F32` tensors; others give an empty vector).
     pub fn to_f32(&self) -> Vec<f32> {
         if self.dtype != DType::F32 {

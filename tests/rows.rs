@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use starwire::rows::Rows;
-use starwire::{DType, ErrorKind, Options, Runtime, Service, Status, Table};
+use starwire::{DType, ErrorKind, Options, Runtime, Service, Status, Table, Tensor};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -182,6 +182,70 @@ fn blocks_larger_than_a_frame_travel_in_chunks_both_ways() {
             "row {i}"
         );
     }
+}
+
+/// Gradient blocks in shared tensors, sent from their own memory: a tiny one (copied into
+/// the frame), one referenced by the frame and one large enough to travel in chunks, in one
+/// request. The connection holds each block until written, then lets go of it: the
+/// caller's `Arc` is the only one again and its memory can be written for the next step.
+#[test]
+fn shared_gradient_blocks_are_applied_and_given_back() {
+    let (_ps, addr) = ps();
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let tiny_ids = [4u64, 5];
+    let mid_ids: Vec<u64> = (100..400).collect();
+    let big_ids: Vec<u64> = (0..2000).map(|i| i * 3).collect();
+    let block = |n: usize, dim: usize| {
+        let bytes: Vec<u8> = (0..n * dim).map(|i| (i / dim % 5) as u8 + 1).collect();
+        Arc::new(Tensor::from_bytes(DType::U8, &[bytes.len() as u64], bytes).unwrap())
+    };
+    let (tiny, mid, big) = (block(2, 64), block(300, 64), block(2000, 4096));
+    let mut tables = [
+        (Rows::new(1, DType::U8, &[64], &tiny_ids), tiny.clone()),
+        (Rows::new(1, DType::U8, &[64], &mid_ids), mid.clone()),
+        (Rows::new(2, DType::U8, &[4096], &big_ids), big.clone()),
+    ];
+    let t = h.push_rows_shared(addr, &tables, secs(30)).unwrap();
+    assert_eq!(h.wait(t).unwrap(), [Status::Ok; 3]);
+    drop(tables);
+    for (what, b) in [("tiny", &tiny), ("mid", &mid), ("big", &big)] {
+        // Let go of once written (the loop may report the write just after the answer).
+        while Arc::strong_count(b) > 1 {
+            std::thread::yield_now();
+        }
+        assert_eq!(Arc::strong_count(b), 1, "{what}");
+    }
+    let check = |h: &mut starwire::Handle, table: u32, dim: u64, ids: &[u64]| {
+        let t = h
+            .pull_rows(addr, &[Rows::new(table, DType::U8, &[dim], ids)], secs(30))
+            .unwrap();
+        let rows = h.wait(t).unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            let want = (*id as u8).wrapping_add((i % 5) as u8 + 1);
+            assert!(
+                rows.row(0, i).unwrap().iter().all(|&b| b == want),
+                "table {table} row {i}"
+            );
+        }
+    };
+    check(&mut h, 1, 64, &tiny_ids);
+    check(&mut h, 1, 64, &mid_ids);
+    check(&mut h, 2, 4096, &big_ids);
+    // A block of another length than the rows' is refused before anything is sent.
+    tables = [
+        (Rows::new(1, DType::U8, &[64], &tiny_ids), mid.clone()),
+        (Rows::new(1, DType::U8, &[64], &mid_ids), mid.clone()),
+        (Rows::new(2, DType::U8, &[4096], &big_ids), big.clone()),
+    ];
+    let e = h.push_rows_shared(addr, &tables, secs(30)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    drop(tables);
+    assert_eq!(
+        Arc::strong_count(&mid),
+        1,
+        "a refused push keeps no reference"
+    );
 }
 
 #[test]

@@ -303,7 +303,31 @@ fn rows_pulls_and_pushes_allocate_nothing_in_steady_state() {
         assert_eq!(done.pushed().unwrap(), [Status::Ok, Status::Ok]);
         h.recycle(done);
     });
-    eprintln!("500 rows requests: {pulls} allocations for pulls, {pushes} for pushes");
+    // The same blocks in shared tensors, sent from their own memory.
+    let shared = [
+        (
+            tables[0],
+            Arc::new(Tensor::from_slice(DType::U8, &[6400], &g_small).unwrap()),
+        ),
+        (
+            tables[1],
+            Arc::new(Tensor::zeros(DType::U8, &[100 * 1024]).unwrap()),
+        ),
+    ];
+    let shared_pushes = allocations_per_request(|| {
+        let t = h.push_rows_shared(addr, &shared, secs(10)).unwrap();
+        let done = h.wait_tag(t.tag()).unwrap();
+        assert_eq!(done.pushed().unwrap(), [Status::Ok; 2]);
+        h.recycle(done);
+    });
+    eprintln!(
+        "500 rows requests: {pulls} allocations for pulls, {pushes} for pushes, \
+         {shared_pushes} for pushes of shared blocks"
+    );
     assert_eq!(pulls, 0, "allocations over 500 rows pulls");
     assert_eq!(pushes, 0, "allocations over 500 rows pushes");
+    assert_eq!(
+        shared_pushes, 0,
+        "allocations over 500 pushes of shared blocks"
+    );
 }

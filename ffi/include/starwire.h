@@ -1057,6 +1057,7 @@ sw_result sw_client_pull_rows_wait(struct sw_client *c,
  Pushes gradient rows of `n_tables` tables to `peer` in one request: per table, the rows
  at `tables[t].data` (`n * row_bytes` bytes, in the order of the ids) for its ids. The
  ids and rows are copied before this returns: the caller may reuse its buffers at once.
+ `sw_client_push_rows_tensors` sends the rows from the caller's memory instead.
  The reply (`sw_client_wait`, or the callback) has one status per table: 0, or 1
  `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
  row shape other than the table's, ...
@@ -1073,6 +1074,34 @@ sw_result sw_client_push_rows(struct sw_client *c,
                               size_t n_tables,
                               uint64_t timeout_ms,
                               uint64_t *tag);
+
+/*
+ Pushes gradient rows of `n_tables` tables to `peer` in one request, as
+ `sw_client_push_rows` does, with table `t`'s gradient rows in tensor `grads[t]` instead
+ of at `tables[t].data` (which is not read, and may be NULL): its contents are the
+ `tables[t].byte_len` bytes of rows (its dtype and shape are not looked at), sent from
+ the tensor's own memory without a copy (contents of at most 256 bytes, the encoder's
+ inline threshold, are copied into the frame: cheaper than one more `iovec`). The ids are
+ copied before this returns.
+
+ The tensors are shared with the runtime until written, as with `sw_client_push`; the
+ caller keeps its handles. To send from the caller's own buffer, wrap it with
+ `sw_tensor_wrap`: the buffer must then stay valid and unchanged until starwire drops its
+ last reference to that tensor (`release` called, or `sw_tensor_shared` false once the
+ caller's handle is the only one), which may come shortly after the reply: the reply
+ alone does not free the buffer. Fails at once as `sw_client_push_rows` does, and when
+ a tensor's byte length is not its table's `byte_len`.
+
+ # Safety
+ As `sw_client_push_rows`; `grads` points at `n_tables` live tensor handles.
+ */
+sw_result sw_client_push_rows_tensors(struct sw_client *c,
+                                      const char *peer,
+                                      const struct sw_rows *tables,
+                                      const struct sw_tensor *const *grads,
+                                      size_t n_tables,
+                                      uint64_t timeout_ms,
+                                      uint64_t *tag);
 
 /*
  Waits for request `tag` of this client (spins briefly, then parks). Returns the

@@ -1950,6 +1950,19 @@ struct RowsArg<'a> {
 /// `tables` points at `n` values whose pointers are valid as `sw_rows` says, for `'a`.
 unsafe fn rows_args<'a>(tables: *const sw_rows, n: usize) -> Result<Vec<RowsArg<'a>>, Failure> {
     // SAFETY: per the caller.
+    unsafe { rows_args_with(tables, n, true) }
+}
+
+/// As `rows_args`; `data` may be NULL (and is then not to be used) unless `need_data`.
+///
+/// # Safety
+/// As `rows_args`.
+unsafe fn rows_args_with<'a>(
+    tables: *const sw_rows,
+    n: usize,
+    need_data: bool,
+) -> Result<Vec<RowsArg<'a>>, Failure> {
+    // SAFETY: per the caller.
     let tables = unsafe { slice(tables, n, "tables") }?;
     if tables.is_empty() {
         return Err(Failure::invalid("no tables"));
@@ -1988,7 +2001,7 @@ unsafe fn rows_args<'a>(tables: *const sw_rows, n: usize) -> Result<Vec<RowsArg<
                 ids.len()
             )));
         }
-        if t.data.is_null() {
+        if need_data && t.data.is_null() {
             return Err(Failure::null(&format!("tables[{i}].data")));
         }
         let len =
@@ -2386,6 +2399,7 @@ fn table_failure(table: u32, status: u32) -> Failure {
 /// Pushes gradient rows of `n_tables` tables to `peer` in one request: per table, the rows
 /// at `tables[t].data` (`n * row_bytes` bytes, in the order of the ids) for its ids. The
 /// ids and rows are copied before this returns: the caller may reuse its buffers at once.
+/// `sw_client_push_rows_tensors` sends the rows from the caller's memory instead.
 /// The reply (`sw_client_wait`, or the callback) has one status per table: 0, or 1
 /// `NOT_FOUND` for a table the peer does not serve, 7 `INVALID_ARGUMENT` for a dtype or
 /// row shape other than the table's, ...
@@ -2426,6 +2440,68 @@ pub unsafe extern "C" fn sw_client_push_rows(
         let t = client
             .handle
             .push_rows(peer, &items, deadline(timeout_ms))?;
+        // SAFETY: checked non-null above.
+        unsafe { write(tag, t.tag()) };
+        Ok(())
+    })
+}
+
+/// Pushes gradient rows of `n_tables` tables to `peer` in one request, as
+/// `sw_client_push_rows` does, with table `t`'s gradient rows in tensor `grads[t]` instead
+/// of at `tables[t].data` (which is not read, and may be NULL): its contents are the
+/// `tables[t].byte_len` bytes of rows (its dtype and shape are not looked at), sent from
+/// the tensor's own memory without a copy (contents of at most 256 bytes, the encoder's
+/// inline threshold, are copied into the frame: cheaper than one more `iovec`). The ids are
+/// copied before this returns.
+///
+/// The tensors are shared with the runtime until written, as with `sw_client_push`; the
+/// caller keeps its handles. To send from the caller's own buffer, wrap it with
+/// `sw_tensor_wrap`: the buffer must then stay valid and unchanged until starwire drops its
+/// last reference to that tensor (`release` called, or `sw_tensor_shared` false once the
+/// caller's handle is the only one), which may come shortly after the reply: the reply
+/// alone does not free the buffer. Fails at once as `sw_client_push_rows` does, and when
+/// a tensor's byte length is not its table's `byte_len`.
+///
+/// # Safety
+/// As `sw_client_push_rows`; `grads` points at `n_tables` live tensor handles.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_push_rows_tensors(
+    c: *mut sw_client,
+    peer: *const c_char,
+    tables: *const sw_rows,
+    grads: *const *const sw_tensor,
+    n_tables: usize,
+    timeout_ms: u64,
+    tag: *mut u64,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { reference_mut(c, "client") }?;
+        // SAFETY: per this function's contract.
+        let peer = unsafe { address(peer, "peer") }?;
+        if tag.is_null() {
+            return Err(Failure::null("tag"));
+        }
+        // SAFETY: per this function's contract.
+        let args = unsafe { rows_args_with(tables, n_tables, false) }?;
+        // SAFETY: per this function's contract.
+        let grads = unsafe { slice(grads, n_tables, "grads") }?;
+        let mut items = Vec::with_capacity(args.len());
+        for (i, (a, &g)) in args.iter().zip(grads).enumerate() {
+            // SAFETY: per this function's contract.
+            let g = unsafe { reference(g, "grads[i]") }?;
+            if g.tensor.byte_len() != a.len {
+                return Err(Failure::invalid(format!(
+                    "grads[{i}] is {} bytes, not tables[{i}].byte_len {}",
+                    g.tensor.byte_len(),
+                    a.len
+                )));
+            }
+            items.push((a.rows, g.tensor.clone()));
+        }
+        let t = client
+            .handle
+            .push_rows_shared(peer, &items, deadline(timeout_ms))?;
         // SAFETY: checked non-null above.
         unsafe { write(tag, t.tag()) };
         Ok(())

@@ -6,6 +6,7 @@ use starwire_ffi::*;
 use std::ffi::{c_void, CStr, CString};
 use std::ptr;
 
+const U8: u8 = 2;
 const F32: u8 = 10;
 const F64: u8 = 13;
 
@@ -999,4 +1000,125 @@ fn a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it
         pull_rows_wait(&cluster, &cluster.peer, &table, 5000),
         (sw_result::SW_OK, vec![])
     );
+}
+
+/// Counts `release` calls of wrapped buffers (`user_data`: an `AtomicUsize`).
+unsafe extern "C" fn count_release(user_data: *mut c_void) {
+    // SAFETY: the test passes a pointer to an `AtomicUsize` that outlives the tensors.
+    let n = unsafe { &*user_data.cast::<std::sync::atomic::AtomicUsize>() };
+    n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let cluster = Cluster::new(&[
+        (3, mem_table(4, init(sw_init_kind::SW_INIT_ZEROS), sgd(1.0))),
+        (
+            5,
+            mem_table(64, init(sw_init_kind::SW_INIT_ZEROS), sgd(1.0)),
+        ),
+    ]);
+    // A tiny block (copied into the frame) and a 256 KB one (sent from the buffer).
+    let ids3 = [1u64, 2];
+    let ids5: Vec<u64> = (0..1000).collect();
+    let g3 = f32_bytes(&[0.5; 8]);
+    let g5 = f32_bytes(&vec![0.25; 1000 * 64]);
+    let released = AtomicUsize::new(0);
+    let user = (&released as *const AtomicUsize)
+        .cast_mut()
+        .cast::<c_void>();
+    let wrap = |g: &[u8]| {
+        let mut t = ptr::null_mut();
+        let dims = [g.len() as u64];
+        // SAFETY: `g` outlives the tensor (waited for below), `user` the release calls.
+        let r = unsafe {
+            sw_tensor_wrap(
+                U8,
+                dims.as_ptr(),
+                1,
+                g.as_ptr().cast(),
+                g.len() as u64,
+                Some(count_release),
+                user,
+                &mut t,
+            )
+        };
+        assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+        t
+    };
+    let (t3, t5) = (wrap(&g3), wrap(&g5));
+    let mut tables = [
+        rows(3, F32, &[4], &ids3, &mut []),
+        rows(5, F32, &[64], &ids5, &mut []),
+    ];
+    // The rows' bytes are the tensors': `data` is not read.
+    tables[0].data = ptr::null_mut();
+    tables[0].byte_len = g3.len() as u64;
+    tables[1].data = ptr::null_mut();
+    tables[1].byte_len = g5.len() as u64;
+    let grads = [t3.cast_const(), t5.cast_const()];
+    let mut tag = 0;
+    // SAFETY: a live client, valid tables and tensor handles.
+    let r = unsafe {
+        sw_client_push_rows_tensors(
+            cluster.client,
+            cluster.peer.as_ptr(),
+            tables.as_ptr(),
+            grads.as_ptr(),
+            2,
+            5000,
+            &mut tag,
+        )
+    };
+    assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+    let reply = cluster.wait(tag).expect("push");
+    // SAFETY: a live reply, freed once; then the caller's handles, freed once.
+    unsafe {
+        assert_eq!(sw_reply_count(reply), 2);
+        assert_eq!(
+            (sw_reply_status(reply, 0), sw_reply_status(reply, 1)),
+            (0, 0)
+        );
+        sw_reply_free(reply);
+        sw_tensor_free(t3);
+        sw_tensor_free(t5);
+    }
+    // Released once the connection has written them (reported just after the answer at
+    // most): the buffers are the caller's again.
+    while released.load(Ordering::SeqCst) < 2 {
+        std::thread::yield_now();
+    }
+    let mut out3 = vec![0xffu8; g3.len()];
+    let mut out5 = vec![0xffu8; g5.len()];
+    let reply = cluster
+        .pull_rows(&[
+            rows(3, F32, &[4], &ids3, &mut out3),
+            rows(5, F32, &[64], &ids5, &mut out5),
+        ])
+        .expect("pull");
+    assert_eq!(statuses_and_missing(reply), [(0, vec![]), (0, vec![])]);
+    assert_eq!(to_f32(&out3), [-0.5; 8]);
+    assert!(to_f32(&out5).iter().all(|&v| v == -0.25));
+
+    // A tensor of another length than its table's rows: refused at once.
+    let t = wrap(&g3);
+    let grads = [t.cast_const(), t.cast_const()];
+    // SAFETY: as above.
+    let r = unsafe {
+        sw_client_push_rows_tensors(
+            cluster.client,
+            cluster.peer.as_ptr(),
+            tables.as_ptr(),
+            grads.as_ptr(),
+            2,
+            5000,
+            &mut tag,
+        )
+    };
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("grads[1]"), "{}", last_error());
+    // SAFETY: the caller's handle, freed once; nothing else holds the tensor.
+    unsafe { sw_tensor_free(t) };
+    assert_eq!(released.load(Ordering::SeqCst), 3);
 }

@@ -1,12 +1,13 @@
 //! Rows requests on a [`Client`]: one frame per peer for any number of tables.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::client::{Client, Driver, PullRows, Push, Ticket};
 use crate::error::{Error, ErrorKind};
 use crate::peer::Peer;
 use crate::session::{RequestOp, Spare};
-use crate::tensor::SharedAllocator;
+use crate::tensor::{SharedAllocator, Tensor};
 
 use crate::rows::{Rows, RowsSpec};
 
@@ -95,7 +96,9 @@ impl<D: Driver> Client<D> {
     /// bytes, little-endian elements). The result is one status per table.
     ///
     /// The ids and gradient bytes are copied into vectors this client keeps (allocation-free
-    /// in steady state with [`recycle`](Self::recycle)). Fails at once with
+    /// in steady state with [`recycle`](Self::recycle)), and blocks that fit one frame are
+    /// copied again into it: [`push_rows_shared`](Self::push_rows_shared) sends the
+    /// gradients from their own memory instead. Fails at once with
     /// [`ErrorKind::InvalidArgument`] as [`pull_rows`](Self::pull_rows) does, and when a
     /// table's `grads` is not `ids.len() × row_bytes` bytes.
     pub fn push_rows(
@@ -131,10 +134,72 @@ impl<D: Driver> Client<D> {
                 "rows: no table, no ids, an invalid dtype or row shape, or gradients of another size",
             ));
         }
+        let mut shared = std::mem::take(&mut spare.items);
+        shared.clear();
         let op = RequestOp::PushRows {
             tables: specs_v,
             ids,
             grads,
+            shared,
+        };
+        self.submit_with(op, peer.into(), deadline, spare)
+    }
+
+    /// Like [`push_rows`](Self::push_rows), with each table's gradient rows in a shared
+    /// tensor (its contents `ids.len() × row_bytes` bytes; its dtype and shape are not
+    /// looked at: the table's are), sent from the tensor's own memory: no byte of a block
+    /// above the encoder's inline threshold (256 bytes by default, where a copy into the
+    /// frame is cheaper than one more `iovec`) is copied on this side. The connection holds
+    /// a reference to each block until it is written; after that (at the latest once the
+    /// connection lets go of it, shortly after the completion) the caller's `Arc` is the
+    /// only one again, and [`Arc::get_mut`] gives the memory back for the next step. A
+    /// tensor over the caller's own memory ([`Tensor::from_memory`]) is
+    /// sent from that memory.
+    ///
+    /// The ids are still copied (8 bytes a row) into vectors this client keeps: allocation
+    /// free in steady state with [`recycle`](Self::recycle). Fails at once as
+    /// [`push_rows`](Self::push_rows) does, a block of another length included.
+    pub fn push_rows_shared(
+        &mut self,
+        peer: impl Into<Peer>,
+        tables: &[(Rows<'_>, Arc<Tensor>)],
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<Push>, Error> {
+        let mut spare = self.spare();
+        let mut specs_v = std::mem::take(&mut spare.tables);
+        let mut ids = std::mem::take(&mut spare.ids);
+        let mut shared = std::mem::take(&mut spare.items);
+        specs_v.clear();
+        ids.clear();
+        shared.clear();
+        let mut ok = !tables.is_empty();
+        for (i, (r, g)) in tables.iter().enumerate() {
+            match RowsSpec::of(r) {
+                Some(s) if s.meta().byte_len == g.byte_len() as u64 && !g.is_dead() => {
+                    specs_v.push(s)
+                }
+                _ => {
+                    ok = false;
+                    break;
+                }
+            }
+            ids.extend_from_slice(r.ids);
+            shared.push((i as u64, g.clone()));
+        }
+        if !ok {
+            shared.clear();
+            (spare.tables, spare.ids, spare.items) = (specs_v, ids, shared);
+            self.recycle_spare(spare);
+            return Err(invalid(
+                "rows: no table, no ids, an invalid dtype or row shape, or a block of another size",
+            ));
+        }
+        let grads = std::mem::take(&mut spare.grads);
+        let op = RequestOp::PushRows {
+            tables: specs_v,
+            ids,
+            grads,
+            shared,
         };
         self.submit_with(op, peer.into(), deadline, spare)
     }

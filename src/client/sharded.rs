@@ -1,6 +1,7 @@
 //! The sharded rows client: one table partitioned over the PS tasks of a cluster, pulled
 //! and pushed a batch at a time with one request per PS in flight at once.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use arrayvec::ArrayVec;
@@ -10,6 +11,7 @@ use super::{Client, Driver};
 use crate::error::{Error, ErrorKind};
 use crate::peer::Peer;
 use crate::rows::{Partition, Plan, Rows, MAX_ROW_RANK};
+use crate::tensor::Tensor;
 use crate::wire::{DType, Status};
 
 /// A table partitioned over PS tasks, seen from a worker: each step's ids are deduplicated,
@@ -30,7 +32,15 @@ pub struct Sharded {
     /// Per PS, in this step: `None` when it has no ids, else the tag of its request in
     /// flight or why the request could not be submitted.
     tags: Vec<Option<Result<u64, Error>>>,
-    /// A push's merged gradients, every PS's one after the other.
+    /// Per PS, the block its merged gradients are sent from, by reference: written again
+    /// by the next push once the connection has let go of it (built by the first push).
+    blocks: Vec<Arc<Tensor>>,
+    /// Per PS, in this push: `None` when its rows are in its block, else where they are in
+    /// `merged`.
+    placed: Vec<Option<usize>>,
+    /// Merged gradients of the PS tasks whose block a connection still holds (the write of
+    /// the last push not yet reported to its loop), one after the other: copied when sent.
+    /// Room for every PS's is kept, so that this never allocates in steady state.
     merged: Vec<u8>,
     /// The last step's report (kept, so that a step allocates nothing for it).
     report: StepReport,
@@ -105,6 +115,8 @@ impl Sharded {
             dtype,
             row_dims: dims,
             row_bytes: row_bytes as usize,
+            blocks: Vec::new(),
+            placed: Vec::new(),
             merged: Vec::new(),
             report: StepReport::default(),
         })
@@ -220,6 +232,13 @@ impl Sharded {
     /// `ids[i]`): the gradients of duplicate ids are summed (f32 and f64 rows), then each PS
     /// gets its distinct ids and their summed rows, all PS requests in flight at once. A PS
     /// that fails fails its part alone, as in [`pull`](Self::pull).
+    ///
+    /// The summed rows are written into a block per PS that is sent from its own memory
+    /// ([`Client::push_rows_shared`]): they are not copied again on the way out. The blocks
+    /// are written again by the next push; one the connection still holds then (its write
+    /// not yet reported to the loop when the answer came) is left alone, and that PS's rows
+    /// are summed into memory kept for that and copied when sent, so a step allocates
+    /// nothing either way once the blocks have grown to the largest batch.
     pub fn push<D: Driver>(
         &mut self,
         client: &mut Client<D>,
@@ -229,34 +248,64 @@ impl Sharded {
     ) -> Result<&StepReport, Error> {
         self.check(ids, grads, "rows: grads is not ids.len() x row_bytes bytes")?;
         let rb = self.row_bytes;
+        let peers = self.peers.len();
+        if self.blocks.len() != peers {
+            self.blocks = (0..peers)
+                .map(|_| Arc::new(Tensor::dead(DType::U8)))
+                .collect();
+            self.placed = vec![None; peers];
+        }
         self.merged.clear();
-        self.merged.resize(self.plan.unique_len() * rb, 0);
-        let mut at = 0;
-        for s in 0..self.peers.len() {
+        self.merged.reserve(self.plan.unique_len() * rb);
+        for s in 0..peers {
             let len = self.plan.ids(s).len() * rb;
-            let out = &mut self.merged[at..at + len];
+            self.placed[s] = None;
+            if len == 0 {
+                continue;
+            }
+            let out = match Arc::get_mut(&mut self.blocks[s]) {
+                Some(block) => {
+                    if !block.reuse_as_bytes(len) {
+                        // Room to grow: batches vary in distinct ids from step to step.
+                        *block = Tensor::zeros(DType::U8, &[len.next_power_of_two() as u64])
+                            .map_err(|e| invalid(&e.to_string()))?;
+                        block.reuse_as_bytes(len);
+                    }
+                    block.bytes_mut()
+                }
+                None => {
+                    let at = self.merged.len();
+                    self.placed[s] = Some(at);
+                    self.merged.resize(at + len, 0);
+                    &mut self.merged[at..]
+                }
+            };
             self.plan
                 .merge(s, self.dtype, grads, rb, out)
                 .map_err(|e| invalid(&e.to_string()))?;
-            at += len;
         }
         let mut report = std::mem::take(&mut self.report);
         report.shards.clear();
         report.unique = self.plan.unique_len();
         report.missing = 0;
-        let mut at = 0;
         client.begin_step();
-        for s in 0..self.peers.len() {
+        for s in 0..peers {
             let ids = self.plan.ids(s);
-            let len = ids.len() * rb;
             self.tags[s] = None;
             if ids.is_empty() {
                 continue;
             }
             let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
-            let block = &self.merged[at..at + len];
-            at += len;
-            let submitted = client.push_rows(self.peers[s], &[(rows, block)], deadline);
+            let submitted = match self.placed[s] {
+                None => {
+                    let block = self.blocks[s].clone();
+                    client.push_rows_shared(self.peers[s], &[(rows, block)], deadline)
+                }
+                Some(at) => {
+                    let block = &self.merged[at..at + ids.len() * rb];
+                    client.push_rows(self.peers[s], &[(rows, block)], deadline)
+                }
+            };
             self.tags[s] = Some(submitted.map(|t| t.tag()));
         }
         client.end_step();

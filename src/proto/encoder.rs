@@ -179,6 +179,11 @@ impl Encoder {
             request_timeout_ms: 0,
         };
         e.new_block(cfg.block_size);
+        // And the small block frames go into while the first is out with a write: made
+        // now, so a connection's memory is set from its start (see `alloc`).
+        let side = e.new_block(SIDE_BLOCK.min(cfg.block_size));
+        e.current = 0;
+        debug_assert_eq!(side, 1);
         e
     }
 

@@ -42,11 +42,15 @@ pub(crate) enum RequestOp {
         ids: Vec<u64>,
         alloc: Option<SharedAllocator>,
     },
-    /// Gradient rows of tables: ids as for a pull, the blocks one after the other.
+    /// Gradient rows of tables: ids as for a pull; the blocks either one after the other
+    /// in `grads` (copied), or, when `shared` is not empty, one shared tensor per table
+    /// (`(position of the table, block)`, in table order; `grads` empty), sent from its
+    /// own memory.
     PushRows {
         tables: Vec<RowsSpec>,
         ids: Vec<u64>,
         grads: Vec<u8>,
+        shared: Vec<(u64, Arc<Tensor>)>,
     },
     /// The peer's counters and latencies: a JSON document (`docs/wire-format.md` 4.11).
     Stats,
@@ -350,8 +354,18 @@ impl Session {
             RequestOp::PullRows { tables, ids, .. } => {
                 encode_pull_rows(conn, handle, tables, ids, &mut self.push_scratch)
             }
-            RequestOp::PushRows { tables, ids, grads } => {
-                encode_push_rows(conn, handle, tables, ids, grads, &mut self.push_scratch)
+            RequestOp::PushRows {
+                tables,
+                ids,
+                grads,
+                shared,
+            } => {
+                let blocks = if shared.is_empty() {
+                    Grads::Packed(grads)
+                } else {
+                    Grads::Shared(shared)
+                };
+                encode_push_rows(conn, handle, tables, ids, blocks, &mut self.push_scratch)
             }
             RequestOp::Stats => conn.proto.encoder().stats(handle),
         };
@@ -390,11 +404,15 @@ impl Session {
                 mut tables,
                 mut ids,
                 mut grads,
+                mut shared,
             } => {
                 tables.clear();
                 ids.clear();
                 grads.clear();
+                // The connection holds the blocks it still sends.
+                shared.clear();
                 (p.spare.tables, p.spare.ids, p.spare.grads) = (tables, ids, grads);
+                p.spare.items = shared;
             }
             _ => {}
         }
@@ -495,43 +513,64 @@ fn encode_pull_rows(
     r
 }
 
-/// Queues a `PUSH_ROWS`: blocks that fit one frame are copied into it; larger ones are
-/// moved into tensors of their own and sent in chunks.
+/// A rows push's gradient blocks.
+enum Grads<'a> {
+    /// One after the other, in table order: copied.
+    Packed(&'a [u8]),
+    /// One shared tensor per table, in table order: sent from their own memory.
+    Shared(&'a [(u64, Arc<Tensor>)]),
+}
+
+/// Queues a `PUSH_ROWS`. Packed blocks that fit one frame are copied into it; larger ones
+/// are moved into tensors of their own and sent in chunks. Shared blocks are never copied
+/// but by the encoder (up to its `inline_threshold`, 256 bytes by default, where a copy
+/// into the frame is cheaper than one more `iovec`): the connection holds them until
+/// written, and the frame references them, or they travel in chunks.
 fn encode_push_rows(
     conn: &mut Conn,
     handle: u64,
     tables: &[RowsSpec],
     ids: &[u64],
-    grads: &[u8],
+    grads: Grads<'_>,
     scratch: &mut PushEncodeScratch,
 ) -> Result<(), crate::proto::EncodeError> {
-    // The meta section (ids and block metas) must fit beside the blocks.
-    let meta = 8 * ids.len() as u64 + 96 * tables.len() as u64;
-    let in_frame = grads.len() as u64 + meta <= conn.proto.encoder().chunk_limit();
     let tokens = &mut scratch.tokens;
     tokens.clear();
-    let mut at = 0;
-    for t in tables {
-        let len = t.meta().byte_len as usize;
-        let token = if in_frame {
-            COPY_TOKEN
-        } else {
-            let bytes = grads.get(at..at + len).unwrap_or_default();
-            match Tensor::from_slice(t.dtype, &t.dims, bytes) {
-                Ok(block) => conn.out_tensors.insert(Arc::new(block)) as u64,
-                Err(_) => COPY_TOKEN,
+    match grads {
+        Grads::Packed(grads) => {
+            // The meta section (ids and block metas) must fit beside the blocks.
+            let meta = 8 * ids.len() as u64 + 96 * tables.len() as u64;
+            let in_frame = grads.len() as u64 + meta <= conn.proto.encoder().chunk_limit();
+            let mut at = 0;
+            for t in tables {
+                let len = t.meta().byte_len as usize;
+                let token = if in_frame {
+                    COPY_TOKEN
+                } else {
+                    let bytes = grads.get(at..at + len).unwrap_or_default();
+                    match Tensor::from_slice(t.dtype, &t.dims, bytes) {
+                        Ok(block) => conn.out_tensors.insert(Arc::new(block)) as u64,
+                        Err(_) => COPY_TOKEN,
+                    }
+                };
+                tokens.push(token);
+                at += len;
             }
-        };
-        tokens.push(token);
-        at += len;
+        }
+        Grads::Shared(blocks) => tokens.extend(
+            blocks
+                .iter()
+                .map(|(_, b)| conn.out_tensors.insert(b.clone()) as u64),
+        ),
     }
     let mut rows: Vec<RowsItem<'_>> = recast(std::mem::take(&mut scratch.rows));
     let (mut id_at, mut byte_at) = (0, 0);
     for (t, &token) in tables.iter().zip(tokens.iter()) {
         let len = t.meta().byte_len as usize;
-        let bytes = match token {
-            COPY_TOKEN => grads.get(byte_at..byte_at + len).unwrap_or_default(),
-            token => conn
+        let bytes = match (token, &grads) {
+            (COPY_TOKEN, Grads::Packed(g)) => g.get(byte_at..byte_at + len).unwrap_or_default(),
+            (COPY_TOKEN, Grads::Shared(_)) => &[][..],
+            (token, _) => conn
                 .out_tensors
                 .get(token as usize)
                 .map_or(&[][..], |b| b.bytes()),
@@ -547,7 +586,11 @@ fn encode_push_rows(
         });
         (id_at, byte_at) = (id_at + t.len(), byte_at + len);
     }
-    let r = conn.proto.encoder().push_rows(handle, &rows);
+    let r = if tokens.len() == tables.len() {
+        conn.proto.encoder().push_rows(handle, &rows)
+    } else {
+        Err(crate::proto::EncodeError::BadCount)
+    };
     scratch.rows = recast(rows);
     if r.is_err() {
         for &t in tokens.iter().filter(|&&t| t != COPY_TOKEN) {

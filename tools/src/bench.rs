@@ -122,9 +122,10 @@ struct Load {
     row_dims: [u64; 1],
     id_range: u64,
     drawn: u64,
-    /// The next rows request's ids, and a push's gradient rows (the same every request).
+    /// The next rows request's ids, and a push's gradient rows (the same every request,
+    /// sent from this tensor's memory by every request in flight).
     row_ids: Vec<u64>,
-    grads: Vec<u8>,
+    grads: Arc<Tensor>,
 }
 
 /// What one answer moved: tensors or rows, their bytes, the rows the server did not have,
@@ -150,12 +151,16 @@ impl Load {
         };
         let per_request = op.per_request(args);
         // Small gradients, so that rows stay small however long the run.
-        let grads = match op {
+        let grads: Vec<u8> = match op {
             Op::PushRows => (0..per_request * dim)
                 .flat_map(|i| (1e-3 * ((i % 7) as f32 - 3.0)).to_le_bytes())
                 .collect(),
             _ => Vec::new(),
         };
+        let grads = Arc::new(
+            Tensor::from_bytes(DType::U8, &[grads.len() as u64], grads)
+                .map_err(|e| Failure::usage(format!("gradients: {e}")))?,
+        );
         Ok(Load {
             op,
             addr,
@@ -229,7 +234,7 @@ impl Load {
             Op::PushRows => {
                 self.draw_rows();
                 let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
-                h.push_rows(self.addr, &[(rows, &self.grads)], deadline)
+                h.push_rows_shared(self.addr, &[(rows, self.grads.clone())], deadline)
                     .map(|t| t.tag())
             }
         }

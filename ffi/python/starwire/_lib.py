@@ -189,6 +189,8 @@ client_pull_rows_wait_unchecked = lib["sw_client_pull_rows_wait"]
 client_pull_rows_wait_unchecked.restype = R
 client_push_rows = _sig("sw_client_push_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
                         C.c_uint64, u64p)
+client_push_rows_tensors = _sig("sw_client_push_rows_tensors", R, p, C.c_char_p,
+                                C.POINTER(Rows), C.POINTER(p), C.c_size_t, C.c_uint64, u64p)
 client_wait = _sig("sw_client_wait", R, p, C.c_uint64, C.POINTER(p))
 client_poll = _sig("sw_client_poll", R, p, u64p, C.POINTER(C.c_bool))
 client_wait_any = _sig("sw_client_wait_any", R, p, u64p)

@@ -473,7 +473,10 @@ class Client:
 
     def submit_push_rows(self, peer: str, table: int, ids: Any, grads: npt.NDArray[Any],
                          timeout: Optional[float] = DEFAULT_TIMEOUT) -> Pending[None]:
-        """`push_rows`, submitted (the rows are copied before this returns)."""
+        """`push_rows`, submitted. `grads` is sent from its own memory (no copy; the ids
+        are copied): it must not change until the request completes. Starwire keeps the
+        array referenced until it is written (the pending also holds it until waited
+        for)."""
         c, addr = self._handle(), self.runtime._peer(peer)
         id_arr = _row_ids(ids)
         g = contiguous(grads, "grads")
@@ -482,16 +485,24 @@ class Client:
                                   f"[{len(id_arr)}, *row_shape] (one row per id)")
         code = code_of(g.dtype, "grads")
         rows = self._fill_rows(table, id_arr, code, g.shape[1:], g)
-        tag = self._submitted(_lib.client_push_rows(c, addr, rows, 1, _ms(timeout),
-                                                    C.byref(self._tag)))
-        return Pending(self, tag, lambda r: _rows_pushed(r, table))
+        lender = self.runtime._lender
+        handles = [(lender.wrap(g, "grads"), g)]
+        try:
+            blocks = (C.c_void_p * 1)(handles[0][0])
+            tag = self._submitted(_lib.client_push_rows_tensors(
+                c, addr, rows, blocks, 1, _ms(timeout), C.byref(self._tag)))
+        finally:
+            # Kept by the lender until starwire no longer holds the tensor over `g`.
+            lender.give_back(handles)
+        return Pending(self, tag, lambda r: _rows_pushed(r, table), keep=g)
 
     def push_rows(self, peer: str, table: int, ids: Any, grads: npt.NDArray[Any],
                   timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
         """Pushes gradient rows `grads` (C-contiguous, ``[len(ids), *row_shape]``, of the
-        table's dtype) for `ids` of `table` at `peer`. Raises `RemoteError` when the PS
-        refuses them (``NOT_FOUND``: no such table; ``INVALID_ARGUMENT``: another dtype or
-        shape)."""
+        table's dtype) for `ids` of `table` at `peer`, sent from the array's own memory (no
+        copy; a non-contiguous array or a dtype starwire does not carry raises
+        `InvalidArgument`). Raises `RemoteError` when the PS refuses them (``NOT_FOUND``:
+        no such table; ``INVALID_ARGUMENT``: another dtype or shape)."""
         self.submit_push_rows(peer, table, ids, grads, timeout).wait()
 
     def sharded(self, table: int, row_shape: Union[int, Sequence[int]], *,

@@ -5,6 +5,7 @@ memory."""
 from __future__ import annotations
 
 import threading
+import time
 import unittest
 from typing import Any, Optional
 
@@ -163,20 +164,50 @@ class ZeroCopyTest(unittest.TestCase):
             self.assertEqual(spy.addresses, [])
             self.assertNotIn(3, service.pushed)
 
-    def test_push_rows_hands_starwire_the_callers_arrays(self) -> None:
-        # The Python layer passes the ids and the gradient block as they are (their own
-        # memory, no conversion); the request is built from them by the C ABI.
+    def test_push_rows_sends_the_gradient_array_from_its_own_memory(self) -> None:
+        # The ids are passed as they are (the C ABI copies them into the request); the
+        # gradient block is lent to starwire as a tensor over the array's memory
+        # (`sw_tensor_wrap`) and sent from there (`sw_client_push_rows_tensors`).
         with starwire.Runtime("worker") as w:
             c = w.client()
             ids = np.arange(4096, dtype=np.uint64)
             grads = np.ones((len(ids), 64), dtype=np.float32)
             before, _ = c.pull_rows(self.peer, 0, ids, 64)
-            c.push_rows(self.peer, 0, ids, grads)
-            self.assertEqual((c._rows.ids, c._rows.data), (ids.ctypes.data, grads.ctypes.data))
+            with WrapSpy() as spy:
+                c.push_rows(self.peer, 0, ids, grads)
+            self.assertEqual(spy.addresses, [grads.ctypes.data])
+            self.assertEqual(c._rows.ids, ids.ctypes.data)
             after, _ = c.pull_rows(self.peer, 0, ids, 64)
             np.testing.assert_allclose(after, before - np.float32(0.01) * grads, rtol=1e-6)
-            with self.assertRaisesRegex(starwire.InvalidArgument, "C-contiguous"):
-                c.push_rows(self.peer, 0, ids[:64], grads[:128].reshape(64, 128)[:, ::2])
+            # Not C-contiguous, or a dtype starwire does not carry: refused before anything
+            # is sent or lent, no silent copy.
+            with WrapSpy() as spy:
+                with self.assertRaisesRegex(starwire.InvalidArgument, "C-contiguous"):
+                    c.push_rows(self.peer, 0, ids[:64], grads[:128].reshape(64, 128)[:, ::2])
+                with self.assertRaisesRegex(starwire.InvalidArgument, "dtype"):
+                    c.push_rows(self.peer, 0, ids[:2], np.array([["a"] * 64] * 2))
+            self.assertEqual(spy.addresses, [])
+
+    def test_a_submitted_rows_push_holds_its_gradient_array(self) -> None:
+        with starwire.Runtime("worker") as w:
+            c = w.client()
+            ids = np.arange(1000, dtype=np.uint64)
+            before, _ = c.pull_rows(self.peer, 0, ids, 64)
+            grads = np.full((len(ids), 64), 2.0, dtype=np.float32)
+            address = grads.ctypes.data
+            with WrapSpy() as spy:
+                pending = c.submit_push_rows(self.peer, 0, ids, grads)
+            self.assertEqual(spy.addresses, [address])
+            # The caller's reference dropped: the pending (and, until the block is
+            # written, the runtime's lender) keeps the array alive.
+            del grads
+            self.assertIn(pending.tag, c._inflight)
+            pending.wait()
+            self.assertNotIn(pending.tag, c._inflight)
+            after, _ = c.pull_rows(self.peer, 0, ids, 64)
+            np.testing.assert_allclose(after, before - np.float32(0.02), rtol=1e-6)
+            while w.lent:  # let go of once written (reported just after the answer at most)
+                time.sleep(0.001)
 
     @unittest.skipIf(torch is None, "torch is not installed (CI installs numpy only)")
     def test_torch_tensors_are_pushed_and_pulled_without_copies(self) -> None:
@@ -201,8 +232,9 @@ class ZeroCopyTest(unittest.TestCase):
             rows, _ = c.pull_rows(self.peer, 0, ids, 64, out=emb.numpy())
             self.assertEqual(rows.ctypes.data, emb.data_ptr())
             grad = torch.full((len(ids), 64), 2.0)
-            c.push_rows(self.peer, 0, ids, grad.numpy())
-            self.assertEqual(c._rows.data, grad.data_ptr())
+            with WrapSpy() as spy:
+                c.push_rows(self.peer, 0, ids, grad.numpy())
+            self.assertEqual(spy.addresses, [grad.data_ptr()])
             again, _ = c.pull_rows(self.peer, 0, ids, 64)
             self.assertTrue(torch.allclose(torch.from_numpy(again), emb - 0.02))
 

@@ -275,8 +275,8 @@ fn run_ops(
 }
 
 /// Keeps `w.inflight` rows requests of `w.rows` ids in flight on one embedded loop: the
-/// same ids (`rows_ids`) and gradient rows (`grad_block`, copied in) as the other kinds,
-/// every pulled row checked, a request failed when a row is missing.
+/// same ids (`rows_ids`) and gradient rows (`grad_block`, sent from a shared tensor) as the
+/// other kinds, every pulled row checked, a request failed when a row is missing.
 fn run_rows(
     e: &mut Embedded,
     w: &Workload,
@@ -287,7 +287,11 @@ fn run_rows(
         .ping(addr, 8, Some(Instant::now() + TIMEOUT))
         .map_err(|e| e.to_string())?;
     e.wait(t).map_err(|e| format!("connect: {e}"))?;
+    // The gradient rows, sent from this tensor's memory (shared by the requests in flight).
     let grad = grad_block(w.rows);
+    let grad = Arc::new(
+        Tensor::from_bytes(DType::U8, &[grad.len() as u64], grad).map_err(|e| e.to_string())?,
+    );
     let dims = [ROW_BYTES as u64];
     let mut ids = Vec::with_capacity(w.rows);
     let mut sent: HashMap<u64, (Instant, u64)> = HashMap::with_capacity(w.inflight * 2);
@@ -304,7 +308,9 @@ fn run_rows(
             let d = Some(now + TIMEOUT);
             let tag = match w.op {
                 Op::RowsPull => e.pull_rows(addr, &[rows], d).map(|t| t.tag()),
-                _ => e.push_rows(addr, &[(rows, &grad[..])], d).map(|t| t.tag()),
+                _ => e
+                    .push_rows_shared(addr, &[(rows, grad.clone())], d)
+                    .map(|t| t.tag()),
             };
             sent.insert(tag.map_err(|e| e.to_string())?, (Instant::now(), n));
             n += 1;
