@@ -19,17 +19,8 @@ pub unsafe extern "C" fn sw_runtime_metrics_json(
     rt: *const sw_runtime,
     out: *mut *mut c_char,
 ) -> sw_result {
-    boundary(|| {
-        // SAFETY: per this function's contract.
-        let rt = unsafe { reference(rt, "rt") }?;
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
-        let doc: CString = c_string(&rt.runtime.metrics_json());
-        // SAFETY: checked non-null above.
-        unsafe { write(out, doc.into_raw()) };
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { runtime_string(rt, out, |rt| rt.metrics_json()) }
 }
 
 /// Writes to `*out` this runtime's request trace as a NUL-terminated Chrome trace /
@@ -44,13 +35,27 @@ pub unsafe extern "C" fn sw_runtime_trace_json(
     rt: *const sw_runtime,
     out: *mut *mut c_char,
 ) -> sw_result {
+    // SAFETY: per this function's contract.
+    unsafe { runtime_string(rt, out, |rt| rt.trace_json()) }
+}
+
+/// Writes to `*out` the document `f` makes of `rt`'s runtime, as a string the caller frees
+/// with `sw_string_free`.
+///
+/// # Safety
+/// `rt` is a live runtime; `out` is writable.
+unsafe fn runtime_string(
+    rt: *const sw_runtime,
+    out: *mut *mut c_char,
+    f: impl FnOnce(&starwire::Runtime) -> String,
+) -> sw_result {
     boundary(|| {
         // SAFETY: per this function's contract.
         let rt = unsafe { reference(rt, "rt") }?;
         if out.is_null() {
             return Err(Failure::null("out"));
         }
-        let doc: CString = c_string(&rt.runtime.trace_json());
+        let doc: CString = c_string(&f(&rt.runtime));
         // SAFETY: checked non-null above.
         unsafe { write(out, doc.into_raw()) };
         Ok(())

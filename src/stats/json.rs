@@ -13,18 +13,7 @@ pub const MAX_PEERS_IN_DOCUMENT: usize = 4096;
 
 /// Writes `s` as a JSON string (quoted, escaped).
 fn string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    super::trace::json_str(out, s);
 }
 
 fn opt_string(out: &mut String, s: Option<&str>) {
@@ -143,7 +132,10 @@ mod tests {
     fn strings_are_escaped() {
         let mut s = String::new();
         string(&mut s, "a\"b\\c\n");
-        assert_eq!(s, r#""a\"b\\c\u000a""#);
+        assert_eq!(s, r#""a\"b\\c\n""#);
+        let mut s = String::new();
+        string(&mut s, "\u{1}\t");
+        assert_eq!(s, r#""\u0001\t""#);
     }
 
     #[test]
