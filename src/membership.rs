@@ -12,7 +12,7 @@
 //! addresses, over new connections. A sharded rows client is pointed at the new PS list
 //! with [`Sharded::set_peers`](crate::Sharded::set_peers).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 
@@ -44,10 +44,10 @@ impl ClusterChange {
                 None => change.added.push((task.clone(), *peer)),
             }
         }
-        let now: HashMap<&TaskId, &Peer> = after.iter().map(|(t, p)| (t, p)).collect();
+        let now: HashSet<&TaskId> = after.iter().map(|(t, _)| t).collect();
         let mut removed: Vec<(TaskId, Peer)> = before
             .into_iter()
-            .filter(|(task, _)| !now.contains_key(task))
+            .filter(|(task, _)| !now.contains(task))
             .collect();
         removed.sort_by_key(|(task, _)| task.to_string());
         change.removed = removed;

@@ -110,8 +110,9 @@ fn killed_server_fails_requests_in_flight_and_a_restarted_one_is_reached() {
         );
     }
     let took = killed.elapsed();
-    // Failed by the loss, not by the 30 s deadline (a generous bound: loaded machines).
-    assert!(took < Duration::from_secs(15), "failing took {took:?}");
+    // Failed by the loss (`ConnectionLost`, where the deadline gives `Timeout`), and so
+    // before the requests' own 30 s deadline.
+    assert!(took < Duration::from_secs(30), "failing took {took:?}");
 
     // A server restarted on the same address is reconnected to.
     let (mut again, addr2) = spawn_server(&addr.to_string());
@@ -283,8 +284,9 @@ fn killed_client_mid_transfer_fails_requests_towards_it_and_frees_what_it_sent()
         Some(ErrorKind::ConnectionLost)
     );
     let took = killed.elapsed();
-    // Failed by the loss, not by the 30 s deadline (a generous bound: loaded machines).
-    assert!(took < Duration::from_secs(15), "failing took {took:?}");
+    // Failed by the loss (`ConnectionLost`, where the deadline gives `Timeout`), and so
+    // before the requests' own 30 s deadline.
+    assert!(took < Duration::from_secs(30), "failing took {took:?}");
 
     // The server closes the child's connection and drops the half-received tensor.
     let start = Instant::now();

@@ -625,19 +625,19 @@ impl Loop {
         conn.reading = true;
         conn.direct = direct;
         add(&self.shared.counters.reads, 1);
-        let fixed = fixed.filter(|_| !direct);
-        if fixed.is_some() && self.driver.pool().is_registered() {
-            add(&self.shared.counters.fixed_reads, 1);
-        }
-        if let Err((e, mem)) = self.driver.recv(slot, fd, mem, start, len, fixed) {
-            log::warn!("connection {slot}: recv: {e}");
-            if let Some(conn) = self.io_mut(slot) {
-                conn.reading = false;
-                conn.direct = false;
+        match self.driver.recv(slot, fd, mem, start, len, fixed) {
+            Ok(true) => add(&self.shared.counters.fixed_reads, 1),
+            Ok(false) => {}
+            Err((e, mem)) => {
+                log::warn!("connection {slot}: recv: {e}");
+                if let Some(conn) = self.io_mut(slot) {
+                    conn.reading = false;
+                    conn.direct = false;
+                }
+                self.session.received(slot, loan_of(mem), 0, Instant::now());
+                self.session
+                    .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
             }
-            self.session.received(slot, loan_of(mem), 0, Instant::now());
-            self.session
-                .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
         }
     }
 

@@ -181,9 +181,7 @@ impl Encoder {
         e.new_block(cfg.block_size);
         // And the small block frames go into while the first is out with a write: made
         // now, so a connection's memory is set from its start (see `alloc`).
-        let side = e.new_block(SIDE_BLOCK.min(cfg.block_size));
-        e.current = 0;
-        debug_assert_eq!(side, 1);
+        e.new_block(SIDE_BLOCK.min(cfg.block_size));
         e
     }
 

@@ -407,43 +407,11 @@ pub(crate) fn answer_pull(
     tokens: &mut Vec<Option<u64>>,
     spare: &mut Vec<ResponseItem<'static>>,
 ) {
-    tokens.clear();
-    tokens.extend(results.iter().map(|r| {
-        r.as_ref()
-            .ok()
-            .map(|t| out_tensors.insert(t.clone()) as u64)
-    }));
-    let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
-    items.extend(
-        results
-            .iter()
-            .zip(tokens.iter())
-            .enumerate()
-            .map(|(index, (r, token))| match (r, token) {
-                (Ok(t), Some(token)) => ResponseItem {
-                    index: index as u32,
-                    status: Status::Ok,
-                    tensor: Some(out_tensor(t, *token)),
-                    missing: crate::wire::Missing::default(),
-                },
-                (Err(s), _) => ResponseItem {
-                    index: index as u32,
-                    status: if s.is_ok() { Status::Internal } else { *s },
-                    tensor: None,
-                    missing: crate::wire::Missing::default(),
-                },
-                (Ok(_), None) => ResponseItem {
-                    index: index as u32,
-                    status: Status::Internal,
-                    tensor: None,
-                    missing: crate::wire::Missing::default(),
-                },
-            }),
-    );
-    if let Err(k) = send_items(enc, handle, true, &items) {
-        release_unsent(out_tensors, tokens[k..].iter().flatten().copied());
-    }
-    *spare = recast(items);
+    let items = results.iter().map(|r| match r {
+        Ok(t) => (Status::Ok, Some(t), &[][..]),
+        Err(s) => (*s, None, &[][..]),
+    });
+    answer_by_reference(enc, out_tensors, handle, items, tokens, spare);
 }
 
 /// Answers a `PULL_ROWS` with the tables a handler thread pulled: their blocks sent by
@@ -456,41 +424,53 @@ pub(crate) fn answer_pull_rows(
     tokens: &mut Vec<Option<u64>>,
     spare: &mut Vec<ResponseItem<'static>>,
 ) {
+    let items = tables
+        .iter()
+        .map(|t| (t.status, t.block.as_ref(), &t.missing[..]));
+    answer_by_reference(enc, out_tensors, handle, items, tokens, spare);
+}
+
+/// Answers `handle` with one item per `(status, tensor, missing rows)` in one frame (or
+/// more, `END` on the last): an `OK` item's tensor is sent by reference (held in
+/// `out_tensors` until written); an `OK` item without one fails with `INTERNAL`.
+fn answer_by_reference<'a>(
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    items: impl Iterator<Item = (Status, Option<&'a Arc<Tensor>>, &'a [u32])> + Clone,
+    tokens: &mut Vec<Option<u64>>,
+    spare: &mut Vec<ResponseItem<'static>>,
+) {
     tokens.clear();
-    tokens.extend(tables.iter().map(|t| {
-        t.block
-            .as_ref()
-            .map(|b| out_tensors.insert(b.clone()) as u64)
+    tokens.extend(items.clone().map(|(status, t, _)| {
+        t.filter(|_| status.is_ok())
+            .map(|t| out_tensors.insert(t.clone()) as u64)
     }));
-    let mut items: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
-    items.extend(
-        tables
-            .iter()
-            .zip(tokens.iter())
-            .enumerate()
-            .map(|(index, (t, token))| match (&t.block, token) {
-                (Some(b), Some(token)) if t.status.is_ok() => ResponseItem {
-                    index: index as u32,
-                    status: Status::Ok,
-                    tensor: Some(out_tensor(b, *token)),
-                    missing: crate::wire::Missing::Native(&t.missing),
+    let mut out: Vec<ResponseItem<'_>> = recast(std::mem::take(spare));
+    out.extend(items.zip(tokens.iter()).enumerate().map(
+        |(index, ((status, t, missing), token))| match (t, token) {
+            (Some(t), Some(token)) => ResponseItem {
+                index: index as u32,
+                status: Status::Ok,
+                tensor: Some(out_tensor(t, *token)),
+                missing: crate::wire::Missing::Native(missing),
+            },
+            _ => ResponseItem {
+                index: index as u32,
+                status: if status.is_ok() {
+                    Status::Internal
+                } else {
+                    status
                 },
-                _ => ResponseItem {
-                    index: index as u32,
-                    status: if t.status.is_ok() {
-                        Status::Internal
-                    } else {
-                        t.status
-                    },
-                    tensor: None,
-                    missing: crate::wire::Missing::default(),
-                },
-            }),
-    );
-    if let Err(k) = send_items(enc, handle, true, &items) {
+                tensor: None,
+                missing: crate::wire::Missing::default(),
+            },
+        },
+    ));
+    if let Err(k) = send_items(enc, handle, true, &out) {
         release_unsent(out_tensors, tokens[k..].iter().flatten().copied());
     }
-    *spare = recast(items);
+    *spare = recast(out);
 }
 
 /// Drops the references of tensors whose items were not encoded (those already queued keep

@@ -308,8 +308,8 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     /// then [`take_recv`](Self::take_recv) gives it back. `fixed` names the pool buffer
     /// `mem` is, if the caller knows it: on io_uring, when that buffer is registered and
     /// `mem` lies in it, the receive is a `READ_FIXED`, which spares the kernel mapping the
-    /// user pages on every operation. An operation that cannot be started gives `mem`
-    /// back with the error.
+    /// user pages on every operation; the result says whether it is. An operation that
+    /// cannot be started gives `mem` back with the error.
     pub fn recv(
         &mut self,
         slot: u32,
@@ -318,7 +318,8 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         start: usize,
         len: usize,
         fixed: Option<u16>,
-    ) -> Result<(), (io::Error, RecvMem<M>)> {
+    ) -> Result<bool, (io::Error, RecvMem<M>)> {
+        let is_buffer = matches!(mem, RecvMem::Buffer(_));
         let slot_mem = self.mem(slot);
         if slot_mem.recv_busy || slot_mem.recv.is_some() {
             let e = io::Error::other("a receive is already in flight");
@@ -333,9 +334,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         };
         slot_mem.recv_busy = true;
         let fixed = fixed.filter(|&i| {
-            self.pool.is_registered()
-                && matches!(self.mem(slot).recv, Some((RecvMem::Buffer(_), _)))
-                && self.pool.contains(i, buf, len as usize)
+            is_buffer && self.pool.is_registered() && self.pool.contains(i, buf, len as usize)
         });
         let r = match &mut *self.io {
             Io::Uring(d) => {
@@ -364,7 +363,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
             }
         };
         match r {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(fixed.is_some()),
             Err(e) => {
                 let mem = self.mem(slot);
                 mem.recv_busy = false;
