@@ -69,6 +69,8 @@ pub(crate) struct Counters {
     pub progress_timeouts: AtomicU64,
     pub heartbeats_sent: AtomicU64,
     pub heartbeat_losses: AtomicU64,
+    /// A gauge: bytes of the loop's connections' send arenas.
+    pub send_arena_bytes: AtomicU64,
     /// The loop's per-peer metric blocks.
     pub peers: PeerRegistry,
     /// Where the loop hands its request trace over to a dump.
@@ -142,6 +144,12 @@ pub struct Stats {
     pub heartbeats_sent: u64,
     /// Connections declared lost after a silence (`STARWIRE_HEARTBEAT_TIMEOUT_MS`).
     pub heartbeat_losses: u64,
+    /// Bytes held now by the connections' send arenas, the blocks frames are encoded into:
+    /// blocks in use, out with a write, or idle and kept for the next frames. With nothing
+    /// queued a connection holds at most three blocks of the standard 128 KiB (the one it
+    /// writes into and two idle ones); while output waits for the socket, what that output
+    /// needs.
+    pub send_arena_bytes: u64,
 }
 
 impl Stats {
@@ -179,5 +187,6 @@ impl Stats {
         self.progress_timeouts += l(&c.progress_timeouts);
         self.heartbeats_sent += l(&c.heartbeats_sent);
         self.heartbeat_losses += l(&c.heartbeat_losses);
+        self.send_arena_bytes = self.send_arena_bytes.wrapping_add(l(&c.send_arena_bytes));
     }
 }

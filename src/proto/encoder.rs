@@ -153,6 +153,8 @@ pub struct Encoder {
     released: Vec<u64>,
     /// `timeout_ms` of the requests queued next (see [`Encoder::set_request_timeout`]).
     request_timeout_ms: u32,
+    /// Bytes of the blocks allocated and not freed, lent ones included.
+    arena_bytes: usize,
 }
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
@@ -177,6 +179,7 @@ impl Encoder {
             jobs: VecDeque::new(),
             released: Vec::new(),
             request_timeout_ms: 0,
+            arena_bytes: 0,
         };
         e.new_block(cfg.block_size);
         // And the small block frames go into while the first is out with a write: made
@@ -234,6 +237,12 @@ impl Encoder {
             .count()
     }
 
+    /// Bytes of the arena blocks this encoder holds: in use, lent to a write, or idle and
+    /// kept. Changes only when a block is allocated or freed.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
     /// Chunked tensors whose chunks are not all queued yet.
     pub fn chunks_pending(&self) -> usize {
         self.jobs.len()
@@ -246,6 +255,7 @@ impl Encoder {
             refs: 0,
             lent: false,
         };
+        self.arena_bytes += size;
         // The slot of a freed block, if any: segments name blocks by index.
         match self.blocks.iter().position(|b| b.buf.is_empty() && !b.lent) {
             Some(i) => {
@@ -274,6 +284,7 @@ impl Encoder {
             .filter(|&(j, b)| j != self.current && b.refs == 0 && !b.buf.is_empty())
             .count();
         if oversized || idle > FREE_BLOCKS_KEPT {
+            self.arena_bytes -= self.blocks[i].buf.len();
             self.blocks[i].buf = Box::default();
             self.blocks[i].used = 0;
         }

@@ -68,6 +68,8 @@ pub(crate) struct Conn {
     pub head_timer: bool,
     /// What the receive in flight writes into, lent out until it completes.
     pub lent: Option<Lent>,
+    /// The encoder's arena bytes as last added to the loop's `send_arena_bytes`.
+    pub arena_counted: usize,
     /// Its account of the receive budget.
     pub budget: ConnBudget,
     /// Progress of bytes the peer owes (a frame begun, chunked tensors announced).
@@ -118,6 +120,7 @@ impl Conn {
             head_since: None,
             head_timer: false,
             lent: None,
+            arena_counted: 0,
             budget,
             progress: Progress::default(),
             last_heard: now,

@@ -9,6 +9,7 @@ use super::conn::{direct_place, mark_dirty, tensor_for, Conn, DirectPlace, Lent,
 use super::{Session, CHUNK_HEAD};
 use crate::error::{Error, ErrorKind};
 use crate::proto::OutPiece;
+use crate::stats::{add, Counters};
 use crate::tensor::{Tensor, TensorMemory};
 use crate::wire::HEADER_LEN;
 
@@ -179,6 +180,8 @@ impl Session {
         }
         let enc = conn.proto.encoder();
         enc.fill(max);
+        count_arena(&self.counters, conn);
+        let enc = conn.proto.encoder();
         if enc.ready_bytes() == 0 {
             if conn.proto.is_closed() {
                 // Nothing more to say: close.
@@ -235,6 +238,7 @@ impl Session {
     pub(crate) fn restore_block(&mut self, slot: u32, block: u32, buf: Box<[u8]>) {
         if let Some(conn) = self.conns.get_mut(slot as usize) {
             conn.proto.encoder().restore_block(block, buf);
+            count_arena(&self.counters, conn);
         }
     }
 
@@ -247,7 +251,18 @@ impl Session {
             return;
         }
         conn.proto.encoder().advance(n as u64);
+        count_arena(&self.counters, conn);
         conn.release_tokens();
         mark_dirty(&mut self.dirty, conn, slot);
+    }
+}
+
+/// Brings the loop's `send_arena_bytes` up to date with connection `conn`'s encoder.
+fn count_arena(counters: &Counters, conn: &mut Conn) {
+    let now = conn.proto.encoder().arena_bytes();
+    if now != conn.arena_counted {
+        let delta = (now as u64).wrapping_sub(conn.arena_counted as u64);
+        add(&counters.send_arena_bytes, delta);
+        conn.arena_counted = now;
     }
 }

@@ -773,6 +773,8 @@ impl Session {
         }
         // Unrouted when it was closed (`finish_close`).
         let mut conn = self.conns.remove(slot as usize);
+        let counted = conn.arena_counted as u64;
+        add(&self.counters.send_arena_bytes, counted.wrapping_neg());
         conn.proto.decoder().swap_buffer(Vec::new())
     }
 

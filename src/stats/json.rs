@@ -100,7 +100,8 @@ impl Metrics {
             out,
             ",\"totals\":{{\"frames_in\":{},\"frames_out\":{},\"bytes_in\":{},\"bytes_out\":{},\
              \"connections_accepted\":{},\"connections_opened\":{},\"connections_lost\":{},\
-             \"reconnects\":{},\"busy_ns\":{},\"parked_ns\":{}}},\"peers\":[",
+             \"reconnects\":{},\"busy_ns\":{},\"parked_ns\":{},\"send_arena_bytes\":{}}},\
+             \"peers\":[",
             t.frames_in,
             t.frames_out,
             t.bytes_in,
@@ -111,6 +112,7 @@ impl Metrics {
             t.reconnects,
             t.busy.as_nanos() as u64,
             t.parked.as_nanos() as u64,
+            t.send_arena_bytes,
         );
         for (i, p) in self.peers.iter().take(MAX_PEERS_IN_DOCUMENT).enumerate() {
             if i > 0 {

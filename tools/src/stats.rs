@@ -239,7 +239,8 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
     let t = |k: &str| doc.totals.get(k).copied().unwrap_or(0);
     let _ = writeln!(
         s,
-        "frames in/out {}/{}, bytes in/out {}/{}, connections accepted {} opened {} lost {}",
+        "frames in/out {}/{}, bytes in/out {}/{}, connections accepted {} opened {} lost {}, \
+         send arenas {}",
         t("frames_in"),
         t("frames_out"),
         fmt_bytes(t("bytes_in") as f64),
@@ -247,6 +248,7 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
         t("connections_accepted"),
         t("connections_opened"),
         t("connections_lost"),
+        fmt_bytes(t("send_arena_bytes") as f64),
     );
     let mut header = format!(
         "\n{:<6} {:<28} {:<10} {:>9} {:>5} {:>9} {:>5} {:>5} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",

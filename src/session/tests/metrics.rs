@@ -165,3 +165,60 @@ fn a_disabled_stats_endpoint_refuses_with_unimplemented() {
     let served = m.served("worker:0").unwrap().op(RequestKind::Stats);
     assert_eq!((served.requests, served.outcome(Outcome::Error)), (1, 1));
 }
+
+/// The loop's `send_arena_bytes`, read as `Stats` sums it.
+fn arena_gauge(s: &Session) -> u64 {
+    let mut st = crate::stats::Stats::default();
+    st.add_loop(&s.counters);
+    st.send_arena_bytes
+}
+
+#[test]
+fn send_arena_bytes_follow_the_encoders_and_return_to_zero_when_the_connection_goes() {
+    let mut p = Pair::new();
+    p.submit(RequestOp::Ping { payload: 16 }, None);
+    p.drain();
+    p.pump();
+    let server_blocks = |p: &mut Pair| {
+        let s = p.s.unwrap() as usize;
+        p.server.conns[s].proto.encoder().arena_bytes() as u64
+    };
+    let held = server_blocks(&mut p);
+    assert!(held > 0, "an encoder starts with its blocks");
+    assert_eq!(arena_gauge(&p.server), held);
+    // A burst of answers larger than a block (24 pulls of 64 tensors copied into the
+    // arena, 260 KB), sent in one go: more blocks while they wait, and the gauge follows
+    // each way.
+    let ids: Vec<u64> = (1..=64).collect();
+    for _ in 0..24 {
+        p.submit(pull(&ids), None);
+    }
+    p.drain();
+    let up = Pair::output(&mut p.client, &mut p.dirty, p.c);
+    Pair::input(&mut p.server, p.s, &up, p.now);
+    let queued = server_blocks(&mut p);
+    p.server.take_dirty(&mut p.dirty);
+    let s = p.s.unwrap();
+    let mut sink = Collect::default();
+    p.server.transmit(s, 1 << 30, &mut sink);
+    assert_eq!(
+        arena_gauge(&p.server),
+        queued,
+        "counted once output is handed out"
+    );
+    assert!(queued > held, "answers of 260 KB took more blocks");
+    for (block, buf) in sink.blocks.drain(..) {
+        p.server.restore_block(s, block, buf);
+    }
+    p.server.sent(s, sink.bytes.len());
+    Pair::input(&mut p.client, p.c, &sink.bytes, p.now);
+    let after = server_blocks(&mut p);
+    assert_eq!(arena_gauge(&p.server), after, "and once it is written");
+    p.pump();
+    assert_eq!(p.completions().len(), 25);
+    // The connection goes: its blocks leave the gauge.
+    p.server.lose(s, Error::new(ErrorKind::ConnectionLost));
+    p.actions();
+    assert_eq!(p.s, None);
+    assert_eq!(arena_gauge(&p.server), 0);
+}
