@@ -366,9 +366,8 @@ fn more_loops_than_allowed_cpus_is_reported() {
     // The kernel features the loops use: on io_uring the deferred task-work setup this
     // kernel grants (unless turned off), with the ring sizes; nothing on epoll. Embedded
     // loops report the same.
-    let flags_on = starwire::Config::from_env("worker", 0)
-        .unwrap()
-        .uring_flags();
+    let env = starwire::Config::from_env("worker", 0).unwrap();
+    let (flags_on, files_on) = (env.uring_flags(), env.uring_fixed_files());
     for (backend, features) in [(report.backend(), report.features()), {
         let e = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
         (e.report().backend(), e.report().features())
@@ -377,6 +376,7 @@ fn more_loops_than_allowed_cpus_is_reported() {
             starwire::config::Backend::Uring => {
                 assert_eq!(features.defer_taskrun, flags_on, "{features}");
                 assert_eq!(features.single_issuer, flags_on, "{features}");
+                assert_eq!(features.fixed_files, files_on, "{features}");
                 assert!(features.sq_entries > 0 && features.cq_entries > 0);
             }
             starwire::config::Backend::Epoll => {

@@ -97,6 +97,16 @@ settings! {
         setter: plain,
     }
 
+    /// Enter each connection's socket in its loop's io_uring file table (Linux 5.19), so
+    /// that operations name it by index and the kernel skips the descriptor lookup; false
+    /// names sockets by descriptor.
+    uring_fixed_files: bool [] {
+        env: [ENV_URING_FIXED_FILES = "STARWIRE_URING_FIXED_FILES"],
+        default: [DEFAULT_URING_FIXED_FILES = true],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
     /// Tensors larger than this travel as chunks of this many bytes. When only `max_frame`
     /// is lowered below the default plus 64, the default follows it down to the largest
     /// multiple of 4 KiB that fits.

@@ -98,7 +98,13 @@ impl Loop {
         } else {
             SetupFlags::Off
         };
-        let driver = LoopDriver::new(backend, entries, &shared.doorbell, flags)?;
+        let driver = LoopDriver::new(
+            backend,
+            entries,
+            &shared.doorbell,
+            flags,
+            cfg.uring_fixed_files,
+        )?;
         let session = Session::new(cfg.clone(), shared.counters.clone(), parts.session);
         let mut lp = Loop {
             cfg,

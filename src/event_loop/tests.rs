@@ -9,7 +9,7 @@ use crate::tensor::{DropCounted, HeapAllocator};
 
 fn driver(backend: Backend) -> (LoopDriver, LoopShared) {
     let shared = LoopShared::new().unwrap();
-    let d = LoopDriver::new(backend, 64, &shared.doorbell, SetupFlags::Auto).unwrap();
+    let d = LoopDriver::new(backend, 64, &shared.doorbell, SetupFlags::Auto, true).unwrap();
     (d, shared)
 }
 
@@ -168,8 +168,61 @@ fn dropping_a_loop_with_receives_in_flight_drains_them_and_closes_its_sockets() 
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     let mut buf = [0u8; 64];
-    match client.read(&mut buf) {
+    match read_through_signals(&mut client, &mut buf) {
         Ok(n) => assert_eq!(n, 0, "unexpected bytes"),
         Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+}
+
+#[test]
+fn a_socket_in_the_io_uring_file_table_closes_once_deregistered() {
+    if !backends().contains(&Backend::Uring) {
+        return;
+    }
+    let (mut d, _shared) = driver(Backend::Uring);
+    assert!(d.features().fixed_files, "{}", d.features());
+    // Entered at slot 3: a receive names it by index and works.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    d.register(3, a.as_raw_fd()).unwrap();
+    d.recv(3, a.as_raw_fd(), RecvMem::Buffer(vec![0; 16]), 0, 16, None)
+        .unwrap();
+    b.write_all(b"hi").unwrap();
+    assert_eq!(reap(&mut d, Op::Recv), 2);
+    drop(d.take_recv(3));
+    // While the table holds it, closing the descriptor alone leaves the socket open: the
+    // peer reads no end of stream.
+    let (c, mut e) = UnixStream::pair().unwrap();
+    d.register(4, c.as_raw_fd()).unwrap();
+    drop(c);
+    e.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut buf = [0u8; 8];
+    let err = read_through_signals(&mut e, &mut buf).expect_err("the table keeps it open");
+    assert!(
+        matches!(
+            err.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{err}"
+    );
+    // Deregistered, then closed: the peer reads the end of the stream at once.
+    d.deregister(3);
+    drop(a);
+    b.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(read_through_signals(&mut b, &mut buf).unwrap(), 0);
+    // And the socket left behind in the table goes with the driver.
+    drop(d);
+    e.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(read_through_signals(&mut e, &mut buf).unwrap(), 0);
+}
+
+/// `read`, again when interrupted: a socket read with a timeout on a thread that drives
+/// a ring may be interrupted once by the ring's task work.
+fn read_through_signals(s: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
     }
 }

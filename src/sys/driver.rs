@@ -33,7 +33,7 @@ use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
 use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
-use super::uring::{Ring, SetupFlags, USER_DATA_DOORBELL};
+use super::uring::{on_socket, FixedFiles, Ring, SetupFlags, FILE_TABLE, USER_DATA_DOORBELL};
 use super::Backend;
 
 /// The slot number reserved for a loop's listener.
@@ -153,15 +153,17 @@ pub struct Driver<M: IoBufMut, S: IoBuf> {
 impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     /// A driver for `backend` with room for about `entries` operations in flight, waking on
     /// `doorbell`; an io_uring ring is set up with `flags` (see [`Ring::with_flags`]: with
-    /// `Auto`, drive the driver from one thread).
+    /// `Auto`, drive the driver from one thread) and, with `fixed_files`, a table of
+    /// registered files that sockets are entered in (see [`FixedFiles`]).
     pub fn new(
         backend: Backend,
         entries: u32,
         doorbell: &Doorbell,
         flags: SetupFlags,
+        fixed_files: bool,
     ) -> io::Result<Self> {
         let io = match backend {
-            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell, flags)?),
+            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell, flags, fixed_files)?),
             Backend::Epoll => Io::Epoll(EpollDriver::new(doorbell)?),
         };
         Ok(Driver {
@@ -192,6 +194,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                     taskrun_flag: c.taskrun_flag,
                     ext_arg: c.feat_ext_arg,
                     fixed_buffers,
+                    fixed_files: d.files.is_on(),
                     sq_entries: c.sq_entries,
                     cq_entries: c.cq_entries,
                 }
@@ -200,18 +203,28 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         }
     }
 
-    /// Starts watching `fd` for `slot` (epoll registers it; io_uring needs nothing).
+    /// Starts watching `fd` for `slot` (epoll registers it; io_uring enters it in the
+    /// ring's file table, if it has one and `slot` fits).
     pub fn register(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
         match &mut *self.io {
-            Io::Uring(_) => Ok(()),
+            Io::Uring(d) => {
+                d.files.enter(&mut d.ring, slot, fd);
+                Ok(())
+            }
             Io::Epoll(d) => d.register(slot, fd),
         }
     }
 
-    /// Stops watching `slot`'s fd. Call once its operations have all completed.
+    /// Stops watching `slot`'s fd. Call once its operations have all completed, and
+    /// before closing the fd (io_uring's file table holds the socket open until then).
     pub fn deregister(&mut self, slot: u32) {
-        if let Io::Epoll(d) = &mut *self.io {
-            d.deregister(slot);
+        match &mut *self.io {
+            Io::Uring(d) => {
+                if let Err(e) = d.files.remove(&mut d.ring, slot) {
+                    log::error!("slot {slot}: leaving the io_uring file table: {e}");
+                }
+            }
+            Io::Epoll(d) => d.deregister(slot),
         }
     }
 
@@ -277,9 +290,9 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         mem.connect_busy = true;
         let r = match &mut *self.io {
             Io::Uring(d) => {
-                let entry = opcode::Connect::new(types::Fd(fd), addr, len)
+                let entry = on_socket!(d, slot, fd, |s| opcode::Connect::new(s, addr, len)
                     .build()
-                    .user_data(user_data(slot, Op::Connect));
+                    .user_data(user_data(slot, Op::Connect)));
                 // SAFETY: `addr` points into the slot's boxed memory, which the driver keeps
                 // until the connect's completion has been reaped (`connect_busy`).
                 unsafe { d.push_urgent(&entry) }
@@ -341,13 +354,13 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                 let entry = match fixed {
                     // Offset 0 on a socket (not seekable): the kernel reads at the stream's
                     // current position.
-                    Some(index) => opcode::ReadFixed::new(types::Fd(fd), buf, len, index)
-                        .build()
-                        .user_data(user_data(slot, Op::Recv)),
-                    None => opcode::Recv::new(types::Fd(fd), buf, len)
-                        .build()
-                        .user_data(user_data(slot, Op::Recv)),
-                };
+                    Some(index) => {
+                        on_socket!(d, slot, fd, |s| opcode::ReadFixed::new(s, buf, len, index)
+                            .build())
+                    }
+                    None => on_socket!(d, slot, fd, |s| opcode::Recv::new(s, buf, len).build()),
+                }
+                .user_data(user_data(slot, Op::Recv));
                 // SAFETY: `buf..buf+len` lies in memory the slot holds until the completion
                 // has been reaped (`recv_busy`); a fixed read's range was checked to lie in
                 // pool buffer `index`, registered for the life of the ring.
@@ -419,10 +432,10 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         mem.send_busy = true;
         let r = match &mut *self.io {
             Io::Uring(d) => {
-                let entry = opcode::SendMsg::new(types::Fd(fd), msg)
+                let entry = on_socket!(d, slot, fd, |s| opcode::SendMsg::new(s, msg)
                     .flags(libc::MSG_NOSIGNAL as u32)
-                    .build()
-                    .user_data(user_data(slot, Op::Send));
+                    .build())
+                .user_data(user_data(slot, Op::Send));
                 // SAFETY: the message, its iovecs and the memory they point into (checked
                 // to lie in the owners by `Gather::piece`) are the slot's, kept until the
                 // completion has been reaped (`send_busy`).
@@ -587,6 +600,11 @@ impl<M: IoBufMut, S: IoBuf> Drop for Driver<M, S> {
             }
             std::mem::forget(std::mem::replace(&mut self.pool, BufPool::new(0, 1)));
         }
+        if let Io::Uring(d) = &mut *self.io {
+            // The file table's references to sockets whose descriptors are closed (or about
+            // to be) go now, on this thread, rather than in the ring's asynchronous teardown.
+            d.files.clear(&mut d.ring);
+        }
         // SAFETY: dropped once, here, and not used after.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.io) };
     }
@@ -630,11 +648,23 @@ pub struct UringDriver {
     doorbell_armed: bool,
     /// Completions taken out of the ring to make room for a submission; delivered first.
     overflow: Vec<(u64, i32)>,
+    /// The sockets entered in the ring's file table.
+    files: FixedFiles,
 }
 
 impl UringDriver {
-    fn new(entries: u32, doorbell: &Doorbell, flags: SetupFlags) -> io::Result<UringDriver> {
-        let ring = Ring::with_flags(entries, flags)?;
+    fn new(
+        entries: u32,
+        doorbell: &Doorbell,
+        flags: SetupFlags,
+        fixed_files: bool,
+    ) -> io::Result<UringDriver> {
+        let mut ring = Ring::with_flags(entries, flags)?;
+        let files = if fixed_files {
+            FixedFiles::new(&mut ring, FILE_TABLE)
+        } else {
+            FixedFiles::off()
+        };
         let caps = ring.capabilities();
         log::debug!(
             "io_uring ring: single_issuer {} defer_taskrun {} coop_taskrun {} taskrun_flag {}",
@@ -649,6 +679,7 @@ impl UringDriver {
             doorbell_fd: doorbell.as_raw_fd(),
             doorbell_armed: false,
             overflow: Vec::new(),
+            files,
         };
         d.arm_doorbell()?;
         Ok(d)

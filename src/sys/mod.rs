@@ -76,6 +76,8 @@ pub struct IoFeatures {
     pub ext_arg: bool,
     /// Receive buffers registered as fixed buffers (`STARWIRE_BUF_SIZE`).
     pub fixed_buffers: bool,
+    /// Sockets entered in the ring's file table, named by index (`STARWIRE_URING_FIXED_FILES`).
+    pub fixed_files: bool,
     /// Submission and completion queue sizes granted (0 on epoll).
     pub sq_entries: u32,
     /// See `sq_entries`.
@@ -91,6 +93,7 @@ impl fmt::Display for IoFeatures {
             (self.taskrun_flag, "TASKRUN_FLAG"),
             (self.ext_arg, "EXT_ARG"),
             (self.fixed_buffers, "fixed buffers"),
+            (self.fixed_files, "fixed files"),
         ];
         let on: Vec<&str> = named.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {

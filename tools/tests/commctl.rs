@@ -1188,17 +1188,22 @@ fn serve_says_what_table_it_serves() {
             "{verbose:?}: {stderr}"
         );
         // The kernel features the loops use: on io_uring this kernel grants the deferred
-        // task-work setup (unless STARWIRE_URING_FLAGS turns it off); none on epoll.
+        // task-work setup and the file table (unless STARWIRE_URING_FLAGS and
+        // STARWIRE_URING_FIXED_FILES turn them off); none on epoll.
         let features = stderr
             .lines()
             .find(|l| l.contains("kernel I/O features in use: "))
             .unwrap_or_else(|| panic!("{verbose:?}: {stderr}"));
-        let flags_off = std::env::var("STARWIRE_URING_FLAGS").is_ok_and(|v| v == "0");
-        if features.contains("info: uring backend") && !flags_off {
-            assert!(
+        let off = |var| std::env::var(var).is_ok_and(|v| v == "0");
+        let flags_off = off("STARWIRE_URING_FLAGS");
+        let files_off = off("STARWIRE_URING_FIXED_FILES");
+        if features.contains("info: uring backend") && !(flags_off && files_off) {
+            assert_eq!(
                 features.contains("SINGLE_ISSUER, DEFER_TASKRUN"),
+                !flags_off,
                 "{features}"
             );
+            assert_eq!(features.contains("fixed files"), !files_off, "{features}");
         } else {
             assert!(features.ends_with("in use: none"), "{features}");
         }

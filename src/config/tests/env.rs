@@ -238,6 +238,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_SPIN_US,
         ENV_BACKEND,
         ENV_URING_FLAGS,
+        ENV_URING_FIXED_FILES,
         ENV_MAX_FRAME,
         ENV_MAX_KEY,
         ENV_MAX_TENSORS,
@@ -433,4 +434,12 @@ fn uring_flags_default_on_and_can_be_turned_off() {
             .uring_flags
     );
     assert_rejected("ps", ENV_URING_FLAGS, "off");
+}
+
+#[test]
+fn uring_fixed_files_default_on_and_can_be_turned_off() {
+    assert!(config("ps", &[]).unwrap().uring_fixed_files);
+    let off = config("ps", &[(ENV_URING_FIXED_FILES, "0")]).unwrap();
+    assert!(!off.uring_fixed_files);
+    assert_rejected("worker", ENV_URING_FIXED_FILES, "off");
 }

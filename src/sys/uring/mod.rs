@@ -340,6 +340,26 @@ impl Ring {
         &self.caps
     }
 
+    /// Registers an empty table of `n` files (`IORING_REGISTER_FILES2` with the sparse
+    /// flag, Linux 5.19): entries are filled by [`update_file`](Self::update_file).
+    pub fn register_files_sparse(&mut self, n: u32) -> io::Result<()> {
+        self.ring.submitter().register_files_sparse(n)
+    }
+
+    /// Puts `fd` at `index` of the file table (-1 empties the entry: the kernel drops its
+    /// reference to the file).
+    pub fn update_file(&mut self, index: u32, fd: RawFd) -> io::Result<()> {
+        self.ring
+            .submitter()
+            .register_files_update(index, &[fd])
+            .map(drop)
+    }
+
+    /// Unregisters the file table.
+    pub fn unregister_files(&mut self) -> io::Result<()> {
+        self.ring.submitter().unregister_files()
+    }
+
     #[cfg(test)]
     pub(crate) fn capabilities_mut_for_test(&mut self) -> &mut Capabilities {
         &mut self.caps
@@ -741,6 +761,10 @@ fn register_error(err: io::Error, bufs: &[libc::iovec]) -> io::Error {
     };
     io::Error::new(err.kind(), msg)
 }
+
+mod files;
+pub(crate) use files::on_socket;
+pub use files::{FixedFiles, FILE_TABLE};
 
 #[cfg(test)]
 mod tests;
