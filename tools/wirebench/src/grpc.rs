@@ -16,6 +16,7 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response};
 
 use crate::common::*;
+use crate::cpu::Meter;
 
 tonic::include_proto!("wirebench.Bench");
 
@@ -285,7 +286,14 @@ async fn connect(addr: SocketAddr) -> Result<Client, String> {
 
 /// Keeps `w.inflight` requests of `w.op` in flight for `time`, over `w.connections`
 /// channels (HTTP/2 connections). `packed`: the rows workloads' rows in one block.
-pub fn run(w: &Workload, addr: SocketAddr, time: Duration, packed: bool) -> Result<Sample, String> {
+/// `meter` measures the load, from its tasks' start (the channels connected) to their end.
+pub fn run(
+    w: &Workload,
+    addr: SocketAddr,
+    time: Duration,
+    packed: bool,
+    meter: &Meter,
+) -> Result<Sample, String> {
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let w = w.clone();
     rt.block_on(async move {
@@ -293,6 +301,7 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration, packed: bool) -> Resu
         for _ in 0..w.connections {
             clients.push(connect(addr).await?);
         }
+        meter.start();
         let end = Instant::now() + time;
         let mut tasks = Vec::new();
         for i in 0..w.inflight {
@@ -313,6 +322,7 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration, packed: bool) -> Resu
             let s = t.await.map_err(|e| e.to_string())?;
             total.merge(&s);
         }
+        meter.stop();
         Ok(total)
     })
 }

@@ -7,10 +7,19 @@
 //! from elsewhere falls on all of them alike. Medians are reported, with the ratios
 //! starwire/gRPC, starwire/gRPC-packed and starwire/raw.
 //!
+//! Every run also measures the CPU time of each end, all threads of each: of the server's
+//! process, and of this process (which runs nothing but the clients meanwhile), over the
+//! run's load: from when its connections are up to when its last request is answered,
+//! before they close (see `cpu.rs`). A second table gives the medians of the runs' CPU
+//! time per request (per step for `step-*`), per row where a workload moves rows (where it
+//! has a rows/s), and as CPUs busy (CPU seconds over wall seconds). The clients' CPU time
+//! includes wirebench's own work a request: ids drawn, replies checked, latencies recorded.
+//!
 //! The kinds: `starwire`, `grpc`, `grpc-packed` (gRPC with a rows request's rows in one
 //! `bytes` block rather than one `bytes` each; the rows workloads only) and `raw`.
 
 mod common;
+mod cpu;
 mod grpc;
 #[path = "../../../examples/sparse_training/model.rs"]
 mod model;
@@ -127,6 +136,9 @@ fn connections(w: &Workload, kind: Kind) -> usize {
     }
 }
 
+/// What the output says of the CPU times.
+const CPU_WINDOW: &str = "srv: the server's process, cli: this process (nothing but the clients runs in it meanwhile); CPU time of all threads of each, ended ones included, over a run's load: from when its connections are up to when its last request is answered (setting up and closing left out); cli includes wirebench's own work a request (ids drawn, replies checked, latencies recorded)";
+
 /// What the output says of the raw kind's requests in flight.
 const RAW_INFLIGHT: &str = "raw: one request at a time per connection, so N in flight is N connections, each with a blocking client thread and a server thread; starwire and gRPC keep their N in flight on the workload's connection(s)";
 
@@ -211,6 +223,11 @@ impl Server {
             }
         }
     }
+
+    /// The server's process id.
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Server {
@@ -220,18 +237,20 @@ impl Drop for Server {
     }
 }
 
-/// One run; `None` if `kind` does not support `w` (yet).
+/// One run, its load's CPU time measured on `meter`; `None` if `kind` does not support
+/// `w` (yet).
 fn run_one(
     kind: Kind,
     w: &Workload,
     addr: SocketAddr,
     time: Duration,
+    meter: &cpu::Meter,
 ) -> Result<Option<Sample>, String> {
     match kind {
-        Kind::Starwire => sw::run(w, addr, time),
-        Kind::Grpc => grpc::run(w, addr, time, false).map(Some),
-        Kind::GrpcPacked => grpc::run(w, addr, time, true).map(Some),
-        Kind::Raw => raw::run(w, addr, time).map(Some),
+        Kind::Starwire => sw::run(w, addr, time, meter),
+        Kind::Grpc => grpc::run(w, addr, time, false, meter).map(Some),
+        Kind::GrpcPacked => grpc::run(w, addr, time, true, meter).map(Some),
+        Kind::Raw => raw::run(w, addr, time, meter).map(Some),
     }
 }
 
@@ -257,6 +276,15 @@ struct Summary {
     failed: u64,
     /// The kind does not support the workload (yet).
     unsupported: bool,
+    /// CPU microseconds a request (a step for `step-*`) of each run: of the server's
+    /// process, of this one (the clients').
+    srv_us: Vec<f64>,
+    cli_us: Vec<f64>,
+    /// CPUs busy on average in each run (CPU seconds over wall seconds): server, clients.
+    srv_cpus: Vec<f64>,
+    cli_cpus: Vec<f64>,
+    /// Some CPU time was read in clock ticks rather than nanoseconds.
+    ticks: bool,
 }
 
 impl Summary {
@@ -276,6 +304,56 @@ impl Summary {
     }
     fn p99(&self) -> f64 {
         median(self.p99_ms.clone())
+    }
+    /// Adds a run's CPU times: `ops` requests (or steps) over `spent`.
+    fn add_cpu(&mut self, spent: &cpu::Spent, ops: u64) {
+        let per_op = |cpu: f64| {
+            if ops > 0 {
+                cpu * 1e6 / ops as f64
+            } else {
+                f64::NAN
+            }
+        };
+        self.srv_us.push(per_op(spent.server));
+        self.cli_us.push(per_op(spent.client));
+        self.srv_cpus.push(spent.server / spent.wall);
+        self.cli_cpus.push(spent.client / spent.wall);
+        self.ticks |= spent.ticks;
+    }
+    /// Median server CPU µs a request.
+    fn srv_us(&self) -> f64 {
+        median(self.srv_us.clone())
+    }
+    /// Median client CPU µs a request.
+    fn cli_us(&self) -> f64 {
+        median(self.cli_us.clone())
+    }
+    /// Median CPUs busy in the server.
+    fn srv_cpus(&self) -> f64 {
+        median(self.srv_cpus.clone())
+    }
+    /// Median CPUs busy in the clients.
+    fn cli_cpus(&self) -> f64 {
+        median(self.cli_cpus.clone())
+    }
+    /// Median server CPU ns a row, where the workload moves rows.
+    fn srv_ns_row(&self, w: &Workload) -> f64 {
+        per_row(self.srv_us(), w)
+    }
+    /// Median client CPU ns a row, where the workload moves rows.
+    fn cli_ns_row(&self, w: &Workload) -> f64 {
+        per_row(self.cli_us(), w)
+    }
+}
+
+/// CPU µs a request as ns a row of `w`'s requests (NaN if they carry no rows). The rows a
+/// request are the same in every run, so that this of the median is the median of the
+/// runs' ns a row.
+fn per_row(us: f64, w: &Workload) -> f64 {
+    if w.rows > 0 {
+        us * 1e3 / w.rows as f64
+    } else {
+        f64::NAN
     }
 }
 
@@ -331,8 +409,10 @@ fn coordinate(args: &Args) -> Result<bool, String> {
                     w.name,
                     kind.name()
                 );
-                let s = run_one(kind, w, server.addr, time)
+                let meter = cpu::Meter::new(server.pid());
+                let s = run_one(kind, w, server.addr, time, &meter)
                     .map_err(|e| format!("{} over {}: {e}", w.name, kind.name()))?;
+                let spent = meter.spent();
                 let r = &mut results[wi][ki];
                 let Some(s) = s else {
                     r.unsupported = true;
@@ -342,6 +422,7 @@ fn coordinate(args: &Args) -> Result<bool, String> {
                 r.p50_ms.push(s.latency.quantile(0.5).as_secs_f64() * 1e3);
                 r.p99_ms.push(s.latency.quantile(0.99).as_secs_f64() * 1e3);
                 r.failed += s.failed;
+                r.add_cpu(&spent, s.ops);
             }
             drop(server);
         }
@@ -456,7 +537,14 @@ fn print_table(
         }
     }
     println!();
+    print_cpu_table(chosen, kinds, results);
+    println!();
     println!("  rate: requests/s (steps/s for step-*); rows: rate x rows a request");
+    println!("  {CPU_WINDOW}");
+    println!("  µs/req: CPU µs a request (a step for step-*); ns/row: CPU ns a row, where there is a rows /s; cpus: CPU seconds over wall seconds (1.00: one CPU busy throughout)");
+    if results.iter().flatten().any(|s| s.ticks) {
+        println!("  some CPU times were read from /proc/<pid>/stat, in clock ticks (the CPU-time clocks could not be read): coarse");
+    }
     for w in chosen {
         println!("  {:<14} {}", w.name, describe(w));
     }
@@ -484,6 +572,41 @@ fn print_table(
     }
 }
 
+/// The second table: CPU time per request, per row and as CPUs busy, for each end.
+fn print_cpu_table(chosen: &[Workload], kinds: &[Kind], results: &[Vec<Summary>]) {
+    println!("CPU per end, medians: srv = server, cli = clients");
+    println!(
+        "{:<14} {:<11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9}",
+        "workload",
+        "kind",
+        "srv µs/req",
+        "cli µs/req",
+        "srv ns/row",
+        "cli ns/row",
+        "srv cpus",
+        "cli cpus"
+    );
+    for (wi, w) in chosen.iter().enumerate() {
+        for (ki, kind) in kinds.iter().enumerate() {
+            let s = &results[wi][ki];
+            if !applies(w, *kind) || s.unsupported {
+                continue;
+            }
+            println!(
+                "{:<14} {:<11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9}",
+                w.name,
+                kind.name(),
+                fmt_num(s.srv_us(), 2),
+                fmt_num(s.cli_us(), 2),
+                fmt_num(s.srv_ns_row(w), 1),
+                fmt_num(s.cli_ns_row(w), 1),
+                fmt_num(s.srv_cpus(), 2),
+                fmt_num(s.cli_cpus(), 2)
+            );
+        }
+    }
+}
+
 fn print_json(
     chosen: &[Workload],
     kinds: &[Kind],
@@ -491,15 +614,8 @@ fn print_json(
     runs: usize,
     seconds: f64,
 ) {
-    // JSON has no NaN: a missing number is null.
-    let num = |x: f64, decimals: usize| {
-        if x.is_finite() {
-            format!("{x:.decimals$}")
-        } else {
-            "null".into()
-        }
-    };
-    let list = |v: &[f64]| v.iter().map(|&x| num(x, 6)).collect::<Vec<_>>().join(",");
+    let num = json_num;
+    let list = |v: &[f64]| json_list(v, 6);
     let opt = |r: Option<f64>| r.map_or("null".to_string(), |r| format!("{r:.4}"));
     let mut items = Vec::new();
     for (wi, w) in chosen.iter().enumerate() {
@@ -509,7 +625,7 @@ fn print_json(
             }
             let s = &results[wi][ki];
             items.push(format!(
-                "{{\"workload\":\"{}\",\"kind\":\"{}\",\"inflight\":{},\"connections\":{},\"rows_per_request\":{},\"supported\":{},\"rate\":{},\"rows_rate\":{},\"p50_ms\":{},\"p99_ms\":{},\"failed\":{},\"rates\":[{}]}}",
+                "{{\"workload\":\"{}\",\"kind\":\"{}\",\"inflight\":{},\"connections\":{},\"rows_per_request\":{},\"supported\":{},\"rate\":{},\"rows_rate\":{},\"p50_ms\":{},\"p99_ms\":{},\"failed\":{},\"rates\":[{}],{}}}",
                 w.name,
                 kind.name(),
                 w.inflight,
@@ -521,7 +637,8 @@ fn print_json(
                 num(s.p50(), 6),
                 num(s.p99(), 6),
                 s.failed,
-                list(&s.rates)
+                list(&s.rates),
+                json_cpu(s, w)
             ));
         }
         let [grpc, packed, raw, p50] = ratios(&results[wi], kinds).map(opt);
@@ -531,7 +648,44 @@ fn print_json(
         ));
     }
     println!(
-        "{{\"runs\":{runs},\"seconds\":{seconds},\"raw_inflight\":\"{RAW_INFLIGHT}\",\"results\":[{}]}}",
+        "{{\"runs\":{runs},\"seconds\":{seconds},\"raw_inflight\":\"{RAW_INFLIGHT}\",\"cpu\":\"{CPU_WINDOW}\",\"results\":[{}]}}",
         items.join(",")
     );
+}
+
+/// A number as JSON has it: JSON has no NaN, a missing number is null.
+fn json_num(x: f64, decimals: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.decimals$}")
+    } else {
+        "null".into()
+    }
+}
+
+/// Numbers as the elements of a JSON list (without brackets).
+fn json_list(v: &[f64], decimals: usize) -> String {
+    v.iter()
+        .map(|&x| json_num(x, decimals))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The CPU fields of a JSON result (without braces): medians, and every run's.
+fn json_cpu(s: &Summary, w: &Workload) -> String {
+    let num = json_num;
+    let list = |v: &[f64]| json_list(v, 4);
+    format!(
+        "\"srv_us_per_req\":{},\"cli_us_per_req\":{},\"srv_ns_per_row\":{},\"cli_ns_per_row\":{},\"srv_cpus\":{},\"cli_cpus\":{},\"cpu_in_ticks\":{},\"srv_us_per_req_runs\":[{}],\"cli_us_per_req_runs\":[{}],\"srv_cpus_runs\":[{}],\"cli_cpus_runs\":[{}]",
+        num(s.srv_us(), 4),
+        num(s.cli_us(), 4),
+        num(s.srv_ns_row(w), 3),
+        num(s.cli_ns_row(w), 3),
+        num(s.srv_cpus(), 4),
+        num(s.cli_cpus(), 4),
+        s.ticks,
+        list(&s.srv_us),
+        list(&s.cli_us),
+        list(&s.srv_cpus),
+        list(&s.cli_cpus)
+    )
 }

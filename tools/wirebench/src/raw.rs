@@ -15,10 +15,11 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+use crate::cpu::Meter;
 
 const PING: u8 = 1;
 const PULL: u8 = 2;
@@ -179,6 +180,15 @@ impl Conn {
         })
     }
 
+    /// Opens a connection and pings over it, so that the server has taken it up (accepted
+    /// it, started its thread) when this returns.
+    fn open_ready(addr: SocketAddr) -> Result<Conn, String> {
+        let mut c = Conn::open(addr)?;
+        c.start(PING);
+        c.call().map_err(|e| format!("first ping: {e}"))?;
+        Ok(c)
+    }
+
     fn start(&mut self, op: u8) {
         self.out.clear();
         self.out.extend_from_slice(&[0; 4]);
@@ -242,13 +252,36 @@ impl Conn {
     }
 }
 
-/// Runs `w` with one connection and one thread per request in flight.
-pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, String> {
-    let end = Instant::now() + time;
+/// Runs `w` with one connection and one thread per request in flight. `meter` measures
+/// the load: from when every thread's connection is up (the server's thread for it too) to
+/// when every thread has stopped, before they close their connections.
+pub fn run(
+    w: &Workload,
+    addr: SocketAddr,
+    time: Duration,
+    meter: &Meter,
+) -> Result<Sample, String> {
     let (op, rows) = (w.op, w.rows);
+    let gate = Barrier::new(w.inflight);
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..w.inflight)
-            .map(|i| scope.spawn(move || conn_loop(op, rows, addr, i as u64, end)))
+            .map(|i| {
+                let gate = &gate;
+                scope.spawn(move || {
+                    let mut c = Conn::open_ready(addr);
+                    if gate.wait().is_leader() {
+                        meter.start();
+                    }
+                    let s = match &mut c {
+                        Ok(c) => conn_loop(c, op, rows, addr, i as u64, time),
+                        Err(e) => Err(e.clone()),
+                    };
+                    if gate.wait().is_leader() {
+                        meter.stop();
+                    }
+                    s
+                })
+            })
             .collect();
         let mut total = Sample::default();
         for t in threads {
@@ -258,15 +291,16 @@ pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Sample, Str
     })
 }
 
-/// `rows`: ids per request of the rows workloads.
+/// Keeps requests going over `c` for `time` (over a new connection to `addr` where `c`
+/// breaks). `rows`: ids per request of the rows workloads.
 fn conn_loop(
+    c: &mut Conn,
     op: Op,
     rows: usize,
     addr: SocketAddr,
     seed: u64,
-    end: Instant,
+    time: Duration,
 ) -> Result<Sample, String> {
-    let mut c = Conn::open(addr)?;
     // The gradient rows, which every rows push copies into its message.
     let grad = if op == Op::RowsPush {
         grad_block(rows)
@@ -278,6 +312,7 @@ fn conn_loop(
     let mut n = seed * 7919;
     let mut wk = (op == Op::Step).then(|| StepWorker::new(seed));
     let start = Instant::now();
+    let end = start + time;
     while Instant::now() < end {
         let t0 = Instant::now();
         let ok = match op {
@@ -357,7 +392,7 @@ fn conn_loop(
         } else {
             s.failed += 1;
             // A broken connection: open a new one.
-            c = Conn::open(addr)?;
+            *c = Conn::open(addr)?;
         }
     }
     s.elapsed = start.elapsed();

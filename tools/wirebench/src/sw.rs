@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+use crate::cpu::Meter;
 
 struct Svc {
     store: Arc<Store>,
@@ -169,24 +170,30 @@ impl<D: Driver> Client for starwire::Client<D> {
 
 /// Keeps `w.inflight` requests of `w.op` in flight for `time`: training steps on threads
 /// with handles to a runtime, the other workloads from this thread with an embedded loop
-/// (one thread, as the gRPC client's runtime is pinned to one CPU too). `None`: the
-/// workload is not supported over starwire (yet).
-pub fn run(w: &Workload, addr: SocketAddr, time: Duration) -> Result<Option<Sample>, String> {
+/// (one thread, as the gRPC client's runtime is pinned to one CPU too). `meter` measures
+/// the load, the runtime or loop started and the connections open. `None`: the workload is
+/// not supported over starwire (yet).
+pub fn run(
+    w: &Workload,
+    addr: SocketAddr,
+    time: Duration,
+    meter: &Meter,
+) -> Result<Option<Sample>, String> {
     let config = client_config(w.connections)?;
     match w.op {
         Op::Step => {
             let rt = Runtime::start(config, None).map_err(|e| e.to_string())?;
-            let s = run_steps(&rt, w, addr, time);
+            let s = run_steps(&rt, w, addr, time, meter);
             rt.shutdown();
             s.map(Some)
         }
         Op::RowsPull | Op::RowsPush => {
             let mut e = Embedded::new(config, None).map_err(|e| e.to_string())?;
-            run_rows(&mut e, w, addr, time).map(Some)
+            run_rows(&mut e, w, addr, time, meter).map(Some)
         }
         _ => {
             let mut e = Embedded::new(config, None).map_err(|e| e.to_string())?;
-            run_ops(&mut e, w, addr, time).map(Some)
+            run_ops(&mut e, w, addr, time, meter).map(Some)
         }
     }
 }
@@ -202,6 +209,7 @@ fn run_ops(
     w: &Workload,
     addr: SocketAddr,
     time: Duration,
+    meter: &Meter,
 ) -> Result<Sample, String> {
     // Open every connection before the clock starts.
     for _ in 0..w.connections {
@@ -227,6 +235,7 @@ fn run_ops(
     let mut started: HashMap<u64, Instant> = HashMap::with_capacity(w.inflight * 2);
     let mut s = Sample::default();
     let mut n = 0u64;
+    meter.start();
     let start = Instant::now();
     let end = start + time;
     loop {
@@ -271,6 +280,7 @@ fn run_ops(
         c.recycle(done);
     }
     s.elapsed = start.elapsed();
+    meter.stop();
     Ok(s)
 }
 
@@ -282,6 +292,7 @@ fn run_rows(
     w: &Workload,
     addr: SocketAddr,
     time: Duration,
+    meter: &Meter,
 ) -> Result<Sample, String> {
     let t = e
         .ping(addr, 8, Some(Instant::now() + TIMEOUT))
@@ -298,6 +309,7 @@ fn run_rows(
     let mut check = Vec::with_capacity(w.rows);
     let mut s = Sample::default();
     let mut n = 0u64;
+    meter.start();
     let start = Instant::now();
     let end = start + time;
     loop {
@@ -341,17 +353,21 @@ fn run_rows(
         e.recycle(done);
     }
     s.elapsed = start.elapsed();
+    meter.stop();
     Ok(s)
 }
 
+/// The steps' load is measured from before their threads start to after they have ended.
 fn run_steps(
     rt: &Runtime,
     w: &Workload,
     addr: SocketAddr,
     time: Duration,
+    meter: &Meter,
 ) -> Result<Sample, String> {
+    meter.start();
     let end = Instant::now() + time;
-    std::thread::scope(|scope| {
+    let total = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..w.inflight)
             .map(|i| scope.spawn(move || step_loop(&mut rt.handle(4), i as u64, addr, end)))
             .collect();
@@ -361,7 +377,9 @@ fn run_steps(
             total.merge(&s);
         }
         Ok(total)
-    })
+    });
+    meter.stop();
+    total
 }
 
 fn step_loop(h: &mut Handle, seed: u64, addr: SocketAddr, end: Instant) -> Result<Sample, String> {
