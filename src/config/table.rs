@@ -88,8 +88,9 @@ settings! {
     }
 
     /// Create each loop's io_uring with task-work setup flags, the best the kernel accepts:
-    /// SINGLE_ISSUER + DEFER_TASKRUN (Linux 6.1), else COOP_TASKRUN (5.19), else none; false
-    /// creates the rings without flags.
+    /// SINGLE_ISSUER + DEFER_TASKRUN (Linux 6.1), else COOP_TASKRUN (5.19), else none, and
+    /// register its descriptor (5.18) so the loop enters it by index; false creates the
+    /// rings without flags and enters them by descriptor.
     uring_flags: bool [] {
         env: [ENV_URING_FLAGS = "STARWIRE_URING_FLAGS"],
         default: [DEFAULT_URING_FLAGS = true],

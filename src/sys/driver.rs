@@ -195,6 +195,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                     ext_arg: c.feat_ext_arg,
                     fixed_buffers,
                     fixed_files: d.files.is_on(),
+                    registered_ring_fd: c.registered_ring_fd,
                     sq_entries: c.sq_entries,
                     cq_entries: c.cq_entries,
                 }

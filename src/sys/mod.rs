@@ -78,6 +78,9 @@ pub struct IoFeatures {
     pub fixed_buffers: bool,
     /// Sockets entered in the ring's file table, named by index (`STARWIRE_URING_FIXED_FILES`).
     pub fixed_files: bool,
+    /// The ring's descriptor registered: the loop enters the ring by index (Linux 5.18;
+    /// off with `STARWIRE_URING_FLAGS=false`).
+    pub registered_ring_fd: bool,
     /// Submission and completion queue sizes granted (0 on epoll).
     pub sq_entries: u32,
     /// See `sq_entries`.
@@ -94,6 +97,7 @@ impl fmt::Display for IoFeatures {
             (self.ext_arg, "EXT_ARG"),
             (self.fixed_buffers, "fixed buffers"),
             (self.fixed_files, "fixed files"),
+            (self.registered_ring_fd, "registered ring fd"),
         ];
         let on: Vec<&str> = named.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {

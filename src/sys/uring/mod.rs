@@ -97,8 +97,9 @@ pub struct Capabilities {
     /// The ring was set up with `IORING_SETUP_TASKRUN_FLAG`: the kernel raises
     /// `IORING_SQ_TASKRUN` when completions wait for an enter.
     pub taskrun_flag: bool,
-    /// The ring fd is registered (`IORING_REGISTER_RING_FDS`, Linux 5.18): each
-    /// `io_uring_enter` skips the fd lookup.
+    /// The ring fd is registered (`IORING_REGISTER_RING_FDS`, Linux 5.18) by the thread that
+    /// created the ring: that thread's `io_uring_enter` names the ring by index and skips
+    /// the fd lookup.
     pub registered_ring_fd: bool,
 }
 
@@ -277,7 +278,25 @@ pub struct Ring {
     enabled: bool,
     /// `io_uring_enter` calls made on this ring.
     enters: u64,
+    /// The ring's descriptor registered by the thread that created it (with
+    /// [`SetupFlags::Auto`]), which then enters by index.
+    ring_fd: Option<ring_fd::RingFd>,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        if let Some(r) = &self.ring_fd {
+            if r.usable() {
+                r.unregister(self.ring.as_raw_fd());
+            } else {
+                log::warn!(
+                    "io_uring ring dropped on another thread than the one that created it: its \
+                     descriptor stays registered, and the ring held, until that thread ends"
+                );
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Ring {
@@ -312,6 +331,11 @@ impl Ring {
     /// `DEFER_TASKRUN`: the first thread that submits to it (or waits on it) becomes the only
     /// one that may; another thread's `io_uring_enter` then fails (`EEXIST`, reported with
     /// an explanation). Create it anywhere, but drive it from one thread.
+    ///
+    /// With `Auto` the ring's descriptor is also registered in the creating thread's table
+    /// (Linux 5.18; see [`Capabilities::registered_ring_fd`]): that thread enters it by
+    /// index, others by descriptor. Drop it on that thread too, or its registration (and
+    /// the ring with it) lasts until that thread ends.
     pub fn with_flags(entries: u32, flags: SetupFlags) -> io::Result<Ring> {
         let (mut ring, mode) =
             build_ring(entries, flags).map_err(|err| setup_error(err, entries))?;
@@ -320,6 +344,17 @@ impl Ring {
         caps.defer_taskrun = mode == Mode::Deferred;
         caps.coop_taskrun = mode == Mode::Coop;
         caps.taskrun_flag = mode != Mode::Plain;
+        let ring_fd = match flags {
+            SetupFlags::Auto => match ring_fd::RingFd::register(ring.as_raw_fd()) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    log::debug!("io_uring ring descriptor not registered ({e}); entered by fd");
+                    None
+                }
+            },
+            SetupFlags::Off => None,
+        };
+        caps.registered_ring_fd = ring_fd.is_some();
         let dropped_seen = ring.completion().overflow();
         Ok(Ring {
             ring,
@@ -331,6 +366,7 @@ impl Ring {
             dropped_seen,
             enabled: mode != Mode::Deferred,
             enters: 0,
+            ring_fd,
             _not_sync: PhantomData,
         })
     }
@@ -559,7 +595,14 @@ impl Ring {
             self.enabled = true;
         }
         self.enters += 1;
-        let res = if with_timeout {
+        let res = if let Some(r) = self.ring_fd.as_ref().filter(|r| r.usable()) {
+            if with_timeout {
+                let args = types::SubmitArgs::new().timespec(&self.park_ts);
+                r.enter(to_submit, want, flags | EnterFlags::EXT_ARG, Some(&args))
+            } else {
+                r.enter(to_submit, want, flags, None)
+            }
+        } else if with_timeout {
             flags |= EnterFlags::EXT_ARG;
             let args = types::SubmitArgs::new().timespec(&self.park_ts);
             // SAFETY: `args` (and the boxed timespec it points at) outlive the call; EXT_ARG
@@ -763,6 +806,7 @@ fn register_error(err: io::Error, bufs: &[libc::iovec]) -> io::Error {
 }
 
 mod files;
+mod ring_fd;
 pub(crate) use files::on_socket;
 pub use files::{FixedFiles, FILE_TABLE};
 

@@ -381,3 +381,28 @@ fn register_buffers_small_works_and_errors_carry_numbers() {
     assert_eq!(err.raw_os_error(), Some(libc::EPERM));
     drop(buf);
 }
+
+/// The creating thread enters by the registered index, with and without a wait timeout
+/// (`EXT_ARG`); dropping the ring unregisters it, or the thread's table (16 rings) would be
+/// full long before the 40th.
+#[test]
+fn the_ring_descriptor_is_registered_used_and_given_back() {
+    for i in 0..40u64 {
+        let mut ring = Ring::new(8).unwrap();
+        assert!(
+            ring.capabilities().registered_ring_fd,
+            "ring {i}: not registered"
+        );
+        // Nothing to complete: a park bounded by the timeout, entered by index.
+        assert_eq!(
+            ring.submit_and_wait(1, Some(Duration::from_millis(1)))
+                .unwrap(),
+            0
+        );
+        // SAFETY: Nop references no memory.
+        unsafe { ring.push(&nop(i)).unwrap() };
+        assert_eq!(reap_all(&mut ring, 1), vec![(i, 0)], "ring {i}");
+    }
+    let off = Ring::with_flags(8, SetupFlags::Off).unwrap();
+    assert!(!off.capabilities().registered_ring_fd);
+}
