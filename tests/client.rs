@@ -378,6 +378,7 @@ fn more_loops_than_allowed_cpus_is_reported() {
                 assert_eq!(features.single_issuer, flags_on, "{features}");
                 assert_eq!(features.fixed_files, files_on, "{features}");
                 assert_eq!(features.registered_ring_fd, flags_on, "{features}");
+                assert_eq!(features.multishot_accept, flags_on, "{features}");
                 assert!(features.sq_entries > 0 && features.cq_entries > 0);
             }
             starwire::config::Backend::Epoll => {

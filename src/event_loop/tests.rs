@@ -226,3 +226,51 @@ fn read_through_signals(s: &mut impl Read, buf: &mut [u8]) -> std::io::Result<us
         }
     }
 }
+
+/// On io_uring with task-work flags one accept takes every connection that arrives (a
+/// multishot accept) and calling again while it is in the kernel changes nothing; with
+/// one-shot accepts, calling again after each completion takes them all.
+#[test]
+fn accepts_take_every_connection_on_both_backends() {
+    for backend in backends() {
+        let (mut d, _shared) = driver(backend);
+        let listener = socket::listen_tcp("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let addr = socket::local_addr(&listener).unwrap();
+        let fd = listener.as_raw_fd();
+        d.register(LISTENER, fd).unwrap();
+        d.accept(LISTENER, fd).unwrap();
+        let f = d.features();
+        let multishot = backend == Backend::Uring && (f.defer_taskrun || f.coop_taskrun);
+        if multishot {
+            d.accept(LISTENER, fd).unwrap(); // a no-op: one is in the kernel
+        }
+        let clients: Vec<_> = (0..5)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut accepted = Vec::new();
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while accepted.len() < clients.len() {
+            assert!(
+                Instant::now() < give_up,
+                "{backend}: {} of 5 accepted",
+                accepted.len()
+            );
+            let mut done = 0;
+            d.complete(true, Some(Duration::from_secs(5)), |c| {
+                if let IoCompletion::Accepted(r) = c {
+                    accepted.push(r.expect("accepted"));
+                    done += 1;
+                }
+            })
+            .unwrap();
+            if !multishot {
+                for _ in 0..done {
+                    d.accept(LISTENER, fd).unwrap();
+                }
+            }
+        }
+        assert_eq!(accepted.len(), 5, "{backend}");
+        d.shutdown(LISTENER, fd);
+        drop(clients);
+    }
+}

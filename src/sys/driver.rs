@@ -23,92 +23,20 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use io_uring::{opcode, types};
+use io_uring::{cqueue, opcode, types};
 use nix::libc;
 
 use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
 use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
+use super::ops::decode;
+pub use super::ops::{user_data, Completion, Op, LISTENER};
 use super::uring::{on_socket, FixedFiles, Ring, SetupFlags, FILE_TABLE, USER_DATA_DOORBELL};
 use super::Backend;
-
-/// The slot number reserved for a loop's listener.
-pub const LISTENER: u32 = u32::MAX;
-
-/// Operation kinds, kept in the low byte of `user_data`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Op {
-    /// Accept on a listener.
-    Accept = 1,
-    /// Connect a socket.
-    Connect = 2,
-    /// Receive into a buffer.
-    Recv = 3,
-    /// Send a message (iovecs).
-    Send = 4,
-}
-
-/// `user_data` of an operation on `slot`.
-pub fn user_data(slot: u32, op: Op) -> u64 {
-    ((slot as u64) << 8) | op as u64
-}
-
-/// A completion: the slot, the operation, and its result.
-#[derive(Debug)]
-pub enum Completion {
-    /// An operation finished: bytes moved (0 at the end of a stream), or 0 for a connect.
-    Op {
-        /// The slot it was issued on.
-        slot: u32,
-        /// Which operation (not `Accept`).
-        op: Op,
-        /// Bytes, 0, or the error.
-        result: io::Result<u32>,
-    },
-    /// An accept on the listener finished: the new socket (non-blocking, close-on-exec),
-    /// or the error.
-    Accepted(io::Result<OwnedFd>),
-    /// The doorbell rang.
-    Doorbell,
-}
-
-fn decode(user_data: u64, result: i32) -> Option<Completion> {
-    if user_data == USER_DATA_DOORBELL {
-        return Some(Completion::Doorbell);
-    }
-    let op = match user_data & 0xff {
-        1 => Op::Accept,
-        2 => Op::Connect,
-        3 => Op::Recv,
-        4 => Op::Send,
-        _ => return None,
-    };
-    if result < 0 {
-        let e = io::Error::from_raw_os_error(-result);
-        return Some(match op {
-            Op::Accept => Completion::Accepted(Err(e)),
-            _ => Completion::Op {
-                slot: (user_data >> 8) as u32,
-                op,
-                result: Err(e),
-            },
-        });
-    }
-    Some(match op {
-        // SAFETY: a successful accept returns a new fd that nothing else owns.
-        Op::Accept => Completion::Accepted(Ok(unsafe { OwnedFd::from_raw_fd(result) })),
-        _ => Completion::Op {
-            slot: (user_data >> 8) as u32,
-            op,
-            result: Ok(result as u32),
-        },
-    })
-}
 
 /// Writes `addr` as a C sockaddr into `out`; returns its length.
 fn write_sockaddr(addr: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
@@ -196,6 +124,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                     fixed_buffers,
                     fixed_files: d.files.is_on(),
                     registered_ring_fd: c.registered_ring_fd,
+                    multishot_accept: c.defer_taskrun || c.coop_taskrun,
                     sq_entries: c.sq_entries,
                     cq_entries: c.cq_entries,
                 }
@@ -252,18 +181,32 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         }
     }
 
-    /// Accepts one connection on listener `fd`; completes with the new fd (non-blocking,
-    /// close-on-exec) or `-errno`.
+    /// Accepts a connection on listener `fd`; completes with the new fd (non-blocking,
+    /// close-on-exec) or `-errno`. Call again after each completion. On an io_uring ring
+    /// with task-work flags (Linux 5.19 or later) one multishot accept stays in the kernel
+    /// and completes once per connection: calling again while it does is a no-op, and an
+    /// error ends it (the next call arms a new one).
     pub fn accept(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
         match &mut *self.io {
             Io::Uring(d) => {
-                let entry =
-                    opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
-                        .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+                if d.accept_armed {
+                    return Ok(());
+                }
+                let caps = d.ring.capabilities();
+                let multishot = caps.defer_taskrun || caps.coop_taskrun;
+                let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+                let entry = if multishot {
+                    opcode::AcceptMulti::new(types::Fd(fd)).flags(flags).build()
+                } else {
+                    let (addr, len) = (std::ptr::null_mut(), std::ptr::null_mut());
+                    opcode::Accept::new(types::Fd(fd), addr, len)
+                        .flags(flags)
                         .build()
-                        .user_data(user_data(slot, Op::Accept));
-                // SAFETY: no memory is referenced (null address pointers).
-                unsafe { d.push(&entry) }
+                };
+                // SAFETY: no memory is referenced (no address pointers).
+                unsafe { d.push(&entry.user_data(user_data(slot, Op::Accept)))? };
+                d.accept_armed = multishot;
+                Ok(())
             }
             Io::Epoll(d) => {
                 d.pending(slot).accept = true;
@@ -648,7 +591,9 @@ pub struct UringDriver {
     doorbell_fd: RawFd,
     doorbell_armed: bool,
     /// Completions taken out of the ring to make room for a submission; delivered first.
-    overflow: Vec<(u64, i32)>,
+    overflow: Vec<(u64, i32, u32)>,
+    /// A multishot accept is in the kernel.
+    accept_armed: bool,
     /// The sockets entered in the ring's file table.
     files: FixedFiles,
 }
@@ -680,6 +625,7 @@ impl UringDriver {
             doorbell_fd: doorbell.as_raw_fd(),
             doorbell_armed: false,
             overflow: Vec::new(),
+            accept_armed: false,
             files,
         };
         d.arm_doorbell()?;
@@ -732,7 +678,7 @@ impl UringDriver {
                     // The kernel has no room for more completions: take them out (they are
                     // delivered first by the next `complete`), then submit again.
                     let overflow = &mut self.overflow;
-                    self.ring.reap(|ud, res, _| overflow.push((ud, res)));
+                    self.ring.reap(|ud, res, fl| overflow.push((ud, res, fl)));
                 }
                 other => return other,
             }
@@ -760,22 +706,25 @@ impl UringDriver {
         // task-work flag raises IORING_SQ_TASKRUN when completions wait for an enter, which
         // `needs_enter` sees; one without has them posted by the kernel on its own.
         let mut rearm = false;
+        let mut accept_ended = false;
         let mut n = 0;
-        for (user_data, result) in self.overflow.drain(..) {
-            if let Some(c) = decode(user_data, result) {
-                rearm |= matches!(c, Completion::Doorbell);
-                f(c);
-                n += 1;
-            }
+        let mut deliver = |user_data: u64, result: i32, flags: u32| {
+            let c = decode(user_data, result)?;
+            rearm |= matches!(c, Completion::Doorbell);
+            // The last completion of an accept: none follows without a new one.
+            accept_ended |= matches!(c, Completion::Accepted(_)) && !cqueue::more(flags);
+            f(c);
+            Some(())
+        };
+        for (user_data, result, flags) in self.overflow.drain(..) {
+            n += deliver(user_data, result, flags).is_some() as usize;
         }
-        n += self.ring.reap(|user_data, result, _flags| {
-            if let Some(c) = decode(user_data, result) {
-                if matches!(c, Completion::Doorbell) {
-                    rearm = true;
-                }
-                f(c);
-            }
+        n += self.ring.reap(|user_data, result, flags| {
+            deliver(user_data, result, flags);
         });
+        if accept_ended {
+            self.accept_armed = false;
+        }
         if rearm {
             let mut v = 0u64;
             // SAFETY: reads 8 bytes into a local from the non-blocking eventfd.

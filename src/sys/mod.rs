@@ -20,6 +20,7 @@ pub mod doorbell;
 pub mod driver;
 pub mod epoll;
 pub mod loan;
+mod ops;
 pub mod socket;
 pub mod uring;
 
@@ -81,6 +82,9 @@ pub struct IoFeatures {
     /// The ring's descriptor registered: the loop enters the ring by index (Linux 5.18;
     /// off with `STARWIRE_URING_FLAGS=false`).
     pub registered_ring_fd: bool,
+    /// One multishot accept on a listener takes every connection (Linux 5.19; with the
+    /// task-work flags of `STARWIRE_URING_FLAGS`).
+    pub multishot_accept: bool,
     /// Submission and completion queue sizes granted (0 on epoll).
     pub sq_entries: u32,
     /// See `sq_entries`.
@@ -98,6 +102,7 @@ impl fmt::Display for IoFeatures {
             (self.fixed_buffers, "fixed buffers"),
             (self.fixed_files, "fixed files"),
             (self.registered_ring_fd, "registered ring fd"),
+            (self.multishot_accept, "multishot accept"),
         ];
         let on: Vec<&str> = named.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {

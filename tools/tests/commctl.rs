@@ -1204,11 +1204,9 @@ fn serve_says_what_table_it_serves() {
                 "{features}"
             );
             assert_eq!(features.contains("fixed files"), !files_off, "{features}");
-            assert_eq!(
-                features.contains("registered ring fd"),
-                !flags_off,
-                "{features}"
-            );
+            for feature in ["registered ring fd", "multishot accept"] {
+                assert_eq!(features.contains(feature), !flags_off, "{features}");
+            }
         } else {
             assert!(features.ends_with("in use: none"), "{features}");
         }

@@ -1,0 +1,81 @@
+//! What a driver's operations are called (`user_data`) and what their completions say.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use super::uring::USER_DATA_DOORBELL;
+
+/// The slot number reserved for a loop's listener.
+pub const LISTENER: u32 = u32::MAX;
+
+/// Operation kinds, kept in the low byte of `user_data`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    /// Accept on a listener.
+    Accept = 1,
+    /// Connect a socket.
+    Connect = 2,
+    /// Receive into a buffer.
+    Recv = 3,
+    /// Send a message (iovecs).
+    Send = 4,
+}
+
+/// `user_data` of an operation on `slot`.
+pub fn user_data(slot: u32, op: Op) -> u64 {
+    ((slot as u64) << 8) | op as u64
+}
+
+/// A completion: the slot, the operation, and its result.
+#[derive(Debug)]
+pub enum Completion {
+    /// An operation finished: bytes moved (0 at the end of a stream), or 0 for a connect.
+    Op {
+        /// The slot it was issued on.
+        slot: u32,
+        /// Which operation (not `Accept`).
+        op: Op,
+        /// Bytes, 0, or the error.
+        result: io::Result<u32>,
+    },
+    /// An accept on the listener finished: the new socket (non-blocking, close-on-exec),
+    /// or the error.
+    Accepted(io::Result<OwnedFd>),
+    /// The doorbell rang.
+    Doorbell,
+}
+
+/// The completion `user_data` and `result` stand for; `None` for the driver's own.
+pub(super) fn decode(user_data: u64, result: i32) -> Option<Completion> {
+    if user_data == USER_DATA_DOORBELL {
+        return Some(Completion::Doorbell);
+    }
+    let op = match user_data & 0xff {
+        1 => Op::Accept,
+        2 => Op::Connect,
+        3 => Op::Recv,
+        4 => Op::Send,
+        _ => return None,
+    };
+    if result < 0 {
+        let e = io::Error::from_raw_os_error(-result);
+        return Some(match op {
+            Op::Accept => Completion::Accepted(Err(e)),
+            _ => Completion::Op {
+                slot: (user_data >> 8) as u32,
+                op,
+                result: Err(e),
+            },
+        });
+    }
+    Some(match op {
+        // SAFETY: a successful accept returns a new fd that nothing else owns.
+        Op::Accept => Completion::Accepted(Ok(unsafe { OwnedFd::from_raw_fd(result) })),
+        _ => Completion::Op {
+            slot: (user_data >> 8) as u32,
+            op,
+            result: Ok(result as u32),
+        },
+    })
+}
