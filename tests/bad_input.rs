@@ -200,7 +200,7 @@ impl Healthy {
         let start = Instant::now();
         while self.ops.load(Ordering::Relaxed) < target {
             assert!(
-                start.elapsed() < Duration::from_secs(10),
+                start.elapsed() < Duration::from_secs(30),
                 "the healthy client stalled"
             );
             std::thread::sleep(Duration::from_millis(2));
@@ -230,7 +230,7 @@ fn wait_open_connections(rt: &Runtime, want: u64) {
             return;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(30),
             "server still has {open} connections open, expected {want}: {s:?}"
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -261,7 +261,7 @@ fn repeat_without_growth(rt: &Runtime, n: usize, attack: impl Fn()) -> i64 {
             return growth;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(3),
+            start.elapsed() < Duration::from_secs(30),
             "the heap grew by {growth} bytes over {n} bad connections"
         );
         std::thread::sleep(Duration::from_millis(10));
@@ -575,7 +575,7 @@ fn answer_class(evil: SocketAddr, log_text: &str, first_ok: bool) {
         eprintln!("in-flight ping: {first:?} after {:?}", start.elapsed());
     }
     assert!(
-        start.elapsed() < Duration::from_secs(5),
+        start.elapsed() < Duration::from_secs(9),
         "failed only at its deadline"
     );
     let line = logged(log_text);
@@ -641,7 +641,10 @@ fn duplicate_answer() {
         Some(starwire::ErrorKind::Protocol),
         "{recv:?}"
     );
-    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(
+        start.elapsed() < Duration::from_secs(9),
+        "failed only at its deadline"
+    );
     eprintln!("in-flight recv: {recv:?} after {:?}", start.elapsed());
     logged("unknown or stale handle");
     healthy_meanwhile(&mut h, good_addr);
@@ -670,7 +673,10 @@ fn an_in_flight_recv_fails_when_its_connection_breaks_the_protocol() {
         h.wait(t).err().map(|e| e.kind()),
         Some(starwire::ErrorKind::Protocol)
     );
-    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(
+        start.elapsed() < Duration::from_secs(9),
+        "failed only at its deadline"
+    );
     logged("magic");
     client.shutdown();
 }

@@ -79,7 +79,7 @@ fn wait_stopped(child: &Child) {
             return;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(30),
             "child did not stop"
         );
         std::thread::sleep(Duration::from_millis(1));
@@ -119,7 +119,7 @@ fn killed_server_fails_requests_in_flight_and_a_restarted_one_is_reached() {
     assert_eq!(addr2, addr);
     let start = Instant::now();
     while ping_once(&client, addr, secs(10)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(5), "no reconnect");
+        assert!(start.elapsed() < Duration::from_secs(30), "no reconnect");
         std::thread::sleep(Duration::from_millis(20));
     }
     again.kill().ok();
@@ -296,7 +296,7 @@ fn killed_client_mid_transfer_fails_requests_towards_it_and_frees_what_it_sent()
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(30),
             "connection not closed: {s:?}"
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -304,7 +304,7 @@ fn killed_client_mid_transfer_fails_requests_towards_it_and_frees_what_it_sent()
     while live.load(Ordering::SeqCst) != 0 {
         let l = live.load(Ordering::SeqCst);
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(30),
             "{l} bytes of tensors still alive"
         );
         std::thread::sleep(Duration::from_millis(5));

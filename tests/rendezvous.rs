@@ -144,7 +144,7 @@ fn ready_tensors_are_sent_without_waiting_for_slow_ones() {
     // (the handshake is not counted in frames_in)
     while client.stats().frames_in < in0 + 1 {
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(30),
             "fast tensor not streamed"
         );
         std::thread::sleep(Duration::from_millis(5));
