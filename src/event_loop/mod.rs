@@ -277,7 +277,7 @@ impl Loop {
     }
 
     fn finished(&self) -> bool {
-        self.session.is_empty() && !self.accepting
+        self.session.is_empty() && !self.accepting && !self.driver.accept_in_kernel()
     }
 
     /// One bounded iteration; returns whether anything happened.
@@ -716,7 +716,8 @@ impl Loop {
         self.session.shutdown(now);
         self.apply_actions(now);
         if let Some(l) = &self.listener {
-            if self.accepting {
+            // A multishot accept may be in the kernel even between its completions.
+            if self.accepting || self.driver.accept_in_kernel() {
                 self.driver.shutdown(LISTENER, l.as_raw_fd());
             }
         }

@@ -205,7 +205,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                 };
                 // SAFETY: no memory is referenced (no address pointers).
                 unsafe { d.push(&entry.user_data(user_data(slot, Op::Accept)))? };
-                d.accept_armed = multishot;
+                d.accept_armed = true;
                 Ok(())
             }
             Io::Epoll(d) => {
@@ -214,6 +214,13 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                 Ok(())
             }
         }
+    }
+
+    /// Whether an accept is in the kernel on io_uring (one that completes later: the
+    /// listener must be shut down to end it). Always false on epoll, which accepts with
+    /// plain calls when the listener is ready.
+    pub fn accept_in_kernel(&self) -> bool {
+        matches!(&*self.io, Io::Uring(d) if d.accept_armed)
     }
 
     /// The kernel memory of `slot`, allocated on first use.
@@ -592,7 +599,8 @@ pub struct UringDriver {
     doorbell_armed: bool,
     /// Completions taken out of the ring to make room for a submission; delivered first.
     overflow: Vec<(u64, i32, u32)>,
-    /// A multishot accept is in the kernel.
+    /// An accept is in the kernel (a one-shot one until its completion, a multishot one
+    /// until its last).
     accept_armed: bool,
     /// The sockets entered in the ring's file table.
     files: FixedFiles,

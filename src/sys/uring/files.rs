@@ -38,8 +38,9 @@ pub(crate) use on_socket;
 /// Which slots have their socket in the ring's file table.
 #[derive(Debug, Default)]
 pub struct FixedFiles {
-    /// One per table entry; empty when the ring has no table.
-    entered: Vec<bool>,
+    /// One per table entry: the descriptor entered there, or -1; empty when the ring has
+    /// no table.
+    entered: Vec<RawFd>,
 }
 
 impl FixedFiles {
@@ -56,7 +57,7 @@ impl FixedFiles {
         let n = u64::from(want).min(limit) as u32;
         match ring.register_files_sparse(n) {
             Ok(()) => FixedFiles {
-                entered: vec![false; n as usize],
+                entered: vec![-1; n as usize],
             },
             Err(e) => {
                 log::debug!("io_uring file table of {n} entries refused ({e}); descriptors used");
@@ -82,29 +83,39 @@ impl FixedFiles {
             return;
         };
         match ring.update_file(slot, fd) {
-            Ok(()) => *entered = true,
+            Ok(()) => *entered = fd,
             Err(e) => log::debug!("io_uring file table entry {slot}: {e}; descriptor used"),
         }
     }
 
-    /// Empties `slot`'s entry, if it has one: the table lets go of the socket, so closing
-    /// its descriptor closes it. Call once no operation on it is in flight.
+    /// Empties `slot`'s entry, if it has one, for a socket about to be closed: it is shut
+    /// down first (so the peer sees the end of the stream now, whenever the kernel lets go
+    /// of the table's reference: before Linux 6.13 that waits for earlier operations on
+    /// other connections), then the table lets go of it. Call once no operation on it is
+    /// in flight, while its descriptor is still open.
     pub fn remove(&mut self, ring: &mut Ring, slot: u32) -> io::Result<()> {
         match self.entered.get_mut(slot as usize) {
-            Some(entered) if *entered => {
-                *entered = false;
+            Some(entered) if *entered >= 0 => {
+                // SAFETY: shutdown(2) on the descriptor entered at this slot, which the
+                // caller still holds open; no memory is passed.
+                unsafe { nix::libc::shutdown(*entered, nix::libc::SHUT_RDWR) };
+                *entered = -1;
                 ring.update_file(slot, -1)
             }
             _ => Ok(()),
         }
     }
 
-    /// Unregisters the table, dropping its references to every socket in it.
+    /// Empties every entry (the table's references to the sockets go; nothing is shut
+    /// down: their descriptors may be closed already). Each update returns at once,
+    /// whatever is in flight, unlike unregistering the table, which waits for it.
     pub fn clear(&mut self, ring: &mut Ring) {
-        if self.is_on() {
-            self.entered.clear();
-            if let Err(e) = ring.unregister_files() {
-                log::warn!("unregistering the io_uring file table: {e}");
+        for slot in 0..self.entered.len() {
+            if self.entered[slot] >= 0 {
+                self.entered[slot] = -1;
+                if let Err(e) = ring.update_file(slot as u32, -1) {
+                    log::warn!("emptying io_uring file table entry {slot}: {e}");
+                }
             }
         }
     }
@@ -113,7 +124,7 @@ impl FixedFiles {
     pub fn index(&self, slot: u32) -> Option<u32> {
         self.entered
             .get(slot as usize)
-            .is_some_and(|&e| e)
+            .is_some_and(|&fd| fd >= 0)
             .then_some(slot)
     }
 }

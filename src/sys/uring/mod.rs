@@ -98,8 +98,9 @@ pub struct Capabilities {
     /// `IORING_SQ_TASKRUN` when completions wait for an enter.
     pub taskrun_flag: bool,
     /// The ring fd is registered (`IORING_REGISTER_RING_FDS`, Linux 5.18) by the thread that
-    /// created the ring: that thread's `io_uring_enter` names the ring by index and skips
-    /// the fd lookup.
+    /// first enters the ring, at that enter: that thread's `io_uring_enter` names the ring
+    /// by index and skips the fd lookup (unless the thread has 16 rings registered already;
+    /// [`Ring::ring_fd_registered`] tells).
     pub registered_ring_fd: bool,
 }
 
@@ -278,9 +279,11 @@ pub struct Ring {
     enabled: bool,
     /// `io_uring_enter` calls made on this ring.
     enters: u64,
-    /// The ring's descriptor registered by the thread that created it (with
+    /// The ring's descriptor registered by the thread that first entered it (with
     /// [`SetupFlags::Auto`]), which then enters by index.
     ring_fd: Option<ring_fd::RingFd>,
+    /// The registration is yet to be tried, at the first enter.
+    ring_fd_wanted: bool,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -291,8 +294,9 @@ impl Drop for Ring {
                 r.unregister(self.ring.as_raw_fd());
             } else {
                 log::warn!(
-                    "io_uring ring dropped on another thread than the one that created it: its \
-                     descriptor stays registered, and the ring held, until that thread ends"
+                    "io_uring ring dropped on another thread than the one that first entered \
+                     it: its descriptor stays registered, and the ring held, until that thread \
+                     ends"
                 );
             }
         }
@@ -332,10 +336,11 @@ impl Ring {
     /// one that may; another thread's `io_uring_enter` then fails (`EEXIST`, reported with
     /// an explanation). Create it anywhere, but drive it from one thread.
     ///
-    /// With `Auto` the ring's descriptor is also registered in the creating thread's table
-    /// (Linux 5.18; see [`Capabilities::registered_ring_fd`]): that thread enters it by
-    /// index, others by descriptor. Drop it on that thread too, or its registration (and
-    /// the ring with it) lasts until that thread ends.
+    /// With `Auto` the ring's descriptor is also registered, at the first enter, in the
+    /// table of the thread that makes it (Linux 5.18; see
+    /// [`Capabilities::registered_ring_fd`]): that thread enters it by index, others by
+    /// descriptor. Drop it on that thread too, or its registration (and the ring with it)
+    /// lasts until that thread ends.
     pub fn with_flags(entries: u32, flags: SetupFlags) -> io::Result<Ring> {
         let (mut ring, mode) =
             build_ring(entries, flags).map_err(|err| setup_error(err, entries))?;
@@ -344,17 +349,11 @@ impl Ring {
         caps.defer_taskrun = mode == Mode::Deferred;
         caps.coop_taskrun = mode == Mode::Coop;
         caps.taskrun_flag = mode != Mode::Plain;
-        let ring_fd = match flags {
-            SetupFlags::Auto => match ring_fd::RingFd::register(ring.as_raw_fd()) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    log::debug!("io_uring ring descriptor not registered ({e}); entered by fd");
-                    None
-                }
-            },
-            SetupFlags::Off => None,
-        };
-        caps.registered_ring_fd = ring_fd.is_some();
+        // Registered by the thread that first enters the ring (its issuer, on a
+        // SINGLE_ISSUER ring), at that first enter; Linux 5.18, implied by the task-work
+        // flags (5.19).
+        caps.registered_ring_fd =
+            flags == SetupFlags::Auto && (caps.defer_taskrun || caps.coop_taskrun);
         let dropped_seen = ring.completion().overflow();
         Ok(Ring {
             ring,
@@ -366,9 +365,16 @@ impl Ring {
             dropped_seen,
             enabled: mode != Mode::Deferred,
             enters: 0,
-            ring_fd,
+            ring_fd: None,
+            ring_fd_wanted: caps.registered_ring_fd,
             _not_sync: PhantomData,
         })
+    }
+
+    /// Whether the ring's descriptor is registered now (see
+    /// [`Capabilities::registered_ring_fd`]).
+    pub fn ring_fd_registered(&self) -> bool {
+        self.ring_fd.is_some()
     }
 
     /// What the kernel offers.
@@ -389,11 +395,6 @@ impl Ring {
             .submitter()
             .register_files_update(index, &[fd])
             .map(drop)
-    }
-
-    /// Unregisters the file table.
-    pub fn unregister_files(&mut self) -> io::Result<()> {
-        self.ring.submitter().unregister_files()
     }
 
     #[cfg(test)]
@@ -593,6 +594,15 @@ impl Ring {
             // A SINGLE_ISSUER ring created disabled: this thread becomes its issuer.
             self.ring.submitter().register_enable_rings()?;
             self.enabled = true;
+        }
+        if self.ring_fd_wanted {
+            self.ring_fd_wanted = false;
+            match ring_fd::RingFd::register(self.ring.as_raw_fd()) {
+                Ok(r) => self.ring_fd = Some(r),
+                Err(e) => {
+                    log::debug!("io_uring ring descriptor not registered ({e}); entered by fd")
+                }
+            }
         }
         self.enters += 1;
         let res = if let Some(r) = self.ring_fd.as_ref().filter(|r| r.usable()) {

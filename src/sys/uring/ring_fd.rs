@@ -139,11 +139,13 @@ impl RingFd {
                 1u32,
             )
         };
-        if rc != 1 {
-            log::warn!(
+        match rc {
+            1 => {}
+            -1 => log::warn!(
                 "unregistering the io_uring ring descriptor: {}",
                 io::Error::last_os_error()
-            );
+            ),
+            _ => log::warn!("unregistering the io_uring ring descriptor: not registered here"),
         }
     }
 }

@@ -382,27 +382,50 @@ fn register_buffers_small_works_and_errors_carry_numbers() {
     drop(buf);
 }
 
-/// The creating thread enters by the registered index, with and without a wait timeout
-/// (`EXT_ARG`); dropping the ring unregisters it, or the thread's table (16 rings) would be
-/// full long before the 40th.
+/// The thread that first enters a ring registers its descriptor then and enters by index
+/// from then on, with and without a wait timeout (`EXT_ARG`); dropping the ring
+/// unregisters it, or the thread's table (16 rings) would be full long before the 40th.
 #[test]
 fn the_ring_descriptor_is_registered_used_and_given_back() {
     for i in 0..40u64 {
         let mut ring = Ring::new(8).unwrap();
+        assert!(ring.capabilities().registered_ring_fd, "ring {i}");
         assert!(
-            ring.capabilities().registered_ring_fd,
-            "ring {i}: not registered"
+            !ring.ring_fd_registered(),
+            "ring {i}: registered before its first enter"
         );
-        // Nothing to complete: a park bounded by the timeout, entered by index.
+        // Nothing to complete: a park bounded by the timeout; the first enter registers.
         assert_eq!(
             ring.submit_and_wait(1, Some(Duration::from_millis(1)))
                 .unwrap(),
             0
         );
+        assert!(ring.ring_fd_registered(), "ring {i}: not registered");
         // SAFETY: Nop references no memory.
         unsafe { ring.push(&nop(i)).unwrap() };
         assert_eq!(reap_all(&mut ring, 1), vec![(i, 0)], "ring {i}");
     }
-    let off = Ring::with_flags(8, SetupFlags::Off).unwrap();
+    let mut off = Ring::with_flags(8, SetupFlags::Off).unwrap();
     assert!(!off.capabilities().registered_ring_fd);
+    off.submit().unwrap();
+    assert!(!off.ring_fd_registered());
+}
+
+/// A ring created on one thread and first entered on another is registered by the one
+/// that enters it, which is the one that may (its issuer, on a SINGLE_ISSUER ring).
+#[test]
+fn the_ring_descriptor_is_registered_by_the_thread_that_enters_first() {
+    let ring = Ring::new(8).unwrap();
+    let ring = std::thread::spawn(move || {
+        let mut ring = ring;
+        // SAFETY: Nop references no memory.
+        unsafe { ring.push(&nop(5)).unwrap() };
+        assert_eq!(reap_all(&mut ring, 1), vec![(5, 0)]);
+        assert!(ring.ring_fd_registered());
+        ring
+    })
+    .join()
+    .unwrap();
+    // Back here it is not entered by index (this thread's table does not have it).
+    assert!(ring.ring_fd.as_ref().is_some_and(|r| !r.usable()));
 }
