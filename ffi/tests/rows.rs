@@ -1059,18 +1059,21 @@ fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
     tables[1].byte_len = g5.len() as u64;
     let grads = [t3.cast_const(), t5.cast_const()];
     let mut tag = 0;
-    // SAFETY: a live client, valid tables and tensor handles.
-    let r = unsafe {
-        sw_client_push_rows_tensors(
-            cluster.client,
-            cluster.peer.as_ptr(),
-            tables.as_ptr(),
-            grads.as_ptr(),
-            2,
-            5000,
-            &mut tag,
-        )
+    let push = |grads: &[*const sw_tensor; 2], tag: &mut u64| {
+        // SAFETY: a live client, valid tables and live tensor handles.
+        unsafe {
+            sw_client_push_rows_tensors(
+                cluster.client,
+                cluster.peer.as_ptr(),
+                tables.as_ptr(),
+                grads.as_ptr(),
+                2,
+                5000,
+                tag,
+            )
+        }
     };
+    let r = push(&grads, &mut tag);
     assert_eq!(r, sw_result::SW_OK, "{}", last_error());
     let reply = cluster.wait(tag).expect("push");
     // SAFETY: a live reply, freed once; then the caller's handles, freed once.
@@ -1104,18 +1107,7 @@ fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
     // A tensor of another length than its table's rows: refused at once.
     let t = wrap(&g3);
     let grads = [t.cast_const(), t.cast_const()];
-    // SAFETY: as above.
-    let r = unsafe {
-        sw_client_push_rows_tensors(
-            cluster.client,
-            cluster.peer.as_ptr(),
-            tables.as_ptr(),
-            grads.as_ptr(),
-            2,
-            5000,
-            &mut tag,
-        )
-    };
+    let r = push(&grads, &mut tag);
     assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("grads[1]"), "{}", last_error());
     // SAFETY: the caller's handle, freed once; nothing else holds the tensor.

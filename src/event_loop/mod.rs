@@ -68,7 +68,6 @@ pub(crate) struct Loop {
     driver: LoopDriver,
     session: Session,
     listener: Option<OwnedFd>,
-    accepting: bool,
     /// When to accept again after running out of descriptors or memory.
     accept_retry: Option<Instant>,
     /// I/O state per connection slot (the session's slot numbers).
@@ -112,7 +111,6 @@ impl Loop {
             driver,
             session,
             listener,
-            accepting: false,
             accept_retry: None,
             io: Vec::with_capacity(64),
             dirty: Vec::with_capacity(64),
@@ -126,7 +124,6 @@ impl Loop {
             let fd = l.as_raw_fd();
             lp.driver.register(LISTENER, fd)?;
             lp.driver.accept(LISTENER, fd)?;
-            lp.accepting = true;
         }
         Ok(lp)
     }
@@ -277,7 +274,7 @@ impl Loop {
     }
 
     fn finished(&self) -> bool {
-        self.session.is_empty() && !self.accepting && !self.driver.accept_in_kernel()
+        self.session.is_empty() && !self.driver.accepting()
     }
 
     /// One bounded iteration; returns whether anything happened.
@@ -303,7 +300,7 @@ impl Loop {
         if self.accept_retry.is_some_and(|at| at <= now) {
             self.accept_retry = None;
             progress = true;
-            if !self.stopping && !self.accepting {
+            if !self.stopping && !self.driver.accepting() {
                 self.rearm_accept();
             }
         }
@@ -550,7 +547,6 @@ impl Loop {
     }
 
     fn on_accept(&mut self, result: std::io::Result<OwnedFd>, now: Instant) {
-        self.accepting = false;
         if self.stopping {
             return;
         }
@@ -576,9 +572,8 @@ impl Loop {
     fn rearm_accept(&mut self) {
         if let Some(l) = &self.listener {
             let fd = l.as_raw_fd();
-            match self.driver.accept(LISTENER, fd) {
-                Ok(()) => self.accepting = true,
-                Err(e) => log::error!("accept: {e}"),
+            if let Err(e) = self.driver.accept(LISTENER, fd) {
+                log::error!("accept: {e}");
             }
         }
     }
@@ -716,8 +711,8 @@ impl Loop {
         self.session.shutdown(now);
         self.apply_actions(now);
         if let Some(l) = &self.listener {
-            // A multishot accept may be in the kernel even between its completions.
-            if self.accepting || self.driver.accept_in_kernel() {
+            // A multishot accept stays in the kernel between its completions.
+            if self.driver.accepting() {
                 self.driver.shutdown(LISTENER, l.as_raw_fd());
             }
         }

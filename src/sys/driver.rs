@@ -216,11 +216,14 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         }
     }
 
-    /// Whether an accept is in the kernel on io_uring (one that completes later: the
-    /// listener must be shut down to end it). Always false on epoll, which accepts with
-    /// plain calls when the listener is ready.
-    pub fn accept_in_kernel(&self) -> bool {
-        matches!(&*self.io, Io::Uring(d) if d.accept_armed)
+    /// Whether an accept is under way: asked for, and its last completion not delivered
+    /// yet (a multishot one stays so between its completions). Shutting the listener
+    /// down ends it.
+    pub fn accepting(&self) -> bool {
+        match &*self.io {
+            Io::Uring(d) => d.accept_armed,
+            Io::Epoll(d) => d.listener.accept,
+        }
     }
 
     /// The kernel memory of `slot`, allocated on first use.

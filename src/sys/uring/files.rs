@@ -66,11 +66,6 @@ impl FixedFiles {
         }
     }
 
-    /// Entries in the table (0 without one).
-    pub fn len(&self) -> usize {
-        self.entered.len()
-    }
-
     /// Whether the ring has a table.
     pub fn is_on(&self) -> bool {
         !self.entered.is_empty()
