@@ -61,6 +61,8 @@ pub(crate) struct Counters {
     pub buf_pool_bytes: AtomicU64,
     pub buf_registered_bytes: AtomicU64,
     pub fixed_reads: AtomicU64,
+    pub recv_ring_bytes: AtomicU64,
+    pub recv_ring_exhausted: AtomicU64,
     pub reads: AtomicU64,
     pub busy_ns: AtomicU64,
     pub spin_ns: AtomicU64,
@@ -121,6 +123,13 @@ pub struct Stats {
     pub buf_registered_bytes: u64,
     /// Receives into a registered buffer (`READ_FIXED`); part of `reads`.
     pub fixed_reads: u64,
+    /// Bytes of the loops' io_uring rings of provided buffers, which multishot receives
+    /// take data from (`STARWIRE_URING_RECV_BUFS`; 0 on epoll or without them).
+    pub recv_ring_bytes: u64,
+    /// Times a receive found a loop's ring of provided buffers (nearly) empty and read on
+    /// its own instead, or a multishot receive ended for that. A count that keeps rising
+    /// asks for more buffers (`STARWIRE_URING_RECV_BUFS`).
+    pub recv_ring_exhausted: u64,
     /// Receives started on connections: into a receive buffer or straight into a tensor.
     pub reads: u64,
     /// Time loops spent doing work.
@@ -179,6 +188,8 @@ impl Stats {
         self.buf_pool_bytes += l(&c.buf_pool_bytes);
         self.buf_registered_bytes += l(&c.buf_registered_bytes);
         self.fixed_reads += l(&c.fixed_reads);
+        self.recv_ring_bytes += l(&c.recv_ring_bytes);
+        self.recv_ring_exhausted += l(&c.recv_ring_exhausted);
         self.reads += l(&c.reads);
         self.busy += Duration::from_nanos(l(&c.busy_ns));
         self.spin += Duration::from_nanos(l(&c.spin_ns));

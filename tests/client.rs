@@ -379,6 +379,8 @@ fn more_loops_than_allowed_cpus_is_reported() {
                 assert_eq!(features.fixed_files, files_on, "{features}");
                 assert_eq!(features.registered_ring_fd, flags_on, "{features}");
                 assert_eq!(features.multishot_accept, flags_on, "{features}");
+                let multishot_recv = flags_on && env.uring_recv_bufs() > 0;
+                assert_eq!(features.multishot_recv, multishot_recv, "{features}");
                 assert!(features.sq_entries > 0 && features.cq_entries > 0);
             }
             starwire::config::Backend::Epoll => {

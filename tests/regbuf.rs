@@ -32,15 +32,30 @@ impl Service for Sized {
 }
 
 fn start_pair(pool: u64) -> (Runtime, Runtime) {
+    start_pair_with(pool, starwire::config::DEFAULT_URING_RECV_BUFS)
+}
+
+/// A server and a client with receive-buffer pools of `pool` bytes and io_uring rings of
+/// `recv_bufs` provided buffers.
+fn start_pair_with(pool: u64, recv_bufs: u32) -> (Runtime, Runtime) {
     let server = Runtime::start_with(
-        config("ps", 1).buf_size(pool).build().unwrap(),
+        config("ps", 1)
+            .buf_size(pool)
+            .uring_recv_bufs(recv_bufs)
+            .build()
+            .unwrap(),
         Options {
             service: Some(Arc::new(Sized)),
             ..Options::listen("127.0.0.1:0".parse().unwrap())
         },
     )
     .unwrap();
-    let client = Runtime::start(config("worker", 1).buf_size(pool).build().unwrap(), None).unwrap();
+    let client = config("worker", 1)
+        .buf_size(pool)
+        .uring_recv_bufs(recv_bufs)
+        .build()
+        .unwrap();
+    let client = Runtime::start(client, None).unwrap();
     (server, client)
 }
 
@@ -69,13 +84,16 @@ fn traffic(server: &Runtime, client: &Runtime) {
     }
 }
 
+/// With one-shot receives (no ring of provided buffers), every receive into a connection
+/// buffer is a `READ_FIXED` on io_uring.
 #[test]
 fn the_pool_is_registered_on_io_uring_and_used_unregistered_on_epoll() {
-    let (server, client) = start_pair(POOL);
+    let (server, client) = start_pair_with(POOL, 0);
     traffic(&server, &client);
     for rt in [&client, &server] {
         let s = rt.stats();
         assert_eq!(s.buf_pool_bytes, POOL, "{s:?}");
+        assert_eq!(s.recv_ring_bytes, 0, "{s:?}");
         match rt.backend() {
             Backend::Uring => {
                 assert_eq!(s.buf_registered_bytes, POOL, "{s:?}");
@@ -85,6 +103,33 @@ fn the_pool_is_registered_on_io_uring_and_used_unregistered_on_epoll() {
                 assert_eq!(s.buf_registered_bytes, 0, "{s:?}");
                 assert_eq!(s.fixed_reads, 0, "{s:?}");
             }
+        }
+    }
+}
+
+/// With multishot receives, data read ahead reaches connection buffers from the ring of
+/// provided buffers: fixed reads are left to exact reads, and the traffic is intact.
+#[test]
+fn multishot_receives_fill_the_pool_buffers_from_the_ring() {
+    let (server, client) = start_pair(POOL);
+    traffic(&server, &client);
+    for rt in [&client, &server] {
+        let s = rt.stats();
+        assert_eq!(s.buf_pool_bytes, POOL, "{s:?}");
+        match rt.backend() {
+            // Multishot receives need the task-work setup flags.
+            Backend::Uring if !starwire::Config::from_env("ps", 0).unwrap().uring_flags() => {
+                assert_eq!(s.recv_ring_bytes, 0, "{s:?}")
+            }
+            Backend::Uring => {
+                assert_eq!(s.recv_ring_bytes, 256 * ((16 << 10) + 16), "{s:?}");
+                assert_eq!(s.buf_registered_bytes, POOL, "{s:?}");
+                assert_eq!(s.recv_ring_exhausted, 0, "{s:?}");
+                // Reads ahead come from the ring; only exact ones (a header before a large
+                // payload) are one-shot reads, `READ_FIXED` into the pool buffer.
+                assert!(s.fixed_reads > 0 && s.fixed_reads * 4 < s.reads, "{s:?}");
+            }
+            Backend::Epoll => assert_eq!(s.recv_ring_bytes, 0, "{s:?}"),
         }
     }
 }

@@ -108,6 +108,21 @@ settings! {
         setter: plain,
     }
 
+    /// Buffers (16 KiB each) in each loop's io_uring ring of provided buffers: receives
+    /// into a connection's buffer are multishot, each arrival of data landing in one of
+    /// them (Linux 6.0, with the task-work flags of `uring_flags`); rounded down to a power
+    /// of two. 0 makes every receive one-shot.
+    uring_recv_bufs: u32 [] {
+        env: [ENV_URING_RECV_BUFS = "STARWIRE_URING_RECV_BUFS"],
+        default: [DEFAULT_URING_RECV_BUFS = 256],
+        kind: Num::new(0, MAX_URING_RECV_BUFS, "buffers"),
+        setter: plain,
+        consts: {
+            /// Largest accepted [`Config::uring_recv_bufs`], the kernel's limit.
+            pub const MAX_URING_RECV_BUFS: u32 = 1 << 15;
+        }
+    }
+
     /// Tensors larger than this travel as chunks of this many bytes. When only `max_frame`
     /// is lowered below the default plus 64, the default follows it down to the largest
     /// multiple of 4 KiB that fits.

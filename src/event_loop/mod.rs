@@ -103,7 +103,11 @@ impl Loop {
             &shared.doorbell,
             flags,
             cfg.uring_fixed_files,
+            cfg.uring_recv_bufs,
         )?;
+        if let Some(ring) = driver.recv_ring() {
+            add(&shared.counters.recv_ring_bytes, ring.bytes as u64);
+        }
         let session = Session::new(cfg.clone(), shared.counters.clone(), parts.session);
         let mut lp = Loop {
             cfg,
@@ -451,6 +455,10 @@ impl Loop {
         if let Err(e) = r {
             log::error!("event loop I/O wait failed: {e}");
         }
+        if let Some(ring) = self.driver.recv_ring() {
+            let counter = &self.shared.counters.recv_ring_exhausted;
+            counter.store(ring.exhausted, Ordering::Relaxed);
+        }
         let progress = !events.is_empty();
         let now = if wait && progress {
             Instant::now()
@@ -616,7 +624,13 @@ impl Loop {
         }
         let fd = conn.fd();
         let fixed = conn.pool_buf;
-        let Some(RecvPlace { mem, start, len }) = self.session.lend_recv(slot) else {
+        let Some(RecvPlace {
+            mem,
+            start,
+            len,
+            ahead,
+        }) = self.session.lend_recv(slot)
+        else {
             return;
         };
         let (mem, direct) = match mem {
@@ -626,7 +640,7 @@ impl Loop {
         conn.reading = true;
         conn.direct = direct;
         add(&self.shared.counters.reads, 1);
-        match self.driver.recv(slot, fd, mem, start, len, fixed) {
+        match self.driver.recv(slot, fd, mem, start, len, ahead, fixed) {
             Ok(true) => add(&self.shared.counters.fixed_reads, 1),
             Ok(false) => {}
             Err((e, mem)) => {

@@ -9,7 +9,7 @@ use crate::tensor::{DropCounted, HeapAllocator};
 
 fn driver(backend: Backend) -> (LoopDriver, LoopShared) {
     let shared = LoopShared::new().unwrap();
-    let d = LoopDriver::new(backend, 64, &shared.doorbell, SetupFlags::Auto, true).unwrap();
+    let d = LoopDriver::new(backend, 64, &shared.doorbell, SetupFlags::Auto, true, 256).unwrap();
     (d, shared)
 }
 
@@ -55,10 +55,10 @@ fn a_receive_holds_its_memory_until_its_completion_is_reaped() {
         let drops = Arc::new(AtomicUsize::new(0));
         let mem = RecvMem::Memory(counted(64, &drops));
         // Out of range: refused, and the memory comes back.
-        let Err((_, mem)) = d.recv(0, fd, mem, 60, 8, None) else {
+        let Err((_, mem)) = d.recv(0, fd, mem, 60, 8, false, None) else {
             panic!("{backend}: a range past the end was accepted");
         };
-        d.recv(0, fd, mem, 16, 8, None).unwrap();
+        d.recv(0, fd, mem, 16, 8, false, None).unwrap();
         assert!(d.recv_in_flight(0), "{backend}");
         assert!(d.take_recv(0).is_none(), "{backend}: taken while in flight");
         b.write_all(b"abcdefgh").unwrap();
@@ -83,8 +83,16 @@ fn a_driver_dropped_with_a_receive_in_flight_cancels_it_and_frees_its_memory() {
         let fd = a.as_raw_fd();
         d.register(0, fd).unwrap();
         let drops = Arc::new(AtomicUsize::new(0));
-        d.recv(0, fd, RecvMem::Memory(counted(64, &drops)), 0, 64, None)
-            .unwrap();
+        d.recv(
+            0,
+            fd,
+            RecvMem::Memory(counted(64, &drops)),
+            0,
+            64,
+            false,
+            None,
+        )
+        .unwrap();
         d.submit_pending().unwrap();
         assert_eq!(d.in_flight(), 1, "{backend}");
         // Nothing arrives; the socket stays open. Dropping the driver cancels the
@@ -185,8 +193,16 @@ fn a_socket_in_the_io_uring_file_table_closes_once_deregistered() {
     let (a, mut b) = UnixStream::pair().unwrap();
     a.set_nonblocking(true).unwrap();
     d.register(3, a.as_raw_fd()).unwrap();
-    d.recv(3, a.as_raw_fd(), RecvMem::Buffer(vec![0; 16]), 0, 16, None)
-        .unwrap();
+    d.recv(
+        3,
+        a.as_raw_fd(),
+        RecvMem::Buffer(vec![0; 16]),
+        0,
+        16,
+        true,
+        None,
+    )
+    .unwrap();
     b.write_all(b"hi").unwrap();
     assert_eq!(reap(&mut d, Op::Recv), 2);
     drop(d.take_recv(3));
@@ -274,3 +290,5 @@ fn accepts_take_every_connection_on_both_backends() {
         drop(clients);
     }
 }
+
+mod multishot;

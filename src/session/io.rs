@@ -22,11 +22,15 @@ pub(crate) enum RecvLoan {
     Tensor(Box<dyn TensorMemory>),
 }
 
-/// A [`RecvLoan`] and where in it the bytes go: `start..start + len`.
+/// A [`RecvLoan`] and where in it the bytes go: `start..start + len`; `ahead` when the
+/// connection carries small frames and bytes past `len` may be read ahead and kept for
+/// the next receives (false for a header or meta section read on its own, so that a large
+/// payload after it can go straight into place, and for a payload received in place).
 pub(crate) struct RecvPlace {
     pub mem: RecvLoan,
     pub start: usize,
     pub len: usize,
+    pub ahead: bool,
 }
 
 /// Where [`Session::transmit`] puts a connection's output: the memory each piece is in,
@@ -92,6 +96,7 @@ impl Session {
             mem: RecvLoan::Buffer(buf),
             start,
             len,
+            ahead: limit == usize::MAX,
         })
     }
 
@@ -118,6 +123,7 @@ impl Session {
             mem: RecvLoan::Tensor(mem),
             start: place.offset,
             len: place.len,
+            ahead: false,
         })
     }
 

@@ -192,6 +192,7 @@ impl Pair {
                 mut mem,
                 start,
                 len,
+                ..
             }) = to.lend_recv(slot)
             else {
                 return;
@@ -788,6 +789,7 @@ fn a_tensor_being_received_in_place_outlives_its_request_s_deadline() {
                 mem: RecvLoan::Buffer(mut b),
                 start,
                 len,
+                ..
             }) => {
                 let n = len.min(answer.len() - at);
                 b[start..start + n].copy_from_slice(&answer[at..at + n]);
@@ -981,4 +983,5 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
 }
 
 mod metrics;
+mod recv_ahead;
 mod trace;

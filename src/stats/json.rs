@@ -100,7 +100,8 @@ impl Metrics {
             out,
             ",\"totals\":{{\"frames_in\":{},\"frames_out\":{},\"bytes_in\":{},\"bytes_out\":{},\
              \"connections_accepted\":{},\"connections_opened\":{},\"connections_lost\":{},\
-             \"reconnects\":{},\"busy_ns\":{},\"parked_ns\":{},\"send_arena_bytes\":{}}},\
+             \"reconnects\":{},\"busy_ns\":{},\"parked_ns\":{},\"send_arena_bytes\":{},\
+             \"recv_ring_exhausted\":{}}},\
              \"peers\":[",
             t.frames_in,
             t.frames_out,
@@ -113,6 +114,7 @@ impl Metrics {
             t.busy.as_nanos() as u64,
             t.parked.as_nanos() as u64,
             t.send_arena_bytes,
+            t.recv_ring_exhausted,
         );
         for (i, p) in self.peers.iter().take(MAX_PEERS_IN_DOCUMENT).enumerate() {
             if i > 0 {

@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use io_uring::{cqueue, opcode, types};
+use io_uring::{opcode, types};
 use nix::libc;
 
 use super::bufpool::BufPool;
@@ -35,7 +35,7 @@ use super::epoll::{Events, Interest, Poller};
 use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
 use super::ops::decode;
 pub use super::ops::{user_data, Completion, Op, LISTENER};
-use super::uring::{on_socket, FixedFiles, Ring, SetupFlags, FILE_TABLE, USER_DATA_DOORBELL};
+use super::uring::{on_socket, RecvRing, SetupFlags, UringDriver, USER_DATA_DOORBELL};
 use super::Backend;
 
 /// Writes `addr` as a C sockaddr into `out`; returns its length.
@@ -82,16 +82,26 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     /// A driver for `backend` with room for about `entries` operations in flight, waking on
     /// `doorbell`; an io_uring ring is set up with `flags` (see [`Ring::with_flags`]: with
     /// `Auto`, drive the driver from one thread) and, with `fixed_files`, a table of
-    /// registered files that sockets are entered in (see [`FixedFiles`]).
+    /// registered files that sockets are entered in (see
+    /// [`FixedFiles`](super::uring::FixedFiles)), and with `recv_bufs` > 0 a ring of that many
+    /// provided buffers that receives into connection buffers take data from, multishot
+    /// (see [`UringDriver`]).
     pub fn new(
         backend: Backend,
         entries: u32,
         doorbell: &Doorbell,
         flags: SetupFlags,
         fixed_files: bool,
+        recv_bufs: u32,
     ) -> io::Result<Self> {
         let io = match backend {
-            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell, flags, fixed_files)?),
+            Backend::Uring => Io::Uring(UringDriver::new(
+                entries,
+                doorbell,
+                flags,
+                fixed_files,
+                recv_bufs,
+            )?),
             Backend::Epoll => Io::Epoll(EpollDriver::new(doorbell)?),
         };
         Ok(Driver {
@@ -125,6 +135,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                     fixed_files: d.files.is_on(),
                     registered_ring_fd: c.registered_ring_fd,
                     multishot_accept: c.defer_taskrun || c.coop_taskrun,
+                    multishot_recv: d.recv_ring().is_some(),
                     sq_entries: c.sq_entries,
                     cq_entries: c.cq_entries,
                 }
@@ -150,6 +161,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     pub fn deregister(&mut self, slot: u32) {
         match &mut *self.io {
             Io::Uring(d) => {
+                d.release(slot);
                 if let Err(e) = d.files.remove(&mut d.ring, slot) {
                     log::error!("slot {slot}: leaving the io_uring file table: {e}");
                 }
@@ -277,6 +289,12 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     /// `mem` lies in it, the receive is a `READ_FIXED`, which spares the kernel mapping the
     /// user pages on every operation; the result says whether it is. An operation that
     /// cannot be started gives `mem` back with the error.
+    ///
+    /// `ahead`: bytes past `len` may be read ahead and kept for the next receives of the
+    /// slot. On io_uring with a ring of provided buffers such a receive into a connection
+    /// buffer is served by a multishot receive (see [`UringDriver`]); any other receive
+    /// reads exactly what it asks for, straight into `mem`, once the data kept is used up.
+    #[allow(clippy::too_many_arguments)]
     pub fn recv(
         &mut self,
         slot: u32,
@@ -284,6 +302,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         mem: RecvMem<M>,
         start: usize,
         len: usize,
+        ahead: bool,
         fixed: Option<u16>,
     ) -> Result<bool, (io::Error, RecvMem<M>)> {
         let is_buffer = matches!(mem, RecvMem::Buffer(_));
@@ -304,33 +323,21 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
             is_buffer && self.pool.is_registered() && self.pool.contains(i, buf, len as usize)
         });
         let r = match &mut *self.io {
-            Io::Uring(d) => {
-                let entry = match fixed {
-                    // Offset 0 on a socket (not seekable): the kernel reads at the stream's
-                    // current position.
-                    Some(index) => {
-                        on_socket!(d, slot, fd, |s| opcode::ReadFixed::new(s, buf, len, index)
-                            .build())
-                    }
-                    None => on_socket!(d, slot, fd, |s| opcode::Recv::new(s, buf, len).build()),
-                }
-                .user_data(user_data(slot, Op::Recv));
-                // SAFETY: `buf..buf+len` lies in memory the slot holds until the completion
-                // has been reaped (`recv_busy`); a fixed read's range was checked to lie in
-                // pool buffer `index`, registered for the life of the ring.
-                unsafe { d.push(&entry) }
-            }
+            // SAFETY: `buf..buf+len` lies in memory the slot holds until the completion has
+            // been reaped (`recv_busy`); a fixed read's range was checked to lie in pool
+            // buffer `index`, registered for the life of the ring.
+            Io::Uring(d) => unsafe { d.recv(slot, fd, buf, len, is_buffer && ahead, fixed) },
             Io::Epoll(d) => {
                 let p = d.pending(slot);
                 p.recv = Some((buf, len));
                 if !p.drained {
                     d.retry(slot, true, false);
                 }
-                Ok(())
+                Ok(false)
             }
         };
         match r {
-            Ok(()) => Ok(fixed.is_some()),
+            Ok(fixed) => Ok(fixed),
             Err(e) => {
                 let mem = self.mem(slot);
                 mem.recv_busy = false;
@@ -491,17 +498,30 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
 
     /// Operations whose completion has not been reaped yet.
     pub fn in_flight(&self) -> usize {
-        self.mem
-            .iter()
-            .flatten()
+        let multishots = match &*self.io {
+            Io::Uring(d) => d.multishots_in_flight(),
+            Io::Epoll(_) => 0,
+        };
+        let ops: usize = (self.mem.iter().flatten())
             .map(|m| m.recv_busy as usize + m.send_busy as usize + m.connect_busy as usize)
-            .sum()
+            .sum();
+        ops + multishots
+    }
+
+    /// The io_uring ring of provided buffers that multishot receives take data from;
+    /// `None` on epoll or without one.
+    pub fn recv_ring(&self) -> Option<RecvRing> {
+        match &*self.io {
+            Io::Uring(d) => d.recv_ring(),
+            Io::Epoll(_) => None,
+        }
     }
 
     /// Cancels every operation in flight and reaps completions until none is left, for a
     /// second at most. Returns whether all completed.
     fn drain(&mut self) -> bool {
         if let Io::Uring(d) = &mut *self.io {
+            d.cancel_all_multi();
             for (slot, m) in self.mem.iter().enumerate() {
                 let Some(m) = m else { continue };
                 let ops = [
@@ -553,6 +573,9 @@ impl<M: IoBufMut, S: IoBuf> Drop for Driver<M, S> {
                 }
             }
             std::mem::forget(std::mem::replace(&mut self.pool, BufPool::new(0, 1)));
+            if let Io::Uring(d) = &mut *self.io {
+                d.leak_multi();
+            }
         }
         if let Io::Uring(d) = &mut *self.io {
             // The file table's references to sockets whose descriptors are closed (or about
@@ -581,169 +604,6 @@ fn errno_of_isize(rc: isize) -> i32 {
             .unwrap_or(libc::EIO)
     } else {
         rc.min(i32::MAX as isize) as i32
-    }
-}
-
-/// io_uring half: a ring plus the armed doorbell poll.
-///
-/// Entries are submitted lazily, to need one `io_uring_enter` per loop turn or fewer: a
-/// send, connect or cancel (something a peer or a closing connection waits for) is
-/// *urgent* and goes out at the next [`complete`](Driver::complete); a receive, accept or
-/// doorbell poll re-armed after its completion waits for the next enter that happens
-/// anyway (an urgent entry, completions to collect, a park), or for
-/// [`submit_pending`](Driver::submit_pending), which the loop calls when a turn found
-/// nothing to do. Data that arrives meanwhile waits in the socket and completes the
-/// receive as soon as it is submitted.
-pub struct UringDriver {
-    ring: Ring,
-    /// An urgent entry is queued.
-    urgent: bool,
-    doorbell_fd: RawFd,
-    doorbell_armed: bool,
-    /// Completions taken out of the ring to make room for a submission; delivered first.
-    overflow: Vec<(u64, i32, u32)>,
-    /// An accept is in the kernel (a one-shot one until its completion, a multishot one
-    /// until its last).
-    accept_armed: bool,
-    /// The sockets entered in the ring's file table.
-    files: FixedFiles,
-}
-
-impl UringDriver {
-    fn new(
-        entries: u32,
-        doorbell: &Doorbell,
-        flags: SetupFlags,
-        fixed_files: bool,
-    ) -> io::Result<UringDriver> {
-        let mut ring = Ring::with_flags(entries, flags)?;
-        let files = if fixed_files {
-            FixedFiles::new(&mut ring, FILE_TABLE)
-        } else {
-            FixedFiles::off()
-        };
-        let caps = ring.capabilities();
-        log::debug!(
-            "io_uring ring: single_issuer {} defer_taskrun {} coop_taskrun {} taskrun_flag {}",
-            caps.single_issuer,
-            caps.defer_taskrun,
-            caps.coop_taskrun,
-            caps.taskrun_flag
-        );
-        let mut d = UringDriver {
-            ring,
-            urgent: false,
-            doorbell_fd: doorbell.as_raw_fd(),
-            doorbell_armed: false,
-            overflow: Vec::new(),
-            accept_armed: false,
-            files,
-        };
-        d.arm_doorbell()?;
-        Ok(d)
-    }
-
-    fn arm_doorbell(&mut self) -> io::Result<()> {
-        if self.doorbell_armed {
-            return Ok(());
-        }
-        // A poll, not a read: no buffer is handed to the kernel, so nothing can be written
-        // after the driver is gone. The eventfd is drained in user space on completion.
-        let entry = opcode::PollAdd::new(types::Fd(self.doorbell_fd), libc::POLLIN as u32)
-            .build()
-            .user_data(USER_DATA_DOORBELL);
-        // SAFETY: the entry references no memory; the eventfd outlives the driver (it is
-        // owned by the loop's shared state).
-        unsafe { self.push(&entry)? };
-        self.doorbell_armed = true;
-        Ok(())
-    }
-
-    /// [`push`](Self::push), for an entry to submit at the next `complete`.
-    ///
-    /// # Safety
-    /// As [`Ring::push`].
-    unsafe fn push_urgent(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
-        // SAFETY: passed on from the caller.
-        unsafe { self.push(entry)? };
-        self.urgent = true;
-        Ok(())
-    }
-
-    /// Submits what is queued, urgent or not (no wait).
-    fn submit_pending(&mut self) -> io::Result<()> {
-        if self.ring.pending_submissions() > 0 {
-            self.ring.submit()?;
-            self.urgent = false;
-        }
-        Ok(())
-    }
-
-    /// # Safety
-    /// As [`Ring::push`].
-    unsafe fn push(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
-        loop {
-            // SAFETY: passed on from the caller.
-            match unsafe { self.ring.push(entry) } {
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
-                    // The kernel has no room for more completions: take them out (they are
-                    // delivered first by the next `complete`), then submit again.
-                    let overflow = &mut self.overflow;
-                    self.ring.reap(|ud, res, fl| overflow.push((ud, res, fl)));
-                }
-                other => return other,
-            }
-        }
-    }
-
-    fn complete(
-        &mut self,
-        wait: bool,
-        timeout: Option<Duration>,
-        f: &mut dyn FnMut(Completion),
-    ) -> io::Result<usize> {
-        // One enter at most: it submits everything queued since the last one and, when the
-        // ring defers task work, posts the completions waiting for it.
-        if wait && self.overflow.is_empty() && !self.ring.has_completions() {
-            self.ring.submit_and_wait(1, timeout)?;
-            self.urgent = false;
-        } else if self.ring.completions_held()
-            || (self.urgent || wait) && self.ring.pending_submissions() > 0
-        {
-            self.ring.submit()?;
-            self.urgent = false;
-        }
-        // Otherwise no syscall: completions are read from the shared ring. A ring with a
-        // task-work flag raises IORING_SQ_TASKRUN when completions wait for an enter, which
-        // `needs_enter` sees; one without has them posted by the kernel on its own.
-        let mut rearm = false;
-        let mut accept_ended = false;
-        let mut n = 0;
-        let mut deliver = |user_data: u64, result: i32, flags: u32| {
-            let c = decode(user_data, result)?;
-            rearm |= matches!(c, Completion::Doorbell);
-            // The last completion of an accept: none follows without a new one.
-            accept_ended |= matches!(c, Completion::Accepted(_)) && !cqueue::more(flags);
-            f(c);
-            Some(())
-        };
-        for (user_data, result, flags) in self.overflow.drain(..) {
-            n += deliver(user_data, result, flags).is_some() as usize;
-        }
-        n += self.ring.reap(|user_data, result, flags| {
-            deliver(user_data, result, flags);
-        });
-        if accept_ended {
-            self.accept_armed = false;
-        }
-        if rearm {
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into a local from the non-blocking eventfd.
-            unsafe { libc::read(self.doorbell_fd, (&mut v as *mut u64).cast(), 8) };
-            self.doorbell_armed = false;
-            self.arm_doorbell()?;
-        }
-        Ok(n)
     }
 }
 

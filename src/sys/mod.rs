@@ -85,6 +85,9 @@ pub struct IoFeatures {
     /// One multishot accept on a listener takes every connection (Linux 5.19; with the
     /// task-work flags of `STARWIRE_URING_FLAGS`).
     pub multishot_accept: bool,
+    /// Receives into connection buffers are multishot, taking a ring of provided buffers
+    /// (Linux 6.0; with the task-work flags; `STARWIRE_URING_RECV_BUFS`).
+    pub multishot_recv: bool,
     /// Submission and completion queue sizes granted (0 on epoll).
     pub sq_entries: u32,
     /// See `sq_entries`.
@@ -103,6 +106,7 @@ impl fmt::Display for IoFeatures {
             (self.fixed_files, "fixed files"),
             (self.registered_ring_fd, "registered ring fd"),
             (self.multishot_accept, "multishot accept"),
+            (self.multishot_recv, "multishot recv"),
         ];
         let on: Vec<&str> = named.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {

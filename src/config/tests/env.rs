@@ -239,6 +239,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_BACKEND,
         ENV_URING_FLAGS,
         ENV_URING_FIXED_FILES,
+        ENV_URING_RECV_BUFS,
         ENV_MAX_FRAME,
         ENV_MAX_KEY,
         ENV_MAX_TENSORS,
@@ -442,4 +443,15 @@ fn uring_fixed_files_default_on_and_can_be_turned_off() {
     let off = config("ps", &[(ENV_URING_FIXED_FILES, "0")]).unwrap();
     assert!(!off.uring_fixed_files);
     assert_rejected("worker", ENV_URING_FIXED_FILES, "off");
+}
+
+#[test]
+fn uring_recv_bufs_default_256_zero_turns_multishot_receives_off() {
+    assert_eq!(config("ps", &[]).unwrap().uring_recv_bufs, 256);
+    let off = config("ps", &[(ENV_URING_RECV_BUFS, "0")]).unwrap();
+    assert_eq!(off.uring_recv_bufs, 0);
+    let most = config("ps", &[(ENV_URING_RECV_BUFS, "32768")]).unwrap();
+    assert_eq!(most.uring_recv_bufs, 32768);
+    assert_rejected("worker", ENV_URING_RECV_BUFS, "32769");
+    assert_rejected("worker", ENV_URING_RECV_BUFS, "many");
 }

@@ -702,6 +702,28 @@ impl Ring {
         res.map_err(|err| register_error(err, bufs))
     }
 
+    /// Registers a ring of provided buffers of `entries` entries at `addr` under buffer
+    /// group `group` (`IORING_REGISTER_PBUF_RING`, Linux 5.19).
+    ///
+    /// # Safety
+    ///
+    /// `addr` must point at `entries` page-aligned `io_uring_buf` entries that stay valid
+    /// until the ring is dropped, as must every buffer an entry names while the kernel may
+    /// write into it (from the entry's publication to the completion that names it).
+    pub unsafe fn register_buf_ring(
+        &mut self,
+        addr: u64,
+        entries: u16,
+        group: u16,
+    ) -> io::Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe {
+            self.ring
+                .submitter()
+                .register_buf_ring_with_flags(addr, entries, group, 0)
+        }
+    }
+
     /// Unregisters all fixed buffers.
     pub fn unregister_buffers(&mut self) -> io::Result<()> {
         self.ring.submitter().unregister_buffers()
@@ -815,8 +837,14 @@ fn register_error(err: io::Error, bufs: &[libc::iovec]) -> io::Error {
     io::Error::new(err.kind(), msg)
 }
 
+mod bufring;
+mod driver;
 mod files;
 mod ring_fd;
+pub use bufring::{BufRing, BUF_GROUP, RECV_BUF_SIZE};
+#[cfg(test)]
+pub use driver::STASH_MAX;
+pub use driver::{RecvRing, UringDriver};
 pub(crate) use files::on_socket;
 pub use files::{FixedFiles, FILE_TABLE};
 

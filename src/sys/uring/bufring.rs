@@ -1,0 +1,202 @@
+//! A ring of provided buffers (`IORING_REGISTER_PBUF_RING`, Linux 5.19) that multishot
+//! receives take their buffers from: the kernel picks the next buffer when data arrives
+//! and names it in the completion (its id in the flags); the loop copies the data out and
+//! gives the buffer back, which makes it the kernel's again.
+//!
+//! The ring of buffer descriptors and the buffers themselves are this struct's heap
+//! memory, allocated once. The kernel writes into a buffer between taking it and posting
+//! its completion; from then until [`BufRing::provide`] hands it back, the buffer is ours
+//! to read. Both allocations must outlive every operation that may take a buffer: the
+//! driver that owns this ring leaks it rather than free it while such an operation is
+//! still in the kernel.
+
+use std::alloc::{self, Layout};
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use super::Ring;
+
+/// Bytes per buffer. A small frame (a ping, a 100-row answer) fits in one; a larger one
+/// takes several completions, or, when it is received in place, is read directly.
+pub const RECV_BUF_SIZE: usize = 16 << 10;
+
+/// The buffer group id the loop's ring is registered under.
+pub const BUF_GROUP: u16 = 0;
+
+/// One `struct io_uring_buf`: where a buffer is, its length, and its id.
+#[repr(C)]
+struct Entry {
+    addr: u64,
+    len: u32,
+    bid: u16,
+    /// In entry 0, the ring's tail (the kernel's `resv` field).
+    resv: u16,
+}
+
+/// A registered ring of `count` buffers of [`RECV_BUF_SIZE`] bytes.
+pub struct BufRing {
+    /// `count` entries, page-aligned, shared with the kernel.
+    entries: NonNull<Entry>,
+    /// `count * RECV_BUF_SIZE` bytes of buffers.
+    bufs: NonNull<u8>,
+    count: u16,
+    /// The tail this side has published (entries added so far, wrapping).
+    tail: u16,
+    /// Buffers the kernel holds: provided and not yet named by a completion.
+    in_kernel: u16,
+}
+
+impl BufRing {
+    /// A ring of `count` buffers (rounded down to a power of two, at most 32768) registered
+    /// with `ring` under [`BUF_GROUP`], every buffer provided.
+    pub fn new(ring: &mut Ring, count: u32) -> io::Result<BufRing> {
+        let count = count.clamp(1, 1 << 15);
+        let count = 1u32 << (31 - count.leading_zeros());
+        let entries_layout = entries_layout(count as u16)?;
+        let bufs_layout = bufs_layout(count as u16)?;
+        // SAFETY: both layouts have a non-zero size.
+        let (entries, bufs) = unsafe {
+            (
+                alloc::alloc_zeroed(entries_layout),
+                alloc::alloc(bufs_layout),
+            )
+        };
+        let (Some(entries), Some(bufs)) = (NonNull::new(entries), NonNull::new(bufs)) else {
+            // SAFETY: freed with the layout it was allocated with, when it was.
+            unsafe {
+                if !entries.is_null() {
+                    alloc::dealloc(entries, entries_layout);
+                }
+                if !bufs.is_null() {
+                    alloc::dealloc(bufs, bufs_layout);
+                }
+            }
+            return Err(io::Error::from(io::ErrorKind::OutOfMemory));
+        };
+        let mut me = BufRing {
+            entries: entries.cast(),
+            bufs,
+            count: count as u16,
+            tail: 0,
+            in_kernel: 0,
+        };
+        // SAFETY: the entries are page-aligned memory of `count` entries, owned by `me`,
+        // which is dropped (or leaked) only after the ring's last operation that may use it
+        // (this module's contract with the driver); the registration ends with the ring.
+        unsafe {
+            ring.register_buf_ring(me.entries.as_ptr() as u64, me.count, BUF_GROUP)?;
+        }
+        for bid in 0..me.count {
+            me.provide(bid);
+        }
+        Ok(me)
+    }
+
+    /// Buffers in the ring.
+    pub fn count(&self) -> u16 {
+        self.count
+    }
+
+    /// Buffers the kernel holds now.
+    pub fn in_kernel(&self) -> u16 {
+        self.in_kernel
+    }
+
+    /// Bytes of memory the ring holds.
+    pub fn bytes(&self) -> usize {
+        usize::from(self.count) * (RECV_BUF_SIZE + std::mem::size_of::<Entry>())
+    }
+
+    /// Notes that a completion named buffer `bid`: it is ours until
+    /// [`provide`](Self::provide)d again. False for an id this ring does not have.
+    pub fn taken(&mut self, bid: u16) -> bool {
+        if bid >= self.count {
+            return false;
+        }
+        self.in_kernel = self.in_kernel.saturating_sub(1);
+        true
+    }
+
+    /// Bytes `start..start + len` of buffer `bid`, which a completion named and which has
+    /// not been provided again; empty when the range is outside the buffer.
+    pub fn data(&self, bid: u16, start: usize, len: usize) -> &[u8] {
+        if bid >= self.count || !matches!(start.checked_add(len), Some(e) if e <= RECV_BUF_SIZE) {
+            return &[];
+        }
+        // SAFETY: the range lies in buffer `bid` (checked above). A completion named it and
+        // it has not been provided since, so the kernel does not write it; `&self` keeps
+        // `provide` (which needs `&mut`) from handing it back while the slice lives.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.bufs
+                    .as_ptr()
+                    .add(usize::from(bid) * RECV_BUF_SIZE + start),
+                len,
+            )
+        }
+    }
+
+    /// Hands buffer `bid` to the kernel again (or for the first time).
+    pub fn provide(&mut self, bid: u16) {
+        if bid >= self.count {
+            return;
+        }
+        let index = usize::from(self.tail & (self.count - 1));
+        // SAFETY: `index` < count, inside the entries allocation. The kernel reads entries
+        // only between its head and the published tail, and this one lies past the tail
+        // (the ring never holds more than `count` buffers, as each bid is provided once
+        // per completion that named it).
+        unsafe {
+            let e = self.entries.as_ptr().add(index);
+            (*e).addr = self.bufs.as_ptr().add(usize::from(bid) * RECV_BUF_SIZE) as u64;
+            (*e).len = RECV_BUF_SIZE as u32;
+            (*e).bid = bid;
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail lives in entry 0's last two bytes, which the kernel reads
+        // atomically; `AtomicU16` has the layout of `u16`, and the release store publishes
+        // the entry written above before the kernel can see the new tail.
+        unsafe {
+            let tail = std::ptr::addr_of_mut!((*self.entries.as_ptr()).resv);
+            AtomicU16::from_ptr(tail).store(self.tail, Ordering::Release);
+        }
+        self.in_kernel += 1;
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with these layouts (which `new` checked); the driver
+        // drops the ring only when no operation may take a buffer any more.
+        unsafe {
+            alloc::dealloc(
+                self.entries.as_ptr().cast(),
+                entries_layout(self.count).expect("checked in new"),
+            );
+            alloc::dealloc(
+                self.bufs.as_ptr(),
+                bufs_layout(self.count).expect("checked in new"),
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for BufRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufRing")
+            .field("count", &self.count)
+            .field("in_kernel", &self.in_kernel)
+            .finish()
+    }
+}
+
+fn entries_layout(count: u16) -> io::Result<Layout> {
+    let size = usize::from(count) * std::mem::size_of::<Entry>();
+    Layout::from_size_align(size.max(4096), 4096).map_err(|_| io::ErrorKind::InvalidInput.into())
+}
+
+fn bufs_layout(count: u16) -> io::Result<Layout> {
+    Layout::from_size_align(usize::from(count) * RECV_BUF_SIZE, 64)
+        .map_err(|_| io::ErrorKind::InvalidInput.into())
+}

@@ -1,0 +1,695 @@
+//! The io_uring half of the I/O driver ([`Driver`](crate::sys::driver::Driver)): a ring,
+//! the armed doorbell poll, and multishot receives into a ring of provided buffers.
+//!
+//! Entries are submitted lazily, to need one `io_uring_enter` per loop turn or fewer: a
+//! send, connect or cancel (something a peer or a closing connection waits for) is
+//! *urgent* and goes out at the next `complete`; a receive, accept or doorbell poll
+//! re-armed after its completion waits for the next enter that happens anyway (an urgent
+//! entry, completions to collect, a park), or for `submit_pending`, which the loop calls
+//! when a turn found nothing to do. Data that arrives meanwhile waits in the socket and
+//! completes the receive as soon as it is submitted.
+//!
+//! **Multishot receives.** With a buffer ring ([`BufRing`]), a receive that may read ahead
+//! (into the buffer of a connection carrying small frames) arms one multishot receive on
+//! its socket, which stays in the kernel: each arrival of data completes with a buffer of
+//! the ring, with no re-arming (a one-shot receive costs the kernel a poll arm per
+//! receive). The data is copied into the connection's buffer when a receive is waiting
+//! for it, and kept in the slot's *stash* (the ring buffer, held) until one is; a receive
+//! that finds stashed data completes without the kernel.
+//!
+//! A receive that must not read ahead (a header read on its own before a large payload,
+//! or the payload received in place) cancels the slot's multishot receive, takes what the
+//! stash holds, and then reads exactly what it asks for, straight into its memory, with a
+//! one-shot receive. The next receive that may read ahead arms a new multishot receive.
+//!
+//! A slot that holds [`STASH_MAX`] buffers unread has its multishot receive cancelled:
+//! the socket's buffer and TCP flow control hold the rest. The kernel keeps filling
+//! buffers until the cancel takes effect, and a sender faster than the loop can take the
+//! whole ring in one go; the ring then ends the other slots' multishot receives (the
+//! kernel reports it empty) and, while it is nearly empty, receives that may read ahead
+//! are one-shot reads into the connection's buffer, counted in
+//! [`RecvRing::exhausted`]; all come back to multishot receives at a later receive. Memory
+//! stays the ring's fixed size whatever peers send. A slot's multishot receive still in
+//! the kernel when the slot is released is shut down and its completions recycled (they
+//! carry a generation).
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use io_uring::{cqueue, opcode, types};
+use nix::libc;
+
+use super::{on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, FILE_TABLE};
+use super::{RECV_BUF_SIZE, USER_DATA_DOORBELL};
+use crate::sys::doorbell::Doorbell;
+use crate::sys::ops::{decode, user_data, Completion, Op};
+
+/// The operation kind of a multishot receive in `user_data` (next to [`Op`]'s).
+const MULTI_RECV: u64 = 5;
+
+/// Ring buffers a slot may hold unread before its multishot receive is cancelled.
+pub const STASH_MAX: usize = 8;
+
+/// `user_data` of generation `gen` of `slot`'s multishot receive.
+fn multi_user_data(slot: u32, gen: u16) -> u64 {
+    (u64::from(gen) << 40) | (u64::from(slot) << 8) | MULTI_RECV
+}
+
+/// Where a slot's multishot receive is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Armed {
+    /// None in the kernel.
+    Off,
+    /// In the kernel.
+    On,
+    /// In the kernel, cancelled: its last completion has not come yet.
+    Cancelling,
+}
+
+/// A slot's multishot receive.
+#[derive(Debug)]
+struct MultiSlot {
+    /// Generation of the current multishot receive; bumped when the slot is released.
+    gen: u16,
+    armed: Armed,
+    fd: RawFd,
+    /// A receive waiting for data: where to copy it, how much fits, and whether it is to
+    /// be read in place (straight into this memory) once the stash is empty.
+    waiting: Option<(*mut u8, u32, bool)>,
+    /// Ring buffers received and not yet copied out: (buffer id, start, bytes left).
+    stash: VecDeque<(u16, u32, u32)>,
+    /// How the stream ended (0, or `-errno`), reported once the stash is empty.
+    end: Option<i32>,
+}
+
+impl MultiSlot {
+    fn new() -> MultiSlot {
+        MultiSlot {
+            gen: 0,
+            armed: Armed::Off,
+            fd: -1,
+            waiting: None,
+            stash: VecDeque::with_capacity(STASH_MAX * 2),
+            end: None,
+        }
+    }
+}
+
+/// Multishot receives into a buffer ring.
+#[derive(Debug)]
+struct Multi {
+    bufs: BufRing,
+    slots: Vec<MultiSlot>,
+    /// Receive completions produced here (`user_data`, result): served from a stash or
+    /// filled by a multishot completion. Delivered by the next `complete`.
+    ready: VecDeque<(u64, i32)>,
+    /// Multishot completions reaped, handled after the reap.
+    cqes: Vec<(u64, i32, u32)>,
+    /// Multishot receives in the kernel for live slots, and for released ones.
+    armed: usize,
+    orphans: usize,
+    /// Times a receive found the ring (nearly) empty, or a multishot ended for that.
+    exhausted: u64,
+    /// Bytes copied out of ring buffers.
+    copied: u64,
+}
+
+/// A loop's ring of provided buffers, as [`Driver::recv_ring`](crate::sys::driver::Driver::recv_ring)
+/// reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvRing {
+    /// Buffers in the ring.
+    pub buffers: u16,
+    /// Bytes of memory it holds.
+    pub bytes: usize,
+    /// Buffers out of the kernel now: holding data not yet copied to a receive.
+    pub held: u16,
+    /// Times a receive found the ring (nearly) empty and read on its own, or a multishot
+    /// receive ended for that.
+    pub exhausted: u64,
+    /// Bytes copied out of ring buffers into receives.
+    pub copied: u64,
+}
+
+impl Multi {
+    fn slot(&mut self, slot: u32) -> &mut MultiSlot {
+        let i = slot as usize;
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, MultiSlot::new);
+        }
+        &mut self.slots[i]
+    }
+
+    /// Copies stashed bytes of `slot` to its waiting receive and completes it; false when
+    /// there is none or nothing is stashed.
+    fn fill(&mut self, slot: u32) -> bool {
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            return false;
+        };
+        let Some((dst, room, _)) = s.waiting else {
+            return false;
+        };
+        if s.stash.is_empty() {
+            return false;
+        }
+        let mut n = 0u32;
+        while let Some(front) = s.stash.front_mut() {
+            if n == room {
+                break;
+            }
+            let want = front.2.min(room - n);
+            let src = self.bufs.data(front.0, front.1 as usize, want as usize);
+            let take = src.len() as u32;
+            if take == 0 {
+                // Not a range of the buffer (a stash entry is checked when made): dropped.
+                let bid = front.0;
+                s.stash.pop_front();
+                self.bufs.provide(bid);
+                continue;
+            }
+            // SAFETY: `dst..dst + room` is the waiting receive's memory, which the driver
+            // holds until this receive's completion is reaped; `n + take <= room`, and the
+            // ring buffer `src` is ours (a completion named it), separate from `dst`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(n as usize), src.len());
+            }
+            n += take;
+            front.1 += take;
+            front.2 -= take;
+            if front.2 == 0 {
+                let bid = front.0;
+                s.stash.pop_front();
+                self.bufs.provide(bid);
+            }
+        }
+        if n == 0 {
+            return false;
+        }
+        s.waiting = None;
+        self.copied += u64::from(n);
+        self.ready.push_back((user_data(slot, Op::Recv), n as i32));
+        true
+    }
+}
+
+/// io_uring half: a ring, the armed doorbell poll and, with a buffer ring, multishot
+/// receives.
+pub struct UringDriver {
+    pub(in crate::sys) ring: Ring,
+    /// An urgent entry is queued.
+    urgent: bool,
+    doorbell_fd: RawFd,
+    doorbell_armed: bool,
+    /// Completions taken out of the ring to make room for a submission; delivered first.
+    overflow: Vec<(u64, i32, u32)>,
+    /// An accept is in the kernel (a one-shot one until its completion, a multishot one
+    /// until its last).
+    pub(in crate::sys) accept_armed: bool,
+    /// The sockets entered in the ring's file table.
+    pub(in crate::sys) files: FixedFiles,
+    /// Multishot receives, when the ring has a buffer ring. Declared after `ring`: dropped
+    /// after it (the driver leaks it instead when operations did not drain).
+    multi: Option<Multi>,
+}
+
+impl UringDriver {
+    /// A ring of `entries` set up with `flags`, a file table when `fixed_files`, and a
+    /// ring of `recv_bufs` provided buffers for multishot receives when non-zero and the
+    /// ring has task-work flags (refused by the kernel: logged, and receives are one-shot).
+    pub(in crate::sys) fn new(
+        entries: u32,
+        doorbell: &Doorbell,
+        flags: SetupFlags,
+        fixed_files: bool,
+        recv_bufs: u32,
+    ) -> io::Result<UringDriver> {
+        let mut ring = Ring::with_flags(entries, flags)?;
+        let files = if fixed_files {
+            FixedFiles::new(&mut ring, FILE_TABLE)
+        } else {
+            FixedFiles::off()
+        };
+        let caps = *ring.capabilities();
+        log::debug!(
+            "io_uring ring: single_issuer {} defer_taskrun {} coop_taskrun {} taskrun_flag {}",
+            caps.single_issuer,
+            caps.defer_taskrun,
+            caps.coop_taskrun,
+            caps.taskrun_flag
+        );
+        // Multishot receives need Linux 6.0; the task-work flags (5.19, 6.1) stand for a
+        // kernel recent enough, as for multishot accepts.
+        let multi = if recv_bufs > 0 && caps.taskrun_flag {
+            match BufRing::new(&mut ring, recv_bufs) {
+                Ok(bufs) => Some(Multi {
+                    bufs,
+                    slots: Vec::new(),
+                    ready: VecDeque::with_capacity(1024),
+                    cqes: Vec::with_capacity(caps.cq_entries as usize),
+                    armed: 0,
+                    orphans: 0,
+                    exhausted: 0,
+                    copied: 0,
+                }),
+                Err(e) => {
+                    log::warn!(
+                        "io_uring: no ring of provided buffers ({e}); receives are one-shot"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut d = UringDriver {
+            ring,
+            urgent: false,
+            doorbell_fd: doorbell.as_raw_fd(),
+            doorbell_armed: false,
+            overflow: Vec::new(),
+            accept_armed: false,
+            files,
+            multi,
+        };
+        d.arm_doorbell()?;
+        Ok(d)
+    }
+
+    /// The buffer ring's state and counts, when there is one.
+    pub(in crate::sys) fn recv_ring(&self) -> Option<RecvRing> {
+        let m = self.multi.as_ref()?;
+        Some(RecvRing {
+            buffers: m.bufs.count(),
+            bytes: m.bufs.bytes(),
+            held: m.bufs.count() - m.bufs.in_kernel(),
+            exhausted: m.exhausted,
+            copied: m.copied,
+        })
+    }
+
+    /// Multishot receives in the kernel (their memory is the buffer ring's).
+    pub(in crate::sys) fn multishots_in_flight(&self) -> usize {
+        self.multi.as_ref().map_or(0, |m| m.armed + m.orphans)
+    }
+
+    fn arm_doorbell(&mut self) -> io::Result<()> {
+        if self.doorbell_armed {
+            return Ok(());
+        }
+        // A poll, not a read: no buffer is handed to the kernel, so nothing can be written
+        // after the driver is gone. The eventfd is drained in user space on completion.
+        let entry = opcode::PollAdd::new(types::Fd(self.doorbell_fd), libc::POLLIN as u32)
+            .build()
+            .user_data(USER_DATA_DOORBELL);
+        // SAFETY: the entry references no memory; the eventfd outlives the driver (it is
+        // owned by the loop's shared state).
+        unsafe { self.push(&entry)? };
+        self.doorbell_armed = true;
+        Ok(())
+    }
+
+    /// Starts a receive of up to `len` bytes into `buf` on `slot`: with `ahead`, into a
+    /// connection's buffer from a multishot receive that may read ahead (bytes past `len`
+    /// are kept for the next receives); else exactly `len` bytes at most, read straight
+    /// into `buf` once the bytes kept are used up. `fixed` is the registered pool buffer
+    /// `buf` lies in, if any. Returns whether the read is a `READ_FIXED` entry.
+    ///
+    /// # Safety
+    /// `buf..buf + len` must stay valid, and not be otherwise accessed, until this
+    /// receive's completion (`user_data(slot, Op::Recv)`) has been delivered; a `fixed`
+    /// index must name a registered buffer that contains it.
+    pub(in crate::sys) unsafe fn recv(
+        &mut self,
+        slot: u32,
+        fd: RawFd,
+        buf: *mut u8,
+        len: u32,
+        ahead: bool,
+        fixed: Option<u16>,
+    ) -> io::Result<bool> {
+        let Some(m) = self.multi.as_mut() else {
+            // SAFETY: passed on from the caller.
+            return unsafe { self.recv_once(slot, fd, buf, len, fixed) };
+        };
+        let s = m.slot(slot);
+        s.fd = fd;
+        // `direct`: once the multishot receive has ended, a one-shot read into `buf`.
+        s.waiting = Some((buf, len, !ahead));
+        if !ahead && s.armed == Armed::On {
+            // Exact reads from here (a header before a large payload, or the payload in
+            // place): no more reading ahead.
+            s.armed = Armed::Cancelling;
+            let gen = s.gen;
+            if let Err(e) = self.cancel_multi(slot, gen) {
+                let s = &mut self.multi.as_mut().expect("checked above").slots[slot as usize];
+                (s.armed, s.waiting) = (Armed::On, None);
+                return Err(e);
+            }
+        }
+        let m = self.multi.as_mut().expect("checked above");
+        if m.fill(slot) {
+            return Ok(false);
+        }
+        let low = m.bufs.in_kernel() <= m.bufs.count() / 8;
+        let s = &mut m.slots[slot as usize];
+        match (s.armed, s.end) {
+            (Armed::Off, Some(end)) => {
+                s.waiting = None;
+                m.ready.push_back((user_data(slot, Op::Recv), end));
+                Ok(false)
+            }
+            // Data (or the end) completes the waiting receive; after a cancel, a one-shot
+            // read does if no data does.
+            (Armed::On | Armed::Cancelling, _) => Ok(false),
+            (Armed::Off, None) if ahead && !low => {
+                if let Err(e) = self.arm_multi(slot) {
+                    self.multi.as_mut().expect("checked above").slots[slot as usize].waiting = None;
+                    return Err(e);
+                }
+                Ok(false)
+            }
+            (Armed::Off, None) => {
+                m.exhausted += u64::from(ahead);
+                s.waiting = None;
+                // SAFETY: passed on from the caller.
+                unsafe { self.recv_once(slot, fd, buf, len, fixed) }
+            }
+        }
+    }
+
+    /// A one-shot receive into `buf`.
+    ///
+    /// # Safety
+    /// As [`recv`](Self::recv).
+    unsafe fn recv_once(
+        &mut self,
+        slot: u32,
+        fd: RawFd,
+        buf: *mut u8,
+        len: u32,
+        fixed: Option<u16>,
+    ) -> io::Result<bool> {
+        let d = self;
+        let entry = match fixed {
+            // Offset 0 on a socket (not seekable): the kernel reads at the stream's current
+            // position.
+            Some(index) => {
+                on_socket!(d, slot, fd, |s| opcode::ReadFixed::new(s, buf, len, index)
+                    .build())
+            }
+            None => on_socket!(d, slot, fd, |s| opcode::Recv::new(s, buf, len).build()),
+        }
+        .user_data(user_data(slot, Op::Recv));
+        // SAFETY: the caller keeps the memory valid until the completion is delivered.
+        unsafe { d.push(&entry)? };
+        Ok(fixed.is_some())
+    }
+
+    /// Arms a multishot receive on `slot` (its `fd` noted by `recv`).
+    fn arm_multi(&mut self, slot: u32) -> io::Result<()> {
+        let Some(m) = self.multi.as_mut() else {
+            return Ok(());
+        };
+        let s = m.slot(slot);
+        let (fd, gen) = (s.fd, s.gen);
+        let d = &mut *self;
+        let entry = on_socket!(d, slot, fd, |s| opcode::RecvMulti::new(s, BUF_GROUP)
+            .build())
+        .user_data(multi_user_data(slot, gen));
+        // SAFETY: the entry's memory is the buffer ring's, which the driver keeps while
+        // any multishot receive is in the kernel (`multishots_in_flight`).
+        unsafe { d.push(&entry)? };
+        let m = d.multi.as_mut().expect("checked above");
+        m.slots[slot as usize].armed = Armed::On;
+        m.armed += 1;
+        Ok(())
+    }
+
+    /// Cancels generation `gen` of `slot`'s multishot receive.
+    fn cancel_multi(&mut self, slot: u32, gen: u16) -> io::Result<()> {
+        let entry = opcode::AsyncCancel::new(multi_user_data(slot, gen))
+            .build()
+            .user_data(u64::from(slot) << 8);
+        // SAFETY: the cancel entry references no memory.
+        unsafe { self.push_urgent(&entry) }
+    }
+
+    /// Handles a multishot receive's completion.
+    fn on_multi(&mut self, data: u64, result: i32, flags: u32) -> io::Result<()> {
+        let Some(m) = self.multi.as_mut() else {
+            return Ok(());
+        };
+        let (slot, gen) = ((data >> 8) as u32, (data >> 40) as u16);
+        let bid = cqueue::buffer_select(flags).filter(|&b| m.bufs.taken(b));
+        let last = !cqueue::more(flags);
+        let live = m
+            .slots
+            .get(slot as usize)
+            .is_some_and(|s| s.gen == gen && s.armed != Armed::Off);
+        if !live {
+            // A released slot's receive: its data goes nowhere.
+            if let Some(bid) = bid {
+                m.bufs.provide(bid);
+            }
+            if last {
+                m.orphans = m.orphans.saturating_sub(1);
+            }
+            return Ok(());
+        }
+        let s = &mut m.slots[slot as usize];
+        match bid {
+            Some(bid) if result > 0 && (result as usize) <= RECV_BUF_SIZE => {
+                s.stash.push_back((bid, 0, result as u32));
+            }
+            Some(bid) => m.bufs.provide(bid),
+            None => {}
+        }
+        if last {
+            s.armed = Armed::Off;
+            m.armed = m.armed.saturating_sub(1);
+            match result {
+                0 => s.end = Some(0),
+                r if r == -libc::ENOBUFS => m.exhausted += 1,
+                r if r == -libc::ECANCELED || r > 0 => {}
+                r => s.end = Some(r),
+            }
+        }
+        if m.fill(slot) {
+            return Ok(());
+        }
+        let s = &mut m.slots[slot as usize];
+        if s.armed == Armed::Off {
+            let Some((buf, len, direct)) = s.waiting else {
+                return Ok(());
+            };
+            let r = if let Some(end) = s.end {
+                s.waiting = None;
+                m.ready.push_back((user_data(slot, Op::Recv), end));
+                Ok(())
+            } else if direct || m.bufs.in_kernel() <= m.bufs.count() / 8 {
+                m.exhausted += u64::from(!direct);
+                s.waiting = None;
+                let fd = s.fd;
+                // SAFETY: `buf..buf + len` is the waiting receive's memory, which the driver
+                // holds until that receive's completion is reaped; the one-shot receive
+                // now carries that completion.
+                unsafe { self.recv_once(slot, fd, buf, len, None) }.map(drop)
+            } else {
+                self.arm_multi(slot)
+            };
+            if let Err(e) = &r {
+                // The waiting receive completes with the error.
+                let m = self.multi.as_mut().expect("checked above");
+                m.slots[slot as usize].waiting = None;
+                let errno = -e.raw_os_error().unwrap_or(libc::EIO);
+                m.ready.push_back((user_data(slot, Op::Recv), errno));
+            }
+            return r;
+        }
+        if s.armed == Armed::On && s.stash.len() >= STASH_MAX {
+            // Nobody reads this connection: leave the rest in its socket.
+            s.armed = Armed::Cancelling;
+            let gen = s.gen;
+            if let Err(e) = self.cancel_multi(slot, gen) {
+                self.multi.as_mut().expect("checked above").slots[slot as usize].armed = Armed::On;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// `slot` is being released: its stash goes back to the ring, and a multishot receive
+    /// still in the kernel is shut down (its completions are recycled).
+    pub(in crate::sys) fn release(&mut self, slot: u32) {
+        let Some(m) = self.multi.as_mut() else {
+            return;
+        };
+        let Some(s) = m.slots.get_mut(slot as usize) else {
+            return;
+        };
+        while let Some((bid, _, _)) = s.stash.pop_front() {
+            m.bufs.provide(bid);
+        }
+        s.waiting = None;
+        s.end = None;
+        if s.armed != Armed::Off {
+            m.armed = m.armed.saturating_sub(1);
+            m.orphans += 1;
+            // SAFETY: shutdown(2) on the slot's socket, still open (the loop closes it
+            // after releasing the slot); no memory is passed.
+            unsafe { libc::shutdown(s.fd, libc::SHUT_RDWR) };
+        }
+        s.armed = Armed::Off;
+        s.gen = s.gen.wrapping_add(1);
+        s.fd = -1;
+    }
+
+    /// Cancels every multishot receive in the kernel (the driver is going).
+    pub(in crate::sys) fn cancel_all_multi(&mut self) {
+        let Some(m) = self.multi.as_ref() else {
+            return;
+        };
+        let live: Vec<(u32, u16)> = (m.slots.iter().enumerate())
+            .filter(|(_, s)| s.armed != Armed::Off)
+            .map(|(i, s)| (i as u32, s.gen))
+            .collect();
+        for (slot, gen) in live {
+            if let Err(e) = self.cancel_multi(slot, gen) {
+                log::warn!("cancelling the multishot receive of slot {slot}: {e}");
+            }
+        }
+    }
+
+    /// Takes the buffer ring out to be leaked (operations on it did not drain).
+    pub(in crate::sys) fn leak_multi(&mut self) {
+        if let Some(m) = self.multi.take() {
+            std::mem::forget(m.bufs);
+        }
+    }
+
+    /// [`push`](Self::push), for an entry to submit at the next `complete`.
+    ///
+    /// # Safety
+    /// As [`Ring::push`].
+    pub(in crate::sys) unsafe fn push_urgent(
+        &mut self,
+        entry: &io_uring::squeue::Entry,
+    ) -> io::Result<()> {
+        // SAFETY: passed on from the caller.
+        unsafe { self.push(entry)? };
+        self.urgent = true;
+        Ok(())
+    }
+
+    /// Submits what is queued, urgent or not (no wait).
+    pub(in crate::sys) fn submit_pending(&mut self) -> io::Result<()> {
+        if self.ring.pending_submissions() > 0 {
+            self.ring.submit()?;
+            self.urgent = false;
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// As [`Ring::push`].
+    pub(in crate::sys) unsafe fn push(
+        &mut self,
+        entry: &io_uring::squeue::Entry,
+    ) -> io::Result<()> {
+        loop {
+            // SAFETY: passed on from the caller.
+            match unsafe { self.ring.push(entry) } {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
+                    // The kernel has no room for more completions: take them out (they are
+                    // delivered first by the next `complete`), then submit again.
+                    let overflow = &mut self.overflow;
+                    self.ring.reap(|ud, res, fl| overflow.push((ud, res, fl)));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Submits what is queued and delivers ready completions to `f`, waiting up to
+    /// `timeout` for the first one when `wait` is true. Returns how many were delivered.
+    pub(in crate::sys) fn complete(
+        &mut self,
+        wait: bool,
+        timeout: Option<Duration>,
+        f: &mut dyn FnMut(Completion),
+    ) -> io::Result<usize> {
+        let ready = self.multi.as_ref().is_some_and(|m| !m.ready.is_empty());
+        // One enter at most: it submits everything queued since the last one and, when the
+        // ring defers task work, posts the completions waiting for it.
+        if wait && !ready && self.overflow.is_empty() && !self.ring.has_completions() {
+            self.ring.submit_and_wait(1, timeout)?;
+            self.urgent = false;
+        } else if self.ring.completions_held()
+            || (self.urgent || wait) && self.ring.pending_submissions() > 0
+        {
+            self.ring.submit()?;
+            self.urgent = false;
+        }
+        // Otherwise no syscall: completions are read from the shared ring. A ring with a
+        // task-work flag raises IORING_SQ_TASKRUN when completions wait for an enter, which
+        // `needs_enter` sees; one without has them posted by the kernel on its own.
+        let mut rearm = false;
+        let mut accept_ended = false;
+        let mut n = 0;
+        let mut multi = self.multi.as_mut().map(|m| std::mem::take(&mut m.cqes));
+        let mut deliver = |user_data: u64, result: i32, flags: u32| {
+            if user_data & 0xff == MULTI_RECV && user_data != USER_DATA_DOORBELL {
+                if let Some(cqes) = multi.as_mut() {
+                    cqes.push((user_data, result, flags));
+                }
+                return 0;
+            }
+            let Some(c) = decode(user_data, result) else {
+                return 0;
+            };
+            rearm |= matches!(c, Completion::Doorbell);
+            // The last completion of an accept: none follows without a new one.
+            accept_ended |= matches!(c, Completion::Accepted(_)) && !cqueue::more(flags);
+            f(c);
+            1
+        };
+        for (user_data, result, flags) in self.overflow.drain(..) {
+            n += deliver(user_data, result, flags);
+        }
+        self.ring.reap(|user_data, result, flags| {
+            n += deliver(user_data, result, flags);
+        });
+        if let Some(mut cqes) = multi {
+            for &(user_data, result, flags) in &cqes {
+                if let Err(e) = self.on_multi(user_data, result, flags) {
+                    log::error!(
+                        "io_uring: multishot receive of slot {}: {e}",
+                        (user_data >> 8) as u32
+                    );
+                }
+            }
+            cqes.clear();
+            let m = self.multi.as_mut().expect("taken from it above");
+            m.cqes = cqes;
+            while let Some((user_data, result)) = m.ready.pop_front() {
+                if let Some(c) = decode(user_data, result) {
+                    f(c);
+                    n += 1;
+                }
+            }
+        }
+        if accept_ended {
+            self.accept_armed = false;
+        }
+        if rearm {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a local from the non-blocking eventfd.
+            unsafe { libc::read(self.doorbell_fd, (&mut v as *mut u64).cast(), 8) };
+            self.doorbell_armed = false;
+            self.arm_doorbell()?;
+        }
+        Ok(n)
+    }
+}
