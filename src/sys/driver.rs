@@ -518,8 +518,9 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     }
 
     /// Cancels every operation in flight and reaps completions until none is left, for a
-    /// second at most. Returns whether all completed.
-    fn drain(&mut self) -> bool {
+    /// second at most. Returns whether all completed. For a driver that is going: on
+    /// io_uring no receive is started after it.
+    pub(crate) fn drain(&mut self) -> bool {
         if let Io::Uring(d) = &mut *self.io {
             d.cancel_all_multi();
             for (slot, m) in self.mem.iter().enumerate() {

@@ -354,3 +354,24 @@ fn the_end_of_the_stream_comes_after_the_data_the_ring_holds() {
     );
     d.deregister(0);
 }
+
+#[test]
+fn a_driver_going_with_a_receive_waiting_on_a_multishot_receive_drains() {
+    let Some((mut d, _shared)) = uring(64) else {
+        return;
+    };
+    let (server, _client) = tcp_pair();
+    let fd = server.as_raw_fd();
+    d.register(0, fd).unwrap();
+    d.recv(0, fd, RecvMem::Buffer(vec![0; 64]), 0, 64, true, None)
+        .unwrap();
+    d.submit_pending().unwrap();
+    // The receive and the multishot receive it waits on.
+    assert_eq!(d.in_flight(), 2);
+    // Draining cancels the multishot receive; the waiting receive completes cancelled
+    // instead of arming another.
+    assert!(d.drain(), "{} operations left", d.in_flight());
+    assert_eq!(d.in_flight(), 0);
+    assert!(d.take_recv(0).is_some(), "the buffer comes back");
+    d.deregister(0);
+}

@@ -114,6 +114,8 @@ struct Multi {
     exhausted: u64,
     /// Bytes copied out of ring buffers.
     copied: u64,
+    /// The driver is going: receives are cancelled, none is started.
+    draining: bool,
 }
 
 /// A loop's ring of provided buffers, as [`Driver::recv_ring`](crate::sys::driver::Driver::recv_ring)
@@ -252,6 +254,7 @@ impl UringDriver {
                     orphans: 0,
                     exhausted: 0,
                     copied: 0,
+                    draining: false,
                 }),
                 Err(e) => {
                     log::warn!(
@@ -484,7 +487,7 @@ impl UringDriver {
             let Some((buf, len, direct)) = s.waiting else {
                 return Ok(());
             };
-            let r = if let Some(end) = s.end {
+            let r = if let Some(end) = s.end.or(m.draining.then_some(-libc::ECANCELED)) {
                 s.waiting = None;
                 m.ready.push_back((user_data(slot, Op::Recv), end));
                 Ok(())
@@ -548,9 +551,12 @@ impl UringDriver {
 
     /// Cancels every multishot receive in the kernel (the driver is going).
     pub(in crate::sys) fn cancel_all_multi(&mut self) {
-        let Some(m) = self.multi.as_ref() else {
+        let Some(m) = self.multi.as_mut() else {
             return;
         };
+        // A receive waiting on a cancelled multishot receive then completes cancelled
+        // instead of starting another.
+        m.draining = true;
         let live: Vec<(u32, u16)> = (m.slots.iter().enumerate())
             .filter(|(_, s)| s.armed != Armed::Off)
             .map(|(i, s)| (i as u32, s.gen))
