@@ -109,9 +109,9 @@ settings! {
     }
 
     /// Buffers (16 KiB each) in each loop's io_uring ring of provided buffers: receives
-    /// into a connection's buffer are multishot, each arrival of data landing in one of
-    /// them (Linux 6.0, with the task-work flags of `uring_flags`); rounded down to a power
-    /// of two. 0 makes every receive one-shot.
+    /// that may read ahead (on connections carrying small frames) are multishot, each
+    /// arrival of data landing in one of them (with `DEFER_TASKRUN` of `uring_flags`, Linux
+    /// 6.1); rounded down to a power of two. 0 makes every receive one-shot.
     uring_recv_bufs: u32 [] {
         env: [ENV_URING_RECV_BUFS = "STARWIRE_URING_RECV_BUFS"],
         default: [DEFAULT_URING_RECV_BUFS = 256],

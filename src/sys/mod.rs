@@ -85,8 +85,8 @@ pub struct IoFeatures {
     /// One multishot accept on a listener takes every connection (Linux 5.19; with the
     /// task-work flags of `STARWIRE_URING_FLAGS`).
     pub multishot_accept: bool,
-    /// Receives into connection buffers are multishot, taking a ring of provided buffers
-    /// (Linux 6.0; with the task-work flags; `STARWIRE_URING_RECV_BUFS`).
+    /// Receives that may read ahead are multishot, into a ring of provided buffers (with
+    /// `DEFER_TASKRUN`, Linux 6.1; `STARWIRE_URING_RECV_BUFS`).
     pub multishot_recv: bool,
     /// Submission and completion queue sizes granted (0 on epoll).
     pub sq_entries: u32,

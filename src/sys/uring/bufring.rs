@@ -15,6 +15,8 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, Ordering};
 
+use nix::libc;
+
 use super::Ring;
 
 /// Bytes per buffer. A small frame (a ping, a 100-row answer) fits in one; a larger one
@@ -191,9 +193,16 @@ impl std::fmt::Debug for BufRing {
     }
 }
 
+/// The entries' layout: whole pages, page-aligned (the kernel requires the ring to start
+/// on a page).
 fn entries_layout(count: u16) -> io::Result<Layout> {
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as usize,
+        _ => 4096,
+    };
     let size = usize::from(count) * std::mem::size_of::<Entry>();
-    Layout::from_size_align(size.max(4096), 4096).map_err(|_| io::ErrorKind::InvalidInput.into())
+    Layout::from_size_align(size.max(page), page).map_err(|_| io::ErrorKind::InvalidInput.into())
 }
 
 fn bufs_layout(count: u16) -> io::Result<Layout> {

@@ -109,7 +109,10 @@ struct Multi {
     cqes: Vec<(u64, i32, u32)>,
     /// Multishot receives in the kernel for live slots, and for released ones.
     armed: usize,
-    orphans: usize,
+    orphans: Vec<(u32, u16)>,
+    /// The kernel refused a multishot receive (`EINVAL`: before Linux 6.0): every receive
+    /// is one-shot from then on.
+    refused: bool,
     /// Times a receive found the ring (nearly) empty, or a multishot ended for that.
     exhausted: u64,
     /// Bytes copied out of ring buffers.
@@ -241,9 +244,9 @@ impl UringDriver {
             caps.coop_taskrun,
             caps.taskrun_flag
         );
-        // Multishot receives need Linux 6.0; the task-work flags (5.19, 6.1) stand for a
+        // Multishot receives need Linux 6.0; DEFER_TASKRUN (6.1) stands for a
         // kernel recent enough, as for multishot accepts.
-        let multi = if recv_bufs > 0 && caps.taskrun_flag {
+        let multi = if recv_bufs > 0 && caps.defer_taskrun {
             match BufRing::new(&mut ring, recv_bufs) {
                 Ok(bufs) => Some(Multi {
                     bufs,
@@ -251,7 +254,8 @@ impl UringDriver {
                     ready: VecDeque::with_capacity(1024),
                     cqes: Vec::with_capacity(caps.cq_entries as usize),
                     armed: 0,
-                    orphans: 0,
+                    orphans: Vec::new(),
+                    refused: false,
                     exhausted: 0,
                     copied: 0,
                     draining: false,
@@ -294,7 +298,7 @@ impl UringDriver {
 
     /// Multishot receives in the kernel (their memory is the buffer ring's).
     pub(in crate::sys) fn multishots_in_flight(&self) -> usize {
-        self.multi.as_ref().map_or(0, |m| m.armed + m.orphans)
+        self.multi.as_ref().map_or(0, |m| m.armed + m.orphans.len())
     }
 
     fn arm_doorbell(&mut self) -> io::Result<()> {
@@ -356,6 +360,7 @@ impl UringDriver {
             return Ok(false);
         }
         let low = m.bufs.in_kernel() <= m.bufs.count() / 8;
+        let ahead = ahead && !m.refused;
         let s = &mut m.slots[slot as usize];
         match (s.armed, s.end) {
             (Armed::Off, Some(end)) => {
@@ -457,7 +462,7 @@ impl UringDriver {
                 m.bufs.provide(bid);
             }
             if last {
-                m.orphans = m.orphans.saturating_sub(1);
+                m.orphans.retain(|&o| o != (slot, gen));
             }
             return Ok(());
         }
@@ -467,6 +472,10 @@ impl UringDriver {
                 s.stash.push_back((bid, 0, result as u32));
             }
             Some(bid) => m.bufs.provide(bid),
+            None if result > 0 => {
+                log::error!("io_uring: slot {slot}: {result} bytes received without a buffer");
+                s.end = Some(-libc::EIO);
+            }
             None => {}
         }
         if last {
@@ -475,6 +484,13 @@ impl UringDriver {
             match result {
                 0 => s.end = Some(0),
                 r if r == -libc::ENOBUFS => m.exhausted += 1,
+                r if r == -libc::EINVAL && !m.refused => {
+                    // Not a socket error: this kernel has no multishot receive.
+                    log::warn!(
+                        "io_uring: multishot receive refused (EINVAL); receives are one-shot"
+                    );
+                    m.refused = true;
+                }
                 r if r == -libc::ECANCELED || r > 0 => {}
                 r => s.end = Some(r),
             }
@@ -491,8 +507,7 @@ impl UringDriver {
                 s.waiting = None;
                 m.ready.push_back((user_data(slot, Op::Recv), end));
                 Ok(())
-            } else if direct || m.bufs.in_kernel() <= m.bufs.count() / 8 {
-                m.exhausted += u64::from(!direct);
+            } else if direct || m.refused || m.bufs.in_kernel() <= m.bufs.count() / 8 {
                 s.waiting = None;
                 let fd = s.fd;
                 // SAFETY: `buf..buf + len` is the waiting receive's memory, which the driver
@@ -539,10 +554,13 @@ impl UringDriver {
         s.end = None;
         if s.armed != Armed::Off {
             m.armed = m.armed.saturating_sub(1);
-            m.orphans += 1;
+            m.orphans.push((slot, s.gen));
             // SAFETY: shutdown(2) on the slot's socket, still open (the loop closes it
             // after releasing the slot); no memory is passed.
-            unsafe { libc::shutdown(s.fd, libc::SHUT_RDWR) };
+            if unsafe { libc::shutdown(s.fd, libc::SHUT_RDWR) } < 0 {
+                let e = io::Error::last_os_error();
+                log::warn!("slot {slot}: shutting down for its multishot receive: {e}");
+            }
         }
         s.armed = Armed::Off;
         s.gen = s.gen.wrapping_add(1);
@@ -560,6 +578,7 @@ impl UringDriver {
         let live: Vec<(u32, u16)> = (m.slots.iter().enumerate())
             .filter(|(_, s)| s.armed != Armed::Off)
             .map(|(i, s)| (i as u32, s.gen))
+            .chain(m.orphans.iter().copied())
             .collect();
         for (slot, gen) in live {
             if let Err(e) = self.cancel_multi(slot, gen) {
