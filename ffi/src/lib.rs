@@ -12,11 +12,13 @@
 //! - on failure, `sw_last_error()` describes it (per thread, until the next call).
 #![allow(non_camel_case_types)]
 
+mod bench;
 mod callback_table;
 pub mod metrics;
 mod resolver;
 mod sharded;
 
+pub use bench::*;
 pub use callback_table::*;
 pub use resolver::*;
 pub use sharded::*;
@@ -100,6 +102,19 @@ impl Failure {
     }
     fn invalid(msg: impl Into<String>) -> Failure {
         Failure::new(SW_ERR_INVALID_ARGUMENT, msg.into())
+    }
+    /// This thread's last error, failed with `code` by a call made from inside another
+    /// (which records it again as its own).
+    fn again(code: sw_result) -> Failure {
+        LAST_ERROR.with(|e| {
+            let e = e.borrow();
+            Failure {
+                code,
+                msg: e.message.to_string_lossy().into_owned(),
+                remote: (e.status != 0)
+                    .then(|| (e.status, e.remote.to_string_lossy().into_owned())),
+            }
+        })
     }
 }
 
