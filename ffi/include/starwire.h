@@ -16,6 +16,30 @@
 #include <stdint.h>
 
 /*
+ Which blocking rows pull `sw_bench_pull_rows` makes (its `how`).
+ */
+enum sw_bench_pull
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   The Rust client's own: `Handle::pull_rows` (the block in memory from the runtime's
+   allocator), `Handle::wait_tag`, a look at the block and the missing rows,
+   `Handle::recycle`. What a Rust program does, and `commctl bench -o pull-rows`.
+   */
+  SW_BENCH_PULL_RUST = 0,
+  /*
+   `sw_client_pull_rows_wait`, into `rows->data`: the C ABI's blocking pull, without the
+   cost of calling it from another language.
+   */
+  SW_BENCH_PULL_C = 1,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_bench_pull;
+#endif // __cplusplus
+
+/*
  How a reference in-memory table creates rows: the `kind` of `sw_init`.
  */
 enum sw_init_kind
@@ -1139,6 +1163,38 @@ sw_result sw_client_poll(struct sw_client *c, uint64_t *tag, bool *ready);
  `c` is a live client used by this thread only; `tag` is writable.
  */
 sw_result sw_client_wait_any(struct sw_client *c, uint64_t *tag);
+
+/*
+ A benchmarking aid, not for applications: makes `calls` rows pulls of `rows` (one table)
+ the way `how` (a `sw_bench_pull`) says, one after the other, and writes the time of each,
+ in nanoseconds, to `latencies_ns`, read from before the submit to after the request's
+ vectors are recycled (`SW_BENCH_PULL_RUST`) or the C function returned
+ (`SW_BENCH_PULL_C`). Nothing else runs between the two clock readings.
+
+ A binding measures its overhead above Rust by alternating its own blocking pull (for
+ Python, `Client.pull_rows` around `sw_client_pull_rows_wait`) with one call of this,
+ request by request, on the same client, connection and server, so that both meet the
+ same load and the same waits (`ffi/python/bench/bench_pull_rows.py`). The C form tells
+ the C ABI's share of that overhead from the binding's own.
+
+ With `SW_BENCH_PULL_RUST`, `rows->data` is not used and may be NULL (`rows->byte_len` is
+ still checked: `n * row_bytes`); with `SW_BENCH_PULL_C` the rows are written there, as
+ `sw_client_pull_rows_wait` writes them. Fails as `sw_client_pull_rows_wait` does, at the
+ first pull that fails (`latencies_ns` is then not written); with
+ `SW_ERR_INVALID_ARGUMENT` for `calls` 0, an unknown `how`, and a client made with a
+ callback.
+
+ # Safety
+ As `sw_client_pull_rows_wait`, without its `missing` and `missing_count`; `latencies_ns`
+ has room for `calls` values.
+ */
+sw_result sw_bench_pull_rows(struct sw_client *c,
+                             const char *peer,
+                             const struct sw_rows *rows,
+                             uint64_t timeout_ms,
+                             uint32_t how,
+                             size_t calls,
+                             uint64_t *latencies_ns);
 
 /*
  Creates a table whose rows the caller keeps: rows of `dtype` shaped

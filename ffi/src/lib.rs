@@ -12,11 +12,13 @@
 //! - on failure, `sw_last_error()` describes it (per thread, until the next call).
 #![allow(non_camel_case_types)]
 
+mod bench;
 mod callback_table;
 pub mod metrics;
 mod resolver;
 mod sharded;
 
+pub use bench::*;
 pub use callback_table::*;
 pub use resolver::*;
 pub use sharded::*;
@@ -100,6 +102,19 @@ impl Failure {
     }
     fn invalid(msg: impl Into<String>) -> Failure {
         Failure::new(SW_ERR_INVALID_ARGUMENT, msg.into())
+    }
+    /// This thread's last error, failed with `code` by a call made from inside another
+    /// (which records it again as its own).
+    fn again(code: sw_result) -> Failure {
+        LAST_ERROR.with(|e| {
+            let e = e.borrow();
+            Failure {
+                code,
+                msg: e.message.to_string_lossy().into_owned(),
+                remote: (e.status != 0)
+                    .then(|| (e.status, e.remote.to_string_lossy().into_owned())),
+            }
+        })
     }
 }
 
@@ -2032,11 +2047,22 @@ struct Target {
 /// The caller's buffers of a rows pull, and which of them starwire holds.
 struct RowsTargets {
     targets: Vec<Target>,
-    /// Per table, whether its buffer was handed out; how many handed out are still held;
-    /// and, for a client with a callback, its call once none is.
-    state: Mutex<(Vec<bool>, usize, Option<Deferred>)>,
-    /// Signalled when a buffer is given back.
+    state: Mutex<Held>,
+    /// Signalled when the last buffer held is given back and a thread waits for it.
     released: Condvar,
+}
+
+/// Which of a rows pull's buffers starwire holds.
+struct Held {
+    /// Per table, whether its buffer was handed out.
+    taken: Vec<bool>,
+    /// How many handed out are still held.
+    lent: usize,
+    /// For a client with a callback: its call once none is.
+    deferred: Option<Deferred>,
+    /// Threads in `wait_released`: giving the last buffer back signals only when there are
+    /// some (a signal is a system call, on the waiting thread's critical path otherwise).
+    waiters: usize,
 }
 
 // SAFETY: the pointers are the caller's buffers, which `sw_client_pull_rows`' contract keeps
@@ -2060,7 +2086,12 @@ impl RowsTargets {
             })
             .collect();
         RowsTargets {
-            state: Mutex::new((vec![false; targets.len()], 0, None)),
+            state: Mutex::new(Held {
+                taken: vec![false; targets.len()],
+                lent: 0,
+                deferred: None,
+                waiters: 0,
+            }),
             targets,
             released: Condvar::new(),
         }
@@ -2069,11 +2100,13 @@ impl RowsTargets {
     /// Waits until starwire holds none of the buffers.
     fn wait_released(&self) {
         let mut state = lock(&self.state);
-        while state.1 > 0 {
+        while state.lent > 0 {
+            state.waiters += 1;
             state = self
                 .released
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.waiters -= 1;
         }
     }
 
@@ -2081,8 +2114,8 @@ impl RowsTargets {
     /// back (on the thread that gives it back).
     fn when_released(&self, call: Deferred) {
         let mut state = lock(&self.state);
-        if state.1 > 0 {
-            state.2 = Some(call);
+        if state.lent > 0 {
+            state.deferred = Some(call);
             return;
         }
         drop(state);
@@ -2139,7 +2172,7 @@ impl TensorAllocator for RowsAllocator {
         let len = usize::try_from(desc.byte_len).ok()?;
         let owner = &self.0;
         let mut state = lock(&owner.state);
-        let (taken, lent, _) = &mut *state;
+        let Held { taken, lent, .. } = &mut *state;
         let free = owner
             .targets
             .iter()
@@ -2190,10 +2223,14 @@ unsafe impl TensorMemory for Lent {
 impl Drop for Lent {
     fn drop(&mut self) {
         let mut state = lock(&self.owner.state);
-        state.1 -= 1;
-        let deferred = if state.1 == 0 { state.2.take() } else { None };
+        state.lent -= 1;
+        let last = state.lent == 0;
+        let deferred = if last { state.deferred.take() } else { None };
+        let waiters = last && state.waiters > 0;
         drop(state);
-        self.owner.released.notify_all();
+        if waiters {
+            self.owner.released.notify_all();
+        }
         if let Some(call) = deferred {
             (call.0)();
         }
@@ -2709,9 +2746,48 @@ mod tests {
             let p = m.bytes().as_ptr();
             assert!(targets.targets.iter().all(|t| t.ptr.cast_const() != p));
         }
-        assert_eq!(lock(&targets.state).1, 2);
+        assert_eq!(lock(&targets.state).lent, 2);
         drop((m1, m2, m3, m4));
-        assert_eq!(lock(&targets.state).1, 0);
+        assert_eq!(lock(&targets.state).lent, 0);
         targets.wait_released();
+    }
+
+    #[test]
+    fn a_thread_waiting_for_the_buffers_is_woken_by_the_last_one_given_back() {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        let ids = [1u64, 2];
+        let row = [4u64];
+        let args = [&mut a, &mut b].map(|buf| RowsArg {
+            rows: Rows::new(0, DType::U8, &row, &ids),
+            data: buf.as_mut_ptr(),
+            len: buf.len(),
+        });
+        let targets = Arc::new(RowsTargets::new(&args));
+        let alloc = RowsAllocator(targets.clone());
+        let desc = TensorDesc {
+            dtype: DType::U8,
+            dims: &[2, 4],
+            byte_len: 8,
+        };
+        let (m1, m2) = (
+            alloc.allocate(&desc).unwrap(),
+            alloc.allocate(&desc).unwrap(),
+        );
+        // Given back with no one waiting: nothing to signal, and nothing left held.
+        drop(m1);
+        assert_eq!(lock(&targets.state).lent, 1);
+        let waiter = {
+            let targets = targets.clone();
+            std::thread::spawn(move || targets.wait_released())
+        };
+        // The waiter is counted under the lock before it sleeps, so once it is counted the
+        // last buffer given back has to wake it.
+        while lock(&targets.state).waiters == 0 {
+            std::thread::yield_now();
+        }
+        drop(m2);
+        waiter.join().unwrap();
+        let state = lock(&targets.state);
+        assert_eq!((state.lent, state.waiters), (0, 0));
     }
 }

@@ -58,6 +58,27 @@ fn null_pointers_are_refused_and_outputs_untouched() {
             sw_result::SW_ERR_NULL
         );
         assert_eq!(tag, 7);
+        // The benchmarking aid, in either form.
+        let mut latencies = [7u64; 2];
+        for how in [
+            sw_bench_pull::SW_BENCH_PULL_RUST,
+            sw_bench_pull::SW_BENCH_PULL_C,
+        ] {
+            assert_eq!(
+                sw_bench_pull_rows(
+                    ptr::null_mut(),
+                    c"127.0.0.1:1".as_ptr(),
+                    ptr::null(),
+                    0,
+                    how as u32,
+                    2,
+                    latencies.as_mut_ptr()
+                ),
+                sw_result::SW_ERR_NULL
+            );
+            assert!(last_error().contains("client"), "{}", last_error());
+            assert_eq!(latencies, [7, 7]);
+        }
         // Getters and frees accept NULL.
         assert_eq!(sw_tensor_byte_len(ptr::null()), 0);
         assert!(sw_tensor_data(ptr::null()).is_null());

@@ -187,6 +187,13 @@ client_pull_rows_wait = _sig("sw_client_pull_rows_wait", R, p, C.c_char_p, C.POI
 # through `argtypes` costs more than the rest of such a call.
 client_pull_rows_wait_unchecked = lib["sw_client_pull_rows_wait"]
 client_pull_rows_wait_unchecked.restype = R
+# A benchmarking aid (ffi/src/bench.rs): a blocking rows pull made by the Rust client
+# itself (BENCH_PULL_RUST) or by sw_client_pull_rows_wait (BENCH_PULL_C), timed per call
+# inside the library, for ffi/python/bench/bench_pull_rows.py to alternate with
+# `Client.pull_rows`.
+BENCH_PULL_RUST, BENCH_PULL_C = 0, 1
+bench_pull_rows = _sig("sw_bench_pull_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_uint64,
+                       C.c_uint32, C.c_size_t, u64p)
 client_push_rows = _sig("sw_client_push_rows", R, p, C.c_char_p, C.POINTER(Rows), C.c_size_t,
                         C.c_uint64, u64p)
 client_push_rows_tensors = _sig("sw_client_push_rows_tensors", R, p, C.c_char_p,
