@@ -240,7 +240,7 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
     let _ = writeln!(
         s,
         "frames in/out {}/{}, bytes in/out {}/{}, connections accepted {} opened {} lost {}, \
-         send arenas {}",
+         send arenas {}, receive ring exhausted {}",
         t("frames_in"),
         t("frames_out"),
         fmt_bytes(t("bytes_in") as f64),
@@ -249,6 +249,7 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
         t("connections_opened"),
         t("connections_lost"),
         fmt_bytes(t("send_arena_bytes") as f64),
+        t("recv_ring_exhausted"),
     );
     let mut header = format!(
         "\n{:<6} {:<28} {:<10} {:>9} {:>5} {:>9} {:>5} {:>5} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
