@@ -2718,17 +2718,23 @@ mod tests {
         assert_eq!((b0, b1, b2, b3), ([0; 4], [1; 4], [2; 4], [9; 4]));
     }
 
-    #[test]
-    fn the_allocator_hands_out_each_buffer_once_by_shape() {
-        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+    /// The targets of a rows pull of ids 1 and 2 (rows of 4 u8) from two tables, into `a`
+    /// and `b`.
+    fn two_targets(a: &mut [u8; 8], b: &mut [u8; 8]) -> Arc<RowsTargets> {
         let ids = [1u64, 2];
         let row = [4u64];
-        let args = [&mut a, &mut b].map(|buf| RowsArg {
+        let args = [a, b].map(|buf| RowsArg {
             rows: Rows::new(0, DType::U8, &row, &ids),
             data: buf.as_mut_ptr(),
             len: buf.len(),
         });
-        let targets = Arc::new(RowsTargets::new(&args));
+        Arc::new(RowsTargets::new(&args))
+    }
+
+    #[test]
+    fn the_allocator_hands_out_each_buffer_once_by_shape() {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        let targets = two_targets(&mut a, &mut b);
         let alloc = RowsAllocator(targets.clone());
         let desc = |dims: &'static [u64]| TensorDesc {
             dtype: DType::U8,
@@ -2755,14 +2761,7 @@ mod tests {
     #[test]
     fn a_thread_waiting_for_the_buffers_is_woken_by_the_last_one_given_back() {
         let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
-        let ids = [1u64, 2];
-        let row = [4u64];
-        let args = [&mut a, &mut b].map(|buf| RowsArg {
-            rows: Rows::new(0, DType::U8, &row, &ids),
-            data: buf.as_mut_ptr(),
-            len: buf.len(),
-        });
-        let targets = Arc::new(RowsTargets::new(&args));
+        let targets = two_targets(&mut a, &mut b);
         let alloc = RowsAllocator(targets.clone());
         let desc = TensorDesc {
             dtype: DType::U8,

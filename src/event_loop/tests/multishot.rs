@@ -38,6 +38,15 @@ fn tcp_pair() -> (OwnedFd, TcpStream) {
     (OwnedFd::from(server), client)
 }
 
+/// A driver with a ring of 64 buffers and one TCP connection entered at slot 0: the
+/// driver, its loop state, the entered end and its peer.
+fn connected() -> Option<(LoopDriver, LoopShared, OwnedFd, TcpStream)> {
+    let (mut d, shared) = uring(64)?;
+    let (server, client) = tcp_pair();
+    d.register(0, server.as_raw_fd()).unwrap();
+    Some((d, shared, server, client))
+}
+
 /// The result of `slot`'s next receive completion, reaping others along the way.
 fn reap_recv(d: &mut LoopDriver, slot: u32) -> std::io::Result<u32> {
     let give_up = Instant::now() + Duration::from_secs(30);
@@ -111,12 +120,10 @@ fn turn_until(d: &mut LoopDriver, done: impl Fn(&crate::sys::uring::RecvRing) ->
 
 #[test]
 fn data_that_arrives_before_its_receive_is_kept_and_served_from_the_ring() {
-    let Some((mut d, _shared)) = uring(64) else {
+    let Some((mut d, _shared, server, mut client)) = connected() else {
         return;
     };
-    let (server, mut client) = tcp_pair();
     let fd = server.as_raw_fd();
-    d.register(0, fd).unwrap();
     client.write_all(b"headbody-of-the-first-frame").unwrap();
     // The first receive asks for 4 bytes; the multishot receive takes all that came.
     assert_eq!(recv_buffer(&mut d, 0, fd, 4), b"head");
@@ -160,12 +167,10 @@ fn data_that_arrives_before_its_receive_is_kept_and_served_from_the_ring() {
 
 #[test]
 fn exact_reads_stop_reading_ahead_and_a_payload_in_place_lands_straight_in_its_memory() {
-    let Some((mut d, _shared)) = uring(64) else {
+    let Some((mut d, _shared, server, mut client)) = connected() else {
         return;
     };
-    let (server, mut client) = tcp_pair();
     let fd = server.as_raw_fd();
-    d.register(0, fd).unwrap();
     // Small frames first: read ahead by a multishot receive.
     client.write_all(b"ping").unwrap();
     assert_eq!(recv_buffer(&mut d, 0, fd, 64), b"ping");
@@ -218,12 +223,10 @@ fn exact_reads_stop_reading_ahead_and_a_payload_in_place_lands_straight_in_its_m
 
 #[test]
 fn a_connection_nobody_reads_stops_taking_buffers_and_loses_nothing() {
-    let Some((mut d, _shared)) = uring(64) else {
+    let Some((mut d, _shared, server, mut client)) = connected() else {
         return;
     };
-    let (server, mut client) = tcp_pair();
     let fd = server.as_raw_fd();
-    d.register(0, fd).unwrap();
     let data = pattern(2 << 20);
     let sent = data.clone();
     let writer = std::thread::spawn(move || client.write_all(&sent).map(|()| client));
@@ -332,12 +335,10 @@ fn a_released_slot_s_multishot_receive_delivers_nothing_to_the_next_connection()
 
 #[test]
 fn the_end_of_the_stream_comes_after_the_data_the_ring_holds() {
-    let Some((mut d, _shared)) = uring(64) else {
+    let Some((mut d, _shared, server, mut client)) = connected() else {
         return;
     };
-    let (server, mut client) = tcp_pair();
     let fd = server.as_raw_fd();
-    d.register(0, fd).unwrap();
     client.write_all(b"last words").unwrap();
     drop(client);
     assert_eq!(recv_buffer(&mut d, 0, fd, 4), b"last");
@@ -357,12 +358,10 @@ fn the_end_of_the_stream_comes_after_the_data_the_ring_holds() {
 
 #[test]
 fn a_driver_going_with_a_receive_waiting_on_a_multishot_receive_drains() {
-    let Some((mut d, _shared)) = uring(64) else {
+    let Some((mut d, _shared, server, _client)) = connected() else {
         return;
     };
-    let (server, _client) = tcp_pair();
     let fd = server.as_raw_fd();
-    d.register(0, fd).unwrap();
     d.recv(0, fd, RecvMem::Buffer(vec![0; 64]), 0, 64, true, None)
         .unwrap();
     d.submit_pending().unwrap();
