@@ -123,6 +123,16 @@ settings! {
         }
     }
 
+    /// Multishot receives take bundles where the kernel has them (Linux 6.10): one
+    /// completion fills as many buffers of the ring as the data that came needs; false
+    /// takes one buffer per completion.
+    uring_recv_bundles: bool [] {
+        env: [ENV_URING_RECV_BUNDLES = "STARWIRE_URING_RECV_BUNDLES"],
+        default: [DEFAULT_URING_RECV_BUNDLES = true],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
     /// Tensors larger than this travel as chunks of this many bytes. When only `max_frame`
     /// is lowered below the default plus 64, the default follows it down to the largest
     /// multiple of 4 KiB that fits.

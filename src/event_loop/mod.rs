@@ -38,7 +38,7 @@ use crate::stats::add;
 use crate::sys::bufpool::BufPool;
 use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
 use crate::sys::loan::{Gather, RecvMem, SendMem};
-use crate::sys::uring::SetupFlags;
+use crate::sys::uring::{SetupFlags, UringOptions};
 use crate::sys::{socket, Backend};
 use crate::tensor::{Tensor, TensorMemory};
 
@@ -97,14 +97,13 @@ impl Loop {
         } else {
             SetupFlags::Off
         };
-        let driver = LoopDriver::new(
-            backend,
-            entries,
-            &shared.doorbell,
+        let opts = UringOptions {
             flags,
-            cfg.uring_fixed_files,
-            cfg.uring_recv_bufs,
-        )?;
+            fixed_files: cfg.uring_fixed_files,
+            recv_bufs: cfg.uring_recv_bufs,
+            recv_bundles: cfg.uring_recv_bundles,
+        };
+        let driver = LoopDriver::new(backend, entries, &shared.doorbell, opts)?;
         if let Some(ring) = driver.recv_ring() {
             add(&shared.counters.recv_ring_bytes, ring.bytes as u64);
         }

@@ -9,7 +9,7 @@ use crate::tensor::{DropCounted, HeapAllocator};
 
 fn driver(backend: Backend) -> (LoopDriver, LoopShared) {
     let shared = LoopShared::new().unwrap();
-    let d = LoopDriver::new(backend, 64, &shared.doorbell, SetupFlags::Auto, true, 256).unwrap();
+    let d = LoopDriver::new(backend, 64, &shared.doorbell, UringOptions::default()).unwrap();
     (d, shared)
 }
 

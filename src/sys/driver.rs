@@ -35,7 +35,7 @@ use super::epoll::{Events, Interest, Poller};
 use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
 use super::ops::decode;
 pub use super::ops::{user_data, Completion, Op, LISTENER};
-use super::uring::{on_socket, RecvRing, SetupFlags, UringDriver, USER_DATA_DOORBELL};
+use super::uring::{on_socket, RecvRing, UringDriver, UringOptions, USER_DATA_DOORBELL};
 use super::Backend;
 
 /// Writes `addr` as a C sockaddr into `out`; returns its length.
@@ -80,28 +80,16 @@ pub struct Driver<M: IoBufMut, S: IoBuf> {
 
 impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     /// A driver for `backend` with room for about `entries` operations in flight, waking on
-    /// `doorbell`; an io_uring ring is set up with `flags` (see [`Ring::with_flags`]: with
-    /// `Auto`, drive the driver from one thread) and, with `fixed_files`, a table of
-    /// registered files that sockets are entered in (see
-    /// [`FixedFiles`](super::uring::FixedFiles)), and with `recv_bufs` > 0 a ring of that many
-    /// provided buffers that receives into connection buffers take data from, multishot
-    /// (see [`UringDriver`]).
+    /// `doorbell`; an io_uring ring is set up as `opts` asks (see [`UringOptions`]; with
+    /// `SetupFlags::Auto`, drive the driver from one thread).
     pub fn new(
         backend: Backend,
         entries: u32,
         doorbell: &Doorbell,
-        flags: SetupFlags,
-        fixed_files: bool,
-        recv_bufs: u32,
+        opts: UringOptions,
     ) -> io::Result<Self> {
         let io = match backend {
-            Backend::Uring => Io::Uring(UringDriver::new(
-                entries,
-                doorbell,
-                flags,
-                fixed_files,
-                recv_bufs,
-            )?),
+            Backend::Uring => Io::Uring(UringDriver::new(entries, doorbell, opts)?),
             Backend::Epoll => Io::Epoll(EpollDriver::new(doorbell)?),
         };
         Ok(Driver {
@@ -136,6 +124,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                     registered_ring_fd: c.registered_ring_fd,
                     multishot_accept: c.defer_taskrun || c.coop_taskrun,
                     multishot_recv: d.recv_ring().is_some(),
+                    recv_bundles: d.recv_ring().is_some_and(|r| r.bundles),
                     sq_entries: c.sq_entries,
                     cq_entries: c.cq_entries,
                 }

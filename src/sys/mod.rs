@@ -88,6 +88,9 @@ pub struct IoFeatures {
     /// Receives that may read ahead are multishot, into a ring of provided buffers (with
     /// `DEFER_TASKRUN`, Linux 6.1; `STARWIRE_URING_RECV_BUFS`).
     pub multishot_recv: bool,
+    /// Those multishot receives take bundles: one completion fills several buffers (Linux
+    /// 6.10; `STARWIRE_URING_RECV_BUNDLES`).
+    pub recv_bundles: bool,
     /// Submission and completion queue sizes granted (0 on epoll).
     pub sq_entries: u32,
     /// See `sq_entries`.
@@ -107,6 +110,7 @@ impl fmt::Display for IoFeatures {
             (self.registered_ring_fd, "registered ring fd"),
             (self.multishot_accept, "multishot accept"),
             (self.multishot_recv, "multishot recv"),
+            (self.recv_bundles, "recv bundles"),
         ];
         let on: Vec<&str> = named.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {

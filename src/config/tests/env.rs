@@ -240,6 +240,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_URING_FLAGS,
         ENV_URING_FIXED_FILES,
         ENV_URING_RECV_BUFS,
+        ENV_URING_RECV_BUNDLES,
         ENV_MAX_FRAME,
         ENV_MAX_KEY,
         ENV_MAX_TENSORS,
@@ -443,6 +444,14 @@ fn uring_fixed_files_default_on_and_can_be_turned_off() {
     let off = config("ps", &[(ENV_URING_FIXED_FILES, "0")]).unwrap();
     assert!(!off.uring_fixed_files);
     assert_rejected("worker", ENV_URING_FIXED_FILES, "off");
+}
+
+#[test]
+fn uring_recv_bundles_default_on_and_can_be_turned_off() {
+    assert!(config("ps", &[]).unwrap().uring_recv_bundles);
+    let off = config("ps", &[(ENV_URING_RECV_BUNDLES, "false")]).unwrap();
+    assert!(!off.uring_recv_bundles);
+    assert_rejected("worker", ENV_URING_RECV_BUNDLES, "some");
 }
 
 #[test]

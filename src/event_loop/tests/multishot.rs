@@ -8,22 +8,19 @@ use std::os::fd::{OwnedFd, RawFd};
 use super::*;
 use crate::sys::uring::{RECV_BUF_SIZE, STASH_MAX};
 
-/// A driver with a ring of `bufs` provided buffers, or `None` where this kernel gives no
-/// io_uring (the epoll suites cover it there).
-fn uring(bufs: u32) -> Option<(LoopDriver, LoopShared)> {
+/// A driver with a ring of `bufs` provided buffers, taking bundles or not, or `None` where
+/// this kernel gives no io_uring (the epoll suites cover it there).
+fn uring(bufs: u32, bundles: bool) -> Option<(LoopDriver, LoopShared)> {
     if !backends().contains(&Backend::Uring) {
         return None;
     }
     let shared = LoopShared::new().unwrap();
-    let d = LoopDriver::new(
-        Backend::Uring,
-        256,
-        &shared.doorbell,
-        SetupFlags::Auto,
-        true,
-        bufs,
-    )
-    .unwrap();
+    let opts = UringOptions {
+        recv_bufs: bufs,
+        recv_bundles: bundles,
+        ..UringOptions::default()
+    };
+    let d = LoopDriver::new(Backend::Uring, 256, &shared.doorbell, opts).unwrap();
     assert!(d.features().multishot_recv, "{}", d.features());
     Some((d, shared))
 }
@@ -38,10 +35,10 @@ fn tcp_pair() -> (OwnedFd, TcpStream) {
     (OwnedFd::from(server), client)
 }
 
-/// A driver with a ring of 64 buffers and one TCP connection entered at slot 0: the
-/// driver, its loop state, the entered end and its peer.
+/// A driver with a ring of 64 buffers (one-buffer completions) and one TCP connection
+/// entered at slot 0: the driver, its loop state, the entered end and its peer.
 fn connected() -> Option<(LoopDriver, LoopShared, OwnedFd, TcpStream)> {
-    let (mut d, shared) = uring(64)?;
+    let (mut d, shared) = uring(64, false)?;
     let (server, client) = tcp_pair();
     d.register(0, server.as_raw_fd()).unwrap();
     Some((d, shared, server, client))
@@ -223,10 +220,18 @@ fn exact_reads_stop_reading_ahead_and_a_payload_in_place_lands_straight_in_its_m
 
 #[test]
 fn a_connection_nobody_reads_stops_taking_buffers_and_loses_nothing() {
-    let Some((mut d, _shared, server, mut client)) = connected() else {
+    for bundles in [false, true] {
+        nobody_reads(bundles);
+    }
+}
+
+fn nobody_reads(bundles: bool) {
+    let Some((mut d, _shared)) = uring(64, bundles) else {
         return;
     };
+    let (server, mut client) = tcp_pair();
     let fd = server.as_raw_fd();
+    d.register(0, fd).unwrap();
     let data = pattern(2 << 20);
     let sent = data.clone();
     let writer = std::thread::spawn(move || client.write_all(&sent).map(|()| client));
@@ -258,8 +263,14 @@ fn a_connection_nobody_reads_stops_taking_buffers_and_loses_nothing() {
 
 #[test]
 fn with_the_ring_run_dry_receives_read_on_their_own_and_lose_nothing() {
+    for bundles in [false, true] {
+        run_dry(bundles);
+    }
+}
+
+fn run_dry(bundles: bool) {
     // 8 buffers: two connections that are not read take them all.
-    let Some((mut d, _shared)) = uring(8) else {
+    let Some((mut d, _shared)) = uring(8, bundles) else {
         return;
     };
     let data = pattern(256 << 10);
@@ -298,7 +309,7 @@ fn with_the_ring_run_dry_receives_read_on_their_own_and_lose_nothing() {
 
 #[test]
 fn a_released_slot_s_multishot_receive_delivers_nothing_to_the_next_connection() {
-    let Some((mut d, _shared)) = uring(64) else {
+    let Some((mut d, _shared)) = uring(64, false) else {
         return;
     };
     let (first, mut first_peer) = tcp_pair();
@@ -372,5 +383,40 @@ fn a_driver_going_with_a_receive_waiting_on_a_multishot_receive_drains() {
     assert!(d.drain(), "{} operations left", d.in_flight());
     assert_eq!(d.in_flight(), 0);
     assert!(d.take_recv(0).is_some(), "the buffer comes back");
+    d.deregister(0);
+}
+
+#[test]
+fn a_bundle_fills_several_buffers_in_one_completion_and_keeps_the_stream_in_order() {
+    let Some((mut d, _shared)) = uring(64, true) else {
+        return;
+    };
+    assert!(d.features().recv_bundles, "{}", d.features());
+    let (server, mut client) = tcp_pair();
+    let fd = server.as_raw_fd();
+    d.register(0, fd).unwrap();
+    let data = pattern(100 << 10);
+    client.write_all(&data).unwrap();
+    // All of it waits in the socket before the multishot receive is armed.
+    let probe = TcpStream::from(server.try_clone().unwrap());
+    let mut peek = vec![0u8; data.len()];
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while !matches!(probe.peek(&mut peek), Ok(n) if n == data.len()) {
+        assert!(Instant::now() < give_up, "the data never arrived");
+        std::thread::yield_now();
+    }
+    let mut got = recv_buffer(&mut d, 0, fd, 64 << 10);
+    while got.len() < data.len() {
+        got.extend(recv_buffer(&mut d, 0, fd, 64 << 10));
+    }
+    assert!(got == data, "stream intact, in order");
+    let ring = d.recv_ring().unwrap();
+    // 100 KiB takes 7 buffers; completions that each fill one would be 7.
+    assert_eq!(ring.filled, 7, "{ring:?}");
+    assert!(
+        ring.completions < ring.filled,
+        "{ring:?}: no completion took a bundle"
+    );
+    assert_eq!(ring.held, 0, "{ring:?}");
     d.deregister(0);
 }

@@ -45,6 +45,11 @@ pub struct BufRing {
     count: u16,
     /// The tail this side has published (entries added so far, wrapping).
     tail: u16,
+    /// The head as completions show it: entries the kernel has taken, wrapping. The kernel
+    /// takes entries in ring order, one per receive or several for a bundle.
+    head: u16,
+    /// The buffer id put at each ring position.
+    bid_at: Vec<u16>,
     /// Buffers the kernel holds: provided and not yet named by a completion.
     in_kernel: u16,
 }
@@ -81,6 +86,8 @@ impl BufRing {
             bufs,
             count: count as u16,
             tail: 0,
+            head: 0,
+            bid_at: vec![0; count as usize],
             in_kernel: 0,
         };
         // SAFETY: the entries are page-aligned memory of `count` entries, owned by `me`,
@@ -110,14 +117,29 @@ impl BufRing {
         usize::from(self.count) * (RECV_BUF_SIZE + std::mem::size_of::<Entry>())
     }
 
-    /// Notes that a completion named buffer `bid`: it is ours until
-    /// [`provide`](Self::provide)d again. False for an id this ring does not have.
-    pub fn taken(&mut self, bid: u16) -> bool {
-        if bid >= self.count {
-            return false;
+    /// Takes the buffers a completion filled: it named buffer `first` and received `bytes`
+    /// (a bundle fills consecutive ring entries, each whole but the last). Calls `each`
+    /// with every buffer's id and its bytes, in order; they are ours until
+    /// [`provide`](Self::provide)d again. Returns how many buffers, 0 when `first` is not
+    /// the buffer at the ring's head (nothing is taken then).
+    pub fn take(&mut self, first: u16, bytes: usize, mut each: impl FnMut(u16, usize)) -> u16 {
+        let mask = self.count - 1;
+        if self.in_kernel == 0 || self.bid_at[usize::from(self.head & mask)] != first {
+            return 0;
         }
-        self.in_kernel = self.in_kernel.saturating_sub(1);
-        true
+        let n = bytes
+            .div_ceil(RECV_BUF_SIZE)
+            .clamp(1, usize::from(self.in_kernel)) as u16;
+        let mut left = bytes;
+        for i in 0..n {
+            let bid = self.bid_at[usize::from(self.head.wrapping_add(i) & mask)];
+            let len = left.min(RECV_BUF_SIZE);
+            left -= len;
+            each(bid, len);
+        }
+        self.head = self.head.wrapping_add(n);
+        self.in_kernel -= n;
+        n
     }
 
     /// Bytes `start..start + len` of buffer `bid`, which a completion named and which has
@@ -155,6 +177,7 @@ impl BufRing {
             (*e).len = RECV_BUF_SIZE as u32;
             (*e).bid = bid;
         }
+        self.bid_at[index] = bid;
         self.tail = self.tail.wrapping_add(1);
         // SAFETY: the tail lives in entry 0's last two bytes, which the kernel reads
         // atomically; `AtomicU16` has the layout of `u16`, and the release store publishes

@@ -15,7 +15,9 @@
 //! the ring, with no re-arming (a one-shot receive costs the kernel a poll arm per
 //! receive). The data is copied into the connection's buffer when a receive is waiting
 //! for it, and kept in the slot's *stash* (the ring buffer, held) until one is; a receive
-//! that finds stashed data completes without the kernel.
+//! that finds stashed data completes without the kernel. Where the kernel has them (Linux
+//! 6.10) the multishot receives take bundles: one completion fills as many consecutive
+//! buffers of the ring as the data needs ([`BufRing::take`]).
 //!
 //! A receive that must not read ahead (a header read on its own before a large payload,
 //! or the payload received in place) cancels the slot's multishot receive, takes what the
@@ -41,8 +43,8 @@ use std::time::Duration;
 use io_uring::{cqueue, opcode, types};
 use nix::libc;
 
+use super::USER_DATA_DOORBELL;
 use super::{on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, FILE_TABLE};
-use super::{RECV_BUF_SIZE, USER_DATA_DOORBELL};
 use crate::sys::doorbell::Doorbell;
 use crate::sys::ops::{decode, user_data, Completion, Op};
 
@@ -113,10 +115,17 @@ struct Multi {
     /// The kernel refused a multishot receive (`EINVAL`: before Linux 6.0): every receive
     /// is one-shot from then on.
     refused: bool,
+    /// Multishot receives are bundles: one completion may fill several buffers.
+    bundles: bool,
+    /// The buffers of the completion being handled (reused).
+    pieces: Vec<(u16, usize)>,
     /// Times a receive found the ring (nearly) empty, or a multishot ended for that.
     exhausted: u64,
     /// Bytes copied out of ring buffers.
     copied: u64,
+    /// Completions with data, and the buffers they filled.
+    completions: u64,
+    filled: u64,
     /// The driver is going: receives are cancelled, none is started.
     draining: bool,
 }
@@ -136,6 +145,12 @@ pub struct RecvRing {
     pub exhausted: u64,
     /// Bytes copied out of ring buffers into receives.
     pub copied: u64,
+    /// Multishot receive completions that carried data.
+    pub completions: u64,
+    /// Buffers those completions filled (more than completions with bundles).
+    pub filled: u64,
+    /// Multishot receives take bundles.
+    pub bundles: bool,
 }
 
 impl Multi {
@@ -219,17 +234,48 @@ pub struct UringDriver {
     multi: Option<Multi>,
 }
 
+/// How an io_uring driver sets up its ring: the optional kernel features it asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UringOptions {
+    /// Setup flags (see [`Ring::with_flags`]).
+    pub flags: SetupFlags,
+    /// A table of registered files that sockets are entered in (see [`FixedFiles`]).
+    pub fixed_files: bool,
+    /// Buffers in the ring of provided buffers that multishot receives take data from; 0
+    /// for none (every receive one-shot).
+    pub recv_bufs: u32,
+    /// Multishot receives as bundles where the kernel has them (Linux 6.10): one
+    /// completion may fill several buffers.
+    pub recv_bundles: bool,
+}
+
+impl Default for UringOptions {
+    /// Everything the kernel offers, and a ring of 256 buffers.
+    fn default() -> UringOptions {
+        UringOptions {
+            flags: SetupFlags::Auto,
+            fixed_files: true,
+            recv_bufs: 256,
+            recv_bundles: true,
+        }
+    }
+}
+
 impl UringDriver {
-    /// A ring of `entries` set up with `flags`, a file table when `fixed_files`, and a
-    /// ring of `recv_bufs` provided buffers for multishot receives when non-zero and the
-    /// ring has task-work flags (refused by the kernel: logged, and receives are one-shot).
+    /// A ring of `entries` set up as `opts` asks: a file table, and a ring of provided
+    /// buffers for multishot receives when the ring has `DEFER_TASKRUN` (refused by the
+    /// kernel: logged, and receives are one-shot).
     pub(in crate::sys) fn new(
         entries: u32,
         doorbell: &Doorbell,
-        flags: SetupFlags,
-        fixed_files: bool,
-        recv_bufs: u32,
+        opts: UringOptions,
     ) -> io::Result<UringDriver> {
+        let UringOptions {
+            flags,
+            fixed_files,
+            recv_bufs,
+            recv_bundles,
+        } = opts;
         let mut ring = Ring::with_flags(entries, flags)?;
         let files = if fixed_files {
             FixedFiles::new(&mut ring, FILE_TABLE)
@@ -249,6 +295,7 @@ impl UringDriver {
         let multi = if recv_bufs > 0 && caps.defer_taskrun {
             match BufRing::new(&mut ring, recv_bufs) {
                 Ok(bufs) => Some(Multi {
+                    pieces: Vec::with_capacity(bufs.count().into()),
                     bufs,
                     slots: Vec::new(),
                     ready: VecDeque::with_capacity(1024),
@@ -256,8 +303,11 @@ impl UringDriver {
                     armed: 0,
                     orphans: Vec::new(),
                     refused: false,
+                    bundles: recv_bundles && caps.feat_recvsend_bundle,
                     exhausted: 0,
                     copied: 0,
+                    completions: 0,
+                    filled: 0,
                     draining: false,
                 }),
                 Err(e) => {
@@ -293,6 +343,9 @@ impl UringDriver {
             held: m.bufs.count() - m.bufs.in_kernel(),
             exhausted: m.exhausted,
             copied: m.copied,
+            completions: m.completions,
+            filled: m.filled,
+            bundles: m.bundles,
         })
     }
 
@@ -423,8 +476,13 @@ impl UringDriver {
         let s = m.slot(slot);
         let (fd, gen) = (s.fd, s.gen);
         let d = &mut *self;
-        let entry = on_socket!(d, slot, fd, |s| opcode::RecvMulti::new(s, BUF_GROUP)
-            .build())
+        let entry = if d.multi.as_ref().is_some_and(|m| m.bundles) {
+            on_socket!(d, slot, fd, |s| opcode::RecvMultiBundle::new(s, BUF_GROUP)
+                .build())
+        } else {
+            on_socket!(d, slot, fd, |s| opcode::RecvMulti::new(s, BUF_GROUP)
+                .build())
+        }
         .user_data(multi_user_data(slot, gen));
         // SAFETY: the entry's memory is the buffer ring's, which the driver keeps while
         // any multishot receive is in the kernel (`multishots_in_flight`).
@@ -450,7 +508,18 @@ impl UringDriver {
             return Ok(());
         };
         let (slot, gen) = ((data >> 8) as u32, (data >> 40) as u16);
-        let bid = cqueue::buffer_select(flags).filter(|&b| m.bufs.taken(b));
+        // The buffers it filled: one, or several for a bundle.
+        let mut pieces = std::mem::take(&mut m.pieces);
+        pieces.clear();
+        let first = cqueue::buffer_select(flags);
+        let bytes = result.max(0) as usize;
+        let taken = first.map_or(0, |b| {
+            m.bufs.take(b, bytes, |bid, len| pieces.push((bid, len)))
+        });
+        if result > 0 {
+            m.completions += 1;
+            m.filled += u64::from(taken);
+        }
         let last = !cqueue::more(flags);
         let live = m
             .slots
@@ -458,25 +527,30 @@ impl UringDriver {
             .is_some_and(|s| s.gen == gen && s.armed != Armed::Off);
         if !live {
             // A released slot's receive: its data goes nowhere.
-            if let Some(bid) = bid {
+            for &(bid, _) in &pieces {
                 m.bufs.provide(bid);
             }
+            m.pieces = pieces;
             if last {
                 m.orphans.retain(|&o| o != (slot, gen));
             }
             return Ok(());
         }
         let s = &mut m.slots[slot as usize];
-        match bid {
-            Some(bid) if result > 0 && (result as usize) <= RECV_BUF_SIZE => {
-                s.stash.push_back((bid, 0, result as u32));
+        for &(bid, len) in &pieces {
+            if len > 0 {
+                s.stash.push_back((bid, 0, len as u32));
+            } else {
+                m.bufs.provide(bid);
             }
-            Some(bid) => m.bufs.provide(bid),
-            None if result > 0 => {
-                log::error!("io_uring: slot {slot}: {result} bytes received without a buffer");
-                s.end = Some(-libc::EIO);
-            }
-            None => {}
+        }
+        m.pieces = pieces;
+        if result > 0 && taken == 0 {
+            log::error!(
+                "io_uring: slot {slot}: {result} bytes received in a buffer out of the ring's \
+                 order ({first:?})"
+            );
+            s.end = Some(-libc::EIO);
         }
         if last {
             s.armed = Armed::Off;

@@ -81,6 +81,9 @@ pub struct Capabilities {
     pub feat_submit_stable: bool,
     /// `IORING_FEAT_EXT_ARG`: `io_uring_enter` takes a timeout (park without a timer entry).
     pub feat_ext_arg: bool,
+    /// `IORING_FEAT_RECVSEND_BUNDLE`: one receive completion may fill several provided
+    /// buffers (Linux 6.10).
+    pub feat_recvsend_bundle: bool,
     /// Submission queue size the kernel granted.
     pub sq_entries: u32,
     /// Completion queue size the kernel granted.
@@ -221,6 +224,7 @@ impl Capabilities {
             feat_fast_poll: params.is_feature_fast_poll(),
             feat_submit_stable: params.is_feature_submit_stable(),
             feat_ext_arg: params.is_feature_ext_arg(),
+            feat_recvsend_bundle: params.is_feature_recvsend_bundle(),
             sq_entries: params.sq_entries(),
             cq_entries: params.cq_entries(),
             // Filled in by `Ring::with_flags`, which knows what it asked for.
@@ -841,10 +845,12 @@ mod bufring;
 mod driver;
 mod files;
 mod ring_fd;
-pub use bufring::{BufRing, BUF_GROUP, RECV_BUF_SIZE};
+#[cfg(test)]
+pub use bufring::RECV_BUF_SIZE;
+pub use bufring::{BufRing, BUF_GROUP};
 #[cfg(test)]
 pub use driver::STASH_MAX;
-pub use driver::{RecvRing, UringDriver};
+pub use driver::{RecvRing, UringDriver, UringOptions};
 pub(crate) use files::on_socket;
 pub use files::{FixedFiles, FILE_TABLE};
 
