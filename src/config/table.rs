@@ -125,10 +125,11 @@ settings! {
 
     /// Multishot receives take bundles where the kernel has them (Linux 6.10): one
     /// completion fills as many buffers of the ring as the data that came needs; false
-    /// takes one buffer per completion.
+    /// (the default: measured slower, see `docs/performance.md`, run I7) takes one buffer
+    /// per completion.
     uring_recv_bundles: bool [] {
         env: [ENV_URING_RECV_BUNDLES = "STARWIRE_URING_RECV_BUNDLES"],
-        default: [DEFAULT_URING_RECV_BUNDLES = true],
+        default: [DEFAULT_URING_RECV_BUNDLES = false],
         kind: Flag { inverted: false },
         setter: plain,
     }

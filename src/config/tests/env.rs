@@ -447,10 +447,10 @@ fn uring_fixed_files_default_on_and_can_be_turned_off() {
 }
 
 #[test]
-fn uring_recv_bundles_default_on_and_can_be_turned_off() {
-    assert!(config("ps", &[]).unwrap().uring_recv_bundles);
-    let off = config("ps", &[(ENV_URING_RECV_BUNDLES, "false")]).unwrap();
-    assert!(!off.uring_recv_bundles);
+fn uring_recv_bundles_default_off_and_can_be_turned_on() {
+    assert!(!config("ps", &[]).unwrap().uring_recv_bundles);
+    let on = config("ps", &[(ENV_URING_RECV_BUNDLES, "true")]).unwrap();
+    assert!(on.uring_recv_bundles);
     assert_rejected("worker", ENV_URING_RECV_BUNDLES, "some");
 }
 

@@ -24,7 +24,8 @@
 //! stash holds, and then reads exactly what it asks for, straight into its memory, with a
 //! one-shot receive. The next receive that may read ahead arms a new multishot receive.
 //!
-//! A slot that holds [`STASH_MAX`] buffers unread has its multishot receive cancelled:
+//! A slot that holds a quarter of the ring unread (at least [`STASH_MIN`] buffers) has its
+//! multishot receive cancelled:
 //! the socket's buffer and TCP flow control hold the rest. The kernel keeps filling
 //! buffers until the cancel takes effect, and a sender faster than the loop can take the
 //! whole ring in one go; the ring then ends the other slots' multishot receives (the
@@ -51,8 +52,16 @@ use crate::sys::ops::{decode, user_data, Completion, Op};
 /// The operation kind of a multishot receive in `user_data` (next to [`Op`]'s).
 const MULTI_RECV: u64 = 5;
 
-/// Ring buffers a slot may hold unread before its multishot receive is cancelled.
-pub const STASH_MAX: usize = 8;
+/// Ring buffers a slot may hold unread before its multishot receive is cancelled, at
+/// least: a quarter of the ring when that is more (a bundle can bring a burst of many
+/// buffers at once to a connection that is read, and cancelling it then only costs a
+/// re-arm).
+pub const STASH_MIN: usize = 8;
+
+/// The most ring buffers a slot may hold unread in a ring of `count`.
+fn stash_max(count: u16) -> usize {
+    (usize::from(count) / 4).max(STASH_MIN)
+}
 
 /// `user_data` of generation `gen` of `slot`'s multishot receive.
 fn multi_user_data(slot: u32, gen: u16) -> u64 {
@@ -93,7 +102,7 @@ impl MultiSlot {
             armed: Armed::Off,
             fd: -1,
             waiting: None,
-            stash: VecDeque::with_capacity(STASH_MAX * 2),
+            stash: VecDeque::with_capacity(STASH_MIN * 2),
             end: None,
         }
     }
@@ -151,6 +160,8 @@ pub struct RecvRing {
     pub filled: u64,
     /// Multishot receives take bundles.
     pub bundles: bool,
+    /// Buffers a connection may hold unread before its multishot receive is cancelled.
+    pub stash_max: usize,
 }
 
 impl Multi {
@@ -250,13 +261,14 @@ pub struct UringOptions {
 }
 
 impl Default for UringOptions {
-    /// Everything the kernel offers, and a ring of 256 buffers.
+    /// As the settings' defaults: the setup flags, the file table and a ring of 256
+    /// buffers, without bundles.
     fn default() -> UringOptions {
         UringOptions {
             flags: SetupFlags::Auto,
             fixed_files: true,
             recv_bufs: 256,
-            recv_bundles: true,
+            recv_bundles: false,
         }
     }
 }
@@ -346,6 +358,7 @@ impl UringDriver {
             completions: m.completions,
             filled: m.filled,
             bundles: m.bundles,
+            stash_max: stash_max(m.bufs.count()),
         })
     }
 
@@ -600,7 +613,7 @@ impl UringDriver {
             }
             return r;
         }
-        if s.armed == Armed::On && s.stash.len() >= STASH_MAX {
+        if s.armed == Armed::On && s.stash.len() >= stash_max(m.bufs.count()) {
             // Nobody reads this connection: leave the rest in its socket.
             s.armed = Armed::Cancelling;
             let gen = s.gen;

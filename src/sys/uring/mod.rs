@@ -849,7 +849,7 @@ mod ring_fd;
 pub use bufring::RECV_BUF_SIZE;
 pub use bufring::{BufRing, BUF_GROUP};
 #[cfg(test)]
-pub use driver::STASH_MAX;
+pub use driver::STASH_MIN;
 pub use driver::{RecvRing, UringDriver, UringOptions};
 pub(crate) use files::on_socket;
 pub use files::{FixedFiles, FILE_TABLE};
