@@ -164,7 +164,34 @@ pub struct RecvRing {
     pub stash_max: usize,
 }
 
+/// How a slot's waiting receive goes on once no multishot receive of the slot is in the
+/// kernel and its stash is empty.
+enum Next {
+    /// It completes with this result: the end of the stream, an error, or cancelled.
+    Complete(i32),
+    /// A one-shot read into its memory.
+    Once,
+    /// A new multishot receive.
+    Arm,
+}
+
 impl Multi {
+    /// How `slot`'s waiting receive goes on (see [`Next`]): one read in place, a kernel
+    /// without multishot receives or a ring nearly empty take a one-shot read.
+    fn next(&self, slot: u32) -> Next {
+        let s = &self.slots[slot as usize];
+        if let Some(end) = s.end.or(self.draining.then_some(-libc::ECANCELED)) {
+            return Next::Complete(end);
+        }
+        let direct = s.waiting.is_some_and(|(_, _, direct)| direct);
+        let low = self.bufs.in_kernel() <= self.bufs.count() / 8;
+        if direct || self.refused || low {
+            Next::Once
+        } else {
+            Next::Arm
+        }
+    }
+
     fn slot(&mut self, slot: u32) -> &mut MultiSlot {
         let i = slot as usize;
         if i >= self.slots.len() {
@@ -422,34 +449,52 @@ impl UringDriver {
             }
         }
         let m = self.multi.as_mut().expect("checked above");
-        if m.fill(slot) {
+        // Data (or the end) completes the waiting receive; after a cancel, a one-shot read
+        // does if no data does.
+        if m.fill(slot) || m.slots[slot as usize].armed != Armed::Off {
             return Ok(false);
         }
-        let low = m.bufs.in_kernel() <= m.bufs.count() / 8;
-        let ahead = ahead && !m.refused;
+        // A receive that could read ahead and reads on its own: the ring is nearly empty.
+        if ahead && !m.refused && matches!(m.next(slot), Next::Once) {
+            m.exhausted += 1;
+        }
+        // SAFETY: passed on from the caller.
+        let r = unsafe { self.start_waiting(slot, fixed) };
+        if r.is_err() {
+            // Not started: the caller takes `buf` back.
+            self.multi.as_mut().expect("checked above").slots[slot as usize].waiting = None;
+        }
+        r
+    }
+
+    /// Starts `slot`'s waiting receive as [`Multi::next`] says, once no multishot receive
+    /// of the slot is in the kernel and its stash is empty; `fixed` as for
+    /// [`recv`](Self::recv). Returns whether a one-shot read is a `READ_FIXED` entry.
+    ///
+    /// # Safety
+    /// The waiting receive's memory is held as [`recv`](Self::recv) requires, and `fixed`
+    /// names a registered buffer that contains it.
+    unsafe fn start_waiting(&mut self, slot: u32, fixed: Option<u16>) -> io::Result<bool> {
+        let m = self.multi.as_mut().expect("called with multishot receives");
+        let next = m.next(slot);
         let s = &mut m.slots[slot as usize];
-        match (s.armed, s.end) {
-            (Armed::Off, Some(end)) => {
+        let Some((buf, len, _)) = s.waiting else {
+            return Ok(false);
+        };
+        match next {
+            Next::Complete(end) => {
                 s.waiting = None;
                 m.ready.push_back((user_data(slot, Op::Recv), end));
                 Ok(false)
             }
-            // Data (or the end) completes the waiting receive; after a cancel, a one-shot
-            // read does if no data does.
-            (Armed::On | Armed::Cancelling, _) => Ok(false),
-            (Armed::Off, None) if ahead && !low => {
-                if let Err(e) = self.arm_multi(slot) {
-                    self.multi.as_mut().expect("checked above").slots[slot as usize].waiting = None;
-                    return Err(e);
-                }
-                Ok(false)
-            }
-            (Armed::Off, None) => {
-                m.exhausted += u64::from(ahead);
+            Next::Once => {
                 s.waiting = None;
-                // SAFETY: passed on from the caller.
+                let fd = s.fd;
+                // SAFETY: passed on from the caller; the one-shot read now carries the
+                // waiting receive's completion.
                 unsafe { self.recv_once(slot, fd, buf, len, fixed) }
             }
+            Next::Arm => self.arm_multi(slot).map(|()| false),
         }
     }
 
@@ -486,10 +531,11 @@ impl UringDriver {
         let Some(m) = self.multi.as_mut() else {
             return Ok(());
         };
+        let bundles = m.bundles;
         let s = m.slot(slot);
         let (fd, gen) = (s.fd, s.gen);
         let d = &mut *self;
-        let entry = if d.multi.as_ref().is_some_and(|m| m.bundles) {
+        let entry = if bundles {
             on_socket!(d, slot, fd, |s| opcode::RecvMultiBundle::new(s, BUF_GROUP)
                 .build())
         } else {
@@ -587,23 +633,9 @@ impl UringDriver {
         }
         let s = &mut m.slots[slot as usize];
         if s.armed == Armed::Off {
-            let Some((buf, len, direct)) = s.waiting else {
-                return Ok(());
-            };
-            let r = if let Some(end) = s.end.or(m.draining.then_some(-libc::ECANCELED)) {
-                s.waiting = None;
-                m.ready.push_back((user_data(slot, Op::Recv), end));
-                Ok(())
-            } else if direct || m.refused || m.bufs.in_kernel() <= m.bufs.count() / 8 {
-                s.waiting = None;
-                let fd = s.fd;
-                // SAFETY: `buf..buf + len` is the waiting receive's memory, which the driver
-                // holds until that receive's completion is reaped; the one-shot receive
-                // now carries that completion.
-                unsafe { self.recv_once(slot, fd, buf, len, None) }.map(drop)
-            } else {
-                self.arm_multi(slot)
-            };
+            // SAFETY: the waiting receive's memory is held by the driver until its
+            // completion is reaped (`Driver::recv`); no fixed buffer is named.
+            let r = unsafe { self.start_waiting(slot, None) }.map(drop);
             if let Err(e) = &r {
                 // The waiting receive completes with the error.
                 let m = self.multi.as_mut().expect("checked above");
