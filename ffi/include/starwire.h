@@ -189,8 +189,9 @@ typedef uint32_t sw_result;
 #endif // __cplusplus
 
 /*
- A thread's way to submit requests. Used by one thread at a time (it may move between
- threads); make one per submitting thread.
+ A thread's way to submit requests. Used by one thread at a time (a client of the
+ runtime's loops may move between threads; an embedded one stays on the thread that made
+ it); make one per submitting thread.
  */
 typedef struct sw_client sw_client;
 
@@ -799,6 +800,16 @@ sw_result sw_runtime_abort_step(const struct sw_runtime *rt, uint64_t step);
 sw_result sw_runtime_stats(const struct sw_runtime *rt, struct sw_stats *out);
 
 /*
+ Writes a snapshot of an embedded client's counters (those of its own loop, which the
+ runtime's do not include) to `*out`. `SW_ERR_INVALID_ARGUMENT` for a client of the
+ runtime's loops: its requests are in `sw_runtime_stats`.
+
+ # Safety
+ `c` is a live client used by this thread only; `out` is writable.
+ */
+sw_result sw_client_loop_stats(struct sw_client *c, struct sw_stats *out);
+
+/*
  Stops the runtime: in-flight requests fail with `SW_ERR_SHUTDOWN`, loops are joined.
  Free every client of this runtime first. NULL is ignored.
 
@@ -888,6 +899,30 @@ void sw_reply_free(struct sw_reply *r);
  `rt` is a live runtime; `out` is writable.
  */
 sw_result sw_client_new(const struct sw_runtime *rt, uint32_t capacity, struct sw_client **out);
+
+/*
+ A client that runs an event loop of its own on the calling thread, instead of handing
+ its requests to the runtime's loops: an *embedded* client. No thread hop on either
+ side of a request, and no loop thread to share a CPU with; in exchange the client moves
+ only while its thread is inside one of its calls (a wait, a poll, a submission), and
+ only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other; free
+ it on that thread too, or it is leaked rather than freed).
+
+ Its settings are the runtime's (`rt`'s job, task, settings and environment), with the
+ `settings` given here on top: `WORKER_ENABLE_POLLING=true` (or the PS's) makes its waits
+ busy-poll, `STARWIRE_SPIN_US` bounds how long they spin before they sleep in the
+ kernel. It uses the runtime's allocator hooks; it has no limit on requests in flight
+ and no callback form. It is a client only: it does not listen, and it does not serve.
+
+ # Safety
+ `rt` is a live runtime; `setting_names` and `setting_values` point at `settings`
+ NUL-terminated strings each (NULL allowed when `settings` is 0); `out` is writable.
+ */
+sw_result sw_client_new_embedded(const struct sw_runtime *rt,
+                                 const char *const *setting_names,
+                                 const char *const *setting_values,
+                                 size_t settings,
+                                 struct sw_client **out);
 
 /*
  A client whose completions are delivered to `callback` (with `user_data`) instead of

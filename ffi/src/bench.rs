@@ -8,8 +8,8 @@ use std::time::Instant;
 use starwire::Reply;
 
 use crate::{
-    address, deadline, reference_mut, rows_args_with, sw_client, sw_client_pull_rows_wait,
-    sw_result, sw_rows, table_failure, Failure, SW_ERR_PROTOCOL, SW_OK,
+    address, client_mut, deadline, rows_args_with, sw_client, sw_client_pull_rows_wait, sw_result,
+    sw_rows, table_failure, with_client, Failure, SW_ERR_PROTOCOL, SW_OK,
 };
 
 /// Which blocking rows pull `sw_bench_pull_rows` makes (its `how`).
@@ -92,7 +92,7 @@ pub unsafe extern "C" fn sw_bench_pull_rows(
             }
         } else if how == sw_bench_pull::SW_BENCH_PULL_RUST as u32 {
             // SAFETY: per this function's contract.
-            let client = unsafe { reference_mut(c, "client") }?;
+            let client = unsafe { client_mut(c) }?;
             // SAFETY: per this function's contract.
             let peer = unsafe { address(peer, "peer") }?;
             if client.callback {
@@ -106,10 +106,9 @@ pub unsafe extern "C" fn sw_bench_pull_rows(
             let table = request[0].table;
             for _ in 0..calls {
                 let start = Instant::now();
-                let ticket = client
-                    .handle
-                    .pull_rows(peer, &request, deadline(timeout_ms))?;
-                let completion = client.handle.wait_tag(ticket.tag())?;
+                let completion = with_client!(client, |h| h
+                    .pull_rows(peer, &request, deadline(timeout_ms))
+                    .and_then(|t| h.wait_tag(t.tag())))?;
                 let outcome = match &completion.result {
                     Ok(Reply::Rows(r)) => match r.block(0) {
                         Ok(_) if r.missing(0).len() <= request[0].ids.len() => Ok(()),
@@ -125,7 +124,7 @@ pub unsafe extern "C" fn sw_bench_pull_rows(
                     )),
                     Err(e) => Err(Failure::from(e.clone())),
                 };
-                client.handle.recycle(completion);
+                with_client!(client, |h| h.recycle(completion));
                 latencies.push(start.elapsed().as_nanos() as u64);
                 outcome?;
             }

@@ -29,14 +29,16 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use starwire::config::ConfigBuilder;
 use starwire::rows::{PulledRows, Rows, MAX_ROW_RANK};
 use starwire::table::{Init, MemTable, Optimizer, Tables};
+use starwire::Config;
 use starwire::{
-    Completion, Error, ErrorKind, Handle, Options, Rendezvous, Reply, Runtime, Service, Table,
-    Tensor, TensorAllocator, TensorDesc, TensorMemory, Ticket,
+    Completion, Embedded, Error, ErrorKind, Handle, Options, Rendezvous, Reply, Runtime, Service,
+    Table, Tensor, TensorAllocator, TensorDesc, TensorMemory,
 };
 use starwire::{DType, Status};
 
@@ -1084,6 +1086,63 @@ pub struct sw_runtime_options {
 pub struct sw_runtime {
     runtime: Runtime,
     rendezvous: Arc<Rendezvous>,
+    /// Where its settings came from, for the embedded clients made from it.
+    source: ConfigSource,
+    /// Its allocator hooks, which its embedded clients use too.
+    allocator: Option<Arc<dyn TensorAllocator>>,
+}
+
+/// `n` settings given as two arrays of strings, names and values.
+///
+/// # Safety
+/// `names` and `values` point at `n` NUL-terminated strings each (may be NULL when `n` is 0).
+unsafe fn settings_of(
+    names: *const *const c_char,
+    values: *const *const c_char,
+    n: usize,
+) -> Result<Vec<(String, std::ffi::OsString)>, Failure> {
+    // SAFETY: per this function's contract.
+    let names = unsafe { slice(names, n, "setting_names") }?;
+    // SAFETY: per this function's contract.
+    let values = unsafe { slice(values, n, "setting_values") }?;
+    let mut settings = Vec::with_capacity(n);
+    for (&n, &v) in names.iter().zip(values) {
+        // SAFETY: per this function's contract.
+        let (n, v) = unsafe { (string(n, "setting name")?, string(v, "setting value")?) };
+        settings.push((n.to_string(), std::ffi::OsString::from(v)));
+    }
+    Ok(settings)
+}
+
+/// A runtime's settings as given: read again, with more on top, for its embedded clients.
+struct ConfigSource {
+    job: String,
+    task_index: u32,
+    settings: Vec<(String, std::ffi::OsString)>,
+    use_env: bool,
+}
+
+impl ConfigSource {
+    /// The configuration of these settings, with `more` given on top of them.
+    fn config(&self, more: &[(String, std::ffi::OsString)]) -> Result<Config, Failure> {
+        let lookup = |name: &str| {
+            let given = more
+                .iter()
+                .chain(&self.settings)
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone());
+            given.or_else(|| {
+                if self.use_env {
+                    std::env::var_os(name)
+                } else {
+                    None
+                }
+            })
+        };
+        ConfigBuilder::from_lookup(&self.job, self.task_index, lookup)
+            .and_then(|b| b.build())
+            .map_err(|e| Failure::new(SW_ERR_CONFIG, e.to_string()))
+    }
 }
 
 /// Starts a runtime. On `SW_OK`, `*out` is a runtime the caller stops with
@@ -1106,32 +1165,14 @@ pub unsafe extern "C" fn sw_runtime_new(
         // SAFETY: per this function's contract.
         let job = unsafe { string(o.job, "options.job") }?;
         // SAFETY: per this function's contract.
-        let names = unsafe { slice(o.setting_names, o.settings, "options.setting_names") }?;
-        // SAFETY: per this function's contract.
-        let values = unsafe { slice(o.setting_values, o.settings, "options.setting_values") }?;
-        let mut settings = Vec::with_capacity(names.len());
-        for (&n, &v) in names.iter().zip(values) {
-            // SAFETY: per this function's contract.
-            let (n, v) = unsafe { (string(n, "setting name")?, string(v, "setting value")?) };
-            settings.push((n.to_string(), std::ffi::OsString::from(v)));
-        }
-        let use_env = o.use_env;
-        let lookup = |name: &str| {
-            let given = settings
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone());
-            given.or_else(|| {
-                if use_env {
-                    std::env::var_os(name)
-                } else {
-                    None
-                }
-            })
+        let settings = unsafe { settings_of(o.setting_names, o.setting_values, o.settings) }?;
+        let source = ConfigSource {
+            job: job.to_string(),
+            task_index: o.task_index,
+            settings,
+            use_env: o.use_env,
         };
-        let config = ConfigBuilder::from_lookup(job, o.task_index, lookup)
-            .and_then(|b| b.build())
-            .map_err(|e| Failure::new(SW_ERR_CONFIG, e.to_string()))?;
+        let config = source.config(&[])?;
         let listen = if o.listen.is_null() {
             None
         } else {
@@ -1153,12 +1194,13 @@ pub unsafe extern "C" fn sw_runtime_new(
             }
         };
         let rendezvous = Rendezvous::new();
+        // SAFETY: per this function's contract.
+        let allocator = unsafe { allocator(o.allocator) }?;
         let options = Options {
             listen,
             service,
             rendezvous: Some(rendezvous.clone()),
-            // SAFETY: per this function's contract.
-            allocator: unsafe { allocator(o.allocator) }?,
+            allocator: allocator.clone(),
             handler_threads: Some(o.handler_threads as usize),
             ..Options::default()
         };
@@ -1167,6 +1209,8 @@ pub unsafe extern "C" fn sw_runtime_new(
         let rt = Box::new(sw_runtime {
             runtime,
             rendezvous,
+            source,
+            allocator,
         });
         // SAFETY: checked non-null above.
         unsafe { write(out, Box::into_raw(rt)) };
@@ -1268,8 +1312,15 @@ pub unsafe extern "C" fn sw_runtime_stats(rt: *const sw_runtime, out: *mut sw_st
         if out.is_null() {
             return Err(Failure::null("out"));
         }
-        let s = rt.runtime.stats();
-        let stats = sw_stats {
+        // SAFETY: checked non-null above.
+        unsafe { write(out, sw_stats::of(&rt.runtime.stats())) };
+        Ok(())
+    })
+}
+
+impl sw_stats {
+    fn of(s: &starwire::Stats) -> sw_stats {
+        sw_stats {
             frames_in: s.frames_in,
             frames_out: s.frames_out,
             bytes_in: s.bytes_in,
@@ -1281,9 +1332,31 @@ pub unsafe extern "C" fn sw_runtime_stats(rt: *const sw_runtime, out: *mut sw_st
             connections_lost: s.connections_lost,
             payload_direct: s.payload_direct,
             payload_copied: s.payload_copied,
+        }
+    }
+}
+
+/// Writes a snapshot of an embedded client's counters (those of its own loop, which the
+/// runtime's do not include) to `*out`. `SW_ERR_INVALID_ARGUMENT` for a client of the
+/// runtime's loops: its requests are in `sw_runtime_stats`.
+///
+/// # Safety
+/// `c` is a live client used by this thread only; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_loop_stats(c: *mut sw_client, out: *mut sw_stats) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let client = unsafe { client_mut(c) }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        let Driven::Caller(caller) = &client.driven else {
+            return Err(Failure::invalid(
+                "not an embedded client: its requests are in its runtime's stats",
+            ));
         };
         // SAFETY: checked non-null above.
-        unsafe { write(out, stats) };
+        unsafe { write(out, sw_stats::of(&caller.client.stats())) };
         Ok(())
     })
 }
@@ -1524,10 +1597,11 @@ pub unsafe extern "C" fn sw_reply_free(r: *mut sw_reply) {
 
 // ----- clients -----
 
-/// A thread's way to submit requests. Used by one thread at a time (it may move between
-/// threads); make one per submitting thread.
+/// A thread's way to submit requests. Used by one thread at a time (a client of the
+/// runtime's loops may move between threads; an embedded one stays on the thread that made
+/// it); make one per submitting thread.
 pub struct sw_client {
-    handle: Handle,
+    driven: Driven,
     /// Whether completions go to a callback (no `sw_client_wait`).
     callback: bool,
     /// Rows pulls not yet waited for, by tag: the caller's buffers their blocks go to.
@@ -1539,14 +1613,78 @@ pub struct sw_client {
     ready: HashMap<u64, Completion>,
 }
 
+/// What moves a client's requests.
+// The common kind stays inline (no pointer to follow per call); the embedded one, larger
+// still, is boxed.
+#[allow(clippy::large_enum_variant)]
+enum Driven {
+    /// The runtime's loop threads; the caller's thread only waits.
+    Threads(Handle),
+    /// A loop of the client's own, run by the thread that made it (`sw_client_new_embedded`).
+    Caller(Box<CallerDriven>),
+}
+
+/// An embedded client, and the thread that made it: its only driver (an io_uring ring
+/// made for a single issuer refuses any other thread).
+struct CallerDriven {
+    client: Embedded,
+    owner: ThreadId,
+}
+
+/// Runs `$body` with `$h` bound to the client's [`starwire::Client`], whatever drives it.
+macro_rules! with_client {
+    ($client:expr, |$h:ident| $body:expr) => {
+        match &mut $client.driven {
+            $crate::Driven::Threads($h) => $body,
+            $crate::Driven::Caller(caller) => {
+                let $h = &mut caller.client;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_client;
+
+/// `c` as a client this thread may use: `SW_ERR_INVALID_ARGUMENT` for an embedded client
+/// made by another thread.
+///
+/// # Safety
+/// As [`reference_mut`].
+unsafe fn client_mut<'a>(c: *mut sw_client) -> Result<&'a mut sw_client, Failure> {
+    // SAFETY: per the caller.
+    let client = unsafe { reference_mut(c, "client") }?;
+    if let Driven::Caller(caller) = &client.driven {
+        if caller.owner != std::thread::current().id() {
+            return Err(Failure::invalid(
+                "an embedded client is used only by the thread that made it",
+            ));
+        }
+    }
+    Ok(client)
+}
+
 impl sw_client {
-    fn new(handle: Handle, callback: bool) -> sw_client {
+    fn new(driven: Driven, callback: bool) -> sw_client {
         sw_client {
-            handle,
+            driven,
             callback,
             rows: HashMap::new(),
             callback_rows: None,
             ready: HashMap::new(),
+        }
+    }
+
+    /// Waits until starwire holds none of `targets`' buffers (a rows pull given up
+    /// mid-transfer may still be receiving into them). An embedded client runs its loop
+    /// meanwhile: nothing else would.
+    fn wait_released(&mut self, targets: &RowsTargets) {
+        match &mut self.driven {
+            Driven::Threads(_) => targets.wait_released(),
+            Driven::Caller(caller) => {
+                while targets.held() {
+                    caller.client.drive(Some(Duration::from_millis(1)));
+                }
+            }
         }
     }
 }
@@ -1586,9 +1724,58 @@ pub unsafe extern "C" fn sw_client_new(
             return Err(Failure::null("out"));
         }
         let handle = rt.runtime.handle(capacity.max(1) as usize);
-        let client = Box::new(sw_client::new(handle, false));
+        let client = Box::new(sw_client::new(Driven::Threads(handle), false));
         // SAFETY: checked non-null above.
         unsafe { write(out, Box::into_raw(client)) };
+        Ok(())
+    })
+}
+
+/// A client that runs an event loop of its own on the calling thread, instead of handing
+/// its requests to the runtime's loops: an *embedded* client. No thread hop on either
+/// side of a request, and no loop thread to share a CPU with; in exchange the client moves
+/// only while its thread is inside one of its calls (a wait, a poll, a submission), and
+/// only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other; free
+/// it on that thread too, or it is leaked rather than freed).
+///
+/// Its settings are the runtime's (`rt`'s job, task, settings and environment), with the
+/// `settings` given here on top: `WORKER_ENABLE_POLLING=true` (or the PS's) makes its waits
+/// busy-poll, `STARWIRE_SPIN_US` bounds how long they spin before they sleep in the
+/// kernel. It uses the runtime's allocator hooks; it has no limit on requests in flight
+/// and no callback form. It is a client only: it does not listen, and it does not serve.
+///
+/// # Safety
+/// `rt` is a live runtime; `setting_names` and `setting_values` point at `settings`
+/// NUL-terminated strings each (NULL allowed when `settings` is 0); `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn sw_client_new_embedded(
+    rt: *const sw_runtime,
+    setting_names: *const *const c_char,
+    setting_values: *const *const c_char,
+    settings: usize,
+    out: *mut *mut sw_client,
+) -> sw_result {
+    boundary(|| {
+        // SAFETY: per this function's contract.
+        let rt = unsafe { reference(rt, "rt") }?;
+        if out.is_null() {
+            return Err(Failure::null("out"));
+        }
+        // SAFETY: per this function's contract.
+        let more = unsafe { settings_of(setting_names, setting_values, settings) }?;
+        let config = rt.source.config(&more)?;
+        let options = Options {
+            allocator: rt.allocator.clone(),
+            ..Options::default()
+        };
+        let client = Embedded::with_options(config, options)
+            .map_err(|e| Failure::new(SW_ERR_IO, format!("starting an embedded client: {e}")))?;
+        let driven = Driven::Caller(Box::new(CallerDriven {
+            client,
+            owner: std::thread::current().id(),
+        }));
+        // SAFETY: checked non-null above.
+        unsafe { write(out, Box::into_raw(Box::new(sw_client::new(driven, false)))) };
         Ok(())
     })
 }
@@ -1675,7 +1862,7 @@ pub unsafe extern "C" fn sw_client_new_with_callback(
                 }
             }),
         );
-        let mut client = Box::new(sw_client::new(handle, true));
+        let mut client = Box::new(sw_client::new(Driven::Threads(handle), true));
         client.callback_rows = Some(rows);
         // SAFETY: checked non-null above.
         unsafe { write(out, Box::into_raw(client)) };
@@ -1695,9 +1882,22 @@ pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
         if !c.is_null() {
             // SAFETY: made by `Box::into_raw` in this crate, freed once.
             let mut client = unsafe { Box::from_raw(c) };
+            if let Driven::Caller(caller) = &client.driven {
+                if caller.owner != std::thread::current().id() {
+                    // Only its own thread can run its loop, which may still be receiving
+                    // into the caller's buffers, or hold requests in the kernel: it is
+                    // kept, never freed.
+                    log::error!(
+                        "sw_client_free: an embedded client freed by a thread other than \
+                         the one that made it is leaked, not freed"
+                    );
+                    std::mem::forget(client);
+                    return;
+                }
+            }
             for (tag, targets) in std::mem::take(&mut client.rows) {
-                drop(client.handle.wait_tag(tag));
-                targets.wait_released();
+                drop(with_client!(client, |h| h.wait_tag(tag)));
+                client.wait_released(&targets);
             }
             if let Some(cb) = &client.callback_rows {
                 // A callback client's rows pulls: until each has been handed to the callback
@@ -1715,23 +1915,23 @@ pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
 ///
 /// # Safety
 /// As the submitting functions.
-unsafe fn submit<K>(
+unsafe fn submit(
     c: *mut sw_client,
     peer: *const c_char,
     tag: *mut u64,
-    f: impl FnOnce(&mut Handle, SocketAddr) -> Result<Ticket<K>, Error>,
+    f: impl FnOnce(&mut sw_client, SocketAddr) -> Result<u64, Error>,
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per the caller.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         // SAFETY: per the caller.
         let peer = unsafe { address(peer, "peer") }?;
         if tag.is_null() {
             return Err(Failure::null("tag"));
         }
-        let t = f(&mut client.handle, peer)?;
+        let t = f(client, peer)?;
         // SAFETY: checked non-null above.
-        unsafe { write(tag, t.tag()) };
+        unsafe { write(tag, t) };
         Ok(())
     })
 }
@@ -1752,8 +1952,10 @@ pub unsafe extern "C" fn sw_client_ping(
 ) -> sw_result {
     // SAFETY: per this function's contract.
     unsafe {
-        submit(c, peer, tag, |h, p| {
-            h.ping(p, payload, deadline(timeout_ms))
+        submit(c, peer, tag, |client, p| {
+            with_client!(client, |h| h
+                .ping(p, payload, deadline(timeout_ms))
+                .map(|t| t.tag()))
         })
     }
 }
@@ -1779,8 +1981,10 @@ pub unsafe extern "C" fn sw_client_pull(
     };
     // SAFETY: per this function's contract.
     unsafe {
-        submit(c, peer, tag, |h, p| {
-            h.pull_slice(p, ids, deadline(timeout_ms))
+        submit(c, peer, tag, |client, p| {
+            with_client!(client, |h| h
+                .pull_slice(p, ids, deadline(timeout_ms))
+                .map(|t| t.tag()))
         })
     }
 }
@@ -1817,8 +2021,10 @@ pub unsafe extern "C" fn sw_client_pull_into(
     };
     // SAFETY: per this function's contract.
     unsafe {
-        submit(c, peer, tag, |h, p| {
-            h.pull_into(p, ids, alloc, deadline(timeout_ms))
+        submit(c, peer, tag, |client, p| {
+            with_client!(client, |h| h
+                .pull_into(p, ids, alloc, deadline(timeout_ms))
+                .map(|t| t.tag()))
         })
     }
 }
@@ -1855,7 +2061,13 @@ pub unsafe extern "C" fn sw_client_push(
         Err(f) => return boundary(|| Err(f)),
     };
     // SAFETY: per this function's contract.
-    unsafe { submit(c, peer, tag, |h, p| h.push(p, items, deadline(timeout_ms))) }
+    unsafe {
+        submit(c, peer, tag, |client, p| {
+            with_client!(client, |h| h
+                .push(p, items, deadline(timeout_ms))
+                .map(|t| t.tag()))
+        })
+    }
 }
 
 /// Receives the tensor `peer` publishes under `key` (`key_len` bytes) for `step`: completes
@@ -1880,8 +2092,10 @@ pub unsafe extern "C" fn sw_client_recv(
     };
     // SAFETY: per this function's contract.
     unsafe {
-        submit(c, peer, tag, |h, p| {
-            h.recv(p, step, key, deadline(timeout_ms))
+        submit(c, peer, tag, |client, p| {
+            with_client!(client, |h| h
+                .recv(p, step, key, deadline(timeout_ms))
+                .map(|t| t.tag()))
         })
     }
 }
@@ -1918,8 +2132,10 @@ pub unsafe extern "C" fn sw_client_recv_many(
     };
     // SAFETY: per this function's contract.
     unsafe {
-        submit(c, peer, tag, |h, p| {
-            h.recv_many(p, step, keys, deadline(timeout_ms))
+        submit(c, peer, tag, |client, p| {
+            with_client!(client, |h| h
+                .recv_many(p, step, keys, deadline(timeout_ms))
+                .map(|t| t.tag()))
         })
     }
 }
@@ -2098,6 +2314,11 @@ impl RowsTargets {
     }
 
     /// Waits until starwire holds none of the buffers.
+    /// Whether starwire holds one of the buffers.
+    fn held(&self) -> bool {
+        lock(&self.state).lent > 0
+    }
+
     fn wait_released(&self) {
         let mut state = lock(&self.state);
         while state.lent > 0 {
@@ -2276,7 +2497,7 @@ pub unsafe extern "C" fn sw_client_pull_rows(
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per this function's contract.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         // SAFETY: per this function's contract.
         let peer = unsafe { address(peer, "peer") }?;
         if tag.is_null() {
@@ -2292,17 +2513,23 @@ pub unsafe extern "C" fn sw_client_pull_rows(
                 // Registered before the callback can look for it: the callback takes this
                 // lock, and submitting never waits for the loop.
                 let mut pending = lock(&cb.pending);
-                let t = client
-                    .handle
-                    .pull_rows_into(peer, &rows, alloc, deadline(timeout_ms))?;
+                let t = with_client!(client, |h| h.pull_rows_into(
+                    peer,
+                    &rows,
+                    alloc,
+                    deadline(timeout_ms)
+                ))?;
                 pending.insert(t.tag(), targets);
                 cb.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 t
             }
             None => {
-                let t = client
-                    .handle
-                    .pull_rows_into(peer, &rows, alloc, deadline(timeout_ms))?;
+                let t = with_client!(client, |h| h.pull_rows_into(
+                    peer,
+                    &rows,
+                    alloc,
+                    deadline(timeout_ms)
+                ))?;
                 client.rows.insert(t.tag(), targets);
                 t
             }
@@ -2345,7 +2572,7 @@ pub unsafe extern "C" fn sw_client_pull_rows_wait(
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per this function's contract.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         // SAFETY: per this function's contract.
         let peer = unsafe { address(peer, "peer") }?;
         if missing_count.is_null() {
@@ -2360,14 +2587,14 @@ pub unsafe extern "C" fn sw_client_pull_rows_wait(
         let args = unsafe { rows_args(rows, 1) }?;
         let targets = Arc::new(RowsTargets::new(&args));
         let alloc = Arc::new(RowsAllocator(targets.clone()));
-        let ticket =
-            client
-                .handle
-                .pull_rows_into(peer, &[args[0].rows], alloc, deadline(timeout_ms))?;
-        let completion = match client.handle.wait_tag(ticket.tag()) {
+        let request = [args[0].rows];
+        let completion = match with_client!(client, |h| h
+            .pull_rows_into(peer, &request, alloc, deadline(timeout_ms))
+            .and_then(|t| h.wait_tag(t.tag())))
+        {
             Ok(c) => c,
             Err(e) => {
-                targets.wait_released();
+                client.wait_released(&targets);
                 return Err(Failure::from(e));
             }
         };
@@ -2402,9 +2629,9 @@ pub unsafe extern "C" fn sw_client_pull_rows_wait(
         };
         // Drops the blocks (giving the buffer back); the request's and the answer's vectors
         // serve the client's next requests.
-        client.handle.recycle(completion);
+        with_client!(client, |h| h.recycle(completion));
         // A pull given up mid-transfer may still be receiving into the buffer.
-        targets.wait_released();
+        client.wait_released(&targets);
         let count = answer?;
         // SAFETY: checked non-null above.
         unsafe { write(missing_count, count) };
@@ -2457,7 +2684,7 @@ pub unsafe extern "C" fn sw_client_push_rows(
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per this function's contract.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         // SAFETY: per this function's contract.
         let peer = unsafe { address(peer, "peer") }?;
         if tag.is_null() {
@@ -2474,9 +2701,7 @@ pub unsafe extern "C" fn sw_client_push_rows(
                 (a.rows, grads)
             })
             .collect();
-        let t = client
-            .handle
-            .push_rows(peer, &items, deadline(timeout_ms))?;
+        let t = with_client!(client, |h| h.push_rows(peer, &items, deadline(timeout_ms)))?;
         // SAFETY: checked non-null above.
         unsafe { write(tag, t.tag()) };
         Ok(())
@@ -2513,7 +2738,7 @@ pub unsafe extern "C" fn sw_client_push_rows_tensors(
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per this function's contract.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         // SAFETY: per this function's contract.
         let peer = unsafe { address(peer, "peer") }?;
         if tag.is_null() {
@@ -2536,9 +2761,11 @@ pub unsafe extern "C" fn sw_client_push_rows_tensors(
             }
             items.push((a.rows, g.tensor.clone()));
         }
-        let t = client
-            .handle
-            .push_rows_shared(peer, &items, deadline(timeout_ms))?;
+        let t = with_client!(client, |h| h.push_rows_shared(
+            peer,
+            &items,
+            deadline(timeout_ms)
+        ))?;
         // SAFETY: checked non-null above.
         unsafe { write(tag, t.tag()) };
         Ok(())
@@ -2565,13 +2792,13 @@ pub unsafe extern "C" fn sw_client_wait(
     let mut code = SW_OK;
     let r = boundary(|| {
         // SAFETY: per this function's contract.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         if reply.is_null() {
             return Err(Failure::null("reply"));
         }
         let mut completion = match client.ready.remove(&tag) {
             Some(c) => c,
-            None => client.handle.wait_tag(tag).map_err(|_| {
+            None => with_client!(client, |h| h.wait_tag(tag)).map_err(|_| {
                 Failure::invalid(format!(
                     "request {tag} is not outstanding (never submitted, already waited for, \
                      or submitted through a client with a callback)"
@@ -2582,11 +2809,11 @@ pub unsafe extern "C" fn sw_client_wait(
         let result =
             std::mem::replace(&mut completion.result, Err(Error::new(ErrorKind::Shutdown)));
         // The request's vectors serve the client's next requests (no allocation for them).
-        client.handle.recycle(completion);
+        with_client!(client, |h| h.recycle(completion));
         let (result, answer) = outcome(result, targets.as_deref());
         if let Some(targets) = targets {
             // A rows pull given up mid-transfer may still be receiving into the buffers.
-            targets.wait_released();
+            client.wait_released(&targets);
         }
         code = result;
         if let Some(answer) = answer {
@@ -2616,7 +2843,7 @@ pub unsafe extern "C" fn sw_client_poll(
 ) -> sw_result {
     boundary(|| {
         // SAFETY: per this function's contract.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         if tag.is_null() || ready.is_null() {
             return Err(Failure::null(if tag.is_null() { "tag" } else { "ready" }));
         }
@@ -2625,7 +2852,7 @@ pub unsafe extern "C" fn sw_client_poll(
                 "a client with a callback has nothing to poll: its completions go to the callback",
             ));
         }
-        let completion = client.handle.poll();
+        let completion = with_client!(client, |h| h.poll());
         // SAFETY: checked non-null above.
         unsafe { write(ready, completion.is_some()) };
         if let Some(c) = completion {
@@ -2648,7 +2875,7 @@ pub unsafe extern "C" fn sw_client_poll(
 pub unsafe extern "C" fn sw_client_wait_any(c: *mut sw_client, tag: *mut u64) -> sw_result {
     boundary(|| {
         // SAFETY: per this function's contract.
-        let client = unsafe { reference_mut(c, "client") }?;
+        let client = unsafe { client_mut(c) }?;
         if tag.is_null() {
             return Err(Failure::null("tag"));
         }
@@ -2657,7 +2884,7 @@ pub unsafe extern "C" fn sw_client_wait_any(c: *mut sw_client, tag: *mut u64) ->
                 "a client with a callback has nothing to wait for: its completions go to the callback",
             ));
         }
-        let c = client.handle.wait_any().map_err(|_| {
+        let c = with_client!(client, |h| h.wait_any()).map_err(|_| {
             Failure::invalid("no request outstanding (every completed one already reported)")
         })?;
         // SAFETY: checked non-null above.

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, CString};
 
-use super::{boundary, boundary_value, c_string, deadline, reference, submit, write};
+use super::{boundary, boundary_value, c_string, deadline, reference, submit, with_client, write};
 use super::{sw_client, sw_result, sw_runtime, Failure};
 
 /// Writes to `*out` this runtime's counters and per-peer, per-operation metrics (requests
@@ -93,5 +93,11 @@ pub unsafe extern "C" fn sw_client_stats(
     tag: *mut u64,
 ) -> sw_result {
     // SAFETY: per this function's contract.
-    unsafe { submit(c, peer, tag, |h, p| h.remote_stats(p, deadline(timeout_ms))) }
+    unsafe {
+        submit(c, peer, tag, |client, p| {
+            with_client!(client, |h| h
+                .remote_stats(p, deadline(timeout_ms))
+                .map(|t| t.tag()))
+        })
+    }
 }

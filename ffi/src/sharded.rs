@@ -8,8 +8,8 @@ use starwire::rows::{Partition, MAX_ROW_RANK};
 use starwire::{DType, Peer, Sharded};
 
 use crate::{
-    address, boundary, deadline, record, reference, reference_mut, slice, sw_client, sw_result,
-    write, Failure,
+    address, boundary, client_mut, deadline, record, reference, reference_mut, slice, sw_client,
+    sw_result, with_client, write, Failure,
 };
 
 /// How ids are spread over the PS tasks: the `kind` of `sw_partition`.
@@ -173,7 +173,7 @@ unsafe fn step(
     let mut first = None;
     let r = boundary(|| {
         // SAFETY: per the caller.
-        let (s, client) = unsafe { (reference_mut(s, "sharded")?, reference_mut(c, "client")?) };
+        let (s, client) = unsafe { (reference_mut(s, "sharded")?, client_mut(c)?) };
         if report.is_null() {
             return Err(Failure::null("report"));
         }
@@ -198,12 +198,12 @@ unsafe fn step(
             Step::Pull(out) => {
                 // SAFETY: per the caller, `len` writable bytes at `out` (NULL only when 0).
                 let out = unsafe { buffer_mut(out, len, "out") }?;
-                s.sharded.pull(&mut client.handle, ids, out, deadline)?
+                with_client!(client, |h| s.sharded.pull(h, ids, out, deadline))?
             }
             Step::Push(grads) => {
                 // SAFETY: per the caller, `len` readable bytes at `grads`.
                 let grads = unsafe { slice(grads, len, "grads") }?;
-                s.sharded.push(&mut client.handle, ids, grads, deadline)?
+                with_client!(client, |h| s.sharded.push(h, ids, grads, deadline))?
             }
         };
         s.parts = done

@@ -242,3 +242,106 @@ fn completion_callbacks_get_every_request_with_its_tag() {
         sw_runtime_free(rt);
     }
 }
+
+/// A client pointer handed to another thread by a test.
+struct SendPtr(*mut sw_client);
+// SAFETY: the tests hand the pointer over and use it from one thread at a time.
+unsafe impl Send for SendPtr {}
+
+#[test]
+fn an_embedded_client_runs_on_its_own_thread_only() {
+    let opts = listening_ps();
+    // SAFETY: valid handles and pointers throughout; each handle freed once (the leaked
+    // client excepted, on purpose).
+    unsafe {
+        let mut rt = ptr::null_mut();
+        assert_eq!(sw_runtime_new(&opts, &mut rt), sw_result::SW_OK);
+        let peer = std::ffi::CString::new(format!("127.0.0.1:{}", sw_runtime_port(rt))).unwrap();
+
+        // Settings on top of the runtime's are checked.
+        let names = [c"STARWIRE_SPIN_US".as_ptr()];
+        let bad = [c"soon".as_ptr()];
+        let mut c = ptr::null_mut();
+        assert_eq!(
+            sw_client_new_embedded(rt, names.as_ptr(), bad.as_ptr(), 1, &mut c),
+            sw_result::SW_ERR_CONFIG
+        );
+        assert!(c.is_null(), "no client written on failure");
+        assert!(
+            last_error().contains("STARWIRE_SPIN_US"),
+            "{}",
+            last_error()
+        );
+        let good = [c"0".as_ptr()];
+        assert_eq!(
+            sw_client_new_embedded(rt, names.as_ptr(), good.as_ptr(), 1, &mut c),
+            sw_result::SW_OK
+        );
+
+        let ping = |c: *mut sw_client| {
+            let mut tag = 0;
+            let r = sw_client_ping(c, peer.as_ptr(), 16, 5000, &mut tag);
+            if r != sw_result::SW_OK {
+                return r;
+            }
+            let mut reply = ptr::null_mut();
+            let r = sw_client_wait(c, tag, &mut reply);
+            sw_reply_free(reply);
+            r
+        };
+        assert_eq!(ping(c), sw_result::SW_OK);
+        // Its loop's counters are its own; the runtime's loops carried nothing.
+        let mut own = sw_stats::default();
+        assert_eq!(sw_client_loop_stats(c, &mut own), sw_result::SW_OK);
+        assert_eq!((own.connections_opened, own.requests_completed), (1, 1));
+        let mut runtime = sw_stats::default();
+        assert_eq!(sw_runtime_stats(rt, &mut runtime), sw_result::SW_OK);
+        assert_eq!(runtime.connections_opened, 0);
+
+        // Another thread is refused, with a message, and the client goes on.
+        let other = SendPtr(c);
+        let (r, msg) = std::thread::spawn(move || {
+            let other = other;
+            let mut tag = 0;
+            let r = sw_client_ping(other.0, c"127.0.0.1:1".as_ptr(), 16, 5000, &mut tag);
+            (r, last_error())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+        assert!(msg.contains("thread that made it"), "{msg}");
+        assert_eq!(ping(c), sw_result::SW_OK);
+        sw_client_free(c);
+
+        // Freed by another thread, with a request in flight: leaked, not freed, and
+        // nothing breaks.
+        let mut c = ptr::null_mut();
+        assert_eq!(
+            sw_client_new_embedded(rt, ptr::null(), ptr::null(), 0, &mut c),
+            sw_result::SW_OK
+        );
+        let mut tag = 0;
+        assert_eq!(
+            sw_client_ping(c, peer.as_ptr(), 16, 5000, &mut tag),
+            sw_result::SW_OK
+        );
+        let other = SendPtr(c);
+        std::thread::spawn(move || {
+            let other = other;
+            sw_client_free(other.0)
+        })
+        .join()
+        .unwrap();
+
+        // A client of the runtime's loops has no loop of its own to report.
+        let mut h = ptr::null_mut();
+        assert_eq!(sw_client_new(rt, 4, &mut h), sw_result::SW_OK);
+        assert_eq!(
+            sw_client_loop_stats(h, &mut own),
+            sw_result::SW_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(ping(h), sw_result::SW_OK);
+        sw_client_free(h);
+        sw_runtime_free(rt);
+    }
+}

@@ -77,6 +77,8 @@ struct Cluster {
     worker: *mut sw_runtime,
     client: *mut sw_client,
     peer: CString,
+    /// Whether `client` is an embedded one.
+    embedded: bool,
 }
 
 impl Cluster {
@@ -110,15 +112,54 @@ impl Cluster {
                 worker,
                 client,
                 peer,
+                embedded: false,
             }
         }
     }
 
+    /// The same, with an embedded client (`sw_client_new_embedded`) instead: its own loop,
+    /// run by this thread.
+    fn embedded(tables: &[(u32, *mut sw_table)]) -> Cluster {
+        let mut cluster = Cluster::new(tables);
+        // SAFETY: the client is live and freed once; the new one replaces it.
+        unsafe {
+            sw_client_free(cluster.client);
+            cluster.client = ptr::null_mut();
+            let r = sw_client_new_embedded(
+                cluster.worker,
+                ptr::null(),
+                ptr::null(),
+                0,
+                &mut cluster.client,
+            );
+            assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+        }
+        cluster.embedded = true;
+        cluster
+    }
+
+    /// The counters of the loops that carry the client's requests: the runtime's, or an
+    /// embedded client's own.
     fn stats(&self) -> sw_stats {
         let mut s = sw_stats::default();
-        // SAFETY: a live runtime and a writable output.
-        let r = unsafe { sw_runtime_stats(self.worker, &mut s) };
-        assert_eq!(r, sw_result::SW_OK);
+        // SAFETY: live handles and a writable output.
+        let (own, runtime) = unsafe {
+            (
+                sw_client_loop_stats(self.client, &mut s),
+                sw_runtime_stats(self.worker, &mut sw_stats::default()),
+            )
+        };
+        assert_eq!(runtime, sw_result::SW_OK);
+        if self.embedded {
+            assert_eq!(own, sw_result::SW_OK, "{}", last_error());
+        } else {
+            assert_eq!(own, sw_result::SW_ERR_INVALID_ARGUMENT);
+            // SAFETY: as above.
+            assert_eq!(
+                unsafe { sw_runtime_stats(self.worker, &mut s) },
+                sw_result::SW_OK
+            );
+        }
         s
     }
 
@@ -227,13 +268,22 @@ fn statuses_and_missing(reply: *mut sw_reply) -> Vec<(u32, Vec<u32>)> {
 
 #[test]
 fn rows_round_trip_through_the_callers_buffers() {
+    rows_round_trip_through_the_callers_buffers_with(Cluster::new);
+}
+
+#[test]
+fn rows_round_trip_through_the_callers_buffers_embedded() {
+    rows_round_trip_through_the_callers_buffers_with(Cluster::embedded);
+}
+
+fn rows_round_trip_through_the_callers_buffers_with(make: fn(&[(u32, *mut sw_table)]) -> Cluster) {
     let uniform = sw_init {
         kind: sw_init_kind::SW_INIT_UNIFORM as u32,
         scale: 0.5,
         seed: 7,
     };
     // Two tables of one shape in one request, and a large one.
-    let cluster = Cluster::new(&[
+    let cluster = make(&[
         (3, mem_table(4, uniform, sgd(1.0))),
         (9, mem_table(4, init(sw_init_kind::SW_INIT_ZEROS), sgd(0.5))),
         (
@@ -757,7 +807,20 @@ fn a_rows_pull_that_fails_gives_its_buffers_back() {
 
 #[test]
 fn a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait() {
-    let cluster = Cluster::new(&[(
+    a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait_with(Cluster::new);
+}
+
+#[test]
+fn a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait_embedded() {
+    a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait_with(
+        Cluster::embedded,
+    );
+}
+
+fn a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait_with(
+    make: fn(&[(u32, *mut sw_table)]) -> Cluster,
+) {
+    let cluster = make(&[(
         0,
         mem_table(
             64,
@@ -961,7 +1024,23 @@ fn a_rows_pull_in_one_call_needs_a_client_that_waits() {
 
 #[test]
 fn a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it_returns() {
-    let cluster = Cluster::new(&[(
+    a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it_returns_with(
+        Cluster::new,
+    );
+}
+
+#[test]
+fn a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it_returns_embedded()
+{
+    a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it_returns_with(
+        Cluster::embedded,
+    );
+}
+
+fn a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it_returns_with(
+    make: fn(&[(u32, *mut sw_table)]) -> Cluster,
+) {
+    let cluster = make(&[(
         0,
         mem_table(
             64,

@@ -17,9 +17,10 @@ turn, each with the next batch of ids:
   very arguments it passes), made from Python; timed in Python around the call.
 - **C**: ``sw_client_pull_rows_wait`` made from inside the library
   (``sw_bench_pull_rows(SW_BENCH_PULL_C)``), timed there.
-- **Rust**: the Rust client's own pull, ``Handle::pull_rows`` + ``wait_tag`` + ``recycle``
-  as a Rust program (and `commctl bench`) makes it (``sw_bench_pull_rows(SW_BENCH_PULL_RUST)``),
-  timed inside the library, from before the submit to after the recycle.
+- **Rust**: the Rust client's own pull, ``pull_rows`` + ``wait_tag`` + ``recycle`` on the
+  `Handle` (or `Embedded`) as a Rust program (and `commctl bench`) makes it
+  (``sw_bench_pull_rows(SW_BENCH_PULL_RUST)``), timed inside the library, from before the
+  submit to after the recycle.
 
 Taking turns call by call puts every form under the same load, the same loop thread and the
 same waits; the random order keeps any form from always following the same other. A figure
@@ -28,6 +29,16 @@ the C ABI's share; ctypes − C: calling it through ctypes; Python − ctypes: t
 code), with a distribution-free 95% interval of that median; the p50 of each form is given
 too. `--rounds` repeats the whole set of `k` that many times, `--seconds` per `k` each
 time, so that a drift of the machine falls on every `k`.
+
+`--clients` picks the kinds of client measured, each with its own connection, taking turns
+round by round: ``handle`` (`Runtime.client`: the runtime's loop thread moves the requests,
+the calling thread waits, spinning briefly and then parking), ``embedded``
+(`Runtime.embedded_client`: the calling thread runs the client's own loop, spinning
+`STARWIRE_SPIN_US` and then sleeping in the kernel) and ``polling`` (an embedded client with
+``WORKER_ENABLE_POLLING``: the calling thread busy-polls through every wait);
+``embedded:N`` is an embedded client with ``STARWIRE_SPIN_US=N``. The Rust and C
+forms use the same client as the Python ones, so each kind is compared with the Rust client
+of that kind.
 
 `--cross-process` adds the earlier comparison: rounds of `commctl bench -o pull-rows -p 1`
 (the Rust client in a process of its own) alternating with rounds of the Python client, the
@@ -89,6 +100,20 @@ def median_interval(x: npt.NDArray[np.float64]) -> tuple[float, float, float]:
     half = 1.96 * math.sqrt(n) / 2
     lo, hi = max(int(n / 2 - half), 0), min(int(math.ceil(n / 2 + half)), n - 1)
     return float(np.median(s)), float(s[lo]), float(s[hi])
+
+
+def make_client(rt: starwire.Runtime, kind: str) -> starwire.Client:
+    """A client of `kind` (see `--clients`)."""
+    if kind == "handle":
+        return rt.client()
+    if kind == "embedded":
+        return rt.embedded_client()
+    if kind.startswith("embedded:"):
+        return rt.embedded_client(STARWIRE_SPIN_US=int(kind.split(":", 1)[1]))
+    if kind == "polling":
+        return rt.embedded_client(WORKER_ENABLE_POLLING=True)
+    raise SystemExit(f"--clients: {kind!r} is not handle, embedded, embedded:SPIN_US or "
+                     "polling")
 
 
 def in_process(client: starwire.Client, addr: str, k: int, seconds: float,
@@ -194,6 +219,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="per round and k")
     ap.add_argument("--cross-process", action="store_true",
                     help="also rounds of `commctl bench` against rounds of the Python client")
+    ap.add_argument("--clients", default="handle",
+                    help="kinds of client, comma list of handle, embedded, embedded:SPIN_US "
+                         "(its STARWIRE_SPIN_US), polling")
     ap.add_argument("--seed", type=int, default=1, help="of the order of the forms")
     ap.add_argument("--json", action="store_true", help="print the table as JSON too")
     ap.add_argument("--taskset", default="0",
@@ -212,7 +240,9 @@ def main() -> int:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with starwire.Runtime("worker", NETWORK_WORKER_CORE_NUMBER=1) as rt:
-            client = rt.client()
+            kinds = args.clients.split(",")
+            clients = {kind: make_client(rt, kind) for kind in kinds}
+            client = clients[kinds[0]]
             deadline = time.monotonic() + 10
             while True:
                 try:
@@ -227,49 +257,53 @@ def main() -> int:
                 client.pull_rows(addr, 1, np.arange(start, start + 10_000, dtype=np.uint64), 16)
             load = os.getloadavg()
             print(f"starwire {starwire.version()} ({starwire.library_path()}), server {addr}, "
-                  f"{args.rounds} rounds x {args.seconds} s per k, 1 request in flight, "
-                  f"64-byte rows; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-                  f"pid {os.getpid()}", flush=True)
+                  f"{args.rounds} rounds x {args.seconds} s per k and client, 1 request in "
+                  f"flight, 64-byte rows; load average {load[0]:.2f} {load[1]:.2f} "
+                  f"{load[2]:.2f}; pid {os.getpid()}", flush=True)
             rng = np.random.default_rng(args.seed)
-            pooled: dict[int, dict[str, list[float]]] = {k: {f: [] for f in FORMS} for k in sizes}
-            per_round: dict[int, list[float]] = {k: [] for k in sizes}
+            pooled: dict[tuple[str, int], dict[str, list[float]]] = {
+                (kind, k): {f: [] for f in FORMS} for kind in kinds for k in sizes}
+            per_round: dict[tuple[str, int], list[float]] = {key: [] for key in pooled}
             for _ in range(args.rounds):
                 for k in sizes:
-                    got = in_process(client, addr, k, args.seconds, rng)
-                    for f in FORMS:
-                        pooled[k][f].extend(got[f])
-                    per_round[k].append(float(np.median(
-                        np.array(got["python"]) - np.array(got["rust"]))))
+                    for kind in kinds:
+                        got = in_process(clients[kind], addr, k, args.seconds, rng)
+                        for f in FORMS:
+                            pooled[kind, k][f].extend(got[f])
+                        per_round[kind, k].append(float(np.median(
+                            np.array(got["python"]) - np.array(got["rust"]))))
             table = []
             print("in one process, the four forms taking turns call by call (µs; median of "
                   "the paired differences [95% interval]):")
-            for k in sizes:
-                lat = {f: np.array(v, dtype=np.float64) for f, v in pooled[k].items()}
-                row: dict[str, Any] = {"k": k, "turns": len(lat["python"])}
+            for (kind, k), forms in pooled.items():
+                lat = {f: np.array(v, dtype=np.float64) for f, v in forms.items()}
+                row: dict[str, Any] = {"client": kind, "k": k, "turns": len(lat["python"])}
                 for f in FORMS:
                     row[f"{f}_p50_us"] = float(np.median(lat[f]))
                 for name, a, b in DIFFS:
                     row[name] = median_interval(lat[a] - lat[b])
-                row["python_minus_rust_rounds"] = [round(x, 1) for x in per_round[k]]
+                row["python_minus_rust_rounds"] = [round(x, 1) for x in per_round[kind, k]]
                 table.append(row)
 
                 def cell(name: str, row: dict[str, Any] = row) -> str:
                     m, lo, hi = row[name]
                     return f"{m:+5.1f} [{lo:+.1f}, {hi:+.1f}]"
 
-                print(f"k={k:5}: p50 Rust {row['rust_p50_us']:6.1f}, C {row['c_p50_us']:6.1f}, "
-                      f"ctypes {row['ctypes_p50_us']:6.1f}, Python {row['python_p50_us']:6.1f}; "
-                      f"Python - Rust {cell('python_minus_rust')}; C - Rust "
-                      f"{cell('c_minus_rust')}; ctypes - C {cell('ctypes_minus_c')}; Python - "
-                      f"ctypes {cell('python_minus_ctypes')}; {row['turns']} turns "
-                      f"(Python - Rust per round: {row['python_minus_rust_rounds']})",
-                      flush=True)
+                print(f"{kind:8} k={k:5}: p50 Rust {row['rust_p50_us']:6.1f}, C "
+                      f"{row['c_p50_us']:6.1f}, ctypes {row['ctypes_p50_us']:6.1f}, Python "
+                      f"{row['python_p50_us']:6.1f}; Python - Rust "
+                      f"{cell('python_minus_rust')}; C - Rust {cell('c_minus_rust')}; ctypes - "
+                      f"C {cell('ctypes_minus_c')}; Python - ctypes "
+                      f"{cell('python_minus_ctypes')}; {row['turns']} turns (Python - Rust per "
+                      f"round: {row['python_minus_rust_rounds']})", flush=True)
             if args.cross_process:
                 print("in two processes, commctl bench and the Python client taking turns "
                       "round by round (µs; median of the rounds' p50s):")
                 for row in table:
+                    if row["client"] != "handle":
+                        continue
                     k = row["k"]
-                    row["cross_process"] = x = cross_process(client, args, addr, k)
+                    row["cross_process"] = x = cross_process(clients["handle"], args, addr, k)
                     print(f"k={k:5}: p50 Rust {x['rust_p50_us']:7.1f}, Python "
                           f"{x['python_p50_us']:7.1f}, overhead {x['overhead_p50_us']:+6.1f} "
                           f"(p50 per round: Rust {x['rust_p50_rounds']}, Python "

@@ -153,6 +153,7 @@ runtime_port = _sig("sw_runtime_port", C.c_uint16, p)
 runtime_publish = _sig("sw_runtime_publish", R, p, C.c_char_p, C.c_size_t, p)
 runtime_abort_step = _sig("sw_runtime_abort_step", R, p, C.c_uint64)
 runtime_stats = _sig("sw_runtime_stats", R, p, C.POINTER(Stats))
+client_loop_stats = _sig("sw_client_loop_stats", R, p, C.POINTER(Stats))
 runtime_free = _sig("sw_runtime_free", None, p)
 
 resolver_new = _sig("sw_resolver_new", R, C.c_char_p, C.c_char_p, C.POINTER(p))
@@ -168,6 +169,8 @@ reply_missing = _sig("sw_reply_missing", R, p, C.c_size_t, u32p, C.c_size_t, siz
 reply_free = _sig("sw_reply_free", None, p)
 
 client_new = _sig("sw_client_new", R, p, C.c_uint32, C.POINTER(p))
+client_new_embedded = _sig("sw_client_new_embedded", R, p, C.POINTER(C.c_char_p),
+                           C.POINTER(C.c_char_p), C.c_size_t, C.POINTER(p))
 client_free = _sig("sw_client_free", None, p)
 client_ping = _sig("sw_client_ping", R, p, C.c_char_p, C.c_uint32, C.c_uint64, u64p)
 client_pull = _sig("sw_client_pull", R, p, C.c_char_p, p, C.c_size_t, C.c_uint64, u64p)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import ctypes as C
 import math
+import threading
 from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Optional, Sequence,
-                    TypeVar, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, Optional,
+                    Sequence, TypeVar, Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,10 @@ Key = Union[str, bytes]
 
 #: The default deadline of a request, in seconds.
 DEFAULT_TIMEOUT = 5.0
+
+# The arrays of embedded clients freed by a thread other than their own: the library keeps
+# such a client (only its thread may run its loop), which may still write into them.
+_LEAKED: list[Any] = []
 
 
 def _ms(timeout: Optional[float]) -> int:
@@ -135,9 +140,12 @@ class Client:
     deadline).
     """
 
-    def __init__(self, runtime: Runtime, capacity: int = 64) -> None:
+    def __init__(self, runtime: Runtime, capacity: int = 64, *,
+                 embedded: Optional[Mapping[str, str]] = None) -> None:
         self.runtime = runtime
         self._c = C.c_void_p()
+        # An embedded client's thread: the only one that may use it.
+        self._owner: Optional[int] = None if embedded is None else threading.get_ident()
         self._ready: set[int] = set()
         # Arrays of requests not yet waited for (rows pulls write into theirs), by tag.
         self._inflight: dict[int, Any] = {}
@@ -157,9 +165,31 @@ class Client:
         # timeout, and the shapes of ids and out): see `pull_rows`.
         self._plans: dict[Any, _PullPlan] = {}
         self._count_ref = C.byref(self._missing_count)
+        if embedded is not None:
+            names = [k.encode() for k in embedded]
+            values = [v.encode() for v in embedded.values()]
+            c_names = (C.c_char_p * max(len(names), 1))(*names)
+            c_values = (C.c_char_p * max(len(values), 1))(*values)
+            check(_lib.client_new_embedded(runtime._handle(), c_names, c_values, len(names),
+                                           C.byref(self._c)))
+            return
         if capacity < 1:
             raise InvalidArgument(f"capacity {capacity} is not at least 1")
         check(_lib.client_new(runtime._handle(), capacity, C.byref(self._c)))
+
+    def loop_stats(self) -> _lib.Stats:
+        """A snapshot of an embedded client's own loop's counters (`Stats`), which
+        `Runtime.stats` does not include; `InvalidArgument` for a client of the runtime's
+        loops, whose requests `Runtime.stats` counts."""
+        s = _lib.Stats()
+        check(_lib.client_loop_stats(self._handle(), C.byref(s)))
+        return s
+
+    @property
+    def embedded(self) -> bool:
+        """Whether this client runs its own event loop on the thread that made it
+        (`Runtime.embedded_client`)."""
+        return self._owner is not None
 
     # ----- plumbing -----
 
@@ -519,8 +549,20 @@ class Client:
 
     def close(self) -> None:
         """Frees the client (its rows pulls in flight are waited for first). Closing twice
-        does nothing."""
+        does nothing. An embedded client is closed by the thread that made it
+        (`InvalidArgument` on another)."""
+        if self._c and self._owner is not None and self._owner != threading.get_ident():
+            raise InvalidArgument("an embedded client is closed by the thread that made it")
+        self._free()
+
+    def _free(self) -> None:
+        """`close` from any thread: an embedded client freed by another thread than its own
+        is leaked by the library instead (only its thread can run its loop), and the arrays
+        of its requests in flight are kept for good, since it may still write into them."""
         if self._c:
+            if self._owner is not None and self._owner != threading.get_ident():
+                _LEAKED.append(self._inflight)
+                self._inflight = {}
             # Waits for the rows pulls in flight: their arrays are let go after it.
             _lib.client_free(self._c)
             self._c = C.c_void_p()

@@ -461,6 +461,27 @@ class Runtime:
             self._clients.add(c)
         return c
 
+    def embedded_client(self, settings: Optional[Mapping[str, Setting]] = None,
+                        **more_settings: Setting) -> Client:
+        """A client that runs an event loop of its own on the calling thread instead of
+        handing its requests to the runtime's loop threads: no thread hop on a request's
+        way out or back, and no loop thread to share a CPU with. It moves only while its
+        thread is inside one of its calls (a blocking call, `Pending.wait`, `wait_any`, a
+        poll), and only that thread may use and close it (`InvalidArgument` on another).
+
+        Its settings are the runtime's with `settings` (and keywords) on top, under their
+        environment variable names: ``WORKER_ENABLE_POLLING=True`` (``PS_...`` for a PS)
+        makes its waits busy-poll, keeping the thread and its CPU warm through a wait, at
+        the price of that CPU; ``STARWIRE_SPIN_US`` is how long a wait spins before it
+        sleeps in the kernel otherwise. It uses the runtime's allocator; it has no limit on
+        requests in flight. See docs/tuning.md, "Embedded clients"."""
+        from .client import Client
+        given = {**(settings or {}), **more_settings}
+        c = Client(self, embedded={k: _setting_text(v) for k, v in given.items()})
+        with self._lock:
+            self._clients.add(c)
+        return c
+
     def close(self) -> None:
         """Stops the runtime: its clients are closed, requests in flight fail
         (`Shutdown`), the loops are joined. Closing twice does nothing."""
@@ -469,7 +490,7 @@ class Runtime:
         with self._lock:
             clients = list(self._clients)
         for c in clients:
-            c.close()
+            c._free()
         _lib.runtime_free(self._rt)
         self._rt = C.c_void_p()
         self._lender.close()
