@@ -383,6 +383,8 @@ fn more_loops_than_allowed_cpus_is_reported() {
                 assert_eq!(features.multishot_recv, multishot_recv, "{features}");
                 let bundles = multishot_recv && env.uring_recv_bundles();
                 assert_eq!(features.recv_bundles, bundles, "{features}");
+                let incremental = multishot_recv && !bundles && env.uring_recv_incremental();
+                assert_eq!(features.recv_incremental, incremental, "{features}");
                 assert!(features.sq_entries > 0 && features.cq_entries > 0);
             }
             starwire::config::Backend::Epoll => {

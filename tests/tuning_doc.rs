@@ -99,6 +99,7 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_URING_FIXED_FILES,
         starwire::config::ENV_URING_RECV_BUFS,
         starwire::config::ENV_URING_RECV_BUNDLES,
+        starwire::config::ENV_URING_RECV_INCREMENTAL,
         starwire::config::ENV_PROGRESS_TIMEOUT_MS,
         starwire::config::ENV_HEARTBEAT_INTERVAL_MS,
         starwire::config::ENV_HEARTBEAT_TIMEOUT_MS,
@@ -119,5 +120,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 43, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 44, "{table}");
 }

@@ -134,6 +134,17 @@ settings! {
         setter: plain,
     }
 
+    /// Multishot receives without bundles consume the ring of buffers incrementally where
+    /// the kernel has it (Linux 6.12): the data of successive receives, of any
+    /// connections, is packed into one buffer until it is full, instead of a buffer per
+    /// receive.
+    uring_recv_incremental: bool [] {
+        env: [ENV_URING_RECV_INCREMENTAL = "STARWIRE_URING_RECV_INCREMENTAL"],
+        default: [DEFAULT_URING_RECV_INCREMENTAL = false],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
     /// Tensors larger than this travel as chunks of this many bytes. When only `max_frame`
     /// is lowered below the default plus 64, the default follows it down to the largest
     /// multiple of 4 KiB that fits.

@@ -102,6 +102,7 @@ impl Loop {
             fixed_files: cfg.uring_fixed_files,
             recv_bufs: cfg.uring_recv_bufs,
             recv_bundles: cfg.uring_recv_bundles,
+            recv_incremental: cfg.uring_recv_incremental,
         };
         let driver = LoopDriver::new(backend, entries, &shared.doorbell, opts)?;
         if let Some(ring) = driver.recv_ring() {

@@ -125,6 +125,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                     multishot_accept: c.defer_taskrun || c.coop_taskrun,
                     multishot_recv: d.recv_ring().is_some(),
                     recv_bundles: d.recv_ring().is_some_and(|r| r.bundles),
+                    recv_incremental: d.recv_ring().is_some_and(|r| r.incremental),
                     sq_entries: c.sq_entries,
                     cq_entries: c.cq_entries,
                 }

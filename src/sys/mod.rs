@@ -91,6 +91,9 @@ pub struct IoFeatures {
     /// Those multishot receives take bundles: one completion fills several buffers (Linux
     /// 6.10; `STARWIRE_URING_RECV_BUNDLES`).
     pub recv_bundles: bool,
+    /// Those multishot receives consume the ring incrementally: several receives fill one
+    /// buffer (Linux 6.12; `STARWIRE_URING_RECV_INCREMENTAL`, without bundles).
+    pub recv_incremental: bool,
     /// Submission and completion queue sizes granted (0 on epoll).
     pub sq_entries: u32,
     /// See `sq_entries`.
@@ -111,6 +114,7 @@ impl fmt::Display for IoFeatures {
             (self.multishot_accept, "multishot accept"),
             (self.multishot_recv, "multishot recv"),
             (self.recv_bundles, "recv bundles"),
+            (self.recv_incremental, "incremental recv buffers"),
         ];
         let on: Vec<&str> = named.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
         if on.is_empty() {

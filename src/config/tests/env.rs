@@ -241,6 +241,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_URING_FIXED_FILES,
         ENV_URING_RECV_BUFS,
         ENV_URING_RECV_BUNDLES,
+        ENV_URING_RECV_INCREMENTAL,
         ENV_MAX_FRAME,
         ENV_MAX_KEY,
         ENV_MAX_TENSORS,
@@ -452,6 +453,14 @@ fn uring_recv_bundles_default_off_and_can_be_turned_on() {
     let on = config("ps", &[(ENV_URING_RECV_BUNDLES, "true")]).unwrap();
     assert!(on.uring_recv_bundles);
     assert_rejected("worker", ENV_URING_RECV_BUNDLES, "some");
+}
+
+#[test]
+fn uring_recv_incremental_default_off_and_can_be_turned_on() {
+    assert!(!config("ps", &[]).unwrap().uring_recv_incremental);
+    let on = config("ps", &[(ENV_URING_RECV_INCREMENTAL, "true")]).unwrap();
+    assert!(on.uring_recv_incremental);
+    assert_rejected("worker", ENV_URING_RECV_INCREMENTAL, "some");
 }
 
 #[test]

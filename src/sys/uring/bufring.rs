@@ -3,6 +3,14 @@
 //! and names it in the completion (its id in the flags); the loop copies the data out and
 //! gives the buffer back, which makes it the kernel's again.
 //!
+//! With incremental consumption (`IOU_PBUF_RING_INC`, Linux 6.12) the kernel fills a buffer
+//! across several receives, of any connections, before it moves on to the next: each
+//! completion names the buffer and flags whether the kernel goes on with it
+//! (`IORING_CQE_F_BUF_MORE`); its bytes start where the previous completion's ended. A
+//! buffer is then given back once the kernel is done with it *and* every piece of it is
+//! copied out: each buffer counts its *pins*, one for the kernel while it may still write
+//! into it and one per piece not yet released.
+//!
 //! The ring of buffer descriptors and the buffers themselves are this struct's heap
 //! memory, allocated once. The kernel writes into a buffer between taking it and posting
 //! its completion; from then until [`BufRing::provide`] hands it back, the buffer is ours
@@ -50,14 +58,23 @@ pub struct BufRing {
     head: u16,
     /// The buffer id put at each ring position.
     bid_at: Vec<u16>,
-    /// Buffers the kernel holds: provided and not yet named by a completion.
+    /// Buffers the kernel holds: provided and not yet finished with (named by a completion;
+    /// with incremental consumption, by one without `BUF_MORE`).
     in_kernel: u16,
+    /// Whether the kernel consumes buffers incrementally.
+    incremental: bool,
+    /// Per buffer: where the kernel's next bytes into it go (incremental consumption).
+    filled: Vec<u32>,
+    /// Per buffer: its pins (the kernel's while it may write into it, and one per piece
+    /// not released); provided again when the last goes.
+    pins: Vec<u16>,
 }
 
 impl BufRing {
     /// A ring of `count` buffers (rounded down to a power of two, at most 32768) registered
-    /// with `ring` under [`BUF_GROUP`], every buffer provided.
-    pub fn new(ring: &mut Ring, count: u32) -> io::Result<BufRing> {
+    /// with `ring` under [`BUF_GROUP`], every buffer provided; consumed incrementally when
+    /// `incremental` and the kernel accepts it (see [`incremental`](Self::incremental)).
+    pub fn new(ring: &mut Ring, count: u32, incremental: bool) -> io::Result<BufRing> {
         let count = count.clamp(1, 1 << 15);
         let count = 1u32 << (31 - count.leading_zeros());
         let entries_layout = entries_layout(count as u16)?;
@@ -89,12 +106,28 @@ impl BufRing {
             head: 0,
             bid_at: vec![0; count as usize],
             in_kernel: 0,
+            incremental: false,
+            filled: vec![0; count as usize],
+            pins: vec![0; count as usize],
         };
+        let addr = me.entries.as_ptr() as u64;
         // SAFETY: the entries are page-aligned memory of `count` entries, owned by `me`,
         // which is dropped (or leaked) only after the ring's last operation that may use it
         // (this module's contract with the driver); the registration ends with the ring.
         unsafe {
-            ring.register_buf_ring(me.entries.as_ptr() as u64, me.count, BUF_GROUP)?;
+            if incremental {
+                match ring.register_buf_ring(addr, me.count, BUF_GROUP, true) {
+                    Ok(()) => me.incremental = true,
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        // A kernel before 6.12: whole buffers, one per receive.
+                        log::debug!("io_uring: no incremental buffer consumption ({e})");
+                        ring.register_buf_ring(addr, me.count, BUF_GROUP, false)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            } else {
+                ring.register_buf_ring(addr, me.count, BUF_GROUP, false)?;
+            }
         }
         for bid in 0..me.count {
             me.provide(bid);
@@ -117,15 +150,47 @@ impl BufRing {
         usize::from(self.count) * (RECV_BUF_SIZE + std::mem::size_of::<Entry>())
     }
 
-    /// Takes the buffers a completion filled: it named buffer `first` and received `bytes`
-    /// (a bundle fills consecutive ring entries, each whole but the last). Calls `each`
-    /// with every buffer's id and its bytes, in order; they are ours until
-    /// [`provide`](Self::provide)d again. Returns how many buffers, 0 when `first` is not
-    /// the buffer at the ring's head (nothing is taken then).
-    pub fn take(&mut self, first: u16, bytes: usize, mut each: impl FnMut(u16, usize)) -> u16 {
+    /// Whether the kernel consumes the buffers incrementally (asked for, and Linux 6.12).
+    pub fn incremental(&self) -> bool {
+        self.incremental
+    }
+
+    /// Takes the pieces of buffers a completion filled: it named buffer `first`, received
+    /// `bytes`, and, with incremental consumption, said whether the kernel goes on with
+    /// that buffer (`more`, its `BUF_MORE` flag). Calls `each` with every piece: its
+    /// buffer, and where in it its bytes start and how many (a bundle fills consecutive
+    /// ring entries, each whole but the last). Each piece is ours to read until
+    /// [`release`](Self::release)d. Returns how many pieces, 0 when `first` is not the
+    /// buffer at the ring's head (nothing is taken then).
+    pub fn take(
+        &mut self,
+        first: u16,
+        bytes: usize,
+        more: bool,
+        mut each: impl FnMut(u16, usize, usize),
+    ) -> u16 {
         let mask = self.count - 1;
         if self.in_kernel == 0 || self.bid_at[usize::from(self.head & mask)] != first {
             return 0;
+        }
+        if self.incremental {
+            let b = usize::from(first);
+            let start = self.filled[b] as usize;
+            if bytes > RECV_BUF_SIZE - start {
+                // More than the buffer has room for: not a completion of this ring.
+                return 0;
+            }
+            self.filled[b] += bytes as u32;
+            if more {
+                // The kernel keeps its pin; the piece adds one.
+                self.pins[b] += 1;
+            } else {
+                // The kernel is done with it: its pin passes to the piece.
+                self.head = self.head.wrapping_add(1);
+                self.in_kernel -= 1;
+            }
+            each(first, start, bytes);
+            return 1;
         }
         let n = bytes
             .div_ceil(RECV_BUF_SIZE)
@@ -135,11 +200,23 @@ impl BufRing {
             let bid = self.bid_at[usize::from(self.head.wrapping_add(i) & mask)];
             let len = left.min(RECV_BUF_SIZE);
             left -= len;
-            each(bid, len);
+            each(bid, 0, len);
         }
         self.head = self.head.wrapping_add(n);
         self.in_kernel -= n;
         n
+    }
+
+    /// Lets go of a piece of buffer `bid` (from [`take`](Self::take)): the buffer is
+    /// provided again once no piece of it is held and the kernel is done with it.
+    pub fn release(&mut self, bid: u16) {
+        let Some(pins) = self.pins.get_mut(usize::from(bid)) else {
+            return;
+        };
+        *pins = pins.saturating_sub(1);
+        if *pins == 0 {
+            self.provide(bid);
+        }
     }
 
     /// Bytes `start..start + len` of buffer `bid`, which a completion named and which has
@@ -161,16 +238,19 @@ impl BufRing {
         }
     }
 
-    /// Hands buffer `bid` to the kernel again (or for the first time).
-    pub fn provide(&mut self, bid: u16) {
+    /// Hands buffer `bid` to the kernel again (or for the first time): its whole room, with
+    /// the kernel's pin.
+    fn provide(&mut self, bid: u16) {
         if bid >= self.count {
             return;
         }
+        self.filled[usize::from(bid)] = 0;
+        self.pins[usize::from(bid)] = 1;
         let index = usize::from(self.tail & (self.count - 1));
         // SAFETY: `index` < count, inside the entries allocation. The kernel reads entries
         // only between its head and the published tail, and this one lies past the tail
-        // (the ring never holds more than `count` buffers, as each bid is provided once
-        // per completion that named it).
+        // (the ring never holds more than `count` buffers: a bid is provided again only
+        // once its last pin goes, the kernel's among them).
         unsafe {
             let e = self.entries.as_ptr().add(index);
             (*e).addr = self.bufs.as_ptr().add(usize::from(bid) * RECV_BUF_SIZE) as u64;
@@ -212,6 +292,7 @@ impl std::fmt::Debug for BufRing {
         f.debug_struct("BufRing")
             .field("count", &self.count)
             .field("in_kernel", &self.in_kernel)
+            .field("incremental", &self.incremental)
             .finish()
     }
 }

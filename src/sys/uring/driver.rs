@@ -17,7 +17,10 @@
 //! for it, and kept in the slot's *stash* (the ring buffer, held) until one is; a receive
 //! that finds stashed data completes without the kernel. Where the kernel has them (Linux
 //! 6.10) the multishot receives take bundles: one completion fills as many consecutive
-//! buffers of the ring as the data needs ([`BufRing::take`]).
+//! buffers of the ring as the data needs ([`BufRing::take`]). Without bundles, where the
+//! kernel has it (Linux 6.12), the ring may be consumed incrementally: the kernel packs
+//! the data of successive receives, of any connections, into one buffer until it is full,
+//! and a buffer goes back to the kernel once the last piece of it is copied out.
 //!
 //! A receive that must not read ahead (a header read on its own before a large payload,
 //! or the payload received in place) cancels the slot's multishot receive, takes what the
@@ -126,8 +129,9 @@ struct Multi {
     refused: bool,
     /// Multishot receives are bundles: one completion may fill several buffers.
     bundles: bool,
-    /// The buffers of the completion being handled (reused).
-    pieces: Vec<(u16, usize)>,
+    /// The pieces of buffers of the completion being handled (buffer, start, length;
+    /// reused).
+    pieces: Vec<(u16, usize, usize)>,
     /// Times a receive found the ring (nearly) empty, or a multishot ended for that.
     exhausted: u64,
     /// Bytes copied out of ring buffers.
@@ -156,8 +160,11 @@ pub struct RecvRing {
     pub copied: u64,
     /// Multishot receive completions that carried data.
     pub completions: u64,
-    /// Buffers those completions filled (more than completions with bundles).
+    /// Buffers those completions filled (more than completions with bundles, fewer with
+    /// incremental consumption: a buffer counts when the kernel is done with it).
     pub filled: u64,
+    /// The kernel consumes the buffers incrementally (several receives per buffer).
+    pub incremental: bool,
     /// Multishot receives take bundles.
     pub bundles: bool,
     /// Buffers a connection may hold unread before its multishot receive is cancelled.
@@ -224,7 +231,7 @@ impl Multi {
                 // Not a range of the buffer (a stash entry is checked when made): dropped.
                 let bid = front.0;
                 s.stash.pop_front();
-                self.bufs.provide(bid);
+                self.bufs.release(bid);
                 continue;
             }
             // SAFETY: `dst..dst + room` is the waiting receive's memory, which the driver
@@ -239,7 +246,7 @@ impl Multi {
             if front.2 == 0 {
                 let bid = front.0;
                 s.stash.pop_front();
-                self.bufs.provide(bid);
+                self.bufs.release(bid);
             }
         }
         if n == 0 {
@@ -285,6 +292,9 @@ pub struct UringOptions {
     /// Multishot receives as bundles where the kernel has them (Linux 6.10): one
     /// completion may fill several buffers.
     pub recv_bundles: bool,
+    /// The ring consumed incrementally where the kernel has it (Linux 6.12) and bundles
+    /// are not taken: several receives fill one buffer.
+    pub recv_incremental: bool,
 }
 
 impl Default for UringOptions {
@@ -296,6 +306,7 @@ impl Default for UringOptions {
             fixed_files: true,
             recv_bufs: 256,
             recv_bundles: false,
+            recv_incremental: false,
         }
     }
 }
@@ -314,6 +325,7 @@ impl UringDriver {
             fixed_files,
             recv_bufs,
             recv_bundles,
+            recv_incremental,
         } = opts;
         let mut ring = Ring::with_flags(entries, flags)?;
         let files = if fixed_files {
@@ -332,7 +344,8 @@ impl UringDriver {
         // Multishot receives need Linux 6.0; DEFER_TASKRUN (6.1) stands for a
         // kernel recent enough, as for multishot accepts.
         let multi = if recv_bufs > 0 && caps.defer_taskrun {
-            match BufRing::new(&mut ring, recv_bufs) {
+            let bundles = recv_bundles && caps.feat_recvsend_bundle;
+            match BufRing::new(&mut ring, recv_bufs, recv_incremental && !bundles) {
                 Ok(bufs) => Some(Multi {
                     pieces: Vec::with_capacity(bufs.count().into()),
                     bufs,
@@ -342,7 +355,7 @@ impl UringDriver {
                     armed: 0,
                     orphans: Vec::new(),
                     refused: false,
-                    bundles: recv_bundles && caps.feat_recvsend_bundle,
+                    bundles,
                     exhausted: 0,
                     copied: 0,
                     completions: 0,
@@ -384,6 +397,7 @@ impl UringDriver {
             copied: m.copied,
             completions: m.completions,
             filled: m.filled,
+            incremental: m.bufs.incremental(),
             bundles: m.bundles,
             stash_max: stash_max(m.bufs.count()),
         })
@@ -573,11 +587,21 @@ impl UringDriver {
         let first = cqueue::buffer_select(flags);
         let bytes = result.max(0) as usize;
         let taken = first.map_or(0, |b| {
-            m.bufs.take(b, bytes, |bid, len| pieces.push((bid, len)))
+            m.bufs
+                .take(b, bytes, cqueue::buffer_more(flags), |bid, start, len| {
+                    pieces.push((bid, start, len))
+                })
         });
+        let more = cqueue::buffer_more(flags);
         if result > 0 {
             m.completions += 1;
-            m.filled += u64::from(taken);
+            // Buffers this completion finished: with incremental consumption, the one it
+            // named once the kernel is done with it.
+            m.filled += if m.bufs.incremental() {
+                u64::from(taken > 0 && !more)
+            } else {
+                u64::from(taken)
+            };
         }
         let last = !cqueue::more(flags);
         let live = m
@@ -586,8 +610,8 @@ impl UringDriver {
             .is_some_and(|s| s.gen == gen && s.armed != Armed::Off);
         if !live {
             // A released slot's receive: its data goes nowhere.
-            for &(bid, _) in &pieces {
-                m.bufs.provide(bid);
+            for &(bid, _, _) in &pieces {
+                m.bufs.release(bid);
             }
             m.pieces = pieces;
             if last {
@@ -596,11 +620,11 @@ impl UringDriver {
             return Ok(());
         }
         let s = &mut m.slots[slot as usize];
-        for &(bid, len) in &pieces {
+        for &(bid, start, len) in &pieces {
             if len > 0 {
-                s.stash.push_back((bid, 0, len as u32));
+                s.stash.push_back((bid, start as u32, len as u32));
             } else {
-                m.bufs.provide(bid);
+                m.bufs.release(bid);
             }
         }
         m.pieces = pieces;
@@ -667,7 +691,7 @@ impl UringDriver {
             return;
         };
         while let Some((bid, _, _)) = s.stash.pop_front() {
-            m.bufs.provide(bid);
+            m.bufs.release(bid);
         }
         s.waiting = None;
         s.end = None;

@@ -714,17 +714,25 @@ impl Ring {
     /// `addr` must point at `entries` page-aligned `io_uring_buf` entries that stay valid
     /// until the ring is dropped, as must every buffer an entry names while the kernel may
     /// write into it (from the entry's publication to the completion that names it).
+    ///
+    /// `incremental` asks for incremental consumption (`IOU_PBUF_RING_INC`, Linux 6.12):
+    /// the kernel then fills a buffer across several receives before it moves on to the
+    /// next.
     pub unsafe fn register_buf_ring(
         &mut self,
         addr: u64,
         entries: u16,
         group: u16,
+        incremental: bool,
     ) -> io::Result<()> {
+        /// `IOU_PBUF_RING_INC` of the kernel's `io_uring.h`.
+        const PBUF_RING_INC: u16 = 2;
+        let flags = if incremental { PBUF_RING_INC } else { 0 };
         // SAFETY: passed on from the caller.
         unsafe {
             self.ring
                 .submitter()
-                .register_buf_ring_with_flags(addr, entries, group, 0)
+                .register_buf_ring_with_flags(addr, entries, group, flags)
         }
     }
 
