@@ -312,7 +312,8 @@ typedef struct sw_service {
 /*
  Memory for received tensors, chosen by the trainer. `allocate` is called once per
  received tensor of at least one byte, before any of its payload is read, on a loop
- thread; it returns memory of at least `byte_len` bytes (which starwire writes the
+ thread (for an embedded client, on its own thread, inside its call that waits or
+ polls: hold no lock there that `allocate` takes); it returns memory of at least `byte_len` bytes (which starwire writes the
  payload into, from the socket directly for large tensors), or NULL to fail that tensor
  (status `RESOURCE_EXHAUSTED`; the request and connection go on). `release` is called
  with the same pointer when the tensor is dropped, on any thread. Both must be
@@ -908,11 +909,15 @@ sw_result sw_client_new(const struct sw_runtime *rt, uint32_t capacity, struct s
  only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other; free
  it on that thread too, or it is leaked rather than freed).
 
- Its settings are the runtime's (`rt`'s job, task, settings and environment), with the
+ A submission turns the loop once, which sends the request at once on a connection that
+ is up; connecting, and taking in the answer, happen during the calls that wait or poll. Its settings are those `rt` was made with (its
+ job, task and settings, and, with `use_env`, the environment as it is now), with the
  `settings` given here on top: `WORKER_ENABLE_POLLING=true` (or the PS's) makes its waits
  busy-poll, `STARWIRE_SPIN_US` bounds how long they spin before they sleep in the
- kernel. It uses the runtime's allocator hooks; it has no limit on requests in flight
- and no callback form. It is a client only: it does not listen, and it does not serve.
+ kernel. It uses the runtime's allocator hooks, called on this thread during its calls
+ (not on a loop thread); it has no limit on requests in flight and no callback form. It
+ is a client only: it does not listen, and it does not serve. Free it before its
+ runtime.
 
  # Safety
  `rt` is a live runtime; `setting_names` and `setting_values` point at `settings`
@@ -949,8 +954,14 @@ sw_result sw_client_new_with_callback(const struct sw_runtime *rt,
  the caller's buffers); its other requests still in flight complete unobserved. NULL is
  ignored.
 
+ An embedded client is freed only by the thread that made it: on another thread this
+ frees nothing and `sw_last_error` says so (this function returns nothing). The client
+ is left as it was, for its own thread to use and free; until then its buffers and
+ tensors in flight stay in use, as for any request not waited for.
+
  # Safety
- `c` is NULL or a client from starwire not freed before.
+ `c` is NULL or a client from starwire not freed before, and no other thread is inside
+ a call with it.
  */
 void sw_client_free(struct sw_client *c);
 

@@ -635,7 +635,8 @@ pub unsafe extern "C" fn sw_tensor_is_dead(t: *const sw_tensor) -> bool {
 
 /// Memory for received tensors, chosen by the trainer. `allocate` is called once per
 /// received tensor of at least one byte, before any of its payload is read, on a loop
-/// thread; it returns memory of at least `byte_len` bytes (which starwire writes the
+/// thread (for an embedded client, on its own thread, inside its call that waits or
+/// polls: hold no lock there that `allocate` takes); it returns memory of at least `byte_len` bytes (which starwire writes the
 /// payload into, from the socket directly for large tensors), or NULL to fail that tensor
 /// (status `RESOURCE_EXHAUSTED`; the request and connection go on). `release` is called
 /// with the same pointer when the tensor is dropped, on any thread. Both must be
@@ -1677,6 +1678,14 @@ impl sw_client {
     /// Waits until starwire holds none of `targets`' buffers (a rows pull given up
     /// mid-transfer may still be receiving into them). An embedded client runs its loop
     /// meanwhile: nothing else would.
+    /// After a submission: an embedded client's loop turned once, so that the request goes
+    /// out now, not at the next wait (the caller may compute meanwhile).
+    fn submitted(&mut self) {
+        if let Driven::Caller(caller) = &mut self.driven {
+            caller.client.drive(Some(Duration::ZERO));
+        }
+    }
+
     fn wait_released(&mut self, targets: &RowsTargets) {
         match &mut self.driven {
             Driven::Threads(_) => targets.wait_released(),
@@ -1738,11 +1747,15 @@ pub unsafe extern "C" fn sw_client_new(
 /// only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other; free
 /// it on that thread too, or it is leaked rather than freed).
 ///
-/// Its settings are the runtime's (`rt`'s job, task, settings and environment), with the
+/// A submission turns the loop once, which sends the request at once on a connection that
+/// is up; connecting, and taking in the answer, happen during the calls that wait or poll. Its settings are those `rt` was made with (its
+/// job, task and settings, and, with `use_env`, the environment as it is now), with the
 /// `settings` given here on top: `WORKER_ENABLE_POLLING=true` (or the PS's) makes its waits
 /// busy-poll, `STARWIRE_SPIN_US` bounds how long they spin before they sleep in the
-/// kernel. It uses the runtime's allocator hooks; it has no limit on requests in flight
-/// and no callback form. It is a client only: it does not listen, and it does not serve.
+/// kernel. It uses the runtime's allocator hooks, called on this thread during its calls
+/// (not on a loop thread); it has no limit on requests in flight and no callback form. It
+/// is a client only: it does not listen, and it does not serve. Free it before its
+/// runtime.
 ///
 /// # Safety
 /// `rt` is a live runtime; `setting_names` and `setting_values` point at `settings`
@@ -1874,8 +1887,14 @@ pub unsafe extern "C" fn sw_client_new_with_callback(
 /// the caller's buffers); its other requests still in flight complete unobserved. NULL is
 /// ignored.
 ///
+/// An embedded client is freed only by the thread that made it: on another thread this
+/// frees nothing and `sw_last_error` says so (this function returns nothing). The client
+/// is left as it was, for its own thread to use and free; until then its buffers and
+/// tensors in flight stay in use, as for any request not waited for.
+///
 /// # Safety
-/// `c` is NULL or a client from starwire not freed before.
+/// `c` is NULL or a client from starwire not freed before, and no other thread is inside
+/// a call with it.
 #[no_mangle]
 pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
     boundary_value((), || {
@@ -1886,15 +1905,20 @@ pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
                 if caller.owner != std::thread::current().id() {
                     // Only its own thread can run its loop, which may still be receiving
                     // into the caller's buffers, or hold requests in the kernel: it is
-                    // kept, never freed.
-                    log::error!(
-                        "sw_client_free: an embedded client freed by a thread other than \
-                         the one that made it is leaked, not freed"
+                    // left for that thread.
+                    let f = Failure::invalid(
+                        "sw_client_free: an embedded client is freed only by the thread that \
+                         made it; nothing was freed",
                     );
+                    log::error!("{}", f.msg);
+                    record(&f);
                     std::mem::forget(client);
                     return;
                 }
             }
+            // Completions already reported (`sw_client_poll`, `sw_client_wait_any`) and not
+            // waited for: dropped, giving back the buffers their rows hold.
+            client.ready.clear();
             for (tag, targets) in std::mem::take(&mut client.rows) {
                 drop(with_client!(client, |h| h.wait_tag(tag)));
                 client.wait_released(&targets);
@@ -1930,6 +1954,7 @@ unsafe fn submit(
             return Err(Failure::null("tag"));
         }
         let t = f(client, peer)?;
+        client.submitted();
         // SAFETY: checked non-null above.
         unsafe { write(tag, t) };
         Ok(())
@@ -2534,6 +2559,7 @@ pub unsafe extern "C" fn sw_client_pull_rows(
                 t
             }
         };
+        client.submitted();
         // SAFETY: checked non-null above.
         unsafe { write(tag, t.tag()) };
         Ok(())
@@ -2702,6 +2728,7 @@ pub unsafe extern "C" fn sw_client_push_rows(
             })
             .collect();
         let t = with_client!(client, |h| h.push_rows(peer, &items, deadline(timeout_ms)))?;
+        client.submitted();
         // SAFETY: checked non-null above.
         unsafe { write(tag, t.tag()) };
         Ok(())
@@ -2766,6 +2793,7 @@ pub unsafe extern "C" fn sw_client_push_rows_tensors(
             &items,
             deadline(timeout_ms)
         ))?;
+        client.submitted();
         // SAFETY: checked non-null above.
         unsafe { write(tag, t.tag()) };
         Ok(())

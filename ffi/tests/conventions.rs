@@ -251,8 +251,8 @@ unsafe impl Send for SendPtr {}
 #[test]
 fn an_embedded_client_runs_on_its_own_thread_only() {
     let opts = listening_ps();
-    // SAFETY: valid handles and pointers throughout; each handle freed once (the leaked
-    // client excepted, on purpose).
+    // SAFETY: valid handles and pointers throughout; each handle freed once (a free on the
+    // wrong thread frees nothing).
     unsafe {
         let mut rt = ptr::null_mut();
         assert_eq!(sw_runtime_new(&opts, &mut rt), sw_result::SW_OK);
@@ -313,8 +313,7 @@ fn an_embedded_client_runs_on_its_own_thread_only() {
         assert_eq!(ping(c), sw_result::SW_OK);
         sw_client_free(c);
 
-        // Freed by another thread, with a request in flight: leaked, not freed, and
-        // nothing breaks.
+        // Freed by another thread, with a request in flight: refused, and nothing breaks.
         let mut c = ptr::null_mut();
         assert_eq!(
             sw_client_new_embedded(rt, ptr::null(), ptr::null(), 0, &mut c),
@@ -326,12 +325,22 @@ fn an_embedded_client_runs_on_its_own_thread_only() {
             sw_result::SW_OK
         );
         let other = SendPtr(c);
-        std::thread::spawn(move || {
+        let msg = std::thread::spawn(move || {
             let other = other;
-            sw_client_free(other.0)
+            sw_client_free(other.0);
+            last_error()
         })
         .join()
         .unwrap();
+        assert!(
+            msg.contains("freed only by the thread that made it"),
+            "{msg}"
+        );
+        // Left as it was: its own thread still uses it, and frees it.
+        let mut reply = ptr::null_mut();
+        assert_eq!(sw_client_wait(c, tag, &mut reply), sw_result::SW_OK);
+        sw_reply_free(reply);
+        sw_client_free(c);
 
         // A client of the runtime's loops has no loop of its own to report.
         let mut h = ptr::null_mut();

@@ -208,6 +208,23 @@ impl Cluster {
         }
     }
 
+    /// Pings the PS for `time`, one ping after another, each waited for (at least one).
+    fn ping_for(&self, time: std::time::Duration) {
+        let end = std::time::Instant::now() + time;
+        loop {
+            let mut tag = 0;
+            // SAFETY: a live client and writable outputs.
+            let r = unsafe { sw_client_ping(self.client, self.peer.as_ptr(), 16, 5000, &mut tag) };
+            assert_eq!(r, sw_result::SW_OK);
+            let reply = self.wait(tag).expect("a ping");
+            // SAFETY: a reply of this client, freed once.
+            unsafe { sw_reply_free(reply) };
+            if std::time::Instant::now() >= end {
+                return;
+            }
+        }
+    }
+
     fn wait(&self, tag: u64) -> Result<*mut sw_reply, sw_result> {
         let mut reply = ptr::null_mut();
         // SAFETY: a live client and a writable output.
@@ -738,6 +755,16 @@ fn a_client_with_a_callback_pulls_rows_into_the_callers_buffer() {
 
 #[test]
 fn freeing_a_client_waits_for_its_rows_pulls() {
+    for embedded in [false, true] {
+        for reported in [false, true] {
+            freeing_waits(embedded, reported);
+        }
+    }
+}
+
+/// A client freed with a rows pull in flight, of the runtime's loops or embedded; when
+/// `reported`, the pull's completion was reported by `sw_client_poll` and not waited for.
+fn freeing_waits(embedded: bool, reported: bool) {
     let cluster = Cluster::new(&[(
         0,
         mem_table(
@@ -756,10 +783,24 @@ fn freeing_a_client_waits_for_its_rows_pulls() {
     // SAFETY: live handles; `buf` outlives the client, which waits for the pull when freed.
     unsafe {
         let mut c = ptr::null_mut();
-        assert_eq!(sw_client_new(cluster.worker, 4, &mut c), sw_result::SW_OK);
+        let r = if embedded {
+            sw_client_new_embedded(cluster.worker, ptr::null(), ptr::null(), 0, &mut c)
+        } else {
+            sw_client_new(cluster.worker, 4, &mut c)
+        };
+        assert_eq!(r, sw_result::SW_OK);
         let mut tag = 0;
         let r = sw_client_pull_rows(c, cluster.peer.as_ptr(), &table, 1, 5000, &mut tag);
         assert_eq!(r, sw_result::SW_OK);
+        if reported {
+            let (mut done, mut ready) = (0u64, false);
+            let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while !ready {
+                assert!(std::time::Instant::now() < give_up, "never completed");
+                assert_eq!(sw_client_poll(c, &mut done, &mut ready), sw_result::SW_OK);
+            }
+            assert_eq!(done, tag);
+        }
         sw_client_free(c);
     }
     let init = Init::Uniform {
@@ -768,7 +809,75 @@ fn freeing_a_client_waits_for_its_rows_pulls() {
     };
     let got = to_f32(&buf);
     for (i, &id) in ids.iter().enumerate() {
-        assert_eq!(got[i * 3 + 2], init.value(id, 2));
+        assert_eq!(got[i * 3 + 2], init.value(id, 2), "embedded {embedded}");
+    }
+}
+
+#[test]
+fn an_embedded_client_sends_what_it_submits_before_any_wait() {
+    let cluster =
+        Cluster::embedded(&[(0, mem_table(2, init(sw_init_kind::SW_INIT_ZEROS), sgd(1.0)))]);
+    // The connection is up (a request to a peer not yet connected goes out once its
+    // connection is, which takes the loop's next calls).
+    cluster.ping_for(std::time::Duration::ZERO);
+    let ids = [7u64];
+    let mut grads = f32_bytes(&[1.0, 2.0]);
+    let push = [rows(0, F32, &[2], &ids, &mut grads)];
+    let mut tag = 0;
+    // SAFETY: a live client; `push` valid for the call (its bytes are copied).
+    let r = unsafe {
+        sw_client_push_rows(
+            cluster.client,
+            cluster.peer.as_ptr(),
+            push.as_ptr(),
+            1,
+            5000,
+            &mut tag,
+        )
+    };
+    assert_eq!(r, sw_result::SW_OK);
+    // Not waited for: a client of the runtime's loops sees the update all the same.
+    let mut other = ptr::null_mut();
+    // SAFETY: a live runtime and a writable output.
+    assert_eq!(
+        unsafe { sw_client_new(cluster.worker, 4, &mut other) },
+        sw_result::SW_OK
+    );
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut out = vec![0u8; 8];
+        let table = rows(0, F32, &[2], &ids, &mut out);
+        let (mut missing, mut count) = ([0u32; 1], 0usize);
+        // SAFETY: a live client; `table`'s pointers valid for the call; room for 1 position.
+        let r = unsafe {
+            sw_client_pull_rows_wait(
+                other,
+                cluster.peer.as_ptr(),
+                &table,
+                5000,
+                missing.as_mut_ptr(),
+                &mut count,
+            )
+        };
+        assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+        if to_f32(&out) == [-1.0, -2.0] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the push never went out"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: live handles, freed once.
+    unsafe {
+        sw_client_free(other);
+    }
+    let reply = cluster.wait(tag).expect("the push's reply");
+    // SAFETY: a reply of this client, freed once.
+    unsafe {
+        assert_eq!(sw_reply_status(reply, 0), 0);
+        sw_reply_free(reply);
     }
 }
 
@@ -861,9 +970,10 @@ fn a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait_with
             }
             Err(r) => assert_eq!(r, sw_result::SW_ERR_TIMEOUT),
         }
-        // Once the wait returned, nothing writes into the buffer any more.
+        // Once the wait returned, nothing writes into the buffer any more, while the
+        // client's loop runs on (an embedded one only in its calls: pings).
         let snapshot = buf.clone();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        cluster.ping_for(std::time::Duration::from_millis(20));
         assert!(buf == snapshot, "written after the wait ({timeout_ms} ms)");
     }
     // The connection still serves.
@@ -1068,9 +1178,10 @@ fn a_rows_pull_in_one_call_given_up_mid_transfer_leaves_the_buffer_alone_once_it
             sw_result::SW_OK => assert_eq!(missing, Vec::<u32>::new()),
             r => assert_eq!(r, sw_result::SW_ERR_TIMEOUT),
         }
-        // Once the call returned, nothing writes into the buffer any more.
+        // Once the call returned, nothing writes into the buffer any more, while the
+        // client's loop runs on (an embedded one only in its calls: pings).
         let snapshot = buf.clone();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        cluster.ping_for(std::time::Duration::from_millis(20));
         assert!(buf == snapshot, "written after the call ({timeout_ms} ms)");
     }
     // The connection still serves.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes as C
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, Optional,
                     Sequence, TypeVar, Union)
@@ -145,7 +146,8 @@ class Client:
         self.runtime = runtime
         self._c = C.c_void_p()
         # An embedded client's thread: the only one that may use it.
-        self._owner: Optional[int] = None if embedded is None else threading.get_ident()
+        self._owner: Optional[threading.Thread] = (
+            None if embedded is None else threading.current_thread())
         self._ready: set[int] = set()
         # Arrays of requests not yet waited for (rows pulls write into theirs), by tag.
         self._inflight: dict[int, Any] = {}
@@ -551,23 +553,42 @@ class Client:
         """Frees the client (its rows pulls in flight are waited for first). Closing twice
         does nothing. An embedded client is closed by the thread that made it
         (`InvalidArgument` on another)."""
-        if self._c and self._owner is not None and self._owner != threading.get_ident():
+        if self._c and self._owner is not None and self._owner is not threading.current_thread():
             raise InvalidArgument("an embedded client is closed by the thread that made it")
         self._free()
 
-    def _free(self) -> None:
-        """`close` from any thread: an embedded client freed by another thread than its own
-        is leaked by the library instead (only its thread can run its loop), and the arrays
-        of its requests in flight are kept for good, since it may still write into them."""
-        if self._c:
-            if self._owner is not None and self._owner != threading.get_ident():
-                _LEAKED.append(self._inflight)
-                self._inflight = {}
-            # Waits for the rows pulls in flight: their arrays are let go after it.
-            _lib.client_free(self._c)
+    def _free(self) -> bool:
+        """`close` from any thread; whether the client was freed. An embedded client can
+        only be freed by its own thread (only that thread may run its loop, which may still
+        write into the arrays of its requests in flight, and may be inside a call right
+        now): on another, it is left as it is, its arrays are kept for good, and a
+        `ResourceWarning` says so."""
+        if not self._c:
+            return True
+        if self._owner is not None and self._owner is not threading.current_thread():
+            _LEAKED.append((self._c, self._inflight))
             self._c = C.c_void_p()
+            self._inflight = {}
             self._ready.clear()
-            self._inflight.clear()
+            warnings.warn("an embedded starwire client was not closed by its own thread "
+                          f"({self._owner.name}): its event loop and connections are kept "
+                          "until the process ends", ResourceWarning, stacklevel=3)
+            return False
+        # Waits for the rows pulls in flight: their arrays are let go after it.
+        _lib.client_free(self._c)
+        self._c = C.c_void_p()
+        self._ready.clear()
+        self._inflight.clear()
+        return True
+
+    def __del__(self) -> None:
+        # A client dropped without `close`: freed (or, embedded and on another thread, kept
+        # with its arrays) rather than left with arrays it may still write into.
+        try:
+            if getattr(self, "_c", None):
+                self._free()
+        except Exception:  # noqa: BLE001 - nothing may escape a finalizer
+            pass
 
     def __enter__(self) -> Client:
         return self

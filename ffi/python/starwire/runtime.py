@@ -466,8 +466,12 @@ class Runtime:
         """A client that runs an event loop of its own on the calling thread instead of
         handing its requests to the runtime's loop threads: no thread hop on a request's
         way out or back, and no loop thread to share a CPU with. It moves only while its
-        thread is inside one of its calls (a blocking call, `Pending.wait`, `wait_any`, a
-        poll), and only that thread may use and close it (`InvalidArgument` on another).
+        thread is inside one of its calls: a `submit_*` sends its request at once on a
+        connection that is up, and connecting and taking in answers happen in the calls
+        that wait or poll (a blocking call, `Pending.wait` or `done`, `wait_any`). Only that
+        thread may use and close it (`InvalidArgument` on another); closed or dropped
+        elsewhere, it is left running until the process ends, with a `ResourceWarning`.
+        The allocator hook runs on this thread too, inside those calls.
 
         Its settings are the runtime's with `settings` (and keywords) on top, under their
         environment variable names: ``WORKER_ENABLE_POLLING=True`` (``PS_...`` for a PS)
@@ -484,16 +488,23 @@ class Runtime:
 
     def close(self) -> None:
         """Stops the runtime: its clients are closed, requests in flight fail
-        (`Shutdown`), the loops are joined. Closing twice does nothing."""
+        (`Shutdown`), the loops are joined. Closing twice does nothing. An embedded client
+        of another thread cannot be closed here: it is left running until the process ends,
+        with a `ResourceWarning` (close embedded clients on their own threads first)."""
         if not self._rt:
             return
         with self._lock:
             clients = list(self._clients)
-        for c in clients:
-            c._free()
+        kept = [c for c in clients if not c._free()]
         _lib.runtime_free(self._rt)
         self._rt = C.c_void_p()
-        self._lender.close()
+        if kept:
+            # An embedded client left running (another thread's) may still send from the
+            # arrays lent to it, and call the allocator hooks: they stay for good.
+            from .client import _LEAKED
+            _LEAKED.append((self._lender, self._hooks, self._allocator_cb))
+        else:
+            self._lender.close()
         if self._resolver is not None:
             _lib.resolver_free(self._resolver)
             self._resolver = None

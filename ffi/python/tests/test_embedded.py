@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import unittest
 from typing import Any
 
@@ -20,6 +21,7 @@ from test_zero_copy import RecordingAllocator
 class EmbeddedApiTest(ApiTest):
     def setUp(self) -> None:
         super().setUp()
+        self.client.close()
         self.client = self.worker.embedded_client()
         self.assertTrue(self.client.embedded)
 
@@ -37,12 +39,14 @@ class EmbeddedApiTest(ApiTest):
 class EmbeddedRowsTest(RowsTest):
     def setUp(self) -> None:
         super().setUp()
+        self.client.close()
         self.client = self.worker.embedded_client()
 
 
 class EmbeddedShardedTest(ShardedTest):
     def setUp(self) -> None:
         super().setUp()
+        self.client.close()
         self.client = self.worker.embedded_client()
         self.sharded = self.client.sharded(7, 4)
 
@@ -93,16 +97,35 @@ class EmbeddedOnlyTest(unittest.TestCase):
         out = np.zeros((4, 16), dtype=np.float32)
         pending = c.submit_pull_rows(self.peer, 0, np.arange(4, dtype=np.uint64), 16, out=out)
         leaked = len(client_module._LEAKED)
-        # Closing the runtime elsewhere cannot run this client's loop: the library keeps
-        # the client, and the package keeps the array it may still write into.
-        self.assertIsNone(self.on_another_thread(self.worker.close))
+        # Closing the runtime elsewhere cannot run this client's loop: the client is left
+        # alone, the package keeps the array it may still write into, and says so.
+        with self.assertWarns(ResourceWarning):
+            self.assertIsNone(self.on_another_thread(self.worker.close))
         self.assertTrue(self.worker.closed)
-        self.assertEqual(len(client_module._LEAKED), leaked + 1)
-        kept = client_module._LEAKED[-1]
+        # The client's own arrays, then the runtime's lent arrays and hooks.
+        self.assertEqual(len(client_module._LEAKED), leaked + 2)
+        _, kept = client_module._LEAKED[leaked]
         self.assertTrue(any(out is k or (isinstance(k, tuple) and any(out is x for x in k))
                             for k in kept.values()), kept)
         with self.assertRaises(starwire.Closed):
             pending.wait()
+
+    def test_a_client_dropped_without_close_is_freed(self) -> None:
+        import gc
+        import weakref
+        c = self.worker.embedded_client()
+        self.assertGreater(c.ping(self.peer), 0)
+        pending = c.submit_pull_rows(self.peer, 0, np.arange(4, dtype=np.uint64), 16)
+        self.assertTrue(c.wait_any([pending]) is pending)
+        gone = weakref.ref(c)
+        del c, pending
+        gc.collect()
+        self.assertIsNone(gone())
+        # Its connection ends: the PS sees it go.
+        deadline = time.monotonic() + 30
+        while self.ps.stats().connections_lost < 1:
+            self.assertLess(time.monotonic(), deadline, "the connection never ended")
+            time.sleep(0.01)
 
     def test_settings_on_top_of_the_runtime_s(self) -> None:
         with self.assertRaises(starwire.ConfigError) as e:
