@@ -1105,7 +1105,9 @@ sw_result sw_client_pull_rows(struct sw_client *c,
  outcome (`SW_ERR_TIMEOUT`, `SW_ERR_CONNECTION_LOST`, ...); a table the peer refused
  (`NOT_FOUND`, `INVALID_ARGUMENT`, ...) is `SW_ERR_REMOTE`, with its wire status in
  `sw_last_error_status`. Once this returns, whatever it returns, starwire no longer touches
- `rows->data`. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+ `rows->data`: a pull given up by its deadline while the block is being received into
+ `rows->data` returns when that receive ends, which a peer that stops sending bounds by
+ `STARWIRE_PROGRESS_TIMEOUT_MS` (30 s by default; the connection is then closed). Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
 
  This is the blocking call of language bindings: one foreign call per pull, and a
  waiting thread that holds no lock of the caller's runtime (a Python binding releases
