@@ -2579,7 +2579,8 @@ pub unsafe extern "C" fn sw_client_pull_rows(
 /// `sw_last_error_status`. Once this returns, whatever it returns, starwire no longer touches
 /// `rows->data`: a pull given up by its deadline while the block is being received into
 /// `rows->data` returns when that receive ends, which a peer that stops sending bounds by
-/// `STARWIRE_PROGRESS_TIMEOUT_MS` (30 s by default; the connection is then closed). Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+/// `STARWIRE_PROGRESS_TIMEOUT_MS` (30 s by default; the connection is then closed). Not for
+/// clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
 ///
 /// This is the blocking call of language bindings: one foreign call per pull, and a
 /// waiting thread that holds no lock of the caller's runtime (a Python binding releases
