@@ -137,7 +137,8 @@ settings! {
     /// Multishot receives without bundles consume the ring of buffers incrementally where
     /// the kernel has it (Linux 6.12): the data of successive receives, of any
     /// connections, is packed into one buffer until it is full, instead of a buffer per
-    /// receive.
+    /// receive; false (the default: it did not pay, see `docs/performance.md`, run I8)
+    /// takes a buffer per receive.
     uring_recv_incremental: bool [] {
         env: [ENV_URING_RECV_INCREMENTAL = "STARWIRE_URING_RECV_INCREMENTAL"],
         default: [DEFAULT_URING_RECV_INCREMENTAL = false],
