@@ -906,11 +906,12 @@ sw_result sw_client_new(const struct sw_runtime *rt, uint32_t capacity, struct s
  its requests to the runtime's loops: an *embedded* client. No thread hop on either
  side of a request, and no loop thread to share a CPU with; in exchange the client moves
  only while its thread is inside one of its calls (a wait, a poll, a submission), and
- only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other; free
- it on that thread too, or it is leaked rather than freed).
+ only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other) and
+ free it (`sw_client_free` on another frees nothing).
 
  A submission turns the loop once, which sends the request at once on a connection that
- is up; connecting, and taking in the answer, happen during the calls that wait or poll. Its settings are those `rt` was made with (its
+ is up; connecting, and taking in the answer, happen during the calls that wait or poll.
+ Its settings are those `rt` was made with (its
  job, task and settings, and, with `use_env`, the environment as it is now), with the
  `settings` given here on top: `WORKER_ENABLE_POLLING=true` (or the PS's) makes its waits
  busy-poll, `STARWIRE_SPIN_US` bounds how long they spin before they sleep in the

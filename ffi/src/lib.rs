@@ -1726,14 +1726,32 @@ pub unsafe extern "C" fn sw_client_new(
     capacity: u32,
     out: *mut *mut sw_client,
 ) -> sw_result {
+    // SAFETY: per this function's contract.
+    unsafe {
+        new_client(rt, out, |rt| {
+            let handle = rt.runtime.handle(capacity.max(1) as usize);
+            Ok(sw_client::new(Driven::Threads(handle), false))
+        })
+    }
+}
+
+/// The common part of making a client: checks `rt` and `out`, makes the client with
+/// `make`, and writes it to `out`.
+///
+/// # Safety
+/// `rt` is NULL or a live runtime; `out` is NULL or writable.
+unsafe fn new_client(
+    rt: *const sw_runtime,
+    out: *mut *mut sw_client,
+    make: impl FnOnce(&sw_runtime) -> Result<sw_client, Failure>,
+) -> sw_result {
     boundary(|| {
-        // SAFETY: per this function's contract.
+        // SAFETY: per the caller.
         let rt = unsafe { reference(rt, "rt") }?;
         if out.is_null() {
             return Err(Failure::null("out"));
         }
-        let handle = rt.runtime.handle(capacity.max(1) as usize);
-        let client = Box::new(sw_client::new(Driven::Threads(handle), false));
+        let client = Box::new(make(rt)?);
         // SAFETY: checked non-null above.
         unsafe { write(out, Box::into_raw(client)) };
         Ok(())
@@ -1744,11 +1762,12 @@ pub unsafe extern "C" fn sw_client_new(
 /// its requests to the runtime's loops: an *embedded* client. No thread hop on either
 /// side of a request, and no loop thread to share a CPU with; in exchange the client moves
 /// only while its thread is inside one of its calls (a wait, a poll, a submission), and
-/// only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other; free
-/// it on that thread too, or it is leaked rather than freed).
+/// only the thread that made it may use it (`SW_ERR_INVALID_ARGUMENT` on any other) and
+/// free it (`sw_client_free` on another frees nothing).
 ///
 /// A submission turns the loop once, which sends the request at once on a connection that
-/// is up; connecting, and taking in the answer, happen during the calls that wait or poll. Its settings are those `rt` was made with (its
+/// is up; connecting, and taking in the answer, happen during the calls that wait or poll.
+/// Its settings are those `rt` was made with (its
 /// job, task and settings, and, with `use_env`, the environment as it is now), with the
 /// `settings` given here on top: `WORKER_ENABLE_POLLING=true` (or the PS's) makes its waits
 /// busy-poll, `STARWIRE_SPIN_US` bounds how long they spin before they sleep in the
@@ -1768,12 +1787,7 @@ pub unsafe extern "C" fn sw_client_new_embedded(
     settings: usize,
     out: *mut *mut sw_client,
 ) -> sw_result {
-    boundary(|| {
-        // SAFETY: per this function's contract.
-        let rt = unsafe { reference(rt, "rt") }?;
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
+    let make = |rt: &sw_runtime| {
         // SAFETY: per this function's contract.
         let more = unsafe { settings_of(setting_names, setting_values, settings) }?;
         let config = rt.source.config(&more)?;
@@ -1787,10 +1801,10 @@ pub unsafe extern "C" fn sw_client_new_embedded(
             client,
             owner: std::thread::current().id(),
         }));
-        // SAFETY: checked non-null above.
-        unsafe { write(out, Box::into_raw(Box::new(sw_client::new(driven, false)))) };
-        Ok(())
-    })
+        Ok(sw_client::new(driven, false))
+    };
+    // SAFETY: per this function's contract.
+    unsafe { new_client(rt, out, make) }
 }
 
 /// Callback and user data, callable from loop threads (the callback's contract says so).
@@ -1835,52 +1849,48 @@ pub unsafe extern "C" fn sw_client_new_with_callback(
     user_data: *mut c_void,
     out: *mut *mut sw_client,
 ) -> sw_result {
-    boundary(|| {
-        // SAFETY: per this function's contract.
-        let rt = unsafe { reference(rt, "rt") }?;
-        let callback = callback.ok_or_else(|| Failure::null("callback"))?;
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
-        let cb = Arc::new(CCallback(callback, user_data));
-        let rows = Arc::new(CallbackRows::default());
-        let shared = rows.clone();
-        let handle = rt.runtime.handle_with_callback(
-            capacity.max(1) as usize,
-            Arc::new(move |c: Completion| {
-                let tag = c.tag;
-                let targets = if shared.count.load(std::sync::atomic::Ordering::Acquire) > 0 {
-                    let t = lock(&shared.pending).remove(&tag);
-                    if t.is_some() {
-                        shared
-                            .count
-                            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    // SAFETY: per this function's contract.
+    unsafe {
+        new_client(rt, out, |rt| {
+            let callback = callback.ok_or_else(|| Failure::null("callback"))?;
+            let cb = Arc::new(CCallback(callback, user_data));
+            let rows = Arc::new(CallbackRows::default());
+            let shared = rows.clone();
+            let handle = rt.runtime.handle_with_callback(
+                capacity.max(1) as usize,
+                Arc::new(move |c: Completion| {
+                    let tag = c.tag;
+                    let targets = if shared.count.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                        let t = lock(&shared.pending).remove(&tag);
+                        if t.is_some() {
+                            shared
+                                .count
+                                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        }
+                        t
+                    } else {
+                        None
+                    };
+                    let (code, reply) = outcome(c.result, targets.as_deref());
+                    let reply = ReplyPtr(reply.map_or(std::ptr::null_mut(), Box::into_raw));
+                    let cb = cb.clone();
+                    let call = move || {
+                        let reply = reply;
+                        cb.call(tag, code, reply.0)
+                    };
+                    match targets {
+                        // The reply waits until starwire holds none of the caller's buffers (a
+                        // pull given up mid-transfer may still be receiving into them).
+                        Some(t) => t.when_released(Deferred(Box::new(call))),
+                        None => call(),
                     }
-                    t
-                } else {
-                    None
-                };
-                let (code, reply) = outcome(c.result, targets.as_deref());
-                let reply = ReplyPtr(reply.map_or(std::ptr::null_mut(), Box::into_raw));
-                let cb = cb.clone();
-                let call = move || {
-                    let reply = reply;
-                    cb.call(tag, code, reply.0)
-                };
-                match targets {
-                    // The reply waits until starwire holds none of the caller's buffers (a
-                    // pull given up mid-transfer may still be receiving into them).
-                    Some(t) => t.when_released(Deferred(Box::new(call))),
-                    None => call(),
-                }
-            }),
-        );
-        let mut client = Box::new(sw_client::new(Driven::Threads(handle), true));
-        client.callback_rows = Some(rows);
-        // SAFETY: checked non-null above.
-        unsafe { write(out, Box::into_raw(client)) };
-        Ok(())
-    })
+                }),
+            );
+            let mut client = sw_client::new(Driven::Threads(handle), true);
+            client.callback_rows = Some(rows);
+            Ok(client)
+        })
+    }
 }
 
 /// Releases a client. Its rows pulls still in flight are waited for first (they write into
