@@ -330,6 +330,28 @@ int main(void) {
          " frames out, %" PRIu64 " in\n",
          stats.requests_completed, stats.requests_failed, stats.frames_out, stats.frames_in);
 
+  /* An embedded client: its own event loop, run by this thread inside its calls (no loop
+   * thread between the caller and the socket). The same calls; here the one-call rows
+   * pull of a language binding, with the waits spinning up to 300 us before they sleep. */
+  const char *emb_names[] = {"STARWIRE_SPIN_US"};
+  const char *emb_values[] = {"300"};
+  sw_client *embedded = NULL;
+  CHECK(sw_client_new_embedded(worker, emb_names, emb_values, 1, &embedded));
+  float emb_again[N_ROWS][DIM];
+  sw_rows one = pull[0];
+  one.data = emb_again;
+  one.byte_len = sizeof emb_again;
+  uint32_t none[N_ROWS];
+  size_t n_none = 99;
+  CHECK(sw_client_pull_rows_wait(embedded, peer, &one, 5000, none, &n_none));
+  EXPECT(n_none == 0 && memcmp(emb_again, emb_after, sizeof emb_again) == 0);
+  sw_stats own;
+  CHECK(sw_client_loop_stats(embedded, &own));
+  EXPECT(own.requests_completed == 1 && own.connections_opened == 1);
+  printf("embedded client: %d rows in one call, %" PRIu64 " request on its own loop\n",
+         N_ROWS, own.requests_completed);
+  sw_client_free(embedded);
+
   sw_client_free(client);
   sw_runtime_free(worker);
   sw_runtime_free(ps);
