@@ -77,6 +77,14 @@ def main() -> None:
         print(f"worker: {s.requests_completed} requests, {s.payload_direct} payload bytes "
               f"received straight into arrays")
 
+        # An embedded client: its own event loop, run by this thread inside its calls (no
+        # loop thread in between); waits spin up to 300 us before they sleep.
+        with worker.embedded_client(STARWIRE_SPIN_US=300) as mine:
+            again, _ = mine.pull_rows(peer, 0, batch, 32)
+            own = mine.loop_stats()
+            print(f"embedded client: rows equal {bool(np.array_equal(again, emb))}, "
+                  f"{own.requests_completed} request on its own loop")
+
 
 if __name__ == "__main__":
     main()

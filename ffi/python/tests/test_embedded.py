@@ -138,6 +138,23 @@ class EmbeddedOnlyTest(unittest.TestCase):
         plain, _ = self.worker.client().pull_rows(self.peer, 0, ids, 16)
         np.testing.assert_array_equal(rows, plain)
 
+    def test_a_submitted_request_goes_out_before_any_wait(self) -> None:
+        c = self.worker.embedded_client()
+        self.assertGreater(c.ping(self.peer), 0)  # the connection is up
+        ids = np.array([3], dtype=np.uint64)
+        before, _ = self.worker.client().pull_rows(self.peer, 0, ids, 16)
+        pending = c.submit_push_rows(self.peer, 0, ids, np.ones((1, 16), dtype=np.float32))
+        # Not waited for: another client sees the update all the same.
+        other = self.worker.client()
+        deadline = time.monotonic() + 30
+        while True:
+            now, _ = other.pull_rows(self.peer, 0, ids, 16)
+            if not np.array_equal(now, before):
+                break
+            self.assertLess(time.monotonic(), deadline, "the push never went out")
+            time.sleep(0.001)
+        pending.wait()
+
     def test_a_silent_peer_times_out(self) -> None:
         # A listener that accepts (the kernel does) and never answers.
         silent = socket.socket()
