@@ -914,8 +914,8 @@ sw_result sw_client_new(const struct sw_runtime *rt, uint32_t capacity, struct s
  Its settings are those `rt` was made with (its
  job, task and settings, and, with `use_env`, the environment as it is now), with the
  `settings` given here on top: `WORKER_ENABLE_POLLING=true` (or the PS's) makes its waits
- busy-poll, `STARWIRE_SPIN_US` bounds how long they spin before they sleep in the
- kernel. It uses the runtime's allocator hooks, called on this thread during its calls
+ busy-poll; otherwise they spin for `STARWIRE_SPIN_US`, or twice the client's recent
+ average wait when longer (up to 250 µs), before they sleep in the kernel. It uses the runtime's allocator hooks, called on this thread during its calls
  (not on a loop thread); it has no limit on requests in flight and no callback form. It
  is a client only: it does not listen, and it does not serve. Free it before its
  runtime.

@@ -31,10 +31,12 @@ mod sharded;
 mod startup;
 mod ticket;
 mod trace;
+mod wait_spin;
 
 pub use sharded::{Sharded, StepReport};
 pub use startup::Unreachable;
 pub use ticket::{Kind, Ping, Pull, PullRows, Push, Recv, RemoteStats, Ticket};
+use wait_spin::WaitSpin;
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -113,6 +115,8 @@ mod sealed {
         fn idle(&mut self, idle_since: &mut Instant);
         /// The loops are gone: whatever they did not complete never will be.
         fn stopped(&self) -> bool;
+        /// A wait that had to idle ended after `took` (from its first idle step).
+        fn waited(&mut self, _took: Duration) {}
     }
 
     /// Marks the request kinds a [`Ticket`] can name.
@@ -477,9 +481,11 @@ impl<D: Driver> Client<D> {
     /// Waits for the completion tagged `tag`, keeping those of other requests that arrive
     /// meanwhile. Waiting spins, then parks; with the `polling` setting it busy-polls. An
     /// [`Embedded`] loop is run meanwhile, spinning for the `spin` budget before it parks
-    /// in the kernel, as a loop thread does; a [`Handle`] spins 20 µs (its loop needs the
-    /// CPU more) before it parks until its loop wakes it. A tag that is not outstanding (never submitted, already taken, or submitted
-    /// through a callback client): [`ErrorKind::NotOutstanding`] at once, never a hang.
+    /// in the kernel, or for twice its recent waits' average when that is longer (up to
+    /// 250 µs; a `spin` of 0 parks at once); a [`Handle`] spins 20 µs (its loop needs the
+    /// CPU more) before it parks until its loop wakes it. A tag that is not outstanding
+    /// (never submitted, already taken, or submitted through a callback client):
+    /// [`ErrorKind::NotOutstanding`] at once, never a hang.
     pub fn wait_tag(&mut self, tag: u64) -> Result<Completion, Error> {
         if !self.outstanding.contains(tag) {
             return Err(Error::new(ErrorKind::NotOutstanding));
@@ -529,6 +535,7 @@ impl<D: Driver> Client<D> {
     fn wait_for(&mut self, tag: Option<u64>) -> Completion {
         // Read the clock only once there is nothing to take.
         let mut idle_since: Option<Instant> = None;
+        let mut started: Option<Instant> = None;
         loop {
             if let Some(c) = self.take(tag) {
                 return c;
@@ -538,6 +545,9 @@ impl<D: Driver> Client<D> {
             while let Some(c) = self.driver.next() {
                 if tag.map_or(true, |t| t == c.tag) {
                     self.outstanding.remove(c.tag);
+                    if let Some(start) = started {
+                        self.driver.waited(start.elapsed());
+                    }
                     return c;
                 }
                 self.done.push_back(c);
@@ -556,6 +566,7 @@ impl<D: Driver> Client<D> {
                 return Completion::new(t, Err(Error::new(ErrorKind::Shutdown)));
             }
             let since = idle_since.get_or_insert_with(Instant::now);
+            started.get_or_insert(*since);
             self.driver.idle(since);
         }
     }
@@ -751,6 +762,8 @@ pub struct Local {
     budget: Arc<Budget>,
     /// Addresses of tasks that moved or left the cluster (`update_cluster`).
     retired: crate::membership::Retirements,
+    /// How long its waits spin before they park (see [`WaitSpin`]).
+    spin: WaitSpin,
 }
 
 impl sealed::Drive for Local {
@@ -774,12 +787,16 @@ impl sealed::Drive for Local {
             *idle_since = Instant::now();
             return;
         }
-        if self.cfg.polling || idle_since.elapsed() < self.cfg.spin {
+        if self.cfg.polling || idle_since.elapsed() < self.spin.budget(self.cfg.spin) {
             core::hint::spin_loop();
             return;
         }
         self.lp.poll_local(Some(LOCAL_PARK_MAX));
         *idle_since = Instant::now();
+    }
+
+    fn waited(&mut self, took: Duration) {
+        self.spin.observe(took);
     }
 
     fn stopped(&self) -> bool {
@@ -834,6 +851,7 @@ impl Client<Local> {
             report,
             budget,
             retired: Default::default(),
+            spin: WaitSpin::default(),
         };
         Ok(Client::with_driver(
             local,

@@ -66,7 +66,9 @@ settings! {
     }
 
     /// How long an idle loop spins before it parks (ignored when polling); 50 µs is the
-    /// smallest budget at which back-to-back round trips stop parking.
+    /// smallest budget at which back-to-back round trips stop parking. An embedded
+    /// client's waits spin longer, up to 250 µs, while its recent waits have been longer
+    /// (twice their average); 0 parks at once everywhere.
     spin: Duration [] {
         env: [ENV_SPIN_US = "STARWIRE_SPIN_US"],
         default: [DEFAULT_SPIN = Duration::from_micros(50)],

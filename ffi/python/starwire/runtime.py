@@ -476,8 +476,9 @@ class Runtime:
         Its settings are the runtime's with `settings` (and keywords) on top, under their
         environment variable names: ``WORKER_ENABLE_POLLING=True`` (``PS_...`` for a PS)
         makes its waits busy-poll, keeping the thread and its CPU warm through a wait, at
-        the price of that CPU; ``STARWIRE_SPIN_US`` is how long a wait spins before it
-        sleeps in the kernel otherwise. It uses the runtime's allocator; it has no limit on
+        the price of that CPU; otherwise a wait spins for ``STARWIRE_SPIN_US``, or for
+        twice the client's recent average wait when longer (up to 250 µs), before it
+        sleeps in the kernel. It uses the runtime's allocator; it has no limit on
         requests in flight. See docs/tuning.md, "Embedded clients"."""
         from .client import Client
         given = {**(settings or {}), **more_settings}
