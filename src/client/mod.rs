@@ -115,6 +115,8 @@ mod sealed {
         fn idle(&mut self, idle_since: &mut Instant);
         /// The loops are gone: whatever they did not complete never will be.
         fn stopped(&self) -> bool;
+        /// A wait is about to idle for the first time.
+        fn wait_begins(&mut self) {}
         /// A wait that had to idle ended after `took` (from its first idle step).
         fn waited(&mut self, _took: Duration) {}
     }
@@ -545,8 +547,9 @@ impl<D: Driver> Client<D> {
             while let Some(c) = self.driver.next() {
                 if tag.map_or(true, |t| t == c.tag) {
                     self.outstanding.remove(c.tag);
-                    if let Some(start) = started {
-                        self.driver.waited(start.elapsed());
+                    if let (Some(start), Some(end)) = (started, idle_since) {
+                        // The last idle step stamped when it saw progress: no clock read.
+                        self.driver.waited(end.saturating_duration_since(start));
                     }
                     return c;
                 }
@@ -566,7 +569,10 @@ impl<D: Driver> Client<D> {
                 return Completion::new(t, Err(Error::new(ErrorKind::Shutdown)));
             }
             let since = idle_since.get_or_insert_with(Instant::now);
-            started.get_or_insert(*since);
+            if started.is_none() {
+                started = Some(*since);
+                self.driver.wait_begins();
+            }
             self.driver.idle(since);
         }
     }
@@ -764,6 +770,9 @@ pub struct Local {
     retired: crate::membership::Retirements,
     /// How long its waits spin before they park (see [`WaitSpin`]).
     spin: WaitSpin,
+    /// A wait is under way and has not parked yet: it spins the [`WaitSpin`] budget; after
+    /// a park, and outside waits (a loop that serves), the spin setting.
+    fresh_wait: bool,
 }
 
 impl sealed::Drive for Local {
@@ -782,20 +791,32 @@ impl sealed::Drive for Local {
 
     fn idle(&mut self, idle_since: &mut Instant) {
         // As the loop threads run themselves: busy-poll when polling, else spin for the
-        // spin budget while nothing happens, then park in the kernel.
+        // spin budget while nothing happens, then park in the kernel. A wait that has not
+        // parked yet spins as long as this client's waits have been taking.
         if self.lp.poll_local(Some(Duration::ZERO)) {
             *idle_since = Instant::now();
             return;
         }
-        if self.cfg.polling || idle_since.elapsed() < self.spin.budget(self.cfg.spin) {
+        let budget = if self.fresh_wait {
+            self.spin.budget(self.cfg.spin)
+        } else {
+            self.cfg.spin
+        };
+        if self.cfg.polling || idle_since.elapsed() < budget {
             core::hint::spin_loop();
             return;
         }
+        self.fresh_wait = false;
         self.lp.poll_local(Some(LOCAL_PARK_MAX));
         *idle_since = Instant::now();
     }
 
+    fn wait_begins(&mut self) {
+        self.fresh_wait = true;
+    }
+
     fn waited(&mut self, took: Duration) {
+        self.fresh_wait = false;
         self.spin.observe(took);
     }
 
@@ -852,6 +873,7 @@ impl Client<Local> {
             budget,
             retired: Default::default(),
             spin: WaitSpin::default(),
+            fresh_wait: false,
         };
         Ok(Client::with_driver(
             local,
@@ -895,6 +917,8 @@ impl Client<Local> {
     /// say — until `stop` returns true; `stop` is asked after every step (at least every
     /// few milliseconds). For a loop that serves: `run_until(|_| flag.load(..))`.
     pub fn run_until(&mut self, mut stop: impl FnMut(&mut Embedded) -> bool) {
+        // Not a wait: the spin setting, whatever this client's waits have been taking.
+        self.driver.fresh_wait = false;
         let mut idle_since = Instant::now();
         while !stop(self) {
             sealed::Drive::idle(&mut self.driver, &mut idle_since);

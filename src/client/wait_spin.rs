@@ -5,9 +5,10 @@
 //! run P9) the code after it running cold. The spin setting is sized for a ping; a request
 //! whose peer works longer (a pull of 1,000 rows: about 100 µs here) outlasts it, and every
 //! such wait sleeps. So a client keeps a running average of how long its waits took, and
-//! spins for twice that, within [`ADAPTIVE_SPIN_MAX`], when it is more than the setting.
-//! A setting of 0 (park at once, for CPU-bound tasks) is kept as it is; polling spins
-//! anyway.
+//! a wait spins for twice that, within [`ADAPTIVE_SPIN_MAX`], when it is more than the
+//! setting, until it first parks; after a park, and in a loop that serves rather than
+//! waits, the setting applies. A setting of 0 (park at once, for CPU-bound tasks) is kept
+//! as it is; polling spins anyway.
 
 use std::time::Duration;
 
@@ -23,7 +24,8 @@ pub struct WaitSpin {
 }
 
 impl WaitSpin {
-    /// A wait of the client took `waited`, from its start to its completion.
+    /// A wait of the client took `waited`, from its first idle step to its completion
+    /// (waits that never had to idle are not counted).
     pub fn observe(&mut self, waited: Duration) {
         let w = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
         self.average_ns = self.average_ns - self.average_ns / 8 + w / 8;

@@ -37,9 +37,34 @@ fn uring(bufs: u32, take: Take) -> Option<(LoopDriver, LoopShared)> {
     let d = LoopDriver::new(Backend::Uring, 256, &shared.doorbell, opts).unwrap();
     let f = d.features();
     assert!(f.multishot_recv, "{f}");
+    // Bundles came with Linux 6.10, incremental consumption with 6.12: an older kernel
+    // skips these (a newer one that does not grant them fails).
+    let (granted, since) = match take {
+        Take::Whole => (true, (0, 0)),
+        Take::Bundles => (f.recv_bundles, (6, 10)),
+        Take::Incremental => (f.recv_incremental, (6, 12)),
+    };
+    if !granted && kernel_release() < since {
+        return None;
+    }
+    assert!(
+        granted,
+        "{take:?} not granted on Linux {:?}: {f}",
+        kernel_release()
+    );
     assert_eq!(f.recv_bundles, take == Take::Bundles, "{f}");
     assert_eq!(f.recv_incremental, take == Take::Incremental, "{f}");
     Some((d, shared))
+}
+
+/// The running kernel's major and minor version (`uname -r`).
+fn kernel_release() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 /// A TCP connection over loopback: the accepted end (non-blocking, for the driver) and

@@ -13,7 +13,7 @@
 //!
 //! The ring of buffer descriptors and the buffers themselves are this struct's heap
 //! memory, allocated once. The kernel writes into a buffer between taking it and posting
-//! its completion; from then until [`BufRing::provide`] hands it back, the buffer is ours
+//! its completion; from then until [`BufRing::release`] hands it back, the buffer is ours
 //! to read. Both allocations must outlive every operation that may take a buffer: the
 //! driver that owns this ring leaks it rather than free it while such an operation is
 //! still in the kernel.
@@ -174,6 +174,11 @@ impl BufRing {
             return 0;
         }
         if self.incremental {
+            // A completion that names a buffer consumed `bytes` of it, and `more` says
+            // whether the kernel goes on with it: a 0-byte completion names one only with
+            // `more` (the kernel keeps the head then) or, received early in a worker, with
+            // the buffer's rest given up (`more` clear, the head moved): both agree with
+            // what is done here.
             let b = usize::from(first);
             let start = self.filled[b] as usize;
             if bytes > RECV_BUF_SIZE - start {
