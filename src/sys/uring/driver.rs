@@ -99,13 +99,17 @@ struct MultiSlot {
 }
 
 impl MultiSlot {
-    fn new() -> MultiSlot {
+    /// A slot whose stash has room for `buffers` entries: one per buffer of the ring, the
+    /// most it can hold with whole buffers (a burst can fill the ring before its cancel
+    /// takes effect), so that a connection's receives never grow it (incremental
+    /// consumption, whose pieces can outnumber the buffers, may).
+    fn new(buffers: usize) -> MultiSlot {
         MultiSlot {
             gen: 0,
             armed: Armed::Off,
             fd: -1,
             waiting: None,
-            stash: VecDeque::with_capacity(STASH_MIN * 2),
+            stash: VecDeque::with_capacity(buffers.max(STASH_MIN)),
             end: None,
         }
     }
@@ -202,7 +206,8 @@ impl Multi {
     fn slot(&mut self, slot: u32) -> &mut MultiSlot {
         let i = slot as usize;
         if i >= self.slots.len() {
-            self.slots.resize_with(i + 1, MultiSlot::new);
+            let buffers = usize::from(self.bufs.count());
+            self.slots.resize_with(i + 1, || MultiSlot::new(buffers));
         }
         &mut self.slots[i]
     }
