@@ -52,6 +52,10 @@ use super::{on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, FILE_TA
 use crate::sys::doorbell::Doorbell;
 use crate::sys::ops::{decode, user_data, Completion, Op};
 
+/// Most stash entries a slot has room for from the start (12 bytes each: 3 KiB per
+/// connection), whatever the ring's size.
+const STASH_ROOM_MAX: usize = 256;
+
 /// The operation kind of a multishot receive in `user_data` (next to [`Op`]'s).
 const MULTI_RECV: u64 = 5;
 
@@ -99,17 +103,18 @@ struct MultiSlot {
 }
 
 impl MultiSlot {
-    /// A slot whose stash has room for `buffers` entries: one per buffer of the ring, the
-    /// most it can hold with whole buffers (a burst can fill the ring before its cancel
-    /// takes effect), so that a connection's receives never grow it (incremental
-    /// consumption, whose pieces can outnumber the buffers, may).
+    /// A slot whose stash has room for one entry per buffer of a ring of `buffers` (up to
+    /// [`STASH_ROOM_MAX`]): the most it can hold with whole buffers (a burst can fill the
+    /// ring before its cancel takes effect), so that a connection's receives do not grow
+    /// it (with a larger ring, or incremental consumption, whose pieces can outnumber the
+    /// buffers, they may).
     fn new(buffers: usize) -> MultiSlot {
         MultiSlot {
             gen: 0,
             armed: Armed::Off,
             fd: -1,
             waiting: None,
-            stash: VecDeque::with_capacity(buffers.max(STASH_MIN)),
+            stash: VecDeque::with_capacity(buffers.clamp(STASH_MIN, STASH_ROOM_MAX)),
             end: None,
         }
     }
