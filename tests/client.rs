@@ -379,6 +379,8 @@ fn more_loops_than_allowed_cpus_is_reported() {
                 assert_eq!(features.fixed_files, files_on, "{features}");
                 assert_eq!(features.registered_ring_fd, flags_on, "{features}");
                 assert_eq!(features.multishot_accept, flags_on, "{features}");
+                let direct = flags_on && files_on && env.uring_direct_accept();
+                assert_eq!(features.direct_accept, direct, "{features}");
                 let multishot_recv = flags_on && env.uring_recv_bufs() > 0;
                 assert_eq!(features.multishot_recv, multishot_recv, "{features}");
                 let bundles = multishot_recv && env.uring_recv_bundles();

@@ -97,6 +97,7 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_CLOSE_LINGER_MS,
         starwire::config::ENV_URING_FLAGS,
         starwire::config::ENV_URING_FIXED_FILES,
+        starwire::config::ENV_URING_DIRECT_ACCEPT,
         starwire::config::ENV_URING_RECV_BUFS,
         starwire::config::ENV_URING_RECV_BUNDLES,
         starwire::config::ENV_URING_RECV_INCREMENTAL,
@@ -120,5 +121,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 44, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 45, "{table}");
 }

@@ -110,6 +110,17 @@ settings! {
         setter: plain,
     }
 
+    /// With the file table and multishot accepts (Linux 5.19): the kernel puts each
+    /// accepted socket straight in the table, with no descriptor, saving a descriptor, a
+    /// `setsockopt` and a table update per accepted connection; false accepts into
+    /// descriptors that the loop enters in the table.
+    uring_direct_accept: bool [] {
+        env: [ENV_URING_DIRECT_ACCEPT = "STARWIRE_URING_DIRECT_ACCEPT"],
+        default: [DEFAULT_URING_DIRECT_ACCEPT = true],
+        kind: Flag { inverted: false },
+        setter: plain,
+    }
+
     /// Buffers (16 KiB each) in each loop's io_uring ring of provided buffers: receives
     /// that may read ahead (on connections carrying small frames) are multishot, each
     /// arrival of data landing in one of them (with `DEFER_TASKRUN` of `uring_flags`, Linux

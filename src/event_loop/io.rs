@@ -1,10 +1,14 @@
 //! A connection as the loop's I/O sees it: its socket and the operations in flight on it.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::sys::driver::Socket;
 
 /// One connection's I/O state, in the slot the session gave the connection.
 pub(super) struct IoConn {
-    pub fd: Option<OwnedFd>,
+    /// Its socket: a descriptor, or a direct one (an entry of the io_uring file table only,
+    /// closed by the driver's `deregister`).
+    pub sock: Option<Socket>,
     pub reading: bool,
     pub writing: bool,
     pub connecting: bool,
@@ -19,9 +23,9 @@ pub(super) struct IoConn {
 }
 
 impl IoConn {
-    pub fn new(fd: Option<OwnedFd>) -> IoConn {
+    pub fn new(sock: Option<Socket>) -> IoConn {
         IoConn {
-            fd,
+            sock,
             reading: false,
             writing: false,
             connecting: false,
@@ -32,8 +36,12 @@ impl IoConn {
         }
     }
 
+    /// Its descriptor; -1 for none or a direct socket (which the driver names by index).
     pub fn fd(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+        match &self.sock {
+            Some(Socket::Fd(f)) => f.as_raw_fd(),
+            Some(Socket::Direct(_)) | None => -1,
+        }
     }
 
     pub fn ops_in_flight(&self) -> bool {

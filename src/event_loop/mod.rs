@@ -36,7 +36,7 @@ use crate::session::{
 };
 use crate::stats::add;
 use crate::sys::bufpool::BufPool;
-use crate::sys::driver::{Completion as IoCompletion, Driver, Op, LISTENER};
+use crate::sys::driver::{Completion as IoCompletion, Driver, Op, Socket, LISTENER};
 use crate::sys::loan::{Gather, RecvMem, SendMem};
 use crate::sys::uring::{SetupFlags, UringOptions};
 use crate::sys::{socket, Backend};
@@ -100,6 +100,7 @@ impl Loop {
         let opts = UringOptions {
             flags,
             fixed_files: cfg.uring_fixed_files,
+            direct_accept: cfg.uring_direct_accept,
             recv_bufs: cfg.uring_recv_bufs,
             recv_bundles: cfg.uring_recv_bundles,
             recv_incremental: cfg.uring_recv_incremental,
@@ -377,7 +378,7 @@ impl Loop {
             return self.session.connect_failed(slot, now);
         }
         let conn = self.io_for(slot);
-        conn.fd = Some(fd);
+        conn.sock = Some(Socket::Fd(fd));
         conn.connecting = true;
         if let Err(e) = self.driver.connect(slot, raw, &peer) {
             log::warn!("connect to {peer}: {e}");
@@ -392,9 +393,9 @@ impl Loop {
             return;
         };
         conn.connecting = false;
-        if let Some(fd) = conn.fd.take() {
+        if let Some(sock) = conn.sock.take() {
             self.driver.deregister(slot);
-            drop(fd);
+            drop(sock);
         }
     }
 
@@ -409,7 +410,7 @@ impl Loop {
         };
         conn.closing = true;
         let fd = conn.fd();
-        if fd >= 0 && conn.ops_in_flight() {
+        if conn.sock.is_some() && conn.ops_in_flight() {
             self.driver.shutdown(slot, fd);
         }
         self.maybe_finish(slot);
@@ -424,10 +425,10 @@ impl Loop {
             return;
         }
         let conn = self.io[slot as usize].take().expect("checked above");
-        if conn.fd.is_some() {
+        if conn.sock.is_some() {
             self.driver.deregister(slot);
         }
-        drop(conn.fd);
+        drop(conn.sock);
         if conn.counted {
             self.accepted.fetch_sub(1, Ordering::Relaxed);
         }
@@ -554,12 +555,12 @@ impl Loop {
         }
     }
 
-    fn on_accept(&mut self, result: std::io::Result<OwnedFd>, now: Instant) {
+    fn on_accept(&mut self, result: std::io::Result<Socket>, now: Instant) {
         if self.stopping {
             return;
         }
         match result {
-            Ok(fd) => self.adopt(fd, now),
+            Ok(sock) => self.adopt(sock, now),
             Err(e)
                 if !matches!(
                     e.raw_os_error(),
@@ -587,7 +588,7 @@ impl Loop {
     }
 
     /// Takes an accepted socket as a server-side connection.
-    fn adopt(&mut self, fd: OwnedFd, now: Instant) {
+    fn adopt(&mut self, sock: Socket, now: Instant) {
         let open = self.accepted.fetch_add(1, Ordering::Relaxed);
         if open >= self.cfg.max_connections {
             self.accepted.fetch_sub(1, Ordering::Relaxed);
@@ -596,19 +597,28 @@ impl Loop {
                 "refusing a connection: {open} accepted connections are open, the limit \
                  (STARWIRE_MAX_CONNECTIONS)"
             );
-            return; // dropping `fd` closes it
+            if let Socket::Direct(index) = sock {
+                self.driver.close_direct(index);
+            }
+            return; // dropping a descriptor closes it
         }
-        socket::set_nodelay(&fd, true).ok();
-        let raw = fd.as_raw_fd();
         let slot = self.session.adopt(now);
-        if let Err(e) = self.driver.register(slot, raw) {
+        let taken = match &sock {
+            Socket::Fd(fd) => {
+                // A direct socket has it from the listener.
+                socket::set_nodelay(fd, true).ok();
+                self.driver.register(slot, fd.as_raw_fd())
+            }
+            &Socket::Direct(index) => self.driver.adopt_direct(slot, index),
+        };
+        if let Err(e) = taken {
             log::warn!("register accepted socket: {e}");
             self.session.discard(slot);
             self.accepted.fetch_sub(1, Ordering::Relaxed);
             return;
         }
         let conn = self.io_for(slot);
-        conn.fd = Some(fd);
+        conn.sock = Some(sock);
         conn.counted = true;
         add(&self.shared.counters.connections_accepted, 1);
         self.arm_recv(slot);
@@ -619,7 +629,7 @@ impl Loop {
         let Some(conn) = self.io.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
-        if conn.reading || conn.closing || conn.fd.is_none() {
+        if conn.reading || conn.closing || conn.sock.is_none() {
             return;
         }
         let fd = conn.fd();
@@ -686,7 +696,7 @@ impl Loop {
             let Some(conn) = self.io.get_mut(slot as usize).and_then(Option::as_mut) else {
                 continue;
             };
-            if conn.writing || conn.fd.is_none() || conn.connecting || conn.closing {
+            if conn.writing || conn.sock.is_none() || conn.connecting || conn.closing {
                 continue;
             }
             let fd = conn.fd();

@@ -291,4 +291,108 @@ fn accepts_take_every_connection_on_both_backends() {
     }
 }
 
+/// With direct accept, the kernel puts accepted sockets in its part of the file table, with
+/// no descriptor: operations name them by index, and closing one is seen by its peer. When
+/// that part is full the accept fails with ENFILE (the kernel closes the connection it
+/// took), and the next accepts are into descriptors.
+#[test]
+fn direct_accepts_fill_the_kernels_part_of_the_file_table_then_fall_back_to_descriptors() {
+    if !backends().contains(&Backend::Uring) {
+        return;
+    }
+    let (mut d, _shared) = driver(Backend::Uring);
+    if !d.features().direct_accept {
+        // A kernel without the task-work flags or the file table: nothing to test.
+        assert!(!d.features().multishot_accept || !d.features().fixed_files);
+        return;
+    }
+    d.file_table_for_test(2, 2);
+    let listener = socket::listen_tcp("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+    let addr = socket::local_addr(&listener).unwrap();
+    let fd = listener.as_raw_fd();
+    d.register(LISTENER, fd).unwrap();
+    d.accept(LISTENER, fd).unwrap();
+    let accept_one = |d: &mut LoopDriver, client: &mut Vec<std::net::TcpStream>| {
+        client.push(std::net::TcpStream::connect(addr).unwrap());
+        let mut got = None;
+        while got.is_none() {
+            d.complete(true, Some(Duration::from_secs(5)), |c| {
+                if let IoCompletion::Accepted(r) = c {
+                    got = Some(r);
+                }
+            })
+            .unwrap();
+        }
+        got.unwrap()
+    };
+    let mut clients = Vec::new();
+    let mut direct = Vec::new();
+    for slot in 0..2 {
+        match accept_one(&mut d, &mut clients) {
+            Ok(Socket::Direct(index)) => {
+                // The kernel's part is after the loop's two entries.
+                assert!((2..4).contains(&index), "index {index}");
+                d.adopt_direct(slot, index).unwrap();
+                direct.push(index);
+            }
+            other => panic!("accept {slot}: {other:?}"),
+        }
+    }
+    assert_ne!(direct[0], direct[1]);
+    assert!(d.accepting(), "the multishot accept goes on");
+
+    // A receive on slot 1 names its socket by index (the fd given is -1).
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mem = RecvMem::Memory(counted(16, &drops));
+    d.recv(1, -1, mem, 0, 5, false, None).unwrap();
+    clients[1].write_all(b"hello").unwrap();
+    assert_eq!(reap(&mut d, Op::Recv), 5);
+    let Some(RecvMem::Memory(mut m)) = d.take_recv(1) else {
+        panic!("memory not given back");
+    };
+    assert_eq!(&m.bytes_mut()[..5], b"hello");
+
+    // The third finds the kernel's part full: the accept ends with ENFILE and the kernel
+    // closes that connection.
+    let err = accept_one(&mut d, &mut clients).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENFILE), "{err}");
+    assert!(!d.accepting(), "an error ends the multishot accept");
+    clients[2]
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 8];
+    match clients[2].read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the refused connection read {other:?}"),
+    }
+
+    // Then accepts are into descriptors.
+    d.accept(LISTENER, fd).unwrap();
+    match accept_one(&mut d, &mut clients) {
+        Ok(Socket::Fd(_)) => {}
+        other => panic!("after ENFILE: {other:?}"),
+    }
+
+    // Closing a direct socket: its peer sees the end of the stream.
+    d.deregister(0);
+    d.submit_pending().unwrap();
+    clients[0]
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    assert_eq!(
+        clients[0].read(&mut buf).unwrap(),
+        0,
+        "closed by the driver"
+    );
+    // The other one is still open.
+    clients[1].set_nonblocking(true).unwrap();
+    assert_eq!(
+        clients[1].read(&mut buf).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock
+    );
+    d.deregister(1);
+    d.shutdown(LISTENER, fd);
+}
+
 mod multishot;

@@ -33,9 +33,9 @@ use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
 use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
-use super::ops::decode;
-pub use super::ops::{user_data, Completion, Op, LISTENER};
-use super::uring::{on_socket, RecvRing, UringDriver, UringOptions, USER_DATA_DOORBELL};
+use super::ops::{decode, ACCEPT_DIRECT};
+pub use super::ops::{user_data, Completion, Op, Socket, LISTENER};
+use super::uring::{on_socket, RecvRing, Removed, UringDriver, UringOptions, USER_DATA_DOORBELL};
 use super::Backend;
 
 /// Writes `addr` as a C sockaddr into `out`; returns its length.
@@ -121,6 +121,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                     ext_arg: c.feat_ext_arg,
                     fixed_buffers,
                     fixed_files: d.files.is_on(),
+                    direct_accept: d.files.direct_accept(),
                     registered_ring_fd: c.registered_ring_fd,
                     multishot_accept: c.defer_taskrun || c.coop_taskrun,
                     multishot_recv: d.recv_ring().is_some(),
@@ -135,7 +136,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     }
 
     /// Starts watching `fd` for `slot` (epoll registers it; io_uring enters it in the
-    /// ring's file table, if it has one and `slot` fits).
+    /// ring's file table, if it has one with a free entry).
     pub fn register(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
         match &mut *self.io {
             Io::Uring(d) => {
@@ -151,20 +152,69 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     pub fn deregister(&mut self, slot: u32) {
         match &mut *self.io {
             Io::Uring(d) => {
-                d.release(slot);
-                if let Err(e) = d.files.remove(&mut d.ring, slot) {
-                    log::error!("slot {slot}: leaving the io_uring file table: {e}");
+                let busy = d.release(slot);
+                match d.files.remove(&mut d.ring, slot) {
+                    Ok(Removed::Done) => {}
+                    Ok(Removed::Direct(index)) => d.close_direct(index, busy),
+                    Err(e) => log::error!("slot {slot}: leaving the io_uring file table: {e}"),
                 }
             }
             Io::Epoll(d) => d.deregister(slot),
         }
     }
 
-    /// Makes every pending operation on `fd` complete soon, so the fd can be closed.
-    pub fn shutdown(&mut self, slot: u32, fd: RawFd) {
-        // SAFETY: shutdown(2) on an fd we own; no memory is passed.
-        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+    /// Takes the socket a direct accept put at `index` of the ring's file table as
+    /// `slot`'s (io_uring only: only its accepts complete with [`Socket::Direct`]). It has
+    /// no descriptor: operations on `slot` name it by index, whatever fd they are given,
+    /// and [`deregister`](Self::deregister) closes it. An error (a slot number past any
+    /// the session gives) closes it.
+    pub fn adopt_direct(&mut self, slot: u32, index: u32) -> io::Result<()> {
         if let Io::Uring(d) = &mut *self.io {
+            if d.files.adopt_direct(slot, index) {
+                return Ok(());
+            }
+            d.close_direct(index, false);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("slot {slot} cannot take direct socket {index}"),
+        ))
+    }
+
+    /// Makes the ring's file table `own` entries for the loop and `direct` for direct
+    /// accepts (tests of a full table). Call before any socket is entered.
+    #[cfg(test)]
+    pub(crate) fn file_table_for_test(&mut self, own: u32, direct: u32) {
+        if let Io::Uring(d) = &mut *self.io {
+            d.ring.unregister_files().unwrap();
+            d.files = super::uring::FixedFiles::new(&mut d.ring, own, direct);
+        }
+    }
+
+    /// Closes a direct socket no slot took (see [`adopt_direct`](Self::adopt_direct)).
+    pub fn close_direct(&mut self, index: u32) {
+        if let Io::Uring(d) = &mut *self.io {
+            d.close_direct(index, false);
+        }
+    }
+
+    /// Makes every pending operation on `slot`'s socket `fd` complete soon, so it can be
+    /// closed (a direct socket, `fd` -1, by a ring operation).
+    pub fn shutdown(&mut self, slot: u32, fd: RawFd) {
+        if fd >= 0 {
+            // SAFETY: shutdown(2) on an fd we own; no memory is passed.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+        if let Io::Uring(d) = &mut *self.io {
+            if let (true, Some(index)) = (fd < 0, d.files.index(slot)) {
+                let entry = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
+                    .build()
+                    .user_data((slot as u64) << 8);
+                // SAFETY: the entry references no memory.
+                if let Err(e) = unsafe { d.push_urgent(&entry) } {
+                    log::warn!("shutting down direct socket of slot {slot}: {e}");
+                }
+            }
             // shutdown(2) does not abort a connect still in progress (it would wait for the
             // TCP connect timeout): cancel it. Without such an operation the cancel
             // completes with -ENOENT, which is ignored (its user_data has no operation).
@@ -183,8 +233,9 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         }
     }
 
-    /// Accepts a connection on listener `fd`; completes with the new fd (non-blocking,
-    /// close-on-exec) or `-errno`. Call again after each completion. On an io_uring ring
+    /// Accepts a connection on listener `fd`; completes with the new socket or `-errno`: a
+    /// descriptor (non-blocking, close-on-exec), or with direct accept on an io_uring ring
+    /// an entry of its file table (see [`adopt_direct`](Self::adopt_direct)). Call again after each completion. On an io_uring ring
     /// with task-work flags (Linux 5.19 or later) one multishot accept stays in the kernel
     /// and completes once per connection: calling again while it does is a no-op, and an
     /// error ends it (the next call arms a new one).
@@ -197,16 +248,26 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                 let caps = d.ring.capabilities();
                 let multishot = caps.defer_taskrun || caps.coop_taskrun;
                 let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-                let entry = if multishot {
-                    opcode::AcceptMulti::new(types::Fd(fd)).flags(flags).build()
+                let entry = if multishot && d.files.accept_direct_now() {
+                    // Into the file table, where close-on-exec means nothing (and is
+                    // refused).
+                    opcode::AcceptMulti::new(types::Fd(fd))
+                        .allocate_file_index(true)
+                        .flags(libc::SOCK_NONBLOCK)
+                        .build()
+                        .user_data(((slot as u64) << 8) | ACCEPT_DIRECT)
+                } else if multishot {
+                    let entry = opcode::AcceptMulti::new(types::Fd(fd)).flags(flags).build();
+                    entry.user_data(user_data(slot, Op::Accept))
                 } else {
                     let (addr, len) = (std::ptr::null_mut(), std::ptr::null_mut());
                     opcode::Accept::new(types::Fd(fd), addr, len)
                         .flags(flags)
                         .build()
+                        .user_data(user_data(slot, Op::Accept))
                 };
                 // SAFETY: no memory is referenced (no address pointers).
-                unsafe { d.push(&entry.user_data(user_data(slot, Op::Accept)))? };
+                unsafe { d.push(&entry)? };
                 d.accept_armed = true;
                 Ok(())
             }

@@ -85,6 +85,9 @@ pub struct IoFeatures {
     /// One multishot accept on a listener takes every connection (Linux 5.19; with the
     /// task-work flags of `STARWIRE_URING_FLAGS`).
     pub multishot_accept: bool,
+    /// Those accepts put each socket straight in the file table, with no descriptor
+    /// (Linux 5.19; `STARWIRE_URING_DIRECT_ACCEPT`, with fixed files).
+    pub direct_accept: bool,
     /// Receives that may read ahead are multishot, into a ring of provided buffers (with
     /// `DEFER_TASKRUN`, Linux 6.1; `STARWIRE_URING_RECV_BUFS`).
     pub multishot_recv: bool,
@@ -112,6 +115,7 @@ impl fmt::Display for IoFeatures {
             (self.fixed_files, "fixed files"),
             (self.registered_ring_fd, "registered ring fd"),
             (self.multishot_accept, "multishot accept"),
+            (self.direct_accept, "direct accept"),
             (self.multishot_recv, "multishot recv"),
             (self.recv_bundles, "recv bundles"),
             (self.recv_incremental, "incremental recv buffers"),

@@ -22,6 +22,21 @@ pub enum Op {
     Send = 4,
 }
 
+/// The low byte of a direct accept's `user_data` (not an [`Op`]: the event loop sees it as
+/// an accept). Multishot receives use 5.
+pub(super) const ACCEPT_DIRECT: u64 = 6;
+
+/// An accepted socket: a descriptor of the process, or only an entry of the io_uring
+/// ring's file table (a *direct* descriptor, see [`FixedFiles`](super::uring::FixedFiles)).
+#[derive(Debug)]
+pub enum Socket {
+    /// A descriptor (non-blocking, close-on-exec).
+    Fd(OwnedFd),
+    /// The index of its entry in the file table; it has no descriptor, and is closed by
+    /// emptying the entry.
+    Direct(u32),
+}
+
 /// `user_data` of an operation on `slot`.
 pub fn user_data(slot: u32, op: Op) -> u64 {
     ((slot as u64) << 8) | op as u64
@@ -39,9 +54,8 @@ pub enum Completion {
         /// Bytes, 0, or the error.
         result: io::Result<u32>,
     },
-    /// An accept on the listener finished: the new socket (non-blocking, close-on-exec),
-    /// or the error.
-    Accepted(io::Result<OwnedFd>),
+    /// An accept on the listener finished: the new socket, or the error.
+    Accepted(io::Result<Socket>),
     /// The doorbell rang.
     Doorbell,
 }
@@ -52,7 +66,10 @@ pub(super) fn decode(user_data: u64, result: i32) -> Option<Completion> {
         return Some(Completion::Doorbell);
     }
     let op = match user_data & 0xff {
-        1 => Op::Accept,
+        ACCEPT_DIRECT if result >= 0 => {
+            return Some(Completion::Accepted(Ok(Socket::Direct(result as u32))))
+        }
+        1 | ACCEPT_DIRECT => Op::Accept,
         2 => Op::Connect,
         3 => Op::Recv,
         4 => Op::Send,
@@ -71,7 +88,7 @@ pub(super) fn decode(user_data: u64, result: i32) -> Option<Completion> {
     }
     Some(match op {
         // SAFETY: a successful accept returns a new fd that nothing else owns.
-        Op::Accept => Completion::Accepted(Ok(unsafe { OwnedFd::from_raw_fd(result) })),
+        Op::Accept => Completion::Accepted(Ok(Socket::Fd(unsafe { OwnedFd::from_raw_fd(result) }))),
         _ => Completion::Op {
             slot: (user_data >> 8) as u32,
             op,

@@ -1207,6 +1207,8 @@ fn serve_says_what_table_it_serves() {
             for feature in ["registered ring fd", "multishot accept"] {
                 assert_eq!(features.contains(feature), !flags_off, "{features}");
             }
+            let direct = !flags_off && !files_off && !off("STARWIRE_URING_DIRECT_ACCEPT");
+            assert_eq!(features.contains("direct accept"), direct, "{features}");
         } else {
             assert!(features.ends_with("in use: none"), "{features}");
         }

@@ -239,6 +239,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_BACKEND,
         ENV_URING_FLAGS,
         ENV_URING_FIXED_FILES,
+        ENV_URING_DIRECT_ACCEPT,
         ENV_URING_RECV_BUFS,
         ENV_URING_RECV_BUNDLES,
         ENV_URING_RECV_INCREMENTAL,
@@ -437,6 +438,14 @@ fn uring_flags_default_on_and_can_be_turned_off() {
             .uring_flags
     );
     assert_rejected("ps", ENV_URING_FLAGS, "off");
+}
+
+#[test]
+fn uring_direct_accept_default_on_and_can_be_turned_off() {
+    assert!(config("ps", &[]).unwrap().uring_direct_accept);
+    let off = config("ps", &[(ENV_URING_DIRECT_ACCEPT, "false")]).unwrap();
+    assert!(!off.uring_direct_accept);
+    assert_rejected("worker", ENV_URING_DIRECT_ACCEPT, "maybe");
 }
 
 #[test]

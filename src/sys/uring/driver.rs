@@ -44,13 +44,15 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use io_uring::{cqueue, opcode, types};
+use io_uring::{cqueue, opcode, squeue, types};
 use nix::libc;
 
 use super::USER_DATA_DOORBELL;
-use super::{on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, FILE_TABLE};
+use super::{
+    on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, DIRECT_TABLE, FILE_TABLE,
+};
 use crate::sys::doorbell::Doorbell;
-use crate::sys::ops::{decode, user_data, Completion, Op};
+use crate::sys::ops::{decode, user_data, Completion, Op, ACCEPT_DIRECT};
 
 /// Most stash entries a slot has room for from the start (12 bytes each: 3 KiB per
 /// connection), whatever the ring's size.
@@ -58,6 +60,10 @@ const STASH_ROOM_MAX: usize = 256;
 
 /// The operation kind of a multishot receive in `user_data` (next to [`Op`]'s).
 const MULTI_RECV: u64 = 5;
+
+/// `user_data` of the driver's operations whose completions are ignored (operation byte 0:
+/// `decode` knows none).
+const USER_DATA_IGNORED: u64 = 0;
 
 /// Ring buffers a slot may hold unread before its multishot receive is cancelled, at
 /// least: a quarter of the ring when that is more (a bundle can bring a burst of many
@@ -284,6 +290,8 @@ pub struct UringDriver {
     pub(in crate::sys) accept_armed: bool,
     /// The sockets entered in the ring's file table.
     pub(in crate::sys) files: FixedFiles,
+    /// Emptying a file table entry drops its reference to the file at once (Linux 6.13).
+    prompt_close: bool,
     /// Multishot receives, when the ring has a buffer ring. Declared after `ring`: dropped
     /// after it (the driver leaks it instead when operations did not drain).
     multi: Option<Multi>,
@@ -296,6 +304,9 @@ pub struct UringOptions {
     pub flags: SetupFlags,
     /// A table of registered files that sockets are entered in (see [`FixedFiles`]).
     pub fixed_files: bool,
+    /// With the file table and multishot accepts: accepts put sockets straight in the
+    /// table, with no descriptor (see [`FixedFiles`]).
+    pub direct_accept: bool,
     /// Buffers in the ring of provided buffers that multishot receives take data from; 0
     /// for none (every receive one-shot).
     pub recv_bufs: u32,
@@ -314,6 +325,7 @@ impl Default for UringOptions {
         UringOptions {
             flags: SetupFlags::Auto,
             fixed_files: true,
+            direct_accept: true,
             recv_bufs: 256,
             recv_bundles: false,
             recv_incremental: false,
@@ -333,17 +345,20 @@ impl UringDriver {
         let UringOptions {
             flags,
             fixed_files,
+            direct_accept,
             recv_bufs,
             recv_bundles,
             recv_incremental,
         } = opts;
         let mut ring = Ring::with_flags(entries, flags)?;
+        let caps = *ring.capabilities();
+        // Direct accepts are multishot ones, which need a task-work flag (as `accept`).
+        let direct = direct_accept && (caps.defer_taskrun || caps.coop_taskrun);
         let files = if fixed_files {
-            FixedFiles::new(&mut ring, FILE_TABLE)
+            FixedFiles::new(&mut ring, FILE_TABLE, if direct { DIRECT_TABLE } else { 0 })
         } else {
             FixedFiles::off()
         };
-        let caps = *ring.capabilities();
         log::debug!(
             "io_uring ring: single_issuer {} defer_taskrun {} coop_taskrun {} taskrun_flag {}",
             caps.single_issuer,
@@ -390,6 +405,7 @@ impl UringDriver {
             overflow: Vec::new(),
             accept_armed: false,
             files,
+            prompt_close: super::kernel_at_least(6, 13),
             multi,
         };
         d.arm_doorbell()?;
@@ -692,13 +708,15 @@ impl UringDriver {
     }
 
     /// `slot` is being released: its stash goes back to the ring, and a multishot receive
-    /// still in the kernel is shut down (its completions are recycled).
-    pub(in crate::sys) fn release(&mut self, slot: u32) {
+    /// still in the kernel is shut down (its completions are recycled; a direct socket's
+    /// by the caller, see [`close_direct`](Self::close_direct)). Returns whether there was
+    /// one.
+    pub(in crate::sys) fn release(&mut self, slot: u32) -> bool {
         let Some(m) = self.multi.as_mut() else {
-            return;
+            return false;
         };
         let Some(s) = m.slots.get_mut(slot as usize) else {
-            return;
+            return false;
         };
         while let Some((bid, _, _)) = s.stash.pop_front() {
             m.bufs.release(bid);
@@ -708,16 +726,20 @@ impl UringDriver {
         if s.armed != Armed::Off {
             m.armed = m.armed.saturating_sub(1);
             m.orphans.push((slot, s.gen));
+            // A direct socket (no descriptor) is shut down by the ring operations that
+            // close it, which the caller queues next (`Driver::deregister`).
             // SAFETY: shutdown(2) on the slot's socket, still open (the loop closes it
             // after releasing the slot); no memory is passed.
-            if unsafe { libc::shutdown(s.fd, libc::SHUT_RDWR) } < 0 {
+            if s.fd >= 0 && unsafe { libc::shutdown(s.fd, libc::SHUT_RDWR) } < 0 {
                 let e = io::Error::last_os_error();
                 log::warn!("slot {slot}: shutting down for its multishot receive: {e}");
             }
         }
+        let orphaned = s.armed != Armed::Off;
         s.armed = Armed::Off;
         s.gen = s.gen.wrapping_add(1);
         s.fd = -1;
+        orphaned
     }
 
     /// Cancels every multishot receive in the kernel (the driver is going).
@@ -751,14 +773,46 @@ impl UringDriver {
     ///
     /// # Safety
     /// As [`Ring::push`].
-    pub(in crate::sys) unsafe fn push_urgent(
-        &mut self,
-        entry: &io_uring::squeue::Entry,
-    ) -> io::Result<()> {
+    pub(in crate::sys) unsafe fn push_urgent(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         // SAFETY: passed on from the caller.
         unsafe { self.push(entry)? };
         self.urgent = true;
         Ok(())
+    }
+
+    /// Closes the direct socket at `index` of the file table, which no slot names any
+    /// more, with ring operations (their completions are ignored), queued as urgent: the
+    /// close empties the entry, and the kernel may then give it to another accept.
+    ///
+    /// A shutdown linked before it ends what may still be in the kernel on the socket (an
+    /// orphaned multishot receive: `busy`) and lets the peer see the end of the stream at
+    /// once; before Linux 6.13 it is always made, since the kernel then lets go of a
+    /// removed file only once earlier operations on the ring have completed (as for a
+    /// descriptor's entry, see [`FixedFiles::remove`]). Otherwise the close alone does: it
+    /// drops the last reference to the socket. The shutdown runs in a kernel worker thread,
+    /// which a close of every connection would pay for.
+    pub(in crate::sys) fn close_direct(&mut self, index: u32, busy: bool) {
+        let close = opcode::Close::new(types::Fixed(index))
+            .build()
+            .user_data(USER_DATA_IGNORED);
+        let queued = if busy || !self.prompt_close {
+            let shutdown = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
+                .build()
+                .flags(squeue::Flags::IO_HARDLINK)
+                .user_data(USER_DATA_IGNORED);
+            // SAFETY: neither entry references memory.
+            unsafe { self.push(&shutdown).and_then(|()| self.push_urgent(&close)) }
+        } else {
+            // SAFETY: the entry references no memory.
+            unsafe { self.push_urgent(&close) }
+        };
+        if let Err(e) = queued {
+            // Empty the entry now: the socket closes when nothing holds it.
+            log::warn!("io_uring: queueing the close of direct socket {index}: {e}");
+            if let Err(e) = self.ring.update_file(index, -1) {
+                log::error!("io_uring: emptying file table entry {index}: {e}");
+            }
+        }
     }
 
     /// Submits what is queued, urgent or not (no wait).
@@ -772,10 +826,7 @@ impl UringDriver {
 
     /// # Safety
     /// As [`Ring::push`].
-    pub(in crate::sys) unsafe fn push(
-        &mut self,
-        entry: &io_uring::squeue::Entry,
-    ) -> io::Result<()> {
+    pub(in crate::sys) unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: passed on from the caller.
             match unsafe { self.ring.push(entry) } {
@@ -815,6 +866,7 @@ impl UringDriver {
         // `needs_enter` sees; one without has them posted by the kernel on its own.
         let mut rearm = false;
         let mut accept_ended = false;
+        let mut direct_full = false;
         let mut n = 0;
         let mut multi = self.multi.as_mut().map(|m| std::mem::take(&mut m.cqes));
         let mut deliver = |user_data: u64, result: i32, flags: u32| {
@@ -824,6 +876,8 @@ impl UringDriver {
                 }
                 return 0;
             }
+            // The kernel's part of the file table is full (the connection is closed).
+            direct_full |= user_data & 0xff == ACCEPT_DIRECT && result == -libc::ENFILE;
             let Some(c) = decode(user_data, result) else {
                 return 0;
             };
@@ -860,6 +914,15 @@ impl UringDriver {
         }
         if accept_ended {
             self.accept_armed = false;
+        }
+        if direct_full {
+            log::warn!(
+                "io_uring: the file table has no free entry for a direct accept ({} direct \
+                 sockets open); a connection was closed, and connections are accepted into \
+                 descriptors until an entry is freed",
+                self.files.direct_open()
+            );
+            self.files.direct_ran_out();
         }
         if rearm {
             let mut v = 0u64;

@@ -37,6 +37,22 @@ pub const USER_DATA_RESERVED_MIN: u64 = u64::MAX - 15;
 /// consuming entries.
 const PUSH_ATTEMPTS: usize = 4;
 
+/// Whether the running kernel's version (`uname -r`) is at least `major.minor`; false when
+/// it cannot be read.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let Ok(u) = nix::sys::utsname::uname() else {
+        return false;
+    };
+    let release = u.release().to_string_lossy();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
+}
+
 /// What the kernel's io_uring offers, probed once per ring.
 ///
 /// Opcode fields are true when `IORING_REGISTER_PROBE` says the opcode is supported (false
@@ -390,6 +406,43 @@ impl Ring {
     /// flag, Linux 5.19): entries are filled by [`update_file`](Self::update_file).
     pub fn register_files_sparse(&mut self, n: u32) -> io::Result<()> {
         self.ring.submitter().register_files_sparse(n)
+    }
+
+    /// Unregisters the file table (which waits for operations on its files).
+    #[cfg(test)]
+    pub fn unregister_files(&mut self) -> io::Result<()> {
+        self.ring.submitter().unregister_files()
+    }
+
+    /// Has the kernel put the files it allocates entries for (`IORING_FILE_INDEX_ALLOC`: a
+    /// direct accept's sockets) at `off..off + len` of the table only
+    /// (`IORING_REGISTER_FILE_ALLOC_RANGE`, Linux 6.0).
+    pub fn file_alloc_range(&mut self, off: u32, len: u32) -> io::Result<()> {
+        /// `struct io_uring_file_index_range`.
+        #[repr(C)]
+        struct Range {
+            off: u32,
+            len: u32,
+            resv: u64,
+        }
+        /// `IORING_REGISTER_FILE_ALLOC_RANGE` (include/uapi/linux/io_uring.h).
+        const REGISTER_FILE_ALLOC_RANGE: libc::c_uint = 25;
+        let range = Range { off, len, resv: 0 };
+        // SAFETY: io_uring_register on this ring with a pointer to one initialized
+        // `io_uring_file_index_range` that lives across the call, and a count of 0.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_register,
+                self.ring.as_raw_fd(),
+                REGISTER_FILE_ALLOC_RANGE,
+                std::ptr::addr_of!(range),
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Puts `fd` at `index` of the file table (-1 empties the entry: the kernel drops its
@@ -860,7 +913,7 @@ pub use bufring::{BufRing, BUF_GROUP};
 pub use driver::STASH_MIN;
 pub use driver::{RecvRing, UringDriver, UringOptions};
 pub(crate) use files::on_socket;
-pub use files::{FixedFiles, FILE_TABLE};
+pub use files::{FixedFiles, Removed, DIRECT_TABLE, FILE_TABLE};
 
 #[cfg(test)]
 mod tests;
