@@ -110,7 +110,7 @@ settings! {
         setter: plain,
     }
 
-    /// With the file table and multishot accepts (Linux 5.19): the kernel puts each
+    /// With the file table and multishot accepts (Linux 6.0): the kernel puts each
     /// accepted socket straight in the table, with no descriptor, saving a descriptor, a
     /// `setsockopt` and a table update per accepted connection; false accepts into
     /// descriptors that the loop enters in the table.

@@ -557,14 +557,28 @@ impl Loop {
 
     fn on_accept(&mut self, result: std::io::Result<Socket>, now: Instant) {
         if self.stopping {
+            if let Ok(Socket::Direct(index)) = result {
+                self.driver.close_direct(index);
+            }
             return;
         }
         match result {
             Ok(sock) => self.adopt(sock, now),
+            // The kernel's part of the file table is full (the driver logged it and closes
+            // the connection), or an accept into descriptors was ended to go back to direct
+            // accepts: the next accept can start now.
+            Err(e)
+                if e.raw_os_error() == Some(nix::libc::ENFILE)
+                    && self.driver.direct_accept_full() => {}
             Err(e)
                 if !matches!(
                     e.raw_os_error(),
-                    Some(nix::libc::EAGAIN | nix::libc::EINTR | nix::libc::ECONNABORTED)
+                    Some(
+                        nix::libc::EAGAIN
+                            | nix::libc::EINTR
+                            | nix::libc::ECONNABORTED
+                            | nix::libc::ECANCELED
+                    )
                 ) =>
             {
                 // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays in the backlog; try

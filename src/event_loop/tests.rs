@@ -24,7 +24,9 @@ fn backends() -> Vec<Backend> {
 /// Reaps completions until one of `op` arrives; its byte count.
 fn reap(d: &mut LoopDriver, op: Op) -> u32 {
     let mut got = None;
+    let give_up = Instant::now() + Duration::from_secs(30);
     while got.is_none() {
+        assert!(Instant::now() < give_up, "no {op:?} completed");
         d.complete(true, Some(Duration::from_secs(5)), |c| {
             if let IoCompletion::Op { op: o, result, .. } = c {
                 if o == op {
@@ -302,8 +304,8 @@ fn direct_accepts_fill_the_kernels_part_of_the_file_table_then_fall_back_to_desc
     }
     let (mut d, _shared) = driver(Backend::Uring);
     if !d.features().direct_accept {
-        // A kernel without the task-work flags or the file table: nothing to test.
-        assert!(!d.features().multishot_accept || !d.features().fixed_files);
+        // A kernel without the task-work flags, the file table or its allocation range
+        // (Linux 6.0): nothing to test.
         return;
     }
     d.file_table_for_test(2, 2);
@@ -315,7 +317,9 @@ fn direct_accepts_fill_the_kernels_part_of_the_file_table_then_fall_back_to_desc
     let accept_one = |d: &mut LoopDriver, client: &mut Vec<std::net::TcpStream>| {
         client.push(std::net::TcpStream::connect(addr).unwrap());
         let mut got = None;
+        let give_up = Instant::now() + Duration::from_secs(30);
         while got.is_none() {
+            assert!(Instant::now() < give_up, "no accept completed");
             d.complete(true, Some(Duration::from_secs(5)), |c| {
                 if let IoCompletion::Accepted(r) = c {
                     got = Some(r);
@@ -367,7 +371,8 @@ fn direct_accepts_fill_the_kernels_part_of_the_file_table_then_fall_back_to_desc
         other => panic!("the refused connection read {other:?}"),
     }
 
-    // Then accepts are into descriptors.
+    // Then accepts are into descriptors, and the loop may re-arm at once.
+    assert!(d.direct_accept_full());
     d.accept(LISTENER, fd).unwrap();
     match accept_one(&mut d, &mut clients) {
         Ok(Socket::Fd(_)) => {}
@@ -391,8 +396,62 @@ fn direct_accepts_fill_the_kernels_part_of_the_file_table_then_fall_back_to_desc
         clients[1].read(&mut buf).unwrap_err().kind(),
         std::io::ErrorKind::WouldBlock
     );
+
+    // With a quarter of the kernel's part free again (here: one of two entries), the
+    // accept into descriptors is cancelled, and the next accept is direct again, into the
+    // freed entry.
+    assert!(!d.direct_accept_full());
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let mut cancelled = None;
+    while cancelled.is_none() {
+        assert!(Instant::now() < give_up, "the accept was not cancelled");
+        d.complete(true, Some(Duration::from_secs(5)), |c| {
+            if let IoCompletion::Accepted(r) = c {
+                cancelled = Some(r);
+            }
+        })
+        .unwrap();
+    }
+    let err = cancelled.unwrap().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ECANCELED), "{err}");
+    assert!(!d.accepting());
+    d.accept(LISTENER, fd).unwrap();
+    match accept_one(&mut d, &mut clients) {
+        Ok(Socket::Direct(index)) => {
+            assert_eq!(index, direct[0], "the freed entry");
+            d.adopt_direct(0, index).unwrap();
+        }
+        other => panic!("after an entry was freed: {other:?}"),
+    }
+
+    // A direct socket closed with a multishot receive in the kernel on it: the shutdown
+    // before the close ends the receive (the driver drains it), and the peer sees the end.
+    if d.features().multishot_recv {
+        let last = clients.len() - 1;
+        clients[last].write_all(b"one").unwrap();
+        d.recv(0, -1, RecvMem::Buffer(vec![0; 64]), 0, 64, true, None)
+            .unwrap();
+        assert_eq!(reap(&mut d, Op::Recv), 3);
+        drop(d.take_recv(0));
+        assert_eq!(
+            d.in_flight(),
+            1,
+            "the multishot receive stays in the kernel"
+        );
+        d.deregister(0);
+        d.submit_pending().unwrap();
+        clients[last]
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        assert_eq!(
+            clients[last].read(&mut buf).unwrap(),
+            0,
+            "closed by the driver"
+        );
+    }
     d.deregister(1);
     d.shutdown(LISTENER, fd);
+    assert!(d.drain(), "operations left in the kernel");
 }
 
 mod multishot;

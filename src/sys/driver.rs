@@ -155,7 +155,10 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                 let busy = d.release(slot);
                 match d.files.remove(&mut d.ring, slot) {
                     Ok(Removed::Done) => {}
-                    Ok(Removed::Direct(index)) => d.close_direct(index, busy),
+                    Ok(Removed::Direct(index)) => {
+                        d.close_direct(index, busy);
+                        d.maybe_back_to_direct();
+                    }
                     Err(e) => log::error!("slot {slot}: leaving the io_uring file table: {e}"),
                 }
             }
@@ -188,6 +191,16 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         if let Io::Uring(d) = &mut *self.io {
             d.ring.unregister_files().unwrap();
             d.files = super::uring::FixedFiles::new(&mut d.ring, own, direct);
+        }
+    }
+
+    /// Whether direct accepts ran out of file table entries (an accept failed with
+    /// `ENFILE` for that): accepts go into descriptors for now, and the next one can be
+    /// armed at once.
+    pub fn direct_accept_full(&self) -> bool {
+        match &*self.io {
+            Io::Uring(d) => d.direct_accept_full(),
+            Io::Epoll(_) => false,
         }
     }
 
@@ -266,6 +279,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
                         .build()
                         .user_data(user_data(slot, Op::Accept))
                 };
+                d.accept_user_data = entry.get_user_data();
                 // SAFETY: no memory is referenced (no address pointers).
                 unsafe { d.push(&entry)? };
                 d.accept_armed = true;
@@ -630,6 +644,10 @@ impl<M: IoBufMut, S: IoBuf> Drop for Driver<M, S> {
             }
         }
         if let Io::Uring(d) = &mut *self.io {
+            // Closes of direct sockets still queued go to the kernel.
+            if let Err(e) = d.submit_pending() {
+                log::warn!("io_uring: submitting before the ring goes: {e}");
+            }
             // The file table's references to sockets whose descriptors are closed (or about
             // to be) go now, on this thread, rather than in the ring's asynchronous teardown.
             d.files.clear(&mut d.ring);

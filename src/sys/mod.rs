@@ -86,7 +86,7 @@ pub struct IoFeatures {
     /// task-work flags of `STARWIRE_URING_FLAGS`).
     pub multishot_accept: bool,
     /// Those accepts put each socket straight in the file table, with no descriptor
-    /// (Linux 5.19; `STARWIRE_URING_DIRECT_ACCEPT`, with fixed files).
+    /// (Linux 6.0; `STARWIRE_URING_DIRECT_ACCEPT`, with fixed files).
     pub direct_accept: bool,
     /// Receives that may read ahead are multishot, into a ring of provided buffers (with
     /// `DEFER_TASKRUN`, Linux 6.1; `STARWIRE_URING_RECV_BUFS`).

@@ -47,10 +47,10 @@ use std::time::Duration;
 use io_uring::{cqueue, opcode, squeue, types};
 use nix::libc;
 
-use super::USER_DATA_DOORBELL;
 use super::{
     on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, DIRECT_TABLE, FILE_TABLE,
 };
+use super::{USER_DATA_DOORBELL, USER_DATA_RESERVED_MIN};
 use crate::sys::doorbell::Doorbell;
 use crate::sys::ops::{decode, user_data, Completion, Op, ACCEPT_DIRECT};
 
@@ -64,6 +64,10 @@ const MULTI_RECV: u64 = 5;
 /// `user_data` of the driver's operations whose completions are ignored (operation byte 0:
 /// `decode` knows none).
 const USER_DATA_IGNORED: u64 = 0;
+
+/// The low byte of the `user_data` of a direct socket's shutdown whose completion queues
+/// its close; the file table index is above it.
+const CLOSE_AFTER: u64 = 7;
 
 /// Ring buffers a slot may hold unread before its multishot receive is cancelled, at
 /// least: a quarter of the ring when that is more (a bundle can bring a burst of many
@@ -292,6 +296,8 @@ pub struct UringDriver {
     pub(in crate::sys) files: FixedFiles,
     /// Emptying a file table entry drops its reference to the file at once (Linux 6.13).
     prompt_close: bool,
+    /// `user_data` of the accept last armed.
+    pub(in crate::sys) accept_user_data: u64,
     /// Multishot receives, when the ring has a buffer ring. Declared after `ring`: dropped
     /// after it (the driver leaks it instead when operations did not drain).
     multi: Option<Multi>,
@@ -406,6 +412,7 @@ impl UringDriver {
             accept_armed: false,
             files,
             prompt_close: super::kernel_at_least(6, 13),
+            accept_user_data: 0,
             multi,
         };
         d.arm_doorbell()?;
@@ -781,36 +788,69 @@ impl UringDriver {
     }
 
     /// Closes the direct socket at `index` of the file table, which no slot names any
-    /// more, with ring operations (their completions are ignored), queued as urgent: the
-    /// close empties the entry, and the kernel may then give it to another accept.
+    /// more, with ring operations (their completions are not delivered), queued as urgent:
+    /// the close empties the entry, and the kernel may then give it to another accept.
     ///
-    /// A shutdown linked before it ends what may still be in the kernel on the socket (an
-    /// orphaned multishot receive: `busy`) and lets the peer see the end of the stream at
-    /// once; before Linux 6.13 it is always made, since the kernel then lets go of a
-    /// removed file only once earlier operations on the ring have completed (as for a
-    /// descriptor's entry, see [`FixedFiles::remove`]). Otherwise the close alone does: it
-    /// drops the last reference to the socket. The shutdown runs in a kernel worker thread,
-    /// which a close of every connection would pay for.
+    /// A shutdown comes first when `busy` (a multishot receive may still be in the kernel
+    /// on the socket: the shutdown ends it) and always before Linux 6.13 (the kernel then
+    /// lets go of a removed file only once earlier operations on the ring have completed,
+    /// so the shutdown is what lets the peer see the end of the stream at once, as for a
+    /// descriptor's entry, see [`FixedFiles::remove`]). The close is queued when the
+    /// shutdown's completion is reaped, so the entry stays the socket's until then and no
+    /// later connection given it can be shut down. Otherwise the close alone does: it
+    /// drops the last reference to the socket. (The kernel runs a shutdown in a worker
+    /// thread, which a close of every connection would pay for.)
     pub(in crate::sys) fn close_direct(&mut self, index: u32, busy: bool) {
+        if busy || !self.prompt_close {
+            let shutdown = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
+                .build()
+                .user_data(((index as u64) << 8) | CLOSE_AFTER);
+            // SAFETY: the entry references no memory.
+            match unsafe { self.push_urgent(&shutdown) } {
+                Ok(()) => return,
+                Err(e) => {
+                    log::warn!("io_uring: queueing the shutdown of direct socket {index}: {e}")
+                }
+            }
+        }
+        self.close_index(index);
+    }
+
+    /// Queues the close of the file table's entry `index` (urgent); empties it now if that
+    /// fails (the socket closes when nothing holds it any more).
+    fn close_index(&mut self, index: u32) {
         let close = opcode::Close::new(types::Fixed(index))
             .build()
             .user_data(USER_DATA_IGNORED);
-        let queued = if busy || !self.prompt_close {
-            let shutdown = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
-                .build()
-                .flags(squeue::Flags::IO_HARDLINK)
-                .user_data(USER_DATA_IGNORED);
-            // SAFETY: neither entry references memory.
-            unsafe { self.push(&shutdown).and_then(|()| self.push_urgent(&close)) }
-        } else {
-            // SAFETY: the entry references no memory.
-            unsafe { self.push_urgent(&close) }
-        };
-        if let Err(e) = queued {
-            // Empty the entry now: the socket closes when nothing holds it.
+        // SAFETY: the entry references no memory.
+        if let Err(e) = unsafe { self.push_urgent(&close) } {
             log::warn!("io_uring: queueing the close of direct socket {index}: {e}");
             if let Err(e) = self.ring.update_file(index, -1) {
                 log::error!("io_uring: emptying file table entry {index}: {e}");
+            }
+        }
+    }
+
+    /// Whether direct accepts ran out of table entries and the accept in the kernel takes
+    /// connections into descriptors.
+    pub(in crate::sys) fn direct_accept_full(&self) -> bool {
+        self.files.direct_accept() && !self.files.accept_direct_now()
+    }
+
+    /// After a direct socket was closed: once the kernel's part of the table has room
+    /// again, ends an accept into descriptors still in the kernel (it completes with
+    /// `ECANCELED`), so that the next one is direct.
+    pub(in crate::sys) fn maybe_back_to_direct(&mut self) {
+        if self.files.back_to_direct()
+            && self.accept_armed
+            && self.accept_user_data & 0xff != ACCEPT_DIRECT
+        {
+            let entry = opcode::AsyncCancel::new(self.accept_user_data)
+                .build()
+                .user_data(USER_DATA_IGNORED);
+            // SAFETY: the entry references no memory.
+            if let Err(e) = unsafe { self.push_urgent(&entry) } {
+                log::warn!("io_uring: cancelling the accept into descriptors: {e}");
             }
         }
     }
@@ -867,6 +907,8 @@ impl UringDriver {
         let mut rearm = false;
         let mut accept_ended = false;
         let mut direct_full = false;
+        // Direct sockets shut down, to be closed now (rare: no allocation otherwise).
+        let mut closes: Vec<u32> = Vec::new();
         let mut n = 0;
         let mut multi = self.multi.as_mut().map(|m| std::mem::take(&mut m.cqes));
         let mut deliver = |user_data: u64, result: i32, flags: u32| {
@@ -878,6 +920,10 @@ impl UringDriver {
             }
             // The kernel's part of the file table is full (the connection is closed).
             direct_full |= user_data & 0xff == ACCEPT_DIRECT && result == -libc::ENFILE;
+            if user_data & 0xff == CLOSE_AFTER && user_data < USER_DATA_RESERVED_MIN {
+                closes.push((user_data >> 8) as u32);
+                return 0;
+            }
             let Some(c) = decode(user_data, result) else {
                 return 0;
             };
@@ -915,11 +961,14 @@ impl UringDriver {
         if accept_ended {
             self.accept_armed = false;
         }
+        for index in closes {
+            self.close_index(index);
+        }
         if direct_full {
             log::warn!(
                 "io_uring: the file table has no free entry for a direct accept ({} direct \
-                 sockets open); a connection was closed, and connections are accepted into \
-                 descriptors until an entry is freed",
+                 sockets open); the kernel closed that connection, and connections are \
+                 accepted into descriptors until a quarter of the entries are free",
                 self.files.direct_open()
             );
             self.files.direct_ran_out();

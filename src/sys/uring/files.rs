@@ -9,7 +9,8 @@
 //!   second reference to the file, which is dropped when the entry is emptied, so an entry
 //!   must be emptied before the descriptor is closed or the socket stays open.
 //! - With direct accept, the kernel's part: a multishot accept puts each connection it
-//!   takes in a free entry of it (`IORING_FILE_INDEX_ALLOC`, Linux 5.19), and the socket
+//!   takes in a free entry of it (`IORING_FILE_INDEX_ALLOC` in the range set by
+//!   `IORING_REGISTER_FILE_ALLOC_RANGE`, Linux 6.0), and the socket
 //!   has no descriptor at all. Its options come from the listener (Linux accepted sockets
 //!   inherit `TCP_NODELAY`), and it is shut down and closed by ring operations on the
 //!   entry. That saves the accept's descriptor, the `setsockopt` and the table update of
@@ -28,7 +29,7 @@ pub const FILE_TABLE: u32 = 4096;
 
 /// Entries of the kernel's part of the table, with direct accept: when it is full a direct
 /// accept fails with `ENFILE` (the kernel closes the connection it took) and the loop
-/// accepts into descriptors until an entry is freed.
+/// accepts into descriptors until a quarter of the entries are free again.
 pub const DIRECT_TABLE: u32 = 4096;
 
 /// `$build` with `$s` naming `$slot`'s socket: by its index in `$d`'s file table when it is
@@ -167,6 +168,17 @@ impl FixedFiles {
         self.direct_full = true;
     }
 
+    /// After direct accepts ran out of entries: true, once, when a quarter of the
+    /// kernel's part is free again (then accepts should be direct again; the margin keeps
+    /// a server at the limit from losing a connection to `ENFILE` at every close).
+    pub fn back_to_direct(&mut self) -> bool {
+        if self.direct_full && self.direct_open <= self.direct - self.direct / 4 {
+            self.direct_full = false;
+            return true;
+        }
+        false
+    }
+
     /// Direct sockets in the table.
     pub fn direct_open(&self) -> u32 {
         self.direct_open
@@ -228,7 +240,6 @@ impl FixedFiles {
         }
         if fd < 0 {
             self.direct_open -= 1;
-            self.direct_full = false;
             return Ok(Removed::Direct(index));
         }
         // SAFETY: shutdown(2) on the descriptor entered at this slot, which the caller
