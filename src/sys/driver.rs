@@ -220,13 +220,7 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         }
         if let Io::Uring(d) = &mut *self.io {
             if let (true, Some(index)) = (fd < 0, d.files.index(slot)) {
-                let entry = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
-                    .build()
-                    .user_data((slot as u64) << 8);
-                // SAFETY: the entry references no memory.
-                if let Err(e) = unsafe { d.push_urgent(&entry) } {
-                    log::warn!("shutting down direct socket of slot {slot}: {e}");
-                }
+                d.shutdown_direct(index);
             }
             // shutdown(2) does not abort a connect still in progress (it would wait for the
             // TCP connect timeout): cancel it. Without such an operation the cancel

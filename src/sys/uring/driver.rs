@@ -61,13 +61,7 @@ const STASH_ROOM_MAX: usize = 256;
 /// The operation kind of a multishot receive in `user_data` (next to [`Op`]'s).
 const MULTI_RECV: u64 = 5;
 
-/// `user_data` of the driver's operations whose completions are ignored (operation byte 0:
-/// `decode` knows none).
-const USER_DATA_IGNORED: u64 = 0;
-
-/// The low byte of the `user_data` of a direct socket's shutdown whose completion queues
-/// its close; the file table index is above it.
-const CLOSE_AFTER: u64 = 7;
+use super::direct::{CLOSE_AFTER, SHUTDOWN_ONLY};
 
 /// Ring buffers a slot may hold unread before its multishot receive is cancelled, at
 /// least: a quarter of the ring when that is more (a bundle can bring a burst of many
@@ -295,9 +289,14 @@ pub struct UringDriver {
     /// The sockets entered in the ring's file table.
     pub(in crate::sys) files: FixedFiles,
     /// Emptying a file table entry drops its reference to the file at once (Linux 6.13).
-    prompt_close: bool,
+    pub(super) prompt_close: bool,
     /// `user_data` of the accept last armed.
     pub(in crate::sys) accept_user_data: u64,
+    /// Direct sockets with a shutdown in the kernel ([`shutdown_direct`]), and whether
+    /// their close waits for it.
+    ///
+    /// [`shutdown_direct`]: Self::shutdown_direct
+    pub(super) shutting: Vec<(u32, bool)>,
     /// Multishot receives, when the ring has a buffer ring. Declared after `ring`: dropped
     /// after it (the driver leaks it instead when operations did not drain).
     multi: Option<Multi>,
@@ -413,6 +412,7 @@ impl UringDriver {
             files,
             prompt_close: super::kernel_at_least(6, 13),
             accept_user_data: 0,
+            shutting: Vec::new(),
             multi,
         };
         d.arm_doorbell()?;
@@ -787,74 +787,6 @@ impl UringDriver {
         Ok(())
     }
 
-    /// Closes the direct socket at `index` of the file table, which no slot names any
-    /// more, with ring operations (their completions are not delivered), queued as urgent:
-    /// the close empties the entry, and the kernel may then give it to another accept.
-    ///
-    /// A shutdown comes first when `busy` (a multishot receive may still be in the kernel
-    /// on the socket: the shutdown ends it) and always before Linux 6.13 (the kernel then
-    /// lets go of a removed file only once earlier operations on the ring have completed,
-    /// so the shutdown is what lets the peer see the end of the stream at once, as for a
-    /// descriptor's entry, see [`FixedFiles::remove`]). The close is queued when the
-    /// shutdown's completion is reaped, so the entry stays the socket's until then and no
-    /// later connection given it can be shut down. Otherwise the close alone does: it
-    /// drops the last reference to the socket. (The kernel runs a shutdown in a worker
-    /// thread, which a close of every connection would pay for.)
-    pub(in crate::sys) fn close_direct(&mut self, index: u32, busy: bool) {
-        if busy || !self.prompt_close {
-            let shutdown = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
-                .build()
-                .user_data(((index as u64) << 8) | CLOSE_AFTER);
-            // SAFETY: the entry references no memory.
-            match unsafe { self.push_urgent(&shutdown) } {
-                Ok(()) => return,
-                Err(e) => {
-                    log::warn!("io_uring: queueing the shutdown of direct socket {index}: {e}")
-                }
-            }
-        }
-        self.close_index(index);
-    }
-
-    /// Queues the close of the file table's entry `index` (urgent); empties it now if that
-    /// fails (the socket closes when nothing holds it any more).
-    fn close_index(&mut self, index: u32) {
-        let close = opcode::Close::new(types::Fixed(index))
-            .build()
-            .user_data(USER_DATA_IGNORED);
-        // SAFETY: the entry references no memory.
-        if let Err(e) = unsafe { self.push_urgent(&close) } {
-            log::warn!("io_uring: queueing the close of direct socket {index}: {e}");
-            if let Err(e) = self.ring.update_file(index, -1) {
-                log::error!("io_uring: emptying file table entry {index}: {e}");
-            }
-        }
-    }
-
-    /// Whether direct accepts ran out of table entries and the accept in the kernel takes
-    /// connections into descriptors.
-    pub(in crate::sys) fn direct_accept_full(&self) -> bool {
-        self.files.direct_accept() && !self.files.accept_direct_now()
-    }
-
-    /// After a direct socket was closed: once the kernel's part of the table has room
-    /// again, ends an accept into descriptors still in the kernel (it completes with
-    /// `ECANCELED`), so that the next one is direct.
-    pub(in crate::sys) fn maybe_back_to_direct(&mut self) {
-        if self.files.back_to_direct()
-            && self.accept_armed
-            && self.accept_user_data & 0xff != ACCEPT_DIRECT
-        {
-            let entry = opcode::AsyncCancel::new(self.accept_user_data)
-                .build()
-                .user_data(USER_DATA_IGNORED);
-            // SAFETY: the entry references no memory.
-            if let Err(e) = unsafe { self.push_urgent(&entry) } {
-                log::warn!("io_uring: cancelling the accept into descriptors: {e}");
-            }
-        }
-    }
-
     /// Submits what is queued, urgent or not (no wait).
     pub(in crate::sys) fn submit_pending(&mut self) -> io::Result<()> {
         if self.ring.pending_submissions() > 0 {
@@ -907,8 +839,10 @@ impl UringDriver {
         let mut rearm = false;
         let mut accept_ended = false;
         let mut direct_full = false;
-        // Direct sockets shut down, to be closed now (rare: no allocation otherwise).
+        // Direct sockets shut down, to be closed now, and those shut down to stay open
+        // (rare: no allocation otherwise).
         let mut closes: Vec<u32> = Vec::new();
+        let mut shut: Vec<u32> = Vec::new();
         let mut n = 0;
         let mut multi = self.multi.as_mut().map(|m| std::mem::take(&mut m.cqes));
         let mut deliver = |user_data: u64, result: i32, flags: u32| {
@@ -920,9 +854,12 @@ impl UringDriver {
             }
             // The kernel's part of the file table is full (the connection is closed).
             direct_full |= user_data & 0xff == ACCEPT_DIRECT && result == -libc::ENFILE;
-            if user_data & 0xff == CLOSE_AFTER && user_data < USER_DATA_RESERVED_MIN {
-                closes.push((user_data >> 8) as u32);
-                return 0;
+            if user_data < USER_DATA_RESERVED_MIN {
+                match user_data & 0xff {
+                    CLOSE_AFTER => closes.push((user_data >> 8) as u32),
+                    SHUTDOWN_ONLY => shut.push((user_data >> 8) as u32),
+                    _ => {}
+                }
             }
             let Some(c) = decode(user_data, result) else {
                 return 0;
@@ -960,6 +897,13 @@ impl UringDriver {
         }
         if accept_ended {
             self.accept_armed = false;
+        }
+        for index in shut {
+            if let Some(i) = self.shutting.iter().position(|s| s.0 == index) {
+                if self.shutting.swap_remove(i).1 {
+                    closes.push(index);
+                }
+            }
         }
         for index in closes {
             self.close_index(index);

@@ -903,6 +903,7 @@ fn register_error(err: io::Error, bufs: &[libc::iovec]) -> io::Error {
 }
 
 mod bufring;
+mod direct;
 mod driver;
 mod files;
 mod ring_fd;

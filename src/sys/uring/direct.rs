@@ -1,0 +1,114 @@
+//! Direct sockets (accepted straight into the ring's file table, with no descriptor):
+//! their shutdown and close by ring operations, and the way back to direct accepts after
+//! the kernel's part of the table ran out.
+
+use io_uring::{opcode, types};
+use nix::libc;
+
+use super::driver::UringDriver;
+use crate::sys::ops::ACCEPT_DIRECT;
+
+/// `user_data` of the driver's operations whose completions are ignored (operation byte 0:
+/// `decode` knows none).
+pub(super) const USER_DATA_IGNORED: u64 = 0;
+
+/// The low byte of the `user_data` of a direct socket's shutdown whose completion queues
+/// its close; the file table index is above it.
+pub(super) const CLOSE_AFTER: u64 = 7;
+
+/// The low byte of the `user_data` of a direct socket's shutdown made while it stays open
+/// (see [`UringDriver::shutdown_direct`]); the file table index is above it.
+pub(super) const SHUTDOWN_ONLY: u64 = 8;
+
+impl UringDriver {
+    /// Closes the direct socket at `index` of the file table, which no slot names any
+    /// more, with ring operations (their completions are not delivered), queued as urgent:
+    /// the close empties the entry, and the kernel may then give it to another accept.
+    ///
+    /// A shutdown comes first when `busy` (a multishot receive may still be in the kernel
+    /// on the socket: the shutdown ends it) and always before Linux 6.13 (the kernel then
+    /// lets go of a removed file only once earlier operations on the ring have completed,
+    /// so the shutdown is what lets the peer see the end of the stream at once, as for a
+    /// descriptor's entry, see [`FixedFiles::remove`](super::FixedFiles::remove)). The close is queued when the
+    /// shutdown's completion is reaped, so the entry stays the socket's until then and no
+    /// later connection given it can be shut down. Otherwise the close alone does: it
+    /// drops the last reference to the socket. (The kernel runs a shutdown in a worker
+    /// thread, which a close of every connection would pay for.)
+    pub(in crate::sys) fn close_direct(&mut self, index: u32, busy: bool) {
+        if let Some(s) = self.shutting.iter_mut().find(|s| s.0 == index) {
+            // Shut down already: closed when that completes.
+            s.1 = true;
+            return;
+        }
+        if busy || !self.prompt_close {
+            let shutdown = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
+                .build()
+                .user_data(((index as u64) << 8) | CLOSE_AFTER);
+            // SAFETY: the entry references no memory.
+            match unsafe { self.push_urgent(&shutdown) } {
+                Ok(()) => return,
+                Err(e) => {
+                    log::warn!("io_uring: queueing the shutdown of direct socket {index}: {e}")
+                }
+            }
+        }
+        self.close_index(index);
+    }
+
+    /// Shuts down the direct socket at `index` so that the operations in flight on it
+    /// complete (a connection being closed). The kernel runs a shutdown in a worker thread,
+    /// where it looks the entry up: until it has, the entry must stay the socket's, so a
+    /// [`close_direct`](Self::close_direct) meanwhile waits for its completion.
+    pub(in crate::sys) fn shutdown_direct(&mut self, index: u32) {
+        if self.shutting.iter().any(|s| s.0 == index) {
+            return;
+        }
+        let entry = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
+            .build()
+            .user_data(((index as u64) << 8) | SHUTDOWN_ONLY);
+        // SAFETY: the entry references no memory.
+        match unsafe { self.push_urgent(&entry) } {
+            Ok(()) => self.shutting.push((index, false)),
+            Err(e) => log::warn!("io_uring: queueing the shutdown of direct socket {index}: {e}"),
+        }
+    }
+
+    /// Queues the close of the file table's entry `index` (urgent); empties it now if that
+    /// fails (the socket closes when nothing holds it any more).
+    pub(super) fn close_index(&mut self, index: u32) {
+        let close = opcode::Close::new(types::Fixed(index))
+            .build()
+            .user_data(USER_DATA_IGNORED);
+        // SAFETY: the entry references no memory.
+        if let Err(e) = unsafe { self.push_urgent(&close) } {
+            log::warn!("io_uring: queueing the close of direct socket {index}: {e}");
+            if let Err(e) = self.ring.update_file(index, -1) {
+                log::error!("io_uring: emptying file table entry {index}: {e}");
+            }
+        }
+    }
+
+    /// Whether direct accepts ran out of table entries and the accept in the kernel takes
+    /// connections into descriptors.
+    pub(in crate::sys) fn direct_accept_full(&self) -> bool {
+        self.files.direct_accept() && !self.files.accept_direct_now()
+    }
+
+    /// After a direct socket was closed: once the kernel's part of the table has room
+    /// again, ends an accept into descriptors still in the kernel (it completes with
+    /// `ECANCELED`), so that the next one is direct.
+    pub(in crate::sys) fn maybe_back_to_direct(&mut self) {
+        if self.files.back_to_direct()
+            && self.accept_armed
+            && self.accept_user_data & 0xff != ACCEPT_DIRECT
+        {
+            let entry = opcode::AsyncCancel::new(self.accept_user_data)
+                .build()
+                .user_data(USER_DATA_IGNORED);
+            // SAFETY: the entry references no memory.
+            if let Err(e) = unsafe { self.push_urgent(&entry) } {
+                log::warn!("io_uring: cancelling the accept into descriptors: {e}");
+            }
+        }
+    }
+}
