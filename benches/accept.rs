@@ -18,9 +18,8 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -62,45 +61,15 @@ const BURST: usize = 64;
 
 // ----- wire: the frames a client sends (docs/wire-format.md) -----
 
-const HEADER: usize = 32;
-const HELLO: u8 = 1;
-const HELLO_ACK: u8 = 2;
-const PING: u8 = 3;
-const PONG: u8 = 4;
+#[path = "../tests/common/frames.rs"]
+mod frames;
 
-fn frame(kind: u8, handle: u64, meta: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(HEADER + meta.len() + payload.len());
-    f.extend_from_slice(b"SWRE");
-    f.push(2);
-    f.push(kind);
-    f.extend_from_slice(&[0; 6]); // flags, status, reserved
-    f.extend_from_slice(&0u32.to_le_bytes()); // count
-    f.extend_from_slice(&handle.to_le_bytes());
-    f.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    f.extend_from_slice(meta);
-    f.extend_from_slice(payload);
-    f
-}
+use frames::{frame, hello, HEADER, HELLO_ACK, PING, PONG};
 
 /// `HELLO` of a worker with the default limits, then a `PING` of 8 bytes.
 fn opening() -> Vec<u8> {
-    let job = b"worker";
-    let mut m = Vec::new();
-    m.extend_from_slice(&0u64.to_le_bytes()); // cluster id
-    m.extend_from_slice(&0u32.to_le_bytes()); // task index
-    m.extend_from_slice(&(16u32 << 20).to_le_bytes()); // max_frame
-    m.extend_from_slice(&[job.len() as u8, 0, 16, 0]); // job, token, max_rank
-    m.extend_from_slice(&4096u16.to_le_bytes()); // max_key
-    m.extend_from_slice(&[0, 0]);
-    m.extend_from_slice(&65_536u32.to_le_bytes()); // max_tensors
-    m.extend_from_slice(&1024u32.to_le_bytes()); // max_tables
-    m.extend_from_slice(&(1u32 << 20).to_le_bytes()); // max_rows
-    m.extend_from_slice(&(1u32 << 20).to_le_bytes()); // max_row_bytes
-    m.extend_from_slice(&(4u64 << 30).to_le_bytes()); // max_tensor_bytes
-    m.extend_from_slice(job);
-    let mut out = frame(HELLO, 0, &m, &[]);
-    out.extend(frame(PING, 7, &[], b"churn..."));
+    let mut out = hello(0, b"");
+    out.extend(frame(PING, 0, 0, 7, &[], b"churn..."));
     out
 }
 
@@ -148,41 +117,7 @@ fn churn(addr: SocketAddr, burst: usize, window: Duration) -> u64 {
 
 // ----- server child process -----
 
-struct Server {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    addr: SocketAddr,
-}
-
 impl Server {
-    fn spawn(cpu: usize, conf: Conf) -> Server {
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut child = Command::new(exe)
-            .args(["--server", &cpu.to_string(), conf.backend.name()])
-            .arg(on_off(conf.direct))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn server");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("server address");
-        let addr = line
-            .trim()
-            .strip_prefix("ADDR ")
-            .unwrap_or_else(|| panic!("server said {line:?}"))
-            .parse()
-            .expect("address");
-        Server {
-            child,
-            stdin,
-            stdout,
-            addr,
-        }
-    }
-
     /// The server's CPU time so far and the features its loop uses.
     fn stats(&mut self) -> (Duration, String) {
         writeln!(self.stdin, "S").expect("ask server");
@@ -194,14 +129,6 @@ impl Server {
             Duration::from_nanos(ns.parse().expect("ns")),
             features.to_string(),
         )
-    }
-
-    fn stop(self) {
-        let Server {
-            mut child, stdin, ..
-        } = self;
-        drop(stdin);
-        child.wait().ok();
     }
 }
 
@@ -261,11 +188,12 @@ fn main() {
     println!("load average at start: {}", loadavg());
     restrict_to(client_cpu);
 
-    let servers: Vec<Server> = CONFS
-        .iter()
-        .map(|&c| Server::spawn(server_cpu, c))
+    let mut servers: Vec<Server> = (CONFS.iter())
+        .map(|c| {
+            let args = [c.backend.name().to_string(), on_off(c.direct).to_string()];
+            Server::spawn(server_cpu, &args)
+        })
         .collect();
-    let mut servers = servers;
     for (c, s) in CONFS.iter().zip(servers.iter_mut()) {
         let (_, features) = s.stats();
         println!("{}: {features}", c.name());

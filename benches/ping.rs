@@ -13,7 +13,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use starwire::{Completion, Embedded, Handle, Reply, Runtime, Stats};
@@ -121,44 +121,7 @@ fn parse_opts(args: &[String]) -> Opts {
 
 // ----- server child process -----
 
-/// A server in a child process pinned to the server CPU. It prints its address, answers
-/// `S` on stdin with its runtime's counters, and exits when stdin closes.
-struct Server {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    addr: SocketAddr,
-}
-
 impl Server {
-    fn spawn(cpu: usize, kind: &[String]) -> Server {
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut child = Command::new(exe)
-            .arg("--server")
-            .arg(cpu.to_string())
-            .args(kind)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn server");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("server address");
-        let addr = line
-            .trim()
-            .strip_prefix("ADDR ")
-            .unwrap_or_else(|| panic!("server said {line:?}"))
-            .parse()
-            .expect("address");
-        Server {
-            child,
-            stdin,
-            stdout,
-            addr,
-        }
-    }
-
     fn raw(cpu: usize) -> Server {
         Server::spawn(cpu, &["raw".into()])
     }
@@ -175,14 +138,6 @@ impl Server {
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("server stats");
         Counters::parse(&line)
-    }
-
-    fn stop(self) {
-        let Server {
-            mut child, stdin, ..
-        } = self;
-        drop(stdin);
-        child.wait().ok();
     }
 }
 

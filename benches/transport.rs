@@ -29,7 +29,6 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -842,16 +841,6 @@ fn p50_us(mut lat: Vec<u64>) -> f64 {
 
 // ----- server child process -----
 
-/// A server in a child process pinned to the server CPU. It prints its address and answers
-/// on stdin: `A` with its allocation count and CPU time, `T` starts recording allocation
-/// sites, `U` stops and prints them to stderr. It exits when stdin closes.
-struct Server {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    addr: SocketAddr,
-}
-
 /// What the server reports on `A`.
 #[derive(Clone, Copy, Debug, Default)]
 struct ServerCounts {
@@ -862,34 +851,6 @@ struct ServerCounts {
 }
 
 impl Server {
-    fn spawn(cpu: usize, kind: &[String]) -> Server {
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut child = Command::new(exe)
-            .arg("--server")
-            .arg(cpu.to_string())
-            .args(kind)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn server");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("server address");
-        let addr = line
-            .trim()
-            .strip_prefix("ADDR ")
-            .unwrap_or_else(|| panic!("server said {line:?}"))
-            .parse()
-            .expect("address");
-        Server {
-            child,
-            stdin,
-            stdout,
-            addr,
-        }
-    }
-
     fn new(cpu: usize, variant: Variant, cfg: SwCfg) -> Server {
         match variant {
             Variant::Raw => Server::spawn(cpu, &["raw".into()]),
@@ -920,14 +881,6 @@ impl Server {
             cpu_ns: v[1],
             busy_ns: v[2],
         }
-    }
-
-    fn stop(self) {
-        let Server {
-            mut child, stdin, ..
-        } = self;
-        drop(stdin);
-        child.wait().ok();
     }
 }
 

@@ -2,6 +2,9 @@
 //! configuration, medians.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
@@ -162,5 +165,55 @@ pub fn verdict(ok: bool) -> &'static str {
         "met"
     } else {
         "**missed**"
+    }
+}
+
+// ----- a server in a child process -----
+
+/// A server in a child process: this bench's binary run again as `--server CPU ARGS...`,
+/// which prints `ADDR <address>` first, answers lines on stdin, and exits when stdin
+/// closes.
+pub struct Server {
+    pub child: Child,
+    pub stdin: ChildStdin,
+    pub stdout: BufReader<ChildStdout>,
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    pub fn spawn(cpu: usize, kind: &[String]) -> Server {
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut child = Command::new(exe)
+            .arg("--server")
+            .arg(cpu.to_string())
+            .args(kind)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn server");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("server address");
+        let addr = line
+            .trim()
+            .strip_prefix("ADDR ")
+            .unwrap_or_else(|| panic!("server said {line:?}"))
+            .parse()
+            .expect("address");
+        Server {
+            child,
+            stdin,
+            stdout,
+            addr,
+        }
+    }
+
+    pub fn stop(self) {
+        let Server {
+            mut child, stdin, ..
+        } = self;
+        drop(stdin);
+        child.wait().ok();
     }
 }
