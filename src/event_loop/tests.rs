@@ -293,6 +293,22 @@ fn accepts_take_every_connection_on_both_backends() {
     }
 }
 
+/// Reaps completions until an accept's arrives; its result.
+fn next_accept(d: &mut LoopDriver) -> std::io::Result<Socket> {
+    let mut got = None;
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while got.is_none() {
+        assert!(Instant::now() < give_up, "no accept completed");
+        d.complete(true, Some(Duration::from_secs(5)), |c| {
+            if let IoCompletion::Accepted(r) = c {
+                got = Some(r);
+            }
+        })
+        .unwrap();
+    }
+    got.unwrap()
+}
+
 /// With direct accept, the kernel puts accepted sockets in its part of the file table, with
 /// no descriptor: operations name them by index, and closing one is seen by its peer. When
 /// that part is full the accept fails with ENFILE (the kernel closes the connection it
@@ -316,18 +332,7 @@ fn direct_accepts_fill_the_kernels_part_of_the_file_table_then_fall_back_to_desc
     d.accept(LISTENER, fd).unwrap();
     let accept_one = |d: &mut LoopDriver, client: &mut Vec<std::net::TcpStream>| {
         client.push(std::net::TcpStream::connect(addr).unwrap());
-        let mut got = None;
-        let give_up = Instant::now() + Duration::from_secs(30);
-        while got.is_none() {
-            assert!(Instant::now() < give_up, "no accept completed");
-            d.complete(true, Some(Duration::from_secs(5)), |c| {
-                if let IoCompletion::Accepted(r) = c {
-                    got = Some(r);
-                }
-            })
-            .unwrap();
-        }
-        got.unwrap()
+        next_accept(d)
     };
     let mut clients = Vec::new();
     let mut direct = Vec::new();
@@ -401,18 +406,7 @@ fn direct_accepts_fill_the_kernels_part_of_the_file_table_then_fall_back_to_desc
     // accept into descriptors is cancelled, and the next accept is direct again, into the
     // freed entry.
     assert!(!d.direct_accept_full());
-    let give_up = Instant::now() + Duration::from_secs(30);
-    let mut cancelled = None;
-    while cancelled.is_none() {
-        assert!(Instant::now() < give_up, "the accept was not cancelled");
-        d.complete(true, Some(Duration::from_secs(5)), |c| {
-            if let IoCompletion::Accepted(r) = c {
-                cancelled = Some(r);
-            }
-        })
-        .unwrap();
-    }
-    let err = cancelled.unwrap().unwrap_err();
+    let err = next_accept(&mut d).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ECANCELED), "{err}");
     assert!(!d.accepting());
     d.accept(LISTENER, fd).unwrap();

@@ -57,14 +57,9 @@ fn uring(bufs: u32, take: Take) -> Option<(LoopDriver, LoopShared)> {
     Some((d, shared))
 }
 
-/// The running kernel's major and minor version (`uname -r`).
+/// The running kernel's major and minor version, (0, 0) when it cannot be read.
 fn kernel_release() -> (u32, u32) {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    crate::sys::uring::kernel_release().unwrap_or((0, 0))
 }
 
 /// A TCP connection over loopback: the accepted end (non-blocking, for the driver) and

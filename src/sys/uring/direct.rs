@@ -29,30 +29,37 @@ impl UringDriver {
     /// on the socket: the shutdown ends it) and always before Linux 6.13 (the kernel then
     /// lets go of a removed file only once earlier operations on the ring have completed,
     /// so the shutdown is what lets the peer see the end of the stream at once, as for a
-    /// descriptor's entry, see [`FixedFiles::remove`](super::FixedFiles::remove)). The close is queued when the
-    /// shutdown's completion is reaped, so the entry stays the socket's until then and no
-    /// later connection given it can be shut down. Otherwise the close alone does: it
-    /// drops the last reference to the socket. (The kernel runs a shutdown in a worker
-    /// thread, which a close of every connection would pay for.)
+    /// descriptor's entry, see [`FixedFiles::remove`](super::FixedFiles::remove)). The
+    /// close is queued when the shutdown's completion is reaped, so the entry stays the
+    /// socket's until then and no later connection given it can be shut down. Otherwise
+    /// the close alone does: it drops the last reference to the socket. (The kernel runs a
+    /// shutdown in a worker thread, which a close of every connection would pay for.)
     pub(in crate::sys) fn close_direct(&mut self, index: u32, busy: bool) {
         if let Some(s) = self.shutting.iter_mut().find(|s| s.0 == index) {
             // Shut down already: closed when that completes.
             s.1 = true;
             return;
         }
-        if busy || !self.prompt_close {
-            let shutdown = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
-                .build()
-                .user_data(((index as u64) << 8) | CLOSE_AFTER);
-            // SAFETY: the entry references no memory.
-            match unsafe { self.push_urgent(&shutdown) } {
-                Ok(()) => return,
-                Err(e) => {
-                    log::warn!("io_uring: queueing the shutdown of direct socket {index}: {e}")
-                }
-            }
+        if (busy || !self.prompt_close) && self.push_shutdown(index, CLOSE_AFTER) {
+            return;
         }
         self.close_index(index);
+    }
+
+    /// Queues (urgent) a shutdown of the direct socket at `index` whose completion is
+    /// tagged `tag`; false if it could not be queued (logged).
+    fn push_shutdown(&mut self, index: u32, tag: u64) -> bool {
+        let entry = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
+            .build()
+            .user_data(((index as u64) << 8) | tag);
+        // SAFETY: the entry references no memory.
+        match unsafe { self.push_urgent(&entry) } {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("io_uring: queueing the shutdown of direct socket {index}: {e}");
+                false
+            }
+        }
     }
 
     /// Shuts down the direct socket at `index` so that the operations in flight on it
@@ -60,16 +67,8 @@ impl UringDriver {
     /// where it looks the entry up: until it has, the entry must stay the socket's, so a
     /// [`close_direct`](Self::close_direct) meanwhile waits for its completion.
     pub(in crate::sys) fn shutdown_direct(&mut self, index: u32) {
-        if self.shutting.iter().any(|s| s.0 == index) {
-            return;
-        }
-        let entry = opcode::Shutdown::new(types::Fixed(index), libc::SHUT_RDWR)
-            .build()
-            .user_data(((index as u64) << 8) | SHUTDOWN_ONLY);
-        // SAFETY: the entry references no memory.
-        match unsafe { self.push_urgent(&entry) } {
-            Ok(()) => self.shutting.push((index, false)),
-            Err(e) => log::warn!("io_uring: queueing the shutdown of direct socket {index}: {e}"),
+        if !self.shutting.iter().any(|s| s.0 == index) && self.push_shutdown(index, SHUTDOWN_ONLY) {
+            self.shutting.push((index, false));
         }
     }
 

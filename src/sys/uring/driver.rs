@@ -47,6 +47,7 @@ use std::time::Duration;
 use io_uring::{cqueue, opcode, squeue, types};
 use nix::libc;
 
+use super::direct::{CLOSE_AFTER, SHUTDOWN_ONLY};
 use super::{
     on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, DIRECT_TABLE, FILE_TABLE,
 };
@@ -60,8 +61,6 @@ const STASH_ROOM_MAX: usize = 256;
 
 /// The operation kind of a multishot receive in `user_data` (next to [`Op`]'s).
 const MULTI_RECV: u64 = 5;
-
-use super::direct::{CLOSE_AFTER, SHUTDOWN_ONLY};
 
 /// Ring buffers a slot may hold unread before its multishot receive is cancelled, at
 /// least: a quarter of the ring when that is more (a bundle can bring a burst of many

@@ -37,20 +37,20 @@ pub const USER_DATA_RESERVED_MIN: u64 = u64::MAX - 15;
 /// consuming entries.
 const PUSH_ATTEMPTS: usize = 4;
 
-/// Whether the running kernel's version (`uname -r`) is at least `major.minor`; false when
-/// it cannot be read.
-pub fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let Ok(u) = nix::sys::utsname::uname() else {
-        return false;
-    };
+/// The running kernel's major and minor version (`uname -r`), if it can be read.
+pub fn kernel_release() -> Option<(u32, u32)> {
+    let u = nix::sys::utsname::uname().ok()?;
     let release = u.release().to_string_lossy();
     let mut parts = release
         .split(|c: char| !c.is_ascii_digit())
         .map(|p| p.parse::<u32>().ok());
-    match (parts.next().flatten(), parts.next().flatten()) {
-        (Some(a), Some(b)) => (a, b) >= (major, minor),
-        _ => false,
-    }
+    Some((parts.next()??, parts.next()??))
+}
+
+/// Whether the running kernel's version is at least `major.minor`; false when it cannot be
+/// read.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    kernel_release().is_some_and(|v| v >= (major, minor))
 }
 
 /// What the kernel's io_uring offers, probed once per ring.
