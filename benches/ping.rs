@@ -36,8 +36,7 @@ struct Opts {
     sections: Vec<String>,
     backends: Vec<Backend>,
     quick: bool,
-    /// Also the configurations left out by default for time: Runtime+Handle with polling
-    /// on (two spinning client threads on one CPU) and Embedded in the spin sweep.
+    /// Also the configurations left out by default for time: Embedded in the spin sweep.
     all: bool,
 }
 
@@ -57,8 +56,7 @@ OPTIONS
                       idle,main,spin; big = latency with a 4 KiB payload; regbuf =
                       64 B pings with the receive-buffer pool off and on)
   --backends LIST     comma list of uring,epoll (default both)
-  --all               also Runtime+Handle with polling on (oversubscribes the client
-                      CPU) and the Embedded client in the spin sweep
+  --all               also the Embedded client in the spin sweep
   --one VARIANT BACKEND POLLING INFLIGHT COUNT
                       one measurement, for strace/perf: VARIANT raw|handle|embedded,
                       POLLING on|off, prints the elapsed time
@@ -481,6 +479,9 @@ struct Sample {
     /// Per round trip of the latency phase: server, then client loop counters.
     server: PerRt,
     client: Option<PerRt>,
+    /// The same for the 64-in-flight phase.
+    server64: PerRt,
+    client64: Option<PerRt>,
     /// Client process CPU µs per round trip.
     client_cpu: f64,
     /// Voluntary context switches of the calling thread per round trip.
@@ -564,7 +565,14 @@ fn session(
         s.rate1 = c.pipelined(payload, 1, o.window) as f64 / o.window.as_secs_f64();
     }
     if what.rate64 {
-        s.rate64 = c.pipelined(payload, 64, o.window) as f64 / o.window.as_secs_f64();
+        let s0 = server.stats();
+        let c0 = c.counters();
+        let n = c.pipelined(payload, 64, o.window);
+        let (s1, c1) = (server.stats(), c.counters());
+        s.rate64 = n as f64 / o.window.as_secs_f64();
+        let n = usize::try_from(n.max(1)).unwrap_or(usize::MAX);
+        s.server64 = PerRt::of(s1.since(&s0), n);
+        s.client64 = c1.zip(c0).map(|(c1, c0)| PerRt::of(c1.since(&c0), n));
     }
     drop(c);
     server.stop();
@@ -650,9 +658,6 @@ fn main_section(o: &Opts, cpus: (usize, usize), payload: u32, rates: bool) {
     for &backend in &o.backends {
         for polling in [false, true] {
             for variant in [Variant::Embedded, Variant::Handle] {
-                if variant == Variant::Handle && polling && !o.all {
-                    continue;
-                }
                 configs.push((
                     variant,
                     SwCfg {
@@ -734,24 +739,51 @@ fn main_section(o: &Opts, cpus: (usize, usize), payload: u32, rates: bool) {
         }
     }
 
+    time_table(o, &rows, payload, "latency phase", |s| (s.server, s.client));
+    if rates {
+        time_table(o, &rows, payload, "64 in flight", |s| (s.server64, s.client64));
+    }
+}
+
+/// The loops' accounting per round trip of one phase, a row per configuration.
+fn time_table(
+    o: &Opts,
+    rows: &[Row],
+    payload: u32,
+    phase: &str,
+    of: fn(&Sample) -> (PerRt, Option<PerRt>),
+) {
     println!(
-        "\n### Where the time goes, latency phase, {payload}-byte payload (median of {} runs; µs of loop time per round trip)\n",
+        "\n### Where the time goes, {phase}, {payload}-byte payload (median of {} runs; µs of loop time per round trip)\n",
         o.runs
     );
-    println!("Loop time is wall-clock time as the loop accounts it (time it was preempted counts too); CPU is process user+system time; caller sleeps are voluntary context switches of the thread that waits for the pong.\n");
+    println!("Loop time is wall-clock time as the loop accounts it (time it was preempted counts too); CPU is process user+system time; caller sleeps are voluntary context switches of the thread that waits for the pong (latency phase only).\n");
     println!("| configuration | server busy | server spin | server parked | server parks/RT | server CPU | client busy | client spin | client parked | client parks/RT | client CPU | caller sleeps/RT |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for row in &rows {
-        let sm = |f: fn(&PerRt) -> f64| med(&row.samples, |s| f(&s.server));
+    for row in rows {
+        let sm = |f: fn(&PerRt) -> f64| med(&row.samples, |s| f(&of(s).0));
+        let client = |s: &Sample| of(s).1;
         let cm = |f: fn(&PerRt) -> f64| {
-            if row.samples.iter().all(|s| s.client.is_some()) {
-                format!("{:.2}", med(&row.samples, |s| f(&s.client.unwrap())))
+            if row.samples.iter().all(|s| client(s).is_some()) {
+                format!("{:.2}", med(&row.samples, |s| f(&client(s).unwrap())))
             } else {
                 "—".into()
             }
         };
+        // The client process's CPU: measured by the latency phase, and in the loop
+        // counters (which carry it) of the other phases.
+        let client_cpu = if phase == "latency phase" {
+            format!("{:.2}", med(&row.samples, |s| s.client_cpu))
+        } else {
+            cm(|p| p.cpu)
+        };
+        let sleeps = if phase == "latency phase" {
+            format!("{:.3}", med(&row.samples, |s| s.caller_sleeps))
+        } else {
+            "—".into()
+        };
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} | {} | {} | {:.2} | {:.3} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} | {} | {} | {} | {} |",
             config_label(row),
             sm(|p| p.busy),
             sm(|p| p.spin),
@@ -762,8 +794,8 @@ fn main_section(o: &Opts, cpus: (usize, usize), payload: u32, rates: bool) {
             cm(|p| p.spin),
             cm(|p| p.parked),
             cm(|p| p.parks),
-            med(&row.samples, |s| s.client_cpu),
-            med(&row.samples, |s| s.caller_sleeps),
+            client_cpu,
+            sleeps,
         );
     }
 }

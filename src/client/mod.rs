@@ -726,12 +726,11 @@ impl sealed::Drive for Threads {
     fn turn(&mut self) {}
 
     fn idle(&mut self, idle_since: &mut Instant) {
-        if self.inner.cfg.polling {
-            core::hint::spin_loop();
-            return;
-        }
-        if idle_since.elapsed() < HANDLE_WAIT_SPIN {
-            // Yield rather than spin: the loop this handle waits for may share its CPU.
+        if self.inner.cfg.polling || idle_since.elapsed() < HANDLE_WAIT_SPIN {
+            // Yield rather than spin: the loop this handle waits for may share its CPU (a
+            // pure spin there keeps the loop off it for the scheduler's time slice:
+            // milliseconds per round trip, docs/performance.md run I12). With polling the
+            // wait never parks.
             std::thread::yield_now();
             return;
         }

@@ -45,7 +45,8 @@ settings! {
     }
 
     /// Busy-poll forever instead of spinning for `spin` and then parking. Costs a whole CPU
-    /// per loop; off in the originals too.
+    /// per loop; off in the originals too. A polling loop yields its CPU after each burst
+    /// of work and every 20 µs, so a thread sharing the CPU is not shut out.
     polling: bool [] {
         env: [role POLLING_ENV = "WORKER_ENABLE_POLLING", "PS_ENABLE_POLLING"],
         default: [DEFAULT_POLLING = false],

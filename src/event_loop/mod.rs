@@ -21,6 +21,7 @@
 //! for the socket's sake: `shutdown(2)` it (its pending operations complete promptly), then
 //! release the connection in the session, and close the descriptor, when the last one has.
 
+mod idle;
 mod io;
 mod shared;
 
@@ -42,6 +43,7 @@ use crate::sys::uring::{SetupFlags, UringOptions};
 use crate::sys::{socket, Backend};
 use crate::tensor::{Tensor, TensorMemory};
 
+use idle::{IdlePacer, IdleStep};
 use io::IoConn;
 pub(crate) use shared::{LoopShared, Posted};
 
@@ -203,7 +205,7 @@ impl Loop {
 
     /// Runs until the runtime asks to stop and every operation has drained.
     pub(crate) fn run(&mut self) {
-        let mut idle_since: Option<Instant> = None;
+        let mut pacer = IdlePacer::default();
         let mut last = Instant::now();
         // One clock read per turn: the time read after a turn is the next turn's `now`.
         let mut now = last;
@@ -214,7 +216,7 @@ impl Loop {
             last = now;
             if progress {
                 add(&self.shared.counters.busy_ns, spent);
-                idle_since = None;
+                pacer.progress();
                 continue;
             }
             self.submit_pending();
@@ -222,28 +224,23 @@ impl Loop {
                 return;
             }
             add(&self.shared.counters.spin_ns, spent);
-            if self.cfg.polling && !self.stopping {
-                core::hint::spin_loop();
-                continue;
+            let polling = self.cfg.polling && !self.stopping;
+            match pacer.idle(now, polling, self.cfg.spin) {
+                IdleStep::Spin => core::hint::spin_loop(),
+                IdleStep::Yield => std::thread::yield_now(),
+                IdleStep::Park => {
+                    self.park(now);
+                    let woke = Instant::now();
+                    add(
+                        &self.shared.counters.parked_ns,
+                        woke.saturating_duration_since(now).as_nanos() as u64,
+                    );
+                    add(&self.shared.counters.parks, 1);
+                    last = woke;
+                    now = woke;
+                    pacer.woke();
+                }
             }
-            let since = *idle_since.get_or_insert(now);
-            if now.saturating_duration_since(since) < self.cfg.spin {
-                // Spin by yielding: free when this CPU has nothing else to run, and a thread
-                // sharing the CPU (the client that submits to this loop) runs at once
-                // instead of waiting for this spin to end.
-                std::thread::yield_now();
-                continue;
-            }
-            self.park(now);
-            let woke = Instant::now();
-            add(
-                &self.shared.counters.parked_ns,
-                woke.saturating_duration_since(now).as_nanos() as u64,
-            );
-            add(&self.shared.counters.parks, 1);
-            last = woke;
-            now = woke;
-            idle_since = None;
         }
     }
 
