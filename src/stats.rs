@@ -132,7 +132,9 @@ pub struct Stats {
     pub recv_ring_exhausted: u64,
     /// Receives started on connections: into a receive buffer or straight into a tensor.
     pub reads: u64,
-    /// Time loops spent doing work.
+    /// Time loops spent doing work. `busy`, `spin`, `parked` and `parks` are the loop
+    /// threads' accounting: an [`Embedded`](crate::Embedded) client's loop runs inside its
+    /// caller's waits and leaves them at zero.
     pub busy: Duration,
     /// Time loops spent spinning with nothing to do.
     pub spin: Duration,

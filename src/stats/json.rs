@@ -100,8 +100,8 @@ impl Metrics {
             out,
             ",\"totals\":{{\"frames_in\":{},\"frames_out\":{},\"bytes_in\":{},\"bytes_out\":{},\
              \"connections_accepted\":{},\"connections_opened\":{},\"connections_lost\":{},\
-             \"reconnects\":{},\"busy_ns\":{},\"parked_ns\":{},\"send_arena_bytes\":{},\
-             \"recv_ring_exhausted\":{}}},\
+             \"reconnects\":{},\"busy_ns\":{},\"spin_ns\":{},\"parked_ns\":{},\"parks\":{},\
+             \"send_arena_bytes\":{},\"recv_ring_exhausted\":{}}},\
              \"peers\":[",
             t.frames_in,
             t.frames_out,
@@ -112,7 +112,9 @@ impl Metrics {
             t.connections_lost,
             t.reconnects,
             t.busy.as_nanos() as u64,
+            t.spin.as_nanos() as u64,
             t.parked.as_nanos() as u64,
+            t.parks,
             t.send_arena_bytes,
             t.recv_ring_exhausted,
         );

@@ -381,7 +381,38 @@ struct Outcome {
     latency: Histogram<u64>,
     client_cpu: Duration,
     server_cpu: Option<Duration>,
+    /// The client loops' accounting over the run.
+    client_loops: LoopTime,
     fatal: Option<Failure>,
+}
+
+/// Where loops' time went over a run (their [`Stats`](starwire::Stats) counters).
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+struct LoopTime {
+    busy_seconds: f64,
+    spin_seconds: f64,
+    parked_seconds: f64,
+    parks: u64,
+}
+
+impl LoopTime {
+    fn of(s: &starwire::Stats) -> LoopTime {
+        LoopTime {
+            busy_seconds: s.busy.as_secs_f64(),
+            spin_seconds: s.spin.as_secs_f64(),
+            parked_seconds: s.parked.as_secs_f64(),
+            parks: s.parks,
+        }
+    }
+
+    fn since(self, before: LoopTime) -> LoopTime {
+        LoopTime {
+            busy_seconds: self.busy_seconds - before.busy_seconds,
+            spin_seconds: self.spin_seconds - before.spin_seconds,
+            parked_seconds: self.parked_seconds - before.parked_seconds,
+            parks: self.parks.saturating_sub(before.parks),
+        }
+    }
 }
 
 /// The operation, and the f32 per row of rows requests (and of the server bench starts).
@@ -533,6 +564,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     };
     let progress = std::io::stderr().is_terminal();
     let cpu0 = cpu::own();
+    let loops0 = LoopTime::of(&rt.stats());
     let server0 = server_pid.and_then(cpu::of_pid);
     let start = Instant::now();
     let end = duration.map(|d| start + d);
@@ -549,6 +581,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         latency: latency_histogram(),
         client_cpu: Duration::ZERO,
         server_cpu: None,
+        client_loops: LoopTime::default(),
         fatal: None,
     };
     let mut last_draw = start;
@@ -642,6 +675,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     }
     o.elapsed = start.elapsed();
     o.client_cpu = cpu::own().saturating_sub(cpu0);
+    o.client_loops = LoopTime::of(&rt.stats()).since(loops0);
     o.server_cpu = match (server0, server_pid.and_then(cpu::of_pid)) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
@@ -870,6 +904,14 @@ fn table(
             None => "unknown (give --server-pid)".into(),
         },
     );
+    let t = o.client_loops;
+    row(
+        "client loops",
+        format!(
+            "busy {:.2} s, idle awake {:.2} s, parked {:.2} s, {} parks",
+            t.busy_seconds, t.spin_seconds, t.parked_seconds, t.parks
+        ),
+    );
     s
 }
 
@@ -926,6 +968,8 @@ struct Report<'a> {
     /// Rows operations only; `null` when unknown or nothing moved.
     #[serde(skip_serializing_if = "Option::is_none")]
     server_cpu_ns_per_row: Option<Option<u64>>,
+    /// The client loops' time: working, idle awake, parked, and their parks.
+    client_loop_time: LoopTime,
 }
 
 /// One kind of failure and how often it happened.
@@ -1004,6 +1048,12 @@ fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> S
         server_cpu_seconds: o.server_cpu.map(|c| r6(c.as_secs_f64())),
         client_cpu_ns_per_row: per_row(Some(o.client_cpu)),
         server_cpu_ns_per_row: per_row(o.server_cpu),
+        client_loop_time: LoopTime {
+            busy_seconds: r6(o.client_loops.busy_seconds),
+            spin_seconds: r6(o.client_loops.spin_seconds),
+            parked_seconds: r6(o.client_loops.parked_seconds),
+            parks: o.client_loops.parks,
+        },
     };
     serde_json::to_string(&report).expect("the report serializes")
 }

@@ -917,6 +917,16 @@ fn bench_rows(server: &Server, op: &str, k: i64, row_bytes: i64, args: &[&str]) 
     }
     assert!(!j.contains("\"server_cpu_ns_per_row\":null"), "{j}");
     assert!(!j.contains("\"tensors\":"), "{j}");
+    // The client loops' accounting over the run: they worked, and the parts add up to no
+    // more than the loops' wall time.
+    let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+    let t = &v["client_loop_time"];
+    let part = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("{k} in {j}"));
+    assert!(part("busy_seconds") > 0.0, "{j}");
+    let loops = v["client_loops"].as_f64().unwrap();
+    let whole = part("busy_seconds") + part("spin_seconds") + part("parked_seconds");
+    assert!(whole <= v["seconds"].as_f64().unwrap() * loops * 1.1 + 0.05, "{j}");
+    assert!(t["parks"].is_u64(), "{j}");
     j
 }
 
@@ -1648,6 +1658,12 @@ fn stats_shows_what_a_server_served_per_peer_and_operation() {
     let doc: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
     assert_eq!(doc["format"], "starwire-stats");
     assert_eq!(doc["version"], 1);
+    // The loops' accounting: they worked, spun while idle and parked (between the bench's
+    // requests and after them).
+    let totals = &doc["totals"];
+    for key in ["busy_ns", "spin_ns", "parked_ns", "parks"] {
+        assert!(totals[key].as_u64().unwrap() > 0, "{key} in {totals}");
+    }
     let peers = doc["peers"].as_array().unwrap();
     let bench = peers
         .iter()
