@@ -430,6 +430,36 @@ fn a_listen_address_in_use_names_the_address() {
 }
 
 #[test]
+fn a_second_task_on_a_port_in_use_is_refused_though_its_listeners_share_ports() {
+    // A task with two loops listens on one port (SO_REUSEPORT). A second task on that port,
+    // such as one started while a stale one still runs, would otherwise join the group
+    // and take a share of the connections; it is refused.
+    let first = Runtime::start(
+        config("ps", 2).build().unwrap(),
+        Some("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap();
+    let addr = first.local_addr().unwrap();
+    let err = Runtime::start(config("ps", 1).build().unwrap(), Some(addr))
+        .err()
+        .expect("the port is the first task's");
+    assert!(
+        matches!(err, StartError::Listen { addr: a, .. } if a == addr),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    assert!(err.to_string().contains("listens on this port already"), "{err}");
+    let err = Embedded::new(config("ps", 1).build().unwrap(), Some(addr))
+        .err()
+        .expect("the port is the first task's");
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    // Once the first task is gone the port is free again.
+    drop(first);
+    let again = Runtime::start(config("ps", 2).build().unwrap(), Some(addr)).unwrap();
+    assert_eq!(again.local_addr(), Some(addr));
+}
+
+#[test]
 fn a_handle_may_move_to_another_thread() {
     fn send<T: Send>(_: &T) {}
     let server = serve(Arc::new(Table::default()), None);

@@ -842,7 +842,7 @@ impl Client<Local> {
         let (backend, fallback) = runtime::select_backend(&config)?;
         let listener = match options.listen {
             Some(addr) => Some(
-                socket::listen_tcp(addr, runtime::BACKLOG)
+                socket::listen_tcp_exclusive(addr, runtime::BACKLOG)
                     .map_err(|source| StartError::Listen { addr, source })?,
             ),
             None => None,

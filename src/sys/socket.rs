@@ -59,6 +59,31 @@ pub fn listen_tcp(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// The first listening socket of a task on `addr`: as [`listen_tcp`], after checking that
+/// no other socket listens on that address already. The task's other loops join it with
+/// [`listen_tcp`] on the address it got.
+///
+/// `SO_REUSEPORT`, which lets the loops share a port, also lets any other socket of the
+/// same user join the group: a second task started on a port that a stale one still holds
+/// would bind without an error and take a share of the connections. A socket bound without
+/// `SO_REUSEPORT` cannot share the port, so binding one first tells: the bind fails with
+/// `EADDRINUSE` (`io::ErrorKind::AddrInUse`). Port 0 (a fresh port) needs no check.
+pub fn listen_tcp_exclusive(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
+    if addr.port() != 0 {
+        let probe = tcp_socket(&addr)?;
+        // As the listeners: a port whose last connections are in TIME_WAIT is free.
+        nsock::setsockopt(&probe, sockopt::ReuseAddr, &true)?;
+        let storage = SockaddrStorage::from(addr);
+        nsock::bind(probe.as_raw_fd(), &storage).map_err(|e| {
+            with_context(
+                e,
+                format_args!("bind {addr}: another socket listens on this port already"),
+            )
+        })?;
+    }
+    listen_tcp(addr, backlog)
+}
+
 /// Turns Nagle off (`on == true`) or on.
 pub fn set_nodelay(fd: impl AsFd, on: bool) -> io::Result<()> {
     nsock::setsockopt(&fd, sockopt::TcpNoDelay, &on).map_err(io::Error::from)
@@ -219,6 +244,29 @@ mod tests {
         assert_ne!(addr.port(), 0);
         let b = listen_tcp(addr, 16).unwrap();
         assert_eq!(local_addr(&b).unwrap(), addr);
+    }
+
+    #[test]
+    fn an_exclusive_listener_refuses_a_port_in_use_and_its_group_shares_it() {
+        // A port some other task holds with SO_REUSEPORT, as a stale server would.
+        let stale = listen_tcp(loopback_v4(), 16).unwrap();
+        let addr = local_addr(&stale).unwrap();
+        let err = listen_tcp_exclusive(addr, 16).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+        assert!(err.to_string().contains("listens on this port already"), "{err}");
+        // A wildcard listener on the same port conflicts too.
+        let any = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port());
+        let err = listen_tcp_exclusive(any, 16).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+        drop(stale);
+        // Free again: the first listener binds, and the task's other loops join it.
+        let first = listen_tcp_exclusive(addr, 16).unwrap();
+        assert_eq!(local_addr(&first).unwrap(), addr);
+        let second = listen_tcp(addr, 16).unwrap();
+        assert_eq!(local_addr(&second).unwrap(), addr);
+        // Port 0: a fresh port, no check.
+        let fresh = listen_tcp_exclusive(loopback_v4(), 16).unwrap();
+        assert_ne!(local_addr(&fresh).unwrap().port(), 0);
     }
 
     #[test]
