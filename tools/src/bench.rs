@@ -906,7 +906,7 @@ fn table(
     );
     let t = o.client_loops;
     row(
-        "client loops",
+        "client loop",
         format!(
             "busy {:.2} s, idle awake {:.2} s, parked {:.2} s, {} parks",
             t.busy_seconds, t.spin_seconds, t.parked_seconds, t.parks
@@ -917,7 +917,7 @@ fn table(
 
 /// The JSON report. Rows operations have `table`, `rows_per_request`, `row_bytes`,
 /// `id_range`, `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the
-/// other operations have their `tensors...` members. Members in this order; the ones a
+/// tensor operations have their `tensors...` members; pings have neither. Members in this order; the ones a
 /// report does not have are left out.
 #[derive(Serialize)]
 struct Report<'a> {
@@ -997,6 +997,8 @@ fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> S
     let ms = |ns: f64| r6(ns / 1e6);
     let l = &o.latency;
     let rows = op.rows();
+    // Pings carry no tensors: their reports have no tensor members.
+    let tensors = !rows && op != Op::Ping;
     let per_row = |cpu: Option<Duration>| {
         rows.then(|| {
             cpu.and_then(|c| ns_per_item(c, o))
@@ -1012,8 +1014,8 @@ fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> S
         row_bytes: rows.then_some(dim * 4),
         id_range: rows.then_some(args.id_range),
         payload_bytes: (!rows).then_some(args.size),
-        tensors_per_request: (!rows).then(|| op.per_request(args)),
-        tensor_bytes: (!rows).then_some(args.tensor_size),
+        tensors_per_request: tensors.then(|| op.per_request(args)),
+        tensor_bytes: tensors.then_some(args.tensor_size),
         inflight: args.inflight,
         connections: args.connections,
         client_loops: args.loops,
@@ -1022,7 +1024,7 @@ fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> S
         failed: o.failed,
         rows: rows.then_some(o.items),
         missing: rows.then_some(o.missing),
-        tensors: (!rows).then_some(o.items),
+        tensors: tensors.then_some(o.items),
         bytes: o.bytes,
         errors: o
             .errors
@@ -1034,7 +1036,7 @@ fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> S
             .collect(),
         requests_per_second: r1(rate(o)),
         rows_per_second: rows.then(|| r1(item_rate(o))),
-        tensors_per_second: (!rows).then(|| r1(item_rate(o))),
+        tensors_per_second: tensors.then(|| r1(item_rate(o))),
         gigabytes_per_second: r6(gbps(o)),
         latency_ms: LatencyMs {
             min: ms(l.min() as f64),

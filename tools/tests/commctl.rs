@@ -617,6 +617,8 @@ fn bench_a_server_and_its_own() {
         "p999",
         "client CPU",
         "server CPU",
+        "client loop  busy",
+        "idle awake",
     ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
     }
@@ -633,6 +635,8 @@ fn bench_a_server_and_its_own() {
     );
     assert!(r.stdout.contains("\"ok\":500,\"failed\":0"), "{}", r.stdout);
     assert!(r.stdout.contains("\"server_cpu_seconds\":null"));
+    // A ping carries no tensors, and its report says nothing of them.
+    assert!(!r.stdout.contains("tensor"), "{}", r.stdout);
 
     // Without a target bench starts its own server and knows its CPU time.
     let r = run(&mut commctl(&["bench", "-n", "300", "--json"]));
