@@ -192,7 +192,7 @@ impl Runtime {
         let mut local_addr = None;
         if let Some(addr) = listen {
             let listen_err = |source| StartError::Listen { addr, source };
-            let first = socket::listen_tcp_exclusive(addr, BACKLOG).map_err(listen_err)?;
+            let first = socket::listen_tcp_exclusive(addr, BACKLOG, n > 1).map_err(listen_err)?;
             let bound = socket::local_addr(&first).map_err(listen_err)?;
             local_addr = Some(bound);
             listeners.push(Some(first));

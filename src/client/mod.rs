@@ -729,7 +729,7 @@ impl sealed::Drive for Threads {
         if self.inner.cfg.polling || idle_since.elapsed() < HANDLE_WAIT_SPIN {
             // Yield rather than spin: the loop this handle waits for may share its CPU (a
             // pure spin there keeps the loop off it for the scheduler's time slice:
-            // milliseconds per round trip, docs/performance.md run I12). With polling the
+            // about 8 ms per round trip, docs/performance.md runs I11 and I12). With polling the
             // wait never parks.
             std::thread::yield_now();
             return;
@@ -842,7 +842,7 @@ impl Client<Local> {
         let (backend, fallback) = runtime::select_backend(&config)?;
         let listener = match options.listen {
             Some(addr) => Some(
-                socket::listen_tcp_exclusive(addr, runtime::BACKLOG)
+                socket::listen_tcp_exclusive(addr, runtime::BACKLOG, false)
                     .map_err(|source| StartError::Listen { addr, source })?,
             ),
             None => None,

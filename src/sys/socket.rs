@@ -45,43 +45,64 @@ pub fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
 /// `SO_REUSEPORT`, non-blocking and close-on-exec, with Nagle off: the sockets it accepts
 /// inherit that (on Linux), also those an io_uring direct accept puts in a file table with
 /// no descriptor to set it on. `backlog` is clamped to the kernel's `SOMAXCONN` by the
-/// kernel itself.
+/// kernel itself. A task's loops after the first join the first's port with this.
 pub fn listen_tcp(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
-    let fd = tcp_socket(&addr)?;
-    nsock::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-    nsock::setsockopt(&fd, sockopt::ReusePort, &true)?;
-    set_nodelay(&fd, true)?;
-    let storage = SockaddrStorage::from(addr);
-    nsock::bind(fd.as_raw_fd(), &storage)
-        .map_err(|e| with_context(e, format_args!("bind {addr}")))?;
-    let backlog = Backlog::new(backlog.max(1)).map_err(io::Error::from)?;
-    nsock::listen(&fd, backlog).map_err(|e| with_context(e, format_args!("listen on {addr}")))?;
-    Ok(fd)
+    listen_on(addr, backlog, true)
 }
 
-/// The first listening socket of a task on `addr`: as [`listen_tcp`], after checking that
-/// no other socket listens on that address already. The task's other loops join it with
-/// [`listen_tcp`] on the address it got.
+/// The first listening socket of a task on `addr`, which no other socket may hold: a
+/// second task on a port that a stale one still holds must fail, not share the port and
+/// take a share of the connections. `shared` when the task's other loops will join it with
+/// [`listen_tcp`].
 ///
-/// `SO_REUSEPORT`, which lets the loops share a port, also lets any other socket of the
-/// same user join the group: a second task started on a port that a stale one still holds
-/// would bind without an error and take a share of the connections. A socket bound without
-/// `SO_REUSEPORT` cannot share the port, so binding one first tells: the bind fails with
-/// `EADDRINUSE` (`io::ErrorKind::AddrInUse`). Port 0 (a fresh port) needs no check.
-pub fn listen_tcp_exclusive(addr: SocketAddr, backlog: i32) -> io::Result<OwnedFd> {
+/// - Not `shared`: bound without `SO_REUSEPORT`, so the kernel refuses the port while any
+///   other socket listens on it, and any other listener while this one does.
+/// - `shared`: `SO_REUSEPORT` lets the loops share the port, and would let another task
+///   of the same user join it too. So a probe socket without it is bound first: that fails
+///   while another socket listens on the port. Two tasks started at the same instant can
+///   still both pass the probe before either listens. Port 0 (a fresh port) needs no probe.
+///
+/// A port in use fails with `io::ErrorKind::AddrInUse`, "the port is in use by another
+/// socket".
+pub fn listen_tcp_exclusive(addr: SocketAddr, backlog: i32, shared: bool) -> io::Result<OwnedFd> {
+    if !shared {
+        return listen_on(addr, backlog, false);
+    }
     if addr.port() != 0 {
         let probe = tcp_socket(&addr)?;
         // As the listeners: a port whose last connections are in TIME_WAIT is free.
         nsock::setsockopt(&probe, sockopt::ReuseAddr, &true)?;
         let storage = SockaddrStorage::from(addr);
-        nsock::bind(probe.as_raw_fd(), &storage).map_err(|e| {
-            with_context(
-                e,
-                format_args!("bind {addr}: another socket listens on this port already"),
-            )
-        })?;
+        nsock::bind(probe.as_raw_fd(), &storage).map_err(|e| bind_error(e, addr))?;
+        // The probe never listened: closing it frees the port at once.
     }
-    listen_tcp(addr, backlog)
+    listen_on(addr, backlog, true)
+}
+
+fn listen_on(addr: SocketAddr, backlog: i32, reuse_port: bool) -> io::Result<OwnedFd> {
+    let fd = tcp_socket(&addr)?;
+    nsock::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    if reuse_port {
+        nsock::setsockopt(&fd, sockopt::ReusePort, &true)?;
+    }
+    set_nodelay(&fd, true)?;
+    let storage = SockaddrStorage::from(addr);
+    nsock::bind(fd.as_raw_fd(), &storage).map_err(|e| bind_error(e, addr))?;
+    let backlog = Backlog::new(backlog.max(1)).map_err(io::Error::from)?;
+    nsock::listen(&fd, backlog).map_err(|e| with_context(e, format_args!("listen on {addr}")))?;
+    Ok(fd)
+}
+
+/// A failed bind of `addr`, with what `EADDRINUSE` means here.
+fn bind_error(err: Errno, addr: SocketAddr) -> io::Error {
+    if err == Errno::EADDRINUSE {
+        with_context(
+            err,
+            format_args!("bind {addr}: the port is in use by another socket"),
+        )
+    } else {
+        with_context(err, format_args!("bind {addr}"))
+    }
 }
 
 /// Turns Nagle off (`on == true`) or on.
@@ -251,22 +272,48 @@ mod tests {
         // A port some other task holds with SO_REUSEPORT, as a stale server would.
         let stale = listen_tcp(loopback_v4(), 16).unwrap();
         let addr = local_addr(&stale).unwrap();
-        let err = listen_tcp_exclusive(addr, 16).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
-        assert!(err.to_string().contains("listens on this port already"), "{err}");
-        // A wildcard listener on the same port conflicts too.
+        // A wildcard listener on the same port conflicts too, for a task of one loop or more.
         let any = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port());
-        let err = listen_tcp_exclusive(any, 16).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+        for shared in [false, true] {
+            for at in [addr, any] {
+                let err = listen_tcp_exclusive(at, 16, shared).unwrap_err();
+                assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+                assert!(
+                    err.to_string().contains("in use by another socket"),
+                    "{err}"
+                );
+            }
+        }
         drop(stale);
         // Free again: the first listener binds, and the task's other loops join it.
-        let first = listen_tcp_exclusive(addr, 16).unwrap();
+        let first = listen_tcp_exclusive(addr, 16, true).unwrap();
         assert_eq!(local_addr(&first).unwrap(), addr);
         let second = listen_tcp(addr, 16).unwrap();
         assert_eq!(local_addr(&second).unwrap(), addr);
+        drop((first, second));
+        // A task of one loop holds its port alone: no other listener can join it.
+        let only = listen_tcp_exclusive(addr, 16, false).unwrap();
+        let err = listen_tcp(addr, 16).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+        drop(only);
         // Port 0: a fresh port, no check.
-        let fresh = listen_tcp_exclusive(loopback_v4(), 16).unwrap();
+        let fresh = listen_tcp_exclusive(loopback_v4(), 16, true).unwrap();
         assert_ne!(local_addr(&fresh).unwrap().port(), 0);
+    }
+
+    #[test]
+    fn a_bind_that_fails_otherwise_says_only_what_failed() {
+        // An address not on this machine (TEST-NET-1): not a port in use.
+        let addr: SocketAddr = "192.0.2.1:5555".parse().unwrap();
+        for shared in [false, true] {
+            let err = listen_tcp_exclusive(addr, 16, shared).unwrap_err();
+            assert_ne!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+            assert!(
+                err.to_string().starts_with("bind 192.0.2.1:5555: "),
+                "{err}"
+            );
+            assert!(!err.to_string().contains("in use"), "{err}");
+        }
     }
 
     #[test]
