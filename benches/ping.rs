@@ -482,6 +482,8 @@ struct Sample {
     /// The same for the 64-in-flight phase.
     server64: PerRt,
     client64: Option<PerRt>,
+    /// Client process CPU µs per round trip in the 64-in-flight phase.
+    client_cpu64: f64,
     /// Client process CPU µs per round trip.
     client_cpu: f64,
     /// Voluntary context switches of the calling thread per round trip.
@@ -567,12 +569,15 @@ fn session(
     if what.rate64 {
         let s0 = server.stats();
         let c0 = c.counters();
+        let cpu0 = process_cpu_time();
         let n = c.pipelined(payload, 64, o.window);
-        let (s1, c1) = (server.stats(), c.counters());
+        let (s1, c1, cpu1) = (server.stats(), c.counters(), process_cpu_time());
         s.rate64 = n as f64 / o.window.as_secs_f64();
-        let n = usize::try_from(n.max(1)).unwrap_or(usize::MAX);
-        s.server64 = PerRt::of(s1.since(&s0), n);
-        s.client64 = c1.zip(c0).map(|(c1, c0)| PerRt::of(c1.since(&c0), n));
+        // The counters also cover the 64 sent before the window and drained after it.
+        let all = usize::try_from(n + 64).unwrap_or(usize::MAX);
+        s.server64 = PerRt::of(s1.since(&s0), all);
+        s.client64 = c1.zip(c0).map(|(c1, c0)| PerRt::of(c1.since(&c0), all));
+        s.client_cpu64 = (cpu1 - cpu0).as_secs_f64() * 1e6 / all as f64;
     }
     drop(c);
     server.stop();
@@ -739,22 +744,33 @@ fn main_section(o: &Opts, cpus: (usize, usize), payload: u32, rates: bool) {
         }
     }
 
-    time_table(o, &rows, payload, "latency phase", |s| (s.server, s.client));
+    time_table(o, &rows, payload, Phase::Latency);
     if rates {
-        time_table(o, &rows, payload, "64 in flight", |s| (s.server64, s.client64));
+        time_table(o, &rows, payload, Phase::Inflight64);
     }
 }
 
+/// A measured phase of a session.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// 1 in flight, round trips timed one by one.
+    Latency,
+    /// 64 in flight for the rate window.
+    Inflight64,
+}
+
 /// The loops' accounting per round trip of one phase, a row per configuration.
-fn time_table(
-    o: &Opts,
-    rows: &[Row],
-    payload: u32,
-    phase: &str,
-    of: fn(&Sample) -> (PerRt, Option<PerRt>),
-) {
+fn time_table(o: &Opts, rows: &[Row], payload: u32, phase: Phase) {
+    let of = |s: &Sample| match phase {
+        Phase::Latency => (s.server, s.client, s.client_cpu),
+        Phase::Inflight64 => (s.server64, s.client64, s.client_cpu64),
+    };
+    let name = match phase {
+        Phase::Latency => "latency phase",
+        Phase::Inflight64 => "64 in flight",
+    };
     println!(
-        "\n### Where the time goes, {phase}, {payload}-byte payload (median of {} runs; µs of loop time per round trip)\n",
+        "\n### Where the time goes, {name}, {payload}-byte payload (median of {} runs; µs of loop time per round trip)\n",
         o.runs
     );
     println!("Loop time is wall-clock time as the loop accounts it (time it was preempted counts too); CPU is process user+system time; caller sleeps are voluntary context switches of the thread that waits for the pong (latency phase only).\n");
@@ -770,20 +786,13 @@ fn time_table(
                 "—".into()
             }
         };
-        // The client process's CPU: measured by the latency phase, and in the loop
-        // counters (which carry it) of the other phases.
-        let client_cpu = if phase == "latency phase" {
-            format!("{:.2}", med(&row.samples, |s| s.client_cpu))
-        } else {
-            cm(|p| p.cpu)
-        };
-        let sleeps = if phase == "latency phase" {
-            format!("{:.3}", med(&row.samples, |s| s.caller_sleeps))
-        } else {
-            "—".into()
+        let client_cpu = med(&row.samples, |s| of(s).2);
+        let sleeps = match phase {
+            Phase::Latency => format!("{:.3}", med(&row.samples, |s| s.caller_sleeps)),
+            Phase::Inflight64 => "—".into(),
         };
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} | {} | {} | {:.2} | {} |",
             config_label(row),
             sm(|p| p.busy),
             sm(|p| p.spin),

@@ -134,7 +134,8 @@ pub struct Stats {
     pub reads: u64,
     /// Time loops spent doing work. `busy`, `spin`, `parked` and `parks` are the loop
     /// threads' accounting: an [`Embedded`](crate::Embedded) client's loop runs inside its
-    /// caller's waits and leaves them at zero.
+    /// caller's waits and leaves them at zero. A loop adds a turn's time when the turn ends
+    /// and a park's when it wakes, so a park under way is not counted yet.
     pub busy: Duration,
     /// Time loops spent spinning with nothing to do.
     pub spin: Duration,

@@ -906,9 +906,9 @@ fn table(
     );
     let t = o.client_loops;
     row(
-        "client loop",
+        "loop time",
         format!(
-            "busy {:.2} s, idle awake {:.2} s, parked {:.2} s, {} parks",
+            "client loops: busy {:.2} s, idle awake {:.2} s, parked {:.2} s, {} parks",
             t.busy_seconds, t.spin_seconds, t.parked_seconds, t.parks
         ),
     );

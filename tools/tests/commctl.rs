@@ -617,7 +617,7 @@ fn bench_a_server_and_its_own() {
         "p999",
         "client CPU",
         "server CPU",
-        "client loop  busy",
+        "loop time    client loops: busy",
         "idle awake",
     ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
@@ -929,7 +929,10 @@ fn bench_rows(server: &Server, op: &str, k: i64, row_bytes: i64, args: &[&str]) 
     assert!(part("busy_seconds") > 0.0, "{j}");
     let loops = v["client_loops"].as_f64().unwrap();
     let whole = part("busy_seconds") + part("spin_seconds") + part("parked_seconds");
-    assert!(whole <= v["seconds"].as_f64().unwrap() * loops * 1.1 + 0.05, "{j}");
+    assert!(
+        whole <= v["seconds"].as_f64().unwrap() * loops * 1.1 + 0.05,
+        "{j}"
+    );
     assert!(t["parks"].is_u64(), "{j}");
     j
 }
