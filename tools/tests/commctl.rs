@@ -921,18 +921,16 @@ fn bench_rows(server: &Server, op: &str, k: i64, row_bytes: i64, args: &[&str]) 
     }
     assert!(!j.contains("\"server_cpu_ns_per_row\":null"), "{j}");
     assert!(!j.contains("\"tensors\":"), "{j}");
-    // The client loops' accounting over the run: they worked, and the parts add up to no
-    // more than the loops' wall time.
+    // The client loops' accounting over the run: they worked, and every part is there. (No
+    // bound against the wall time: a park under way at the first snapshot is counted
+    // whole when it ends, however long the bench thread waited to take that snapshot.)
     let v: serde_json::Value = serde_json::from_str(&j).unwrap();
     let t = &v["client_loop_time"];
     let part = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("{k} in {j}"));
     assert!(part("busy_seconds") > 0.0, "{j}");
-    let loops = v["client_loops"].as_f64().unwrap();
-    let whole = part("busy_seconds") + part("spin_seconds") + part("parked_seconds");
-    assert!(
-        whole <= v["seconds"].as_f64().unwrap() * loops * 1.1 + 0.05,
-        "{j}"
-    );
+    for k in ["spin_seconds", "parked_seconds"] {
+        assert!(part(k) >= 0.0, "{k}: {j}");
+    }
     assert!(t["parks"].is_u64(), "{j}");
     j
 }
