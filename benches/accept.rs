@@ -164,10 +164,7 @@ fn server_main(args: &[String]) {
 // ----- main -----
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
+    let args = bench_args();
     if args.first().map(String::as_str) == Some("--server") {
         return server_main(&args[1..]);
     }

@@ -543,10 +543,7 @@ fn probe_send_zc() -> Result<bool, String> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
+    let args = bench_args();
     let o = parse_opts(&args);
     let allowed = allowed_cpus();
     if allowed.len() < 2 {

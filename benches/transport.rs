@@ -2029,10 +2029,7 @@ fn regbuf_section(o: &Opts, cpus: (usize, usize)) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
+    let args = bench_args();
     if args.first().map(String::as_str) == Some("--server") {
         return server_main(&args[1..]);
     }

@@ -80,6 +80,15 @@ impl SwCfg {
     }
 }
 
+/// This bench's arguments: the program name and the `--bench` that `cargo bench` passes
+/// dropped.
+pub fn bench_args() -> Vec<String> {
+    std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect()
+}
+
 pub fn on_off(b: bool) -> &'static str {
     if b {
         "on"

@@ -728,8 +728,8 @@ impl sealed::Drive for Threads {
     fn idle(&mut self, idle_since: &mut Instant) {
         if self.inner.cfg.polling || idle_since.elapsed() < HANDLE_WAIT_SPIN {
             // Yield rather than spin: the loop this handle waits for may share its CPU (a
-            // pure spin there keeps the loop off it for the scheduler's time slice:
-            // about 8 ms per round trip, docs/performance.md runs I11 and I12). With polling the
+            // pure spin there keeps the loop off it for the scheduler's time slice: about
+            // 8 ms per round trip, docs/performance.md runs I11 and I12). With polling the
             // wait never parks.
             std::thread::yield_now();
             return;

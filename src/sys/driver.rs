@@ -243,9 +243,10 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
     /// Accepts a connection on listener `fd`; completes with the new socket or `-errno`: a
     /// descriptor (non-blocking, close-on-exec), or with direct accept on an io_uring ring
     /// an entry of its file table (see [`adopt_direct`](Self::adopt_direct)). Call again
-    /// after each completion. On an io_uring ring with task-work flags (Linux 5.19 or later) one multishot accept stays in the kernel
-    /// and completes once per connection: calling again while it does is a no-op, and an
-    /// error ends it (the next call arms a new one).
+    /// after each completion. On an io_uring ring with task-work flags (Linux 5.19 or
+    /// later) one multishot accept stays in the kernel and completes once per connection:
+    /// calling again while it does is a no-op, and an error ends it (the next call arms a
+    /// new one).
     pub fn accept(&mut self, slot: u32, fd: RawFd) -> io::Result<()> {
         match &mut *self.io {
             Io::Uring(d) => {

@@ -272,7 +272,7 @@ mod tests {
         // A port some other task holds with SO_REUSEPORT, as a stale server would.
         let stale = listen_tcp(loopback_v4(), 16).unwrap();
         let addr = local_addr(&stale).unwrap();
-        // A wildcard listener on the same port conflicts too, for a task of one loop or more.
+        // A wildcard listener on the same port conflicts too, for one loop or several.
         let any = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), addr.port());
         for shared in [false, true] {
             for at in [addr, any] {

@@ -396,21 +396,14 @@ struct LoopTime {
 }
 
 impl LoopTime {
-    fn of(s: &starwire::Stats) -> LoopTime {
+    /// The loops' time between two snapshots of their counters.
+    fn between(before: &starwire::Stats, after: &starwire::Stats) -> LoopTime {
+        let secs = |a: Duration, b: Duration| b.saturating_sub(a).as_secs_f64();
         LoopTime {
-            busy_seconds: s.busy.as_secs_f64(),
-            spin_seconds: s.spin.as_secs_f64(),
-            parked_seconds: s.parked.as_secs_f64(),
-            parks: s.parks,
-        }
-    }
-
-    fn since(self, before: LoopTime) -> LoopTime {
-        LoopTime {
-            busy_seconds: self.busy_seconds - before.busy_seconds,
-            spin_seconds: self.spin_seconds - before.spin_seconds,
-            parked_seconds: self.parked_seconds - before.parked_seconds,
-            parks: self.parks.saturating_sub(before.parks),
+            busy_seconds: secs(before.busy, after.busy),
+            spin_seconds: secs(before.spin, after.spin),
+            parked_seconds: secs(before.parked, after.parked),
+            parks: after.parks.saturating_sub(before.parks),
         }
     }
 }
@@ -564,7 +557,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     };
     let progress = std::io::stderr().is_terminal();
     let cpu0 = cpu::own();
-    let loops0 = LoopTime::of(&rt.stats());
+    let loops0 = rt.stats();
     let server0 = server_pid.and_then(cpu::of_pid);
     let start = Instant::now();
     let end = duration.map(|d| start + d);
@@ -675,7 +668,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     }
     o.elapsed = start.elapsed();
     o.client_cpu = cpu::own().saturating_sub(cpu0);
-    o.client_loops = LoopTime::of(&rt.stats()).since(loops0);
+    o.client_loops = LoopTime::between(&loops0, &rt.stats());
     o.server_cpu = match (server0, server_pid.and_then(cpu::of_pid)) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
@@ -917,8 +910,8 @@ fn table(
 
 /// The JSON report. Rows operations have `table`, `rows_per_request`, `row_bytes`,
 /// `id_range`, `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the
-/// tensor operations have their `tensors...` members; pings have neither. Members in this order; the ones a
-/// report does not have are left out.
+/// tensor operations have their `tensors...` members; pings have neither. Members in this
+/// order; the ones a report does not have are left out.
 #[derive(Serialize)]
 struct Report<'a> {
     operation: &'a str,
