@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use starwire::client::Driver;
+use starwire::client::Mode;
 use starwire::{
     Client, Completion, Embedded, Handle, Options, Rendezvous, Reply, Runtime, Service, Stats,
     Tensor, TensorAllocator, TensorDesc, TensorMemory,
@@ -618,7 +618,7 @@ impl SwClient for HandleClient {
 
 /// Submits `w` through the allocation-free calls, whichever mode drives the loop; its
 /// completion is taken by `wait_any`.
-fn submit<D: Driver>(c: &mut Client<D>, peer: SocketAddr, w: &Work) {
+fn submit<M: Mode>(c: &mut Client<M>, peer: SocketAddr, w: &Work) {
     let queued = match w {
         Work::Ping => c.ping(peer, 32, None).map(|t| t.tag()),
         Work::Pull(ids) => c.pull_slice(peer, ids, None).map(|t| t.tag()),

@@ -961,10 +961,10 @@ fn trace_path(file: &Path, index: u32) -> PathBuf {
 /// This worker's communication with each PS task, per operation, from its runtime's
 /// per-peer metrics: one line each.
 fn comm_breakdown(task: &TaskId, m: &starwire::stats::Metrics) -> Vec<String> {
-    use starwire::stats::{Outcome, RequestKind, Role};
+    use starwire::stats::{Outcome, RequestKind, Side};
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut lines = Vec::new();
-    for p in m.role(Role::Client) {
+    for p in m.side(Side::Client) {
         for kind in RequestKind::ALL {
             let op = p.op(kind);
             if op.requests == 0 {

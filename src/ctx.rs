@@ -7,7 +7,7 @@
 //! as it gets, but a forged, duplicated or late response then dereferences memory
 //! that is gone or reused.
 //!
-//! A [`Handle`] costs the same 8 bytes and the same O(1) lookup (an array index),
+//! A [`CtxKey`] costs the same 8 bytes and the same O(1) lookup (an array index),
 //! but it is a slot index plus a *generation*. Removing a context from the slot
 //! bumps the slot's generation, so a handle stays valid exactly as long as the
 //! context it named: a forged index is rejected as [`CtxError::OutOfRange`], a
@@ -22,7 +22,7 @@
 //! reused first and every operation is O(1), except the whole-slab walks
 //! [`CtxSlab::iter`] and [`CtxSlab::drain`].
 //!
-//! # Handle layout
+//! # CtxKey layout
 //!
 //! | bits   | meaning                                  |
 //! |--------|------------------------------------------|
@@ -31,11 +31,11 @@
 //!
 //! The generation of a live context is never 0, so:
 //!
-//! - the raw handle `0` ([`Handle::NONE`]) never names a live context and is free
+//! - the raw handle `0` ([`CtxKey::NONE`]) never names a live context and is free
 //!   to mean "no request" on the wire;
 //! - every handle with generation 0 is *reserved for internal operations*
 //!   (timeouts, cancellations, wake-ups that have no context of their own; see
-//!   [`Handle::internal`]). [`CtxSlab::get`], [`CtxSlab::get_mut`] and
+//!   [`CtxKey::internal`]). [`CtxSlab::get`], [`CtxSlab::get_mut`] and
 //!   [`CtxSlab::remove`] always reject them with [`CtxError::Reserved`].
 //!
 //! # Generation wrap
@@ -56,19 +56,19 @@ use std::slice;
 /// Low 32 bits: slot index; high 32 bits: generation. See the
 /// [module docs](self) for the layout and the reserved generation 0.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Handle(u64);
+pub struct CtxKey(u64);
 
-impl Handle {
+impl CtxKey {
     /// The raw handle `0`: "no request". It has generation 0, so it never names a
     /// live context.
-    pub const NONE: Handle = Handle(0);
+    pub const NONE: CtxKey = CtxKey(0);
 
     /// Rebuild a handle from the `u64` found in a frame header or a completion.
     ///
     /// Any value is accepted; validity is checked by the slab on lookup.
     #[inline]
-    pub const fn from_raw(raw: u64) -> Handle {
-        Handle(raw)
+    pub const fn from_raw(raw: u64) -> CtxKey {
+        CtxKey(raw)
     }
 
     /// The `u64` to put in a frame header or a ring entry.
@@ -80,15 +80,15 @@ impl Handle {
     /// A handle reserved for an internal operation, identified by `tag`.
     ///
     /// Its generation is 0, so it can never be confused with a request context:
-    /// a slab rejects it with [`CtxError::Reserved`]. `Handle::internal(0)` is
-    /// [`Handle::NONE`].
+    /// a slab rejects it with [`CtxError::Reserved`]. `CtxKey::internal(0)` is
+    /// [`CtxKey::NONE`].
     #[inline]
-    pub const fn internal(tag: u32) -> Handle {
-        Handle::new(tag, 0)
+    pub const fn internal(tag: u32) -> CtxKey {
+        CtxKey::new(tag, 0)
     }
 
     /// Whether this handle has generation 0, i.e. is reserved for internal
-    /// operations (this includes [`Handle::NONE`]).
+    /// operations (this includes [`CtxKey::NONE`]).
     #[inline]
     pub const fn is_internal(self) -> bool {
         self.generation() == 0
@@ -107,21 +107,21 @@ impl Handle {
     }
 
     #[inline]
-    const fn new(index: u32, generation: u32) -> Handle {
-        Handle(((generation as u64) << 32) | index as u64)
+    const fn new(index: u32, generation: u32) -> CtxKey {
+        CtxKey(((generation as u64) << 32) | index as u64)
     }
 }
 
-impl fmt::Debug for Handle {
+impl fmt::Debug for CtxKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handle")
+        f.debug_struct("CtxKey")
             .field("index", &self.index())
             .field("generation", &self.generation())
             .finish()
     }
 }
 
-/// Why a [`Handle`] did not resolve to a live context.
+/// Why a [`CtxKey`] did not resolve to a live context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CtxError {
     /// The index is not below the slab's capacity: the handle was forged or
@@ -228,7 +228,7 @@ fn next_generation(g: u32) -> u32 {
 }
 
 /// A pre-sized slab of request contexts addressed by generation-checked
-/// [`Handle`]s.
+/// [`CtxKey`]s.
 ///
 /// All slots are allocated by the constructor; nothing allocates afterwards.
 /// Lookups never panic, whatever the handle.
@@ -310,7 +310,7 @@ impl<T> CtxSlab<T> {
 
     /// Store `value` in a free slot and return its handle; if every slot is in
     /// use, refuse and hand `value` back. Never allocates.
-    pub fn insert(&mut self, value: T) -> Result<Handle, Full<T>> {
+    pub fn insert(&mut self, value: T) -> Result<CtxKey, Full<T>> {
         let index = self.free_head;
         let Some(slot) = self.slots.get_mut(index as usize) else {
             // `NIL` is never a valid index: the slab is full.
@@ -322,11 +322,11 @@ impl<T> CtxSlab<T> {
         slot.entry = Entry::Occupied(value);
         self.free_head = next_free;
         self.len += 1;
-        Ok(Handle::new(index, slot.generation))
+        Ok(CtxKey::new(index, slot.generation))
     }
 
     /// The context named by `handle`.
-    pub fn get(&self, handle: Handle) -> Result<&T, CtxError> {
+    pub fn get(&self, handle: CtxKey) -> Result<&T, CtxError> {
         match &self.slot(handle)?.entry {
             Entry::Occupied(value) => Ok(value),
             Entry::Vacant { .. } => Err(CtxError::Vacant),
@@ -334,7 +334,7 @@ impl<T> CtxSlab<T> {
     }
 
     /// The context named by `handle`, mutably.
-    pub fn get_mut(&mut self, handle: Handle) -> Result<&mut T, CtxError> {
+    pub fn get_mut(&mut self, handle: CtxKey) -> Result<&mut T, CtxError> {
         match &mut self.slot_mut(handle)?.entry {
             Entry::Occupied(value) => Ok(value),
             Entry::Vacant { .. } => Err(CtxError::Vacant),
@@ -343,7 +343,7 @@ impl<T> CtxSlab<T> {
 
     /// Whether `handle` names a live context.
     #[inline]
-    pub fn contains(&self, handle: Handle) -> bool {
+    pub fn contains(&self, handle: CtxKey) -> bool {
         self.get(handle).is_ok()
     }
 
@@ -351,7 +351,7 @@ impl<T> CtxSlab<T> {
     ///
     /// The slot's generation is bumped, so `handle` (and every copy of it) is
     /// stale from now on; removing it again gives [`CtxError::Stale`].
-    pub fn remove(&mut self, handle: Handle) -> Result<T, CtxError> {
+    pub fn remove(&mut self, handle: CtxKey) -> Result<T, CtxError> {
         let free_head = self.free_head;
         let slot = self.slot_mut(handle)?;
         let vacant = Entry::Vacant {
@@ -397,7 +397,7 @@ impl<T> CtxSlab<T> {
     /// Resolve `handle` to its slot, checking the reserved generation, the range
     /// and the generation, in that order.
     #[inline]
-    fn slot(&self, handle: Handle) -> Result<&Slot<T>, CtxError> {
+    fn slot(&self, handle: CtxKey) -> Result<&Slot<T>, CtxError> {
         if handle.is_internal() {
             return Err(CtxError::Reserved);
         }
@@ -413,7 +413,7 @@ impl<T> CtxSlab<T> {
 
     /// Mutable twin of [`slot`](Self::slot).
     #[inline]
-    fn slot_mut(&mut self, handle: Handle) -> Result<&mut Slot<T>, CtxError> {
+    fn slot_mut(&mut self, handle: CtxKey) -> Result<&mut Slot<T>, CtxError> {
         if handle.is_internal() {
             return Err(CtxError::Reserved);
         }
@@ -444,7 +444,7 @@ pub struct Iter<'a, T> {
 }
 
 impl<'a, T> Iterator for Iter<'a, T> {
-    type Item = (Handle, &'a T);
+    type Item = (CtxKey, &'a T);
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.remaining == 0 {
@@ -454,7 +454,7 @@ impl<'a, T> Iterator for Iter<'a, T> {
             if let Entry::Occupied(value) = &slot.entry {
                 self.remaining -= 1;
                 // index < capacity ≤ u32::MAX - 1
-                return Some((Handle::new(index as u32, slot.generation), value));
+                return Some((CtxKey::new(index as u32, slot.generation), value));
             }
         }
         None
@@ -469,7 +469,7 @@ impl<T> ExactSizeIterator for Iter<'_, T> {}
 impl<T> FusedIterator for Iter<'_, T> {}
 
 impl<'a, T> IntoIterator for &'a CtxSlab<T> {
-    type Item = (Handle, &'a T);
+    type Item = (CtxKey, &'a T);
     type IntoIter = Iter<'a, T>;
 
     fn into_iter(self) -> Iter<'a, T> {
@@ -486,7 +486,7 @@ pub struct Drain<'a, T> {
 }
 
 impl<T> Iterator for Drain<'_, T> {
-    type Item = (Handle, T);
+    type Item = (CtxKey, T);
 
     fn next(&mut self) -> Option<Self::Item> {
         while !self.slab.is_empty() {
@@ -494,7 +494,7 @@ impl<T> Iterator for Drain<'_, T> {
             let slot = self.slab.slots.get(index as usize)?;
             self.next_index += 1;
             if let Entry::Occupied(_) = slot.entry {
-                let handle = Handle::new(index, slot.generation);
+                let handle = CtxKey::new(index, slot.generation);
                 // Cannot fail: the slot is occupied and the handle is its own.
                 return self.slab.remove(handle).ok().map(|value| (handle, value));
             }
@@ -522,15 +522,15 @@ mod tests {
 
     #[test]
     fn handle_layout() {
-        let h = Handle::new(7, 3);
+        let h = CtxKey::new(7, 3);
         assert_eq!(h.to_raw(), (3 << 32) | 7);
         assert_eq!(h.index(), 7);
         assert_eq!(h.generation(), 3);
-        assert_eq!(Handle::from_raw(h.to_raw()), h);
+        assert_eq!(CtxKey::from_raw(h.to_raw()), h);
         assert!(!h.is_internal());
-        assert_eq!(Handle::internal(0), Handle::NONE);
-        assert_eq!(Handle::NONE.to_raw(), 0);
-        let t = Handle::internal(42);
+        assert_eq!(CtxKey::internal(0), CtxKey::NONE);
+        assert_eq!(CtxKey::NONE.to_raw(), 0);
+        let t = CtxKey::internal(42);
         assert_eq!((t.index(), t.generation()), (42, 0));
         assert!(t.is_internal());
     }
@@ -575,7 +575,7 @@ mod tests {
         let mut slab = CtxSlab::with_capacity(0);
         assert!(slab.is_full());
         assert_eq!(slab.insert(1u8), Err(Full(1)));
-        assert_eq!(slab.get(Handle::new(0, 1)), Err(CtxError::OutOfRange));
+        assert_eq!(slab.get(CtxKey::new(0, 1)), Err(CtxError::OutOfRange));
         assert_eq!(slab.drain().count(), 0);
     }
 
@@ -649,16 +649,16 @@ mod tests {
         let mut slab = CtxSlab::with_capacity(4);
         let a = slab.insert(1).unwrap();
         for index in [4, 5, u32::MAX - 1, u32::MAX] {
-            let forged = Handle::new(index, a.generation());
+            let forged = CtxKey::new(index, a.generation());
             assert_eq!(slab.get(forged), Err(CtxError::OutOfRange));
             assert_eq!(slab.get_mut(forged), Err(CtxError::OutOfRange));
             assert_eq!(slab.remove(forged), Err(CtxError::OutOfRange));
         }
         // In range but never issued: vacant slot, or wrong generation.
-        assert_eq!(slab.get(Handle::new(2, 1)), Err(CtxError::Vacant));
-        assert_eq!(slab.remove(Handle::new(2, 1)), Err(CtxError::Vacant));
-        assert_eq!(slab.get(Handle::new(2, 9)), Err(CtxError::Stale));
-        let forged = Handle::new(a.index(), a.generation() + 1);
+        assert_eq!(slab.get(CtxKey::new(2, 1)), Err(CtxError::Vacant));
+        assert_eq!(slab.remove(CtxKey::new(2, 1)), Err(CtxError::Vacant));
+        assert_eq!(slab.get(CtxKey::new(2, 9)), Err(CtxError::Stale));
+        let forged = CtxKey::new(a.index(), a.generation() + 1);
         assert_eq!(slab.remove(forged), Err(CtxError::Stale));
         assert_eq!(slab.len(), 1);
         assert_eq!(slab.get(a), Ok(&1));
@@ -669,9 +669,9 @@ mod tests {
         let mut slab = CtxSlab::with_capacity(4);
         let a = slab.insert(1).unwrap();
         for h in [
-            Handle::NONE,
-            Handle::internal(a.index()),
-            Handle::internal(u32::MAX),
+            CtxKey::NONE,
+            CtxKey::internal(a.index()),
+            CtxKey::internal(u32::MAX),
         ] {
             assert_eq!(slab.get(h), Err(CtxError::Reserved));
             assert_eq!(slab.get_mut(h), Err(CtxError::Reserved));

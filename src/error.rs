@@ -120,6 +120,11 @@ impl Error {
         Error { kind, detail: None }
     }
 
+    /// An [`ErrorKind::InvalidArgument`] saying `what`.
+    pub(crate) fn invalid(what: &str) -> Error {
+        Error::new(ErrorKind::InvalidArgument).with_message(what.to_owned())
+    }
+
     /// The same error, naming `peer`.
     pub fn with_peer(mut self, peer: SocketAddr) -> Error {
         self.detail.get_or_insert_with(Box::default).peer = Some(peer);

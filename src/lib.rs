@@ -100,14 +100,14 @@
 //! Both are a [`Client`] with the same request methods, so code can serve both:
 //!
 //! ```
-//! use starwire::client::Driver;
+//! use starwire::client::Mode;
 //! use starwire::config::ConfigBuilder;
 //! use starwire::{Client, Embedded, Error, Runtime};
 //! use std::net::SocketAddr;
 //! use std::time::Duration;
 //!
 //! /// A round trip, whichever thread drives the loop.
-//! fn round_trip<D: Driver>(c: &mut Client<D>, peer: SocketAddr) -> Result<Duration, Error> {
+//! fn round_trip<M: Mode>(c: &mut Client<M>, peer: SocketAddr) -> Result<Duration, Error> {
 //!     let ticket = c.ping(peer, 64, None)?;
 //!     c.wait(ticket)
 //! }
@@ -169,13 +169,10 @@ pub mod config;
 internal!(
     mod ctx;
 );
-pub mod endpoint_map;
 mod error;
 pub(crate) mod event_loop;
 mod hash;
-pub mod membership;
 mod panic;
-pub mod peer;
 mod pool;
 internal!(
     mod proto;
@@ -191,23 +188,21 @@ internal!(
 pub mod stats;
 #[allow(dead_code)]
 pub(crate) mod sys;
-pub mod table;
 pub mod tensor;
 internal!(
     mod wire;
 );
 
 pub use crate::session::{Callback, Completion, Reply};
-pub use client::{Client, Embedded, Handle, Sharded, StepReport, Ticket};
+pub use client::{Client, Embedded, Handle, Ticket};
+pub use cluster::{ClusterChange, Peer, ResolveError, Resolver};
 pub use config::{Config, ConfigBuilder, IoFeatures};
 pub use error::{Error, ErrorKind};
-pub use membership::ClusterChange;
-pub use peer::{Peer, ResolveError, Resolver};
 pub use rendezvous::Rendezvous;
+pub use rows::{Sharded, StepReport};
 pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_ZERO_COPY_MIN};
-pub use service::Service;
+pub use service::{Service, Table};
 pub use stats::Stats;
-pub use table::Table;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
 pub use wire::{DType, Limits, Status};
 

@@ -10,8 +10,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::service::Table;
 use crate::service::{Service, SharedService};
-use crate::table::Table;
 use crate::tensor::Tensor;
 use crate::wire::{DType, Status};
 

@@ -26,7 +26,7 @@ use crate::event_loop::{Loop, LoopParts, LoopShared};
 use crate::pool::{HandlerPool, Job};
 use crate::rendezvous::Rendezvous;
 use crate::service::SharedService;
-use crate::session::{Budget, Callback, Completion, Endpoint, Request, SessionParts};
+use crate::session::{Budget, Callback, Completion, HandleRings, Request, SessionParts};
 use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend, IoFeatures};
@@ -106,7 +106,7 @@ pub(crate) struct Inner {
     /// The receive budget the loops share.
     pub(crate) budget: Arc<Budget>,
     /// Addresses of tasks that moved or left the cluster ([`Runtime::update_cluster`]).
-    pub(crate) retired: std::sync::Mutex<crate::membership::Retirements>,
+    pub(crate) retired: std::sync::Mutex<crate::cluster::Retirements>,
 }
 
 /// A handle's pair of rings with one loop.
@@ -126,13 +126,13 @@ pub(crate) fn register(
     waker: &Arc<ThreadWaker>,
 ) {
     for (shared, (requests, completions)) in inner.loops.iter().zip(ends) {
-        let endpoint = Endpoint {
+        let endpoint = HandleRings {
             requests,
             completions,
             callback: callback.clone(),
             waker: waker.clone(),
         };
-        match shared.new_endpoints.lock() {
+        match shared.new_handles.lock() {
             Ok(mut v) => v.push(endpoint),
             Err(p) => p.into_inner().push(endpoint),
         }
@@ -364,7 +364,7 @@ impl Runtime {
         let tasks = new.tasks()?;
         let retired = {
             let mut r = self.inner.retired.lock().unwrap_or_else(|p| p.into_inner());
-            crate::membership::apply(&mut r, &change, &tasks);
+            crate::cluster::apply(&mut r, &change, &tasks);
             Arc::new(r.clone())
         };
         if !change.is_empty() {

@@ -1,4 +1,5 @@
-//! The server side of pull and push: what the trainer implements.
+//! The server side of pull and push: what the trainer implements, a [`Service`] and its
+//! [`Table`]s of embedding rows.
 //!
 //! A PS task implements [`Service`]: what a pull returns and how a push is applied are the
 //! trainer's. Handlers run inline on the loop that owns the connection the request arrived
@@ -9,9 +10,8 @@
 
 use std::sync::Arc;
 
-use crate::table::Table;
 use crate::tensor::Tensor;
-use crate::wire::Status;
+use crate::wire::{DType, Status};
 
 /// What the trainer serves.
 pub trait Service: Send + Sync {
@@ -52,10 +52,43 @@ pub(crate) fn pull(service: &dyn Service, ids: &[u64], out: &mut Vec<Result<Arc<
     out.truncate(ids.len());
 }
 
-/// A registry of tables serves their rows; pulls and pushes of tensors by id are
-/// `UNIMPLEMENTED`.
-impl Service for crate::table::Tables {
-    fn table(&self, table: u32) -> Option<&dyn Table> {
-        self.get(table)
+/// A table of embedding rows served by a PS task. Called from several event-loop threads at
+/// once.
+pub trait Table: Send + Sync {
+    /// Element type of the rows.
+    fn dtype(&self) -> DType;
+
+    /// Shape of one row (e.g. `[dim]`).
+    fn row_dims(&self) -> &[u64];
+
+    /// Writes the rows of `ids`, in order, into `out`: exactly `ids.len() * row_bytes`
+    /// bytes, row `i` at `i * row_bytes`, little-endian elements; `out` has no alignment.
+    /// For an id it has no row for, writes zeros and appends the id's position to `missing`
+    /// (positions increasing). Any other failure: a non-OK [`Status`]
+    /// ([`Status::InvalidArgument`] for an `out` of the wrong length).
+    fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status;
+
+    /// Applies the gradient rows `grads` (same layout as [`pull`](Self::pull)'s `out`) to
+    /// the rows of `ids`. [`Status::InvalidArgument`] for `grads` of the wrong length.
+    fn push(&self, ids: &[u64], grads: &[u8]) -> Status;
+
+    /// Bytes of one row: the element size times the product of [`row_dims`](Self::row_dims).
+    /// Saturates at `usize::MAX` (an unknown dtype, an overflowing shape), a length no
+    /// buffer has.
+    fn row_bytes(&self) -> usize {
+        row_bytes(self.dtype(), self.row_dims())
     }
+}
+
+/// Bytes of a row of `dtype` elements shaped `dims`; `usize::MAX` for an unknown dtype or a
+/// size that overflows.
+pub fn row_bytes(dtype: DType, dims: &[u64]) -> usize {
+    let elem = match dtype.size() {
+        Some(n) => n,
+        None => return usize::MAX,
+    };
+    dims.iter()
+        .try_fold(elem, |acc, &d| acc.checked_mul(d))
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(usize::MAX)
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use starwire::client::Driver;
+use starwire::client::Mode;
 use starwire::{
     Client, Embedded, ErrorKind, Options, Rendezvous, Runtime, Service, StartError, StartNote,
     Tensor,
@@ -67,7 +67,7 @@ fn bytes8(v: u8) -> Arc<Tensor> {
 }
 
 /// Every request kind, with typed results, through whichever driver.
-fn every_kind<D: Driver>(c: &mut Client<D>, peer: SocketAddr, rv: &Rendezvous) {
+fn every_kind<M: Mode>(c: &mut Client<M>, peer: SocketAddr, rv: &Rendezvous) {
     let t = c.ping(peer, 16, secs(10)).unwrap();
     let rtt = c.wait(t).unwrap();
     assert!(rtt > std::time::Duration::ZERO);
@@ -132,7 +132,7 @@ fn every_request_kind_gives_its_typed_result_through_both_drivers() {
 
 /// Three requests in flight, waited for last first: the other two completions are kept
 /// and given to later waits, then `wait_any`; nothing is lost or given twice.
-fn pipelined<D: Driver>(c: &mut Client<D>, peer: SocketAddr) {
+fn pipelined<M: Mode>(c: &mut Client<M>, peer: SocketAddr) {
     let a = c.pull(peer, vec![1], secs(10)).unwrap();
     let b = c.ping(peer, 8, secs(10)).unwrap();
     let d = c.pull(peer, vec![2], secs(10)).unwrap();
@@ -180,7 +180,7 @@ fn waits_keep_the_completions_of_other_requests() {
 
 /// Waiting on what is not outstanding returns at once (a hang would fail the test by
 /// never finishing it).
-fn not_outstanding<D: Driver>(c: &mut Client<D>, peer: SocketAddr) {
+fn not_outstanding<M: Mode>(c: &mut Client<M>, peer: SocketAddr) {
     assert_eq!(
         c.wait_tag(12345).err().map(|e| e.kind()),
         Some(ErrorKind::NotOutstanding)

@@ -6,10 +6,10 @@
 mod common;
 
 use common::*;
+use starwire::cluster::endpoint_map::EndpointMap;
 use starwire::cluster::{ClusterSpec, TaskId};
-use starwire::endpoint_map::EndpointMap;
+use starwire::rows::{Init, MemTable, Optimizer, Tables};
 use starwire::rows::{Partition, Rows};
-use starwire::table::{Init, MemTable, Optimizer, Tables};
 use starwire::{
     DType, ErrorKind, Options, Peer, Resolver, Runtime, Service, Sharded, Status, Table,
 };

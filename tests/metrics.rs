@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use starwire::stats::{Outcome, RequestKind, Role};
+use starwire::stats::{Outcome, RequestKind, Side};
 use starwire::{DType, Embedded, ErrorKind, Options, Runtime, Service, Status, Tensor};
 use std::sync::Arc;
 
@@ -66,7 +66,7 @@ fn requests_are_counted_per_peer_on_both_sides_over_loops_and_lanes() {
     }
 
     let m = worker.metrics();
-    assert_eq!(m.role(Role::Client).count(), 1, "{m:?}");
+    assert_eq!(m.side(Side::Client).count(), 1, "{m:?}");
     let sent = m.client(addr).expect("the PS's block");
     assert_eq!(sent.task.as_deref(), Some("ps:0"));
     assert_eq!(sent.connections, 2, "one per lane");

@@ -4,9 +4,10 @@
 //! pull and push of rows it already has. Counted by this binary's global allocator, on the
 //! test's own thread only (the harness's threads allocate at any time).
 
+use starwire::rows::{Init, MemTable, Optimizer};
 use starwire::rows::{Partition, Plan};
-use starwire::table::{Init, MemTable, Optimizer, Table};
 use starwire::DType;
+use starwire::Table;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};

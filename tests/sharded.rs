@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use starwire::rows::Partition;
-use starwire::table::{Init, MemTable, Optimizer, Tables};
+use starwire::rows::{Init, MemTable, Optimizer, Tables};
 use starwire::{DType, ErrorKind, Options, Peer, Runtime, Sharded, Status};
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use starwire::rows::Partition;
-use starwire::table::{Init, MemTable, Optimizer, Tables};
+use starwire::rows::{Init, MemTable, Optimizer, Tables};
 use starwire::{DType, Embedded, Options, Peer, Runtime, Service, Sharded, Status, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;

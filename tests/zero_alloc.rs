@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use starwire::client::Driver;
+use starwire::client::Mode;
 use starwire::{Client, Completion, Embedded, Options, Runtime, Service, Tensor};
 use starwire::{DType, Status};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -139,7 +139,7 @@ fn allocations_per_request(mut step: impl FnMut()) -> u64 {
 
 /// Allocations over 500 steady-state pulls and 500 pushes through `client`, whichever
 /// mode drives it: `pull_slice` / `wait_tag` / `recycle`.
-fn steady_state<D: Driver>(client: &mut Client<D>, peer: std::net::SocketAddr) -> (u64, u64) {
+fn steady_state<M: Mode>(client: &mut Client<M>, peer: std::net::SocketAddr) -> (u64, u64) {
     let ids = ids();
     let grads = grads();
     let pulls = allocations_per_request(|| {
@@ -230,7 +230,7 @@ fn with_the_trace_on_pull_and_push_allocate_nothing_in_steady_state() {
 #[test]
 fn a_sharded_rows_step_allocates_nothing() {
     use starwire::rows::Partition;
-    use starwire::table::{Init, MemTable, Optimizer, Tables};
+    use starwire::rows::{Init, MemTable, Optimizer, Tables};
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let table = Arc::new(MemTable::new(16, Init::Zeros, Optimizer::Sgd { lr: 0.5 }));
     let options = Options {
@@ -264,7 +264,7 @@ fn a_sharded_rows_step_allocates_nothing() {
 #[test]
 fn rows_pulls_and_pushes_allocate_nothing_in_steady_state() {
     use starwire::rows::Rows;
-    use starwire::table::{Init, MemTable, Optimizer, Tables};
+    use starwire::rows::{Init, MemTable, Optimizer, Tables};
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let small = Arc::new(MemTable::new(16, Init::Zeros, Optimizer::Sgd { lr: 0.5 }));
     let large = Arc::new(MemTable::new(256, Init::Zeros, Optimizer::Sgd { lr: 0.5 }));

@@ -176,7 +176,7 @@ pub unsafe extern "C" fn sw_table_new(
         // SAFETY: per this function's contract.
         let row_dims = unsafe { slice(row_dims, rank as usize, "row_dims") }?.to_vec();
         let dtype = DType::from(dtype);
-        let row_bytes = starwire::table::row_bytes(dtype, &row_dims);
+        let row_bytes = starwire::service::row_bytes(dtype, &row_dims);
         if row_bytes == 0 || row_bytes == usize::MAX {
             return Err(Failure::invalid(format!(
                 "unknown dtype {} or rows of no bytes",

@@ -33,8 +33,8 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use starwire::config::ConfigBuilder;
+use starwire::rows::{Init, MemTable, Optimizer, Tables};
 use starwire::rows::{PulledRows, Rows, MAX_ROW_RANK};
-use starwire::table::{Init, MemTable, Optimizer, Tables};
 use starwire::Config;
 use starwire::{
     Completion, Embedded, Error, ErrorKind, Handle, Options, Rendezvous, Reply, Runtime, Service,
@@ -460,7 +460,7 @@ pub unsafe extern "C" fn sw_tensor_wrap(
             return Err(Failure::null("data"));
         }
         let dtype = DType::from(dtype);
-        let want = starwire::table::row_bytes(dtype, dims);
+        let want = starwire::service::row_bytes(dtype, dims);
         let memory = Borrowed {
             ptr: data.cast(),
             len,

@@ -3,9 +3,9 @@
 
 use std::ffi::c_char;
 
+use starwire::cluster::endpoint_map::EndpointMap;
+use starwire::cluster::Resolver;
 use starwire::cluster::TfConfig;
-use starwire::endpoint_map::EndpointMap;
-use starwire::peer::Resolver;
 
 use crate::{boundary, reference, string, sw_result, write, Failure};
 

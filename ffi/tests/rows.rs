@@ -1,7 +1,7 @@
 //! Rows over the C ABI, called as C would: a PS serving reference in-memory tables, and a
 //! worker pulling rows into its own buffers and pushing gradient rows.
 
-use starwire::table::Init;
+use starwire::rows::Init;
 use starwire_ffi::*;
 use std::ffi::{c_void, CStr, CString};
 use std::ptr;

@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use starwire::ctx::{CtxError, CtxSlab, Handle};
+use starwire::ctx::{CtxError, CtxSlab, CtxKey};
 
 /// Completed handles re-checked after every operation (the most recent ones);
 /// older ones are still picked by the "complete twice" operations.
@@ -42,9 +42,9 @@ impl Input<'_> {
 struct Model {
     capacity: usize,
     /// Live contexts: handle and value.
-    live: Vec<(Handle, u64)>,
+    live: Vec<(CtxKey, u64)>,
     /// Every handle ever completed, in completion order.
-    dead: Vec<Handle>,
+    dead: Vec<CtxKey>,
     /// Per slot: the generation of its live context, or of the next one if
     /// vacant. Starts at 1, bumped by every completion (no wrap in a fuzz run).
     generations: Vec<u32>,
@@ -52,11 +52,11 @@ struct Model {
 }
 
 impl Model {
-    fn live_value(&self, h: Handle) -> Option<u64> {
+    fn live_value(&self, h: CtxKey) -> Option<u64> {
         self.live.iter().find(|&&(l, _)| l == h).map(|&(_, v)| v)
     }
 
-    fn complete(&mut self, h: Handle) -> u64 {
+    fn complete(&mut self, h: CtxKey) -> u64 {
         let at = self.live.iter().position(|&(l, _)| l == h).unwrap();
         let (_, v) = self.live.swap_remove(at);
         self.dead.push(h);
@@ -65,7 +65,7 @@ impl Model {
     }
 
     /// The error a lookup of a handle that is not live may give.
-    fn check_rejected(&self, h: Handle, err: CtxError) {
+    fn check_rejected(&self, h: CtxKey, err: CtxError) {
         assert!(self.live_value(h).is_none(), "{h:?} is live, got {err:?}");
         let expected_ok = if h.generation() == 0 {
             err == CtxError::Reserved
@@ -86,7 +86,7 @@ impl Model {
     }
 
     /// `slab.get(h)` and `contains(h)` agree with the model.
-    fn check_get(&self, slab: &CtxSlab<u64>, h: Handle) {
+    fn check_get(&self, slab: &CtxSlab<u64>, h: CtxKey) {
         match (slab.get(h), self.live_value(h)) {
             (Ok(&got), Some(want)) => assert_eq!(got, want, "{h:?}"),
             (Ok(got), None) => panic!("{h:?} not live in the model, slab gave {got}"),
@@ -97,7 +97,7 @@ impl Model {
     }
 
     /// `slab.remove(h)` agrees with the model, which is updated.
-    fn check_remove(&mut self, slab: &mut CtxSlab<u64>, h: Handle) {
+    fn check_remove(&mut self, slab: &mut CtxSlab<u64>, h: CtxKey) {
         match (slab.remove(h), self.live_value(h)) {
             (Ok(got), Some(want)) => {
                 assert_eq!(got, want, "{h:?}");
@@ -202,7 +202,7 @@ fuzz_target!(|data: &[u8]| {
             7 => {
                 let index = input.u32();
                 let generation = input.u32();
-                let h = Handle::from_raw((u64::from(generation) << 32) | u64::from(index));
+                let h = CtxKey::from_raw((u64::from(generation) << 32) | u64::from(index));
                 assert_eq!((h.index(), h.generation()), (index, generation));
                 assert_eq!(slab.get_mut(h).is_ok(), model.live_value(h).is_some());
                 model.check_get(&slab, h);
@@ -213,7 +213,7 @@ fuzz_target!(|data: &[u8]| {
             // Near miss: a live or completed handle with its generation nudged
             // (including to 0) or its index moved.
             8 => {
-                let all: Vec<Handle> = model.live.iter().map(|&(h, _)| h).collect();
+                let all: Vec<CtxKey> = model.live.iter().map(|&(h, _)| h).collect();
                 let base = if !all.is_empty() && input.byte() & 1 == 0 {
                     Some(all[input.pick(all.len())])
                 } else if !model.dead.is_empty() {
@@ -224,12 +224,12 @@ fuzz_target!(|data: &[u8]| {
                 if let Some(base) = base {
                     let delta = u32::from(input.byte());
                     let h = if delta & 0x80 == 0 {
-                        Handle::from_raw(
+                        CtxKey::from_raw(
                             (u64::from(base.generation().wrapping_add(delta)) << 32)
                                 | u64::from(base.index()),
                         )
                     } else {
-                        Handle::from_raw(
+                        CtxKey::from_raw(
                             (u64::from(base.generation()) << 32)
                                 | u64::from(base.index().wrapping_add(delta & 0x7f)),
                         )
@@ -255,7 +255,7 @@ fuzz_target!(|data: &[u8]| {
                 for &(h, v) in &drained {
                     assert_eq!(model.live_value(h), Some(v), "drain yielded {h:?}");
                 }
-                let handles: Vec<Handle> = model.live.iter().map(|&(h, _)| h).collect();
+                let handles: Vec<CtxKey> = model.live.iter().map(|&(h, _)| h).collect();
                 for h in handles {
                     model.complete(h);
                 }

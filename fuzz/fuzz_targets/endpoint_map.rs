@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use starwire::cluster::{Cluster, ClusterError, TfConfig};
-use starwire::endpoint_map::{EndpointMap, HostPort};
+use starwire::cluster::endpoint_map::{EndpointMap, HostPort};
 
 fuzz_target!(|data: &[u8]| {
     let (map, problems) = EndpointMap::parse_lenient("fuzz", data);

@@ -23,7 +23,7 @@ use starwire::proto::{
 use starwire::wire::{
     cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta,
     pull_meta_len, pull_rows_meta_len, recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr,
-    Header, HeaderRepr, HelloRepr, Kind, Limits, Missing, PushEntry, ResponseEntry, Status,
+    Header, HeaderRepr, HelloRepr, FrameKind, Limits, Missing, PushEntry, ResponseEntry, Status,
     TensorMeta, HEADER_LEN,
 };
 
@@ -206,23 +206,23 @@ impl NBody {
         }
     }
 
-    fn kind(&self) -> Kind {
+    fn kind(&self) -> FrameKind {
         match self {
-            NBody::Hello { ack: false, .. } => Kind::Hello,
-            NBody::Hello { ack: true, .. } => Kind::HelloAck,
-            NBody::Ping => Kind::Ping,
-            NBody::Pong => Kind::Pong,
-            NBody::Stats => Kind::Stats,
-            NBody::Recv { fused: false, .. } => Kind::Recv,
-            NBody::Recv { fused: true, .. } => Kind::FusedRecv,
-            NBody::Pull(_) => Kind::Pull,
-            NBody::Push(_) => Kind::Push,
-            NBody::Response(_) => Kind::Response,
-            NBody::Error(_) => Kind::Error,
-            NBody::Chunk { .. } => Kind::Chunk,
-            NBody::Rows { push: false, .. } => Kind::PullRows,
-            NBody::Rows { push: true, .. } => Kind::PushRows,
-            NBody::Cancel(_) => Kind::Cancel,
+            NBody::Hello { ack: false, .. } => FrameKind::Hello,
+            NBody::Hello { ack: true, .. } => FrameKind::HelloAck,
+            NBody::Ping => FrameKind::Ping,
+            NBody::Pong => FrameKind::Pong,
+            NBody::Stats => FrameKind::Stats,
+            NBody::Recv { fused: false, .. } => FrameKind::Recv,
+            NBody::Recv { fused: true, .. } => FrameKind::FusedRecv,
+            NBody::Pull(_) => FrameKind::Pull,
+            NBody::Push(_) => FrameKind::Push,
+            NBody::Response(_) => FrameKind::Response,
+            NBody::Error(_) => FrameKind::Error,
+            NBody::Chunk { .. } => FrameKind::Chunk,
+            NBody::Rows { push: false, .. } => FrameKind::PullRows,
+            NBody::Rows { push: true, .. } => FrameKind::PushRows,
+            NBody::Cancel(_) => FrameKind::Cancel,
         }
     }
 

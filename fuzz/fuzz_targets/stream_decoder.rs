@@ -37,7 +37,7 @@ use starwire::proto::{
     Piece, PushItem, ResponseItem,
 };
 use starwire::wire::{
-    Body, DType, Dims, Header, HeaderRepr, HelloRepr, Kind, Limits, Status, TensorMeta, HEADER_LEN,
+    Body, DType, Dims, Header, HeaderRepr, HelloRepr, FrameKind, Limits, Status, TensorMeta, HEADER_LEN,
 };
 
 const CAPACITIES: [usize; 8] = [0, 32, 33, 40, 64, 100, 256, 4096];
@@ -642,7 +642,7 @@ fn out_tensor<'a>(store: &'a [Vec<u8>], t: &'a GenTensor) -> OutTensor<'a> {
 /// A frame the encoder accepted: header fields, body (chunked flags cleared) and the
 /// token of each tensor in payload order.
 struct Expected {
-    kind: Kind,
+    kind: FrameKind,
     handle: u64,
     end: bool,
     status: Status,
@@ -705,7 +705,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
         }
         let op = g.input.byte();
         let mut exp = Expected {
-            kind: Kind::Ping,
+            kind: FrameKind::Ping,
             handle: 0,
             end: false,
             status: Status::Ok,
@@ -725,7 +725,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                 if kind == 0 {
                     enc.ping(handle, &payload)
                 } else {
-                    exp.kind = Kind::Pong;
+                    exp.kind = FrameKind::Pong;
                     exp.body = NBody::Pong;
                     exp.end = true;
                     if op & 0x10 != 0 {
@@ -751,7 +751,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                     })
                     .collect();
                 let step_id = g.input.u64();
-                exp.kind = if fused { Kind::FusedRecv } else { Kind::Recv };
+                exp.kind = if fused { FrameKind::FusedRecv } else { FrameKind::Recv };
                 exp.handle = g.handle();
                 exp.body = NBody::Recv {
                     fused,
@@ -763,7 +763,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
             4 => {
                 let n = 1 + g.input.byte() as usize % 8;
                 let ids: Vec<u64> = (0..n).map(|_| g.input.u64()).collect();
-                exp.kind = Kind::Pull;
+                exp.kind = FrameKind::Pull;
                 exp.handle = g.handle();
                 exp.body = NBody::Pull(ids.clone());
                 // A deadline on the request, written in its header only.
@@ -776,7 +776,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
             9 => {
                 let n = g.input.byte() as usize % 4;
                 let items: Vec<u32> = (0..n).map(|_| g.input.u16().into()).collect();
-                exp.kind = Kind::Cancel;
+                exp.kind = FrameKind::Cancel;
                 exp.handle = g.handle();
                 exp.body = NBody::Cancel(items.clone());
                 enc.cancel(exp.handle, &items)
@@ -785,7 +785,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                 let n = 1 + g.input.byte() as usize % 4;
                 let entries: Vec<(u64, GenTensor)> =
                     (0..n).map(|_| (g.input.u64(), g.tensor())).collect();
-                exp.kind = Kind::Push;
+                exp.kind = FrameKind::Push;
                 exp.handle = g.handle();
                 exp.body = NBody::Push(entries.iter().map(|(v, t)| (*v, t.meta.clone())).collect());
                 exp.tokens = entries.iter().map(|(_, t)| t.token).collect();
@@ -809,7 +809,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                         ((n - i) as u32 * 3 + (b as u32 >> 6), status, tensor)
                     })
                     .collect();
-                exp.kind = Kind::Response;
+                exp.kind = FrameKind::Response;
                 exp.handle = g.handle();
                 exp.end = op & 0x10 != 0;
                 exp.body = NBody::Response(
@@ -838,7 +838,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                 let len = g.input.u16() as usize % 1100;
                 let message: String = (0..len).map(|i| (b' ' + (i % 90) as u8) as char).collect();
                 let handle = if op & 0x10 != 0 { 0 } else { g.handle() };
-                exp.kind = Kind::Error;
+                exp.kind = FrameKind::Error;
                 exp.handle = handle;
                 exp.end = handle != 0;
                 exp.status = if status.is_ok() {
@@ -869,7 +869,7 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                     job: &job,
                     token: &token,
                 };
-                exp.kind = if ack { Kind::HelloAck } else { Kind::Hello };
+                exp.kind = if ack { FrameKind::HelloAck } else { FrameKind::Hello };
                 exp.body = NBody::Hello {
                     ack,
                     cluster_id: hello.cluster_id,
@@ -955,11 +955,11 @@ fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
         );
         assert_eq!(f.body.unchunked(), exp.body);
         match exp.kind {
-            Kind::Ping | Kind::Pong => {
+            FrameKind::Ping | FrameKind::Pong => {
                 let got: Vec<u8> = f.runs.iter().flat_map(|r| r.2.clone()).collect();
                 assert_eq!(got, exp.payload);
             }
-            Kind::Push | Kind::Response => {
+            FrameKind::Push | FrameKind::Response => {
                 let tensors = f.body.tensors();
                 assert_eq!(tensors.len(), exp.tokens.len());
                 let mut runs = f.runs.iter();

@@ -24,7 +24,7 @@ use std::fmt;
 use libfuzzer_sys::fuzz_target;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use starwire::cluster::{ClusterError, TaskId, TfConfig};
-use starwire::endpoint_map::HostPort;
+use starwire::cluster::endpoint_map::HostPort;
 
 /// The reader's limits (`src/cluster/json.rs`).
 const MAX_DEPTH: usize = 64;

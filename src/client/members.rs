@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{Client, Local};
-use crate::membership::{self, ClusterChange};
+use crate::cluster::{self, ClusterChange};
 use crate::{ResolveError, Resolver};
 
 impl Client<Local> {
@@ -19,8 +19,8 @@ impl Client<Local> {
     ) -> Result<ClusterChange, ResolveError> {
         let change = ClusterChange::between(old, new)?;
         let tasks = new.tasks()?;
-        let local = &mut self.driver;
-        membership::apply(&mut local.retired, &change, &tasks);
+        let local = &mut self.mode;
+        cluster::apply(&mut local.retired, &change, &tasks);
         local.shared.post_retired(Arc::new(local.retired.clone()));
         Ok(change)
     }

@@ -4,13 +4,13 @@
 use std::time::Instant;
 
 use super::ticket::RemoteStats;
-use super::{Client, Driver, Local, Ticket};
+use super::{Client, Local, Mode, Ticket};
+use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
-use crate::peer::Peer;
 use crate::session::{Completion, Reply, RequestOp};
 use crate::stats::Metrics;
 
-impl<D: Driver> Client<D> {
+impl<M: Mode> Client<M> {
     /// Asks `peer` for its counters and latencies (a `STATS` request, behind the handshake
     /// like any other): its result is the peer's JSON document (`docs/wire-format.md`,
     /// section 4.11). A peer with the stats endpoint off (`STARWIRE_STATS_ENDPOINT=0`)
@@ -28,7 +28,7 @@ impl<D: Driver> Client<D> {
 impl Client<Local> {
     /// This loop's per-peer, per-operation metrics.
     pub fn metrics(&self) -> Metrics {
-        Metrics::of(&[&self.driver.shared.counters])
+        Metrics::of(&[&self.mode.shared.counters])
     }
 }
 

@@ -1,6 +1,6 @@
 //! The one way a trainer submits requests, whichever thread drives the loop.
 //!
-//! [`Client`] is one type over two drivers:
+//! [`Client`] is one type over two modes:
 //!
 //! - [`Handle`] (`Client<Threads>`): the loops run on threads of a [`Runtime`]; requests
 //!   travel over single-producer rings, completions come back the same way.
@@ -11,7 +11,7 @@
 //! (tags, lanes over `connections_per_peer`, completions kept until taken, backpressure,
 //! recycled vectors, typed waits) is written once, so the two modes cannot drift apart, and
 //! calling a request method needs no trait import. Code for both modes is generic over the
-//! driver: `fn step<D: Driver>(client: &mut Client<D>)`.
+//! mode: `fn step<M: Mode>(client: &mut Client<M>)`.
 //!
 //! Every request method takes the peer as `impl Into<Peer>` (a [`SocketAddr`] works) and
 //! returns a [`Ticket`] typed by the request, or the [`Error`] that kept it from being
@@ -27,13 +27,11 @@
 mod members;
 mod metrics;
 mod rows;
-mod sharded;
 mod startup;
 mod ticket;
 mod trace;
 mod wait_spin;
 
-pub use sharded::{Sharded, StepReport};
 pub use startup::Unreachable;
 pub use ticket::{Kind, Ping, Pull, PullRows, Push, Recv, RemoteStats, Ticket};
 use wait_spin::WaitSpin;
@@ -46,10 +44,10 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use crate::cluster::Peer;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::event_loop::{Loop, LoopShared};
-use crate::peer::Peer;
 use crate::runtime::{self, Options, StartError, StartReport};
 use crate::session::Spare;
 use crate::session::{Budget, Callback, Completion, Reply, Request, RequestOp};
@@ -97,10 +95,10 @@ fn owned(e: &Error) -> Error {
 mod sealed {
     use super::*;
 
-    /// A request on its way to a driver (a wrapper: the request type is the crate's own).
+    /// A request on its way to a mode (a wrapper: the request type is the crate's own).
     pub struct Outgoing(pub(crate) Request);
 
-    /// What a driver does for its [`Client`]; not implementable outside the crate.
+    /// What a mode does for its [`Client`]; not implementable outside the crate.
     pub trait Drive {
         /// Queues `req` on the loop that owns its `(peer, lane)`; gives it back when that
         /// loop's ring is full.
@@ -126,9 +124,9 @@ mod sealed {
 }
 
 /// The two ways a [`Client`]'s requests reach a loop: [`Threads`] and [`Local`]. Sealed.
-pub trait Driver: sealed::Drive {}
-impl Driver for Threads {}
-impl Driver for Local {}
+pub trait Mode: sealed::Drive {}
+impl Mode for Threads {}
+impl Mode for Local {}
 
 /// Typed results of a finished request, for completions taken with
 /// [`Client::wait_any`], [`Client::poll`], [`Client::wait_tag`] or given to a
@@ -153,7 +151,7 @@ impl Completion {
     }
 
     /// A rows pull's blocks: per table, in order.
-    pub fn into_rows(self) -> Result<crate::rows::PulledRows, Error> {
+    pub fn into_rows(self) -> Result<crate::session::PulledRows, Error> {
         match self.result? {
             Reply::Rows(rows) => Ok(rows),
             _ => Err(Error::new(ErrorKind::OtherKind)),
@@ -161,7 +159,7 @@ impl Completion {
     }
 
     /// A rows pull's blocks, lent, as [`pulled`](Self::pulled).
-    pub fn rows(&self) -> Result<&crate::rows::PulledRows, Error> {
+    pub fn rows(&self) -> Result<&crate::session::PulledRows, Error> {
         match &self.result {
             Ok(Reply::Rows(rows)) => Ok(rows),
             Ok(_) => Err(Error::new(ErrorKind::OtherKind)),
@@ -221,8 +219,8 @@ impl Completion {
 /// request's completion is kept until it is taken by [`wait`](Self::wait),
 /// [`wait_tag`](Self::wait_tag), [`wait_any`](Self::wait_any) or [`poll`](Self::poll),
 /// whichever comes first; waits never drop completions of other requests.
-pub struct Client<D: Driver> {
-    driver: D,
+pub struct Client<M: Mode> {
+    mode: M,
     /// The peer's connections requests are spread over (`connections_per_peer`).
     lanes: u32,
     next_lane: u32,
@@ -243,18 +241,18 @@ pub struct Client<D: Driver> {
     trace_step: u64,
 }
 
-impl<D: Driver> Client<D> {
-    fn with_driver(
-        driver: D,
+impl<M: Mode> Client<M> {
+    fn with_mode(
+        mode: M,
         cfg: &Config,
         capacity: usize,
         callback: bool,
         spares_kept: usize,
-    ) -> Client<D> {
+    ) -> Client<M> {
         // Sized for the usual number in flight up front; they grow (once) past it.
         let expected = capacity.min(LOCAL_SPARES_KEPT);
         Client {
-            driver,
+            mode,
             lanes: cfg.connections_per_peer.max(1) as u32,
             next_lane: 0,
             capacity,
@@ -427,7 +425,7 @@ impl<D: Driver> Client<D> {
         deadline: Option<Instant>,
         spare: Spare,
     ) -> Result<Ticket<K>, Error> {
-        let refused = if self.driver.stopped() {
+        let refused = if self.mode.stopped() {
             Some(Error::new(ErrorKind::Shutdown))
         } else if !self.callback && self.outstanding.len() >= self.capacity {
             Some(Error::new(ErrorKind::Backpressure))
@@ -449,7 +447,7 @@ impl<D: Driver> Client<D> {
             spare,
             trace: self.stamp(),
         };
-        if let Err(sealed::Outgoing(req)) = self.driver.send(sealed::Outgoing(req)) {
+        if let Err(sealed::Outgoing(req)) = self.mode.send(sealed::Outgoing(req)) {
             self.outstanding.remove(tag);
             self.spares.push(req.spare);
             return Err(Error::new(ErrorKind::Backpressure));
@@ -506,11 +504,11 @@ impl<D: Driver> Client<D> {
 
     /// A completion if one is ready, without waiting (an [`Embedded`] loop runs once).
     pub fn poll(&mut self) -> Option<Completion> {
-        self.driver.turn();
+        self.mode.turn();
         if let Some(c) = self.take(None) {
             return Some(c);
         }
-        let c = self.driver.next()?;
+        let c = self.mode.next()?;
         self.outstanding.remove(c.tag);
         Some(c)
     }
@@ -521,7 +519,7 @@ impl<D: Driver> Client<D> {
     /// blocks of a rows pull: the memory of up to two of them (of at most 1 MiB each) is
     /// kept for the blocks of the next rows pulls that use the runtime's allocator (not
     /// [`pull_rows_into`](Self::pull_rows_into)'s), so a steady stream of them allocates
-    /// nothing either. Take a block out first ([`PulledRows::take_block`](crate::rows::PulledRows::take_block)) to keep it.
+    /// nothing either. Take a block out first ([`PulledRows::take_block`](crate::session::PulledRows::take_block)) to keep it.
     pub fn recycle(&mut self, completion: Completion) {
         if self.spares.len() < self.spares_kept {
             self.spares.push(completion.into_spare());
@@ -544,20 +542,20 @@ impl<D: Driver> Client<D> {
             }
             // Fresh completions, one at a time: the one waited for goes straight back, the
             // others are kept for later waits.
-            while let Some(c) = self.driver.next() {
+            while let Some(c) = self.mode.next() {
                 if tag.map_or(true, |t| t == c.tag) {
                     self.outstanding.remove(c.tag);
                     if let (Some(start), Some(end)) = (started, idle_since) {
                         // The last idle step stamped when it saw progress: no clock read.
-                        self.driver.waited(end.saturating_duration_since(start));
+                        self.mode.waited(end.saturating_duration_since(start));
                     }
                     return c;
                 }
                 self.done.push_back(c);
             }
-            if self.driver.stopped() {
+            if self.mode.stopped() {
                 // The loops are gone; whatever they did not answer never will be.
-                if let Some(c) = self.driver.next() {
+                if let Some(c) = self.mode.next() {
                     self.done.push_back(c);
                     continue;
                 }
@@ -571,9 +569,9 @@ impl<D: Driver> Client<D> {
             let since = idle_since.get_or_insert_with(Instant::now);
             if started.is_none() {
                 started = Some(*since);
-                self.driver.wait_begins();
+                self.mode.wait_begins();
             }
-            self.driver.idle(since);
+            self.mode.idle(since);
         }
     }
 
@@ -659,7 +657,7 @@ impl Tags {
     }
 }
 
-/// The driver of a [`Handle`]: the runtime's loop threads, reached over rings.
+/// The mode of a [`Handle`]: the runtime's loop threads, reached over rings.
 pub struct Threads {
     inner: Arc<runtime::Inner>,
     lanes: Vec<runtime::Lane>,
@@ -681,7 +679,7 @@ impl Client<Threads> {
     ) -> Handle {
         let cfg = inner.cfg.clone();
         let has_callback = callback.is_some();
-        Client::with_driver(
+        Client::with_mode(
             Threads {
                 inner,
                 lanes,
@@ -758,7 +756,7 @@ impl sealed::Drive for Threads {
     }
 }
 
-/// The driver of an [`Embedded`] client: one loop, run by the caller's thread.
+/// The mode of a [`Embedded`] client: one loop, run by the caller's thread.
 pub struct Local {
     lp: Loop,
     shared: Arc<LoopShared>,
@@ -766,7 +764,7 @@ pub struct Local {
     report: StartReport,
     budget: Arc<Budget>,
     /// Addresses of tasks that moved or left the cluster (`update_cluster`).
-    retired: crate::membership::Retirements,
+    retired: crate::cluster::Retirements,
     /// How long its waits spin before they park (see [`WaitSpin`]).
     spin: WaitSpin,
     /// A wait is under way and has not parked yet: it spins the [`WaitSpin`] budget; after
@@ -874,7 +872,7 @@ impl Client<Local> {
             spin: WaitSpin::default(),
             fresh_wait: false,
         };
-        Ok(Client::with_driver(
+        Ok(Client::with_mode(
             local,
             &cfg,
             usize::MAX,
@@ -885,23 +883,23 @@ impl Client<Local> {
 
     /// The address this loop listens on.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.driver.lp.local_addr()
+        self.mode.lp.local_addr()
     }
 
     /// The backend in use.
     pub fn backend(&self) -> Backend {
-        self.driver.lp.backend()
+        self.mode.lp.backend()
     }
 
     /// What start-up chose differently from what was asked (a backend fallback), for the
     /// caller to print.
     pub fn report(&self) -> &StartReport {
-        &self.driver.report
+        &self.mode.report
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &Config {
-        &self.driver.cfg
+        &self.mode.cfg
     }
 
     /// Runs the loop once: everything ready now, or, when nothing is, waits up to `timeout`
@@ -909,7 +907,7 @@ impl Client<Local> {
     /// drive the loop themselves; this is for a loop that serves, or several loops on one
     /// thread.
     pub fn drive(&mut self, timeout: Option<Duration>) -> bool {
-        self.driver.lp.poll_local(timeout)
+        self.mode.lp.poll_local(timeout)
     }
 
     /// Runs the loop — spinning, then parking, as the configured spin and polling settings
@@ -917,18 +915,18 @@ impl Client<Local> {
     /// few milliseconds). For a loop that serves: `run_until(|_| flag.load(..))`.
     pub fn run_until(&mut self, mut stop: impl FnMut(&mut Embedded) -> bool) {
         // Not a wait: the spin setting, whatever this client's waits have been taking.
-        self.driver.fresh_wait = false;
+        self.mode.fresh_wait = false;
         let mut idle_since = Instant::now();
         while !stop(self) {
-            sealed::Drive::idle(&mut self.driver, &mut idle_since);
+            sealed::Drive::idle(&mut self.mode, &mut idle_since);
         }
     }
 
     /// This loop's counters.
     pub fn stats(&self) -> Stats {
         let mut s = Stats::default();
-        s.add_loop(&self.driver.shared.counters);
-        s.add_budget(self.driver.budget.used(), self.driver.budget.refused());
+        s.add_loop(&self.mode.shared.counters);
+        s.add_budget(self.mode.budget.used(), self.mode.budget.refused());
         s
     }
 }

@@ -3,13 +3,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::client::{Client, Driver, PullRows, Push, Ticket};
-use crate::error::{Error, ErrorKind};
-use crate::peer::Peer;
+use crate::client::{Client, Mode, PullRows, Push, Ticket};
+use crate::cluster::Peer;
+use crate::error::Error;
 use crate::session::{RequestOp, Spare};
 use crate::tensor::{SharedAllocator, Tensor};
 
-use crate::rows::{Rows, RowsSpec};
+use crate::session::{Rows, RowsSpec};
 
 /// The specs and ids of `tables` in `spare`'s vectors; `None` when a table is invalid.
 fn specs(tables: &[Rows<'_>], spare: &mut Spare) -> Option<(Vec<RowsSpec>, Vec<u64>)> {
@@ -34,12 +34,7 @@ fn specs(tables: &[Rows<'_>], spare: &mut Spare) -> Option<(Vec<RowsSpec>, Vec<u
     Some((specs, ids))
 }
 
-/// An `InvalidArgument` error saying `what`.
-pub(super) fn invalid(what: &str) -> Error {
-    Error::new(ErrorKind::InvalidArgument).with_message(what.to_owned())
-}
-
-impl<D: Driver> Client<D> {
+impl<M: Mode> Client<M> {
     /// Pulls rows of one or more tables from `peer` in one request: per table, in order,
     /// one block of `ids.len()` rows (`[ids, row...]`, rows in the order of the ids) in
     /// memory from the runtime's allocator, and the rows the peer did not have.
@@ -49,9 +44,9 @@ impl<D: Driver> Client<D> {
     /// but the blocks (and those come from [`pull_rows_into`](Self::pull_rows_into)'s
     /// allocator when given one).
     ///
-    /// Fails at once with [`ErrorKind::InvalidArgument`] when `tables` is empty or a table
+    /// Fails at once with [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when `tables` is empty or a table
     /// has no ids, an unknown dtype, zero-byte rows or more than
-    /// [`MAX_ROW_RANK`](crate::rows::MAX_ROW_RANK) row dimensions.
+    /// [`MAX_ROW_RANK`](crate::session::MAX_ROW_RANK) row dimensions.
     pub fn pull_rows(
         &mut self,
         peer: impl Into<Peer>,
@@ -83,7 +78,7 @@ impl<D: Driver> Client<D> {
         let mut spare = self.spare();
         let Some((tables, ids)) = specs(tables, &mut spare) else {
             self.recycle_spare(spare);
-            return Err(invalid(
+            return Err(Error::invalid(
                 "rows: no table, no ids, or an invalid dtype or row shape",
             ));
         };
@@ -99,7 +94,7 @@ impl<D: Driver> Client<D> {
     /// in steady state with [`recycle`](Self::recycle)), and blocks that fit one frame are
     /// copied again into it: [`push_rows_shared`](Self::push_rows_shared) sends the
     /// gradients from their own memory instead. Fails at once with
-    /// [`ErrorKind::InvalidArgument`] as [`pull_rows`](Self::pull_rows) does, and when a
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) as [`pull_rows`](Self::pull_rows) does, and when a
     /// table's `grads` is not `ids.len() × row_bytes` bytes.
     pub fn push_rows(
         &mut self,
@@ -130,7 +125,7 @@ impl<D: Driver> Client<D> {
         if !ok {
             (spare.tables, spare.ids, spare.grads) = (specs_v, ids, grads);
             self.recycle_spare(spare);
-            return Err(invalid(
+            return Err(Error::invalid(
                 "rows: no table, no ids, an invalid dtype or row shape, or gradients of another size",
             ));
         }
@@ -190,7 +185,7 @@ impl<D: Driver> Client<D> {
             shared.clear();
             (spare.tables, spare.ids, spare.items) = (specs_v, ids, shared);
             self.recycle_spare(spare);
-            return Err(invalid(
+            return Err(Error::invalid(
                 "rows: no table, no ids, an invalid dtype or row shape, or a block of another size",
             ));
         }

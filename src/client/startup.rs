@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::{Client, Driver};
+use super::{Client, Mode};
+use crate::cluster::Peer;
 use crate::error::Error;
-use crate::peer::Peer;
 
 /// Peers that did not answer within the time [`Client::wait_for_peers`] was given, each
 /// with the error of its last attempt.
@@ -33,7 +33,7 @@ impl std::error::Error for Unreachable {}
 /// Pause between rounds of attempts at peers that have not answered yet.
 const ROUND_PAUSE: Duration = Duration::from_millis(100);
 
-impl<D: Driver> Client<D> {
+impl<M: Mode> Client<M> {
     /// Waits until every peer of `peers` has answered a ping, trying those that have not
     /// (connect, handshake, ping) again and again until `timeout` has passed; then names
     /// the ones that never answered, each with its last error. For a task starting up: it

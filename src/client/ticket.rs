@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use super::{sealed, Client, Driver};
+use super::{sealed, Client, Mode};
 use crate::error::Error;
 use crate::session::Completion;
 use crate::tensor::Tensor;
@@ -73,7 +73,7 @@ impl Kind for Push {
     }
 }
 impl Kind for PullRows {
-    type Output = crate::rows::PulledRows;
+    type Output = crate::session::PulledRows;
     fn output(c: Completion) -> Result<Self::Output, Error> {
         c.into_rows()
     }
@@ -103,7 +103,7 @@ impl<K> Ticket<K> {
 impl<K: Kind> Ticket<K> {
     /// [`client.wait(ticket)`](Client::wait), for a request and its wait in one line:
     /// `let pulled = h.pull(peer, ids, None)?.wait(&mut h)?;`.
-    pub fn wait<D: Driver>(self, client: &mut Client<D>) -> Result<K::Output, Error> {
+    pub fn wait<M: Mode>(self, client: &mut Client<M>) -> Result<K::Output, Error> {
         client.wait(self)
     }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Client, Driver, Local};
+use super::{Client, Local, Mode};
 use crate::config::Config;
 use crate::stats::trace::{chrome_json, LoopTrace, TraceInput};
 
@@ -67,28 +67,28 @@ impl Client<Local> {
     /// This loop's request trace, as [`Runtime::trace_json`](crate::Runtime::trace_json).
     pub fn trace_json(&mut self) -> String {
         let mut loops = Vec::new();
-        if self.driver.cfg.trace {
-            let shared = &self.driver.shared.counters.trace;
+        if self.mode.cfg.trace {
+            let shared = &self.mode.shared.counters.trace;
             shared.ask();
             // The turn hands the records over.
-            self.driver.lp.poll_local(Some(Duration::ZERO));
+            self.mode.lp.poll_local(Some(Duration::ZERO));
             loops.extend(shared.take());
         }
-        let missing = usize::from(self.driver.cfg.trace && loops.is_empty());
-        document(&self.driver.cfg, &loops, missing)
+        let missing = usize::from(self.mode.cfg.trace && loops.is_empty());
+        document(&self.mode.cfg, &loops, missing)
     }
 
     /// Writes [`trace_json`](Self::trace_json) to `path`, as
     /// [`Runtime::write_trace`](crate::Runtime::write_trace).
     pub fn write_trace(&mut self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        if !self.driver.cfg.trace {
+        if !self.mode.cfg.trace {
             return Err(off());
         }
         std::fs::write(path, self.trace_json())
     }
 }
 
-impl<D: Driver> Client<D> {
+impl<M: Mode> Client<M> {
     /// Starts a sharded step: the requests submitted until [`end_step`](Self::end_step)
     /// are its parts in the trace. Nothing when tracing is off.
     #[inline]

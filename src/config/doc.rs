@@ -1,7 +1,7 @@
 //! The settings table of `docs/tuning.md`, rendered from the table in `table.rs`.
 
-use super::kind::{bytes, grouped};
 use super::table::{rows, EnvName, Row, LIMIT_FIELDS, MAX_JOB_LEN};
+use super::types::{bytes, grouped};
 use super::Limits;
 
 /// The markdown table of every setting: variable, builder method, default, range and

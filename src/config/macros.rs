@@ -144,7 +144,7 @@ macro_rules! settings {
                 env: &Env<'_>,
             ) -> Result<(), ConfigError> {
                 $(
-                    self.$name.env(Kind::<$ty>::read(
+                    self.$name.env(SettingType::<$ty>::read(
                         &$kind,
                         env,
                         env_name!([$($env)*]).of(role),
@@ -156,7 +156,7 @@ macro_rules! settings {
             /// Checks each setting on its own.
             pub(crate) fn check_settings(&self, role: Role) -> Result<(), ConfigError> {
                 $(
-                    Kind::<$ty>::check(
+                    SettingType::<$ty>::check(
                         &$kind,
                         &self.$name,
                         env_name!([$($env)*]).of(role),
@@ -185,8 +185,8 @@ macro_rules! settings {
                 Row {
                     env: env_name!([$($env)*]),
                     method: format!(".{}({})", stringify!($name), stringify!($ty)),
-                    default: Kind::<$ty>::value_doc(&$kind, &default_value!([$($def)*])),
-                    range: Kind::<$ty>::range_doc(&$kind),
+                    default: SettingType::<$ty>::value_doc(&$kind, &default_value!([$($def)*])),
+                    range: SettingType::<$ty>::range_doc(&$kind),
                     doc: &[$($doc),*],
                 },
             )*]

@@ -52,11 +52,11 @@ mod macros;
 mod doc;
 mod env;
 mod error;
-mod kind;
 mod pin;
 mod table;
 #[cfg(test)]
 mod tests;
+mod types;
 
 pub use doc::settings_table;
 pub use error::ConfigError;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use super::env::Env;
 use super::error::{ConfigError, Origin, Setting};
-use super::kind::{
-    Backend, FitsFrame, Flag, Kind, Num, Opt, Secret, Shown, Time, TimeUnit, ZeroOr,
+use super::types::{
+    BackendSetting, FitsFrame, Flag, Num, Opt, Secret, SettingType, Shown, Time, TimeUnit, ZeroOr,
 };
 use super::{BackendChoice, Role};
 use crate::wire::{self, Limits};
@@ -86,7 +86,7 @@ settings! {
     backend: BackendChoice [] {
         env: [ENV_BACKEND = "STARWIRE_BACKEND"],
         default: [BackendChoice::Auto],
-        kind: Backend,
+        kind: BackendSetting,
         setter: plain,
     }
 

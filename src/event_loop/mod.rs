@@ -37,7 +37,7 @@ use crate::session::{
 };
 use crate::stats::add;
 use crate::sys::bufpool::BufPool;
-use crate::sys::driver::{Completion as IoCompletion, Driver, Op, Socket, LISTENER};
+use crate::sys::driver::{Driver, IoCompletion, Op, Socket, LISTENER};
 use crate::sys::loan::{Gather, RecvMem, SendMem};
 use crate::sys::uring::{SetupFlags, UringOptions};
 use crate::sys::{socket, Backend};
@@ -314,7 +314,7 @@ impl Loop {
         if !self.shared.has_new_endpoints.load(Ordering::Acquire) {
             return false;
         }
-        let mut new = match self.shared.new_endpoints.lock() {
+        let mut new = match self.shared.new_handles.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
@@ -322,7 +322,7 @@ impl Loop {
             .has_new_endpoints
             .store(false, Ordering::Release);
         for ep in new.drain(..) {
-            self.session.add_endpoint(ep);
+            self.session.add_handle(ep);
         }
         true
     }

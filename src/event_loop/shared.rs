@@ -9,7 +9,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::pool::{Answer, AnswerSink};
 use crate::rendezvous::{Delivery, DeliverySink};
-use crate::session::Endpoint;
+use crate::session::HandleRings;
 use crate::stats::Counters;
 use crate::sys::doorbell::Doorbell;
 
@@ -18,7 +18,7 @@ pub(crate) enum Posted {
     Recv(Delivery),
     Answer(Answer),
     /// The addresses of tasks that moved or left the cluster.
-    Retired(Arc<crate::membership::Retirements>),
+    Retired(Arc<crate::cluster::Retirements>),
 }
 
 /// State a loop shares with the runtime and the handles.
@@ -27,7 +27,7 @@ pub(crate) struct LoopShared {
     /// Set by the loop just before it parks; a producer that swaps it to false rings.
     pub parked: CachePadded<AtomicBool>,
     pub stop: AtomicBool,
-    pub new_endpoints: Mutex<Vec<Endpoint>>,
+    pub new_handles: Mutex<Vec<HandleRings>>,
     pub has_new_endpoints: AtomicBool,
     /// Rendezvous tensors for recvs waiting on this loop's connections, and answers of
     /// handlers run on the pool.
@@ -42,7 +42,7 @@ impl LoopShared {
             doorbell: Doorbell::new()?,
             parked: CachePadded::new(AtomicBool::new(false)),
             stop: AtomicBool::new(false),
-            new_endpoints: Mutex::new(Vec::new()),
+            new_handles: Mutex::new(Vec::new()),
             has_new_endpoints: AtomicBool::new(false),
             deliveries: Mutex::new(Vec::new()),
             has_deliveries: AtomicBool::new(false),
@@ -51,7 +51,7 @@ impl LoopShared {
     }
 
     /// Hands the loop the addresses it must no longer send to.
-    pub(crate) fn post_retired(&self, retired: Arc<crate::membership::Retirements>) {
+    pub(crate) fn post_retired(&self, retired: Arc<crate::cluster::Retirements>) {
         self.post_any(Posted::Retired(retired));
     }
 

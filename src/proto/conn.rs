@@ -2,18 +2,9 @@
 //! decoder and encoder. Requests and answers after the handshake are handed to the caller.
 
 use super::{Decoder, EncodeError, Encoder, EncoderConfig, Error, Event, NextRead};
-use crate::wire::{Body, HelloRepr, Kind, Limits, Status};
+use crate::wire::{Body, FrameKind, HelloRepr, Limits, Side, Status};
 use arrayvec::ArrayVec;
 use core::fmt;
-
-/// Which side opened the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// Opened it: sends `HELLO`.
-    Client,
-    /// Accepted it: answers `HELLO_ACK`.
-    Server,
-}
 
 /// This task's identity and the handshake policy.
 #[derive(Debug, Clone)]
@@ -249,13 +240,13 @@ impl Connection {
             let open = self.state == State::Open;
             match ev {
                 Event::Frame(f) => match (f.header.kind, f.body) {
-                    (Kind::Hello | Kind::HelloAck, Body::Hello(h) | Body::HelloAck(h)) if !open => {
+                    (FrameKind::Hello | FrameKind::HelloAck, Body::Hello(h) | Body::HelloAck(h)) if !open => {
                         let (kind, hello) = (f.header.kind, OwnedHello::from_repr(&h));
                         if self.handshake(kind, hello) {
                             on_event(ConnEvent::Opened, &mut self.encoder);
                         }
                     }
-                    (Kind::Error, Body::Error(e)) if f.header.handle == 0 => {
+                    (FrameKind::Error, Body::Error(e)) if f.header.handle == 0 => {
                         let reason = CloseReason::Refused {
                             status: f.header.status,
                             message: String::from_utf8_lossy(e.message).into_owned(),
@@ -268,7 +259,7 @@ impl Connection {
                             None,
                         );
                     }
-                    _ if !open || matches!(f.header.kind, Kind::Hello | Kind::HelloAck) => {
+                    _ if !open || matches!(f.header.kind, FrameKind::Hello | FrameKind::HelloAck) => {
                         let reason = CloseReason::Rejected {
                             status: Status::Protocol,
                             reason: if open {
@@ -285,7 +276,7 @@ impl Connection {
                             Some(Status::Protocol),
                         );
                     }
-                    (Kind::Ping, _) => {
+                    (FrameKind::Ping, _) => {
                         self.ping.clear();
                         self.ping_handle = Some(f.header.handle);
                     }
@@ -318,7 +309,7 @@ impl Connection {
                             );
                         }
                     }
-                    None if matches!(h.kind, Kind::Hello | Kind::HelloAck | Kind::Error) => {}
+                    None if matches!(h.kind, FrameKind::Hello | FrameKind::HelloAck | FrameKind::Error) => {}
                     None => on_event(ConnEvent::FrameEnd(h), &mut self.encoder),
                 },
             }
@@ -328,16 +319,16 @@ impl Connection {
 
     /// Checks the peer's hello; answers it on the server side. Returns whether the
     /// connection is now open.
-    fn handshake(&mut self, kind: Kind, hello: OwnedHello) -> bool {
+    fn handshake(&mut self, kind: FrameKind, hello: OwnedHello) -> bool {
         let expected = match self.state {
-            State::AwaitHello => Kind::Hello,
-            _ => Kind::HelloAck,
+            State::AwaitHello => FrameKind::Hello,
+            _ => FrameKind::HelloAck,
         };
         let refusal = if kind != expected {
             Some((Status::Protocol, "unexpected handshake frame"))
         } else if hello.cluster_id != self.identity.cluster_id {
             Some((Status::ClusterMismatch, "cluster id differs"))
-        } else if kind == Kind::Hello
+        } else if kind == FrameKind::Hello
             && self
                 .identity
                 .token
@@ -351,7 +342,7 @@ impl Connection {
         if let Some((status, reason)) = refusal {
             // A client that dislikes the HELLO_ACK just leaves; a server tells the client,
             // also when the client's first frame is a HELLO_ACK.
-            let tell = (expected == Kind::Hello).then_some(status);
+            let tell = (expected == FrameKind::Hello).then_some(status);
             let reason = CloseReason::Rejected { status, reason };
             close(
                 &mut self.state,
@@ -362,7 +353,7 @@ impl Connection {
             );
             return false;
         }
-        if kind == Kind::Hello {
+        if kind == FrameKind::Hello {
             let ack = self.hello(true);
             if let Err(e) = self.encoder.hello(&ack.as_repr(), true) {
                 log::error!("cannot encode hello ack: {e}");
@@ -507,9 +498,9 @@ mod tests {
     #[derive(Debug, PartialEq)]
     enum Seen {
         Opened,
-        Frame(Kind, u64),
+        Frame(FrameKind, u64),
         Payload(PayloadTarget, Vec<u8>),
-        End(Kind),
+        End(FrameKind),
     }
 
     fn events(c: &mut Connection) -> Vec<Seen> {
@@ -557,9 +548,9 @@ mod tests {
         assert_eq!(
             deliver(&mut server, &mut client),
             [
-                Seen::Frame(Kind::Pong, 0x1_0000_0001),
+                Seen::Frame(FrameKind::Pong, 0x1_0000_0001),
                 Seen::Payload(PayloadTarget::Opaque, b"payload".to_vec()),
-                Seen::End(Kind::Pong),
+                Seen::End(FrameKind::Pong),
             ]
         );
     }

@@ -21,7 +21,7 @@
 
 use crate::wire::{
     self, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta, pull_meta_len, pull_rows_meta_len,
-    recv_meta_len, ChunkRepr, ErrorRepr, Header, HeaderRepr, HelloRepr, Kind, Missing,
+    recv_meta_len, ChunkRepr, ErrorRepr, Header, HeaderRepr, HelloRepr, FrameKind, Missing,
     ResponseEntry, Status, TensorMeta, HEADER_LEN,
 };
 use core::fmt;
@@ -390,7 +390,7 @@ impl Encoder {
     }
 
     /// The `timeout_ms` of a frame of `kind`: the one set for requests, 0 otherwise.
-    fn timeout_for(&self, kind: Kind) -> u32 {
+    fn timeout_for(&self, kind: FrameKind) -> u32 {
         if kind.is_request() {
             self.request_timeout_ms
         } else {
@@ -402,20 +402,20 @@ impl Encoder {
     /// when `items` is empty.
     pub fn cancel(&mut self, handle: u64, items: &[u32]) -> Result<(), EncodeError> {
         let len = wire::cancel_meta_len(items.len());
-        let header = self.header(Kind::Cancel, handle, items.len() as u32, len, 0)?;
+        let header = self.header(FrameKind::Cancel, handle, items.len() as u32, len, 0)?;
         self.simple(header, &[], |meta| wire::emit_cancel_meta(items, meta))
     }
 
     /// Queues a `STATS` request (no meta, no payload).
     pub fn stats(&mut self, handle: u64) -> Result<(), EncodeError> {
-        let header = self.header(Kind::Stats, handle, 0, 0, 0)?;
+        let header = self.header(FrameKind::Stats, handle, 0, 0, 0)?;
         self.simple(header, &[], |_| {})
     }
 
     /// A header for `kind` after checking the frame fits the peer's limit.
     fn header(
         &self,
-        kind: Kind,
+        kind: FrameKind,
         handle: u64,
         count: u32,
         meta_len: usize,
@@ -424,7 +424,7 @@ impl Encoder {
         self.check_size(meta_len, payload_len as u64)?;
         Ok(HeaderRepr {
             kind,
-            end: kind == Kind::Pong,
+            end: kind == FrameKind::Pong,
             status: Status::Ok,
             timeout_ms: self.timeout_for(kind),
             count,
@@ -439,7 +439,7 @@ impl Encoder {
         if hello.check().is_err() || (ack && !hello.token.is_empty()) {
             return Err(EncodeError::BadHello);
         }
-        let kind = if ack { Kind::HelloAck } else { Kind::Hello };
+        let kind = if ack { FrameKind::HelloAck } else { FrameKind::Hello };
         let len = hello.buffer_len();
         let header = self.header(kind, 0, 0, len, 0)?;
         self.simple(header, &[], |b| hello.emit(b))
@@ -447,19 +447,19 @@ impl Encoder {
 
     /// Queues a `PING` carrying `payload` (copied).
     pub fn ping(&mut self, handle: u64, payload: &[u8]) -> Result<(), EncodeError> {
-        let header = self.header(Kind::Ping, handle, 0, 0, payload.len())?;
+        let header = self.header(FrameKind::Ping, handle, 0, 0, payload.len())?;
         self.simple(header, payload, |_| {})
     }
 
     /// Queues a `PONG` echoing `payload` (copied).
     pub fn pong(&mut self, handle: u64, payload: &[u8]) -> Result<(), EncodeError> {
-        let header = self.header(Kind::Pong, handle, 0, 0, payload.len())?;
+        let header = self.header(FrameKind::Pong, handle, 0, 0, payload.len())?;
         self.simple(header, payload, |_| {})
     }
 
     /// Queues a `PONG` of `len` payload bytes and returns the region to fill with them.
     pub fn pong_with(&mut self, handle: u64, len: usize) -> Result<&mut [u8], EncodeError> {
-        let header = self.header(Kind::Pong, handle, 0, 0, len)?;
+        let header = self.header(FrameKind::Pong, handle, 0, 0, len)?;
         let (block, start, _) = self.frame(header, len);
         self.queue(Segment::Arena {
             block: block as u32,
@@ -492,7 +492,7 @@ impl Encoder {
         {
             return Err(EncodeError::BadKey);
         }
-        let kind = if fused { Kind::FusedRecv } else { Kind::Recv };
+        let kind = if fused { FrameKind::FusedRecv } else { FrameKind::Recv };
         let len = recv_meta_len(keys);
         let header = self.header(kind, handle, keys.len() as u32, len, 0)?;
         self.simple(header, &[], |b| emit_recv_meta(step_id, keys, b))
@@ -504,7 +504,7 @@ impl Encoder {
             return Err(EncodeError::BadCount);
         }
         let len = pull_meta_len(ids.len());
-        let header = self.header(Kind::Pull, handle, ids.len() as u32, len, 0)?;
+        let header = self.header(FrameKind::Pull, handle, ids.len() as u32, len, 0)?;
         self.simple(header, &[], |b| emit_pull_meta(ids, b))
     }
 
@@ -562,7 +562,7 @@ impl Encoder {
             return Ok(Some(status));
         }
         let header = HeaderRepr {
-            kind: Kind::Response,
+            kind: FrameKind::Response,
             end,
             status: Status::Ok,
             timeout_ms: 0,
@@ -599,7 +599,7 @@ impl Encoder {
             }
             len += pull_rows_meta_len(block.dims.len(), t.ids.len());
         }
-        let header = self.header(Kind::PullRows, handle, tables.len() as u32, len, 0)?;
+        let header = self.header(FrameKind::PullRows, handle, tables.len() as u32, len, 0)?;
         self.simple(header, &[], |b| {
             let mut at = 0;
             for t in tables {
@@ -624,7 +624,7 @@ impl Encoder {
         {
             return Err(EncodeError::BadTensor);
         }
-        self.tensor_frame(Kind::PushRows, handle, false, tables, |pos, _| pos)
+        self.tensor_frame(FrameKind::PushRows, handle, false, tables, |pos, _| pos)
     }
 
     /// Queues an `ERROR` failing request `handle` (0: the connection) with `status`.
@@ -639,7 +639,7 @@ impl Encoder {
         let header = HeaderRepr {
             end: handle != 0,
             status,
-            ..self.header(Kind::Error, handle, 0, len, 0)?
+            ..self.header(FrameKind::Error, handle, 0, len, 0)?
         };
         self.simple(header, &[], |b| repr.emit(b))
     }
@@ -649,7 +649,7 @@ impl Encoder {
         if items.is_empty() {
             return Err(EncodeError::BadCount);
         }
-        self.tensor_frame(Kind::Push, handle, false, items, |pos, _| pos)
+        self.tensor_frame(FrameKind::Push, handle, false, items, |pos, _| pos)
     }
 
     /// Queues a `RESPONSE`; `end` marks the last frame answering `handle`.
@@ -659,12 +659,12 @@ impl Encoder {
         end: bool,
         items: &[ResponseItem<'_>],
     ) -> Result<(), EncodeError> {
-        self.tensor_frame(Kind::Response, handle, end, items, |_, item| item.index)
+        self.tensor_frame(FrameKind::Response, handle, end, items, |_, item| item.index)
     }
 
     fn tensor_frame<'a, I: TensorItem<'a>>(
         &mut self,
-        kind: Kind,
+        kind: FrameKind,
         handle: u64,
         end: bool,
         items: &[I],
@@ -780,7 +780,7 @@ impl Encoder {
             };
             let len = limit.min(job.byte_len - job.next);
             let header = HeaderRepr {
-                kind: Kind::Chunk,
+                kind: FrameKind::Chunk,
                 end: false,
                 status: Status::Ok,
                 timeout_ms: 0,

@@ -14,7 +14,8 @@ mod encoder;
 mod items;
 mod output;
 
-pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo, Side};
+pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo};
+pub use crate::wire::Side;
 pub use decoder::{Decoder, Event, Frame, NextRead, PayloadTarget};
 pub use encoder::{
     EncodeError, Encoder, EncoderConfig, OutPiece, OutTensor, Piece, PushItem, ResponseItem, RowsItem,

@@ -1,7 +1,7 @@
 //! Encoder → bytes → decoder, split at every point, with direct placement and chunking.
 
 use super::*;
-use crate::wire::{DType, Kind, Limits, Status, TensorMeta, HEADER_LEN};
+use crate::wire::{DType, FrameKind, Limits, Status, TensorMeta, HEADER_LEN};
 use std::collections::HashMap;
 
 /// Serializes everything the encoder holds, resolving tensor tokens from `store`,
@@ -33,9 +33,9 @@ fn drain(enc: &mut Encoder, store: &HashMap<u64, Vec<u8>>, max_write: u64) -> Ve
 /// A decoded event with owned contents; payload pieces are merged per target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Ev {
-    Frame(Kind, u64, String),
+    Frame(FrameKind, u64, String),
     Payload(PayloadTarget, u64, Vec<u8>),
-    End(Kind),
+    End(FrameKind),
 }
 
 fn push_payload(evs: &mut Vec<Ev>, target: PayloadTarget, offset: u64, data: &[u8]) {
@@ -172,14 +172,14 @@ fn every_kind_round_trips_through_encoder_and_decoder() {
     let (bytes, store) = sample_stream();
     let (evs, err) = decode(&bytes, &[usize::MAX], Limits::default());
     assert_eq!(err, None);
-    let kinds: Vec<Kind> = evs
+    let kinds: Vec<FrameKind> = evs
         .iter()
         .filter_map(|e| match e {
             Ev::Frame(k, _, _) => Some(*k),
             _ => None,
         })
         .collect();
-    use Kind::*;
+    use FrameKind::*;
     assert_eq!(
         kinds,
         [Hello, Ping, Recv, FusedRecv, Pull, Push, Response, Error]
@@ -317,21 +317,21 @@ fn large_tensor_is_chunked_and_small_frames_interleave() {
 
     let (evs, err) = decode(&out, &[9000], Limits::default());
     assert_eq!(err, None);
-    let frames: Vec<Kind> = evs
+    let frames: Vec<FrameKind> = evs
         .iter()
         .filter_map(|e| match e {
             Ev::Frame(k, _, _) => Some(*k),
             _ => None,
         })
         .collect();
-    assert_eq!(frames[0], Kind::Response);
-    assert_eq!(frames[1], Kind::Chunk);
+    assert_eq!(frames[0], FrameKind::Response);
+    assert_eq!(frames[1], FrameKind::Chunk);
     assert_eq!(
         frames[2],
-        Kind::Ping,
+        FrameKind::Ping,
         "ping interleaves after the first chunk"
     );
-    assert_eq!(frames.iter().filter(|k| **k == Kind::Chunk).count(), 16);
+    assert_eq!(frames.iter().filter(|k| **k == FrameKind::Chunk).count(), 16);
     let mut got = vec![0u8; big.len()];
     for e in &evs {
         if let Ev::Payload(PayloadTarget::Chunk { handle, index }, off, d) = e {
@@ -385,7 +385,7 @@ fn tensors_over_the_frame_room_are_chunked() {
     };
     let (evs, err) = decode(&bytes, &[5000], limits);
     assert_eq!(err, None);
-    assert!(evs.iter().any(|e| matches!(e, Ev::Frame(Kind::Chunk, ..))));
+    assert!(evs.iter().any(|e| matches!(e, Ev::Frame(FrameKind::Chunk, ..))));
     let total: usize = evs
         .iter()
         .map(|e| match e {
@@ -412,7 +412,7 @@ fn errors_are_precise_and_poison_the_decoder() {
 
 fn chunk_frame(handle: u64, index: u32, offset: u64, payload: &[u8]) -> Vec<u8> {
     let h = crate::wire::HeaderRepr {
-        kind: Kind::Chunk,
+        kind: FrameKind::Chunk,
         end: false,
         status: Status::Ok,
         timeout_ms: 0,
@@ -494,7 +494,7 @@ fn chunk_sequencing_is_enforced() {
 fn buffer_grows_only_with_arriving_bytes() {
     // A header announcing a 1 MiB meta section, followed by only 100 bytes.
     let h = crate::wire::HeaderRepr {
-        kind: Kind::FusedRecv,
+        kind: FrameKind::FusedRecv,
         end: false,
         status: Status::Ok,
         timeout_ms: 0,
@@ -518,7 +518,7 @@ fn buffer_grows_only_with_arriving_bytes() {
 #[test]
 fn frame_over_limit_is_rejected_from_the_header() {
     let h = crate::wire::HeaderRepr {
-        kind: Kind::Ping,
+        kind: FrameKind::Ping,
         end: false,
         status: Status::Ok,
         timeout_ms: 0,
@@ -677,11 +677,11 @@ fn a_given_buffer_stays_in_place_through_growth_and_comes_back() {
             if let Event::Frame(f) = ev {
                 frames += 1;
                 let expect = match f.header.kind {
-                    Kind::Ping => 5,
+                    FrameKind::Ping => 5,
                     _ => 0,
                 };
                 if frames == 1 {
-                    assert_eq!(f.header.kind, Kind::Ping);
+                    assert_eq!(f.header.kind, FrameKind::Ping);
                     assert_eq!(dec.last_payload_max(), Some(expect));
                 }
             }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use slab::Slab;
 
-use crate::ctx::{CtxSlab, Handle as CtxHandle};
+use crate::ctx::{CtxKey, CtxSlab};
 use crate::error::{Error, ErrorKind};
 use crate::proto::{Connection, NextRead, PayloadTarget};
 use crate::tensor::{Tensor, TensorAllocator};
@@ -199,7 +199,7 @@ pub(crate) fn tensor_for<'a>(
         let p = incoming.iter_mut().find(|p| p.handle == handle)?;
         return p.tensor_mut(index, default, budget);
     }
-    let p = ctxs.get_mut(CtxHandle::from_raw(handle)).ok()?;
+    let p = ctxs.get_mut(CtxKey::from_raw(handle)).ok()?;
     if p.conn != slot {
         return None;
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-use crate::ctx::{CtxSlab, Handle as CtxHandle};
+use crate::ctx::{CtxKey, CtxSlab};
 use crate::error::{Error, ErrorKind};
 use crate::pool::Job;
 use crate::proto::{ConnEvent, Encoder, Frame, PayloadTarget};
@@ -15,7 +15,7 @@ use crate::rendezvous::Rendezvous;
 use crate::service::Service;
 use crate::stats::{add, Counters, Outcome, RequestKind};
 use crate::tensor::Tensor;
-use crate::wire::{Body, Kind, ResponseEntries, Status};
+use crate::wire::{Body, FrameKind, ResponseEntries, Status};
 
 use super::conn::{route, tensor_for};
 use super::metrics::{self, Meter};
@@ -77,7 +77,7 @@ impl Dispatch<'_> {
             ConnEvent::Frame(f) => {
                 add(&self.counters.frames_in, 1);
                 *self.cur_handle = f.header.handle;
-                let is_push = matches!(f.header.kind, Kind::Push | Kind::PushRows);
+                let is_push = matches!(f.header.kind, FrameKind::Push | FrameKind::PushRows);
                 *self.cur_is_push = is_push;
                 // Mirror the decoder's queue of chunked tensors (it keeps every one it
                 // accepted, whatever we do with the frame), noting whose they are.
@@ -151,7 +151,7 @@ impl Dispatch<'_> {
                 self.on_payload(target, offset, data);
             }
             ConnEvent::FrameEnd(h) => match h.kind {
-                Kind::Push | Kind::PushRows => {
+                FrameKind::Push | FrameKind::PushRows => {
                     if let Some(p) = self.incoming.iter_mut().find(|p| p.handle == h.handle) {
                         p.frame_done();
                     }
@@ -159,11 +159,11 @@ impl Dispatch<'_> {
                     self.finish_push(h.handle, enc);
                     self.count_answer(h.kind, queued_before, enc);
                 }
-                Kind::Response => {
+                FrameKind::Response => {
                     self.deliver_ready_members(h.handle);
                     self.try_complete(h.handle);
                 }
-                Kind::Chunk => {
+                FrameKind::Chunk => {
                     // All of the chunk's bytes have arrived, copied or received in place.
                     let (handle, index, end) = *self.cur_chunk;
                     if let Some(&(is_push, len)) = self.chunk_owners.front() {
@@ -186,7 +186,7 @@ impl Dispatch<'_> {
             // A late answer to a request given up by deadline: ignored, payload dropped.
             return None;
         }
-        match self.ctxs.get_mut(CtxHandle::from_raw(handle)) {
+        match self.ctxs.get_mut(CtxKey::from_raw(handle)) {
             Ok(p) if p.conn == slot && p.sent.is_some() => {
                 p.trace.answered.get_or_insert(self.now);
                 Some(p)
@@ -235,7 +235,7 @@ impl Dispatch<'_> {
                 return;
             }
         };
-        if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+        if let Ok(p) = self.ctxs.remove(CtxKey::from_raw(handle)) {
             self.complete(p, reply.transpose());
         }
     }
@@ -282,7 +282,7 @@ impl Dispatch<'_> {
     /// waiting for the others. Runs at the end of a `RESPONSE` frame (its inline payload has
     /// arrived) and at the end of a chunked tensor.
     fn deliver_ready_members(&mut self, handle: u64) {
-        let h = CtxHandle::from_raw(handle);
+        let h = CtxKey::from_raw(handle);
         let Ok(p) = self.ctxs.get_mut(h) else {
             return;
         };
@@ -334,7 +334,7 @@ impl Dispatch<'_> {
 
     /// Completes request `handle` if its whole answer has arrived.
     fn try_complete(&mut self, handle: u64) {
-        let h = CtxHandle::from_raw(handle);
+        let h = CtxKey::from_raw(handle);
         let done = self.ctxs.get(h).is_ok_and(|p| p.state.is_complete());
         if !done {
             return;
@@ -381,7 +381,7 @@ impl Dispatch<'_> {
             return;
         }
         let slot = self.slot;
-        let ours = self.ctxs.get_mut(CtxHandle::from_raw(handle));
+        let ours = self.ctxs.get_mut(CtxKey::from_raw(handle));
         if let Some(p) = ours.into_iter().find(|p| p.conn == slot) {
             p.state.chunk_progress(index, end);
             self.deliver_ready_members(handle);

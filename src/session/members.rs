@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::conn::Phase;
 use super::Session;
+use crate::cluster::Retirements;
 use crate::error::Error;
-use crate::membership::Retirements;
 
 impl Session {
     /// Takes `retired` as the addresses not to send to: later requests to them fail, and

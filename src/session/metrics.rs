@@ -10,12 +10,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ctx::{CtxSlab, Handle as CtxHandle};
+use crate::ctx::{CtxKey, CtxSlab};
 use crate::error::{Error, ErrorKind};
 use crate::proto::{Encoder, Frame};
-use crate::stats::{add, Counters, Metrics, Outcome, PeerBlock, RequestKind, Role, Stats};
+use crate::stats::{add, Counters, Metrics, Outcome, PeerBlock, RequestKind, Side, Stats};
 use crate::tensor::Tensor;
-use crate::wire::{Body, DType, Kind, Status, HEADER_LEN};
+use crate::wire::{Body, DType, FrameKind, Status, HEADER_LEN};
 
 use super::dispatch::Dispatch;
 use super::outbox::Reply;
@@ -52,7 +52,7 @@ impl PeerTable {
         if let Some(&i) = self.by_addr.get(&addr) {
             return i;
         }
-        let i = self.insert(counters, PeerBlock::new(Role::Client, Some(addr)));
+        let i = self.insert(counters, PeerBlock::new(Side::Client, Some(addr)));
         self.by_addr.insert(addr, i);
         i
     }
@@ -73,7 +73,7 @@ impl PeerTable {
         if let Some(&i) = self.by_task.get(&key) {
             return i;
         }
-        let block = PeerBlock::new(Role::Server, None);
+        let block = PeerBlock::new(Side::Server, None);
         block.task.set(key.clone()).ok();
         let i = self.insert(counters, block);
         self.by_task.insert(key, i);
@@ -143,15 +143,15 @@ pub(crate) fn chunked_bytes(op: &RequestOp, chunk_limit: u64) -> u64 {
 
 /// The request kind served metrics count a frame of `kind` under: recvs, fused or not,
 /// as one operation (a fused recv's items are answered as single recvs are).
-pub(crate) fn served_kind(kind: crate::wire::Kind) -> Option<RequestKind> {
-    use crate::wire::Kind;
+pub(crate) fn served_kind(kind: crate::wire::FrameKind) -> Option<RequestKind> {
+    use crate::wire::FrameKind;
     Some(match kind {
-        Kind::Recv | Kind::FusedRecv => RequestKind::Recv,
-        Kind::Pull => RequestKind::Pull,
-        Kind::Push => RequestKind::Push,
-        Kind::PullRows => RequestKind::PullRows,
-        Kind::PushRows => RequestKind::PushRows,
-        Kind::Stats => RequestKind::Stats,
+        FrameKind::Recv | FrameKind::FusedRecv => RequestKind::Recv,
+        FrameKind::Pull => RequestKind::Pull,
+        FrameKind::Push => RequestKind::Push,
+        FrameKind::PullRows => RequestKind::PullRows,
+        FrameKind::PushRows => RequestKind::PushRows,
+        FrameKind::Stats => RequestKind::Stats,
         _ => return None,
     })
 }
@@ -222,7 +222,7 @@ impl Dispatch<'_> {
     /// Counts the bytes queued on `enc` since `before` as the answer to a served request
     /// of frame kind `kind`.
     #[inline]
-    pub(super) fn count_answer(&self, kind: Kind, before: u64, enc: &Encoder) {
+    pub(super) fn count_answer(&self, kind: FrameKind, before: u64, enc: &Encoder) {
         if let (Some(b), Some(kind)) = (self.metrics, served_kind(kind)) {
             add(&b.op(kind).bytes_out, queued(enc).saturating_sub(before));
         }
@@ -237,7 +237,7 @@ impl Dispatch<'_> {
         let h = &f.header;
         let len = HEADER_LEN as u64 + u64::from(h.meta_len) + u64::from(h.payload_len);
         let ours = |ctxs: &CtxSlab<Pending>| {
-            ctxs.get(CtxHandle::from_raw(h.handle)).ok().map(|p| {
+            ctxs.get(CtxKey::from_raw(h.handle)).ok().map(|p| {
                 if p.fused.is_empty() {
                     p.kind
                 } else {
@@ -246,8 +246,8 @@ impl Dispatch<'_> {
             })
         };
         let kind = match h.kind {
-            Kind::Pong | Kind::Error | Kind::Response => ours(self.ctxs),
-            Kind::Chunk => match self.chunk_owners.front() {
+            FrameKind::Pong | FrameKind::Error | FrameKind::Response => ours(self.ctxs),
+            FrameKind::Chunk => match self.chunk_owners.front() {
                 Some(&(true, _)) => self
                     .incoming
                     .iter()

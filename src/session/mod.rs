@@ -65,9 +65,11 @@ use serve::{answer_pull, answer_pull_rows, answer_push, answer_recv, ServeScratc
 use timer::{Timer, Timers};
 
 pub use outbox::{Callback, Completion, Reply};
-pub(crate) use outbox::{Endpoint, Origin};
+pub(crate) use outbox::{HandleRings, Submitter};
+pub use reply::PulledRows;
 pub(crate) use reply::Spare;
-pub(crate) use request::{Request, RequestOp};
+pub(crate) use request::{Request, RequestOp, RowsSpec};
+pub use request::{Rows, MAX_ROW_RANK};
 pub(crate) use trace::Stamp;
 
 /// Most requests taken from one handle's ring per drain pass (bounded work per step).
@@ -135,7 +137,7 @@ pub(crate) struct Session {
     /// Requests of the embedding thread, taken in the next drain pass.
     local_requests: VecDeque<Request>,
     /// Single-key recvs of the current drain pass, when tensor fusion is on.
-    fuse_buf: Vec<(Request, Origin)>,
+    fuse_buf: Vec<(Request, Submitter)>,
     /// Vectors the serving side reuses.
     serve: ServeScratch,
     /// Vectors for encoding pushes.
@@ -147,7 +149,7 @@ pub(crate) struct Session {
     /// This task's name (`job:index`) for stats answers; `None`: the stats endpoint is off.
     stats_task: Option<String>,
     /// Addresses of tasks that moved or left the cluster: not sent to.
-    retired: Arc<crate::membership::Retirements>,
+    retired: Arc<crate::cluster::Retirements>,
     /// Connections to retired addresses, closed once no request is left on them.
     draining: Vec<u32>,
     /// The request trace (off unless `STARWIRE_TRACE`).
@@ -268,7 +270,7 @@ impl Session {
     // ----- requests and completions -----
 
     /// Takes a new handle's end.
-    pub(crate) fn add_endpoint(&mut self, ep: Endpoint) {
+    pub(crate) fn add_handle(&mut self, ep: HandleRings) {
         self.outbox.add(ep);
     }
 
@@ -295,23 +297,23 @@ impl Session {
         // The embedding thread's requests first (embedded mode).
         while let Some(req) = self.local_requests.pop_front() {
             progress = true;
-            self.take_request(req, Origin::Local, now);
+            self.take_request(req, Submitter::Local, now);
         }
-        for i in 0..self.outbox.endpoints.len() {
+        for i in 0..self.outbox.handles.len() {
             let mut batch = 0;
             while batch < DRAIN_BATCH {
-                let Some(ep) = self.outbox.endpoints[i].as_mut() else {
+                let Some(ep) = self.outbox.handles[i].as_mut() else {
                     break;
                 };
                 let Some(req) = ep.requests.pop() else {
                     if ep.requests.is_closed() && ep.requests.is_empty() {
                         // The handle is gone; completions still owed to it are dropped.
-                        self.outbox.endpoints[i] = None;
+                        self.outbox.handles[i] = None;
                     }
                     break;
                 };
                 batch += 1;
-                let origin = Origin::Endpoint(i as u32, self.outbox.generations[i]);
+                let origin = Submitter::Handle(i as u32, self.outbox.generations[i]);
                 self.take_request(req, origin, now);
             }
             progress |= batch > 0;
@@ -325,7 +327,7 @@ impl Session {
     fn notify(
         &mut self,
         peer: Option<SocketAddr>,
-        origin: Origin,
+        origin: Submitter,
         tag: u64,
         kind: RequestKind,
         fused: &[outbox::Member],
@@ -752,7 +754,7 @@ impl Session {
             }
         }
         for h in failed.drain(..) {
-            if let Ok(p) = self.ctxs.remove(crate::ctx::Handle::from_raw(h)) {
+            if let Ok(p) = self.ctxs.remove(crate::ctx::CtxKey::from_raw(h)) {
                 self.notify(
                     self.peer_of(p.conn),
                     p.origin,
@@ -791,9 +793,9 @@ impl Session {
     /// aborted (an `ERROR` frame is queued) and closed.
     pub(crate) fn shutdown(&mut self, now: Instant) {
         self.stopping = true;
-        for i in 0..self.outbox.endpoints.len() {
-            let origin = Origin::Endpoint(i as u32, self.outbox.generations[i]);
-            while let Some(req) = self.outbox.endpoints[i]
+        for i in 0..self.outbox.handles.len() {
+            let origin = Submitter::Handle(i as u32, self.outbox.generations[i]);
+            while let Some(req) = self.outbox.handles[i]
                 .as_mut()
                 .and_then(|e| e.requests.pop())
             {

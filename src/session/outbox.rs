@@ -26,7 +26,7 @@ pub enum Reply {
     /// A recv's answer: per key, its tensor (possibly dead) or why there is none.
     Received(Vec<Result<Tensor, Status>>),
     /// A rows pull's answer: per table, its block of rows or why there is none.
-    Rows(crate::rows::PulledRows),
+    Rows(super::reply::PulledRows),
     /// A ping's answer: the round-trip time measured by the loop, from the request being
     /// queued on the connection to the pong being decoded, and the echoed payload size.
     Pong {
@@ -71,7 +71,7 @@ impl Completion {
 pub type Callback = Arc<dyn Fn(Completion) + Send + Sync>;
 
 /// A submitting handle's end, as the loop sees it.
-pub(crate) struct Endpoint {
+pub(crate) struct HandleRings {
     pub requests: Consumer<Request>,
     pub completions: Producer<Completion>,
     pub callback: Option<Callback>,
@@ -80,10 +80,11 @@ pub(crate) struct Endpoint {
 
 /// Who gets a completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
-    /// Endpoint number in the outbox's table, and the generation of that entry (entries
-    /// are reused once a handle is gone; a completion owed to the old handle is dropped).
-    Endpoint(u32, u32),
+pub(crate) enum Submitter {
+    /// A handle: its number in the outbox's table, and the generation of that entry
+    /// (entries are reused once a handle is gone; a completion owed to the old handle is
+    /// dropped).
+    Handle(u32, u32),
     /// The embedding thread (embedded mode).
     Local,
 }
@@ -91,7 +92,7 @@ pub(crate) enum Origin {
 /// One of the recvs the session fused into a request; each keeps its own deadline.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Member {
-    pub origin: Origin,
+    pub origin: Submitter,
     pub tag: u64,
     pub deadline: Option<std::time::Instant>,
     /// Already completed (its deadline passed, or its tensor arrived).
@@ -104,22 +105,22 @@ pub(crate) struct Member {
 /// Where completions go: the handles' rings (or callbacks) and the embedding thread.
 #[derive(Default)]
 pub(crate) struct Outbox {
-    pub endpoints: Vec<Option<Endpoint>>,
-    /// Generation of each `endpoints` entry, bumped when the entry is reused.
+    pub handles: Vec<Option<HandleRings>>,
+    /// Generation of each `handles` entry, bumped when the entry is reused.
     pub generations: Vec<u32>,
     pub local: VecDeque<Completion>,
 }
 
 impl Outbox {
     /// Takes a new handle's end into a free entry.
-    pub fn add(&mut self, ep: Endpoint) {
-        match self.endpoints.iter().position(Option::is_none) {
+    pub fn add(&mut self, ep: HandleRings) {
+        match self.handles.iter().position(Option::is_none) {
             Some(i) => {
-                self.endpoints[i] = Some(ep);
+                self.handles[i] = Some(ep);
                 self.generations[i] = self.generations[i].wrapping_add(1);
             }
             None => {
-                self.endpoints.push(Some(ep));
+                self.handles.push(Some(ep));
                 self.generations.push(0);
             }
         }
@@ -127,7 +128,7 @@ impl Outbox {
 
     /// Whether a handle has requests waiting in its ring.
     pub fn requests_waiting(&self) -> bool {
-        self.endpoints
+        self.handles
             .iter()
             .flatten()
             .any(|e| !e.requests.is_empty())
@@ -139,7 +140,7 @@ impl Outbox {
         &mut self,
         counters: &Counters,
         meter: Meter<'_>,
-        origin: Origin,
+        origin: Submitter,
         tag: u64,
         kind: RequestKind,
         result: Result<Reply, Error>,
@@ -154,12 +155,12 @@ impl Outbox {
         meter.ended(kind, &result);
         let completion = Completion { tag, result, spare };
         match origin {
-            Origin::Local => self.local.push_back(completion),
-            Origin::Endpoint(i, generation) => {
+            Submitter::Local => self.local.push_back(completion),
+            Submitter::Handle(i, generation) => {
                 if self.generations.get(i as usize) != Some(&generation) {
                     return;
                 }
-                let Some(Some(ep)) = self.endpoints.get_mut(i as usize) else {
+                let Some(Some(ep)) = self.handles.get_mut(i as usize) else {
                     return;
                 };
                 if let Some(cb) = &ep.callback {
@@ -181,7 +182,7 @@ impl Outbox {
         &mut self,
         counters: &Counters,
         meter: Meter<'_>,
-        origin: Origin,
+        origin: Submitter,
         tag: u64,
         kind: RequestKind,
         fused: &[Member],

@@ -7,9 +7,66 @@
 //! steady stream of requests allocates nothing.
 
 use super::budget::{ConnBudget, Refused, Reservation};
-use crate::rows::{PulledRows, RowsSpec};
+use super::request::RowsSpec;
 use crate::tensor::{OwnedMeta, Tensor, TensorAllocator, TensorMemory};
 use crate::wire::{PushEntries, ResponseEntries, RowsTables, Status};
+
+/// The answer to a rows pull: per table, in request order, its block of rows or why there
+/// is none, and the rows the PS did not have.
+#[derive(Debug, PartialEq, Default)]
+pub struct PulledRows {
+    pub(crate) blocks: Vec<Result<Tensor, Status>>,
+    /// Positions of missing rows, all tables'.
+    pub(crate) missing: Vec<u32>,
+    /// Per table: where its missing rows are in `missing`.
+    pub(crate) spans: Vec<(u32, u32)>,
+}
+
+impl PulledRows {
+    /// Number of tables.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether there are no tables.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Table `t`'s block (`[ids, row...]`, rows in request order), or why there is none.
+    pub fn block(&self, t: usize) -> Result<&Tensor, Status> {
+        match self.blocks.get(t) {
+            Some(Ok(b)) => Ok(b),
+            Some(Err(s)) => Err(*s),
+            None => Err(Status::InvalidArgument),
+        }
+    }
+
+    /// Takes table `t`'s block out (the answer keeps `Err(NOT_FOUND)` in its place).
+    pub fn take_block(&mut self, t: usize) -> Result<Tensor, Status> {
+        match self.blocks.get_mut(t) {
+            Some(b) => std::mem::replace(b, Err(Status::NotFound)),
+            None => Err(Status::InvalidArgument),
+        }
+    }
+
+    /// Row `i` of table `t`'s block; `None` when the table failed or `i` is out of range.
+    pub fn row(&self, t: usize, i: usize) -> Option<&[u8]> {
+        let b = self.block(t).ok()?;
+        let n = *b.dims().first()? as usize;
+        let row = b.byte_len() / n;
+        b.bytes().get(i * row..(i + 1) * row)
+    }
+
+    /// Positions (in the request's ids of table `t`) of the rows the PS did not have,
+    /// increasing; their bytes in the block are zero.
+    pub fn missing(&self, t: usize) -> &[u32] {
+        match self.spans.get(t) {
+            Some(&(start, len)) => &self.missing[start as usize..(start + len) as usize],
+            None => &[],
+        }
+    }
+}
 
 /// A chunked tensor still arriving.
 pub(crate) struct Chunked {

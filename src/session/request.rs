@@ -5,19 +5,94 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::ctx::{Full, Handle as CtxHandle};
+use crate::ctx::{CtxKey, Full};
 use crate::error::{Error, ErrorKind};
 use crate::proto::{PushItem, RowsItem, RowsQuery, COPY_TOKEN};
-use crate::rows::RowsSpec;
 use crate::stats::{add, RequestKind};
 use crate::tensor::{SharedAllocator, Tensor};
+use crate::wire::DType;
+use arrayvec::ArrayVec;
 
 use super::conn::{mark_dirty, Conn, Phase};
-use super::outbox::{Member, Origin};
+use super::outbox::{Member, Submitter};
 use super::reply::{ReplyState, Spare};
 use super::serve::recast;
 use super::timer::Timer;
 use super::Session;
+
+/// Highest rank of one row (the block adds the row count in front).
+pub const MAX_ROW_RANK: usize = 7;
+
+/// One table of a rows request: the table, its rows' dtype and shape, and the row ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows<'a> {
+    /// The table, as the PS numbers its tables.
+    pub table: u32,
+    /// Element type of the rows.
+    pub dtype: DType,
+    /// Shape of one row, e.g. `[dim]` (at most [`MAX_ROW_RANK`] dimensions).
+    pub row_dims: &'a [u64],
+    /// The row ids (at least one).
+    pub ids: &'a [u64],
+}
+
+impl<'a> Rows<'a> {
+    /// Rows `ids` of `table`, each of `dtype` and shape `row_dims`.
+    pub fn new(table: u32, dtype: DType, row_dims: &'a [u64], ids: &'a [u64]) -> Rows<'a> {
+        Rows {
+            table,
+            dtype,
+            row_dims,
+            ids,
+        }
+    }
+
+    /// Bytes of one row; `None` for an unknown dtype or a size that overflows.
+    pub fn row_bytes(&self) -> Option<u64> {
+        self.row_dims
+            .iter()
+            .try_fold(self.dtype.size()?, |acc, d| acc.checked_mul(*d))
+    }
+}
+
+/// What a request keeps of one table: its number and the block it expects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RowsSpec {
+    pub table: u32,
+    pub dtype: DType,
+    /// `[ids, row...]`.
+    pub dims: ArrayVec<u64, { MAX_ROW_RANK + 1 }>,
+}
+
+impl RowsSpec {
+    /// The spec of `rows`, checked: a known dtype, a row rank of at most
+    /// [`MAX_ROW_RANK`], at least one id, and at least one byte per row.
+    pub(crate) fn of(rows: &Rows<'_>) -> Option<RowsSpec> {
+        if rows.ids.is_empty() || rows.row_dims.len() > MAX_ROW_RANK {
+            return None;
+        }
+        let row = rows.row_bytes()?;
+        row.checked_mul(rows.ids.len() as u64).filter(|&b| b > 0)?;
+        let mut dims = ArrayVec::new();
+        dims.push(rows.ids.len() as u64);
+        dims.try_extend_from_slice(rows.row_dims).ok()?;
+        Some(RowsSpec {
+            table: rows.table,
+            dtype: rows.dtype,
+            dims,
+        })
+    }
+
+    /// Number of rows.
+    pub(crate) fn len(&self) -> usize {
+        self.dims[0] as usize
+    }
+
+    /// The block's meta.
+    pub(crate) fn meta(&self) -> crate::wire::TensorMeta<'_> {
+        crate::wire::TensorMeta::new(self.dtype, &self.dims).expect("checked in RowsSpec::of")
+    }
+}
 
 /// Requests given up by deadline whose late answers are recognised and ignored.
 pub(crate) const ABANDONED_KEPT: usize = 4096;
@@ -106,7 +181,7 @@ pub(crate) struct Request {
 /// An in-flight request.
 pub(crate) struct Pending {
     pub tag: u64,
-    pub origin: Origin,
+    pub origin: Submitter,
     pub kind: RequestKind,
     /// What to send; taken when the request is encoded.
     pub op: Option<RequestOp>,
@@ -142,7 +217,7 @@ pub(crate) struct PushEncodeScratch {
 impl Session {
     /// Submits a request from this drain pass, or, with tensor fusion on, holds a
     /// single-key recv back to be fused with the others of the pass.
-    pub(super) fn take_request(&mut self, req: Request, origin: Origin, now: Instant) {
+    pub(super) fn take_request(&mut self, req: Request, origin: Submitter, now: Instant) {
         let single_recv = matches!(&req.op, RequestOp::Recv { keys, .. } if keys.len() == 1);
         if self.cfg.tensor_fuse && single_recv && !self.stopping {
             self.fuse_buf.push((req, origin));
@@ -204,19 +279,19 @@ impl Session {
                 spare: Spare::default(),
                 trace: first.trace,
             };
-            self.submit_group(fused, Origin::Local, members, now);
+            self.submit_group(fused, Submitter::Local, members, now);
         }
         drop(rest);
         self.fuse_buf = buf;
     }
 
     /// Starts a request (from a ring, or from the embedding thread).
-    pub(super) fn submit(&mut self, req: Request, origin: Origin, now: Instant) {
+    pub(super) fn submit(&mut self, req: Request, origin: Submitter, now: Instant) {
         self.submit_group(req, origin, Vec::new(), now);
     }
 
     /// Starts a request; `fused` lists the original recvs when the session fused several.
-    fn submit_group(&mut self, req: Request, origin: Origin, fused: Vec<Member>, now: Instant) {
+    fn submit_group(&mut self, req: Request, origin: Submitter, fused: Vec<Member>, now: Instant) {
         let kind = req.op.kind();
         let mut spare = req.spare;
         if self.stopping {
@@ -281,7 +356,7 @@ impl Session {
         if let Some(deadline) = req.deadline {
             self.push_deadline(deadline, handle);
         }
-        if let Ok(p) = self.ctxs.get(CtxHandle::from_raw(handle)) {
+        if let Ok(p) = self.ctxs.get(CtxKey::from_raw(handle)) {
             for (i, m) in p.fused.iter().enumerate() {
                 if let Some(at) = m.deadline {
                     let index = i as u32;
@@ -307,7 +382,7 @@ impl Session {
 
     /// Encodes request `handle` on connection `slot`.
     pub(super) fn send_request(&mut self, slot: u32, handle: u64, now: Instant) {
-        let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) else {
+        let Ok(p) = self.ctxs.get_mut(CtxKey::from_raw(handle)) else {
             return;
         };
         p.sent = Some(now);
@@ -321,7 +396,7 @@ impl Session {
             .and_then(|peer| over_limits(&op, &peer.limits));
         if let Some(why) = over {
             log::debug!("request over the peer's limits: {why}");
-            if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+            if let Ok(p) = self.ctxs.remove(CtxKey::from_raw(handle)) {
                 let e = Error::new(ErrorKind::InvalidArgument).with_message(why);
                 let peer = self.peer_of(p.conn);
                 let t = Some((p.trace, p.sent));
@@ -423,7 +498,7 @@ impl Session {
             }
             Err(e) => {
                 log::debug!("request not encodable: {e}");
-                if let Ok(p) = self.ctxs.remove(CtxHandle::from_raw(handle)) {
+                if let Ok(p) = self.ctxs.remove(CtxKey::from_raw(handle)) {
                     let e = Err(Error::new(ErrorKind::InvalidArgument));
                     let peer = self.peer_of(p.conn);
                     let t = Some((p.trace, p.sent));

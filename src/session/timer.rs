@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use slab::Slab;
 
-use crate::ctx::Handle as CtxHandle;
+use crate::ctx::CtxKey;
 use crate::error::{Error, ErrorKind};
 use crate::stats::{add, RequestKind};
 use crate::wire::Status;
@@ -128,7 +128,7 @@ impl Session {
                 Timer::Deadline(h) => {
                     // A request on a closed connection fails with the connection's error
                     // when the loop releases it.
-                    let closing = self.ctxs.get(CtxHandle::from_raw(h)).is_ok_and(|p| {
+                    let closing = self.ctxs.get(CtxKey::from_raw(h)).is_ok_and(|p| {
                         self.conns
                             .get(p.conn as usize)
                             .is_some_and(|c| c.phase == Phase::Closing)
@@ -195,7 +195,7 @@ impl Session {
     /// [`CANCEL_WAIT`]) instead of failing it now: a tensor the responder took for it just
     /// before then is on its way and is delivered, not lost. Returns whether it asked.
     fn ask_verdict(&mut self, handle: u64, index: Option<u32>, now: Instant) -> bool {
-        let Ok(p) = self.ctxs.get_mut(CtxHandle::from_raw(handle)) else {
+        let Ok(p) = self.ctxs.get_mut(CtxKey::from_raw(handle)) else {
             return false;
         };
         let recv = matches!(p.kind, RequestKind::Recv | RequestKind::FusedRecv);
@@ -232,7 +232,7 @@ impl Session {
     /// `tell` and it was sent, the responder is told with a `CANCEL` (it then drops what it
     /// holds for it, e.g. a push still arriving).
     fn give_up(&mut self, handle: u64, tell: bool) {
-        let Ok(mut p) = self.ctxs.remove(CtxHandle::from_raw(handle)) else {
+        let Ok(mut p) = self.ctxs.remove(CtxKey::from_raw(handle)) else {
             return;
         };
         self.abandon(handle, &p);
@@ -248,7 +248,7 @@ impl Session {
 
     /// One recv of a fused request reached its own deadline: it fails alone.
     fn member_timed_out(&mut self, handle: u64, index: u32) {
-        let h = CtxHandle::from_raw(handle);
+        let h = CtxKey::from_raw(handle);
         let Ok(p) = self.ctxs.get_mut(h) else {
             return;
         };
@@ -366,7 +366,7 @@ impl Session {
         }
         let (ctxs, conns) = (&self.ctxs, &self.conns);
         self.timers.retain(|t| match *t {
-            Timer::Deadline(h) => ctxs.contains(CtxHandle::from_raw(h)),
+            Timer::Deadline(h) => ctxs.contains(CtxKey::from_raw(h)),
             Timer::ServeDeadline {
                 slot,
                 generation,
@@ -488,4 +488,4 @@ pub(crate) const PROGRESS_MIN_BYTES: u64 = 4096;
 
 /// The handle of heartbeat `PING`s: generation 0, so it never names a request; their
 /// `PONG`s are recognised by it and dropped.
-pub(crate) const HEARTBEAT_HANDLE: u64 = CtxHandle::internal(1).to_raw();
+pub(crate) const HEARTBEAT_HANDLE: u64 = CtxKey::internal(1).to_raw();

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::config::Config;
 use crate::error::Error;
-use crate::stats::trace::{nanos, LoopTrace, Record, Ring, TraceShared};
+use crate::stats::trace::{nanos, LoopTrace, Record, TraceRing, TraceShared};
 use crate::stats::RequestKind;
 
 use super::metrics::{outcome_of, PeerTable};
@@ -51,7 +51,7 @@ impl Marks {
 
 /// The loop's trace: off, or a ring and the turn's time.
 pub(crate) struct Tracer {
-    ring: Option<Ring>,
+    ring: Option<TraceRing>,
     epoch: Instant,
     /// The current turn's time.
     now: Instant,
@@ -61,7 +61,9 @@ impl Tracer {
     pub(crate) fn new(cfg: &Config) -> Tracer {
         let epoch = crate::stats::trace::epoch();
         Tracer {
-            ring: cfg.trace.then(|| Ring::with_capacity(cfg.trace_events)),
+            ring: cfg
+                .trace
+                .then(|| TraceRing::with_capacity(cfg.trace_events)),
             epoch,
             now: epoch,
         }

@@ -60,7 +60,7 @@ fn op(out: &mut String, m: &OpMetrics) {
 }
 
 fn peer(out: &mut String, p: &PeerMetrics) {
-    let _ = write!(out, "{{\"role\":\"{}\",\"addr\":", p.role.name());
+    let _ = write!(out, "{{\"role\":\"{}\",\"addr\":", p.side.name());
     opt_string(out, p.addr.map(|a| a.to_string()).as_deref());
     out.push_str(",\"task\":");
     opt_string(out, p.task.as_deref());

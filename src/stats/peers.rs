@@ -17,25 +17,7 @@ use crossbeam_utils::CachePadded;
 
 use super::histogram::{AtomicHistogram, Histogram};
 use super::{add, Counters, RequestKind, REQUEST_KINDS};
-
-/// Which side of the requests a peer's metrics count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Role {
-    /// Requests this task sent to the peer (the peer is a server to it).
-    Client,
-    /// Requests the peer sent to this task and this task served.
-    Server,
-}
-
-impl Role {
-    /// `"client"` or `"server"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Client => "client",
-            Role::Server => "server",
-        }
-    }
-}
+pub use crate::wire::Side;
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,7 +102,7 @@ pub(crate) struct OpCounters {
 
 /// One loop's metrics of one peer. Only that loop writes it.
 pub(crate) struct PeerBlock {
-    pub role: Role,
+    pub side: Side,
     /// The address this task connects to (requester side).
     pub addr: Option<SocketAddr>,
     /// The peer's task as its handshake named it: job and index.
@@ -132,9 +114,9 @@ pub(crate) struct PeerBlock {
 }
 
 impl PeerBlock {
-    pub(crate) fn new(role: Role, addr: Option<SocketAddr>) -> PeerBlock {
+    pub(crate) fn new(side: Side, addr: Option<SocketAddr>) -> PeerBlock {
         PeerBlock {
-            role,
+            side,
             addr,
             task: OnceLock::new(),
             ops: Default::default(),
@@ -178,7 +160,7 @@ impl PeerBlock {
 impl std::fmt::Debug for PeerBlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerBlock")
-            .field("role", &self.role)
+            .field("side", &self.side)
             .field("addr", &self.addr)
             .field("task", &self.task.get())
             .finish_non_exhaustive()
@@ -290,11 +272,11 @@ impl OpMetrics {
     }
 }
 
-/// Metrics of one peer, in one role, over every loop.
+/// Metrics of one peer, in one side, over every loop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeerMetrics {
     /// Whose requests are counted.
-    pub role: Role,
+    pub side: Side,
     /// The peer's address (requester side: the address connected to).
     pub addr: Option<SocketAddr>,
     /// The peer's task, `job:index`, as its handshake named it (`None` before any
@@ -331,7 +313,7 @@ impl PeerMetrics {
             m.add(c);
         }
         PeerMetrics {
-            role: b.role,
+            side: b.side,
             addr: b.addr,
             task: b.task_name(),
             connections: b.connections.load(Relaxed),
@@ -355,7 +337,7 @@ impl PeerMetrics {
 /// Per-peer, per-operation metrics of a runtime: every loop's blocks merged by peer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metrics {
-    /// One entry per (role, peer): requesters by address, served peers by task.
+    /// One entry per (side, peer): requesters by address, served peers by task.
     pub peers: Vec<PeerMetrics>,
 }
 
@@ -364,14 +346,14 @@ impl Metrics {
     pub(crate) fn of(loops: &[&Counters]) -> Metrics {
         // Requesters' blocks are the same peer by address; served ones by task (an
         // accepted connection's address is the peer's ephemeral port).
-        let mut index: HashMap<(Role, Option<SocketAddr>, Option<String>), usize> = HashMap::new();
+        let mut index: HashMap<(Side, Option<SocketAddr>, Option<String>), usize> = HashMap::new();
         let mut m = Metrics::default();
         for l in loops {
             for b in l.peers.blocks() {
                 let p = PeerMetrics::of(&b);
-                let key = match p.role {
-                    Role::Client => (p.role, p.addr, None),
-                    Role::Server => (p.role, None, p.task.clone()),
+                let key = match p.side {
+                    Side::Client => (p.side, p.addr, None),
+                    Side::Server => (p.side, None, p.task.clone()),
                 };
                 match index.get(&key) {
                     Some(&i) => m.peers[i].merge(p),
@@ -383,23 +365,23 @@ impl Metrics {
             }
         }
         m.peers
-            .sort_by(|a, b| (a.role, &a.task, a.addr).cmp(&(b.role, &b.task, b.addr)));
+            .sort_by(|a, b| (a.side, &a.task, a.addr).cmp(&(b.side, &b.task, b.addr)));
         m
     }
 
-    /// The peers of `role`.
-    pub fn role(&self, role: Role) -> impl Iterator<Item = &PeerMetrics> {
-        self.peers.iter().filter(move |p| p.role == role)
+    /// The peers of `side`.
+    pub fn side(&self, side: Side) -> impl Iterator<Item = &PeerMetrics> {
+        self.peers.iter().filter(move |p| p.side == side)
     }
 
     /// The metrics of requests this task sent to `addr`.
     pub fn client(&self, addr: SocketAddr) -> Option<&PeerMetrics> {
-        self.role(Role::Client).find(|p| p.addr == Some(addr))
+        self.side(Side::Client).find(|p| p.addr == Some(addr))
     }
 
     /// The metrics of requests task `task` (`job:index`) sent to this one.
     pub fn served(&self, task: &str) -> Option<&PeerMetrics> {
-        self.role(Role::Server)
+        self.side(Side::Server)
             .find(|p| p.task.as_deref() == Some(task))
     }
 }

@@ -2,7 +2,7 @@
 //! answered and completed, kept by each loop in a ring of plain records and written as a
 //! Chrome trace (JSON that Perfetto and `chrome://tracing` open).
 //!
-//! Each loop is the only writer of its [`Ring`], preallocated at start when tracing is on
+//! Each loop is the only writer of its [`TraceRing`], preallocated at start when tracing is on
 //! (`STARWIRE_TRACE_EVENTS` records); when it is full the **oldest** record is overwritten
 //! and counted as dropped, so a trace always holds the latest requests. A dump asks each
 //! loop for its ring through [`TraceShared`]: the loop sees the request on its next turn
@@ -55,7 +55,7 @@ pub(crate) struct Record {
 
 /// A loop's records: a fixed-capacity ring that overwrites its oldest record when full.
 #[derive(Debug)]
-pub(crate) struct Ring {
+pub(crate) struct TraceRing {
     records: Vec<Record>,
     capacity: usize,
     /// Where the next record goes once the ring is full.
@@ -63,11 +63,11 @@ pub(crate) struct Ring {
     dropped: u64,
 }
 
-impl Ring {
+impl TraceRing {
     /// A ring of `capacity` records, allocated now.
-    pub(crate) fn with_capacity(capacity: usize) -> Ring {
+    pub(crate) fn with_capacity(capacity: usize) -> TraceRing {
         let capacity = capacity.max(1);
-        Ring {
+        TraceRing {
             records: Vec::with_capacity(capacity),
             capacity,
             next: 0,
@@ -402,7 +402,7 @@ mod tests {
 
     #[test]
     fn a_full_ring_overwrites_its_oldest_and_counts_them() {
-        let mut ring = Ring::with_capacity(3);
+        let mut ring = TraceRing::with_capacity(3);
         for tag in 0..5 {
             ring.push(rec(tag, [1, 2, 3, 4]));
         }

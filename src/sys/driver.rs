@@ -34,7 +34,7 @@ use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
 use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
 use super::ops::{decode, ACCEPT_DIRECT};
-pub use super::ops::{user_data, Completion, Op, Socket, LISTENER};
+pub use super::ops::{user_data, IoCompletion, Op, Socket, LISTENER};
 use super::uring::{on_socket, RecvRing, Removed, UringDriver, UringOptions, USER_DATA_DOORBELL};
 use super::Backend;
 
@@ -536,11 +536,11 @@ impl<M: IoBufMut, S: IoBuf> Driver<M, S> {
         &mut self,
         wait: bool,
         timeout: Option<Duration>,
-        mut f: impl FnMut(Completion),
+        mut f: impl FnMut(IoCompletion),
     ) -> io::Result<usize> {
         let mem = &mut self.mem;
-        let mut reaped = |c: Completion| {
-            if let Completion::Op { slot, op, .. } = c {
+        let mut reaped = |c: IoCompletion| {
+            if let IoCompletion::Op { slot, op, .. } = c {
                 if let Some(m) = mem.get_mut(slot as usize).and_then(Option::as_mut) {
                     match op {
                         Op::Recv => m.recv_busy = false,
@@ -832,7 +832,7 @@ impl EpollDriver {
         &mut self,
         wait: bool,
         timeout: Option<Duration>,
-        f: &mut dyn FnMut(Completion),
+        f: &mut dyn FnMut(IoCompletion),
     ) -> io::Result<usize> {
         let block = wait && self.ready.is_empty();
         let timeout = if block { timeout } else { Some(Duration::ZERO) };
@@ -869,7 +869,7 @@ impl EpollDriver {
             }
         }
         if doorbell {
-            f(Completion::Doorbell);
+            f(IoCompletion::Doorbell);
             n += 1;
         }
         Ok(n)

@@ -44,7 +44,7 @@ pub fn user_data(slot: u32, op: Op) -> u64 {
 
 /// A completion: the slot, the operation, and its result.
 #[derive(Debug)]
-pub enum Completion {
+pub enum IoCompletion {
     /// An operation finished: bytes moved (0 at the end of a stream), or 0 for a connect.
     Op {
         /// The slot it was issued on.
@@ -61,13 +61,13 @@ pub enum Completion {
 }
 
 /// The completion `user_data` and `result` stand for; `None` for the driver's own.
-pub(super) fn decode(user_data: u64, result: i32) -> Option<Completion> {
+pub(super) fn decode(user_data: u64, result: i32) -> Option<IoCompletion> {
     if user_data == USER_DATA_DOORBELL {
-        return Some(Completion::Doorbell);
+        return Some(IoCompletion::Doorbell);
     }
     let op = match user_data & 0xff {
         ACCEPT_DIRECT if result >= 0 => {
-            return Some(Completion::Accepted(Ok(Socket::Direct(result as u32))))
+            return Some(IoCompletion::Accepted(Ok(Socket::Direct(result as u32))))
         }
         1 | ACCEPT_DIRECT => Op::Accept,
         2 => Op::Connect,
@@ -78,8 +78,8 @@ pub(super) fn decode(user_data: u64, result: i32) -> Option<Completion> {
     if result < 0 {
         let e = io::Error::from_raw_os_error(-result);
         return Some(match op {
-            Op::Accept => Completion::Accepted(Err(e)),
-            _ => Completion::Op {
+            Op::Accept => IoCompletion::Accepted(Err(e)),
+            _ => IoCompletion::Op {
                 slot: (user_data >> 8) as u32,
                 op,
                 result: Err(e),
@@ -88,8 +88,10 @@ pub(super) fn decode(user_data: u64, result: i32) -> Option<Completion> {
     }
     Some(match op {
         // SAFETY: a successful accept returns a new fd that nothing else owns.
-        Op::Accept => Completion::Accepted(Ok(Socket::Fd(unsafe { OwnedFd::from_raw_fd(result) }))),
-        _ => Completion::Op {
+        Op::Accept => {
+            IoCompletion::Accepted(Ok(Socket::Fd(unsafe { OwnedFd::from_raw_fd(result) })))
+        }
+        _ => IoCompletion::Op {
             slot: (user_data >> 8) as u32,
             op,
             result: Ok(result as u32),

@@ -7,7 +7,7 @@
 use super::rows::{Missing, RowsTables, ENTRY_HAS_MISSING};
 use super::tensor::TensorMeta;
 use super::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
-use super::{Error, HeaderRepr, Kind, Limits, Result, Status};
+use super::{Error, HeaderRepr, FrameKind, Limits, Result, Status};
 
 /// Longest job name in a hello.
 pub const MAX_JOB_NAME: usize = 64;
@@ -69,36 +69,36 @@ impl<'a> Body<'a> {
             return Err(Error::BadMetaLen);
         }
         let body = match header.kind {
-            Kind::Hello => Body::Hello(HelloRepr::parse(meta, true)?),
-            Kind::HelloAck => Body::HelloAck(HelloRepr::parse(meta, false)?),
-            Kind::Ping => Body::Ping,
-            Kind::Pong => Body::Pong,
-            Kind::Recv => Body::Recv(RecvBody::parse(meta, header.count, limits)?),
-            Kind::FusedRecv => Body::FusedRecv(RecvBody::parse(meta, header.count, limits)?),
-            Kind::Pull => Body::Pull(VarIds::parse(meta, header.count)?),
-            Kind::Push => {
+            FrameKind::Hello => Body::Hello(HelloRepr::parse(meta, true)?),
+            FrameKind::HelloAck => Body::HelloAck(HelloRepr::parse(meta, false)?),
+            FrameKind::Ping => Body::Ping,
+            FrameKind::Pong => Body::Pong,
+            FrameKind::Recv => Body::Recv(RecvBody::parse(meta, header.count, limits)?),
+            FrameKind::FusedRecv => Body::FusedRecv(RecvBody::parse(meta, header.count, limits)?),
+            FrameKind::Pull => Body::Pull(VarIds::parse(meta, header.count)?),
+            FrameKind::Push => {
                 let (entries, payload) = PushEntries::parse(meta, header.count, limits)?;
                 check_payload(header, payload)?;
                 Body::Push(entries)
             }
-            Kind::Response => {
+            FrameKind::Response => {
                 let (entries, payload) = ResponseEntries::parse(meta, header.count, limits)?;
                 check_payload(header, payload)?;
                 Body::Response(entries)
             }
-            Kind::Error => Body::Error(ErrorRepr::parse(meta)?),
-            Kind::Chunk => Body::Chunk(ChunkRepr::parse(meta)?),
-            Kind::PullRows => {
+            FrameKind::Error => Body::Error(ErrorRepr::parse(meta)?),
+            FrameKind::Chunk => Body::Chunk(ChunkRepr::parse(meta)?),
+            FrameKind::PullRows => {
                 Body::PullRows(RowsTables::parse(meta, header.count, limits, false)?.0)
             }
-            Kind::PushRows => {
+            FrameKind::PushRows => {
                 let (tables, payload) = RowsTables::parse(meta, header.count, limits, true)?;
                 check_payload(header, payload)?;
                 Body::PushRows(tables)
             }
-            Kind::Cancel => Body::Cancel(ItemIndexes::parse(meta, header.count)?),
-            Kind::Stats => Body::Stats,
-            Kind::Unknown(k) => return Err(Error::UnknownKind(k)),
+            FrameKind::Cancel => Body::Cancel(ItemIndexes::parse(meta, header.count)?),
+            FrameKind::Stats => Body::Stats,
+            FrameKind::Unknown(k) => return Err(Error::UnknownKind(k)),
         };
         Ok(body)
     }

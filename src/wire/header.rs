@@ -30,7 +30,7 @@ mod field {
 
 enum_with_unknown! {
     /// Frame kind (specification section 3).
-    pub enum Kind(u8) {
+    pub enum FrameKind(u8) {
         /// Client's first frame: protocol, cluster and task identity.
         Hello = 1,
         /// Server's acceptance of a `HELLO`.
@@ -64,19 +64,19 @@ enum_with_unknown! {
     }
 }
 
-impl Kind {
+impl FrameKind {
     /// Whether frames of this kind are requests that need a nonzero handle.
     pub fn is_request(self) -> bool {
         matches!(
             self,
-            Kind::Ping
-                | Kind::Recv
-                | Kind::FusedRecv
-                | Kind::Pull
-                | Kind::Push
-                | Kind::PullRows
-                | Kind::PushRows
-                | Kind::Stats
+            FrameKind::Ping
+                | FrameKind::Recv
+                | FrameKind::FusedRecv
+                | FrameKind::Pull
+                | FrameKind::Push
+                | FrameKind::PullRows
+                | FrameKind::PushRows
+                | FrameKind::Stats
         )
     }
 }
@@ -127,8 +127,8 @@ impl<T: AsRef<[u8]>> Header<T> {
     }
 
     /// The frame kind.
-    pub fn kind(&self) -> Kind {
-        Kind::from(self.buffer.as_ref()[field::KIND])
+    pub fn kind(&self) -> FrameKind {
+        FrameKind::from(self.buffer.as_ref()[field::KIND])
     }
 
     /// The flags field.
@@ -181,7 +181,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
     }
 
     /// Sets the kind.
-    pub fn set_kind(&mut self, kind: Kind) {
+    pub fn set_kind(&mut self, kind: FrameKind) {
         self.buffer.as_mut()[field::KIND] = kind.into();
     }
 
@@ -230,7 +230,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderRepr {
     /// Frame kind; never `Unknown` after `parse`.
-    pub kind: Kind,
+    pub kind: FrameKind,
     /// The `END` flag.
     pub end: bool,
     /// Status (nonzero only on `ERROR`).
@@ -260,7 +260,7 @@ impl HeaderRepr {
             return Err(Error::BadVersion(header.version()));
         }
         let kind = header.kind();
-        if let Kind::Unknown(k) = kind {
+        if let FrameKind::Unknown(k) = kind {
             return Err(Error::UnknownKind(k));
         }
         // Requests carry `timeout_ms` where other kinds have `status` and `reserved`.
@@ -297,25 +297,25 @@ impl HeaderRepr {
     /// header alone decides.
     fn check_kind_rules(&self, limits: &Limits) -> Result<()> {
         let end_ok = match self.kind {
-            Kind::Pong => self.end,
-            Kind::Response => true,
-            Kind::Error => self.end == (self.handle != 0),
+            FrameKind::Pong => self.end,
+            FrameKind::Response => true,
+            FrameKind::Error => self.end == (self.handle != 0),
             _ => !self.end,
         };
         if !end_ok {
             return Err(Error::BadFlags);
         }
         let status_ok = match self.kind {
-            Kind::Error => self.status != Status::Ok,
+            FrameKind::Error => self.status != Status::Ok,
             _ => self.status == Status::Ok,
         };
         if !status_ok {
             return Err(Error::BadStatus);
         }
         let handle_ok = match self.kind {
-            Kind::Hello | Kind::HelloAck => self.handle == 0,
+            FrameKind::Hello | FrameKind::HelloAck => self.handle == 0,
             k if k.is_request() => self.handle != 0,
-            Kind::Pong | Kind::Response | Kind::Chunk | Kind::Cancel => self.handle != 0,
+            FrameKind::Pong | FrameKind::Response | FrameKind::Chunk | FrameKind::Cancel => self.handle != 0,
             _ => true,
         };
         if !handle_ok {
@@ -323,40 +323,40 @@ impl HeaderRepr {
         }
         let many = 1..=limits.max_tensors;
         let count_ok = match self.kind {
-            Kind::Hello
-            | Kind::HelloAck
-            | Kind::Ping
-            | Kind::Pong
-            | Kind::Error
-            | Kind::Stats => self.count == 0,
-            Kind::Recv | Kind::Chunk => self.count == 1,
-            Kind::FusedRecv | Kind::Pull | Kind::Push => many.contains(&self.count),
-            Kind::Response | Kind::Cancel => self.count <= limits.max_tensors,
-            Kind::PullRows | Kind::PushRows => (1..=limits.max_tables).contains(&self.count),
-            Kind::Unknown(_) => false,
+            FrameKind::Hello
+            | FrameKind::HelloAck
+            | FrameKind::Ping
+            | FrameKind::Pong
+            | FrameKind::Error
+            | FrameKind::Stats => self.count == 0,
+            FrameKind::Recv | FrameKind::Chunk => self.count == 1,
+            FrameKind::FusedRecv | FrameKind::Pull | FrameKind::Push => many.contains(&self.count),
+            FrameKind::Response | FrameKind::Cancel => self.count <= limits.max_tensors,
+            FrameKind::PullRows | FrameKind::PushRows => (1..=limits.max_tables).contains(&self.count),
+            FrameKind::Unknown(_) => false,
         };
         if !count_ok {
             return Err(Error::BadCount);
         }
         let meta_ok = match self.kind {
-            Kind::Ping | Kind::Pong | Kind::Stats => self.meta_len == 0,
-            Kind::Chunk => self.meta_len == super::body::CHUNK_META_LEN as u32,
+            FrameKind::Ping | FrameKind::Pong | FrameKind::Stats => self.meta_len == 0,
+            FrameKind::Chunk => self.meta_len == super::body::CHUNK_META_LEN as u32,
             _ => true,
         };
         if !meta_ok {
             return Err(Error::BadMetaLen);
         }
         let payload_ok = match self.kind {
-            Kind::Hello
-            | Kind::HelloAck
-            | Kind::Recv
-            | Kind::FusedRecv
-            | Kind::Pull
-            | Kind::PullRows
-            | Kind::Error
-            | Kind::Cancel
-            | Kind::Stats => self.payload_len == 0,
-            Kind::Chunk => self.payload_len > 0,
+            FrameKind::Hello
+            | FrameKind::HelloAck
+            | FrameKind::Recv
+            | FrameKind::FusedRecv
+            | FrameKind::Pull
+            | FrameKind::PullRows
+            | FrameKind::Error
+            | FrameKind::Cancel
+            | FrameKind::Stats => self.payload_len == 0,
+            FrameKind::Chunk => self.payload_len > 0,
             _ => true,
         };
         if !payload_ok {

@@ -17,6 +17,7 @@ mod body;
 mod header;
 mod rows;
 mod tensor;
+
 #[cfg(test)]
 mod tests;
 
@@ -29,7 +30,7 @@ pub use body::{
 pub use rows::{
     emit_pull_rows_meta, pull_rows_meta_len, Missing, RowsTable, RowsTables, ENTRY_HAS_MISSING,
 };
-pub use header::{Header, HeaderRepr, Kind, FLAG_END, HEADER_LEN, MAGIC, VERSION};
+pub use header::{Header, HeaderRepr, FrameKind, FLAG_END, HEADER_LEN, MAGIC, VERSION};
 pub use tensor::{DType, Dims, TensorMeta, TensorMetaView, MAX_RANK, TENSOR_META_FIXED_LEN};
 
 use core::fmt;
@@ -347,4 +348,25 @@ fn put_u32(b: &mut [u8], at: usize, v: u32) {
 #[inline]
 fn put_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Which end of a connection a task is: the client opened it (sends `HELLO`, then
+/// requests), the server accepted it (answers `HELLO_ACK`, then serves). A task's metrics
+/// of a peer count one side: the requests it sent (client) or served (server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Side {
+    /// Opened the connection: sends `HELLO` and requests.
+    Client,
+    /// Accepted the connection: answers `HELLO_ACK` and serves.
+    Server,
+}
+
+impl Side {
+    /// `"client"` or `"server"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Server => "server",
+        }
+    }
 }

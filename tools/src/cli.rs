@@ -447,11 +447,11 @@ pub struct ServeArgs {
     /// (default: zeros)
     #[argh(
         option,
-        default = "starwire::table::Init::Zeros",
+        default = "starwire::rows::Init::Zeros",
         from_str_fn(parse_init),
         arg_name = "init"
     )]
-    pub init: starwire::table::Init,
+    pub init: starwire::rows::Init,
 
     /// how the table applies pushed gradients: sgd or adagrad (default: sgd)
     #[argh(
@@ -757,8 +757,8 @@ pub fn parse_optimizer(text: &str) -> Result<OptimizerKind, String> {
 }
 
 /// `zeros`, `missing` or `uniform[:SCALE[:SEED]]` (scale finite and 0 or more).
-pub fn parse_init(text: &str) -> Result<starwire::table::Init, String> {
-    use starwire::table::Init;
+pub fn parse_init(text: &str) -> Result<starwire::rows::Init, String> {
+    use starwire::rows::Init;
     let bad = || format!("{text:?}: expected zeros, missing or uniform[:SCALE[:SEED]]");
     let mut parts = text.split(':');
     match parts.next() {
@@ -854,7 +854,7 @@ mod tests {
 
     #[test]
     fn table_options() {
-        use starwire::table::Init;
+        use starwire::rows::Init;
         assert_eq!(parse_init("zeros"), Ok(Init::Zeros));
         assert_eq!(parse_init("missing"), Ok(Init::Missing));
         assert_eq!(

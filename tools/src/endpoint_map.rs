@@ -10,8 +10,8 @@ use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use starwire::cluster::endpoint_map::{EndpointMap, HostPort, ProblemKind, FILE_NAME};
 use starwire::cluster::{Cluster, TaskId};
-use starwire::endpoint_map::{EndpointMap, HostPort, ProblemKind, FILE_NAME};
 
 use crate::cli::EndpointMapArgs;
 use crate::exit::{self, Failure};

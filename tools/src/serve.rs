@@ -33,10 +33,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use starwire::cluster::endpoint_map::{AddrError, HostPort};
 use starwire::cluster::TaskId;
 use starwire::config::ConfigBuilder;
-use starwire::endpoint_map::{AddrError, HostPort};
-use starwire::table::{Init, MemTable, Optimizer};
+use starwire::rows::{Init, MemTable, Optimizer};
 use starwire::DType;
 use starwire::Status;
 use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats, Table, Tensor};

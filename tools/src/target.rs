@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use starwire::cluster::endpoint_map::{EndpointMap, HostPort, LoadError, ENV_PATH};
 use starwire::cluster::{ClusterError, ClusterSpec, TaskId, TfConfig, ENV_TF_CONFIG};
-use starwire::endpoint_map::{EndpointMap, HostPort, LoadError, ENV_PATH};
-use starwire::peer::{ResolveError, Resolver};
+use starwire::cluster::{ResolveError, Resolver};
 
 use crate::cli::ClusterOpts;
 use crate::exit::Failure;

@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
+use starwire::cluster::endpoint_map::EndpointMap;
 use starwire::cluster::{Cluster, ClusterError};
-use starwire::endpoint_map::EndpointMap;
 
 use serde::Serialize;
 

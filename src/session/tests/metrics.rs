@@ -1,7 +1,7 @@
 //! Per-peer metrics recorded by the session, in memory with simulated time.
 
 use super::*;
-use crate::stats::{Metrics, Outcome, RequestKind, Role};
+use crate::stats::{Metrics, Outcome, RequestKind, Side};
 
 fn metrics(s: &Session) -> Metrics {
     Metrics::of(&[&s.counters])
@@ -39,7 +39,7 @@ fn requests_are_counted_per_peer_and_operation_on_both_sides() {
 
     let m = metrics(&p.client);
     let c = m.client(peer).expect("the peer's block");
-    assert_eq!((c.role, c.task.as_deref()), (Role::Client, Some("ps:0")));
+    assert_eq!((c.side, c.task.as_deref()), (Side::Client, Some("ps:0")));
     assert_eq!(c.connections, 1);
     let ping = c.op(RequestKind::Ping);
     assert_eq!((ping.requests, ping.outcome(Outcome::Ok)), (2, 2));
@@ -62,7 +62,7 @@ fn requests_are_counted_per_peer_and_operation_on_both_sides() {
     // requests are what the client sent.
     let m = metrics(&p.server);
     let s = m.served("worker:0").expect("the served peer's block");
-    assert_eq!(s.role, Role::Server);
+    assert_eq!(s.side, Side::Server);
     let served = s.op(RequestKind::Pull);
     assert_eq!((served.requests, served.outcome(Outcome::Ok)), (2, 2));
     assert_eq!(served.tensors, 6);

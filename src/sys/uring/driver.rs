@@ -53,7 +53,7 @@ use super::{
 };
 use super::{USER_DATA_DOORBELL, USER_DATA_RESERVED_MIN};
 use crate::sys::doorbell::Doorbell;
-use crate::sys::ops::{decode, user_data, Completion, Op, ACCEPT_DIRECT};
+use crate::sys::ops::{decode, user_data, IoCompletion, Op, ACCEPT_DIRECT};
 
 /// Most stash entries a slot has room for from the start (12 bytes each: 3 KiB per
 /// connection), whatever the ring's size.
@@ -818,7 +818,7 @@ impl UringDriver {
         &mut self,
         wait: bool,
         timeout: Option<Duration>,
-        f: &mut dyn FnMut(Completion),
+        f: &mut dyn FnMut(IoCompletion),
     ) -> io::Result<usize> {
         let ready = self.multi.as_ref().is_some_and(|m| !m.ready.is_empty());
         // One enter at most: it submits everything queued since the last one and, when the
@@ -863,9 +863,9 @@ impl UringDriver {
             let Some(c) = decode(user_data, result) else {
                 return 0;
             };
-            rearm |= matches!(c, Completion::Doorbell);
+            rearm |= matches!(c, IoCompletion::Doorbell);
             // The last completion of an accept: none follows without a new one.
-            accept_ended |= matches!(c, Completion::Accepted(_)) && !cqueue::more(flags);
+            accept_ended |= matches!(c, IoCompletion::Accepted(_)) && !cqueue::more(flags);
             f(c);
             1
         };

@@ -102,7 +102,7 @@ pub struct Capabilities {
     pub feat_recvsend_bundle: bool,
     /// Submission queue size the kernel granted.
     pub sq_entries: u32,
-    /// Completion queue size the kernel granted.
+    /// IoCompletion queue size the kernel granted.
     pub cq_entries: u32,
     /// The ring was set up with `IORING_SETUP_SINGLE_ISSUER` (Linux 6.0): only its loop
     /// thread submits.
@@ -156,7 +156,7 @@ pub enum SetupFlags {
 
 /// One set of setup flags to try.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
+enum TaskRun {
     /// `SINGLE_ISSUER | DEFER_TASKRUN | TASKRUN_FLAG`, created disabled (`R_DISABLED`) and
     /// enabled by the first thread that enters it, which becomes its only issuer.
     Deferred,
@@ -166,20 +166,20 @@ enum Mode {
     Plain,
 }
 
-impl Mode {
+impl TaskRun {
     fn build(self, entries: u32) -> io::Result<IoUring> {
         let mut b = IoUring::builder();
         match self {
-            Mode::Deferred => {
+            TaskRun::Deferred => {
                 b.setup_single_issuer()
                     .setup_defer_taskrun()
                     .setup_taskrun_flag()
                     .setup_r_disabled();
             }
-            Mode::Coop => {
+            TaskRun::Coop => {
                 b.setup_coop_taskrun().setup_taskrun_flag();
             }
-            Mode::Plain => {}
+            TaskRun::Plain => {}
         }
         b.build(entries)
     }
@@ -188,16 +188,16 @@ impl Mode {
 /// Creates the ring with the first flags in `flags`' order that the kernel accepts. Only
 /// EINVAL (a flag this kernel does not know) moves on to the next; any other error is
 /// returned as it is.
-fn build_ring(entries: u32, flags: SetupFlags) -> io::Result<(IoUring, Mode)> {
-    let order: &[Mode] = match flags {
-        SetupFlags::Auto => &[Mode::Deferred, Mode::Coop, Mode::Plain],
-        SetupFlags::Off => &[Mode::Plain],
+fn build_ring(entries: u32, flags: SetupFlags) -> io::Result<(IoUring, TaskRun)> {
+    let order: &[TaskRun] = match flags {
+        SetupFlags::Auto => &[TaskRun::Deferred, TaskRun::Coop, TaskRun::Plain],
+        SetupFlags::Off => &[TaskRun::Plain],
     };
     let mut last = None;
     for &mode in order {
         match mode.build(entries) {
             Ok(ring) => return Ok((ring, mode)),
-            Err(err) if err.raw_os_error() == Some(libc::EINVAL) && mode != Mode::Plain => {
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) && mode != TaskRun::Plain => {
                 log::debug!("io_uring setup with {mode:?} flags refused ({err}); trying fewer");
                 last = Some(err);
             }
@@ -365,10 +365,10 @@ impl Ring {
         let (mut ring, mode) =
             build_ring(entries, flags).map_err(|err| setup_error(err, entries))?;
         let mut caps = Capabilities::probe(&ring);
-        caps.single_issuer = mode == Mode::Deferred;
-        caps.defer_taskrun = mode == Mode::Deferred;
-        caps.coop_taskrun = mode == Mode::Coop;
-        caps.taskrun_flag = mode != Mode::Plain;
+        caps.single_issuer = mode == TaskRun::Deferred;
+        caps.defer_taskrun = mode == TaskRun::Deferred;
+        caps.coop_taskrun = mode == TaskRun::Coop;
+        caps.taskrun_flag = mode != TaskRun::Plain;
         // Registered by the thread that first enters the ring (its issuer, on a
         // SINGLE_ISSUER ring), at that first enter; Linux 5.18, implied by the task-work
         // flags (5.19).
@@ -383,7 +383,7 @@ impl Ring {
             park_ts: Box::new(types::Timespec::new()),
             park_timers_live: 0,
             dropped_seen,
-            enabled: mode != Mode::Deferred,
+            enabled: mode != TaskRun::Deferred,
             enters: 0,
             ring_fd: None,
             ring_fd_wanted: caps.registered_ring_fd,

@@ -22,7 +22,7 @@ const SMALLEST: Limits = Limits {
 #[test]
 fn fixture_hello() {
     let (h, body, payload) = parse_ok(HELLO);
-    let want_h = hdr(Kind::Hello, false, Status::Ok, 0, 0, 58, 0);
+    let want_h = hdr(FrameKind::Hello, false, Status::Ok, 0, 0, 58, 0);
     assert_eq!(h, want_h);
     assert!(payload.is_empty());
     let Body::Hello(r) = body else {
@@ -52,7 +52,7 @@ fn fixture_hello() {
 #[test]
 fn fixture_hello_ack() {
     let (h, body, payload) = parse_ok(HELLO_ACK);
-    let want_h = hdr(Kind::HelloAck, false, Status::Ok, 0, 0, 50, 0);
+    let want_h = hdr(FrameKind::HelloAck, false, Status::Ok, 0, 0, 50, 0);
     assert_eq!(h, want_h);
     assert!(payload.is_empty());
     let Body::HelloAck(r) = body else {
@@ -82,7 +82,7 @@ fn fixture_hello_ack() {
 fn fixture_ping_pong_section_7() {
     let (h, body, payload) = parse_ok(PING);
     let want_ping = hdr(
-        Kind::Ping,
+        FrameKind::Ping,
         false,
         Status::Ok,
         0,
@@ -102,7 +102,7 @@ fn fixture_ping_pong_section_7() {
 
     let (h, body, payload) = parse_ok(PONG);
     let want_pong = HeaderRepr {
-        kind: Kind::Pong,
+        kind: FrameKind::Pong,
         end: true,
         ..want_ping
     };
@@ -121,7 +121,7 @@ fn fixture_ping_pong_section_7() {
 fn fixture_recv() {
     let (h, body, payload) = parse_ok(RECV);
     let want_h = hdr(
-        Kind::Recv,
+        FrameKind::Recv,
         false,
         Status::Ok,
         1,
@@ -151,7 +151,7 @@ fn fixture_recv() {
 fn fixture_fused_recv() {
     let (h, body, payload) = parse_ok(FUSED_RECV);
     let want_h = hdr(
-        Kind::FusedRecv,
+        FrameKind::FusedRecv,
         false,
         Status::Ok,
         3,
@@ -180,7 +180,7 @@ fn fixture_fused_recv() {
 fn fixture_pull() {
     let (h, body, payload) = parse_ok(PULL);
     let want_h = hdr(
-        Kind::Pull,
+        FrameKind::Pull,
         false,
         Status::Ok,
         3,
@@ -212,7 +212,7 @@ fn fixture_pull() {
 fn fixture_push() {
     let (h, body, payload) = parse_ok(PUSH);
     let want_h = hdr(
-        Kind::Push,
+        FrameKind::Push,
         false,
         Status::Ok,
         2,
@@ -277,7 +277,7 @@ fn fixture_push() {
 fn fixture_push_chunked() {
     let (h, body, payload) = parse_ok(PUSH_CHUNKED);
     let want_h = hdr(
-        Kind::Push,
+        FrameKind::Push,
         false,
         Status::Ok,
         2,
@@ -328,7 +328,7 @@ fn fixture_push_chunked() {
 fn fixture_response() {
     let (h, body, payload) = parse_ok(RESPONSE);
     let want_h = hdr(
-        Kind::Response,
+        FrameKind::Response,
         true,
         Status::Ok,
         3,
@@ -396,7 +396,7 @@ fn fixture_response() {
 fn fixture_response_empty_and_chunked() {
     let (h, body, payload) = parse_ok(RESPONSE_EMPTY);
     let want_h = hdr(
-        Kind::Response,
+        FrameKind::Response,
         true,
         Status::Ok,
         0,
@@ -415,7 +415,7 @@ fn fixture_response_empty_and_chunked() {
 
     let (h, body, payload) = parse_ok(RESPONSE_CHUNKED);
     let want_h = hdr(
-        Kind::Response,
+        FrameKind::Response,
         false,
         Status::Ok,
         1,
@@ -454,7 +454,7 @@ fn fixture_response_empty_and_chunked() {
 #[test]
 fn fixture_errors() {
     let (h, body, payload) = parse_ok(ERROR_CONN);
-    let want_h = hdr(Kind::Error, false, Status::ClusterMismatch, 0, 0, 9, 0);
+    let want_h = hdr(FrameKind::Error, false, Status::ClusterMismatch, 0, 0, 9, 0);
     assert_eq!(h, want_h);
     assert!(payload.is_empty());
     let Body::Error(e) = body else {
@@ -470,7 +470,7 @@ fn fixture_errors() {
 
     let (h, body, _) = parse_ok(ERROR_REQ);
     let want_h = hdr(
-        Kind::Error,
+        FrameKind::Error,
         true,
         Status::Unimplemented,
         0,
@@ -505,7 +505,7 @@ fn fixture_errors() {
 fn fixture_chunk() {
     let (h, body, payload) = parse_ok(CHUNK);
     let want_h = hdr(
-        Kind::Chunk,
+        FrameKind::Chunk,
         false,
         Status::Ok,
         1,
@@ -551,38 +551,38 @@ fn tables_match_spec() {
     assert_eq!(MAGIC, [0x53, 0x57, 0x52, 0x45]);
     assert_eq!((VERSION, HEADER_LEN, FLAG_END), (2, 32, 1));
     let kinds = [
-        Kind::Hello,
-        Kind::HelloAck,
-        Kind::Ping,
-        Kind::Pong,
-        Kind::Recv,
-        Kind::FusedRecv,
-        Kind::Pull,
-        Kind::Push,
-        Kind::Response,
-        Kind::Error,
-        Kind::Chunk,
-        Kind::PullRows,
-        Kind::PushRows,
-        Kind::Cancel,
-        Kind::Stats,
+        FrameKind::Hello,
+        FrameKind::HelloAck,
+        FrameKind::Ping,
+        FrameKind::Pong,
+        FrameKind::Recv,
+        FrameKind::FusedRecv,
+        FrameKind::Pull,
+        FrameKind::Push,
+        FrameKind::Response,
+        FrameKind::Error,
+        FrameKind::Chunk,
+        FrameKind::PullRows,
+        FrameKind::PushRows,
+        FrameKind::Cancel,
+        FrameKind::Stats,
     ];
     for (i, k) in kinds.iter().enumerate() {
-        assert_eq!(Kind::from(i as u8 + 1), *k);
+        assert_eq!(FrameKind::from(i as u8 + 1), *k);
         assert_eq!(u8::from(*k), i as u8 + 1);
     }
-    let requests: Vec<Kind> = kinds.iter().copied().filter(|k| k.is_request()).collect();
+    let requests: Vec<FrameKind> = kinds.iter().copied().filter(|k| k.is_request()).collect();
     assert_eq!(
         requests,
         [
-            Kind::Ping,
-            Kind::Recv,
-            Kind::FusedRecv,
-            Kind::Pull,
-            Kind::Push,
-            Kind::PullRows,
-            Kind::PushRows,
-            Kind::Stats
+            FrameKind::Ping,
+            FrameKind::Recv,
+            FrameKind::FusedRecv,
+            FrameKind::Pull,
+            FrameKind::Push,
+            FrameKind::PullRows,
+            FrameKind::PushRows,
+            FrameKind::Stats
         ]
     );
 
@@ -644,7 +644,7 @@ fn every_dtype_size_checked() {
 #[test]
 fn fixture_cancel() {
     let (h, body, payload) = parse_ok(CANCEL);
-    let want = hdr(Kind::Cancel, false, Status::Ok, 2, 0x0000_0002_0000_0001, 8, 0);
+    let want = hdr(FrameKind::Cancel, false, Status::Ok, 2, 0x0000_0002_0000_0001, 8, 0);
     assert_eq!(h, want);
     assert!(payload.is_empty());
     let Body::Cancel(items) = body else {
@@ -654,7 +654,7 @@ fn fixture_cancel() {
     assert_eq!(emit_frame(&want, 8, |b| emit_cancel_meta(&[2, 5], b), &[]), CANCEL);
     round_trip(CANCEL);
     let (h, body, _) = parse_ok(CANCEL_ALL);
-    assert_eq!(h, hdr(Kind::Cancel, false, Status::Ok, 0, 0x0000_0001_0000_0004, 0, 0));
+    assert_eq!(h, hdr(FrameKind::Cancel, false, Status::Ok, 0, 0x0000_0001_0000_0004, 0, 0));
     assert!(matches!(body, Body::Cancel(items) if items.is_empty()));
     round_trip(CANCEL_ALL);
 }
@@ -664,7 +664,7 @@ fn fixture_stats() {
     let (h, body, payload) = parse_ok(STATS);
     let want = HeaderRepr {
         timeout_ms: 2000,
-        ..hdr(Kind::Stats, false, Status::Ok, 0, 0x0000_0001_0000_0005, 0, 0)
+        ..hdr(FrameKind::Stats, false, Status::Ok, 0, 0x0000_0001_0000_0005, 0, 0)
     };
     assert_eq!(h, want);
     assert_eq!(body, Body::Stats);
@@ -678,7 +678,7 @@ fn fixture_request_with_a_timeout() {
     let (h, body, _) = parse_ok(RECV_TIMEOUT);
     let want = HeaderRepr {
         timeout_ms: 1500,
-        ..hdr(Kind::Recv, false, Status::Ok, 1, 0x0000_0001_0000_0004, 13, 0)
+        ..hdr(FrameKind::Recv, false, Status::Ok, 1, 0x0000_0001_0000_0004, 13, 0)
     };
     assert_eq!(h, want);
     assert_eq!(body, parse_ok(RECV).1, "the same body as without a timeout");

@@ -361,7 +361,7 @@ const STATS: &[u8] = &[
 
 /// Whether frame bytes are of a request kind (bytes 8-11 are then `timeout_ms`).
 fn is_request(frame: &[u8]) -> bool {
-    Kind::from(frame[H_KIND]).is_request()
+    FrameKind::from(frame[H_KIND]).is_request()
 }
 
 const ALL: &[(&str, &[u8])] = &[
@@ -565,7 +565,7 @@ fn round_trip(frame: &[u8]) {
 }
 
 fn hdr(
-    kind: Kind,
+    kind: FrameKind,
     end: bool,
     status: Status,
     count: u32,

@@ -869,7 +869,7 @@ fn exercise(frame: &[u8], limits: &Limits) -> bool {
             inline += t.meta.byte_len;
         }
     }
-    if matches!(header.kind, Kind::Push | Kind::Response) {
+    if matches!(header.kind, FrameKind::Push | FrameKind::Response) {
         assert_eq!(inline, header.payload_len as u64);
     }
     // Accepted encodings are canonical: the emit code reproduces them exactly.

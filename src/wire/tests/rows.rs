@@ -73,7 +73,7 @@ const H5: u64 = 0x0000_0001_0000_0005;
 #[test]
 fn fixture_pull_rows() {
     let (h, body, payload) = parse_ok(PULL_ROWS);
-    let want_h = hdr(Kind::PullRows, false, Status::Ok, 1, H5, 56, 0);
+    let want_h = hdr(FrameKind::PullRows, false, Status::Ok, 1, H5, 56, 0);
     assert_eq!(h, want_h);
     assert!(payload.is_empty());
     let Body::PullRows(mut tables) = body else {
@@ -100,7 +100,7 @@ fn fixture_pull_rows() {
 #[test]
 fn fixture_push_rows() {
     let (h, body, payload) = parse_ok(PUSH_ROWS);
-    let want_h = hdr(Kind::PushRows, false, Status::Ok, 1, H5, 56, 6);
+    let want_h = hdr(FrameKind::PushRows, false, Status::Ok, 1, H5, 56, 6);
     assert_eq!(h, want_h);
     assert_eq!(payload, [1, 1, 1, 2, 2, 2]);
     let tensors: Vec<_> = body.tensors().collect();
@@ -120,7 +120,7 @@ fn fixture_push_rows() {
 #[test]
 fn fixture_rows_answer_with_a_missing_row() {
     let (h, body, payload) = parse_ok(ROWS_ANSWER);
-    let want_h = hdr(Kind::Response, true, Status::Ok, 1, H5, 48, 32);
+    let want_h = hdr(FrameKind::Response, true, Status::Ok, 1, H5, 48, 32);
     assert_eq!(h, want_h);
     let Body::Response(mut entries) = body else {
         panic!("{body:?}")

@@ -1,7 +1,7 @@
 //! The workloads over starwire: a `Service` on a one-loop runtime, and clients that keep
 //! requests in flight on one `Handle` with the allocation-free calls.
 
-use starwire::client::Driver;
+use starwire::client::Mode;
 use starwire::config::ConfigBuilder;
 use starwire::rows::Rows;
 use starwire::{Completion, Embedded, Handle, Options, Reply, Runtime, Service, Table, Tensor};
@@ -143,7 +143,7 @@ trait Client {
     fn recycle(&mut self, c: Completion);
 }
 
-impl<D: Driver> Client for starwire::Client<D> {
+impl<M: Mode> Client for starwire::Client<M> {
     fn submit(
         &mut self,
         op: Op,

@@ -22,7 +22,7 @@
 //! `127.0.0.1:5555` are different addresses here.
 //!
 //! ```
-//! use starwire::endpoint_map::{EndpointMap, HostPort};
+//! use starwire::cluster::endpoint_map::{EndpointMap, HostPort};
 //!
 //! let text = b"# ps 0\n127.0.0.1:3333=127.0.0.1:5555\n127.0.0.1:4444=127.0.0.1:6666\n";
 //! let map = EndpointMap::parse(".endpoint_map", text).unwrap();
@@ -398,7 +398,7 @@ impl EndpointMap {
                 }
             };
             let mut sound = true;
-            let mut check = |side: Side, text: &str| match HostPort::parse(text) {
+            let mut check = |side: AddrKind, text: &str| match HostPort::parse(text) {
                 Ok(a) if a.host.ip().is_some_and(|ip| ip.is_unspecified()) => {
                     report(
                         Some(line),
@@ -424,8 +424,8 @@ impl EndpointMap {
                     None
                 }
             };
-            let control = check(Side::Control, control);
-            let data = check(Side::Data, data);
+            let control = check(AddrKind::Control, control);
+            let data = check(AddrKind::Data, data);
             let (Some(control), Some(data), true) = (control, data, sound) else {
                 continue;
             };
@@ -626,18 +626,18 @@ fn read_limited(path: &Path) -> Result<Vec<u8>, LoadError> {
 
 /// Which address of an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
+pub enum AddrKind {
     /// The left one, the task's address in the cluster spec.
     Control,
     /// The right one, where starwire listens.
     Data,
 }
 
-impl fmt::Display for Side {
+impl fmt::Display for AddrKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Side::Control => "control",
-            Side::Data => "data",
+            AddrKind::Control => "control",
+            AddrKind::Data => "data",
         })
     }
 }
@@ -694,7 +694,7 @@ pub enum ProblemKind {
     /// A malformed address.
     BadAddress {
         /// Which one.
-        side: Side,
+        side: AddrKind,
         /// As written.
         text: String,
         /// What is wrong.
@@ -703,7 +703,7 @@ pub enum ProblemKind {
     /// `0.0.0.0` or `[::]`: nobody can connect to it.
     Unspecified {
         /// Which one.
-        side: Side,
+        side: AddrKind,
         /// The address.
         addr: HostPort,
     },

@@ -91,7 +91,7 @@ ps-2.svc:3333=ps-2.svc:5555#not-a-comment-but-fine?
         (
             Some(6),
             ProblemKind::BadAddress {
-                side: Side::Data,
+                side: AddrKind::Data,
                 error: AddrError::BadPort,
                 ..
             }
@@ -150,7 +150,7 @@ bad host:1=127.0.0.1:2
     assert!(matches!(
         p[1].1,
         ProblemKind::BadAddress {
-            side: Side::Data,
+            side: AddrKind::Data,
             error: AddrError::PortZero,
             ..
         }
@@ -158,7 +158,7 @@ bad host:1=127.0.0.1:2
     assert!(matches!(
         p[2].1,
         ProblemKind::BadAddress {
-            side: Side::Data,
+            side: AddrKind::Data,
             error: AddrError::PortRange,
             ..
         }
@@ -193,7 +193,7 @@ bad host:1=127.0.0.1:2
     assert!(matches!(
         p[8].1,
         ProblemKind::BadAddress {
-            side: Side::Control,
+            side: AddrKind::Control,
             error: AddrError::BadChar(' '),
             ..
         }
@@ -201,14 +201,14 @@ bad host:1=127.0.0.1:2
     assert!(matches!(
         p[9].1,
         ProblemKind::Unspecified {
-            side: Side::Control,
+            side: AddrKind::Control,
             ..
         }
     ));
     assert!(matches!(
         p[10].1,
         ProblemKind::BadAddress {
-            side: Side::Control,
+            side: AddrKind::Control,
             error: AddrError::Empty,
             ..
         }
@@ -216,7 +216,7 @@ bad host:1=127.0.0.1:2
     assert!(matches!(
         p[11].1,
         ProblemKind::BadAddress {
-            side: Side::Data,
+            side: AddrKind::Data,
             error: AddrError::Empty,
             ..
         }

@@ -1,4 +1,5 @@
-//! Tables of embedding rows a PS task serves, and [`MemTable`], a reference in-memory one.
+//! [`MemTable`], a reference in-memory table of embedding rows, and [`Tables`], the tables a
+//! PS task serves.
 //!
 //! A [`Table`] answers a pull of ids with one packed block of rows and applies a push of
 //! gradient rows. Rows travel as raw little-endian bytes with no alignment, `row_bytes`
@@ -6,7 +7,8 @@
 //! scatters and merges. [`Tables`] names the tables a PS serves by a `u32` id.
 //!
 //! ```
-//! use starwire::table::{Init, MemTable, Optimizer, Table, Tables};
+//! use starwire::rows::{Init, MemTable, Optimizer, Tables};
+//! use starwire::Table;
 //! use std::sync::Arc;
 //!
 //! let table = MemTable::new(2, Init::Zeros, Optimizer::Sgd { lr: 0.5 });
@@ -25,48 +27,8 @@ use core::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::hash::{splitmix64, IdMap};
+use crate::service::{Service, Table};
 use crate::wire::{DType, Status};
-
-/// A table of embedding rows served by a PS task. Called from several event-loop threads at
-/// once.
-pub trait Table: Send + Sync {
-    /// Element type of the rows.
-    fn dtype(&self) -> DType;
-
-    /// Shape of one row (e.g. `[dim]`).
-    fn row_dims(&self) -> &[u64];
-
-    /// Writes the rows of `ids`, in order, into `out`: exactly `ids.len() * row_bytes`
-    /// bytes, row `i` at `i * row_bytes`, little-endian elements; `out` has no alignment.
-    /// For an id it has no row for, writes zeros and appends the id's position to `missing`
-    /// (positions increasing). Any other failure: a non-OK [`Status`]
-    /// ([`Status::InvalidArgument`] for an `out` of the wrong length).
-    fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status;
-
-    /// Applies the gradient rows `grads` (same layout as [`pull`](Self::pull)'s `out`) to
-    /// the rows of `ids`. [`Status::InvalidArgument`] for `grads` of the wrong length.
-    fn push(&self, ids: &[u64], grads: &[u8]) -> Status;
-
-    /// Bytes of one row: the element size times the product of [`row_dims`](Self::row_dims).
-    /// Saturates at `usize::MAX` (an unknown dtype, an overflowing shape), a length no
-    /// buffer has.
-    fn row_bytes(&self) -> usize {
-        row_bytes(self.dtype(), self.row_dims())
-    }
-}
-
-/// Bytes of a row of `dtype` elements shaped `dims`; `usize::MAX` for an unknown dtype or a
-/// size that overflows.
-pub fn row_bytes(dtype: DType, dims: &[u64]) -> usize {
-    let elem = match dtype.size() {
-        Some(n) => n,
-        None => return usize::MAX,
-    };
-    dims.iter()
-        .try_fold(elem, |acc, &d| acc.checked_mul(d))
-        .and_then(|n| usize::try_from(n).ok())
-        .unwrap_or(usize::MAX)
-}
 
 /// Whether `len` is exactly `n` rows of `row_bytes`.
 fn is_rows_len(len: usize, n: usize, row_bytes: usize) -> bool {
@@ -135,7 +97,7 @@ const SHARD_SALT: u64 = 0x6a09_e667_f3bc_c909;
 
 /// The rows of one shard of a [`MemTable`].
 #[derive(Default)]
-struct Rows {
+struct ShardRows {
     /// Id -> index of its row.
     index: IdMap<usize>,
     /// Row `i` at `values[i * dim..][..dim]`.
@@ -155,7 +117,7 @@ pub struct MemTable {
     dim: usize,
     init: Init,
     optimizer: Optimizer,
-    shards: Box<[Mutex<Rows>]>,
+    shards: Box<[Mutex<ShardRows>]>,
 }
 
 impl MemTable {
@@ -203,13 +165,13 @@ impl MemTable {
     }
 
     /// The locked shard that holds `id`.
-    fn rows(&self, id: u64) -> MutexGuard<'_, Rows> {
+    fn rows(&self, id: u64) -> MutexGuard<'_, ShardRows> {
         let shard = (splitmix64(id ^ SHARD_SALT) >> (64 - SHARDS.trailing_zeros())) as usize;
         lock(&self.shards[shard])
     }
 
     /// Index of `id`'s row in `rows`, created with the initial values if absent.
-    fn row_or_insert(&self, rows: &mut Rows, id: u64) -> usize {
+    fn row_or_insert(&self, rows: &mut ShardRows, id: u64) -> usize {
         if let Some(&at) = rows.index.get(&id) {
             return at;
         }
@@ -231,7 +193,7 @@ impl MemTable {
 
 /// Locks a shard; a poisoned lock is taken as is (a row is at worst half-updated, which a
 /// later step corrects, rather than a PS task that fails every request).
-fn lock(shard: &Mutex<Rows>) -> MutexGuard<'_, Rows> {
+fn lock(shard: &Mutex<ShardRows>) -> MutexGuard<'_, ShardRows> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -374,9 +336,18 @@ impl fmt::Debug for Tables {
     }
 }
 
+/// A registry of tables serves their rows; pulls and pushes of tensors by id are
+/// `UNIMPLEMENTED`.
+impl Service for Tables {
+    fn table(&self, table: u32) -> Option<&dyn Table> {
+        self.get(table)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::row_bytes;
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()

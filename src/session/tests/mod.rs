@@ -690,7 +690,7 @@ fn error_statuses(bytes: &[u8]) -> Vec<Status> {
         while let Ok(Some(ev)) = d.poll() {
             progressed = true;
             if let crate::proto::Event::Frame(f) = ev {
-                if f.header.kind == crate::wire::Kind::Error {
+                if f.header.kind == crate::wire::FrameKind::Error {
                     out.push(f.header.status);
                 }
             }

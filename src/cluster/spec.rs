@@ -1,44 +1,14 @@
-//! The cluster spec: which tasks a training job has and their control addresses, and,
-//! through the [`EndpointMap`], the data address of each.
-//!
-//! A spec comes from the comma lists a launcher passes (`--ps_hosts=a:2222,b:2222`
-//! `--worker_hosts=...`, see [`ClusterSpec::add_job`]) or from the `TF_CONFIG` JSON that
-//! Kubernetes training operators set (see [`TfConfig`]):
-//!
-//! ```json
-//! {"cluster": {"ps": ["ps-0:2222"], "worker": ["worker-0:2222", "worker-1:2222"]},
-//!  "task": {"type": "worker", "index": 1}}
-//! ```
-//!
-//! [`Cluster::resolve`] joins a spec with an endpoint map. A task with no entry in the
-//! map is an error naming its job and index; so is a control address used by two tasks.
-//!
-//! ```
-//! use starwire::cluster::{Cluster, TfConfig, TaskId};
-//! use starwire::endpoint_map::EndpointMap;
-//!
-//! let tf = TfConfig::parse(r#"{"cluster": {"ps": ["10.0.0.1:2222"],
-//!     "worker": ["10.0.0.2:2222"]}, "task": {"type": "worker", "index": 0}}"#)?;
-//! let map = EndpointMap::parse(".endpoint_map",
-//!     b"10.0.0.1:2222=10.0.0.1:5555\n10.0.0.2:2222=10.0.0.2:5555\n").unwrap();
-//! let cluster = Cluster::resolve(&tf.cluster, &map).unwrap();
-//! let ps0 = cluster.task(&TaskId::new("ps", 0)).unwrap();
-//! assert_eq!(ps0.data.to_string(), "10.0.0.1:5555");
-//! assert_eq!(tf.task.unwrap().to_string(), "worker:0");
-//! # Ok::<(), starwire::cluster::ClusterError>(())
-//! ```
-
-mod json;
+//! The cluster spec: its jobs and tasks, from host lists or `TF_CONFIG`, joined with an
+//! endpoint map into a [`Cluster`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::str::FromStr;
 
-pub use json::JsonError;
-use json::{Node, Value};
+use super::json::{self, JsonError, Node, Value};
 
+use super::endpoint_map::{AddrError, EndpointMap, HostPort};
 use crate::config::{Role, MAX_JOB_LEN};
-use crate::endpoint_map::{AddrError, EndpointMap, HostPort};
 
 /// Environment variable holding the JSON cluster spec (TensorFlow's name).
 pub const ENV_TF_CONFIG: &str = "TF_CONFIG";

@@ -1,58 +1,5 @@
-//! Where a request goes: a [`Peer`], made once from an address or a task name and reused
-//! for every request at no cost.
-//!
-//! A [`Resolver`] turns a target text into a `Peer`:
-//!
-//! - a task name, `ps:0`, `/job:ps/task:0` or `/job:ps/replica:0/task:0`: its control
-//!   address from the cluster spec (`TF_CONFIG`, or host lists such as `--ps_hosts`), then
-//!   its data address from the [`.endpoint_map`](crate::endpoint_map), then a name lookup
-//!   when that address is a host name;
-//! - a `host:port`: an IPv4 address, a bracketed IPv6 address (`[::1]:5555`) or a host
-//!   name, looked up through the system resolver.
-//!
-//! A `job:index` text is a task name when the cluster spec has that job, else an address
-//! (`localhost:5555` stays an address); the `/job:` forms are always task names.
-//! Everything that can fail is a [`ResolveError`] naming the target and what failed.
-//!
-//! ```
-//! use starwire::cluster::ClusterSpec;
-//! use starwire::endpoint_map::EndpointMap;
-//! use starwire::peer::{Peer, Resolver};
-//!
-//! // Host lists, as a launcher passes them (`--ps_hosts`, `--worker_hosts`).
-//! let mut spec = ClusterSpec::new();
-//! spec.add_job("ps", "10.0.0.1:2222,10.0.0.2:2222").unwrap();
-//! spec.add_job("worker", "10.0.0.3:2222").unwrap();
-//! // Where each task's starwire listens.
-//! let map = EndpointMap::parse(
-//!     ".endpoint_map",
-//!     b"10.0.0.1:2222=10.0.0.1:5555\n10.0.0.2:2222=10.0.0.2:5555\n\
-//!       10.0.0.3:2222=10.0.0.3:5555\n",
-//! )
-//! .unwrap();
-//! let resolver = Resolver::from_spec(&spec, &map);
-//!
-//! let ps0 = resolver.resolve("ps:0")?;
-//! assert_eq!(resolver.resolve("/job:ps/task:0")?, ps0);
-//! assert_eq!(resolver.resolve("/job:ps/replica:0/task:0")?, ps0);
-//! assert_eq!(ps0.addr(), "10.0.0.1:5555".parse().unwrap());
-//! // Every PS, task 0 first.
-//! let all: Vec<String> = resolver.peers("ps")?.iter().map(Peer::to_string).collect();
-//! assert_eq!(all, ["10.0.0.1:5555", "10.0.0.2:5555"]);
-//! // An address needs no cluster.
-//! assert_eq!(Peer::parse("[::1]:5555")?.addr(), "[::1]:5555".parse().unwrap());
-//!
-//! let e = resolver.resolve("ps:2").unwrap_err();
-//! assert_eq!(
-//!     e.to_string(),
-//!     "ps:2 is not in the cluster spec (job ps has 2 tasks)"
-//! );
-//! # Ok::<(), starwire::peer::ResolveError>(())
-//! ```
-//!
-//! In a job that sets `TF_CONFIG`, [`Resolver::from_env`] reads it and the endpoint map
-//! (from [`TF_SEASTAR_ENDPOINT_MAP_PATH`](crate::endpoint_map::ENV_PATH), else the
-//! current folder).
+//! Turning a target text (a task name or an address) into a [`Peer`]; see the `cluster`
+//! module's documentation.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -62,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::str::FromStr;
 
-use crate::cluster::{Cluster, ClusterError, ClusterSpec, TaskId, TfConfig, ENV_TF_CONFIG};
-use crate::endpoint_map::{AddrError, EndpointMap, HostPort, LoadError};
+use super::endpoint_map::{AddrError, EndpointMap, HostPort, LoadError};
+use super::spec::{Cluster, ClusterError, ClusterSpec, TaskId, TfConfig, ENV_TF_CONFIG};
 
 /// A resolved peer: the data address of a task. Cheap to copy; requests take
 /// `impl Into<Peer>`, so a [`SocketAddr`] works too.
@@ -140,7 +87,7 @@ struct Known {
 
 /// Turns target texts into [`Peer`]s: task names through a cluster spec and an endpoint
 /// map, `host:port` texts through the system resolver. Built once, used for every target;
-/// see the [module documentation](self).
+/// see the [module documentation](crate::cluster).
 #[derive(Clone, Debug, Default)]
 pub struct Resolver {
     cluster: Option<Known>,

@@ -16,9 +16,9 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 
-use crate::cluster::TaskId;
+use super::resolver::{Peer, ResolveError, Resolver};
+use super::spec::TaskId;
 use crate::error::{Error, ErrorKind};
-use crate::peer::{Peer, ResolveError, Resolver};
 
 /// What changed in the cluster between two resolvers, task by task.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -152,7 +152,7 @@ mod tests {
                 format!("{a}=127.0.0.3:{}\n", a.port())
             })
             .collect();
-        let map = crate::endpoint_map::EndpointMap::parse("map", map.as_bytes()).unwrap();
+        let map = crate::cluster::endpoint_map::EndpointMap::parse("map", map.as_bytes()).unwrap();
         Resolver::from_spec(&spec, &map)
     }
 

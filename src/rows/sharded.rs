@@ -6,11 +6,11 @@ use std::time::Instant;
 
 use arrayvec::ArrayVec;
 
-use super::rows::invalid;
-use super::{Client, Driver};
+use super::plan::{Partition, Plan};
+use crate::client::{Client, Mode};
+use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
-use crate::peer::Peer;
-use crate::rows::{Partition, Plan, Rows, MAX_ROW_RANK};
+use crate::session::{Rows, MAX_ROW_RANK};
 use crate::tensor::Tensor;
 use crate::wire::{DType, Status};
 
@@ -99,14 +99,14 @@ impl Sharded {
         dtype: DType,
         row_dims: &[u64],
     ) -> Result<Sharded, Error> {
-        let plan = Plan::new(peers.len(), partition).map_err(|e| invalid(&e.to_string()))?;
+        let plan = Plan::new(peers.len(), partition).map_err(|e| Error::invalid(&e.to_string()))?;
         let mut dims = ArrayVec::new();
         dims.try_extend_from_slice(row_dims)
-            .map_err(|_| invalid("rows: too many row dimensions"))?;
+            .map_err(|_| Error::invalid("rows: too many row dimensions"))?;
         let row_bytes = Rows::new(table, dtype, row_dims, &[])
             .row_bytes()
             .filter(|&b| b > 0 && b <= usize::MAX as u64)
-            .ok_or_else(|| invalid("rows: unknown dtype or empty row"))?;
+            .ok_or_else(|| Error::invalid("rows: unknown dtype or empty row"))?;
         Ok(Sharded {
             tags: vec![None; peers.len()],
             plan,
@@ -130,8 +130,8 @@ impl Sharded {
     /// service's business. Fails, changing nothing, on an empty list or one the partition
     /// cannot spread ids over.
     pub fn set_peers(&mut self, peers: Vec<Peer>) -> Result<(), Error> {
-        let plan =
-            Plan::new(peers.len(), self.plan.partition()).map_err(|e| invalid(&e.to_string()))?;
+        let plan = Plan::new(peers.len(), self.plan.partition())
+            .map_err(|e| Error::invalid(&e.to_string()))?;
         self.tags.clear();
         self.tags.resize(peers.len(), None);
         self.plan = plan;
@@ -156,18 +156,20 @@ impl Sharded {
 
     fn check(&mut self, ids: &[u64], buf: &[u8], what: &str) -> Result<(), Error> {
         if buf.len() != ids.len() * self.row_bytes {
-            return Err(invalid(what));
+            return Err(Error::invalid(what));
         }
-        self.plan.build(ids).map_err(|e| invalid(&e.to_string()))
+        self.plan
+            .build(ids)
+            .map_err(|e| Error::invalid(&e.to_string()))
     }
 
     /// Pulls the rows of `ids` (duplicates allowed) into `out`, `ids.len() × row_bytes`
     /// bytes, row `i` for `ids[i]`. Rows a PS does not have are left zero and counted in
     /// the report. A PS that fails fails its part alone: the rows of the others are written
     /// and the report says which failed. `Err` only for invalid arguments.
-    pub fn pull<D: Driver>(
+    pub fn pull<M: Mode>(
         &mut self,
-        client: &mut Client<D>,
+        client: &mut Client<M>,
         ids: &[u64],
         out: &mut [u8],
         deadline: Option<Instant>,
@@ -213,7 +215,7 @@ impl Sharded {
                             self.plan
                                 .scatter(s, block.bytes(), self.row_bytes, out)
                                 .map(|()| n)
-                                .map_err(|e| invalid(&e.to_string()))
+                                .map_err(|e| Error::invalid(&e.to_string()))
                         }
                         Err(status) => Err(remote(status, self.peers[s])),
                     },
@@ -239,9 +241,9 @@ impl Sharded {
     /// not yet reported to the loop when the answer came) is left alone, and that PS's rows
     /// are summed into memory kept for that and copied when sent, so a step allocates
     /// nothing either way once the blocks have grown to the largest batch.
-    pub fn push<D: Driver>(
+    pub fn push<M: Mode>(
         &mut self,
-        client: &mut Client<D>,
+        client: &mut Client<M>,
         ids: &[u64],
         grads: &[u8],
         deadline: Option<Instant>,
@@ -268,7 +270,7 @@ impl Sharded {
                     if !block.reuse_as_bytes(len) {
                         // Room to grow: batches vary in distinct ids from step to step.
                         *block = Tensor::zeros(DType::U8, &[len.next_power_of_two() as u64])
-                            .map_err(|e| invalid(&e.to_string()))?;
+                            .map_err(|e| Error::invalid(&e.to_string()))?;
                         block.reuse_as_bytes(len);
                     }
                     block.bytes_mut()
@@ -282,7 +284,7 @@ impl Sharded {
             };
             self.plan
                 .merge(s, self.dtype, grads, rb, out)
-                .map_err(|e| invalid(&e.to_string()))?;
+                .map_err(|e| Error::invalid(&e.to_string()))?;
         }
         let mut report = std::mem::take(&mut self.report);
         report.shards.clear();

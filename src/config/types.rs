@@ -13,7 +13,7 @@ use super::error::{shown, ConfigError, Origin, Setting};
 use super::BackendChoice;
 
 /// The behaviour of one kind of setting holding a `T`.
-pub(crate) trait Kind<T: fmt::Debug> {
+pub(crate) trait SettingType<T: fmt::Debug> {
     /// The value of the variable `name`, `None` when unset.
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<T>, ConfigError>;
 
@@ -42,7 +42,7 @@ pub(crate) trait Kind<T: fmt::Debug> {
 /// `Debug` of a value through its kind (so a secret stays hidden).
 pub(crate) struct Shown<'a, K, T>(pub(crate) &'a K, pub(crate) &'a T);
 
-impl<K: Kind<T>, T: fmt::Debug> fmt::Debug for Shown<'_, K, T> {
+impl<K: SettingType<T>, T: fmt::Debug> fmt::Debug for Shown<'_, K, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.debug(self.1, f)
     }
@@ -104,7 +104,7 @@ impl<T: Int> Num<T> {
     }
 }
 
-impl<T: Int> Kind<T> for Num<T> {
+impl<T: Int> SettingType<T> for Num<T> {
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<T>, ConfigError> {
         let v = env.number(name, self.lo.to_u64(), self.hi.to_u64(), self.env_unit)?;
         // In range, so it fits `T`.
@@ -155,7 +155,7 @@ pub(crate) struct Opt<T> {
     pub(crate) none: &'static str,
 }
 
-impl<T: Int> Kind<Option<T>> for Opt<T> {
+impl<T: Int> SettingType<Option<T>> for Opt<T> {
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<Option<T>>, ConfigError> {
         Ok(self.some.read(env, name)?.map(Some))
     }
@@ -208,7 +208,7 @@ impl<T: Int> ZeroOr<T> {
     }
 }
 
-impl<T: Int> Kind<T> for ZeroOr<T> {
+impl<T: Int> SettingType<T> for ZeroOr<T> {
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<T>, ConfigError> {
         env.parse(name, &self.expected(), |s| {
             parse_decimal(s)
@@ -254,7 +254,7 @@ pub(crate) struct FitsFrame {
     pub(crate) overhead: u32,
 }
 
-impl Kind<u32> for FitsFrame {
+impl SettingType<u32> for FitsFrame {
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<u32>, ConfigError> {
         self.num.read(env, name)
     }
@@ -317,7 +317,7 @@ impl Time {
     }
 }
 
-impl Kind<Duration> for Time {
+impl SettingType<Duration> for Time {
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<Duration>, ConfigError> {
         let (lo, hi) = (self.count(self.lo), self.count(self.hi));
         let n = env.number(name, lo, hi, self.unit_words())?;
@@ -368,7 +368,7 @@ pub(crate) struct Flag {
     pub(crate) inverted: bool,
 }
 
-impl Kind<bool> for Flag {
+impl SettingType<bool> for Flag {
     fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<bool>, ConfigError> {
         Ok(env.boolean(name)?.map(|b| b != self.inverted))
     }
@@ -393,9 +393,9 @@ impl Kind<bool> for Flag {
 const BACKEND_EXPECTED: &str = "uring, epoll or auto";
 
 /// The I/O backend.
-pub(crate) struct Backend;
+pub(crate) struct BackendSetting;
 
-impl Kind<BackendChoice> for Backend {
+impl SettingType<BackendChoice> for BackendSetting {
     fn read(
         &self,
         env: &Env<'_>,
@@ -444,7 +444,7 @@ impl Secret {
     }
 }
 
-impl Kind<Option<Vec<u8>>> for Secret {
+impl SettingType<Option<Vec<u8>>> for Secret {
     /// The raw bytes: any bytes, not necessarily UTF-8.
     fn read(
         &self,

@@ -15,7 +15,7 @@ pub(crate) mod trace;
 
 pub use histogram::{bucket_high, bucket_low, Histogram, BUCKETS, MAX_TRACKED_NS, SUB_BUCKETS};
 pub use json::{MAX_PEERS_IN_DOCUMENT, STATS_FORMAT_VERSION};
-pub use peers::{Metrics, OpMetrics, Outcome, PeerMetrics, Role, OUTCOMES};
+pub use peers::{Metrics, OpMetrics, Outcome, PeerMetrics, Side, OUTCOMES};
 pub(crate) use peers::{PeerBlock, PeerRegistry};
 
 /// Kinds of request, for per-kind counters.
