@@ -5,6 +5,7 @@ use super::{Decoder, EncodeError, Encoder, EncoderConfig, Error, Event, NextRead
 use crate::wire::{Body, FrameKind, HelloRepr, Limits, Side, Status};
 use arrayvec::ArrayVec;
 use core::fmt;
+use std::borrow::Cow;
 
 /// This task's identity and the handshake policy.
 #[derive(Debug, Clone)]
@@ -62,7 +63,7 @@ pub enum CloseReason {
         /// Status sent.
         status: Status,
         /// Why.
-        reason: &'static str,
+        reason: Cow<'static, str>,
     },
 }
 
@@ -202,8 +203,11 @@ impl Connection {
 
     /// Closes the connection locally with a connection-level `ERROR` carrying `status`
     /// (e.g. the loop is shutting down).
-    pub fn abort(&mut self, status: Status, reason: &'static str) {
-        let reason = CloseReason::Rejected { status, reason };
+    pub fn abort(&mut self, status: Status, reason: impl Into<Cow<'static, str>>) {
+        let reason = CloseReason::Rejected {
+            status,
+            reason: reason.into(),
+        };
         close(
             &mut self.state,
             &mut self.closed,
@@ -262,11 +266,11 @@ impl Connection {
                     _ if !open || matches!(f.header.kind, FrameKind::Hello | FrameKind::HelloAck) => {
                         let reason = CloseReason::Rejected {
                             status: Status::Protocol,
-                            reason: if open {
+                            reason: Cow::Borrowed(if open {
                                 "second handshake"
                             } else {
                                 "frame before the handshake"
-                            },
+                            }),
                         };
                         close(
                             &mut self.state,
@@ -343,7 +347,10 @@ impl Connection {
             // A client that dislikes the HELLO_ACK just leaves; a server tells the client,
             // also when the client's first frame is a HELLO_ACK.
             let tell = (expected == FrameKind::Hello).then_some(status);
-            let reason = CloseReason::Rejected { status, reason };
+            let reason = CloseReason::Rejected {
+                status,
+                reason: reason.into(),
+            };
             close(
                 &mut self.state,
                 &mut self.closed,
@@ -613,7 +620,7 @@ mod tests {
             server.close_reason(),
             Some(CloseReason::Rejected {
                 status: Status::Protocol,
-                reason: "frame before the handshake"
+                reason: std::borrow::Cow::Borrowed("frame before the handshake")
             })
         ));
     }
@@ -630,7 +637,7 @@ mod tests {
         assert!(matches!(
             server.close_reason(),
             Some(CloseReason::Rejected {
-                reason: "second handshake",
+                reason: std::borrow::Cow::Borrowed("second handshake"),
                 ..
             })
         ));

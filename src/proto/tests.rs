@@ -833,3 +833,156 @@ fn partial_writes_from_lent_blocks_deliver_every_byte_once() {
     assert_eq!(drain_lent(&mut lent, 777), want);
     assert!(lent.block_count() <= 1 + super::encoder::FREE_BLOCKS_KEPT);
 }
+
+/// A stream of rows frames: a `PULL_ROWS` of two tables, a `PUSH_ROWS` of two tables (one
+/// block copied into the frame, one sent from its own memory), an answer whose block the
+/// table writes straight into the frame with a report of missing rows, and an answer whose
+/// block is too large for one frame and travels in chunks.
+fn rows_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
+    let mut store = HashMap::new();
+    let mut enc = Encoder::new(EncoderConfig {
+        inline_threshold: 16,
+        chunk_size: 1024,
+        ..EncoderConfig::default()
+    });
+    let (a, b) = ([3u64, 1, 4], [1u64, 5]);
+    let (dims_a, dims_b) = ([3u64, 2], [2u64, 3]);
+    let meta_a = TensorMeta::new(DType::F32, &dims_a).unwrap();
+    let meta_b = TensorMeta::new(DType::F32, &dims_b).unwrap();
+    let queries = [
+        RowsQuery {
+            table: 7,
+            block: meta_a,
+            ids: &a,
+        },
+        RowsQuery {
+            table: 9,
+            block: meta_b,
+            ids: &b,
+        },
+    ];
+    enc.pull_rows(0x1_0000_0001, &queries).unwrap();
+    let copied: Vec<u8> = (0..24u8).collect();
+    let referenced: Vec<u8> = (100..124u8).collect();
+    store.insert(5, referenced.clone());
+    let rows = [
+        RowsItem {
+            table: 7,
+            ids: &a,
+            block: OutTensor {
+                meta: meta_a,
+                bytes: &copied,
+                token: COPY_TOKEN,
+            },
+        },
+        RowsItem {
+            table: 9,
+            ids: &b,
+            block: OutTensor {
+                meta: meta_b,
+                bytes: &referenced,
+                token: 5,
+            },
+        },
+    ];
+    enc.push_rows(0x1_0000_0002, &rows).unwrap();
+    let (mut missing, mut spill) = (Vec::new(), Vec::new());
+    let direct = enc.response_block(
+        0x1_0000_0001,
+        false,
+        0,
+        &meta_a,
+        &mut missing,
+        &mut spill,
+        |out, missing| {
+            out.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+            missing.push(1);
+            Status::Ok
+        },
+    );
+    // Rows are missing: the block and the report go in an answer of their own.
+    let status = direct.unwrap().expect("missing rows are not answered in place");
+    assert_eq!(status, Status::Ok);
+    enc.response(
+        0x1_0000_0001,
+        false,
+        &[ResponseItem {
+            index: 0,
+            status,
+            tensor: Some(OutTensor {
+                meta: meta_a,
+                bytes: &spill,
+                token: COPY_TOKEN,
+            }),
+            missing: crate::wire::Missing::Native(&missing),
+        }],
+    )
+    .unwrap();
+    let dims_big = [1000u64, 3];
+    let big: Vec<u8> = (0..12_000u32).map(|i| (i % 241) as u8).collect();
+    store.insert(6, big.clone());
+    enc.response(
+        0x1_0000_0001,
+        true,
+        &[ResponseItem {
+            index: 1,
+            status: Status::Ok,
+            tensor: Some(OutTensor {
+                meta: TensorMeta::new(DType::F32, &dims_big).unwrap(),
+                bytes: &big,
+                token: 6,
+            }),
+            missing: crate::wire::Missing::default(),
+        }],
+    )
+    .unwrap();
+    (drain(&mut enc, &store, u64::MAX), store)
+}
+
+#[test]
+fn a_rows_stream_survives_every_split_point() {
+    let (bytes, store) = rows_stream();
+    let whole = decode(&bytes, &[usize::MAX], Limits::default());
+    assert_eq!(whole.1, None);
+    let kinds: Vec<FrameKind> = whole
+        .0
+        .iter()
+        .filter_map(|e| match e {
+            Ev::Frame(k, _, _) => Some(*k),
+            _ => None,
+        })
+        .collect();
+    use FrameKind::*;
+    assert_eq!(kinds[..4], [PullRows, PushRows, Response, Response]);
+    assert!(
+        kinds[4..].iter().all(|k| *k == Chunk) && kinds.len() > 5,
+        "the large block travels in chunks: {kinds:?}"
+    );
+    // The referenced block and the chunked one arrive intact.
+    let payload_of = |target: PayloadTarget| -> Vec<u8> {
+        whole
+            .0
+            .iter()
+            .filter_map(|e| match e {
+                Ev::Payload(t, _, d) if *t == target => Some(d.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    };
+    let pushed = payload_of(PayloadTarget::Tensor { index: 1 });
+    assert!(pushed.ends_with(&store[&5]), "the referenced block follows the copied one");
+    let chunked = payload_of(PayloadTarget::Chunk {
+        handle: 0x1_0000_0001,
+        index: 1,
+    });
+    assert_eq!(chunked, store[&6]);
+    for cut in 1..bytes.len() {
+        let got = decode(&bytes, &[cut, usize::MAX], Limits::default());
+        assert_eq!(got, whole, "cut at {cut}");
+    }
+    for piece in [1, 2, 3, 7, 31, 100, 1000] {
+        let got = decode(&bytes, &[piece], Limits::default());
+        assert_eq!(got, whole, "pieces of {piece}");
+    }
+}

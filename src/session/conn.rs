@@ -1,5 +1,7 @@
-//! One connection's protocol state: its codec, its phase, the requests waiting for it to
-//! open, the tensors its output references, and what is being received on it.
+//! One connection's state: its codec and phase, the requests waiting for it to open, the
+//! tensors its output references, what the bytes being received belong to, the peer's
+//! requests it is serving, and its timers. A new per-connection field is added here, in
+//! [`Conn`] and [`Conn::new`], and nowhere else.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -8,14 +10,14 @@ use std::time::Instant;
 
 use slab::Slab;
 
-use crate::ctx::{CtxKey, CtxSlab};
 use crate::error::{Error, ErrorKind};
-use crate::proto::{Connection, NextRead, PayloadTarget};
-use crate::tensor::{Tensor, TensorAllocator};
+use crate::proto::{CloseReason, Connection, Frame, PayloadTarget};
+use crate::tensor::Tensor;
+use crate::wire::{Body, FrameKind, Status};
 
 use super::budget::ConnBudget;
-use super::reply::IncomingPush;
-use super::request::Pending;
+use super::push::Served;
+use super::timer::ConnTimers;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -31,6 +33,63 @@ pub(crate) enum Phase {
     Closing,
 }
 
+/// Whose request the items of a frame belong to: the peer's handles and ours are separate
+/// namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Whose {
+    /// One of this task's requests (an answer to it).
+    Ours,
+    /// One of the peer's requests (a push it sends).
+    Peers,
+}
+
+impl Whose {
+    /// Whose items a frame of `kind` carries.
+    pub(crate) fn of(kind: FrameKind) -> Whose {
+        match kind {
+            FrameKind::Push | FrameKind::PushRows => Whose::Peers,
+            _ => Whose::Ours,
+        }
+    }
+}
+
+/// What the bytes being received belong to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inbound {
+    /// No frame decoded yet.
+    Idle,
+    /// A frame whose inline tensors are the items of request `handle`.
+    Frame { handle: u64, whose: Whose },
+    /// A `CHUNK` of item `index` of request `handle`, whose bytes end at `end`.
+    Chunk { handle: u64, index: u32, end: u64 },
+}
+
+/// Where payload goes: an item of a request (ours, or the peer's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub handle: u64,
+    pub index: u32,
+    pub whose: Whose,
+}
+
+/// What a connection lent to its receive in flight.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Lent {
+    /// Its receive buffer.
+    Buffer,
+    /// The memory of the tensor `route` leads to.
+    Tensor(Route),
+}
+
+/// A window in which a connection that owes bytes must deliver some of them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress {
+    /// When the window started; `None` while nothing is owed.
+    pub since: Option<Instant>,
+    /// Bytes received in the window.
+    pub bytes: u64,
+}
+
 pub(crate) struct Conn {
     pub proto: Connection,
     pub phase: Phase,
@@ -44,61 +103,41 @@ pub(crate) struct Conn {
     pub waiting: VecDeque<u64>,
     /// Whether the connection is in the session's list of connections with output.
     pub dirty: bool,
-    /// Set when the connection is being closed for an error; what in-flight requests get.
+    /// What its requests get when it is closed.
     pub failure: Error,
     /// Tensors whose bytes the encoder references, by token, until written.
     pub out_tensors: Slab<Arc<Tensor>>,
-    /// Handle of the last frame decoded: payload of inline tensors belongs to it.
-    pub cur_handle: u64,
-    /// Whether the last frame decoded is a `PUSH` (the peer's request) rather than a
-    /// `RESPONSE` (an answer to ours): the peer's handles and ours are separate namespaces.
-    pub cur_is_push: bool,
-    /// The last `CHUNK` decoded: handle, item index, and where its bytes end.
-    pub cur_chunk: (u64, u32, u64),
-    /// Chunked tensors declared and not complete, in the decoder's order: whether each was
-    /// declared by a `PUSH`, and its length.
-    pub chunk_owners: VecDeque<(bool, u64)>,
-    /// Pushes being received (server side).
-    pub incoming: Vec<IncomingPush>,
-    /// Recvs being answered (server side): handle and items still owed.
-    pub recvs: Vec<(u64, u32)>,
+    /// What the bytes being received belong to.
+    pub inbound: Inbound,
+    /// Chunked tensors declared and not complete, in the decoder's order: whose each is,
+    /// and its length.
+    pub chunks: VecDeque<(Whose, u64)>,
+    /// The peer's requests being served on it.
+    pub served: Served,
+    pub timers: ConnTimers,
     /// When the frame head being received (partly) started to arrive.
     pub head_since: Option<Instant>,
-    /// Whether a `FrameHead` timer is pending for this connection.
-    pub head_timer: bool,
+    /// Progress of bytes the peer owes (a frame begun, chunked tensors announced).
+    pub progress: Progress,
+    /// When bytes last arrived (or the connection opened): for the heartbeat.
+    pub last_heard: Instant,
     /// What the receive in flight writes into, lent out until it completes.
     pub lent: Option<Lent>,
     /// The encoder's arena bytes as last added to the loop's `send_arena_bytes`.
     pub arena_counted: usize,
     /// Its account of the receive budget.
     pub budget: ConnBudget,
-    /// Progress of bytes the peer owes (a frame begun, chunked tensors announced).
-    pub progress: Progress,
-    /// When bytes last arrived (or the connection opened): for the heartbeat.
-    pub last_heard: Instant,
-    /// Whether a `Heartbeat` timer is pending for this connection.
-    pub heartbeat_timer: bool,
-    /// Index of its peer's metric block in the session's table (`metrics::NO_PEER`: none).
-    pub metrics: u32,
-}
-
-/// A window in which a connection that owes bytes must deliver some of them.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Progress {
-    /// When the window started; `None` while nothing is owed.
-    pub since: Option<Instant>,
-    /// Bytes received in the window.
-    pub bytes: u64,
-    /// Whether a `Progress` timer is pending.
-    pub timer: bool,
+    /// Index of its peer's metric block (`observer::NO_PEER`: none).
+    pub peer: u32,
 }
 
 impl Conn {
-    pub fn new(
+    pub(crate) fn new(
         proto: Connection,
         phase: Phase,
         generation: u32,
         budget: ConnBudget,
+        peer: u32,
         now: Instant,
     ) -> Conn {
         Conn {
@@ -111,26 +150,37 @@ impl Conn {
             dirty: false,
             failure: Error::new(ErrorKind::ConnectionLost),
             out_tensors: Slab::new(),
-            cur_handle: 0,
-            cur_is_push: false,
-            cur_chunk: (0, 0, 0),
-            chunk_owners: VecDeque::new(),
-            incoming: Vec::new(),
-            recvs: Vec::new(),
+            inbound: Inbound::Idle,
+            chunks: VecDeque::new(),
+            served: Served::default(),
+            timers: ConnTimers::default(),
             head_since: None,
-            head_timer: false,
+            progress: Progress::default(),
+            last_heard: now,
             lent: None,
             arena_counted: 0,
             budget,
-            progress: Progress::default(),
-            last_heard: now,
-            heartbeat_timer: false,
-            metrics: super::metrics::NO_PEER,
+            peer,
         }
     }
 
+    /// The peer this connection was opened to (`None` for an accepted one).
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
+        self.outgoing.map(|(peer, _)| peer)
+    }
+
+    /// Whether it is the connection of `generation`, open and not closed by its protocol.
+    pub(crate) fn is_live(&self, generation: u32) -> bool {
+        self.generation == generation && self.phase == Phase::Open && !self.proto.is_closed()
+    }
+
+    /// Whether it can carry a new frame (open, and its protocol not closed).
+    pub(crate) fn can_send(&self) -> bool {
+        self.phase == Phase::Open && !self.proto.is_closed()
+    }
+
     /// Drops the references the encoder no longer needs.
-    pub fn release_tokens(&mut self) {
+    pub(crate) fn release_tokens(&mut self) {
         let Conn {
             proto, out_tensors, ..
         } = self;
@@ -138,134 +188,67 @@ impl Conn {
             out_tensors.try_remove(t as usize);
         });
     }
-}
 
-/// Adds connection `slot` to the list of connections with output, once.
-pub(crate) fn mark_dirty(dirty: &mut Vec<u32>, conn: &mut Conn, slot: u32) {
-    if !conn.dirty {
-        conn.dirty = true;
-        dirty.push(slot);
+    /// What its requests fail with, its protocol having closed: the peer's refusal, or the
+    /// violation this task found (a protocol error, whichever side opened it).
+    pub(crate) fn close_failure(&self) -> Error {
+        match self.proto.close_reason() {
+            Some(CloseReason::Refused { status, message }) => {
+                Error::new(ErrorKind::Refused(*status)).with_message(message.as_str())
+            }
+            Some(CloseReason::Rejected {
+                status: Status::Protocol,
+                reason,
+            }) => Error::new(ErrorKind::Protocol).with_message(&**reason),
+            Some(CloseReason::Rejected { status, .. }) if self.outgoing.is_some() => {
+                Error::new(ErrorKind::Refused(*status))
+            }
+            _ => Error::new(ErrorKind::Protocol),
+        }
+    }
+
+    /// Where payload for `target` goes.
+    pub(crate) fn route(&self, target: PayloadTarget) -> Option<Route> {
+        route(target, self.inbound, &self.chunks)
     }
 }
 
-/// Where payload goes: the item of a push the peer sent, or of an answer to our request.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Route {
-    handle: u64,
-    index: u32,
-    is_push: bool,
+/// Frame `f` was decoded: what its bytes belong to, and the chunked tensors it declares
+/// (mirroring the decoder's queue of them: it keeps every one it accepted, whatever is
+/// done with the frame), noting whose they are.
+pub(crate) fn receiving(inbound: &mut Inbound, chunks: &mut VecDeque<(Whose, u64)>, f: &Frame<'_>) {
+    let (handle, whose) = (f.header.handle, Whose::of(f.header.kind));
+    *inbound = match f.body {
+        Body::Chunk(c) => Inbound::Chunk {
+            handle,
+            index: c.index,
+            end: c.offset + f.header.payload_len as u64,
+        },
+        _ => Inbound::Frame { handle, whose },
+    };
+    for t in f.body.tensors().filter(|t| t.meta.chunked) {
+        chunks.push_back((whose, t.meta.byte_len));
+    }
 }
 
-/// The route of payload for `target`, from the current frame (inline tensors) or the
-/// oldest incomplete chunked tensor (chunks).
+/// Where payload for `target` goes: the current frame's item (inline tensors), or the
+/// oldest incomplete chunked tensor's (chunks, whose `chunks` lists).
 pub(crate) fn route(
     target: PayloadTarget,
-    cur_handle: u64,
-    cur_is_push: bool,
-    chunk_owners: &VecDeque<(bool, u64)>,
+    inbound: Inbound,
+    chunks: &VecDeque<(Whose, u64)>,
 ) -> Option<Route> {
-    match target {
-        PayloadTarget::Tensor { index } => Some(Route {
-            handle: cur_handle,
-            index,
-            is_push: cur_is_push,
-        }),
-        PayloadTarget::Chunk { handle, index } => Some(Route {
+    match (target, inbound) {
+        (PayloadTarget::Tensor { index }, Inbound::Frame { handle, whose }) => Some(Route {
             handle,
             index,
-            is_push: chunk_owners.front()?.0,
+            whose,
         }),
-        PayloadTarget::Opaque => None,
+        (PayloadTarget::Chunk { handle, index }, _) => Some(Route {
+            handle,
+            index,
+            whose: chunks.front()?.0,
+        }),
+        _ => None,
     }
-}
-
-/// The tensor receiving payload for item `index` of the request or push `handle`;
-/// memory for a chunked tensor is taken from the request's allocator (or `default`) when its
-/// first bytes arrive.
-pub(crate) fn tensor_for<'a>(
-    ctxs: &'a mut CtxSlab<Pending>,
-    incoming: &'a mut [IncomingPush],
-    slot: u32,
-    route: Route,
-    default: &dyn TensorAllocator,
-    budget: &ConnBudget,
-) -> Option<&'a mut Tensor> {
-    let Route {
-        handle,
-        index,
-        is_push,
-    } = route;
-    if is_push {
-        let p = incoming.iter_mut().find(|p| p.handle == handle)?;
-        return p.tensor_mut(index, default, budget);
-    }
-    let p = ctxs.get_mut(CtxKey::from_raw(handle)).ok()?;
-    if p.conn != slot {
-        return None;
-    }
-    let alloc: &dyn TensorAllocator = match &p.alloc {
-        Some(a) => &**a,
-        None => default,
-    };
-    p.state.tensor_mut(index, alloc, budget)
-}
-
-/// What a connection lent to its receive in flight ([`Session::lend_recv`](super::Session::lend_recv)).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Lent {
-    /// Its receive buffer.
-    Buffer,
-    /// The memory of the tensor `route` leads to.
-    Tensor(Route),
-}
-
-/// Where the next payload bytes of a connection may be received directly.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DirectPlace {
-    pub route: Route,
-    /// Where in the tensor, and how many bytes.
-    pub offset: usize,
-    pub len: usize,
-}
-
-/// Where the next payload bytes of `conn` may be received directly: when the decoder offers
-/// bytes of a tensor of at least `min` bytes that has memory of its own (allocated now, for
-/// a chunked tensor's first bytes).
-pub(crate) fn direct_place(
-    conn: &mut Conn,
-    ctxs: &mut CtxSlab<Pending>,
-    min: u64,
-    alloc: &dyn TensorAllocator,
-    slot: u32,
-) -> Option<DirectPlace> {
-    let NextRead::Payload {
-        target,
-        offset,
-        len,
-    } = conn.proto.next_read()
-    else {
-        return None;
-    };
-    let route = route(
-        target,
-        conn.cur_handle,
-        conn.cur_is_push,
-        &conn.chunk_owners,
-    )?;
-    let tensor = tensor_for(ctxs, &mut conn.incoming, slot, route, alloc, &conn.budget)?;
-    // The tensor's size decides, not what is left of it: once a large tensor is being
-    // received in place, its tail is too (a buffered read would also pull in what follows).
-    if (tensor.byte_len() as u64) < min || tensor.is_inline() {
-        return None;
-    }
-    let room = tensor.byte_len().checked_sub(offset as usize)?;
-    let n = (len.min(u32::MAX as u64) as usize).min(room);
-    if n == 0 {
-        return None;
-    }
-    Some(DirectPlace {
-        route,
-        offset: offset as usize,
-        len: n,
-    })
 }

@@ -1,58 +1,125 @@
-//! Keeping connections honest and alive: the frame-head and progress timers (a peer that
-//! stalls in the middle of what it sends is closed), the heartbeat (a silent peer is
-//! probed, then declared lost), and closing with an `ERROR` that says why. The timers'
-//! handlers are in `timer.rs`.
+//! Keeping connections honest and alive: a peer that stalls in the middle of a frame head
+//! or of bytes it owes is closed (`STARWIRE_FRAME_TIMEOUT_MS`,
+//! `STARWIRE_PROGRESS_TIMEOUT_MS`), and a silent peer is probed, then declared lost (the
+//! heartbeat). Each watch is one of the connection's timers; its verdict goes back to the
+//! session, which acts on it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::conn::{mark_dirty, Phase};
-use super::timer::Timer;
-use super::Session;
-use crate::error::Error;
-use crate::wire::Status;
+use super::conn::{Conn, Phase};
+use super::timer::{ConnTimer, Timers};
 
-impl Session {
-    /// Starts the frame-head timer when a frame's header or meta section has begun to
-    /// arrive and is not complete (`STARWIRE_FRAME_TIMEOUT_MS`): a peer that stalls or
-    /// trickles bytes there is disconnected instead of holding the connection forever.
-    pub(super) fn watch_frame_head(&mut self, slot: u32, now: Instant) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        let in_head = conn.phase != Phase::Closing && conn.proto.decoder().in_frame_head();
+/// Bytes a connection that owes bytes must deliver in each `progress_timeout` window (or
+/// finish what it owed): far below any working link, far above a trickle.
+pub(crate) const PROGRESS_MIN_BYTES: u64 = 4096;
+
+/// The handle of heartbeat `PING`s: generation 0, so it never names a request; their
+/// `PONG`s are recognised by it and dropped.
+pub(crate) const HEARTBEAT_HANDLE: u64 = crate::ctx::CtxKey::internal(1).to_raw();
+
+/// The limits a connection is watched against.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub frame_timeout: Duration,
+    pub progress_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    pub heartbeat_timeout: Duration,
+}
+
+/// What a watch found when its timer came due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// All is well (the watch goes on, or is over).
+    Fine,
+    /// A heartbeat `PING` was queued: the connection has output.
+    Probed,
+    /// The peer stalled in the middle of what it sends: close it, saying why.
+    Stalled(&'static str),
+    /// The peer has been silent for the heartbeat timeout: it is lost.
+    Silent(Duration),
+}
+
+impl Conn {
+    /// After bytes arrived: the frame-head timer runs while a frame's header or meta
+    /// section has begun to arrive and is not complete, so that a peer that stalls or
+    /// trickles bytes there is closed instead of holding the connection forever.
+    pub(crate) fn watch_frame_head(
+        &mut self,
+        slot: u32,
+        timers: &mut Timers,
+        l: &Limits,
+        now: Instant,
+    ) {
+        let in_head = self.phase != Phase::Closing && self.proto.decoder().in_frame_head();
         if !in_head {
-            conn.head_since = None;
+            self.head_since = None;
+            self.timers.stop(ConnTimer::FrameHead);
             return;
         }
-        conn.head_since.get_or_insert(now);
-        if !conn.head_timer {
-            // One timer per connection, however many frame heads arrive in pieces: when it
-            // fires early for a later head, it is set again for that head's deadline.
-            conn.head_timer = true;
-            let timer = Timer::FrameHead {
+        if self.head_since.is_none() {
+            self.head_since = Some(now);
+            let at = now + l.frame_timeout;
+            timers.set(
+                &mut self.timers,
                 slot,
-                generation: conn.generation,
-            };
-            self.timers.push(now + self.cfg.frame_timeout, timer);
+                self.generation,
+                ConnTimer::FrameHead,
+                at,
+            );
         }
     }
 
-    /// Counts `n` bytes toward the progress of what connection `slot` owes (a frame begun,
-    /// chunked tensors announced), and starts the `Progress` timer when something is owed
-    /// (`STARWIRE_PROGRESS_TIMEOUT_MS`): a peer that stops or trickles in the middle of
-    /// what it sends is disconnected instead of holding memory and the connection forever.
-    pub(super) fn watch_progress(&mut self, slot: u32, n: u64, now: Instant) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
+    /// The frame-head timer came due.
+    pub(crate) fn frame_head_due(
+        &mut self,
+        slot: u32,
+        timers: &mut Timers,
+        l: &Limits,
+        now: Instant,
+    ) -> Verdict {
+        let Some(since) = self.head_since else {
+            return Verdict::Fine;
         };
-        if conn.phase == Phase::Closing || conn.proto.is_closed() {
+        if since + l.frame_timeout > now {
+            let at = since + l.frame_timeout;
+            timers.set(
+                &mut self.timers,
+                slot,
+                self.generation,
+                ConnTimer::FrameHead,
+                at,
+            );
+            return Verdict::Fine;
+        }
+        log::warn!(
+            "connection {slot}: a frame's header and meta section did not arrive within {:?} \
+             (STARWIRE_FRAME_TIMEOUT_MS); closing",
+            l.frame_timeout
+        );
+        Verdict::Stalled("frame header and meta section not complete in time")
+    }
+
+    /// After `n` bytes arrived: counts them toward the progress of what the connection
+    /// owes (a frame begun, chunked tensors announced), and runs the progress timer while
+    /// something is owed, so that a peer that stops or trickles in the middle of what it
+    /// sends is closed instead of holding memory and the connection forever.
+    pub(crate) fn watch_progress(
+        &mut self,
+        slot: u32,
+        n: u64,
+        timers: &mut Timers,
+        l: &Limits,
+        now: Instant,
+    ) {
+        if self.phase == Phase::Closing || self.proto.is_closed() {
             return;
         }
-        let decoder = conn.proto.decoder();
+        let decoder = self.proto.decoder();
         let owed = !decoder.is_idle() || decoder.chunks_pending() > 0;
-        let p = &mut conn.progress;
+        let p = &mut self.progress;
         if !owed {
             p.since = None;
+            self.timers.stop(ConnTimer::Progress);
             return;
         }
         match p.since {
@@ -62,70 +129,117 @@ impl Session {
                 p.bytes = 0;
             }
         }
-        if !p.timer {
-            p.timer = true;
-            let timer = Timer::Progress {
+        if !self.timers.is_set(ConnTimer::Progress) {
+            let at = now + l.progress_timeout;
+            timers.set(
+                &mut self.timers,
                 slot,
-                generation: conn.generation,
-            };
-            self.timers.push(now + self.cfg.progress_timeout, timer);
+                self.generation,
+                ConnTimer::Progress,
+                at,
+            );
         }
     }
 
-    /// Sends an `ERROR` (`status`, `reason`) on connection `slot` and closes it once that
-    /// is written (or after `STARWIRE_CLOSE_LINGER_MS`); its requests fail with `failure`.
-    pub(super) fn close_with_error(
+    /// The progress timer came due: the connection is closed if it owed bytes for a whole
+    /// window and delivered fewer than [`PROGRESS_MIN_BYTES`].
+    pub(crate) fn progress_due(
         &mut self,
         slot: u32,
-        status: Status,
-        reason: &'static str,
-        failure: Error,
+        timers: &mut Timers,
+        l: &Limits,
+        now: Instant,
+    ) -> Verdict {
+        let timeout = l.progress_timeout;
+        let Some(since) = self.progress.since else {
+            return Verdict::Fine; // nothing owed any more
+        };
+        let next = if since + timeout > now {
+            since + timeout
+        } else if self.progress.bytes >= PROGRESS_MIN_BYTES {
+            // Enough arrived: a new window.
+            self.progress.since = Some(now);
+            self.progress.bytes = 0;
+            now + timeout
+        } else {
+            log::warn!(
+                "connection {slot}: the peer owes bytes of a frame or chunked tensor and sent \
+                 {} bytes in {timeout:?} (STARWIRE_PROGRESS_TIMEOUT_MS); closing",
+                self.progress.bytes
+            );
+            return Verdict::Stalled("no progress on a frame or chunked tensor in time");
+        };
+        timers.set(
+            &mut self.timers,
+            slot,
+            self.generation,
+            ConnTimer::Progress,
+            next,
+        );
+        Verdict::Fine
+    }
+
+    /// Starts the heartbeat of the connection, just opened (off when the interval is 0).
+    pub(crate) fn start_heartbeat(
+        &mut self,
+        slot: u32,
+        timers: &mut Timers,
+        l: &Limits,
         now: Instant,
     ) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        if conn.phase == Phase::Closing || conn.proto.is_closed() {
+        if l.heartbeat_interval.is_zero() || self.timers.is_set(ConnTimer::Heartbeat) {
             return;
         }
-        conn.proto.abort(status, reason);
-        self.linger_then_close(slot, failure, now);
-    }
-
-    /// Connection `slot`, whose protocol has closed with an `ERROR` queued, fails its
-    /// requests with `failure` once it is released; the `ERROR` may go out first, but not
-    /// for long (`STARWIRE_CLOSE_LINGER_MS`): a peer that does not read must not keep the
-    /// connection. No new request goes out behind the `ERROR`.
-    pub(super) fn linger_then_close(&mut self, slot: u32, failure: Error, now: Instant) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        conn.failure = failure;
-        mark_dirty(&mut self.dirty, conn, slot);
-        let generation = conn.generation;
-        self.timers.push(
-            now + self.cfg.close_linger,
-            Timer::Close { slot, generation },
-        );
-        self.unroute(slot);
-    }
-
-    /// Starts the heartbeat of connection `slot`, just opened (off when the interval is 0).
-    pub(super) fn start_heartbeat(&mut self, slot: u32, now: Instant) {
-        let interval = self.cfg.heartbeat_interval;
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        if interval.is_zero() || conn.heartbeat_timer {
-            return;
-        }
-        conn.heartbeat_timer = true;
-        conn.last_heard = now;
-        let timer = Timer::Heartbeat {
+        self.last_heard = now;
+        let first = l.heartbeat_interval.min(l.heartbeat_timeout);
+        timers.set(
+            &mut self.timers,
             slot,
-            generation: conn.generation,
+            self.generation,
+            ConnTimer::Heartbeat,
+            now + first,
+        );
+    }
+
+    /// The heartbeat timer came due: the connection is probed when it has been silent for
+    /// an interval, declared lost when silent for the timeout.
+    pub(crate) fn heartbeat_due(
+        &mut self,
+        slot: u32,
+        timers: &mut Timers,
+        l: &Limits,
+        now: Instant,
+    ) -> Verdict {
+        if self.phase != Phase::Open {
+            return Verdict::Fine;
+        }
+        let silent = now.saturating_duration_since(self.last_heard);
+        if silent >= l.heartbeat_timeout {
+            log::warn!(
+                "connection {slot}: nothing received for {silent:?} \
+                 (STARWIRE_HEARTBEAT_TIMEOUT_MS); the peer is lost"
+            );
+            return Verdict::Silent(silent);
+        }
+        let (next, verdict) = if silent >= l.heartbeat_interval {
+            let probed = self.proto.encoder().ping(HEARTBEAT_HANDLE, &[]).is_ok();
+            let verdict = if probed {
+                Verdict::Probed
+            } else {
+                Verdict::Fine
+            };
+            (now + l.heartbeat_interval, verdict)
+        } else {
+            (self.last_heard + l.heartbeat_interval, Verdict::Fine)
         };
-        let first = interval.min(self.cfg.heartbeat_timeout);
-        self.timers.push(now + first, timer);
+        let at = next.min(self.last_heard + l.heartbeat_timeout);
+        timers.set(
+            &mut self.timers,
+            slot,
+            self.generation,
+            ConnTimer::Heartbeat,
+            at,
+        );
+        verdict
     }
 }

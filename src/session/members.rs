@@ -4,39 +4,50 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::conn::Phase;
-use super::Session;
 use crate::cluster::Retirements;
 use crate::error::Error;
 
-impl Session {
+use super::conn::Phase;
+use super::conns::Conns;
+use super::requests::Requests;
+
+/// The addresses this loop no longer sends to, and its connections to them still draining.
+#[derive(Default)]
+pub(crate) struct Members {
+    retired: Arc<Retirements>,
+    /// Connections to retired addresses, closed once no request is left on them.
+    draining: Vec<u32>,
+}
+
+impl Members {
     /// Takes `retired` as the addresses not to send to: later requests to them fail, and
-    /// this loop's connections to them are drained and closed.
-    pub(crate) fn set_retired(&mut self, retired: Arc<Retirements>) {
+    /// the connections to them in `conns` are drained and closed.
+    pub(crate) fn retire(&mut self, retired: Arc<Retirements>, conns: &mut Conns) {
         self.retired = retired;
-        let to_drain: Vec<u32> = self
-            .conns
+        let to_drain: Vec<u32> = conns
+            .slab
             .iter()
             .filter(|(_, c)| c.phase != Phase::Closing)
-            .filter(|(_, c)| {
-                c.outgoing
-                    .is_some_and(|(a, _)| self.retired.contains_key(&a))
-            })
+            .filter(|(_, c)| c.peer_addr().is_some_and(|a| self.is_retired(a)))
             .map(|(slot, _)| slot as u32)
             .collect();
         for slot in to_drain {
             // Nothing new goes to it: later requests to its address are refused, and the
             // routing table forgets it.
-            self.unroute(slot);
+            conns.unroute(slot);
             if !self.draining.contains(&slot) {
                 self.draining.push(slot);
             }
         }
-        self.close_drained();
+    }
+
+    /// Whether `addr` is retired.
+    fn is_retired(&self, addr: SocketAddr) -> bool {
+        !self.retired.is_empty() && self.retired.contains_key(&addr)
     }
 
     /// The error of a request to `peer` when its address is retired.
-    pub(super) fn retired_error(&self, peer: SocketAddr) -> Option<Error> {
+    pub(crate) fn error_for(&self, peer: SocketAddr) -> Option<Error> {
         if self.retired.is_empty() {
             return None;
         }
@@ -45,40 +56,27 @@ impl Session {
 
     /// Closes the draining connections no request is left on; returns whether it closed
     /// any.
-    pub(super) fn close_drained(&mut self) -> bool {
-        if self.draining.is_empty() {
-            return false;
-        }
+    pub(crate) fn close_drained(&mut self, conns: &mut Conns, requests: &Requests) -> bool {
         let mut closed = false;
         let mut i = 0;
         while i < self.draining.len() {
             let slot = self.draining[i];
-            let live = self
-                .conns
-                .get(slot as usize)
-                .is_some_and(|c| c.phase != Phase::Closing);
-            if live && self.requests_on(slot) {
+            let live = conns.get(slot).filter(|c| c.phase != Phase::Closing);
+            if live.is_some_and(|c| requests.any_on(slot, c)) {
                 i += 1;
                 continue;
             }
             self.draining.swap_remove(i);
-            if live {
-                let addr = self.conns[slot as usize].outgoing.map(|(a, _)| a);
-                let why = addr.and_then(|a| self.retired_error(a));
-                if let Some(why) = why {
-                    self.conns[slot as usize].failure = why;
-                }
-                log::debug!("connection {slot} to a retired address drained; closing");
-                self.finish_close(slot);
-                closed = true;
+            let Some(conn) = conns.get_mut(slot).filter(|c| c.phase != Phase::Closing) else {
+                continue;
+            };
+            if let Some(why) = conn.peer_addr().and_then(|a| self.error_for(a)) {
+                conn.failure = why;
             }
+            log::debug!("connection {slot} to a retired address drained; closing");
+            conns.close(slot);
+            closed = true;
         }
         closed
-    }
-
-    /// Whether requests are waiting for or in flight on connection `slot`.
-    fn requests_on(&self, slot: u32) -> bool {
-        let conn = &self.conns[slot as usize];
-        !conn.waiting.is_empty() || self.ctxs.iter().any(|(_, p)| p.conn == slot)
     }
 }

@@ -1,6 +1,4 @@
-//! The sans-IO protocol state of one event loop: its connections' codecs and phases, the
-//! requests in flight and their matching, fusion, serving, routing requests to connections,
-//! and timers.
+//! The sans-IO protocol state of one event loop.
 //!
 //! A [`Session`] does no I/O and never reads the clock. The event loop feeds it what
 //! happened — requests from handles, bytes received, bytes sent, connects that completed
@@ -8,74 +6,98 @@
 //! ([`Session::take_dirty`] and [`Session::transmit`], which lend the encoder's blocks),
 //! where the next bytes of a connection must land ([`Session::lend_recv`], which lends the
 //! buffer or tensor memory until [`Session::received`] gives it back), which sockets to
-//! open or close
-//! ([`Session::poll_action`]) and when to call again ([`Session::poll_timeout`]). So the
-//! protocol is tested in memory with simulated time (`tests.rs`), no sockets involved.
+//! open or close ([`Session::poll_action`]) and when to call again
+//! ([`Session::poll_timeout`]). So the protocol is tested in memory with simulated time
+//! (`tests/`), no sockets involved.
 //!
-//! Files: `conn.rs` (one connection's state), `request.rs` (the client side: submitting,
-//! fusing and encoding requests), `dispatch.rs` (acting on decoded frames: answers),
-//! `serve.rs` (the serving side), `reply.rs` (answers being assembled, pushes being
-//! received), `outbox.rs` (completions), `timer.rs`.
+//! The session is one idea with parts that own their state; `Session` holds them and its
+//! event methods only route between them:
+//!
+//! - data, at the bottom: what a request is (`request.rs`, and `spec.rs` for the tables a
+//!   rows request names), what comes back (`reply.rs`), why a frame breaks the protocol
+//!   (`violation.rs`);
+//! - [`Requests`](requests::Requests): the client side — submitting, fusing, encoding,
+//!   matching answers, deadlines;
+//! - [`Server`](server::Server): the serving side — the service, the rendezvous, the
+//!   handler pool;
+//! - rows (`rows.rs`): encoding, serving and assembling packed rows;
+//! - [`Conns`](conns::Conns) and [`Conn`](conn::Conn): the connections, each with one
+//!   [`Inbound`](conn::Inbound) state for what it is receiving, its timers and its watches
+//!   (`liveness.rs`); the bytes in and out (`io.rs`);
+//! - [`Timers`](timer::Timers): a connection's timers set and stopped by kind, the
+//!   requests' deadlines;
+//! - [`Observer`](observer::Observer): metrics and trace, fed values;
+//! - [`Outbox`](outbox::Outbox): where completions go; `members.rs`: retired addresses.
 
+mod arriving;
+mod assemble;
 mod budget;
 mod conn;
-mod dispatch;
+mod conns;
 mod io;
 mod liveness;
 mod members;
-mod metrics;
+mod observer;
 mod outbox;
+mod push;
 mod reply;
 mod request;
-mod serve;
+mod requests;
+mod respond;
+mod rows;
+mod server;
+mod spec;
 mod timer;
-mod trace;
+mod violation;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
-use std::net::SocketAddr;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
-use slab::Slab;
 
+use crate::cluster::Retirements;
 use crate::config::Config;
-use crate::ctx::CtxSlab;
 use crate::error::{Error, ErrorKind};
 use crate::pool::{Answer, Job};
-use crate::proto::{CloseReason, Connection, EncoderConfig, Identity, OutTensor, Side};
+use crate::proto::{ConnEvent, Identity};
 use crate::rendezvous::{Delivery, Rendezvous};
 use crate::service::SharedService;
-use crate::stats::{add, Counters, RequestKind};
-use crate::tensor::{SharedAllocator, Tensor};
-use crate::wire::{Status, HEADER_LEN};
+use crate::stats::{add, Counters};
+use crate::tensor::SharedAllocator;
+use crate::wire::{Body, FrameKind, Status};
 
 pub(crate) use budget::Budget;
-use budget::ConnBudget;
-use conn::{mark_dirty, Conn, Phase};
-use dispatch::Dispatch;
+pub(crate) use conns::Action;
 pub(crate) use io::{RecvLoan, RecvPlace, SendSink};
-use outbox::Outbox;
-use request::{Pending, PushEncodeScratch};
-use serve::{answer_pull, answer_pull_rows, answer_push, answer_recv, ServeScratch};
-use timer::{Timer, Timers};
-
-pub use outbox::{Callback, Completion, Reply};
-pub(crate) use outbox::{HandleRings, Submitter};
-pub use reply::PulledRows;
+pub(crate) use outbox::HandleRings;
 pub(crate) use reply::Spare;
-pub(crate) use request::{Request, RequestOp, RowsSpec};
-pub use request::{Rows, MAX_ROW_RANK};
-pub(crate) use trace::Stamp;
+pub use reply::{Callback, Completion, PulledRows, Reply};
+pub(crate) use request::{Request, RequestOp, Stamp, Submitter};
+pub(crate) use spec::RowsSpec;
+pub use spec::{Rows, MAX_ROW_RANK};
+
+use conn::{Conn, Inbound, Phase, Whose};
+use conns::Conns;
+use io::{BufferFull, Transmitted};
+use liveness::{Verdict, HEARTBEAT_HANDLE};
+use members::Members;
+use observer::Observer;
+use outbox::Outbox;
+use request::FusedMember;
+use requests::{Ends, Requests, Source};
+use server::{served_kind, Server, Serving};
+use timer::{ConnTimer, Timer, Timers};
+use violation::Violation;
 
 /// Most requests taken from one handle's ring per drain pass (bounded work per step).
 const DRAIN_BATCH: usize = 256;
-/// Header and meta of a `CHUNK` frame.
-const CHUNK_HEAD: usize = HEADER_LEN + 16;
+
+/// Timers kept before the first sweep of answered deadlines.
+const SWEEP_MIN: usize = 1024;
 
 /// What the session serves and how it receives tensors.
 #[derive(Clone)]
@@ -94,114 +116,28 @@ pub(crate) struct SessionParts {
     pub budget: Arc<Budget>,
 }
 
-/// What the loop must do with a socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Action {
-    /// Open a socket for connection `slot` and connect it to `addr`; report the outcome
-    /// with [`Session::connected`] or [`Session::connect_failed`].
-    Connect { slot: u32, addr: SocketAddr },
-    /// Connection `slot` is closed: stop its I/O (shut the socket down) and, once no
-    /// operation is in flight on it, call [`Session::release`].
-    Close { slot: u32 },
-}
-
 /// The loop's sans-IO protocol state. See the module docs.
 pub(crate) struct Session {
-    cfg: Arc<Config>,
-    counters: Arc<CachePadded<Counters>>,
-    identity: Identity,
-    conns: Slab<Conn>,
-    /// The connection carrying requests to each (peer, lane).
-    peers: HashMap<(SocketAddr, u32), u32, BuildHasherDefault<PeerHasher>>,
-    ctxs: CtxSlab<Pending>,
+    conns: Conns,
+    requests: Requests,
+    server: Server,
     timers: Timers,
+    observer: Observer,
     outbox: Outbox,
-    /// Connections with output to write.
-    dirty: Vec<u32>,
-    actions: VecDeque<Action>,
-    scratch: Vec<u64>,
-    stopping: bool,
-    /// Ping payload.
-    zeros: Vec<u8>,
-    /// Source of connection generations.
-    serial: u32,
-    service: Option<SharedService>,
-    rendezvous: Option<Arc<Rendezvous>>,
-    jobs: Option<std::sync::mpsc::SyncSender<Job>>,
-    index: usize,
+    members: Members,
     allocator: SharedAllocator,
+    /// Payload at least this long is received straight into its tensor.
     zero_copy_min: u64,
-    budget: Arc<Budget>,
+    /// What connections are watched against.
+    limits: liveness::Limits,
     /// Timer count above which answered deadlines are swept out of the heap.
     sweep_at: usize,
     /// Requests of the embedding thread, taken in the next drain pass.
     local_requests: VecDeque<Request>,
-    /// Single-key recvs of the current drain pass, when tensor fusion is on.
-    fuse_buf: Vec<(Request, Submitter)>,
-    /// Vectors the serving side reuses.
-    serve: ServeScratch,
-    /// Vectors for encoding pushes.
-    push_scratch: PushEncodeScratch,
-    /// Requests given up by deadline after they were sent: handle and connection.
-    abandoned: VecDeque<(u64, u32)>,
-    /// Per-peer metric blocks, by the index connections keep.
-    peer_table: metrics::PeerTable,
-    /// This task's name (`job:index`) for stats answers; `None`: the stats endpoint is off.
-    stats_task: Option<String>,
-    /// Addresses of tasks that moved or left the cluster: not sent to.
-    retired: Arc<crate::cluster::Retirements>,
-    /// Connections to retired addresses, closed once no request is left on them.
-    draining: Vec<u32>,
-    /// The request trace (off unless `STARWIRE_TRACE`).
-    trace: trace::Tracer,
-}
-
-/// Hashes the (peer, lane) keys of the session's routing table, looked up once per
-/// request. The keys are addresses this task's own trainer names, never bytes from the
-/// network, so a fast multiplicative hash is enough (std's SipHash cost more than the
-/// rest of routing a request).
-#[derive(Default)]
-pub(crate) struct PeerHasher(u64);
-
-impl std::hash::Hasher for PeerHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u16(&mut self, n: u16) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
-
-/// The tensor as encoder input: its meta, its bytes, and the caller's `token` for them.
-pub(crate) fn out_tensor(t: &Tensor, token: u64) -> OutTensor<'_> {
-    OutTensor {
-        meta: t.meta(),
-        bytes: t.bytes(),
-        token,
-    }
+    stopping: bool,
+    /// The time of the latest event the loop reported (for what ends without one, e.g. a
+    /// connection released).
+    last_now: Instant,
 }
 
 impl Session {
@@ -226,52 +162,46 @@ impl Session {
         let stats_task = cfg
             .stats_endpoint
             .then(|| format!("{}:{}", cfg.job, cfg.task_index));
+        let server = Server::new(
+            parts.service,
+            parts.rendezvous,
+            parts.jobs,
+            parts.index,
+            stats_task,
+            cfg.max_served,
+        );
         Session {
-            ctxs: CtxSlab::with_capacity(cfg.max_inflight),
+            conns: Conns::new(cfg.clone(), identity, parts.budget),
+            requests: Requests::new(&cfg),
+            server,
             timers: Timers::with_capacity(cfg.max_inflight.min(1 << 16)),
-            trace: trace::Tracer::new(&cfg),
-            cfg,
-            counters,
-            identity,
-            conns: Slab::with_capacity(64),
-            peers: HashMap::default(),
+            observer: Observer::new(&cfg, counters),
             outbox: Outbox::default(),
-            dirty: Vec::with_capacity(64),
-            actions: VecDeque::new(),
-            scratch: Vec::new(),
-            stopping: false,
-            zeros: Vec::new(),
-            serial: 0,
-            service: parts.service,
-            rendezvous: parts.rendezvous,
-            jobs: parts.jobs,
-            index: parts.index,
+            members: Members::default(),
             allocator: parts.allocator,
             zero_copy_min: parts.zero_copy_min,
-            budget: parts.budget,
-            sweep_at: timer::SWEEP_MIN,
+            limits: liveness::Limits {
+                frame_timeout: cfg.frame_timeout,
+                progress_timeout: cfg.progress_timeout,
+                heartbeat_interval: cfg.heartbeat_interval,
+                heartbeat_timeout: cfg.heartbeat_timeout,
+            },
+            sweep_at: SWEEP_MIN,
             local_requests: VecDeque::new(),
-            fuse_buf: Vec::new(),
-            serve: ServeScratch::default(),
-            push_scratch: PushEncodeScratch::default(),
-            abandoned: VecDeque::new(),
-            peer_table: metrics::PeerTable::default(),
-            stats_task,
-            retired: Arc::default(),
-            draining: Vec::new(),
+            stopping: false,
+            last_now: crate::stats::trace::epoch(),
         }
     }
 
-    fn next_serial(&mut self) -> u32 {
-        self.serial = self.serial.wrapping_add(1);
-        self.serial
+    fn counters(&self) -> &Counters {
+        self.observer.counters()
     }
 
     // ----- requests and completions -----
 
-    /// Takes a new handle's end.
-    pub(crate) fn add_handle(&mut self, ep: HandleRings) {
-        self.outbox.add(ep);
+    /// Takes a new handle's rings.
+    pub(crate) fn add_handle(&mut self, rings: HandleRings) {
+        self.outbox.add(rings);
     }
 
     /// Whether a handle's ring holds requests not taken yet.
@@ -293,7 +223,8 @@ impl Session {
     /// the pass are fused. Returns whether there were any.
     pub(crate) fn drain_requests(&mut self, now: Instant) -> bool {
         let mut progress = false;
-        self.trace.tick(now, &self.counters.trace, &self.peer_table);
+        self.last_now = now;
+        self.observer.tick();
         // The embedding thread's requests first (embedded mode).
         while let Some(req) = self.local_requests.pop_front() {
             progress = true;
@@ -302,19 +233,19 @@ impl Session {
         for i in 0..self.outbox.handles.len() {
             let mut batch = 0;
             while batch < DRAIN_BATCH {
-                let Some(ep) = self.outbox.handles[i].as_mut() else {
+                let Some(rings) = self.outbox.handles[i].as_mut() else {
                     break;
                 };
-                let Some(req) = ep.requests.pop() else {
-                    if ep.requests.is_closed() && ep.requests.is_empty() {
+                let Some(req) = rings.requests.pop() else {
+                    if rings.requests.is_closed() && rings.requests.is_empty() {
                         // The handle is gone; completions still owed to it are dropped.
                         self.outbox.handles[i] = None;
                     }
                     break;
                 };
                 batch += 1;
-                let origin = Submitter::Handle(i as u32, self.outbox.generations[i]);
-                self.take_request(req, origin, now);
+                let submitter = self.outbox.submitter(i);
+                self.take_request(req, submitter, now);
             }
             progress |= batch > 0;
         }
@@ -322,246 +253,143 @@ impl Session {
         progress
     }
 
-    /// Completes a request for `peer`; an error names it.
-    #[allow(clippy::too_many_arguments)]
-    fn notify(
-        &mut self,
-        peer: Option<SocketAddr>,
-        origin: Submitter,
-        tag: u64,
-        kind: RequestKind,
-        fused: &[outbox::Member],
-        result: Result<Reply, Error>,
-        spare: Spare,
-        traced: Option<(trace::Marks, Option<Instant>)>,
-    ) {
-        if self.trace.on() {
-            let index = peer.map_or(metrics::NO_PEER, |a| self.peer_table.index_of(a));
-            let (marks, sent) = traced.map_or((None, None), |(m, s)| (Some(m), s));
-            let marks = marks.as_ref();
-            let now = self.trace.now();
-            self.trace
-                .ended(now, tag, kind, index, sent, marks, &result);
+    /// Starts a request from this drain pass, or holds a single-key recv back to be fused
+    /// with the others of the pass.
+    fn take_request(&mut self, req: Request, submitter: Submitter, now: Instant) {
+        if let Some((req, submitter)) = self.requests.hold(req, submitter, self.stopping) {
+            self.submit(req, submitter, Vec::new(), now);
         }
-        let counters = &self.counters;
-        let result = result.map_err(|e| match peer {
-            Some(peer) => e.with_peer(peer),
-            None => e,
-        });
-        // Requests that end here were not answered by their peer: no latency.
-        let meter = metrics::Meter {
-            block: self.peer_table.of_addr(peer),
-            latency: None,
+    }
+
+    /// Starts the recvs held back in this drain pass, fused.
+    fn submit_fused(&mut self, now: Instant) {
+        let mut held = self.requests.take_held();
+        if !held.is_empty() {
+            requests::fuse(&mut held, |req, submitter, members| {
+                self.submit(req, submitter, members, now)
+            });
+        }
+        self.requests.restore_held(held);
+    }
+
+    /// Starts a request on the connection to its peer and lane (opened on demand); `fused`
+    /// lists the original recvs when the session fused several.
+    fn submit(
+        &mut self,
+        req: Request,
+        submitter: Submitter,
+        fused: Vec<FusedMember>,
+        now: Instant,
+    ) {
+        let refused = if self.stopping {
+            Some(Error::new(ErrorKind::Shutdown))
+        } else {
+            self.members.error_for(req.peer)
         };
-        self.outbox
-            .notify(counters, meter, origin, tag, kind, fused, result, spare);
+        if let Some(e) = refused {
+            let mut ends = Ends {
+                observer: &mut self.observer,
+                outbox: &mut self.outbox,
+                now,
+            };
+            let kind = req.op.kind();
+            let peer = Some(req.peer);
+            return ends.fail(
+                peer, submitter, req.tag, kind, &fused, e, req.spare, None, None,
+            );
+        }
+        let observer = &mut self.observer;
+        let index = || observer.client_peer(req.peer);
+        let slot = self
+            .conns
+            .outgoing(req.peer, req.lane, index, &mut self.timers, now);
+        if req.deadline.is_some() {
+            self.sweep_timers();
+        }
+        let Session {
+            conns,
+            requests,
+            timers,
+            observer,
+            outbox,
+            ..
+        } = self;
+        let mut ends = Ends {
+            observer,
+            outbox,
+            now,
+        };
+        requests.start(req, submitter, fused, conns, slot, timers, &mut ends);
     }
 
     /// Answers a recv whose key another thread published.
     pub(crate) fn deliver_recv(&mut self, d: Delivery) {
         let w = d.waiter;
-        if !self.conn_live(w.conn, w.generation) {
-            // The requester went away: the tensor goes back for the next recv.
-            if let (Ok(t), Some(r)) = (d.result, &self.rendezvous) {
-                r.restore(&d.key, t);
+        let back = match self
+            .conns
+            .get_mut(w.conn)
+            .filter(|c| c.is_live(w.generation))
+        {
+            Some(conn) => {
+                let back = Server::answer_recv(conn, w.handle, w.index, d.result, &self.observer);
+                conn.release_tokens();
+                self.conns.mark_dirty(w.conn);
+                back
             }
-            return;
+            // The requester went away.
+            None => Some(d.result),
+        };
+        // Not delivered (the recv was cancelled or expired while the tensor was on its
+        // way here): the tensor goes back for the next recv.
+        if let (Some(Ok(t)), Some(r)) = (back, self.server.rendezvous()) {
+            r.restore(&d.key, t);
         }
-        let conn = &mut self.conns[w.conn as usize];
-        if let Some(back) = answer_recv(conn, w.handle, w.index, d.result) {
-            // Its recv was cancelled or expired while the tensor was on its way here.
-            if let (Ok(t), Some(r)) = (back, &self.rendezvous) {
-                r.restore(&d.key, t);
-            }
-            return;
-        }
-        if !conn.recvs.iter().any(|&(h, _)| h == w.handle) {
-            // Its last item answered.
-            let block = self.peer_table.get(conn.metrics);
-            metrics::served_end(block, RequestKind::Recv, crate::stats::Outcome::Ok);
-        }
-        conn.release_tokens();
-        mark_dirty(&mut self.dirty, conn, w.conn);
     }
 
     /// Sends a pool handler's answer, if its connection is still there.
     pub(crate) fn take_answer(&mut self, a: Answer) {
         let to = a.to();
-        if !self.conn_live(to.conn, to.generation) {
+        let Some(conn) = self
+            .conns
+            .get_mut(to.conn)
+            .filter(|c| c.is_live(to.generation))
+        else {
             return;
-        }
-        let conn = &mut self.conns[to.conn as usize];
-        let Conn {
-            proto, out_tensors, ..
-        } = conn;
-        let scratch = &mut self.serve;
-        match a {
-            Answer::Pull { results, .. } => answer_pull(
-                proto.encoder(),
-                out_tensors,
-                to.handle,
-                &results,
-                &mut scratch.tokens,
-                &mut scratch.items,
-            ),
-            Answer::Push { statuses, .. } => {
-                answer_push(proto.encoder(), to.handle, &statuses, &mut scratch.items)
-            }
-            Answer::PullRows { tables, .. } => answer_pull_rows(
-                proto.encoder(),
-                out_tensors,
-                to.handle,
-                &tables,
-                &mut scratch.tokens,
-                &mut scratch.items,
-            ),
-        }
+        };
+        self.server.take_answer(conn, a);
         conn.release_tokens();
-        mark_dirty(&mut self.dirty, conn, to.conn);
-    }
-
-    fn conn_live(&self, slot: u32, generation: u32) -> bool {
-        self.conns.get(slot as usize).is_some_and(|c| {
-            c.generation == generation && c.phase == Phase::Open && !c.proto.is_closed()
-        })
+        self.conns.mark_dirty(to.conn);
     }
 
     // ----- connections -----
 
-    /// The peer connection `slot` was opened to, named in its requests' errors.
-    fn peer_of(&self, slot: u32) -> Option<SocketAddr> {
-        self.conns
-            .get(slot as usize)
-            .and_then(|c| c.outgoing)
-            .map(|(peer, _)| peer)
-    }
-
-    fn new_proto(&self, side: Side) -> Connection {
-        let encoder = EncoderConfig {
-            chunk_size: self.cfg.chunk_size,
-            ..EncoderConfig::default()
-        };
-        Connection::new(
-            side,
-            self.identity.clone(),
-            self.cfg.limits,
-            self.cfg.recv_buffer,
-            encoder,
-        )
-    }
-
-    fn conn_budget(&self) -> ConnBudget {
-        ConnBudget::new(&self.budget)
-    }
-
-    /// The connection for `(peer, lane)`, opened on demand.
-    fn peer_conn(&mut self, peer: SocketAddr, lane: u32, now: Instant) -> u32 {
-        if let Some(&slot) = self.peers.get(&(peer, lane)) {
-            return slot;
-        }
-        let proto = self.new_proto(Side::Client);
-        let conn = Conn {
-            outgoing: Some((peer, lane)),
-            ..Conn::new(
-                proto,
-                Phase::Backoff,
-                self.next_serial(),
-                self.conn_budget(),
-                now,
-            )
-        };
-        let slot = self.conns.insert(conn) as u32;
-        self.peers.insert((peer, lane), slot);
-        self.conns[slot as usize].metrics = self.peer_table.client(&self.counters, peer);
-        self.start_connect(slot, now);
-        slot
-    }
-
     /// Asks the loop to connect `slot`; connect and handshake share one time limit.
     fn start_connect(&mut self, slot: u32, now: Instant) {
-        let conn = &mut self.conns[slot as usize];
-        let Some((addr, _)) = conn.outgoing else {
-            return;
-        };
-        conn.phase = Phase::Connecting;
-        let generation = conn.generation;
-        let deadline = now + self.cfg.handshake_timeout;
-        self.timers
-            .push(deadline, Timer::Handshake { slot, generation });
-        self.actions.push_back(Action::Connect { slot, addr });
+        self.conns.connect(slot, &mut self.timers, now);
     }
 
     /// The connect of `slot` succeeded: the handshake starts.
     pub(crate) fn connected(&mut self, slot: u32) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        if conn.phase != Phase::Connecting {
-            return;
-        }
-        conn.phase = Phase::Handshaking;
-        mark_dirty(&mut self.dirty, conn, slot);
+        self.conns.connected(slot);
     }
 
     /// A connect attempt of `slot` failed (the loop has closed its socket): retry with
     /// backoff, or give up and fail what waits.
     pub(crate) fn connect_failed(&mut self, slot: u32, now: Instant) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
-            return;
-        };
-        if conn.phase == Phase::Closing {
-            return;
-        }
-        conn.attempts += 1;
-        let peer = conn.outgoing.map(|(p, _)| p);
-        if conn.attempts <= self.cfg.connect_retries && !self.stopping {
-            let delay = self.cfg.connect_delay(conn.attempts);
-            conn.phase = Phase::Backoff;
-            self.serial = self.serial.wrapping_add(1);
-            conn.generation = self.serial;
-            let generation = conn.generation;
-            add(&self.counters.reconnects, 1);
-            if let Some(b) = self.peer_table.get(conn.metrics) {
-                add(&b.reconnects, 1);
-            }
-            log::debug!(
-                "connect to {peer:?} failed (attempt {}); retrying in {delay:?}",
-                conn.attempts
-            );
-            self.timers
-                .push(now + delay, Timer::Reconnect { slot, generation });
-        } else {
-            log::warn!(
-                "giving up on {peer:?} after {} connect attempts",
-                conn.attempts
-            );
-            conn.failure = Error::new(ErrorKind::ConnectFailed);
-            self.finish_close(slot);
-        }
+        let retry = !self.stopping;
+        self.conns
+            .connect_failed(slot, retry, &mut self.timers, &self.observer, now);
     }
 
     /// A connection accepted by the loop; returns its slot.
     pub(crate) fn adopt(&mut self, now: Instant) -> u32 {
-        let proto = self.new_proto(Side::Server);
-        let generation = self.next_serial();
-        let conn = Conn::new(
-            proto,
-            Phase::Handshaking,
-            generation,
-            self.conn_budget(),
-            now,
-        );
-        let slot = self.conns.insert(conn) as u32;
-        let deadline = now + self.cfg.handshake_timeout;
-        self.timers
-            .push(deadline, Timer::Handshake { slot, generation });
-        slot
+        self.conns.adopt(&mut self.timers, now)
     }
 
     /// Replaces the receive buffer of connection `slot` before any byte arrived; returns
     /// the one it had, or `buf` back as the error when there is no such connection.
     pub(crate) fn swap_buffer(&mut self, slot: u32, buf: Vec<u8>) -> Result<Vec<u8>, Vec<u8>> {
-        match self.conns.get_mut(slot as usize) {
+        match self.conns.get_mut(slot) {
             Some(c) => Ok(c.proto.decoder().swap_buffer(buf)),
             None => Err(buf),
         }
@@ -569,222 +397,294 @@ impl Session {
 
     /// The next socket operation the loop must start, if any.
     pub(crate) fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        self.conns.poll_action()
     }
 
     /// Moves the connections with output into `out` (emptied first).
     pub(crate) fn take_dirty(&mut self, out: &mut Vec<u32>) {
-        out.clear();
-        std::mem::swap(&mut self.dirty, out);
-        for &slot in out.iter() {
-            if let Some(c) = self.conns.get_mut(slot as usize) {
-                c.dirty = false;
-            }
-        }
+        self.conns.take_dirty(out);
     }
 
-    /// Decodes what connection `slot` has received and acts on it.
+    /// Decodes what connection `slot` has received and routes each event: answers to the
+    /// requests part, the peer's requests to the server part.
     fn process(&mut self, slot: u32, now: Instant) {
         let Session {
             conns,
-            ctxs,
-            abandoned,
+            requests,
+            server,
+            observer,
             outbox,
-            counters,
-            dirty,
-            service,
-            rendezvous,
-            jobs,
-            allocator,
-            index,
-            serve,
             timers,
-            peer_table,
-            stats_task,
-            trace,
+            allocator,
             ..
         } = self;
-        let conn = &mut conns[slot as usize];
-        let metrics = peer_table.get(conn.metrics);
-        let peer_index = conn.metrics;
-        let generation = conn.generation;
+        let Some(conn) = conns.slab.get_mut(slot as usize) else {
+            return;
+        };
+        let was_closed = conn.proto.is_closed();
+        let (peer, generation, addr) = (conn.peer, conn.generation, conn.peer_addr());
+        let source = Source { slot, peer, addr };
+        let alloc = &**allocator;
+        let mut opened = false;
+        let mut violation: Option<Violation> = None;
         let Conn {
             proto,
+            inbound,
+            chunks,
+            served,
             out_tensors,
-            cur_handle,
-            cur_is_push,
-            cur_chunk,
-            chunk_owners,
-            incoming,
-            recvs,
-            outgoing,
             budget,
             ..
-        } = conn;
-        let outgoing = *outgoing;
-        let mut d = Dispatch {
-            slot,
-            now,
-            ctxs,
-            abandoned,
-            outbox,
-            counters,
-            service: service.as_deref(),
-            rendezvous: rendezvous.as_deref(),
-            jobs: jobs.as_ref(),
-            waiter_base: (*index, generation),
-            recvs,
-            allocator: &**allocator,
-            out_tensors,
-            cur_handle,
-            cur_is_push,
-            cur_chunk,
-            chunk_owners,
-            incoming,
-            budget,
-            serve,
-            timers,
-            max_served: self.cfg.max_served,
-            peer: outgoing.map(|(peer, _)| peer),
-            metrics,
-            peer_index,
-            trace,
-            stats_task: stats_task.as_deref(),
-            opened: false,
-            violation: None,
-        };
-        let was_closed = proto.is_closed();
-        proto.process(|ev, enc| d.on_event(ev, enc));
-        let (opened, violation) = (d.opened, d.violation);
-        if let Some(why) = violation {
-            log::warn!("connection {slot}: {why}; closing");
-            conn.proto.abort(Status::Protocol, why);
+        } = &mut *conn;
+        // A connection as the server part sees it, and where the requests part ends
+        // requests, for the event at hand.
+        macro_rules! serving {
+            ($enc:expr) => {
+                Serving {
+                    slot,
+                    generation,
+                    peer,
+                    enc: $enc,
+                    out: &mut *out_tensors,
+                    served: &mut *served,
+                    now,
+                }
+            };
+        }
+        macro_rules! ends {
+            () => {
+                Ends {
+                    observer: &mut *observer,
+                    outbox: &mut *outbox,
+                    now,
+                }
+            };
+        }
+        proto.process(|ev, enc| {
+            if violation.is_some() {
+                return;
+            }
+            let result = match ev {
+                ConnEvent::Opened => {
+                    opened = true;
+                    Ok(())
+                }
+                ConnEvent::Frame(f) => {
+                    add(&observer.counters().frames_in, 1);
+                    let (h, kind) = (f.header.handle, f.header.kind);
+                    conn::receiving(inbound, chunks, &f);
+                    let metered = match kind {
+                        FrameKind::Pong | FrameKind::Error | FrameKind::Response => {
+                            requests.metered_kind(h)
+                        }
+                        FrameKind::Chunk => match chunks.front() {
+                            Some(&(Whose::Peers, _)) => served.push(h).map(|p| p.kind()),
+                            _ => requests.metered_kind(h),
+                        },
+                        k => served_kind(k),
+                    };
+                    observer.frame_in(peer, metered, &f);
+                    let queued_before = enc.ready_bytes();
+                    let r = match f.body {
+                        // The answer to a heartbeat: its arrival was the point.
+                        Body::Pong if h == HEARTBEAT_HANDLE => Ok(()),
+                        Body::Pong | Body::Error(_) => {
+                            let mut ends = ends!();
+                            requests.on_pong_or_error(&f, source, &mut ends)
+                        }
+                        Body::Response(entries) => {
+                            requests.on_response(h, entries, f.header.end, slot, alloc, now)
+                        }
+                        Body::Chunk(_) | Body::Hello(_) | Body::HelloAck(_) => Ok(()),
+                        _ => {
+                            let mut c = serving!(enc);
+                            server.on_request(&mut c, &f, alloc, timers, observer)
+                        }
+                    };
+                    count_answer(observer, peer, kind, queued_before, enc.ready_bytes());
+                    r
+                }
+                ConnEvent::Payload {
+                    target,
+                    offset,
+                    data,
+                } => {
+                    add(&observer.counters().payload_copied, data.len() as u64);
+                    let route = conn::route(target, *inbound, chunks);
+                    let t = route.and_then(|route| {
+                        io::tensor_for(requests, served, slot, route, alloc, budget)
+                    });
+                    if let Some(t) = t {
+                        let (start, stop) = (offset as usize, offset as usize + data.len());
+                        if let Some(dst) = t.bytes_mut().get_mut(start..stop) {
+                            dst.copy_from_slice(data);
+                        }
+                    }
+                    Ok(())
+                }
+                ConnEvent::FrameEnd(h) => {
+                    match h.kind {
+                        FrameKind::Push | FrameKind::PushRows => {
+                            let queued_before = enc.ready_bytes();
+                            let mut c = serving!(enc);
+                            server.on_push_end(&mut c, h.handle, observer);
+                            count_answer(observer, peer, h.kind, queued_before, enc.ready_bytes());
+                        }
+                        FrameKind::Response => {
+                            let mut ends = ends!();
+                            requests.on_response_end(h.handle, source, &mut ends);
+                        }
+                        FrameKind::Chunk => {
+                            // All of the chunk's bytes have arrived, copied or in place.
+                            let Inbound::Chunk { handle, index, end } = *inbound else {
+                                return;
+                            };
+                            let Some(&(whose, len)) = chunks.front() else {
+                                return;
+                            };
+                            if end == len {
+                                chunks.pop_front();
+                            }
+                            match whose {
+                                Whose::Peers => {
+                                    let mut c = serving!(enc);
+                                    server.on_chunk(&mut c, handle, index, end, observer);
+                                }
+                                Whose::Ours => {
+                                    let mut ends = ends!();
+                                    requests.on_chunk(handle, index, end, source, &mut ends);
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                    Ok(())
+                }
+            };
+            if let Err(v) = result {
+                violation = Some(v);
+            }
+        });
+        if let Some(v) = violation {
+            log::warn!("connection {slot}: {v}; closing");
+            conn.proto.abort(Status::Protocol, v.to_string());
         } else if let (false, Some(reason)) = (was_closed, conn.proto.close_reason()) {
             // The codec closed it: a malformed frame, or a refused handshake.
             log::warn!("connection {slot}: {reason}; closing");
         }
         conn.release_tokens();
-        mark_dirty(dirty, conn, slot);
+        conns.dirty.mark(conn, slot);
         if opened {
-            conn.phase = Phase::Open;
-            self.note_opened(slot);
-            let conn = &mut self.conns[slot as usize];
-            if conn.outgoing.is_some() {
-                add(&self.counters.connections_opened, 1);
-                conn.attempts = 0;
-                while let Some(h) = self.conns[slot as usize].waiting.pop_front() {
-                    self.send_request(slot, h, now);
-                }
-            }
-            self.start_heartbeat(slot, now);
+            self.opened(slot, now);
         }
-        let conn = &mut self.conns[slot as usize];
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
         if conn.proto.is_closed() && !was_closed {
-            let failure = match conn.proto.close_reason() {
-                Some(CloseReason::Refused { status, message }) => {
-                    Error::new(ErrorKind::Refused(*status)).with_message(message.as_str())
-                }
-                // We found the peer breaking the protocol: a protocol error, whichever side
-                // opened the connection.
-                Some(CloseReason::Rejected {
-                    status: Status::Protocol,
-                    ..
-                }) => Error::new(ErrorKind::Protocol),
-                Some(CloseReason::Rejected { status, .. }) if conn.outgoing.is_some() => {
-                    Error::new(ErrorKind::Refused(*status))
-                }
-                _ => Error::new(ErrorKind::Protocol),
-            };
+            let failure = conn.close_failure();
             self.linger_then_close(slot, failure, now);
+        }
+    }
+
+    /// Connection `slot` completed its handshake: its peer's task names its metrics, the
+    /// requests waiting for it go out, and its heartbeat starts.
+    fn opened(&mut self, slot: u32, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        conn.phase = Phase::Open;
+        if let Some(peer) = conn.proto.peer() {
+            let (job, index) = (peer.job_str().into_owned(), peer.task_index);
+            let accepted = conn.outgoing.is_none();
+            conn.peer = self.observer.opened(conn.peer, accepted, &job, index);
+        }
+        if conn.outgoing.is_some() {
+            add(&self.observer.counters().connections_opened, 1);
+            conn.attempts = 0;
+            let mut ends = Ends {
+                observer: &mut self.observer,
+                outbox: &mut self.outbox,
+                now,
+            };
+            self.requests.opened(&mut self.conns, slot, &mut ends);
+        }
+        if let Some(conn) = self.conns.get_mut(slot) {
+            conn.start_heartbeat(slot, &mut self.timers, &self.limits, now);
         }
     }
 
     /// Closes connection `slot` for `why`: its requests fail once the loop releases it.
     pub(crate) fn lose(&mut self, slot: u32, why: Error) {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
+        self.conns.lose(slot, why, &self.observer);
+    }
+
+    /// Connection `slot`, whose protocol has closed with an `ERROR` queued, fails its
+    /// requests with `failure` once it is released, shortly.
+    fn linger_then_close(&mut self, slot: u32, failure: Error, now: Instant) {
+        self.conns.linger(slot, failure, &mut self.timers, now);
+    }
+
+    /// Connection `slot` stalled in the middle of what it sends: it is told why with an
+    /// `ERROR` (status `DEADLINE_EXCEEDED`) and closed; its requests fail with
+    /// [`ErrorKind::Timeout`].
+    fn stalled(&mut self, slot: u32, why: &'static str, now: Instant) {
+        add(&self.counters().progress_timeouts, 1);
+        let mut failure = Error::new(ErrorKind::Timeout).with_message(why);
+        if let Some(peer) = self.conns.peer_addr(slot) {
+            failure = failure.with_peer(peer);
+        }
+        let Some(conn) = self.conns.get_mut(slot) else {
             return;
         };
-        if conn.phase == Phase::Closing {
+        if conn.phase == Phase::Closing || conn.proto.is_closed() {
             return;
         }
-        add(&self.counters.connections_lost, 1);
-        if let Some(b) = self.peer_table.get(conn.metrics) {
-            add(&b.connections_lost, 1);
-        }
-        // A reason the protocol found (a refusal, a violation) outranks what the socket
-        // said afterwards (usually the peer closing it).
-        if !conn.proto.is_closed() {
-            conn.failure = why;
-        }
-        self.finish_close(slot);
-    }
-
-    /// Marks `slot` closed and asks the loop to close its socket; later requests to its
-    /// peer open a new connection.
-    fn finish_close(&mut self, slot: u32) {
-        self.conns[slot as usize].phase = Phase::Closing;
-        self.unroute(slot);
-        self.actions.push_back(Action::Close { slot });
-    }
-
-    /// Takes `slot` out of the routing table: later requests to its peer and lane open a
-    /// new connection.
-    fn unroute(&mut self, slot: u32) {
-        if let Some(key) = self.conns.get(slot as usize).and_then(|c| c.outgoing) {
-            if self.peers.get(&key) == Some(&slot) {
-                self.peers.remove(&key);
-            }
-        }
+        conn.proto.abort(Status::DeadlineExceeded, why);
+        self.linger_then_close(slot, failure, now);
     }
 
     /// Frees closed connection `slot` once the loop has no operation in flight on it (a
     /// receive may write into a request's tensor until then): fails the requests waiting
     /// for or in flight on it, and returns its receive buffer.
     pub(crate) fn release(&mut self, slot: u32) -> Vec<u8> {
-        let Some(conn) = self.conns.get_mut(slot as usize) else {
+        let Session {
+            conns,
+            requests,
+            server,
+            observer,
+            outbox,
+            last_now,
+            ..
+        } = self;
+        let peer = conns.peer_addr(slot);
+        let Some(conn) = conns.get_mut(slot) else {
             return Vec::new();
         };
         debug_assert_eq!(conn.phase, Phase::Closing, "released before it was closed");
         let why = conn.failure.clone();
-        let mut failed = std::mem::take(&mut self.scratch);
-        failed.extend(conn.waiting.drain(..));
-        for (h, p) in self.ctxs.iter() {
-            if p.conn == slot && p.sent.is_some() {
-                failed.push(h.to_raw());
-            }
-        }
-        for h in failed.drain(..) {
-            if let Ok(p) = self.ctxs.remove(crate::ctx::CtxKey::from_raw(h)) {
-                self.notify(
-                    self.peer_of(p.conn),
-                    p.origin,
-                    p.tag,
-                    p.kind,
-                    &p.fused,
-                    Err(why.clone()),
-                    p.spare,
-                    Some((p.trace, p.sent)),
-                );
-            }
-        }
-        self.scratch = failed;
-        let conn = &self.conns[slot as usize];
-        self.note_unanswered(slot);
-        if let (false, Some(r)) = (conn.recvs.is_empty(), &self.rendezvous) {
-            r.forget(self.index, slot, conn.generation);
-        }
-        // Unrouted when it was closed (`finish_close`).
-        let mut conn = self.conns.remove(slot as usize);
+        let now = *last_now;
+        let mut ends = Ends {
+            observer,
+            outbox,
+            now,
+        };
+        requests.release(slot, conn, peer, &why, &mut ends);
+        server.release(slot, conn, ends.observer);
+        // Unrouted when it was closed.
+        let mut conn = conns.slab.remove(slot as usize);
         let counted = conn.arena_counted as u64;
-        add(&self.counters.send_arena_bytes, counted.wrapping_neg());
+        add(
+            &ends.observer.counters().send_arena_bytes,
+            counted.wrapping_neg(),
+        );
         conn.proto.decoder().swap_buffer(Vec::new())
     }
 
     /// Forgets connection `slot`, just adopted, whose socket the loop could not take on
     /// (nothing was received or sent on it).
     pub(crate) fn discard(&mut self, slot: u32) {
-        if self.conns.contains(slot as usize) {
-            self.conns[slot as usize].phase = Phase::Closing;
+        if let Some(conn) = self.conns.get_mut(slot) {
+            conn.phase = Phase::Closing;
             drop(self.release(slot));
         }
     }
@@ -794,25 +694,276 @@ impl Session {
     pub(crate) fn shutdown(&mut self, now: Instant) {
         self.stopping = true;
         for i in 0..self.outbox.handles.len() {
-            let origin = Submitter::Handle(i as u32, self.outbox.generations[i]);
+            let submitter = self.outbox.submitter(i);
             while let Some(req) = self.outbox.handles[i]
                 .as_mut()
-                .and_then(|e| e.requests.pop())
+                .and_then(|h| h.requests.pop())
             {
-                self.submit(req, origin, now);
+                self.submit(req, submitter, Vec::new(), now);
             }
         }
-        let slots: Vec<u32> = self.conns.iter().map(|(s, _)| s as u32).collect();
+        let slots: Vec<u32> = self.conns.slab.iter().map(|(s, _)| s as u32).collect();
         for slot in slots {
-            let conn = &mut self.conns[slot as usize];
-            conn.proto.abort(Status::Shutdown, "shutting down");
-            conn.failure = Error::new(ErrorKind::Shutdown);
+            if let Some(conn) = self.conns.get_mut(slot) {
+                conn.proto.abort(Status::Shutdown, "shutting down");
+                conn.failure = Error::new(ErrorKind::Shutdown);
+            }
             self.lose(slot, Error::new(ErrorKind::Shutdown));
         }
     }
 
     /// Whether every connection has been released.
     pub(crate) fn is_empty(&self) -> bool {
-        self.conns.is_empty()
+        self.conns.slab.is_empty()
+    }
+
+    // ----- membership -----
+
+    /// Takes `retired` as the addresses not to send to: later requests to them fail, and
+    /// this loop's connections to them are drained and closed.
+    pub(crate) fn set_retired(&mut self, retired: Arc<Retirements>) {
+        self.members.retire(retired, &mut self.conns);
+        self.members.close_drained(&mut self.conns, &self.requests);
+    }
+
+    // ----- timers -----
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next run.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// Fires every timer due at `now`; returns whether any fired.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> bool {
+        self.last_now = now;
+        let mut progress = self.members.close_drained(&mut self.conns, &self.requests);
+        while let Some((at, timer)) = self.timers.pop_due(now) {
+            progress = true;
+            match timer {
+                Timer::Conn { slot, generation } => self.conn_timers_due(slot, generation, at, now),
+                Timer::ServeDeadline {
+                    slot,
+                    generation,
+                    handle,
+                } => {
+                    let Some(conn) = self.conns.of_generation(slot, generation) else {
+                        continue;
+                    };
+                    if self.server.deadline_due(conn, slot, handle, &self.observer) {
+                        self.conns.mark_dirty(slot);
+                    }
+                }
+                request => {
+                    let Session {
+                        conns,
+                        requests,
+                        timers,
+                        observer,
+                        outbox,
+                        ..
+                    } = self;
+                    let mut ends = Ends {
+                        observer,
+                        outbox,
+                        now,
+                    };
+                    requests.timer_due(request, conns, timers, &mut ends);
+                }
+            }
+        }
+        progress
+    }
+
+    /// The timers of connection `slot` (of `generation`) whose heap entry at `at` came up.
+    fn conn_timers_due(&mut self, slot: u32, generation: u32, at: Instant, now: Instant) {
+        let Some(conn) = self.conns.of_generation(slot, generation) else {
+            return;
+        };
+        Timers::came_due(&mut conn.timers, at);
+        while let Some(conn) = self.conns.of_generation(slot, generation) {
+            let Some(kind) = conn.timers.pop_due(now) else {
+                self.timers.schedule(&mut conn.timers, slot, generation);
+                return;
+            };
+            let (timers, l) = (&mut self.timers, &self.limits);
+            match kind {
+                ConnTimer::Reconnect => {
+                    if conn.phase == Phase::Backoff {
+                        self.start_connect(slot, now);
+                    }
+                }
+                ConnTimer::Handshake => {
+                    if matches!(conn.phase, Phase::Handshaking | Phase::Connecting) {
+                        log::warn!("connection {slot}: handshake timed out");
+                        self.lose(slot, Error::new(ErrorKind::ConnectionLost));
+                    }
+                }
+                ConnTimer::Close => {
+                    let failure = conn.failure.clone();
+                    self.lose(slot, failure);
+                }
+                ConnTimer::FrameHead => {
+                    let v = conn.frame_head_due(slot, timers, l, now);
+                    self.on_verdict(slot, v, now);
+                }
+                ConnTimer::Progress => {
+                    let v = conn.progress_due(slot, timers, l, now);
+                    self.on_verdict(slot, v, now);
+                }
+                ConnTimer::Heartbeat => {
+                    let v = conn.heartbeat_due(slot, timers, l, now);
+                    self.on_verdict(slot, v, now);
+                }
+            }
+        }
+    }
+
+    /// Acts on what a connection's watch found.
+    fn on_verdict(&mut self, slot: u32, verdict: Verdict, now: Instant) {
+        match verdict {
+            Verdict::Fine => {}
+            Verdict::Probed => {
+                add(&self.counters().heartbeats_sent, 1);
+                self.conns.mark_dirty(slot);
+            }
+            Verdict::Stalled(why) => self.stalled(slot, why, now),
+            Verdict::Silent(_) => {
+                add(&self.counters().heartbeat_losses, 1);
+                let mut e = Error::new(ErrorKind::ConnectionLost)
+                    .with_message("no heartbeat answer from the peer in time");
+                if let Some(peer) = self.conns.peer_addr(slot) {
+                    e = e.with_peer(peer);
+                }
+                self.lose(slot, e);
+            }
+        }
+    }
+
+    /// Drops the heap entries of requests and served recvs that are answered already, and
+    /// of connections gone, when they outnumber the live ones: such entries stay in the
+    /// heap until they come up, so without this a long deadline on many short requests
+    /// would grow it. Amortized O(1) per timer.
+    fn sweep_timers(&mut self) {
+        if self.timers.len() <= self.sweep_at {
+            return;
+        }
+        let (requests, conns) = (&self.requests, &self.conns);
+        let conn_of =
+            |slot: u32, generation: u32| conns.get(slot).filter(|c| c.generation == generation);
+        self.timers.retain(|t| match *t {
+            Timer::Deadline(h) => requests.contains(h),
+            Timer::ServeDeadline {
+                slot,
+                generation,
+                handle,
+            } => conn_of(slot, generation).is_some_and(|c| c.served.owes_recv(handle)),
+            Timer::Conn { slot, generation } => conn_of(slot, generation).is_some(),
+            _ => true,
+        });
+        self.sweep_at = 2 * self.timers.len() + SWEEP_MIN;
+    }
+
+    // ----- bytes in and out -----
+
+    /// Lends out the memory the next bytes of connection `slot` must land in, or `None`
+    /// when nothing is to be received on it (closed; or its buffer is full, which closes
+    /// it). Until the memory comes back through [`received`](Self::received), the
+    /// connection's buffer or the tensor is empty here: the session neither reads nor
+    /// frees it, whatever happens to the request meanwhile.
+    pub(crate) fn lend_recv(&mut self, slot: u32) -> Option<RecvPlace> {
+        let conn = self.conns.get_mut(slot)?;
+        let (alloc, min) = (&*self.allocator, self.zero_copy_min);
+        match io::lend(conn, slot, &mut self.requests, alloc, min) {
+            Ok(place) => place,
+            Err(BufferFull) => {
+                log::error!("connection {slot}: receive buffer full; closing");
+                self.lose(slot, Error::new(ErrorKind::Protocol));
+                None
+            }
+        }
+    }
+
+    /// The memory [`lend_recv`](Self::lend_recv) lent for connection `slot` is back, with
+    /// `n` bytes written at the start of the range it named (0 when the receive failed or
+    /// the stream ended). Puts it back; then, unless the connection is closing or `n` is 0,
+    /// decodes the bytes and acts on what they complete.
+    pub(crate) fn received(&mut self, slot: u32, mem: RecvLoan, n: usize, now: Instant) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let alloc = &*self.allocator;
+        if !io::restore(conn, slot, &mut self.requests, alloc, mem, n) {
+            return;
+        }
+        if conn.phase == Phase::Closing || n == 0 {
+            return;
+        }
+        conn.last_heard = now;
+        self.last_now = now;
+        self.process(slot, now);
+        if let Some(conn) = self.conns.get_mut(slot) {
+            let (timers, l) = (&mut self.timers, &self.limits);
+            conn.watch_frame_head(slot, timers, l, now);
+            conn.watch_progress(slot, n as u64, timers, l, now);
+        }
+        self.sweep_timers();
+    }
+
+    /// Hands the output of connection `slot` to `sink`, piece by piece with the memory it
+    /// is in, while the sink has room and holds less than `max` bytes; arena blocks are
+    /// lent out (once each) until [`restore_block`](Self::restore_block), tensors shared.
+    /// Returns whether it gave any. A connection closed by its protocol with nothing left
+    /// to say is closed here.
+    pub(crate) fn transmit(&mut self, slot: u32, max: u64, sink: &mut impl SendSink) -> bool {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return false;
+        };
+        match io::transmit(conn, max, sink, self.observer.counters()) {
+            Transmitted::Gave(any) => any,
+            Transmitted::Done => {
+                // Nothing more to say: close.
+                let failure = conn.failure.clone();
+                self.lose(slot, failure);
+                false
+            }
+            Transmitted::Broken => {
+                log::error!("connection {slot}: output names a tensor it does not hold");
+                self.lose(slot, Error::new(ErrorKind::Protocol));
+                false
+            }
+        }
+    }
+
+    /// Arena block `block` of connection `slot`'s output, lent by
+    /// [`transmit`](Self::transmit), is back: the write that read it has completed. Call
+    /// before [`sent`](Self::sent).
+    pub(crate) fn restore_block(&mut self, slot: u32, block: u32, buf: Box<[u8]>) {
+        if let Some(conn) = self.conns.get_mut(slot) {
+            conn.proto.encoder().restore_block(block, buf);
+            io::count_arena(self.observer.counters(), conn);
+        }
+    }
+
+    /// `n` bytes of connection `slot`'s output were written.
+    pub(crate) fn sent(&mut self, slot: u32, n: usize) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        if conn.phase == Phase::Closing {
+            return;
+        }
+        conn.proto.encoder().advance(n as u64);
+        io::count_arena(self.observer.counters(), conn);
+        conn.release_tokens();
+        self.conns.mark_dirty(slot);
+    }
+}
+
+/// Counts the bytes queued since `before` (`after` now) as the answer to a served request
+/// of frame kind `kind`.
+#[inline]
+fn count_answer(observer: &Observer, peer: u32, kind: FrameKind, before: u64, after: u64) {
+    if let Some(kind) = served_kind(kind) {
+        observer.bytes_out(peer, kind, after.saturating_sub(before));
     }
 }

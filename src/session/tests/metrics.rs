@@ -4,7 +4,7 @@ use super::*;
 use crate::stats::{Metrics, Outcome, RequestKind, Side};
 
 fn metrics(s: &Session) -> Metrics {
-    Metrics::of(&[&s.counters])
+    Metrics::of(&[s.counters()])
 }
 
 #[test]
@@ -169,7 +169,7 @@ fn a_disabled_stats_endpoint_refuses_with_unimplemented() {
 /// The loop's `send_arena_bytes`, read as `Stats` sums it.
 fn arena_gauge(s: &Session) -> u64 {
     let mut st = crate::stats::Stats::default();
-    st.add_loop(&s.counters);
+    st.add_loop(s.counters());
     st.send_arena_bytes
 }
 
@@ -181,7 +181,13 @@ fn send_arena_bytes_follow_the_encoders_and_return_to_zero_when_the_connection_g
     p.pump();
     let server_blocks = |p: &mut Pair| {
         let s = p.s.unwrap() as usize;
-        p.server.conns[s].proto.encoder().arena_bytes() as u64
+        p.server
+            .conns
+            .get_mut(s as u32)
+            .unwrap()
+            .proto
+            .encoder()
+            .arena_bytes() as u64
     };
     let held = server_blocks(&mut p);
     assert!(held > 0, "an encoder starts with its blocks");

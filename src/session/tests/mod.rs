@@ -14,7 +14,7 @@ use crate::rendezvous::{Delivery, DeliverySink, Rendezvous};
 use crate::service::Service;
 use crate::stats::Counters;
 use crate::tensor::{HeapAllocator, Tensor};
-use crate::wire::DType;
+use crate::wire::{DType, HEADER_LEN};
 
 const PEER: &str = "127.0.0.1:7000";
 
@@ -91,10 +91,18 @@ impl Pair {
     }
 
     fn with(client: crate::config::ConfigBuilder, server: crate::config::ConfigBuilder) -> Pair {
+        Pair::serving(client, server, Arc::new(Table))
+    }
+
+    /// A pair whose server answers with `service`.
+    fn serving(
+        client: crate::config::ConfigBuilder,
+        server: crate::config::ConfigBuilder,
+        service: SharedService,
+    ) -> Pair {
         let rendezvous = Rendezvous::new();
         let posted = Arc::new(Posted::default());
         rendezvous.attach(vec![posted.clone()]);
-        let service: SharedService = Arc::new(Table);
         Pair {
             client: session(client.build().unwrap(), None, None),
             server: session(
@@ -337,7 +345,7 @@ fn large_tensors_arrive_in_chunks_in_place_and_intact() {
     // receive buffer and copied; the rest went straight into the tensors.
     let copied = p
         .client
-        .counters
+        .counters()
         .payload_copied
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(copied <= 64 << 10, "{copied} payload bytes copied");
@@ -361,7 +369,7 @@ fn recvs_of_one_pass_go_out_as_one_frame_and_complete_one_by_one() {
     // One request frame (after the handshake) carried all three keys.
     let frames_in = p
         .server
-        .counters
+        .counters()
         .frames_in
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(frames_in, 1);
@@ -461,7 +469,7 @@ fn fused_recvs_keep_their_own_deadlines() {
     p.pump();
     let frames_in = p
         .server
-        .counters
+        .counters()
         .frames_in
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(frames_in, 1, "the two recvs went out fused");
@@ -494,7 +502,7 @@ fn a_responder_that_never_confirms_a_cancel_fails_the_recv_after_the_wait() {
     p.advance(Duration::from_millis(10));
     let _ = Pair::output(&mut p.client, &mut p.dirty, p.c);
     assert!(p.completions().is_empty(), "the verdict is awaited");
-    p.advance(timer::CANCEL_WAIT - Duration::from_millis(1));
+    p.advance(requests::deadline::CANCEL_WAIT - Duration::from_millis(1));
     assert!(p.completions().is_empty());
     p.advance(Duration::from_millis(1));
     let done = p.completions();
@@ -909,7 +917,11 @@ fn a_frame_whose_payload_stops_is_closed_after_the_progress_timeout_not_before()
     }
     assert!(seconds >= 1);
     assert_eq!(error_statuses(&p.to_client), [Status::DeadlineExceeded]);
-    let progress_timeouts = p.server.counters.progress_timeouts.load(Ordering::Relaxed);
+    let progress_timeouts = p
+        .server
+        .counters()
+        .progress_timeouts
+        .load(Ordering::Relaxed);
     assert_eq!(progress_timeouts, 1);
 }
 
@@ -931,7 +943,7 @@ fn heartbeats_probe_a_silent_peer_and_declare_it_lost_after_the_timeout() {
         p.pump();
     }
     assert!(p.c.is_some());
-    let sent = |p: &Pair| p.client.counters.heartbeats_sent.load(Ordering::Relaxed);
+    let sent = |p: &Pair| p.client.counters().heartbeats_sent.load(Ordering::Relaxed);
     assert_eq!(sent(&p), 6);
     // A request without deadline, and from now on the server's bytes are lost.
     let tag = p.submit(RequestOp::Ping { payload: 0 }, None);
@@ -949,7 +961,7 @@ fn heartbeats_probe_a_silent_peer_and_declare_it_lost_after_the_timeout() {
         (tag, Some(ErrorKind::ConnectionLost))
     );
     assert_eq!(sent(&p), 8, "two more probes in the silence");
-    let losses = p.client.counters.heartbeat_losses.load(Ordering::Relaxed);
+    let losses = p.client.counters().heartbeat_losses.load(Ordering::Relaxed);
     assert_eq!(losses, 1);
 }
 
@@ -973,8 +985,8 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
         panic!("{:?}", done[0].result);
     };
     assert_eq!(st[..], [Status::ResourceExhausted, Status::Ok, Status::Ok]);
-    assert_eq!(p.server.budget.used(), 0, "nothing stays reserved");
-    assert_eq!(p.server.budget.refused(), 1);
+    assert_eq!(p.server.conns.budget().used(), 0, "nothing stays reserved");
+    assert_eq!(p.server.conns.budget().refused(), 1);
     // The connection goes on.
     p.submit(RequestOp::Ping { payload: 0 }, None);
     p.drain();
@@ -984,4 +996,5 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
 
 mod metrics;
 mod recv_ahead;
+mod rows;
 mod trace;

@@ -7,10 +7,10 @@ use crate::stats::{Outcome, RequestKind};
 
 /// The client's records, taken as a dump takes them (on its next drain pass).
 fn records(p: &mut Pair) -> Option<(Vec<Record>, u64)> {
-    p.client.counters.trace.ask();
+    p.client.counters().trace.ask();
     p.client.drain_requests(p.now);
     p.client
-        .counters
+        .counters()
         .trace
         .take()
         .map(|t| (t.records, t.dropped))
@@ -100,7 +100,7 @@ fn with_the_trace_off_a_dump_gets_nothing() {
     p.pump();
     assert_eq!(p.completions().len(), 1);
     assert!(records(&mut p).is_none());
-    assert!(!p.client.trace.on());
+    assert!(!p.client.observer.tracing());
 }
 
 /// `PROBE_N` pull round trips through a pair in memory, traced when `PROBE_TRACE=1` (the

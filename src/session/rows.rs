@@ -1,0 +1,419 @@
+//! Rows, a part of their own: encoding a rows pull and a rows push, assembling a rows
+//! pull's answer on the client ([`RowsReply`]), and serving both on the server (each
+//! table's block written by the table straight into the answer frame where it fits).
+
+use std::sync::Arc;
+
+use slab::Slab;
+
+use crate::pool::{apply_rows, missing_is_ordered, table_for, RowsPull, RowsPulled};
+use crate::proto::{
+    EncodeError, Encoder, OutTensor, ResponseItem, RowsItem, RowsQuery, COPY_TOKEN,
+};
+use crate::service::Service;
+use crate::tensor::{Tensor, TensorAllocator};
+use crate::wire::{Missing, ResponseEntries, RowsTable, RowsTables, Status, TensorMeta};
+
+use super::assemble::Tensors;
+use super::budget::ConnBudget;
+use super::push::RowIds;
+use super::reply::{PulledRows, Spare};
+use super::respond::{answer_by_reference, recast, release_unsent, send_items};
+use super::spec::RowsSpec;
+use super::violation::Violation;
+
+// ----- the client: encoding requests, assembling answers -----
+
+/// Vectors for encoding rows requests, reused from request to request.
+#[derive(Default)]
+pub(crate) struct RowsEncodeScratch {
+    tokens: Vec<u64>,
+    queries: Vec<RowsQuery<'static>>,
+    rows: Vec<RowsItem<'static>>,
+}
+
+/// Queues a `PULL_ROWS`.
+pub(crate) fn encode_pull(
+    enc: &mut Encoder,
+    handle: u64,
+    tables: &[RowsSpec],
+    ids: &[u64],
+    scratch: &mut RowsEncodeScratch,
+) -> Result<(), EncodeError> {
+    let mut queries: Vec<RowsQuery<'_>> = recast(std::mem::take(&mut scratch.queries));
+    let mut at = 0;
+    for t in tables {
+        queries.push(RowsQuery {
+            table: t.table,
+            block: t.meta(),
+            ids: &ids[at..at + t.len()],
+        });
+        at += t.len();
+    }
+    let r = enc.pull_rows(handle, &queries);
+    scratch.queries = recast(queries);
+    r
+}
+
+/// A rows push's gradient blocks.
+pub(crate) enum Grads<'a> {
+    /// One after the other, in table order: copied.
+    Packed(&'a [u8]),
+    /// One shared tensor per table, in table order: sent from their own memory.
+    Shared(&'a [(u64, Arc<Tensor>)]),
+}
+
+/// Queues a `PUSH_ROWS`. Packed blocks that fit one frame are copied into it; larger ones
+/// are moved into tensors of their own and sent in chunks. Shared blocks are never copied
+/// but by the encoder (up to its `inline_threshold`, 256 bytes by default, where a copy
+/// into the frame is cheaper than one more `iovec`): the connection holds them until
+/// written, and the frame references them, or they travel in chunks.
+pub(crate) fn encode_push(
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    tables: &[RowsSpec],
+    ids: &[u64],
+    grads: Grads<'_>,
+    scratch: &mut RowsEncodeScratch,
+) -> Result<(), EncodeError> {
+    let tokens = &mut scratch.tokens;
+    tokens.clear();
+    match grads {
+        Grads::Packed(grads) => {
+            // The meta section (ids and block metas) must fit beside the blocks.
+            let meta = 8 * ids.len() as u64 + 96 * tables.len() as u64;
+            let in_frame = grads.len() as u64 + meta <= enc.chunk_limit();
+            let mut at = 0;
+            for t in tables {
+                let len = t.meta().byte_len as usize;
+                let token = if in_frame {
+                    COPY_TOKEN
+                } else {
+                    let bytes = grads.get(at..at + len).unwrap_or_default();
+                    match Tensor::from_slice(t.dtype, &t.dims, bytes) {
+                        Ok(block) => out_tensors.insert(Arc::new(block)) as u64,
+                        Err(_) => COPY_TOKEN,
+                    }
+                };
+                tokens.push(token);
+                at += len;
+            }
+        }
+        Grads::Shared(blocks) => tokens.extend(
+            blocks
+                .iter()
+                .map(|(_, b)| out_tensors.insert(b.clone()) as u64),
+        ),
+    }
+    let mut rows: Vec<RowsItem<'_>> = recast(std::mem::take(&mut scratch.rows));
+    let (mut id_at, mut byte_at) = (0, 0);
+    for (t, &token) in tables.iter().zip(tokens.iter()) {
+        let len = t.meta().byte_len as usize;
+        let bytes = match (token, &grads) {
+            (COPY_TOKEN, Grads::Packed(g)) => g.get(byte_at..byte_at + len).unwrap_or_default(),
+            (COPY_TOKEN, Grads::Shared(_)) => &[][..],
+            (token, _) => out_tensors
+                .get(token as usize)
+                .map_or(&[][..], |b| b.bytes()),
+        };
+        rows.push(RowsItem {
+            table: t.table,
+            ids: &ids[id_at..id_at + t.len()],
+            block: OutTensor {
+                meta: t.meta(),
+                bytes,
+                token,
+            },
+        });
+        (id_at, byte_at) = (id_at + t.len(), byte_at + len);
+    }
+    let r = if tokens.len() == tables.len() {
+        enc.push_rows(handle, &rows)
+    } else {
+        Err(EncodeError::BadCount)
+    };
+    scratch.rows = recast(rows);
+    if r.is_err() {
+        for &t in tokens.iter().filter(|&&t| t != COPY_TOKEN) {
+            out_tensors.try_remove(t as usize);
+        }
+    }
+    r
+}
+
+/// A rows pull's answer being assembled: one block per table, checked against the block
+/// the request expects, and the rows each table did not have.
+pub(crate) struct RowsReply {
+    blocks: Tensors,
+    /// The block each table expects.
+    expected: Vec<RowsSpec>,
+    /// The rows not found, all tables', and per table where its are.
+    missing: Vec<u32>,
+    spans: Vec<(u32, u32)>,
+}
+
+impl RowsReply {
+    /// The answer to a pull of `tables`, in `spare`'s vectors; with `reuse` (the request
+    /// uses the runtime's allocator), its blocks land in the memory `spare` kept from
+    /// earlier answers when it fits.
+    pub(crate) fn new(tables: &[RowsSpec], spare: &mut Spare, reuse: bool) -> RowsReply {
+        spare.runtime_memory = reuse;
+        let blocks = Tensors::new(tables.len(), spare, reuse);
+        let mut expected = std::mem::take(&mut spare.expected);
+        expected.clear();
+        expected.extend_from_slice(tables);
+        let mut missing = std::mem::take(&mut spare.missing);
+        missing.clear();
+        let mut spans = std::mem::take(&mut spare.spans);
+        spans.clear();
+        spans.resize(tables.len(), (0, 0));
+        RowsReply {
+            blocks,
+            expected,
+            missing,
+            spans,
+        }
+    }
+
+    /// Takes the entries of a `RESPONSE` to request `handle`. Blocks get memory from
+    /// `alloc`.
+    pub(crate) fn accept(
+        &mut self,
+        handle: u64,
+        entries: ResponseEntries<'_>,
+        end: bool,
+        alloc: &dyn TensorAllocator,
+    ) -> Result<(), Violation> {
+        for entry in entries {
+            let index = entry.index;
+            self.blocks.answer(handle, index)?;
+            let spec = &self.expected[index as usize];
+            if let Some(meta) = &entry.tensor {
+                let want = spec.meta();
+                if meta.dtype != want.dtype || meta.dims != want.dims {
+                    return Err(Violation::RowsShape { handle, index });
+                }
+            }
+            self.spans[index as usize] = (self.missing.len() as u32, entry.missing.len() as u32);
+            self.missing.extend(entry.missing.iter());
+            self.blocks.accept(handle, &entry, alloc)?;
+        }
+        self.blocks.end(end);
+        Ok(())
+    }
+
+    /// Whether every block has arrived.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.blocks.is_complete()
+    }
+
+    /// The tables' blocks, as assembled so far.
+    pub(crate) fn blocks(&mut self) -> &mut Tensors {
+        &mut self.blocks
+    }
+
+    /// Memory for table `index`'s block.
+    pub(crate) fn tensor_mut(
+        &mut self,
+        index: u32,
+        alloc: &dyn TensorAllocator,
+        budget: &ConnBudget,
+    ) -> Option<&mut Tensor> {
+        self.blocks.tensor_mut(index, alloc, budget)
+    }
+
+    /// The finished answer; the vectors it does not hand out go back to `spare`.
+    pub(crate) fn finish(self, spare: &mut Spare) -> PulledRows {
+        spare.expected = self.expected;
+        PulledRows {
+            blocks: self.blocks.finish(spare),
+            missing: self.missing,
+            spans: self.spans,
+        }
+    }
+}
+
+// ----- the server: serving pulls, applying pushes -----
+
+/// Where a table's answer to a `PULL_ROWS` is assembled when it does not go straight into
+/// a frame: its ids, its block and the rows not found.
+#[derive(Default)]
+pub(crate) struct RowsScratch {
+    block: Vec<u8>,
+    missing: Vec<u32>,
+    ids: Vec<u64>,
+}
+
+/// Answers a `PULL_ROWS` on the loop, one `RESPONSE` frame per table, `END` on the last:
+/// its block of rows in request order, written by the table straight into the frame; when
+/// rows are missing, the block and the report of them; for a block too large for one
+/// frame, a tensor of its own sent in chunks.
+pub(crate) fn serve_pull(
+    service: &dyn Service,
+    tables: RowsTables<'_>,
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    scratch: &mut RowsScratch,
+) {
+    let count = tables.len();
+    for (index, t) in tables.enumerate() {
+        let end = index + 1 == count;
+        let (status, token) = pull_table(
+            service,
+            &t,
+            enc,
+            handle,
+            end,
+            index as u32,
+            scratch,
+            out_tensors,
+        );
+        let Some(status) = status else {
+            continue; // answered in the frame
+        };
+        let meta = TensorMeta {
+            chunked: false,
+            ..t.block
+        };
+        let tensor = match token {
+            _ if !status.is_ok() => None,
+            Some(token) => out_tensors.get(token as usize).map(|b| OutTensor {
+                meta,
+                bytes: b.bytes(),
+                token,
+            }),
+            None => Some(OutTensor {
+                meta,
+                bytes: &scratch.block,
+                token: COPY_TOKEN,
+            }),
+        };
+        let item = ResponseItem {
+            index: index as u32,
+            status,
+            tensor,
+            missing: Missing::Native(if status.is_ok() {
+                &scratch.missing
+            } else {
+                &[]
+            }),
+        };
+        if send_items(enc, handle, end, &[item]).is_err() {
+            release_unsent(out_tensors, token.into_iter());
+            return;
+        }
+    }
+}
+
+/// A `PULL_ROWS` as a job for the handler pool.
+pub(crate) fn pull_job(tables: RowsTables<'_>) -> Vec<RowsPull> {
+    tables
+        .map(|t| RowsPull {
+            table: t.table,
+            dtype: t.block.dtype,
+            dims: t.block.dims.iter().collect(),
+            ids: t.ids().collect(),
+        })
+        .collect()
+}
+
+/// Pulls one table's rows. Straight into a frame when the block fits one and every row is
+/// there: answered, `(None, None)`. Otherwise the status to answer with, the block (when
+/// `OK`) in `scratch.block` (no token) or, too large for one frame, in a tensor of its own
+/// in `out_tensors` (its token), and the rows not found in `scratch.missing`. A table that
+/// reports missing rows out of order or range fails with `INTERNAL`.
+#[allow(clippy::too_many_arguments)]
+fn pull_table(
+    service: &dyn Service,
+    t: &RowsTable<'_>,
+    enc: &mut Encoder,
+    handle: u64,
+    end: bool,
+    index: u32,
+    scratch: &mut RowsScratch,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+) -> (Option<Status>, Option<u64>) {
+    let table = match table_for(service, t.table, t.block.dtype, t.block.dims.iter()) {
+        Ok(table) => table,
+        Err(status) => return (Some(status), None),
+    };
+    scratch.ids.clear();
+    scratch.ids.extend(t.ids());
+    scratch.missing.clear();
+    let ids = &scratch.ids;
+    let pull = |out: &mut [u8], missing: &mut Vec<u32>| {
+        crate::panic::guarded("Table::pull", || table.pull(ids, out, missing))
+            .unwrap_or(Status::Internal)
+    };
+    let direct = enc.response_block(
+        handle,
+        end,
+        index,
+        &t.block,
+        &mut scratch.missing,
+        &mut scratch.block,
+        pull,
+    );
+    let (status, token) = match direct {
+        Ok(None) => return (None, None),
+        Ok(Some(status)) => (status, None),
+        Err(_) => {
+            let dims: Vec<u64> = t.block.dims.iter().collect();
+            let Ok(mut block) = Tensor::zeros(t.block.dtype, &dims) else {
+                return (Some(Status::ResourceExhausted), None);
+            };
+            let status = pull(block.bytes_mut(), &mut scratch.missing);
+            let token = status
+                .is_ok()
+                .then(|| out_tensors.insert(Arc::new(block)) as u64);
+            (status, token)
+        }
+    };
+    if status.is_ok() && !missing_is_ordered(&scratch.missing, t.len()) {
+        log::warn!(
+            "table {} reported missing rows out of order or range",
+            t.table
+        );
+        if let Some(token) = token {
+            out_tensors.try_remove(token as usize);
+        }
+        return (Some(Status::Internal), None);
+    }
+    (Some(status), token)
+}
+
+/// Answers a `PULL_ROWS` with the tables a handler thread pulled: their blocks sent by
+/// reference, with the missing-rows reports.
+pub(crate) fn answer_pulled(
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    tables: &[RowsPulled],
+    tokens: &mut Vec<Option<u64>>,
+    spare: &mut Vec<ResponseItem<'static>>,
+) {
+    let items = tables
+        .iter()
+        .map(|t| (t.status, t.block.as_ref(), &t.missing[..]));
+    answer_by_reference(enc, out_tensors, handle, items, tokens, spare);
+}
+
+/// Applies a received `PUSH_ROWS` on the loop: per table (`tables`), its gradient block
+/// (`blocks`) to the rows of its ids; one status per table into `statuses` (emptied first).
+pub(crate) fn apply_push(
+    service: &dyn Service,
+    tables: &[u64],
+    blocks: &[Result<Tensor, Status>],
+    rows: &RowIds,
+    statuses: &mut Vec<Status>,
+) {
+    statuses.clear();
+    for (i, (table, block)) in tables.iter().zip(blocks).enumerate() {
+        statuses.push(match block {
+            Ok(b) => apply_rows(service, *table as u32, rows.of(i), b),
+            Err(st) => *st,
+        });
+    }
+}

@@ -1,0 +1,427 @@
+//! The serving side: the peer's requests answered by the service (inline on the loop, or
+//! on the handler pool), by the rendezvous ([`recv`]), or by the loop itself (`STATS`),
+//! and the pushes it receives, applied once whole.
+
+mod recv;
+
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slab::Slab;
+
+use crate::pool::{apply_push, Answer, Job, PushScratch, ReplyTo};
+use crate::proto::{Encoder, Frame, ResponseItem};
+use crate::rendezvous::Rendezvous;
+use crate::service::{self, SharedService};
+use crate::stats::{Outcome, RequestKind};
+use crate::tensor::{Tensor, TensorAllocator};
+use crate::wire::{Body, DType, FrameKind, Status, VarIds};
+
+use super::conn::Conn;
+use super::observer::Observer;
+use super::push::{IncomingPush, PushVecs, Served};
+use super::reply::keep_memory;
+use super::respond::{answer_pull, answer_push};
+use super::rows::{self, RowsScratch};
+use super::timer::Timers;
+use super::violation::Violation;
+
+/// Most sets of push vectors a loop keeps for reuse.
+const PUSH_VECS_KEPT: usize = 64;
+
+/// A connection as the server sees it while serving the requests it decodes.
+pub(crate) struct Serving<'a> {
+    pub slot: u32,
+    pub generation: u32,
+    /// Its peer's index in the observer's table.
+    pub peer: u32,
+    pub enc: &'a mut Encoder,
+    /// Tensors the encoder references until written.
+    pub out: &'a mut Slab<Arc<Tensor>>,
+    pub served: &'a mut Served,
+    pub now: Instant,
+}
+
+/// Vectors the serving side reuses from request to request, so that answering allocates
+/// nothing in steady state.
+#[derive(Default)]
+struct ServeScratch {
+    rows: RowsScratch,
+    ids: Vec<u64>,
+    pulled: Vec<Result<Arc<Tensor>, Status>>,
+    tokens: Vec<Option<u64>>,
+    items: Vec<ResponseItem<'static>>,
+    statuses: Vec<Status>,
+    push: PushScratch,
+    /// Vectors of finished pushes, for the next ones (at most `PUSH_VECS_KEPT`).
+    push_vecs: Vec<PushVecs>,
+}
+
+/// What the loop serves, and how.
+pub(crate) struct Server {
+    service: Option<SharedService>,
+    rendezvous: Option<Arc<Rendezvous>>,
+    /// Where heavy handlers run; `None`: inline on the loop.
+    jobs: Option<SyncSender<Job>>,
+    /// The loop's position among the runtime's loops (rendezvous waiters and pool answers
+    /// find their way back by it).
+    index: usize,
+    scratch: ServeScratch,
+    /// This task's name (`job:index`) for stats answers; `None`: the stats endpoint is off.
+    stats_task: Option<String>,
+    /// Requests a peer may have waiting on one connection.
+    max_served: usize,
+}
+
+impl Server {
+    pub(crate) fn new(
+        service: Option<SharedService>,
+        rendezvous: Option<Arc<Rendezvous>>,
+        jobs: Option<SyncSender<Job>>,
+        index: usize,
+        stats_task: Option<String>,
+        max_served: usize,
+    ) -> Server {
+        Server {
+            service,
+            rendezvous,
+            jobs,
+            index,
+            scratch: ServeScratch::default(),
+            stats_task,
+            max_served,
+        }
+    }
+
+    /// Where a pool answer for the peer's request `handle` on `c` goes.
+    fn reply_to(&self, c: &Serving<'_>, handle: u64) -> ReplyTo {
+        ReplyTo {
+            loop_index: self.index,
+            conn: c.slot,
+            generation: c.generation,
+            handle,
+        }
+    }
+
+    /// A request frame of the peer: answered now, handed to the pool, left waiting in the
+    /// rendezvous, or (a push) received until whole.
+    pub(crate) fn on_request(
+        &mut self,
+        c: &mut Serving<'_>,
+        f: &Frame<'_>,
+        alloc: &dyn TensorAllocator,
+        timers: &mut Timers,
+        observer: &Observer,
+    ) -> Result<(), Violation> {
+        let h = f.header.handle;
+        let request = matches!(
+            f.body,
+            Body::Pull(_)
+                | Body::Push(_)
+                | Body::Recv(_)
+                | Body::FusedRecv(_)
+                | Body::PullRows(_)
+                | Body::PushRows(_)
+        );
+        if request && c.served.len() >= self.max_served {
+            // A peer may not pile up unanswered requests without limit. Its payload, if
+            // any, is still read and dropped.
+            let _ = c
+                .enc
+                .error(h, Status::ResourceExhausted, "too many requests");
+            if let Some(kind) = served_kind(f.header.kind) {
+                observer.served(c.peer, kind, Outcome::Refused, None);
+            }
+            return Ok(());
+        }
+        match f.body {
+            Body::Cancel(items) => self.on_cancel(c, h, items, observer),
+            Body::Stats => self.serve_stats(c, h, observer),
+            Body::Pull(ids) => self.serve_pull(c, h, ids, observer),
+            Body::PullRows(tables) => {
+                let Some(service) = self.service.as_deref() else {
+                    let _ = c.enc.error(h, Status::Unimplemented, "no rows service");
+                    observer.served(c.peer, RequestKind::PullRows, Outcome::Error, None);
+                    return Ok(());
+                };
+                // Counted when answered here or handed to the pool (whose answer is not
+                // seen here).
+                observer.served(c.peer, RequestKind::PullRows, Outcome::Ok, None);
+                if let Some(jobs) = &self.jobs {
+                    let job = Job::PullRows {
+                        to: self.reply_to(c, h),
+                        tables: rows::pull_job(tables),
+                    };
+                    refuse_if_unsent(jobs.try_send(job), c.enc, h);
+                    return Ok(());
+                }
+                rows::serve_pull(service, tables, c.enc, c.out, h, &mut self.scratch.rows);
+            }
+            Body::Push(_) | Body::PushRows(_) => {
+                if c.served.push_mut(h).is_some() {
+                    let kind = f.header.kind;
+                    return Err(Violation::HandleInUse { handle: h, kind });
+                }
+                let spare = self.scratch.push_vecs.pop().unwrap_or_default();
+                let mut push = match f.body {
+                    Body::Push(entries) => IncomingPush::new(h, entries, alloc, spare, c.now),
+                    Body::PushRows(tables) => IncomingPush::rows(h, tables, alloc, spare, c.now),
+                    _ => return Ok(()),
+                };
+                push.deadline = deadline_of(c.now, f.header.timeout_ms);
+                c.served.pushes.push(push);
+            }
+            Body::Recv(r) | Body::FusedRecv(r) => {
+                let deadline = deadline_of(c.now, f.header.timeout_ms);
+                return self.serve_recv(c, h, r, deadline, timers, observer);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn serve_pull(
+        &mut self,
+        c: &mut Serving<'_>,
+        handle: u64,
+        ids: VarIds<'_>,
+        observer: &Observer,
+    ) {
+        let Some(service) = self.service.as_deref() else {
+            let _ = c
+                .enc
+                .error(handle, Status::Unimplemented, "no pull service");
+            observer.served(c.peer, RequestKind::Pull, Outcome::Error, None);
+            return;
+        };
+        if let Some(jobs) = &self.jobs {
+            let to = self.reply_to(c, handle);
+            let ids = ids.iter().collect();
+            let sent = refuse_if_unsent(jobs.try_send(Job::Pull { to, ids }), c.enc, handle);
+            let outcome = if sent { Outcome::Ok } else { Outcome::Refused };
+            observer.served(c.peer, RequestKind::Pull, outcome, None);
+            return;
+        }
+        observer.served(c.peer, RequestKind::Pull, Outcome::Ok, None);
+        let s = &mut self.scratch;
+        s.ids.clear();
+        s.ids.extend(ids.iter());
+        service::pull(service, &s.ids, &mut s.pulled);
+        answer_pull(c.enc, c.out, handle, &s.pulled, &mut s.tokens, &mut s.items);
+        s.pulled.clear();
+    }
+
+    /// Answers a `STATS` request: one `RESPONSE` entry whose tensor (dtype `U8`, rank 1)
+    /// holds the JSON document; `UNIMPLEMENTED` when the endpoint is off.
+    fn serve_stats(&mut self, c: &mut Serving<'_>, handle: u64, observer: &Observer) {
+        // Counted once answered, so that the document does not show itself in flight.
+        let Some(task) = &self.stats_task else {
+            observer.started(c.peer, RequestKind::Stats, 0, 0);
+            let _ = c
+                .enc
+                .error(handle, Status::Unimplemented, "stats endpoint disabled");
+            observer.served(c.peer, RequestKind::Stats, Outcome::Error, None);
+            return;
+        };
+        let doc = observer.stats_document(task);
+        observer.started(c.peer, RequestKind::Stats, 0, 0);
+        let bytes = doc.into_bytes();
+        let result = Tensor::from_bytes(DType::U8, &[bytes.len() as u64], bytes)
+            .map(Arc::new)
+            .map_err(|_| Status::Internal);
+        let s = &mut self.scratch;
+        answer_pull(c.enc, c.out, handle, &[result], &mut s.tokens, &mut s.items);
+        observer.served(c.peer, RequestKind::Stats, Outcome::Ok, None);
+    }
+
+    /// The frame of the peer's push `handle` is in: applied and answered if it is whole.
+    pub(crate) fn on_push_end(&mut self, c: &mut Serving<'_>, handle: u64, observer: &Observer) {
+        if let Some(p) = c.served.push_mut(handle) {
+            p.frame_done();
+        }
+        self.finish_push(c, handle, observer);
+    }
+
+    /// Chunk bytes of item `index` of the peer's push `handle` up to `end` arrived.
+    pub(crate) fn on_chunk(
+        &mut self,
+        c: &mut Serving<'_>,
+        handle: u64,
+        index: u32,
+        end: u64,
+        observer: &Observer,
+    ) {
+        if let Some(p) = c.served.push_mut(handle) {
+            p.chunk_progress(index, end);
+            self.finish_push(c, handle, observer);
+        }
+    }
+
+    /// Applies the peer's push `handle` if completely received, and answers it.
+    fn finish_push(&mut self, c: &mut Serving<'_>, handle: u64, observer: &Observer) {
+        let pushes = &mut c.served.pushes;
+        let Some(i) = pushes
+            .iter()
+            .position(|p| p.handle == handle && p.is_complete())
+        else {
+            return;
+        };
+        let push = pushes.swap_remove(i);
+        let kind = push.kind();
+        let took = c.now.saturating_duration_since(push.arrived);
+        let end = |o: Outcome| {
+            let took = (o == Outcome::Ok).then_some(took);
+            observer.served(c.peer, kind, o, took);
+        };
+        let late = push.deadline.is_some_and(|d| c.now > d);
+        if push.cancelled || late {
+            end(Outcome::Timeout);
+        }
+        if push.cancelled {
+            // The requester gave it up: dropped unanswered.
+            return self.recycle(push);
+        }
+        if late {
+            // Whole only after the requester stopped waiting: not applied.
+            let why = "push complete after its deadline";
+            let _ = c.enc.error(handle, Status::DeadlineExceeded, why);
+            return self.recycle(push);
+        }
+        let s = &mut self.scratch;
+        let Some(service) = self.service.as_deref() else {
+            end(Outcome::Error);
+            s.statuses.clear();
+            s.statuses.resize(push.len(), Status::Unimplemented);
+            return answer_push(c.enc, handle, &s.statuses, &mut s.items);
+        };
+        let PushVecs {
+            ids,
+            mut results,
+            rows,
+            mut memory,
+        } = push.into_parts();
+        if let Some(jobs) = &self.jobs {
+            let to = self.reply_to(c, handle);
+            let job = if rows.is_rows() {
+                Job::PushRows {
+                    to,
+                    tables: ids,
+                    blocks: results,
+                    ids: rows.ids,
+                    ends: rows.ends,
+                }
+            } else {
+                Job::Push { to, ids, results }
+            };
+            let sent = refuse_if_unsent(jobs.try_send(job), c.enc, handle);
+            // A rows push handed over counts as served whatever the pool does with it.
+            let taken = sent || kind == RequestKind::PushRows;
+            end(if taken { Outcome::Ok } else { Outcome::Refused });
+            return;
+        }
+        if rows.is_rows() {
+            rows::apply_push(service, &ids, &results, &rows, &mut s.statuses);
+            answer_push(c.enc, handle, &s.statuses, &mut s.items);
+            // The blocks were applied: their memory takes the next push's blocks.
+            keep_memory(&mut results, &mut memory);
+        } else {
+            apply_push(service, &ids, &mut results, &mut s.statuses, &mut s.push);
+            answer_push(c.enc, handle, &s.statuses, &mut s.items);
+        }
+        end(Outcome::Ok);
+        if s.push_vecs.len() < PUSH_VECS_KEPT {
+            s.push_vecs.push(PushVecs {
+                ids,
+                results,
+                rows,
+                memory,
+            });
+        }
+    }
+
+    /// Keeps the vectors of a push that is not applied, for the next one.
+    fn recycle(&mut self, push: IncomingPush) {
+        let mut parts = push.into_parts();
+        parts.results.clear();
+        if self.scratch.push_vecs.len() < PUSH_VECS_KEPT {
+            self.scratch.push_vecs.push(parts);
+        }
+    }
+
+    /// Sends a pool handler's answer on `conn` (its connection, still live).
+    pub(crate) fn take_answer(&mut self, conn: &mut Conn, a: Answer) {
+        let Conn {
+            proto, out_tensors, ..
+        } = conn;
+        let enc = proto.encoder();
+        let s = &mut self.scratch;
+        match a {
+            Answer::Pull { to, results } => answer_pull(
+                enc,
+                out_tensors,
+                to.handle,
+                &results,
+                &mut s.tokens,
+                &mut s.items,
+            ),
+            Answer::Push { to, statuses } => answer_push(enc, to.handle, &statuses, &mut s.items),
+            Answer::PullRows { to, tables } => rows::answer_pulled(
+                enc,
+                out_tensors,
+                to.handle,
+                &tables,
+                &mut s.tokens,
+                &mut s.items,
+            ),
+        }
+    }
+
+    /// Connection `slot` (`conn`) is released: the peer's requests it was still serving
+    /// (recvs waiting, pushes arriving) end unanswered.
+    pub(crate) fn release(&self, slot: u32, conn: &Conn, observer: &Observer) {
+        for _ in &conn.served.recvs {
+            observer.served(conn.peer, RequestKind::Recv, Outcome::Unavailable, None);
+        }
+        for p in &conn.served.pushes {
+            observer.served(conn.peer, p.kind(), Outcome::Unavailable, None);
+        }
+        if let (false, Some(r)) = (conn.served.recvs.is_empty(), &self.rendezvous) {
+            r.forget(self.index, slot, conn.generation);
+        }
+    }
+}
+
+/// The request kind served metrics count a frame of `kind` under: recvs, fused or not,
+/// as one operation (a fused recv's items are answered as single recvs are).
+pub(crate) fn served_kind(kind: FrameKind) -> Option<RequestKind> {
+    Some(match kind {
+        FrameKind::Recv | FrameKind::FusedRecv => RequestKind::Recv,
+        FrameKind::Pull => RequestKind::Pull,
+        FrameKind::Push => RequestKind::Push,
+        FrameKind::PullRows => RequestKind::PullRows,
+        FrameKind::PushRows => RequestKind::PushRows,
+        FrameKind::Stats => RequestKind::Stats,
+        _ => return None,
+    })
+}
+
+/// Answers a request the handler pool could not take; returns whether it took it.
+fn refuse_if_unsent(r: Result<(), TrySendError<Job>>, enc: &mut Encoder, h: u64) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(TrySendError::Full(_)) => {
+            let _ = enc.error(h, Status::ResourceExhausted, "handlers are behind; retry");
+            false
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            let _ = enc.error(h, Status::Shutdown, "handler pool stopped");
+            false
+        }
+    }
+}
+
+/// When a request that arrived `now` with `timeout_ms` stops being waited for.
+fn deadline_of(now: Instant, timeout_ms: u32) -> Option<Instant> {
+    (timeout_ms > 0).then(|| now + Duration::from_millis(timeout_ms.into()))
+}
