@@ -50,7 +50,7 @@ pub enum sw_bench_pull {
 /// As `sw_client_pull_rows_wait`, without its `missing` and `missing_count`; `latencies_ns`
 /// has room for `calls` values.
 #[no_mangle]
-pub unsafe extern "C" fn sw_bench_pull_rows(
+pub extern "C" fn sw_bench_pull_rows(
     c: *mut sw_client,
     peer: *const c_char,
     rows: *const sw_rows,
@@ -72,18 +72,14 @@ pub unsafe extern "C" fn sw_bench_pull_rows(
             let mut count = 0;
             for _ in 0..calls {
                 let start = Instant::now();
-                // SAFETY: the arguments this function was given, under the same contract, and
-                // room for `rows->n` missing positions.
-                let r = unsafe {
-                    sw_client_pull_rows_wait(
-                        c,
-                        peer,
-                        rows,
-                        timeout_ms,
-                        missing.as_mut_ptr(),
-                        &mut count,
-                    )
-                };
+                let r = sw_client_pull_rows_wait(
+                    c,
+                    peer,
+                    rows,
+                    timeout_ms,
+                    missing.as_mut_ptr(),
+                    &mut count,
+                );
                 latencies.push(start.elapsed().as_nanos() as u64);
                 if r != SW_OK {
                     // Its message is this thread's last error already.

@@ -170,7 +170,7 @@ impl Table for CTable {
 /// `row_dims` points at `rank` values (may be NULL when `rank` is 0); `callbacks` at valid
 /// callbacks as `sw_table_callbacks` says; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_table_new(
+pub extern "C" fn sw_table_new(
     dtype: u8,
     row_dims: *const u64,
     rank: u32,

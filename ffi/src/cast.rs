@@ -1,9 +1,9 @@
 //! Pointer casts at the C boundary. Every pointer C passes in becomes a Rust reference,
 //! slice or string here, and every handle C holds is made and taken back here. Besides the
 //! memory C lends tensors (`allocator.rs`, `buffers.rs`) and the trampolines that call C's
-//! callbacks, this is the crate's only `unsafe`: the exported functions reach their
-//! arguments through the `try_*!` macros below, which leave the body with `SW_ERR_NULL` (or
-//! `SW_ERR_INVALID_ARGUMENT`) naming the argument.
+//! callbacks, this is the crate's only `unsafe`: the exported functions have none of their
+//! own, and reach their arguments through the `try_*!` macros below, which leave the body
+//! with `SW_ERR_NULL` (or `SW_ERR_INVALID_ARGUMENT`) naming the argument.
 //!
 //! The casts are sound because of the contract the header states for every C caller (the
 //! conventions at its top, and each function's `# Safety`):

@@ -149,7 +149,7 @@ pub(crate) fn deadline(timeout_ms: u64) -> Option<Instant> {
 /// # Safety
 /// `rt` is a live runtime; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_new(
+pub extern "C" fn sw_client_new(
     rt: *const sw_runtime,
     capacity: u32,
     out: *mut *mut sw_client,
@@ -197,7 +197,7 @@ fn new_client(
 /// `rt` is a live runtime; `setting_names` and `setting_values` point at `settings`
 /// NUL-terminated strings each (NULL allowed when `settings` is 0); `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_new_embedded(
+pub extern "C" fn sw_client_new_embedded(
     rt: *const sw_runtime,
     setting_names: *const *const c_char,
     setting_values: *const *const c_char,
@@ -263,7 +263,7 @@ unsafe impl Send for ReplyPtr {}
 /// `rt` is a live runtime; `callback` and `user_data` are safe to use from loop threads
 /// until the client's runtime is freed; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_new_with_callback(
+pub extern "C" fn sw_client_new_with_callback(
     rt: *const sw_runtime,
     capacity: u32,
     callback: Option<
@@ -337,7 +337,7 @@ pub unsafe extern "C" fn sw_client_new_with_callback(
 /// `c` is NULL or a client from starwire not freed before, and no other thread is inside
 /// a call with it.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_free(c: *mut sw_client) {
+pub extern "C" fn sw_client_free(c: *mut sw_client) {
     boundary!((), {
         let Some(client) = mut_from(c) else {
             return;
@@ -402,7 +402,7 @@ pub(crate) fn submit<E: Into<Failure>>(
 /// `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
 /// writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_ping(
+pub extern "C" fn sw_client_ping(
     c: *mut sw_client,
     peer: *const c_char,
     payload: u32,
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn sw_client_ping(
 /// # Safety
 /// As `sw_client_ping`; `ids` points at `n` values.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_pull(
+pub extern "C" fn sw_client_pull(
     c: *mut sw_client,
     peer: *const c_char,
     ids: *const u64,
@@ -449,7 +449,7 @@ pub unsafe extern "C" fn sw_client_pull(
 /// As `sw_client_pull`; `alloc` points at a valid allocator that outlives the reply's
 /// tensors.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_pull_into(
+pub extern "C" fn sw_client_pull_into(
     c: *mut sw_client,
     peer: *const c_char,
     ids: *const u64,
@@ -477,7 +477,7 @@ pub unsafe extern "C" fn sw_client_pull_into(
 /// # Safety
 /// As `sw_client_ping`; `ids` and `tensors` point at `n` values, each tensor a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_push(
+pub extern "C" fn sw_client_push(
     c: *mut sw_client,
     peer: *const c_char,
     ids: *const u64,
@@ -508,7 +508,7 @@ pub unsafe extern "C" fn sw_client_push(
 /// # Safety
 /// As `sw_client_ping`; `key` points at `key_len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_recv(
+pub extern "C" fn sw_client_recv(
     c: *mut sw_client,
     peer: *const c_char,
     step: u64,
@@ -534,7 +534,7 @@ pub unsafe extern "C" fn sw_client_recv(
 /// As `sw_client_ping`; `keys` and `key_lens` point at `n` values, `keys[i]` at
 /// `key_lens[i]` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_recv_many(
+pub extern "C" fn sw_client_recv_many(
     c: *mut sw_client,
     peer: *const c_char,
     step: u64,
@@ -572,7 +572,7 @@ pub unsafe extern "C" fn sw_client_recv_many(
 /// # Safety
 /// `c` is a live client used by this thread only; `reply` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_wait(
+pub extern "C" fn sw_client_wait(
     c: *mut sw_client,
     tag: u64,
     reply: *mut *mut sw_reply,
@@ -612,11 +612,7 @@ pub unsafe extern "C" fn sw_client_wait(
 /// # Safety
 /// `c` is a live client used by this thread only; `tag` and `ready` are writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_poll(
-    c: *mut sw_client,
-    tag: *mut u64,
-    ready: *mut bool,
-) -> sw_result {
+pub extern "C" fn sw_client_poll(c: *mut sw_client, tag: *mut u64, ready: *mut bool) -> sw_result {
     boundary!({
         let client = client_mut(c)?;
         let tag = try_out!(tag);
@@ -644,7 +640,7 @@ pub unsafe extern "C" fn sw_client_poll(
 /// # Safety
 /// `c` is a live client used by this thread only; `tag` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_wait_any(c: *mut sw_client, tag: *mut u64) -> sw_result {
+pub extern "C" fn sw_client_wait_any(c: *mut sw_client, tag: *mut u64) -> sw_result {
     boundary!({
         let client = client_mut(c)?;
         let tag = try_out!(tag);
@@ -669,7 +665,7 @@ pub unsafe extern "C" fn sw_client_wait_any(c: *mut sw_client, tag: *mut u64) ->
 /// # Safety
 /// `c` is a live client used by this thread only; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_loop_stats(c: *mut sw_client, out: *mut sw_stats) -> sw_result {
+pub extern "C" fn sw_client_loop_stats(c: *mut sw_client, out: *mut sw_stats) -> sw_result {
     boundary!({
         let client = client_mut(c)?;
         let out = try_out!(out);

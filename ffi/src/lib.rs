@@ -18,12 +18,14 @@
 //! requests, with `buffers`: the caller's buffers a rows pull receives into), `bench`,
 //! `callback_table`, `metrics`, `resolver`, `sharded`. Below them all, `boundary` (the
 //! panic boundary every exported body runs inside) and `cast` (the typed pointer casts
-//! through which the exported functions reach their arguments). Imports go one way: `boundary` <- `result` <- `cast` <- the C types, which
+//! through which the exported functions, which have no `unsafe` of their own, reach their
+//! arguments). Imports go one way: `boundary` <- `result` <- `cast` <- the C types, which
 //! use each other downwards only.
 //!
 //! `unsafe` lives in `cast`, and, for the memory and the callbacks C owns, in `allocator`,
 //! `buffers` and the trampolines of `service`, `callback_table` and `client`; every block
-//! says why it holds, one unsafe operation per block (the lints below check both).
+//! says why it holds, one unsafe operation per block (the lints below require the comment
+//! and the one operation).
 #![allow(non_camel_case_types)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -18,7 +18,7 @@ use crate::runtime::sw_runtime;
 /// # Safety
 /// `rt` is a live runtime; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_metrics_json(
+pub extern "C" fn sw_runtime_metrics_json(
     rt: *const sw_runtime,
     out: *mut *mut c_char,
 ) -> sw_result {
@@ -33,10 +33,7 @@ pub unsafe extern "C" fn sw_runtime_metrics_json(
 /// # Safety
 /// `rt` is a live runtime; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_trace_json(
-    rt: *const sw_runtime,
-    out: *mut *mut c_char,
-) -> sw_result {
+pub extern "C" fn sw_runtime_trace_json(rt: *const sw_runtime, out: *mut *mut c_char) -> sw_result {
     boundary!({ runtime_string(rt, out, |rt| rt.trace_json()) })
 }
 
@@ -59,7 +56,7 @@ fn runtime_string(
 /// # Safety
 /// `s` is NULL or a string from starwire not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_string_free(s: *mut c_char) {
+pub extern "C" fn sw_string_free(s: *mut c_char) {
     boundary!((), { free_c_string(s) })
 }
 
@@ -72,7 +69,7 @@ pub unsafe extern "C" fn sw_string_free(s: *mut c_char) {
 /// `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
 /// writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_stats(
+pub extern "C" fn sw_client_stats(
     c: *mut sw_client,
     peer: *const c_char,
     timeout_ms: u64,

@@ -100,7 +100,7 @@ pub(crate) fn answer(
 /// # Safety
 /// `r` is NULL or a live reply.
 #[no_mangle]
-pub unsafe extern "C" fn sw_reply_count(r: *const sw_reply) -> usize {
+pub extern "C" fn sw_reply_count(r: *const sw_reply) -> usize {
     boundary!(0, { ref_from(r).map_or(0, |r| r.statuses.len()) })
 }
 
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn sw_reply_count(r: *const sw_reply) -> usize {
 /// # Safety
 /// `r` is NULL or a live reply.
 #[no_mangle]
-pub unsafe extern "C" fn sw_reply_status(r: *const sw_reply, i: usize) -> u32 {
+pub extern "C" fn sw_reply_status(r: *const sw_reply, i: usize) -> u32 {
     boundary!(u32::MAX, {
         ref_from(r)
             .and_then(|r| r.statuses.get(i).copied())
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn sw_reply_status(r: *const sw_reply, i: usize) -> u32 {
 /// # Safety
 /// `r` is NULL or a live reply.
 #[no_mangle]
-pub unsafe extern "C" fn sw_reply_tensor(r: *const sw_reply, i: usize) -> *const sw_tensor {
+pub extern "C" fn sw_reply_tensor(r: *const sw_reply, i: usize) -> *const sw_tensor {
     boundary!(std::ptr::null(), {
         ref_from(r)
             .and_then(|r| r.tensors.get(i))
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn sw_reply_tensor(r: *const sw_reply, i: usize) -> *const
 /// # Safety
 /// `r` is NULL or a live reply used by no other thread during the call.
 #[no_mangle]
-pub unsafe extern "C" fn sw_reply_take_tensor(r: *mut sw_reply, i: usize) -> *mut sw_tensor {
+pub extern "C" fn sw_reply_take_tensor(r: *mut sw_reply, i: usize) -> *mut sw_tensor {
     boundary!(std::ptr::null_mut(), {
         mut_from(r)
             .and_then(|r| r.tensors.get_mut(i))
@@ -157,7 +157,7 @@ pub unsafe extern "C" fn sw_reply_take_tensor(r: *mut sw_reply, i: usize) -> *mu
 /// # Safety
 /// `r` is NULL or a live reply.
 #[no_mangle]
-pub unsafe extern "C" fn sw_reply_rtt_us(r: *const sw_reply) -> f64 {
+pub extern "C" fn sw_reply_rtt_us(r: *const sw_reply) -> f64 {
     boundary!(0.0, { ref_from(r).map_or(0.0, |r| r.rtt_us) })
 }
 
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn sw_reply_rtt_us(r: *const sw_reply) -> f64 {
 /// # Safety
 /// `r` is a live reply; `positions` has room for `capacity` values; `count` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_reply_missing(
+pub extern "C" fn sw_reply_missing(
     r: *const sw_reply,
     t: usize,
     positions: *mut u32,
@@ -210,6 +210,6 @@ pub unsafe extern "C" fn sw_reply_missing(
 /// # Safety
 /// `r` is NULL or a reply from starwire not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_reply_free(r: *mut sw_reply) {
+pub extern "C" fn sw_reply_free(r: *mut sw_reply) {
     boundary!((), { free_box(r) })
 }

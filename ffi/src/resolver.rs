@@ -39,7 +39,7 @@ fn resolve_error(e: impl std::fmt::Display) -> Failure {
 /// # Safety
 /// `tf_config` and `endpoint_map` are NULL or NUL-terminated strings; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_new(
+pub extern "C" fn sw_resolver_new(
     tf_config: *const c_char,
     endpoint_map: *const c_char,
     out: *mut *mut sw_resolver,
@@ -97,7 +97,7 @@ pub unsafe extern "C" fn sw_resolver_new(
 /// # Safety
 /// `r` is NULL or a handle from `sw_resolver_new` not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_free(r: *mut sw_resolver) {
+pub extern "C" fn sw_resolver_free(r: *mut sw_resolver) {
     boundary!((), { free_box(r) })
 }
 
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn sw_resolver_free(r: *mut sw_resolver) {
 /// `r` is a live resolver; `target` a NUL-terminated string; `out` has room for `capacity`
 /// bytes.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_resolve(
+pub extern "C" fn sw_resolver_resolve(
     r: *const sw_resolver,
     target: *const c_char,
     out: *mut c_char,
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn sw_resolver_resolve(
 /// # Safety
 /// `r` is a live resolver; `job` a NUL-terminated string; `count` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_tasks(
+pub extern "C" fn sw_resolver_tasks(
     r: *const sw_resolver,
     job: *const c_char,
     count: *mut usize,

@@ -162,7 +162,7 @@ pub(crate) fn rows_args_with<'a>(
 /// the caller, until `sw_client_wait` for this request returns, or its callback is called
 /// (or `sw_client_free`, which waits for either).
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_pull_rows(
+pub extern "C" fn sw_client_pull_rows(
     c: *mut sw_client,
     peer: *const c_char,
     tables: *const sw_rows,
@@ -232,7 +232,7 @@ pub unsafe extern "C" fn sw_client_pull_rows(
 /// call, `data` neither read nor written by the caller during it; `missing` has room for
 /// `rows->n` values; `missing_count` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_pull_rows_wait(
+pub extern "C" fn sw_client_pull_rows_wait(
     c: *mut sw_client,
     peer: *const c_char,
     rows: *const sw_rows,
@@ -345,7 +345,7 @@ pub(crate) fn table_failure(table: u32, status: u32) -> Failure {
 /// As `sw_client_ping`; `tables` points at `n_tables` values whose pointers are valid for
 /// the call.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_push_rows(
+pub extern "C" fn sw_client_push_rows(
     c: *mut sw_client,
     peer: *const c_char,
     tables: *const sw_rows,
@@ -390,7 +390,7 @@ pub unsafe extern "C" fn sw_client_push_rows(
 /// # Safety
 /// As `sw_client_push_rows`; `grads` points at `n_tables` live tensor handles.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_push_rows_tensors(
+pub extern "C" fn sw_client_push_rows_tensors(
     c: *mut sw_client,
     peer: *const c_char,
     tables: *const sw_rows,

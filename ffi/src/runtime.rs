@@ -133,7 +133,7 @@ impl ConfigSource {
 /// `options` points at valid options (their strings NUL-terminated, arrays of `settings`
 /// and `n_tables` entries, tables live handles); `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_new(
+pub extern "C" fn sw_runtime_new(
     options: *const sw_runtime_options,
     out: *mut *mut sw_runtime,
 ) -> sw_result {
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn sw_runtime_new(
 /// # Safety
 /// `rt` is NULL or a live runtime.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_port(rt: *const sw_runtime) -> u16 {
+pub extern "C" fn sw_runtime_port(rt: *const sw_runtime) -> u16 {
     boundary!(0, {
         ref_from(rt)
             .and_then(|r| r.runtime.local_addr())
@@ -208,7 +208,7 @@ pub unsafe extern "C" fn sw_runtime_port(rt: *const sw_runtime) -> u16 {
 /// # Safety
 /// `rt` and `tensor` are live handles; `key` points at `key_len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_publish(
+pub extern "C" fn sw_runtime_publish(
     rt: *const sw_runtime,
     key: *const u8,
     key_len: usize,
@@ -232,7 +232,7 @@ pub unsafe extern "C" fn sw_runtime_publish(
 /// # Safety
 /// `rt` is a live runtime.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_abort_step(rt: *const sw_runtime, step: u64) -> sw_result {
+pub extern "C" fn sw_runtime_abort_step(rt: *const sw_runtime, step: u64) -> sw_result {
     boundary!({
         try_ref!(rt).rendezvous.abort_step(step);
         Ok(())
@@ -272,7 +272,7 @@ pub struct sw_stats {
 /// # Safety
 /// `rt` is a live runtime; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_stats(rt: *const sw_runtime, out: *mut sw_stats) -> sw_result {
+pub extern "C" fn sw_runtime_stats(rt: *const sw_runtime, out: *mut sw_stats) -> sw_result {
     boundary!({
         let rt = try_ref!(rt);
         let out = try_out!(out);
@@ -305,7 +305,7 @@ impl sw_stats {
 /// # Safety
 /// `rt` is NULL or a runtime from `sw_runtime_new` not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_free(rt: *mut sw_runtime) {
+pub extern "C" fn sw_runtime_free(rt: *mut sw_runtime) {
     boundary!((), {
         if let Some(rt) = box_from(rt) {
             rt.runtime.shutdown();

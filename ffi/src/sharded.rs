@@ -95,7 +95,7 @@ fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
 /// `peers` points at `n_peers` NUL-terminated strings; `row_dims` at `rank` values (may be
 /// NULL when `rank` is 0); `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_new(
+pub extern "C" fn sw_sharded_new(
     peers: *const *const c_char,
     n_peers: usize,
     partition: sw_partition,
@@ -142,7 +142,7 @@ pub unsafe extern "C" fn sw_sharded_new(
 /// # Safety
 /// `s` is NULL or a handle from `sw_sharded_new` not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_free(s: *mut sw_sharded) {
+pub extern "C" fn sw_sharded_free(s: *mut sw_sharded) {
     boundary!((), { free_box(s) })
 }
 
@@ -233,7 +233,7 @@ fn step(
 /// NULL when `n` is 0); `out` at `byte_len` writable bytes not used by anyone else during
 /// the call; `report` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_pull(
+pub extern "C" fn sw_sharded_pull(
     s: *mut sw_sharded,
     c: *mut sw_client,
     ids: *const u64,
@@ -255,7 +255,7 @@ pub unsafe extern "C" fn sw_sharded_pull(
 /// # Safety
 /// As `sw_sharded_pull`, with `grads` pointing at `byte_len` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_push(
+pub extern "C" fn sw_sharded_push(
     s: *mut sw_sharded,
     c: *mut sw_client,
     ids: *const u64,
@@ -277,7 +277,7 @@ pub unsafe extern "C" fn sw_sharded_push(
 /// # Safety
 /// `s` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_part(s: *const sw_sharded, i: usize) -> sw_result {
+pub extern "C" fn sw_sharded_part(s: *const sw_sharded, i: usize) -> sw_result {
     boundary!({
         let s = try_ref!(s, "sharded");
         let p = s.parts.get(i).ok_or_else(|| {

@@ -134,7 +134,7 @@ fn optimizer_of(o: sw_optimizer) -> Result<Optimizer, Failure> {
 /// # Safety
 /// `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_mem_table_new(
+pub extern "C" fn sw_mem_table_new(
     dim: usize,
     init: sw_init,
     optimizer: sw_optimizer,
@@ -156,7 +156,7 @@ pub unsafe extern "C" fn sw_mem_table_new(
 /// # Safety
 /// `t` is NULL or a handle from starwire not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_table_free(t: *mut sw_table) {
+pub extern "C" fn sw_table_free(t: *mut sw_table) {
     boundary!((), { free_box(t) })
 }
 

@@ -47,7 +47,7 @@ impl TensorHandle {
 /// `dims` points at `rank` values (may be NULL when `rank` is 0); `data` at `byte_len`
 /// bytes (may be NULL when `byte_len` is 0); `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_new(
+pub extern "C" fn sw_tensor_new(
     dtype: u8,
     dims: *const u64,
     rank: u32,
@@ -81,7 +81,7 @@ pub unsafe extern "C" fn sw_tensor_new(
 /// `release`, when not NULL, is safe to call with `user_data` from any thread; `out` is
 /// writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_wrap(
+pub extern "C" fn sw_tensor_wrap(
     dtype: u8,
     dims: *const u64,
     rank: u32,
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn sw_tensor_wrap(
 /// # Safety
 /// `t` is NULL or a live tensor handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_shared(t: *const sw_tensor) -> bool {
+pub extern "C" fn sw_tensor_shared(t: *const sw_tensor) -> bool {
     boundary!(false, {
         ref_from(t).is_some_and(|t| Arc::strong_count(&t.tensor) > 1)
     })
@@ -144,7 +144,7 @@ pub unsafe extern "C" fn sw_tensor_shared(t: *const sw_tensor) -> bool {
 /// is valid while the handle lives, and only while no other reference is made
 /// (`sw_tensor_clone`, a push, a publish).
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_data_mut(t: *mut sw_tensor) -> *mut c_void {
+pub extern "C" fn sw_tensor_data_mut(t: *mut sw_tensor) -> *mut c_void {
     boundary!(std::ptr::null_mut(), {
         let Some(t) = mut_from(t) else {
             return std::ptr::null_mut();
@@ -164,7 +164,7 @@ pub unsafe extern "C" fn sw_tensor_data_mut(t: *mut sw_tensor) -> *mut c_void {
 /// # Safety
 /// `t` is NULL or a live tensor handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_clone(t: *const sw_tensor) -> *mut sw_tensor {
+pub extern "C" fn sw_tensor_clone(t: *const sw_tensor) -> *mut sw_tensor {
     boundary!(std::ptr::null_mut(), {
         match ref_from(t) {
             Some(t) => to_boxed(TensorHandle {
@@ -181,7 +181,7 @@ pub unsafe extern "C" fn sw_tensor_clone(t: *const sw_tensor) -> *mut sw_tensor 
 /// # Safety
 /// `t` is NULL or a handle from starwire not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_free(t: *mut sw_tensor) {
+pub extern "C" fn sw_tensor_free(t: *mut sw_tensor) {
     boundary!((), { free_box(t) })
 }
 
@@ -190,7 +190,7 @@ pub unsafe extern "C" fn sw_tensor_free(t: *mut sw_tensor) {
 /// # Safety
 /// `t` is NULL or a live tensor handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_dtype(t: *const sw_tensor) -> u8 {
+pub extern "C" fn sw_tensor_dtype(t: *const sw_tensor) -> u8 {
     boundary!(0, { ref_from(t).map_or(0, |t| t.tensor.dtype().into()) })
 }
 
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn sw_tensor_dtype(t: *const sw_tensor) -> u8 {
 /// # Safety
 /// `t` is NULL or a live tensor handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_rank(t: *const sw_tensor) -> u32 {
+pub extern "C" fn sw_tensor_rank(t: *const sw_tensor) -> u32 {
     boundary!(0, {
         ref_from(t).map_or(0, |t| t.tensor.dims().len() as u32)
     })
@@ -210,7 +210,7 @@ pub unsafe extern "C" fn sw_tensor_rank(t: *const sw_tensor) -> u32 {
 /// # Safety
 /// `t` is NULL or a live tensor handle; the pointer is valid while the handle lives.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_dims(t: *const sw_tensor) -> *const u64 {
+pub extern "C" fn sw_tensor_dims(t: *const sw_tensor) -> *const u64 {
     boundary!(std::ptr::null(), {
         ref_from(t).map_or(std::ptr::null(), |t| t.tensor.dims().as_ptr())
     })
@@ -222,7 +222,7 @@ pub unsafe extern "C" fn sw_tensor_dims(t: *const sw_tensor) -> *const u64 {
 /// # Safety
 /// `t` is NULL or a live tensor handle; the pointer is valid while the handle lives.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_data(t: *const sw_tensor) -> *const c_void {
+pub extern "C" fn sw_tensor_data(t: *const sw_tensor) -> *const c_void {
     boundary!(std::ptr::null(), {
         ref_from(t).map_or(std::ptr::null(), |t| t.tensor.bytes().as_ptr().cast())
     })
@@ -233,7 +233,7 @@ pub unsafe extern "C" fn sw_tensor_data(t: *const sw_tensor) -> *const c_void {
 /// # Safety
 /// `t` is NULL or a live tensor handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_byte_len(t: *const sw_tensor) -> u64 {
+pub extern "C" fn sw_tensor_byte_len(t: *const sw_tensor) -> u64 {
     boundary!(0, { ref_from(t).map_or(0, |t| t.tensor.byte_len() as u64) })
 }
 
@@ -242,6 +242,6 @@ pub unsafe extern "C" fn sw_tensor_byte_len(t: *const sw_tensor) -> u64 {
 /// # Safety
 /// `t` is NULL or a live tensor handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_tensor_is_dead(t: *const sw_tensor) -> bool {
+pub extern "C" fn sw_tensor_is_dead(t: *const sw_tensor) -> bool {
     boundary!(false, { ref_from(t).is_some_and(|t| t.tensor.is_dead()) })
 }
