@@ -58,11 +58,8 @@ fn main() {
         n_tables: 0,
     };
     let (mut rt, mut client) = (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: valid options and output pointers.
-    unsafe {
-        assert_eq!(sw_runtime_new(&options, &mut rt), sw_result::SW_OK);
-        assert_eq!(sw_client_new(rt, 4, &mut client), sw_result::SW_OK);
-    }
+    assert_eq!(sw_runtime_new(&options, &mut rt), sw_result::SW_OK);
+    assert_eq!(sw_client_new(rt, 4, &mut client), sw_result::SW_OK);
     let peer = CString::new(addr.to_string()).expect("address");
     let dims = [16u64];
     // Every row of the id range once, so that neither client pays for creating rows.
@@ -111,18 +108,14 @@ fn main() {
                 byte_len: out.len() as u64,
             };
             let mut count = 0;
-            // SAFETY: a live client; `request`'s pointers valid for the call; room for `k`
-            // missing positions.
-            let r = unsafe {
-                sw_client_pull_rows_wait(
-                    client,
-                    peer.as_ptr(),
-                    &request,
-                    5000,
-                    missing.as_mut_ptr(),
-                    &mut count,
-                )
-            };
+            let r = sw_client_pull_rows_wait(
+                client,
+                peer.as_ptr(),
+                &request,
+                5000,
+                missing.as_mut_ptr(),
+                &mut count,
+            );
             assert_eq!(r, sw_result::SW_OK);
             let t2 = Instant::now();
             rust.push((t1 - t0).as_secs_f64() * 1e6);
@@ -135,9 +128,6 @@ fn main() {
             c - r
         );
     }
-    // SAFETY: live handles, freed once, the client first.
-    unsafe {
-        sw_client_free(client);
-        sw_runtime_free(rt);
-    }
+    sw_client_free(client);
+    sw_runtime_free(rt);
 }

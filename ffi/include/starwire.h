@@ -801,16 +801,6 @@ sw_result sw_runtime_abort_step(const struct sw_runtime *rt, uint64_t step);
 sw_result sw_runtime_stats(const struct sw_runtime *rt, struct sw_stats *out);
 
 /*
- Writes a snapshot of an embedded client's counters (those of its own loop, which the
- runtime's do not include) to `*out`. `SW_ERR_INVALID_ARGUMENT` for a client of the
- runtime's loops: its requests are in `sw_runtime_stats`.
-
- # Safety
- `c` is a live client used by this thread only; `out` is writable.
- */
-sw_result sw_client_loop_stats(struct sw_client *c, struct sw_stats *out);
-
-/*
  Stops the runtime: in-flight requests fail with `SW_ERR_SHUTDOWN`, loops are joined.
  Free every client of this runtime first. NULL is ignored.
 
@@ -1058,6 +1048,53 @@ sw_result sw_client_recv_many(struct sw_client *c,
                               uint64_t *tag);
 
 /*
+ Waits for request `tag` of this client (spins briefly, then parks). Returns the
+ request's outcome; on `SW_OK`, `*reply` is its answer, which the caller frees with
+ `sw_reply_free`. Completions of other requests that arrive meanwhile are kept for their
+ own wait; a request `sw_client_poll` or `sw_client_wait_any` reported is answered at
+ once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
+ pull, once this returns (whatever it returns) starwire no longer touches the request's
+ buffers: a pull given up by its deadline while a receive into a buffer is in flight is
+ waited for until that receive ends.
+
+ # Safety
+ `c` is a live client used by this thread only; `reply` is writable.
+ */
+sw_result sw_client_wait(struct sw_client *c, uint64_t tag, struct sw_reply **reply);
+
+/*
+ Whether a request of this client has completed, without waiting: on `SW_OK`, `*ready`
+ says whether one has and, if so, `*tag` names it. Each completed request is reported
+ once (by this or `sw_client_wait_any`); its answer is then taken with `sw_client_wait`,
+ which returns at once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+
+ # Safety
+ `c` is a live client used by this thread only; `tag` and `ready` are writable.
+ */
+sw_result sw_client_poll(struct sw_client *c, uint64_t *tag, bool *ready);
+
+/*
+ Waits for the next request of this client to complete (spins briefly, then parks), and
+ writes its tag to `*tag`; reported once, as by `sw_client_poll`, and its answer then
+ taken with `sw_client_wait`. `SW_ERR_INVALID_ARGUMENT` when no request is outstanding
+ (all completed ones already reported), and for clients made with a callback.
+
+ # Safety
+ `c` is a live client used by this thread only; `tag` is writable.
+ */
+sw_result sw_client_wait_any(struct sw_client *c, uint64_t *tag);
+
+/*
+ Writes a snapshot of an embedded client's counters (those of its own loop, which the
+ runtime's do not include) to `*out`. `SW_ERR_INVALID_ARGUMENT` for a client of the
+ runtime's loops: its requests are in `sw_runtime_stats`.
+
+ # Safety
+ `c` is a live client used by this thread only; `out` is writable.
+ */
+sw_result sw_client_loop_stats(struct sw_client *c, struct sw_stats *out);
+
+/*
  Pulls rows of `n_tables` tables from `peer` in one request: per table, `tables[t].n` rows
  of `tables[t].table`, written into the caller's buffer `tables[t].data`
  (`tables[t].byte_len == n * row_bytes` bytes, rows in the order of the ids). The rows
@@ -1176,43 +1213,6 @@ sw_result sw_client_push_rows_tensors(struct sw_client *c,
                                       size_t n_tables,
                                       uint64_t timeout_ms,
                                       uint64_t *tag);
-
-/*
- Waits for request `tag` of this client (spins briefly, then parks). Returns the
- request's outcome; on `SW_OK`, `*reply` is its answer, which the caller frees with
- `sw_reply_free`. Completions of other requests that arrive meanwhile are kept for their
- own wait; a request `sw_client_poll` or `sw_client_wait_any` reported is answered at
- once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`). For a rows
- pull, once this returns (whatever it returns) starwire no longer touches the request's
- buffers: a pull given up by its deadline while a receive into a buffer is in flight is
- waited for until that receive ends.
-
- # Safety
- `c` is a live client used by this thread only; `reply` is writable.
- */
-sw_result sw_client_wait(struct sw_client *c, uint64_t tag, struct sw_reply **reply);
-
-/*
- Whether a request of this client has completed, without waiting: on `SW_OK`, `*ready`
- says whether one has and, if so, `*tag` names it. Each completed request is reported
- once (by this or `sw_client_wait_any`); its answer is then taken with `sw_client_wait`,
- which returns at once. Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
-
- # Safety
- `c` is a live client used by this thread only; `tag` and `ready` are writable.
- */
-sw_result sw_client_poll(struct sw_client *c, uint64_t *tag, bool *ready);
-
-/*
- Waits for the next request of this client to complete (spins briefly, then parks), and
- writes its tag to `*tag`; reported once, as by `sw_client_poll`, and its answer then
- taken with `sw_client_wait`. `SW_ERR_INVALID_ARGUMENT` when no request is outstanding
- (all completed ones already reported), and for clients made with a callback.
-
- # Safety
- `c` is a live client used by this thread only; `tag` is writable.
- */
-sw_result sw_client_wait_any(struct sw_client *c, uint64_t *tag);
 
 /*
  A benchmarking aid, not for applications: makes `calls` rows pulls of `rows` (one table)

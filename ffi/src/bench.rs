@@ -7,10 +7,12 @@ use std::time::Instant;
 
 use starwire::Reply;
 
-use crate::{
-    address, client_mut, deadline, rows_args_with, sw_client, sw_client_pull_rows_wait, sw_result,
-    sw_rows, table_failure, with_client, Failure, SW_ERR_PROTOCOL, SW_OK,
-};
+use crate::boundary::boundary;
+use crate::cast::{ref_from, try_addr, try_out_slice};
+use crate::client::{client_mut, deadline, sw_client, with_client};
+use crate::result::sw_result::{self, *};
+use crate::result::Failure;
+use crate::rows::{rows_args_with, sw_client_pull_rows_wait, sw_rows, table_failure};
 
 /// Which blocking rows pull `sw_bench_pull_rows` makes (its `how`).
 #[repr(u32)]
@@ -48,7 +50,7 @@ pub enum sw_bench_pull {
 /// As `sw_client_pull_rows_wait`, without its `missing` and `missing_count`; `latencies_ns`
 /// has room for `calls` values.
 #[no_mangle]
-pub unsafe extern "C" fn sw_bench_pull_rows(
+pub extern "C" fn sw_bench_pull_rows(
     c: *mut sw_client,
     peer: *const c_char,
     rows: *const sw_rows,
@@ -57,33 +59,27 @@ pub unsafe extern "C" fn sw_bench_pull_rows(
     calls: usize,
     latencies_ns: *mut u64,
 ) -> sw_result {
-    crate::boundary(|| {
+    boundary!({
         if calls == 0 {
             return Err(Failure::invalid("no calls"));
         }
-        if latencies_ns.is_null() {
-            return Err(Failure::null("latencies_ns"));
-        }
+        let out = try_out_slice!(latencies_ns, calls);
         let mut latencies = Vec::with_capacity(calls);
         if how == sw_bench_pull::SW_BENCH_PULL_C as u32 {
-            // SAFETY: per this function's contract; `rows->n` is read once the call checked
-            // `rows` (it fails on NULL first).
-            let n = unsafe { rows.as_ref() }.map_or(0, |r| r.n);
+            // Room for `rows->n` missing positions (`rows` NULL: the call fails on it first).
+            let n = ref_from(rows).map_or(0, |r| r.n);
             let mut missing = vec![0u32; n];
             let mut count = 0;
             for _ in 0..calls {
                 let start = Instant::now();
-                // SAFETY: per this function's contract; room for `rows->n` missing positions.
-                let r = unsafe {
-                    sw_client_pull_rows_wait(
-                        c,
-                        peer,
-                        rows,
-                        timeout_ms,
-                        missing.as_mut_ptr(),
-                        &mut count,
-                    )
-                };
+                let r = sw_client_pull_rows_wait(
+                    c,
+                    peer,
+                    rows,
+                    timeout_ms,
+                    missing.as_mut_ptr(),
+                    &mut count,
+                );
                 latencies.push(start.elapsed().as_nanos() as u64);
                 if r != SW_OK {
                     // Its message is this thread's last error already.
@@ -91,17 +87,15 @@ pub unsafe extern "C" fn sw_bench_pull_rows(
                 }
             }
         } else if how == sw_bench_pull::SW_BENCH_PULL_RUST as u32 {
-            // SAFETY: per this function's contract.
-            let client = unsafe { client_mut(c) }?;
-            // SAFETY: per this function's contract.
-            let peer = unsafe { address(peer, "peer") }?;
+            let client = client_mut(c)?;
+            let peer = try_addr!(peer);
             if client.callback {
                 return Err(Failure::invalid(
                     "a rows pull is waited for with sw_client_wait: not for a client with a callback",
                 ));
             }
-            // SAFETY: per this function's contract (`data` is not used).
-            let args = unsafe { rows_args_with(rows, 1, false) }?;
+            // `data` is not used.
+            let args = rows_args_with(rows, 1, false)?;
             let request = [args[0].rows];
             let table = request[0].table;
             for _ in 0..calls {
@@ -133,9 +127,9 @@ pub unsafe extern "C" fn sw_bench_pull_rows(
                 "how {how} is not a sw_bench_pull"
             )));
         }
-        // SAFETY: room for `calls` values per this function's contract; checked non-null.
-        let out = unsafe { std::slice::from_raw_parts_mut(latencies_ns, calls) };
-        out.copy_from_slice(&latencies);
+        for (o, &l) in out.iter_mut().zip(&latencies) {
+            o.write(l);
+        }
         Ok(())
     })
 }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use starwire::rows::MAX_ROW_RANK;
 use starwire::{DType, Status, Table};
 
-use crate::{boundary, reference, slice, sw_result, sw_table, write, Failure};
+use crate::boundary::boundary;
+use crate::cast::{to_boxed, try_out, try_ref, try_slice, Castable, Plain};
+use crate::result::{sw_result, Failure};
+use crate::table::sw_table;
 
 /// A table's rows as C callbacks. They run on a loop thread (or a handler thread), possibly
 /// several at once: they must be thread-safe.
@@ -52,6 +55,11 @@ pub struct sw_table_callbacks {
     >,
 }
 
+impl Castable for sw_table_callbacks {
+    type Ownership = Plain;
+    type RustType = sw_table_callbacks;
+}
+
 /// A table served through C callbacks.
 struct CTable {
     callbacks: sw_table_callbacks,
@@ -62,7 +70,9 @@ struct CTable {
 
 // SAFETY: `sw_table_callbacks`' contract requires thread-safe callbacks and user data.
 unsafe impl Send for CTable {}
-// SAFETY: as above.
+// SAFETY: several loop threads may call the callbacks at once, which
+// `sw_table_callbacks`' contract allows (thread-safe callbacks); the copied callbacks and
+// the row shape are never written.
 unsafe impl Sync for CTable {}
 
 fn status(code: u32) -> Status {
@@ -92,7 +102,10 @@ impl Table for CTable {
         let at = missing.len();
         missing.resize(at + ids.len(), 0);
         let mut n_missing = 0usize;
-        // SAFETY: a C callback with arrays of the lengths it is told, valid for the call.
+        // SAFETY: the table's callback, thread-safe by `sw_table_callbacks`' contract, called
+        // with its own user data, `ids.len()` ids, `out` of the `out.len()` bytes it is told
+        // (`ids.len() * row_bytes`, checked above), room for `ids.len()` positions in
+        // `missing` and a count, all valid for the call.
         let code = unsafe {
             pull(
                 self.callbacks.user_data,
@@ -129,7 +142,9 @@ impl Table for CTable {
         if Some(grads.len()) != ids.len().checked_mul(self.row_bytes) {
             return Status::InvalidArgument;
         }
-        // SAFETY: a C callback with arrays of the lengths it is told, valid for the call.
+        // SAFETY: the table's callback, thread-safe by `sw_table_callbacks`' contract, called
+        // with its own user data, `ids.len()` ids and the `grads.len()` bytes it is told
+        // (`ids.len() * row_bytes`, checked above), valid for the call.
         status(unsafe {
             push(
                 self.callbacks.user_data,
@@ -155,26 +170,22 @@ impl Table for CTable {
 /// `row_dims` points at `rank` values (may be NULL when `rank` is 0); `callbacks` at valid
 /// callbacks as `sw_table_callbacks` says; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_table_new(
+pub extern "C" fn sw_table_new(
     dtype: u8,
     row_dims: *const u64,
     rank: u32,
     callbacks: *const sw_table_callbacks,
     out: *mut *mut sw_table,
 ) -> sw_result {
-    boundary(|| {
-        // SAFETY: per this function's contract.
-        let callbacks = *unsafe { reference(callbacks, "callbacks") }?;
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
+    boundary!({
+        let callbacks = *try_ref!(callbacks);
+        let out = try_out!(out);
         if rank as usize > MAX_ROW_RANK {
             return Err(Failure::invalid(format!(
                 "rank {rank} is above {MAX_ROW_RANK}"
             )));
         }
-        // SAFETY: per this function's contract.
-        let row_dims = unsafe { slice(row_dims, rank as usize, "row_dims") }?.to_vec();
+        let row_dims = try_slice!(row_dims, rank as usize).to_vec();
         let dtype = DType::from(dtype);
         let row_bytes = starwire::service::row_bytes(dtype, &row_dims);
         if row_bytes == 0 || row_bytes == usize::MAX {
@@ -189,11 +200,7 @@ pub unsafe extern "C" fn sw_table_new(
             row_dims,
             row_bytes,
         };
-        let handle = Box::new(sw_table {
-            table: Arc::new(table),
-        });
-        // SAFETY: checked non-null above.
-        unsafe { write(out, Box::into_raw(handle)) };
+        out.write(to_boxed::<sw_table>(Arc::new(table)));
         Ok(())
     })
 }

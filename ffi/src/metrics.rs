@@ -2,10 +2,13 @@
 //! `STATS` request is answered with, `docs/wire-format.md` section 4.11), a stats request
 //! to a peer, and the request trace as a Chrome trace JSON document.
 
-use std::ffi::{c_char, CString};
+use std::ffi::c_char;
 
-use super::{boundary, boundary_value, c_string, deadline, reference, submit, with_client, write};
-use super::{sw_client, sw_result, sw_runtime, Failure};
+use crate::boundary::boundary;
+use crate::cast::{free_c_string, to_c_string, try_out, try_ref};
+use crate::client::{deadline, submit, sw_client, with_client};
+use crate::result::{c_string, sw_result, Failure};
+use crate::runtime::sw_runtime;
 
 /// Writes to `*out` this runtime's counters and per-peer, per-operation metrics (requests
 /// by outcome, bytes, tensors and rows, latency percentiles and histogram buckets) as a
@@ -15,12 +18,11 @@ use super::{sw_client, sw_result, sw_runtime, Failure};
 /// # Safety
 /// `rt` is a live runtime; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_metrics_json(
+pub extern "C" fn sw_runtime_metrics_json(
     rt: *const sw_runtime,
     out: *mut *mut c_char,
 ) -> sw_result {
-    // SAFETY: per this function's contract.
-    unsafe { runtime_string(rt, out, |rt| rt.metrics_json()) }
+    boundary!({ runtime_string(rt, out, |rt| rt.metrics_json()) })
 }
 
 /// Writes to `*out` this runtime's request trace as a NUL-terminated Chrome trace /
@@ -31,35 +33,21 @@ pub unsafe extern "C" fn sw_runtime_metrics_json(
 /// # Safety
 /// `rt` is a live runtime; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_runtime_trace_json(
-    rt: *const sw_runtime,
-    out: *mut *mut c_char,
-) -> sw_result {
-    // SAFETY: per this function's contract.
-    unsafe { runtime_string(rt, out, |rt| rt.trace_json()) }
+pub extern "C" fn sw_runtime_trace_json(rt: *const sw_runtime, out: *mut *mut c_char) -> sw_result {
+    boundary!({ runtime_string(rt, out, |rt| rt.trace_json()) })
 }
 
 /// Writes to `*out` the document `f` makes of `rt`'s runtime, as a string the caller frees
 /// with `sw_string_free`.
-///
-/// # Safety
-/// `rt` is a live runtime; `out` is writable.
-unsafe fn runtime_string(
+fn runtime_string(
     rt: *const sw_runtime,
     out: *mut *mut c_char,
     f: impl FnOnce(&starwire::Runtime) -> String,
-) -> sw_result {
-    boundary(|| {
-        // SAFETY: per this function's contract.
-        let rt = unsafe { reference(rt, "rt") }?;
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
-        let doc: CString = c_string(&f(&rt.runtime));
-        // SAFETY: checked non-null above.
-        unsafe { write(out, doc.into_raw()) };
-        Ok(())
-    })
+) -> Result<(), Failure> {
+    let rt = try_ref!(rt);
+    let out = try_out!(out);
+    out.write(to_c_string(c_string(&f(&rt.runtime))));
+    Ok(())
 }
 
 /// Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`).
@@ -68,13 +56,8 @@ unsafe fn runtime_string(
 /// # Safety
 /// `s` is NULL or a string from starwire not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_string_free(s: *mut c_char) {
-    boundary_value((), || {
-        if !s.is_null() {
-            // SAFETY: made by `CString::into_raw` in this library, freed once.
-            drop(unsafe { CString::from_raw(s) });
-        }
-    })
+pub extern "C" fn sw_string_free(s: *mut c_char) {
+    boundary!((), { free_c_string(s) })
 }
 
 /// Asks `peer` (`host:port`) for its counters and latencies (a `STATS` request). The reply
@@ -86,18 +69,17 @@ pub unsafe extern "C" fn sw_string_free(s: *mut c_char) {
 /// `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
 /// writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_client_stats(
+pub extern "C" fn sw_client_stats(
     c: *mut sw_client,
     peer: *const c_char,
     timeout_ms: u64,
     tag: *mut u64,
 ) -> sw_result {
-    // SAFETY: per this function's contract.
-    unsafe {
+    boundary!({
         submit(c, peer, tag, |client, p| {
             with_client!(client, |h| h
                 .remote_stats(p, deadline(timeout_ms))
                 .map(|t| t.tag()))
         })
-    }
+    })
 }

@@ -7,12 +7,20 @@ use starwire::cluster::endpoint_map::EndpointMap;
 use starwire::cluster::Resolver;
 use starwire::cluster::TfConfig;
 
-use crate::{boundary, reference, string, sw_result, write, Failure};
+use crate::boundary::boundary;
+use crate::cast::{free_box, to_boxed, try_out, try_out_slice, try_ref, try_str};
+use crate::cast::{Boxed, Castable};
+use crate::result::{sw_result, Failure};
 
 /// Turns task names into addresses: through a cluster spec (`TF_CONFIG`) and an endpoint
 /// map (`.endpoint_map`), as `docs/tuning.md` describes. Shared between threads freely.
 pub struct sw_resolver {
-    resolver: Resolver,
+    _private: [u8; 0],
+}
+
+impl Castable for sw_resolver {
+    type Ownership = Boxed;
+    type RustType = Resolver;
 }
 
 fn resolve_error(e: impl std::fmt::Display) -> Failure {
@@ -31,22 +39,18 @@ fn resolve_error(e: impl std::fmt::Display) -> Failure {
 /// # Safety
 /// `tf_config` and `endpoint_map` are NULL or NUL-terminated strings; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_new(
+pub extern "C" fn sw_resolver_new(
     tf_config: *const c_char,
     endpoint_map: *const c_char,
     out: *mut *mut sw_resolver,
 ) -> sw_result {
-    boundary(|| {
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
+    boundary!({
+        let out = try_out!(out);
         let text = |p: *const c_char, what: &str| -> Result<Option<&str>, Failure> {
             if p.is_null() {
-                Ok(None)
-            } else {
-                // SAFETY: per this function's contract.
-                unsafe { string(p, what) }.map(Some)
+                return Ok(None);
             }
+            Ok(Some(try_str!(p, what)))
         };
         let (spec, map) = (
             text(tf_config, "tf_config")?,
@@ -83,9 +87,7 @@ pub unsafe extern "C" fn sw_resolver_new(
                 }
             }
         };
-        let handle = Box::new(sw_resolver { resolver });
-        // SAFETY: checked non-null above.
-        unsafe { write(out, Box::into_raw(handle)) };
+        out.write(to_boxed(resolver));
         Ok(())
     })
 }
@@ -95,13 +97,8 @@ pub unsafe extern "C" fn sw_resolver_new(
 /// # Safety
 /// `r` is NULL or a handle from `sw_resolver_new` not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_free(r: *mut sw_resolver) {
-    crate::boundary_value((), || {
-        if !r.is_null() {
-            // SAFETY: made by `Box::into_raw` in `sw_resolver_new`, freed once.
-            drop(unsafe { Box::from_raw(r) });
-        }
-    })
+pub extern "C" fn sw_resolver_free(r: *mut sw_resolver) {
+    boundary!((), { free_box(r) })
 }
 
 /// The address of `target` (`ps:0`, `/job:ps/task:0`, `/job:ps/replica:0/task:0`, or a
@@ -114,19 +111,17 @@ pub unsafe extern "C" fn sw_resolver_free(r: *mut sw_resolver) {
 /// `r` is a live resolver; `target` a NUL-terminated string; `out` has room for `capacity`
 /// bytes.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_resolve(
+pub extern "C" fn sw_resolver_resolve(
     r: *const sw_resolver,
     target: *const c_char,
     out: *mut c_char,
     capacity: usize,
 ) -> sw_result {
-    boundary(|| {
-        // SAFETY: per this function's contract.
-        let (r, target) = unsafe { (reference(r, "resolver")?, string(target, "target")?) };
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
-        let peer = r.resolver.resolve(target).map_err(resolve_error)?;
+    boundary!({
+        let r = try_ref!(r, "resolver");
+        let target = try_str!(target);
+        let out = try_out_slice!(out, capacity);
+        let peer = r.resolve(target).map_err(resolve_error)?;
         let text = peer.addr().to_string();
         if text.len() >= capacity {
             return Err(Failure::invalid(format!(
@@ -134,10 +129,10 @@ pub unsafe extern "C" fn sw_resolver_resolve(
                 text.len() + 1
             )));
         }
-        // SAFETY: `out` has room for `capacity > text.len()` bytes per the contract.
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), out, text.len());
-            write(out.add(text.len()), 0);
+        // The text and its NUL: `text.len() + 1 <= capacity` bytes.
+        let bytes = text.bytes().chain([0]);
+        for (o, b) in out.iter_mut().zip(bytes) {
+            o.write(b as c_char);
         }
         Ok(())
     })
@@ -150,20 +145,17 @@ pub unsafe extern "C" fn sw_resolver_resolve(
 /// # Safety
 /// `r` is a live resolver; `job` a NUL-terminated string; `count` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_resolver_tasks(
+pub extern "C" fn sw_resolver_tasks(
     r: *const sw_resolver,
     job: *const c_char,
     count: *mut usize,
 ) -> sw_result {
-    boundary(|| {
-        // SAFETY: per this function's contract.
-        let (r, job) = unsafe { (reference(r, "resolver")?, string(job, "job")?) };
-        if count.is_null() {
-            return Err(Failure::null("count"));
-        }
-        let peers = r.resolver.peers(job).map_err(resolve_error)?;
-        // SAFETY: checked non-null above.
-        unsafe { write(count, peers.len()) };
+    boundary!({
+        let r = try_ref!(r, "resolver");
+        let job = try_str!(job);
+        let count = try_out!(count);
+        let peers = r.peers(job).map_err(resolve_error)?;
+        count.write(peers.len());
         Ok(())
     })
 }

@@ -7,10 +7,11 @@ use std::ffi::{c_char, c_void};
 use starwire::rows::{Partition, MAX_ROW_RANK};
 use starwire::{DType, Peer, Sharded};
 
-use crate::{
-    address, boundary, client_mut, deadline, record, reference, reference_mut, slice, sw_client,
-    sw_result, with_client, write, Failure,
-};
+use crate::boundary::boundary;
+use crate::cast::{free_box, to_boxed, try_addr, try_mut, try_out, try_ref, try_slice};
+use crate::cast::{try_slice_mut, Boxed, Castable};
+use crate::client::{client_mut, deadline, sw_client, with_client};
+use crate::result::{sw_result, Failure};
 
 /// How ids are spread over the PS tasks: the `kind` of `sw_partition`.
 #[repr(u32)]
@@ -54,9 +55,19 @@ pub struct sw_step_report {
 /// answers scattered into the caller's buffer (duplicates filled); a push sums the
 /// gradients of duplicate ids first (f32 and f64 rows). Used by one thread at a time.
 pub struct sw_sharded {
+    _private: [u8; 0],
+}
+
+/// What a `sw_sharded` handle is.
+pub(crate) struct ShardedHandle {
     sharded: Sharded,
     /// The last step's outcome per PS: its result and, when it failed, its message.
     parts: Vec<Failure>,
+}
+
+impl Castable for sw_sharded {
+    type Ownership = Boxed;
+    type RustType = ShardedHandle;
 }
 
 fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
@@ -84,7 +95,7 @@ fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
 /// `peers` points at `n_peers` NUL-terminated strings; `row_dims` at `rank` values (may be
 /// NULL when `rank` is 0); `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_new(
+pub extern "C" fn sw_sharded_new(
     peers: *const *const c_char,
     n_peers: usize,
     partition: sw_partition,
@@ -94,28 +105,23 @@ pub unsafe extern "C" fn sw_sharded_new(
     rank: u32,
     out: *mut *mut sw_sharded,
 ) -> sw_result {
-    boundary(|| {
-        if out.is_null() {
-            return Err(Failure::null("out"));
-        }
-        // SAFETY: per this function's contract.
-        let texts = unsafe { slice(peers, n_peers, "peers") }?;
+    boundary!({
+        let out = try_out!(out);
+        let texts = try_slice!(peers, n_peers);
         if texts.is_empty() {
             return Err(Failure::invalid("no peers"));
         }
         let peers = texts
             .iter()
             .enumerate()
-            // SAFETY: per this function's contract.
-            .map(|(i, &p)| unsafe { address(p, &format!("peers[{i}]")) }.map(Peer::new))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(i, &p)| Ok(Peer::new(try_addr!(p, format!("peers[{i}]")))))
+            .collect::<Result<Vec<_>, Failure>>()?;
         if rank as usize > MAX_ROW_RANK {
             return Err(Failure::invalid(format!(
                 "rank {rank} is above {MAX_ROW_RANK}"
             )));
         }
-        // SAFETY: per this function's contract.
-        let row_dims = unsafe { slice(row_dims, rank as usize, "row_dims") }?;
+        let row_dims = try_slice!(row_dims, rank as usize);
         let sharded = Sharded::new(
             peers,
             partition_of(partition)?,
@@ -123,12 +129,10 @@ pub unsafe extern "C" fn sw_sharded_new(
             DType::from(dtype),
             row_dims,
         )?;
-        let handle = Box::new(sw_sharded {
+        out.write(to_boxed(ShardedHandle {
             sharded,
             parts: Vec::new(),
-        });
-        // SAFETY: checked non-null above.
-        unsafe { write(out, Box::into_raw(handle)) };
+        }));
         Ok(())
     })
 }
@@ -138,13 +142,8 @@ pub unsafe extern "C" fn sw_sharded_new(
 /// # Safety
 /// `s` is NULL or a handle from `sw_sharded_new` not freed before.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_free(s: *mut sw_sharded) {
-    crate::boundary_value((), || {
-        if !s.is_null() {
-            // SAFETY: made by `Box::into_raw` in `sw_sharded_new`, freed once.
-            drop(unsafe { Box::from_raw(s) });
-        }
-    })
+pub extern "C" fn sw_sharded_free(s: *mut sw_sharded) {
+    boundary!((), { free_box(s) })
 }
 
 /// Which way a step goes.
@@ -154,13 +153,10 @@ enum Step {
 }
 
 /// One step of `s` through `c`: checks, runs, keeps the parts' outcomes and writes the
-/// report. The result is the first failed part's, when one failed.
-///
-/// # Safety
-/// As `sw_sharded_pull`.
+/// report. The failure is the first failed part's, when one failed (the report written).
 // The arguments of the two C functions it serves, passed through as they are.
 #[allow(clippy::too_many_arguments)]
-unsafe fn step(
+fn step(
     s: *mut sw_sharded,
     c: *mut sw_client,
     ids: *const u64,
@@ -169,86 +165,56 @@ unsafe fn step(
     byte_len: u64,
     timeout_ms: u64,
     report: *mut sw_step_report,
-) -> sw_result {
-    let mut first = None;
-    let r = boundary(|| {
-        // SAFETY: per the caller.
-        let (s, client) = unsafe { (reference_mut(s, "sharded")?, client_mut(c)?) };
-        if report.is_null() {
-            return Err(Failure::null("report"));
-        }
-        if client.callback {
-            return Err(Failure::invalid(
-                "a sharded step waits for its requests: not for a client with a callback",
-            ));
-        }
-        // SAFETY: per the caller.
-        let ids = unsafe { slice(ids, n, "ids") }?;
-        let len = usize::try_from(byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
-        let want = ids.len().checked_mul(s.sharded.row_bytes());
-        if want != Some(len) {
-            return Err(Failure::invalid(format!(
-                "{byte_len} bytes for {} ids of {} bytes",
-                ids.len(),
-                s.sharded.row_bytes()
-            )));
-        }
-        let deadline = deadline(timeout_ms);
-        let done = match data {
-            Step::Pull(out) => {
-                // SAFETY: per the caller, `len` writable bytes at `out` (NULL only when 0).
-                let out = unsafe { buffer_mut(out, len, "out") }?;
-                with_client!(client, |h| s.sharded.pull(h, ids, out, deadline))?
-            }
-            Step::Push(grads) => {
-                // SAFETY: per the caller, `len` readable bytes at `grads`.
-                let grads = unsafe { slice(grads, len, "grads") }?;
-                with_client!(client, |h| s.sharded.push(h, ids, grads, deadline))?
-            }
-        };
-        s.parts = done
-            .shards
-            .iter()
-            .map(|part| match part {
-                Ok(_) => Failure::new(sw_result::SW_OK, ""),
-                Err(e) => Failure::from(e.clone()),
-            })
-            .collect();
-        let failed = s.parts.iter().filter(|p| p.code != sw_result::SW_OK);
-        let summary = sw_step_report {
-            unique: done.unique,
-            missing: done.missing,
-            failed: failed.count(),
-            first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
-        };
-        first = done.first_error().map(|(i, _)| s.parts[i].clone());
-        // SAFETY: checked non-null above.
-        unsafe { write(report, summary) };
-        Ok(())
-    });
-    match (r, first) {
-        (sw_result::SW_OK, Some(part)) => {
-            record(&part);
-            part.code
-        }
-        (r, _) => r,
+) -> Result<(), Failure> {
+    let s = try_mut!(s, "sharded");
+    let client = client_mut(c)?;
+    let report = try_out!(report);
+    if client.callback {
+        return Err(Failure::invalid(
+            "a sharded step waits for its requests: not for a client with a callback",
+        ));
     }
-}
-
-/// `len` writable bytes at `p`; an empty slice for 0 (NULL allowed then).
-///
-/// # Safety
-/// `p` points at `len` writable bytes used by no one else for the returned lifetime, or
-/// `len` is 0.
-unsafe fn buffer_mut<'a>(p: *mut u8, len: usize, what: &str) -> Result<&'a mut [u8], Failure> {
-    if len == 0 {
-        return Ok(&mut []);
+    let ids = try_slice!(ids, n);
+    let len = usize::try_from(byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
+    let want = ids.len().checked_mul(s.sharded.row_bytes());
+    if want != Some(len) {
+        return Err(Failure::invalid(format!(
+            "{byte_len} bytes for {} ids of {} bytes",
+            ids.len(),
+            s.sharded.row_bytes()
+        )));
     }
-    if p.is_null() {
-        return Err(Failure::null(what));
+    let deadline = deadline(timeout_ms);
+    let done = match data {
+        Step::Pull(out) => {
+            let out = try_slice_mut!(out, len);
+            with_client!(client, |h| s.sharded.pull(h, ids, out, deadline))?
+        }
+        Step::Push(grads) => {
+            let grads = try_slice!(grads, len);
+            with_client!(client, |h| s.sharded.push(h, ids, grads, deadline))?
+        }
+    };
+    s.parts = done
+        .shards
+        .iter()
+        .map(|part| match part {
+            Ok(_) => Failure::new(sw_result::SW_OK, ""),
+            Err(e) => Failure::from(e.clone()),
+        })
+        .collect();
+    let failed = s.parts.iter().filter(|p| p.code != sw_result::SW_OK);
+    let summary = sw_step_report {
+        unique: done.unique,
+        missing: done.missing,
+        failed: failed.count(),
+        first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
+    };
+    report.write(summary);
+    match done.first_error() {
+        Some((i, _)) => Err(s.parts[i].clone()),
+        None => Ok(()),
     }
-    // SAFETY: non-null, and the caller guarantees `len` writable, unaliased bytes.
-    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
 /// Pulls the rows of `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
@@ -267,7 +233,7 @@ unsafe fn buffer_mut<'a>(p: *mut u8, len: usize, what: &str) -> Result<&'a mut [
 /// NULL when `n` is 0); `out` at `byte_len` writable bytes not used by anyone else during
 /// the call; `report` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_pull(
+pub extern "C" fn sw_sharded_pull(
     s: *mut sw_sharded,
     c: *mut sw_client,
     ids: *const u64,
@@ -278,8 +244,7 @@ pub unsafe extern "C" fn sw_sharded_pull(
     report: *mut sw_step_report,
 ) -> sw_result {
     let out = Step::Pull(out.cast());
-    // SAFETY: per this function's contract.
-    unsafe { step(s, c, ids, n, out, byte_len, timeout_ms, report) }
+    boundary!({ step(s, c, ids, n, out, byte_len, timeout_ms, report) })
 }
 
 /// Pushes the gradient rows `grads` (`byte_len == n * row_bytes` bytes, row `i` for
@@ -290,7 +255,7 @@ pub unsafe extern "C" fn sw_sharded_pull(
 /// # Safety
 /// As `sw_sharded_pull`, with `grads` pointing at `byte_len` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_push(
+pub extern "C" fn sw_sharded_push(
     s: *mut sw_sharded,
     c: *mut sw_client,
     ids: *const u64,
@@ -301,8 +266,7 @@ pub unsafe extern "C" fn sw_sharded_push(
     report: *mut sw_step_report,
 ) -> sw_result {
     let grads = Step::Push(grads.cast());
-    // SAFETY: per this function's contract.
-    unsafe { step(s, c, ids, n, grads, byte_len, timeout_ms, report) }
+    boundary!({ step(s, c, ids, n, grads, byte_len, timeout_ms, report) })
 }
 
 /// The last step's outcome at PS `i` (in the order given to `sw_sharded_new`): `SW_OK`, or
@@ -313,25 +277,18 @@ pub unsafe extern "C" fn sw_sharded_push(
 /// # Safety
 /// `s` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn sw_sharded_part(s: *const sw_sharded, i: usize) -> sw_result {
-    let mut part = None;
-    let r = boundary(|| {
-        // SAFETY: per this function's contract.
-        let s = unsafe { reference(s, "sharded") }?;
+pub extern "C" fn sw_sharded_part(s: *const sw_sharded, i: usize) -> sw_result {
+    boundary!({
+        let s = try_ref!(s, "sharded");
         let p = s.parts.get(i).ok_or_else(|| {
             Failure::invalid(format!(
                 "part {i}: the last step has {} parts",
                 s.parts.len()
             ))
         })?;
-        part = Some(p.clone());
-        Ok(())
-    });
-    match part {
-        Some(p) if p.code != sw_result::SW_OK => {
-            record(&p);
-            p.code
+        match p.code {
+            sw_result::SW_OK => Ok(()),
+            _ => Err(p.clone()),
         }
-        _ => r,
-    }
+    })
 }

@@ -48,8 +48,7 @@ fn options(ids: &[u32], handles: &[*const sw_table]) -> sw_runtime_options {
 
 fn mem_table(dim: usize, init: sw_init, optimizer: sw_optimizer) -> *mut sw_table {
     let mut t = ptr::null_mut();
-    // SAFETY: valid output pointer.
-    let r = unsafe { sw_mem_table_new(dim, init, optimizer, &mut t) };
+    let r = sw_mem_table_new(dim, init, optimizer, &mut t);
     assert_eq!(r, sw_result::SW_OK, "{}", last_error());
     t
 }
@@ -89,31 +88,27 @@ impl Cluster {
         let mut worker_opts = options(&[], &[]);
         worker_opts.job = c"worker".as_ptr();
         worker_opts.listen = ptr::null();
-        // SAFETY: valid options and outputs; each table handle freed once, after the
-        // runtime took its own reference.
-        unsafe {
-            let mut ps = ptr::null_mut();
-            assert_eq!(
-                sw_runtime_new(&opts, &mut ps),
-                sw_result::SW_OK,
-                "{}",
-                last_error()
-            );
-            for &(_, t) in tables {
-                sw_table_free(t);
-            }
-            let mut worker = ptr::null_mut();
-            assert_eq!(sw_runtime_new(&worker_opts, &mut worker), sw_result::SW_OK);
-            let mut client = ptr::null_mut();
-            assert_eq!(sw_client_new(worker, 16, &mut client), sw_result::SW_OK);
-            let peer = CString::new(format!("127.0.0.1:{}", sw_runtime_port(ps))).unwrap();
-            Cluster {
-                ps,
-                worker,
-                client,
-                peer,
-                embedded: false,
-            }
+        let mut ps = ptr::null_mut();
+        assert_eq!(
+            sw_runtime_new(&opts, &mut ps),
+            sw_result::SW_OK,
+            "{}",
+            last_error()
+        );
+        for &(_, t) in tables {
+            sw_table_free(t);
+        }
+        let mut worker = ptr::null_mut();
+        assert_eq!(sw_runtime_new(&worker_opts, &mut worker), sw_result::SW_OK);
+        let mut client = ptr::null_mut();
+        assert_eq!(sw_client_new(worker, 16, &mut client), sw_result::SW_OK);
+        let peer = CString::new(format!("127.0.0.1:{}", sw_runtime_port(ps))).unwrap();
+        Cluster {
+            ps,
+            worker,
+            client,
+            peer,
+            embedded: false,
         }
     }
 
@@ -121,19 +116,16 @@ impl Cluster {
     /// run by this thread.
     fn embedded(tables: &[(u32, *mut sw_table)]) -> Cluster {
         let mut cluster = Cluster::new(tables);
-        // SAFETY: the client is live and freed once; the new one replaces it.
-        unsafe {
-            sw_client_free(cluster.client);
-            cluster.client = ptr::null_mut();
-            let r = sw_client_new_embedded(
-                cluster.worker,
-                ptr::null(),
-                ptr::null(),
-                0,
-                &mut cluster.client,
-            );
-            assert_eq!(r, sw_result::SW_OK, "{}", last_error());
-        }
+        sw_client_free(cluster.client);
+        cluster.client = ptr::null_mut();
+        let r = sw_client_new_embedded(
+            cluster.worker,
+            ptr::null(),
+            ptr::null(),
+            0,
+            &mut cluster.client,
+        );
+        assert_eq!(r, sw_result::SW_OK, "{}", last_error());
         cluster.embedded = true;
         cluster
     }
@@ -142,23 +134,16 @@ impl Cluster {
     /// embedded client's own.
     fn stats(&self) -> sw_stats {
         let mut s = sw_stats::default();
-        // SAFETY: live handles and a writable output.
-        let (own, runtime) = unsafe {
-            (
-                sw_client_loop_stats(self.client, &mut s),
-                sw_runtime_stats(self.worker, &mut sw_stats::default()),
-            )
-        };
+        let (own, runtime) = (
+            sw_client_loop_stats(self.client, &mut s),
+            sw_runtime_stats(self.worker, &mut sw_stats::default()),
+        );
         assert_eq!(runtime, sw_result::SW_OK);
         if self.embedded {
             assert_eq!(own, sw_result::SW_OK, "{}", last_error());
         } else {
             assert_eq!(own, sw_result::SW_ERR_INVALID_ARGUMENT);
-            // SAFETY: as above.
-            assert_eq!(
-                unsafe { sw_runtime_stats(self.worker, &mut s) },
-                sw_result::SW_OK
-            );
+            assert_eq!(sw_runtime_stats(self.worker, &mut s), sw_result::SW_OK);
         }
         s
     }
@@ -166,46 +151,40 @@ impl Cluster {
     /// Submits a rows pull and waits for it: the reply (freed by the caller).
     fn pull_rows(&self, tables: &[sw_rows]) -> Result<*mut sw_reply, sw_result> {
         let mut tag = 0;
-        // SAFETY: a live client; `tables` valid, their buffers alive until the wait.
-        unsafe {
-            let r = sw_client_pull_rows(
-                self.client,
-                self.peer.as_ptr(),
-                tables.as_ptr(),
-                tables.len(),
-                5000,
-                &mut tag,
-            );
-            if r != sw_result::SW_OK {
-                return Err(r);
-            }
-            self.wait(tag)
+        let r = sw_client_pull_rows(
+            self.client,
+            self.peer.as_ptr(),
+            tables.as_ptr(),
+            tables.len(),
+            5000,
+            &mut tag,
+        );
+        if r != sw_result::SW_OK {
+            return Err(r);
         }
+        self.wait(tag)
     }
 
     /// Submits a rows push and waits for it: the statuses.
     fn push_rows(&self, tables: &[sw_rows]) -> Result<Vec<u32>, sw_result> {
         let mut tag = 0;
-        // SAFETY: a live client; `tables` valid for the call.
-        unsafe {
-            let r = sw_client_push_rows(
-                self.client,
-                self.peer.as_ptr(),
-                tables.as_ptr(),
-                tables.len(),
-                5000,
-                &mut tag,
-            );
-            if r != sw_result::SW_OK {
-                return Err(r);
-            }
-            let reply = self.wait(tag)?;
-            let statuses = (0..sw_reply_count(reply))
-                .map(|i| sw_reply_status(reply, i))
-                .collect();
-            sw_reply_free(reply);
-            Ok(statuses)
+        let r = sw_client_push_rows(
+            self.client,
+            self.peer.as_ptr(),
+            tables.as_ptr(),
+            tables.len(),
+            5000,
+            &mut tag,
+        );
+        if r != sw_result::SW_OK {
+            return Err(r);
         }
+        let reply = self.wait(tag)?;
+        let statuses = (0..sw_reply_count(reply))
+            .map(|i| sw_reply_status(reply, i))
+            .collect();
+        sw_reply_free(reply);
+        Ok(statuses)
     }
 
     /// Pings the PS for `time`, one ping after another, each waited for (at least one).
@@ -213,12 +192,10 @@ impl Cluster {
         let end = std::time::Instant::now() + time;
         loop {
             let mut tag = 0;
-            // SAFETY: a live client and writable outputs.
-            let r = unsafe { sw_client_ping(self.client, self.peer.as_ptr(), 16, 5000, &mut tag) };
+            let r = sw_client_ping(self.client, self.peer.as_ptr(), 16, 5000, &mut tag);
             assert_eq!(r, sw_result::SW_OK);
             let reply = self.wait(tag).expect("a ping");
-            // SAFETY: a reply of this client, freed once.
-            unsafe { sw_reply_free(reply) };
+            sw_reply_free(reply);
             if std::time::Instant::now() >= end {
                 return;
             }
@@ -227,8 +204,7 @@ impl Cluster {
 
     fn wait(&self, tag: u64) -> Result<*mut sw_reply, sw_result> {
         let mut reply = ptr::null_mut();
-        // SAFETY: a live client and a writable output.
-        match unsafe { sw_client_wait(self.client, tag, &mut reply) } {
+        match sw_client_wait(self.client, tag, &mut reply) {
             sw_result::SW_OK => Ok(reply),
             r => Err(r),
         }
@@ -237,12 +213,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // SAFETY: live handles, each freed once, clients first.
-        unsafe {
-            sw_client_free(self.client);
-            sw_runtime_free(self.worker);
-            sw_runtime_free(self.ps);
-        }
+        sw_client_free(self.client);
+        sw_runtime_free(self.worker);
+        sw_runtime_free(self.ps);
     }
 }
 
@@ -262,25 +235,22 @@ fn rows(table: u32, dtype: u8, row_dims: &[u64], ids: &[u64], data: &mut [u8]) -
 
 /// Statuses and missing positions of a rows pull's reply, which is freed.
 fn statuses_and_missing(reply: *mut sw_reply) -> Vec<(u32, Vec<u32>)> {
-    // SAFETY: a live reply, freed once at the end.
-    unsafe {
-        let out = (0..sw_reply_count(reply))
-            .map(|t| {
-                assert!(
-                    sw_reply_tensor(reply, t).is_null(),
-                    "rows are in the buffers"
-                );
-                let mut positions = vec![0u32; 64];
-                let mut count = 0;
-                let r = sw_reply_missing(reply, t, positions.as_mut_ptr(), 64, &mut count);
-                assert_eq!(r, sw_result::SW_OK);
-                positions.truncate(count);
-                (sw_reply_status(reply, t), positions)
-            })
-            .collect();
-        sw_reply_free(reply);
-        out
-    }
+    let out = (0..sw_reply_count(reply))
+        .map(|t| {
+            assert!(
+                sw_reply_tensor(reply, t).is_null(),
+                "rows are in the buffers"
+            );
+            let mut positions = vec![0u32; 64];
+            let mut count = 0;
+            let r = sw_reply_missing(reply, t, positions.as_mut_ptr(), 64, &mut count);
+            assert_eq!(r, sw_result::SW_OK);
+            positions.truncate(count);
+            (sw_reply_status(reply, t), positions)
+        })
+        .collect();
+    sw_reply_free(reply);
+    out
 }
 
 #[test]
@@ -371,27 +341,23 @@ fn missing_rows_are_reported_with_zero_bytes() {
     let reply = cluster
         .pull_rows(&[rows(0, F32, &dims, &ids, &mut out)])
         .expect("pull");
-    // SAFETY: a live reply; outputs valid; freed once.
-    unsafe {
-        // Too little room: an error, and nothing written.
-        let mut positions = [9u32; 2];
-        let mut count = 77;
-        assert_eq!(
-            sw_reply_missing(reply, 0, positions.as_mut_ptr(), 1, &mut count),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert_eq!((count, positions), (77, [9, 9]));
-        assert_eq!(
-            sw_reply_missing(reply, 1, positions.as_mut_ptr(), 2, &mut count),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            sw_reply_missing(reply, 0, positions.as_mut_ptr(), 2, &mut count),
-            sw_result::SW_OK
-        );
-        assert_eq!((count, positions), (2, [1, 3]));
-        sw_reply_free(reply);
-    }
+    let mut positions = [9u32; 2];
+    let mut count = 77;
+    assert_eq!(
+        sw_reply_missing(reply, 0, positions.as_mut_ptr(), 1, &mut count),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!((count, positions), (77, [9, 9]));
+    assert_eq!(
+        sw_reply_missing(reply, 1, positions.as_mut_ptr(), 2, &mut count),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        sw_reply_missing(reply, 0, positions.as_mut_ptr(), 2, &mut count),
+        sw_result::SW_OK
+    );
+    assert_eq!((count, positions), (2, [1, 3]));
+    sw_reply_free(reply);
     assert_eq!(
         to_f32(&out),
         [1.0, 2.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0, 1.0, 2.0]
@@ -461,63 +427,57 @@ fn wrong_sizes_and_shapes_fail_at_once() {
     ];
     for (bad, code, what) in cases {
         let mut tag = 777;
-        // SAFETY: a live client; every pointer valid or NULL on purpose.
-        unsafe {
-            let tables = [good, bad];
-            let r = sw_client_pull_rows(
-                cluster.client,
-                cluster.peer.as_ptr(),
-                tables.as_ptr(),
-                2,
-                0,
-                &mut tag,
-            );
-            assert_eq!(r, code, "{what}");
-            assert!(last_error().contains(what), "{what}: {}", last_error());
-            let r = sw_client_push_rows(
-                cluster.client,
-                cluster.peer.as_ptr(),
-                tables.as_ptr(),
-                2,
-                0,
-                &mut tag,
-            );
-            assert_eq!(r, code, "{what}");
-            assert!(last_error().contains(what), "{what}: {}", last_error());
-        }
-        assert_eq!(tag, 777, "no tag written on failure");
-    }
-    let mut tag = 777;
-    // SAFETY: a live client; no tables, or a NULL list of them.
-    unsafe {
+        let tables = [good, bad];
         let r = sw_client_pull_rows(
             cluster.client,
             cluster.peer.as_ptr(),
-            [good].as_ptr(),
-            0,
+            tables.as_ptr(),
+            2,
             0,
             &mut tag,
         );
-        assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+        assert_eq!(r, code, "{what}");
+        assert!(last_error().contains(what), "{what}: {}", last_error());
         let r = sw_client_push_rows(
             cluster.client,
             cluster.peer.as_ptr(),
-            ptr::null(),
-            1,
+            tables.as_ptr(),
+            2,
             0,
             &mut tag,
         );
-        assert_eq!(r, sw_result::SW_ERR_NULL);
-        let r = sw_client_pull_rows(
-            cluster.client,
-            cluster.peer.as_ptr(),
-            [good].as_ptr(),
-            1,
-            0,
-            ptr::null_mut(),
-        );
-        assert_eq!(r, sw_result::SW_ERR_NULL);
+        assert_eq!(r, code, "{what}");
+        assert!(last_error().contains(what), "{what}: {}", last_error());
+        assert_eq!(tag, 777, "no tag written on failure");
     }
+    let mut tag = 777;
+    let r = sw_client_pull_rows(
+        cluster.client,
+        cluster.peer.as_ptr(),
+        [good].as_ptr(),
+        0,
+        0,
+        &mut tag,
+    );
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    let r = sw_client_push_rows(
+        cluster.client,
+        cluster.peer.as_ptr(),
+        ptr::null(),
+        1,
+        0,
+        &mut tag,
+    );
+    assert_eq!(r, sw_result::SW_ERR_NULL);
+    let r = sw_client_pull_rows(
+        cluster.client,
+        cluster.peer.as_ptr(),
+        [good].as_ptr(),
+        1,
+        0,
+        ptr::null_mut(),
+    );
+    assert_eq!(r, sw_result::SW_ERR_NULL);
     assert_eq!(tag, 777);
     // The client is still usable.
     let reply = cluster.pull_rows(&[good]).expect("pull");
@@ -557,30 +517,25 @@ fn wrong_sizes_and_shapes_fail_at_once() {
     ];
     for (dim, i, o, what) in bad_tables {
         let mut t = 0x1 as *mut sw_table;
-        // SAFETY: a writable output.
-        let r = unsafe { sw_mem_table_new(dim, i, o, &mut t) };
+        let r = sw_mem_table_new(dim, i, o, &mut t);
         assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT, "{what}");
         assert!(last_error().contains(what), "{what}: {}", last_error());
         assert_eq!(t as usize, 0x1);
     }
-    // SAFETY: a handle from `sw_mem_table_new`, freed once.
-    unsafe { sw_table_free(mem_table(4, zeros, adagrad(0.1))) };
+    sw_table_free(mem_table(4, zeros, adagrad(0.1)));
 
     // A table id given twice.
     let (a, b) = (mem_table(2, zeros, sgd(1.0)), mem_table(2, zeros, sgd(1.0)));
     let opts = options(&[4, 4], &[a.cast_const(), b.cast_const()]);
     let mut rt = ptr::null_mut();
-    // SAFETY: valid options and output; the handles freed once.
-    unsafe {
-        assert_eq!(
-            sw_runtime_new(&opts, &mut rt),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert!(last_error().contains("twice"), "{}", last_error());
-        assert!(rt.is_null());
-        sw_table_free(a);
-        sw_table_free(b);
-    }
+    assert_eq!(
+        sw_runtime_new(&opts, &mut rt),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("twice"), "{}", last_error());
+    assert!(rt.is_null());
+    sw_table_free(a);
+    sw_table_free(b);
 }
 
 #[test]
@@ -624,40 +579,33 @@ fn tables_serve_beside_a_c_service() {
     // With tables and no service, plain pulls are answered UNIMPLEMENTED per id.
     let cluster = Cluster::new(&[(0, mem_table(2, init(sw_init_kind::SW_INIT_ZEROS), sgd(1.0)))]);
     let mut tag = 0;
-    // SAFETY: a live client; valid pointers.
-    unsafe {
-        let ids = [1u64, 2];
-        let r = sw_client_pull(
-            cluster.client,
-            cluster.peer.as_ptr(),
-            ids.as_ptr(),
-            2,
-            5000,
-            &mut tag,
-        );
-        assert_eq!(r, sw_result::SW_OK);
-    }
+    let ids = [1u64, 2];
+    let r = sw_client_pull(
+        cluster.client,
+        cluster.peer.as_ptr(),
+        ids.as_ptr(),
+        2,
+        5000,
+        &mut tag,
+    );
+    assert_eq!(r, sw_result::SW_OK);
     let reply = cluster.wait(tag).expect("pull");
-    // SAFETY: a live reply, freed once.
-    unsafe {
-        assert_eq!(
-            (sw_reply_status(reply, 0), sw_reply_status(reply, 1)),
-            (9, 9)
-        );
-        // Not a rows reply: no missing rows.
-        let mut count = 5;
-        assert_eq!(
-            sw_reply_missing(reply, 1, ptr::null_mut(), 0, &mut count),
-            sw_result::SW_OK
-        );
-        assert_eq!(count, 0);
-        sw_reply_free(reply);
-    }
+    assert_eq!(
+        (sw_reply_status(reply, 0), sw_reply_status(reply, 1)),
+        (9, 9)
+    );
+    // Not a rows reply: no missing rows.
+    let mut count = 5;
+    assert_eq!(
+        sw_reply_missing(reply, 1, ptr::null_mut(), 0, &mut count),
+        sw_result::SW_OK
+    );
+    assert_eq!(count, 0);
+    sw_reply_free(reply);
 }
 
 unsafe extern "C" fn ignore(_: *mut c_void, _: u64, _: sw_result, reply: *mut sw_reply) {
-    // SAFETY: the reply is ours to free.
-    unsafe { sw_reply_free(reply) };
+    sw_reply_free(reply);
 }
 
 /// What a callback saw of a rows pull: its tag, result, the table's status and missing
@@ -707,37 +655,33 @@ fn a_client_with_a_callback_pulls_rows_into_the_callers_buffer() {
     let ids = [1u64, 9, 2];
     let mut buf = vec![0xEEu8; ids.len() * 8];
     let table = rows(0, F32, &[2], &ids, &mut buf);
-    // SAFETY: live handles, valid pointers; `seen` and `buf` outlive the client, which is
-    // freed once (it waits for the callback).
-    unsafe {
-        let mut tag = 0;
-        let push = rows(0, F32, &[2], &pushed, &mut grads);
-        let r = sw_client_push_rows(
-            cluster.client,
-            cluster.peer.as_ptr(),
-            &push,
-            1,
-            5000,
-            &mut tag,
-        );
-        assert_eq!(r, sw_result::SW_OK);
-        let reply = cluster.wait(tag).expect("push");
-        assert_eq!(sw_reply_status(reply, 0), 0);
-        sw_reply_free(reply);
-        let mut c = ptr::null_mut();
-        let user = &seen as *const RowsSeen as *mut c_void;
-        assert_eq!(
-            sw_client_new_with_callback(cluster.worker, 4, Some(on_rows), user, &mut c),
-            sw_result::SW_OK
-        );
-        let r = sw_client_pull_rows(c, cluster.peer.as_ptr(), &table, 1, 5000, &mut tag);
-        assert_eq!(r, sw_result::SW_OK, "{}", last_error());
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while seen.got.lock().unwrap().is_none() && std::time::Instant::now() < until {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        sw_client_free(c);
+    let mut tag = 0;
+    let push = rows(0, F32, &[2], &pushed, &mut grads);
+    let r = sw_client_push_rows(
+        cluster.client,
+        cluster.peer.as_ptr(),
+        &push,
+        1,
+        5000,
+        &mut tag,
+    );
+    assert_eq!(r, sw_result::SW_OK);
+    let reply = cluster.wait(tag).expect("push");
+    assert_eq!(sw_reply_status(reply, 0), 0);
+    sw_reply_free(reply);
+    let mut c = ptr::null_mut();
+    let user = &seen as *const RowsSeen as *mut c_void;
+    assert_eq!(
+        sw_client_new_with_callback(cluster.worker, 4, Some(on_rows), user, &mut c),
+        sw_result::SW_OK
+    );
+    let r = sw_client_pull_rows(c, cluster.peer.as_ptr(), &table, 1, 5000, &mut tag);
+    assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while seen.got.lock().unwrap().is_none() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    sw_client_free(c);
     let got = seen
         .got
         .lock()
@@ -780,29 +724,26 @@ fn freeing_waits(embedded: bool, reported: bool) {
     let ids: Vec<u64> = (0..1000).collect();
     let mut buf = vec![0u8; ids.len() * 12];
     let table = rows(0, F32, &[3], &ids, &mut buf);
-    // SAFETY: live handles; `buf` outlives the client, which waits for the pull when freed.
-    unsafe {
-        let mut c = ptr::null_mut();
-        let r = if embedded {
-            sw_client_new_embedded(cluster.worker, ptr::null(), ptr::null(), 0, &mut c)
-        } else {
-            sw_client_new(cluster.worker, 4, &mut c)
-        };
-        assert_eq!(r, sw_result::SW_OK);
-        let mut tag = 0;
-        let r = sw_client_pull_rows(c, cluster.peer.as_ptr(), &table, 1, 5000, &mut tag);
-        assert_eq!(r, sw_result::SW_OK);
-        if reported {
-            let (mut done, mut ready) = (0u64, false);
-            let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while !ready {
-                assert!(std::time::Instant::now() < give_up, "never completed");
-                assert_eq!(sw_client_poll(c, &mut done, &mut ready), sw_result::SW_OK);
-            }
-            assert_eq!(done, tag);
+    let mut c = ptr::null_mut();
+    let r = if embedded {
+        sw_client_new_embedded(cluster.worker, ptr::null(), ptr::null(), 0, &mut c)
+    } else {
+        sw_client_new(cluster.worker, 4, &mut c)
+    };
+    assert_eq!(r, sw_result::SW_OK);
+    let mut tag = 0;
+    let r = sw_client_pull_rows(c, cluster.peer.as_ptr(), &table, 1, 5000, &mut tag);
+    assert_eq!(r, sw_result::SW_OK);
+    if reported {
+        let (mut done, mut ready) = (0u64, false);
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ready {
+            assert!(std::time::Instant::now() < give_up, "never completed");
+            assert_eq!(sw_client_poll(c, &mut done, &mut ready), sw_result::SW_OK);
         }
-        sw_client_free(c);
+        assert_eq!(done, tag);
     }
+    sw_client_free(c);
     let init = Init::Uniform {
         scale: 1.0,
         seed: 1,
@@ -824,23 +765,19 @@ fn an_embedded_client_sends_what_it_submits_before_any_wait() {
     let mut grads = f32_bytes(&[1.0, 2.0]);
     let push = [rows(0, F32, &[2], &ids, &mut grads)];
     let mut tag = 0;
-    // SAFETY: a live client; `push` valid for the call (its bytes are copied).
-    let r = unsafe {
-        sw_client_push_rows(
-            cluster.client,
-            cluster.peer.as_ptr(),
-            push.as_ptr(),
-            1,
-            5000,
-            &mut tag,
-        )
-    };
+    let r = sw_client_push_rows(
+        cluster.client,
+        cluster.peer.as_ptr(),
+        push.as_ptr(),
+        1,
+        5000,
+        &mut tag,
+    );
     assert_eq!(r, sw_result::SW_OK);
     // Not waited for: a client of the runtime's loops sees the update all the same.
     let mut other = ptr::null_mut();
-    // SAFETY: a live runtime and a writable output.
     assert_eq!(
-        unsafe { sw_client_new(cluster.worker, 4, &mut other) },
+        sw_client_new(cluster.worker, 4, &mut other),
         sw_result::SW_OK
     );
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -848,17 +785,14 @@ fn an_embedded_client_sends_what_it_submits_before_any_wait() {
         let mut out = vec![0u8; 8];
         let table = rows(0, F32, &[2], &ids, &mut out);
         let (mut missing, mut count) = ([0u32; 1], 0usize);
-        // SAFETY: a live client; `table`'s pointers valid for the call; room for 1 position.
-        let r = unsafe {
-            sw_client_pull_rows_wait(
-                other,
-                cluster.peer.as_ptr(),
-                &table,
-                5000,
-                missing.as_mut_ptr(),
-                &mut count,
-            )
-        };
+        let r = sw_client_pull_rows_wait(
+            other,
+            cluster.peer.as_ptr(),
+            &table,
+            5000,
+            missing.as_mut_ptr(),
+            &mut count,
+        );
         assert_eq!(r, sw_result::SW_OK, "{}", last_error());
         if to_f32(&out) == [-1.0, -2.0] {
             break;
@@ -869,16 +803,10 @@ fn an_embedded_client_sends_what_it_submits_before_any_wait() {
         );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    // SAFETY: live handles, freed once.
-    unsafe {
-        sw_client_free(other);
-    }
+    sw_client_free(other);
     let reply = cluster.wait(tag).expect("the push's reply");
-    // SAFETY: a reply of this client, freed once.
-    unsafe {
-        assert_eq!(sw_reply_status(reply, 0), 0);
-        sw_reply_free(reply);
-    }
+    assert_eq!(sw_reply_status(reply, 0), 0);
+    sw_reply_free(reply);
 }
 
 #[test]
@@ -889,18 +817,15 @@ fn a_rows_pull_that_fails_gives_its_buffers_back() {
     let mut buf = vec![0xabu8; 8];
     let table = rows(0, F32, &[2], &ids, &mut buf);
     let mut tag = 0;
-    // SAFETY: a live client; valid pointers.
-    unsafe {
-        let r = sw_client_pull_rows(
-            cluster.client,
-            c"127.0.0.1:1".as_ptr(),
-            &table,
-            1,
-            300,
-            &mut tag,
-        );
-        assert_eq!(r, sw_result::SW_OK);
-    }
+    let r = sw_client_pull_rows(
+        cluster.client,
+        c"127.0.0.1:1".as_ptr(),
+        &table,
+        1,
+        300,
+        &mut tag,
+    );
+    assert_eq!(r, sw_result::SW_OK);
     let r = cluster.wait(tag);
     assert!(
         matches!(
@@ -952,17 +877,14 @@ fn a_rows_pull_given_up_mid_transfer_leaves_the_buffer_alone_after_its_wait_with
         buf.fill(0xff);
         let table = rows(0, F32, &[64], &ids, &mut buf);
         let mut tag = 0;
-        // SAFETY: a live client; `buf` is not touched until the wait returns.
-        let r = unsafe {
-            sw_client_pull_rows(
-                cluster.client,
-                cluster.peer.as_ptr(),
-                &table,
-                1,
-                timeout_ms,
-                &mut tag,
-            )
-        };
+        let r = sw_client_pull_rows(
+            cluster.client,
+            cluster.peer.as_ptr(),
+            &table,
+            1,
+            timeout_ms,
+            &mut tag,
+        );
         assert_eq!(r, sw_result::SW_OK);
         match cluster.wait(tag) {
             Ok(reply) => {
@@ -993,17 +915,14 @@ fn pull_rows_wait(
 ) -> (sw_result, Vec<u32>) {
     let mut missing = vec![9u32; table.n];
     let mut count = 77usize;
-    // SAFETY: a live client; `table`'s pointers valid for the call; room for `n` positions.
-    let r = unsafe {
-        sw_client_pull_rows_wait(
-            cluster.client,
-            peer.as_ptr(),
-            table,
-            timeout_ms,
-            missing.as_mut_ptr(),
-            &mut count,
-        )
-    };
+    let r = sw_client_pull_rows_wait(
+        cluster.client,
+        peer.as_ptr(),
+        table,
+        timeout_ms,
+        missing.as_mut_ptr(),
+        &mut count,
+    );
     if r == sw_result::SW_OK {
         missing.truncate(count);
     } else {
@@ -1089,17 +1008,14 @@ fn a_rows_pull_in_one_call_fills_the_buffer_and_reports_the_missing_rows() {
         "{r:?}"
     );
     assert_eq!(buf, [0xab; 8]);
-    // SAFETY: a NULL count is refused before anything else.
-    let r = unsafe {
-        sw_client_pull_rows_wait(
-            cluster.client,
-            cluster.peer.as_ptr(),
-            &table,
-            5000,
-            ptr::null_mut(),
-            ptr::null_mut(),
-        )
-    };
+    let r = sw_client_pull_rows_wait(
+        cluster.client,
+        cluster.peer.as_ptr(),
+        &table,
+        5000,
+        ptr::null_mut(),
+        ptr::null_mut(),
+    );
     assert_eq!(r, sw_result::SW_ERR_NULL);
 }
 
@@ -1111,25 +1027,22 @@ fn a_rows_pull_in_one_call_needs_a_client_that_waits() {
     let table = rows(0, F32, &[2], &ids, &mut buf);
     let mut missing = [0u32; 1];
     let mut count = 0;
-    // SAFETY: live handles, valid pointers; the callback client freed once.
-    unsafe {
-        let mut c = ptr::null_mut();
-        assert_eq!(
-            sw_client_new_with_callback(cluster.worker, 4, Some(ignore), ptr::null_mut(), &mut c),
-            sw_result::SW_OK
-        );
-        let r = sw_client_pull_rows_wait(
-            c,
-            cluster.peer.as_ptr(),
-            &table,
-            5000,
-            missing.as_mut_ptr(),
-            &mut count,
-        );
-        assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
-        assert!(last_error().contains("callback"), "{}", last_error());
-        sw_client_free(c);
-    }
+    let mut c = ptr::null_mut();
+    assert_eq!(
+        sw_client_new_with_callback(cluster.worker, 4, Some(ignore), ptr::null_mut(), &mut c),
+        sw_result::SW_OK
+    );
+    let r = sw_client_pull_rows_wait(
+        c,
+        cluster.peer.as_ptr(),
+        &table,
+        5000,
+        missing.as_mut_ptr(),
+        &mut count,
+    );
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("callback"), "{}", last_error());
+    sw_client_free(c);
 }
 
 #[test]
@@ -1221,19 +1134,16 @@ fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
     let wrap = |g: &[u8]| {
         let mut t = ptr::null_mut();
         let dims = [g.len() as u64];
-        // SAFETY: `g` outlives the tensor (waited for below), `user` the release calls.
-        let r = unsafe {
-            sw_tensor_wrap(
-                U8,
-                dims.as_ptr(),
-                1,
-                g.as_ptr().cast(),
-                g.len() as u64,
-                Some(count_release),
-                user,
-                &mut t,
-            )
-        };
+        let r = sw_tensor_wrap(
+            U8,
+            dims.as_ptr(),
+            1,
+            g.as_ptr().cast(),
+            g.len() as u64,
+            Some(count_release),
+            user,
+            &mut t,
+        );
         assert_eq!(r, sw_result::SW_OK, "{}", last_error());
         t
     };
@@ -1250,33 +1160,27 @@ fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
     let grads = [t3.cast_const(), t5.cast_const()];
     let mut tag = 0;
     let push = |grads: &[*const sw_tensor; 2], tag: &mut u64| {
-        // SAFETY: a live client, valid tables and live tensor handles.
-        unsafe {
-            sw_client_push_rows_tensors(
-                cluster.client,
-                cluster.peer.as_ptr(),
-                tables.as_ptr(),
-                grads.as_ptr(),
-                2,
-                5000,
-                tag,
-            )
-        }
+        sw_client_push_rows_tensors(
+            cluster.client,
+            cluster.peer.as_ptr(),
+            tables.as_ptr(),
+            grads.as_ptr(),
+            2,
+            5000,
+            tag,
+        )
     };
     let r = push(&grads, &mut tag);
     assert_eq!(r, sw_result::SW_OK, "{}", last_error());
     let reply = cluster.wait(tag).expect("push");
-    // SAFETY: a live reply, freed once; then the caller's handles, freed once.
-    unsafe {
-        assert_eq!(sw_reply_count(reply), 2);
-        assert_eq!(
-            (sw_reply_status(reply, 0), sw_reply_status(reply, 1)),
-            (0, 0)
-        );
-        sw_reply_free(reply);
-        sw_tensor_free(t3);
-        sw_tensor_free(t5);
-    }
+    assert_eq!(sw_reply_count(reply), 2);
+    assert_eq!(
+        (sw_reply_status(reply, 0), sw_reply_status(reply, 1)),
+        (0, 0)
+    );
+    sw_reply_free(reply);
+    sw_tensor_free(t3);
+    sw_tensor_free(t5);
     // Released once the connection has written them (reported just after the answer at
     // most): the buffers are the caller's again.
     while released.load(Ordering::SeqCst) < 2 {
@@ -1300,7 +1204,6 @@ fn rows_pushed_from_tensors_are_sent_from_the_callers_buffers() {
     let r = push(&grads, &mut tag);
     assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
     assert!(last_error().contains("grads[1]"), "{}", last_error());
-    // SAFETY: the caller's handle, freed once; nothing else holds the tensor.
-    unsafe { sw_tensor_free(t) };
+    sw_tensor_free(t);
     assert_eq!(released.load(Ordering::SeqCst), 3);
 }

@@ -53,8 +53,7 @@ fn runtime(job: &CStr, listen: bool, ids: &[u32], tables: &[*const sw_table]) ->
         n_tables: ids.len(),
     };
     let mut rt = ptr::null_mut();
-    // SAFETY: valid options and output pointer.
-    ok(unsafe { sw_runtime_new(&o, &mut rt) });
+    ok(sw_runtime_new(&o, &mut rt));
     rt
 }
 
@@ -71,143 +70,138 @@ fn missing_table() -> *mut sw_table {
         initial_accumulator: 0.0,
     };
     let mut t = ptr::null_mut();
-    // SAFETY: valid output pointer.
-    ok(unsafe { sw_mem_table_new(2, init, sgd, &mut t) });
+    ok(sw_mem_table_new(2, init, sgd, &mut t));
     t
 }
 
 fn address(rt: *const sw_runtime) -> CString {
-    // SAFETY: a live runtime.
-    let port = unsafe { sw_runtime_port(rt) };
+    let port = sw_runtime_port(rt);
     CString::new(format!("127.0.0.1:{port}")).unwrap()
 }
 
 #[test]
 fn sharded_steps_dedup_partition_scatter_and_merge() {
-    // SAFETY: every handle is live until freed at the end; buffers outlive the calls.
-    unsafe {
-        let tables = [missing_table(), missing_table()];
-        let ps: Vec<*mut sw_runtime> = tables
-            .iter()
-            .map(|&t| runtime(c"ps", true, &[5], &[t.cast_const()]))
-            .collect();
-        for t in tables {
-            sw_table_free(t);
-        }
-        let worker = runtime(c"worker", false, &[], &[]);
-        let mut client = ptr::null_mut();
-        ok(sw_client_new(worker, 16, &mut client));
-        let addrs: Vec<CString> = ps.iter().map(|&p| address(p)).collect();
-        let peers: Vec<*const c_char> = addrs.iter().map(|a| a.as_ptr()).collect();
-        let part = sw_partition {
-            kind: sw_partition_kind::SW_PARTITION_MOD as u32,
-            vocab: 0,
-        };
-        let dims = [2u64];
-        let mut s = ptr::null_mut();
-        ok(sw_sharded_new(
-            peers.as_ptr(),
-            2,
-            part,
-            5,
-            F32,
-            dims.as_ptr(),
-            1,
-            &mut s,
-        ));
-
-        // Ids 4 (three times), 5 (twice), 6: gradients summed per id before sending.
-        let ids = [4u64, 5, 4, 6, 5, 4];
-        let grads = f32_bytes(&[1., 1., 2., 2., 3., 3., 4., 4., 5., 5., 6., 6.]);
-        let mut report = sw_step_report::default();
-        ok(sw_sharded_push(
-            s,
-            client,
-            ids.as_ptr(),
-            ids.len(),
-            grads.as_ptr().cast(),
-            grads.len() as u64,
-            0,
-            &mut report,
-        ));
-        assert_eq!(
-            (report.unique, report.failed, report.first_failed),
-            (3, 0, usize::MAX)
-        );
-        let mut out = vec![0xffu8; ids.len() * 8];
-        ok(sw_sharded_pull(
-            s,
-            client,
-            ids.as_ptr(),
-            ids.len(),
-            out.as_mut_ptr().cast(),
-            out.len() as u64,
-            0,
-            &mut report,
-        ));
-        assert_eq!((report.unique, report.missing), (3, 0));
-        let (w4, w5, w6) = (-(1. + 3. + 6.), -(2. + 5.), -4.);
-        assert_eq!(
-            to_f32(&out),
-            [w4, w4, w5, w5, w4, w4, w6, w6, w5, w5, w4, w4]
-        );
-        assert_eq!(sw_sharded_part(s, 0), sw_result::SW_OK);
-        assert_eq!(sw_sharded_part(s, 2), sw_result::SW_ERR_INVALID_ARGUMENT);
-
-        // A wrong length fails at once, nothing sent, the report untouched.
-        let mut report2 = sw_step_report {
-            unique: 77,
-            ..Default::default()
-        };
-        let r = sw_sharded_pull(
-            s,
-            client,
-            ids.as_ptr(),
-            ids.len(),
-            out.as_mut_ptr().cast(),
-            out.len() as u64 - 1,
-            0,
-            &mut report2,
-        );
-        assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
-        assert_eq!(report2.unique, 77);
-
-        // PS 1 gone: its part fails alone, PS 0's rows are written.
-        sw_runtime_free(ps[1]);
-        let mut out = vec![0xffu8; 2 * 8];
-        let r = sw_sharded_pull(
-            s,
-            client,
-            [4u64, 5].as_ptr(),
-            2,
-            out.as_mut_ptr().cast(),
-            out.len() as u64,
-            10_000,
-            &mut report,
-        );
-        assert!(
-            matches!(
-                r,
-                sw_result::SW_ERR_CONNECTION_LOST | sw_result::SW_ERR_CONNECT_FAILED
-            ),
-            "{r:?}: {}",
-            last_error()
-        );
-        assert!(
-            last_error().contains(addrs[1].to_str().unwrap()),
-            "{}",
-            last_error()
-        );
-        assert_eq!((report.failed, report.first_failed), (1, 1));
-        assert_eq!(to_f32(&out[..8]), [w4, w4]);
-        assert_eq!(sw_sharded_part(s, 0), sw_result::SW_OK);
-        assert_eq!(sw_sharded_part(s, 1), r);
-
-        sw_sharded_free(s);
-        sw_client_free(client);
-        sw_runtime_free(worker);
-        sw_runtime_free(ps[0]);
+    let tables = [missing_table(), missing_table()];
+    let ps: Vec<*mut sw_runtime> = tables
+        .iter()
+        .map(|&t| runtime(c"ps", true, &[5], &[t.cast_const()]))
+        .collect();
+    for t in tables {
+        sw_table_free(t);
     }
+    let worker = runtime(c"worker", false, &[], &[]);
+    let mut client = ptr::null_mut();
+    ok(sw_client_new(worker, 16, &mut client));
+    let addrs: Vec<CString> = ps.iter().map(|&p| address(p)).collect();
+    let peers: Vec<*const c_char> = addrs.iter().map(|a| a.as_ptr()).collect();
+    let part = sw_partition {
+        kind: sw_partition_kind::SW_PARTITION_MOD as u32,
+        vocab: 0,
+    };
+    let dims = [2u64];
+    let mut s = ptr::null_mut();
+    ok(sw_sharded_new(
+        peers.as_ptr(),
+        2,
+        part,
+        5,
+        F32,
+        dims.as_ptr(),
+        1,
+        &mut s,
+    ));
+
+    // Ids 4 (three times), 5 (twice), 6: gradients summed per id before sending.
+    let ids = [4u64, 5, 4, 6, 5, 4];
+    let grads = f32_bytes(&[1., 1., 2., 2., 3., 3., 4., 4., 5., 5., 6., 6.]);
+    let mut report = sw_step_report::default();
+    ok(sw_sharded_push(
+        s,
+        client,
+        ids.as_ptr(),
+        ids.len(),
+        grads.as_ptr().cast(),
+        grads.len() as u64,
+        0,
+        &mut report,
+    ));
+    assert_eq!(
+        (report.unique, report.failed, report.first_failed),
+        (3, 0, usize::MAX)
+    );
+    let mut out = vec![0xffu8; ids.len() * 8];
+    ok(sw_sharded_pull(
+        s,
+        client,
+        ids.as_ptr(),
+        ids.len(),
+        out.as_mut_ptr().cast(),
+        out.len() as u64,
+        0,
+        &mut report,
+    ));
+    assert_eq!((report.unique, report.missing), (3, 0));
+    let (w4, w5, w6) = (-(1. + 3. + 6.), -(2. + 5.), -4.);
+    assert_eq!(
+        to_f32(&out),
+        [w4, w4, w5, w5, w4, w4, w6, w6, w5, w5, w4, w4]
+    );
+    assert_eq!(sw_sharded_part(s, 0), sw_result::SW_OK);
+    assert_eq!(sw_sharded_part(s, 2), sw_result::SW_ERR_INVALID_ARGUMENT);
+
+    // A wrong length fails at once, nothing sent, the report untouched.
+    let mut report2 = sw_step_report {
+        unique: 77,
+        ..Default::default()
+    };
+    let r = sw_sharded_pull(
+        s,
+        client,
+        ids.as_ptr(),
+        ids.len(),
+        out.as_mut_ptr().cast(),
+        out.len() as u64 - 1,
+        0,
+        &mut report2,
+    );
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert_eq!(report2.unique, 77);
+
+    // PS 1 gone: its part fails alone, PS 0's rows are written.
+    sw_runtime_free(ps[1]);
+    let mut out = vec![0xffu8; 2 * 8];
+    let r = sw_sharded_pull(
+        s,
+        client,
+        [4u64, 5].as_ptr(),
+        2,
+        out.as_mut_ptr().cast(),
+        out.len() as u64,
+        10_000,
+        &mut report,
+    );
+    assert!(
+        matches!(
+            r,
+            sw_result::SW_ERR_CONNECTION_LOST | sw_result::SW_ERR_CONNECT_FAILED
+        ),
+        "{r:?}: {}",
+        last_error()
+    );
+    assert!(
+        last_error().contains(addrs[1].to_str().unwrap()),
+        "{}",
+        last_error()
+    );
+    assert_eq!((report.failed, report.first_failed), (1, 1));
+    assert_eq!(to_f32(&out[..8]), [w4, w4]);
+    assert_eq!(sw_sharded_part(s, 0), sw_result::SW_OK);
+    assert_eq!(sw_sharded_part(s, 1), r);
+
+    sw_sharded_free(s);
+    sw_client_free(client);
+    sw_runtime_free(worker);
+    sw_runtime_free(ps[0]);
 }
 
 #[test]
@@ -217,32 +211,29 @@ fn sharded_arguments_are_checked() {
     let part = |kind| sw_partition { kind, vocab: 0 };
     let dims = [4u64];
     let mut s = ptr::null_mut();
-    // SAFETY: valid pointers, bad values on purpose.
-    unsafe {
-        let new = |peers: *const *const c_char, n, p, dtype, s: &mut *mut sw_sharded| {
-            sw_sharded_new(peers, n, p, 0, dtype, dims.as_ptr(), 1, s)
-        };
-        assert_eq!(
-            new(addr.as_ptr(), 0, part(0), F32, &mut s),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            new(bad.as_ptr(), 1, part(0), F32, &mut s),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert!(last_error().contains("peers[0]"), "{}", last_error());
-        assert_eq!(
-            new(addr.as_ptr(), 1, part(9), F32, &mut s),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            new(addr.as_ptr(), 1, part(0), 99, &mut s),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert!(s.is_null(), "no partial success");
-        ok(new(addr.as_ptr(), 1, part(2), F32, &mut s));
-        sw_sharded_free(s);
-    }
+    let new = |peers: *const *const c_char, n, p, dtype, s: &mut *mut sw_sharded| {
+        sw_sharded_new(peers, n, p, 0, dtype, dims.as_ptr(), 1, s)
+    };
+    assert_eq!(
+        new(addr.as_ptr(), 0, part(0), F32, &mut s),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        new(bad.as_ptr(), 1, part(0), F32, &mut s),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("peers[0]"), "{}", last_error());
+    assert_eq!(
+        new(addr.as_ptr(), 1, part(9), F32, &mut s),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        new(addr.as_ptr(), 1, part(0), 99, &mut s),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert!(s.is_null(), "no partial success");
+    ok(new(addr.as_ptr(), 1, part(2), F32, &mut s));
+    sw_sharded_free(s);
 }
 
 /// A C-side table: rows of 2 f32 equal to `[id, id]`; odd ids are missing; a push counts
@@ -297,97 +288,93 @@ fn a_table_of_c_callbacks_serves_rows() {
         push: Some(table_push),
     };
     let dims = [2u64];
-    // SAFETY: valid pointers; the counter outlives the runtime.
-    unsafe {
-        let mut t = ptr::null_mut();
-        ok(sw_table_new(F32, dims.as_ptr(), 1, &callbacks, &mut t));
-        let ps = runtime(c"ps", true, &[1], &[t.cast_const()]);
-        sw_table_free(t);
-        let worker = runtime(c"worker", false, &[], &[]);
-        let mut client = ptr::null_mut();
-        ok(sw_client_new(worker, 16, &mut client));
-        let peer = address(ps);
-        let ids = [2u64, 3, 4];
-        let mut out = vec![0xffu8; 3 * 8];
-        let rows = sw_rows {
-            table: 1,
-            dtype: F32,
-            row_dims: dims.as_ptr(),
-            rank: 1,
-            ids: ids.as_ptr(),
-            n: 3,
-            data: out.as_mut_ptr().cast(),
-            byte_len: out.len() as u64,
-        };
-        let mut tag = 0;
-        ok(sw_client_pull_rows(
-            client,
-            peer.as_ptr(),
-            &rows,
-            1,
-            0,
-            &mut tag,
-        ));
-        let mut reply = ptr::null_mut();
-        ok(sw_client_wait(client, tag, &mut reply));
-        assert_eq!(sw_reply_status(reply, 0), 0);
-        let (mut positions, mut count) = ([0u32; 3], 0);
-        ok(sw_reply_missing(
-            reply,
-            0,
-            positions.as_mut_ptr(),
-            3,
-            &mut count,
-        ));
-        assert_eq!(&positions[..count], [1]);
-        sw_reply_free(reply);
-        assert_eq!(to_f32(&out), [2., 2., 0., 0., 4., 4.]);
+    let mut t = ptr::null_mut();
+    ok(sw_table_new(F32, dims.as_ptr(), 1, &callbacks, &mut t));
+    let ps = runtime(c"ps", true, &[1], &[t.cast_const()]);
+    sw_table_free(t);
+    let worker = runtime(c"worker", false, &[], &[]);
+    let mut client = ptr::null_mut();
+    ok(sw_client_new(worker, 16, &mut client));
+    let peer = address(ps);
+    let ids = [2u64, 3, 4];
+    let mut out = vec![0xffu8; 3 * 8];
+    let rows = sw_rows {
+        table: 1,
+        dtype: F32,
+        row_dims: dims.as_ptr(),
+        rank: 1,
+        ids: ids.as_ptr(),
+        n: 3,
+        data: out.as_mut_ptr().cast(),
+        byte_len: out.len() as u64,
+    };
+    let mut tag = 0;
+    ok(sw_client_pull_rows(
+        client,
+        peer.as_ptr(),
+        &rows,
+        1,
+        0,
+        &mut tag,
+    ));
+    let mut reply = ptr::null_mut();
+    ok(sw_client_wait(client, tag, &mut reply));
+    assert_eq!(sw_reply_status(reply, 0), 0);
+    let (mut positions, mut count) = ([0u32; 3], 0);
+    ok(sw_reply_missing(
+        reply,
+        0,
+        positions.as_mut_ptr(),
+        3,
+        &mut count,
+    ));
+    assert_eq!(&positions[..count], [1]);
+    sw_reply_free(reply);
+    assert_eq!(to_f32(&out), [2., 2., 0., 0., 4., 4.]);
 
-        let grads = f32_bytes(&[0.5; 6]);
-        let push = sw_rows {
-            data: grads.as_ptr().cast_mut().cast(),
-            ..rows
-        };
-        ok(sw_client_push_rows(
-            client,
-            peer.as_ptr(),
-            &push,
-            1,
-            0,
-            &mut tag,
-        ));
-        ok(sw_client_wait(client, tag, &mut reply));
-        assert_eq!(sw_reply_status(reply, 0), 0);
-        sw_reply_free(reply);
-        assert_eq!(pushed.load(Ordering::SeqCst), 3);
+    let grads = f32_bytes(&[0.5; 6]);
+    let push = sw_rows {
+        data: grads.as_ptr().cast_mut().cast(),
+        ..rows
+    };
+    ok(sw_client_push_rows(
+        client,
+        peer.as_ptr(),
+        &push,
+        1,
+        0,
+        &mut tag,
+    ));
+    ok(sw_client_wait(client, tag, &mut reply));
+    assert_eq!(sw_reply_status(reply, 0), 0);
+    sw_reply_free(reply);
+    assert_eq!(pushed.load(Ordering::SeqCst), 3);
 
-        sw_client_free(client);
-        sw_runtime_free(worker);
-        sw_runtime_free(ps);
+    sw_client_free(client);
+    sw_runtime_free(worker);
+    sw_runtime_free(ps);
 
-        // Rows of no bytes, an unknown dtype, no callbacks: refused.
-        let mut t = ptr::null_mut();
-        let zero = [0u64];
-        assert_eq!(
-            sw_table_new(F32, zero.as_ptr(), 1, &callbacks, &mut t),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            sw_table_new(99, dims.as_ptr(), 1, &callbacks, &mut t),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            sw_table_new(F32, dims.as_ptr(), 1, ptr::null(), &mut t),
-            sw_result::SW_ERR_NULL
-        );
-        assert!(t.is_null());
-    }
+    // Rows of no bytes, an unknown dtype, no callbacks: refused.
+    let mut t = ptr::null_mut();
+    let zero = [0u64];
+    assert_eq!(
+        sw_table_new(F32, zero.as_ptr(), 1, &callbacks, &mut t),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        sw_table_new(99, dims.as_ptr(), 1, &callbacks, &mut t),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        sw_table_new(F32, dims.as_ptr(), 1, ptr::null(), &mut t),
+        sw_result::SW_ERR_NULL
+    );
+    assert!(t.is_null());
 }
 
 fn resolve(r: *const sw_resolver, target: &CStr) -> Result<String, (sw_result, String)> {
     let mut out = [0 as c_char; 64];
-    // SAFETY: a live resolver, a NUL-terminated target, room for 64 bytes.
-    let code = unsafe { sw_resolver_resolve(r, target.as_ptr(), out.as_mut_ptr(), out.len()) };
+    let code = sw_resolver_resolve(r, target.as_ptr(), out.as_mut_ptr(), out.len());
     if code != sw_result::SW_OK {
         return Err((code, last_error()));
     }
@@ -402,41 +389,38 @@ fn task_names_resolve_through_the_spec_and_the_map() {
     let spec =
         cr#"{"cluster": {"ps": ["10.0.0.1:2222", "10.0.0.2:2222"], "worker": ["10.0.0.3:2222"]}}"#;
     let map = c"10.0.0.1:2222=127.0.0.1:5555\n10.0.0.2:2222=127.0.0.1:5556\n";
-    // SAFETY: valid strings and output pointers; the resolver is freed at the end.
-    unsafe {
-        let mut r = ptr::null_mut();
-        ok(sw_resolver_new(spec.as_ptr(), map.as_ptr(), &mut r));
-        assert_eq!(resolve(r, c"ps:1").unwrap(), "127.0.0.1:5556");
-        assert_eq!(resolve(r, c"/job:ps/task:0").unwrap(), "127.0.0.1:5555");
-        assert_eq!(resolve(r, c"127.0.0.1:7").unwrap(), "127.0.0.1:7");
-        let (code, msg) = resolve(r, c"ps:2").unwrap_err();
-        assert_eq!(code, sw_result::SW_ERR_INVALID_ARGUMENT);
-        assert!(msg.contains("ps:2"), "{msg}");
-        // worker:0 has no entry in the map.
-        assert!(resolve(r, c"worker:0").unwrap_err().1.contains("worker:0"));
-        let mut n = 0;
-        ok(sw_resolver_tasks(r, c"ps".as_ptr(), &mut n));
-        assert_eq!(n, 2);
-        assert_eq!(
-            sw_resolver_tasks(r, c"chief".as_ptr(), &mut n),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        // Too little room: refused, not cut.
-        let mut small = [0 as c_char; 8];
-        assert_eq!(
-            sw_resolver_resolve(r, c"ps:0".as_ptr(), small.as_mut_ptr(), small.len()),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        sw_resolver_free(r);
+    let mut r = ptr::null_mut();
+    ok(sw_resolver_new(spec.as_ptr(), map.as_ptr(), &mut r));
+    assert_eq!(resolve(r, c"ps:1").unwrap(), "127.0.0.1:5556");
+    assert_eq!(resolve(r, c"/job:ps/task:0").unwrap(), "127.0.0.1:5555");
+    assert_eq!(resolve(r, c"127.0.0.1:7").unwrap(), "127.0.0.1:7");
+    let (code, msg) = resolve(r, c"ps:2").unwrap_err();
+    assert_eq!(code, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(msg.contains("ps:2"), "{msg}");
+    // worker:0 has no entry in the map.
+    assert!(resolve(r, c"worker:0").unwrap_err().1.contains("worker:0"));
+    let mut n = 0;
+    ok(sw_resolver_tasks(r, c"ps".as_ptr(), &mut n));
+    assert_eq!(n, 2);
+    assert_eq!(
+        sw_resolver_tasks(r, c"chief".as_ptr(), &mut n),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    // Too little room: refused, not cut.
+    let mut small = [0 as c_char; 8];
+    assert_eq!(
+        sw_resolver_resolve(r, c"ps:0".as_ptr(), small.as_mut_ptr(), small.len()),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    sw_resolver_free(r);
 
-        // A spec with a problem is named.
-        let mut r2 = ptr::null_mut();
-        let bad = cr#"{"cluster": {"ps": ["no port"]}}"#;
-        assert_eq!(
-            sw_resolver_new(bad.as_ptr(), map.as_ptr(), &mut r2),
-            sw_result::SW_ERR_INVALID_ARGUMENT
-        );
-        assert!(last_error().contains("tf_config"), "{}", last_error());
-        assert!(r2.is_null());
-    }
+    // A spec with a problem is named.
+    let mut r2 = ptr::null_mut();
+    let bad = cr#"{"cluster": {"ps": ["no port"]}}"#;
+    assert_eq!(
+        sw_resolver_new(bad.as_ptr(), map.as_ptr(), &mut r2),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("tf_config"), "{}", last_error());
+    assert!(r2.is_null());
 }

@@ -39,8 +39,7 @@ fn runtime(job: &CStr, listen: bool) -> *mut sw_runtime {
         n_tables: 0,
     };
     let mut rt = ptr::null_mut();
-    // SAFETY: valid options and output pointer.
-    ok(unsafe { sw_runtime_new(&o, &mut rt) });
+    ok(sw_runtime_new(&o, &mut rt));
     rt
 }
 
