@@ -1,0 +1,328 @@
+//! How rows travel between a worker and the PS tasks: as packed rows blocks through the
+//! sharded rows client (the default), as one tensor per row in a fused request per PS
+//! task (`--per-tensor`), or as a request per row (`--unfused`). [`Worker`] pulls a
+//! step's rows and pushes its gradients whichever way was chosen.
+
+use crate::model;
+use crate::ps::TABLE;
+use crate::Res;
+use starwire::rows::Partition;
+use starwire::{Completion, DType, Handle, Peer, Runtime, Sharded, Status, Tensor};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a worker's rows travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    /// `PULL_ROWS` and `PUSH_ROWS` through the sharded rows client: one frame per PS task
+    /// and step each way, the rows in one packed block.
+    Rows,
+    /// Fused `PULL` and `PUSH`: one request per PS task and step, one tensor per row.
+    PerTensor,
+    /// One `PULL` and one `PUSH` per row.
+    Unfused,
+}
+
+impl Transfer {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Transfer::Rows => {
+                "as rows: one PULL_ROWS and one PUSH_ROWS frame per PS task and step, \
+                 one packed block of rows each"
+            }
+            Transfer::PerTensor => {
+                "per tensor, fused: one request per PS task and step, a tensor per row"
+            }
+            Transfer::Unfused => "per tensor, unfused: one request per row",
+        }
+    }
+}
+
+/// A worker's connection to the PS tasks, and the buffers its steps reuse.
+pub struct Worker {
+    handle: Handle,
+    ps: Vec<SocketAddr>,
+    dim: usize,
+    transfer: Transfer,
+    /// The rows client (`Transfer::Rows`): the model's table over the PS tasks.
+    sharded: Sharded,
+    /// A step's rows or gradients as little-endian bytes (`Transfer::Rows`).
+    bytes: Vec<u8>,
+    /// Per PS task: the ids it owns in this batch, and their positions in `batch.unique`.
+    ids: Vec<Vec<u64>>,
+    positions: Vec<Vec<u32>>,
+    /// Per PS task: the gradient tensors pushed last step, reused once the push is done.
+    grads: Vec<Vec<(u64, Arc<Tensor>)>>,
+    /// Requests sent since the counts were last taken.
+    pub pull_rpcs: u64,
+    pub push_rpcs: u64,
+}
+
+const DEADLINE: Duration = Duration::from_secs(10);
+const UNFUSED_WINDOW: usize = 64;
+
+/// The PS requests a rows step sent (one per PS task that owns some of the ids), or the
+/// first PS task's part that failed.
+fn rows_step(report: &starwire::StepReport, what: &str) -> Res<u64> {
+    if let Some((s, e)) = report.first_error() {
+        return Err(format!("{what} rows, ps:{s}: {e}"));
+    }
+    if report.missing > 0 {
+        return Err(format!("{what} rows: {} rows missing", report.missing));
+    }
+    Ok(report
+        .shards
+        .iter()
+        .filter(|r| matches!(r, Ok(n) if *n > 0))
+        .count() as u64)
+}
+
+impl Worker {
+    /// A worker's transport to the PS tasks at `ps` (task 0 first): a handle of `rt` and
+    /// the rows client of table [`TABLE`], rows of `dim` f32.
+    pub fn new(rt: &Runtime, ps: Vec<SocketAddr>, dim: usize, transfer: Transfer) -> Res<Worker> {
+        if ps.len() > 64 {
+            return Err("at most 64 PS tasks".into());
+        }
+        let shards = ps.len();
+        let peers = ps.iter().map(|&a| Peer::from(a)).collect();
+        let sharded = Sharded::new(peers, Partition::Hash, TABLE, DType::F32, &[dim as u64])
+            .map_err(|e| e.to_string())?;
+        Ok(Worker {
+            handle: rt.handle(UNFUSED_WINDOW.max(shards) * 2),
+            ps,
+            dim,
+            transfer,
+            sharded,
+            bytes: Vec::new(),
+            ids: vec![Vec::new(); shards],
+            positions: vec![Vec::new(); shards],
+            grads: vec![Vec::new(); shards],
+            pull_rpcs: 0,
+            push_rpcs: 0,
+        })
+    }
+
+    /// Pulls the rows of `unique` into `rows` (`dim` f32 each, in `unique` order).
+    pub fn pull(&mut self, unique: &[u64], rows: &mut [f32]) -> Res<()> {
+        if self.transfer == Transfer::Rows {
+            return self.pull_rows(unique, rows);
+        }
+        for (s, (ids, pos)) in self.ids.iter_mut().zip(&mut self.positions).enumerate() {
+            ids.clear();
+            pos.clear();
+            for (i, &id) in unique.iter().enumerate() {
+                if model::shard_of(id, self.ps.len()) == s {
+                    ids.push(id);
+                    pos.push(i as u32);
+                }
+            }
+        }
+        let deadline = Some(Instant::now() + DEADLINE);
+        if self.transfer == Transfer::Unfused {
+            return self.pull_unfused(unique, rows, deadline);
+        }
+        let mut tags = [0u64; 64];
+        for (s, ids) in self.ids.iter().enumerate() {
+            tags[s] = self
+                .handle
+                .pull_slice(self.ps[s], ids, deadline)
+                .map_err(|e| format!("pull: {e}"))?
+                .tag();
+            self.pull_rpcs += 1;
+        }
+        for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
+            let done = self
+                .handle
+                .wait_tag(tag)
+                .map_err(|e| format!("wait: {e}"))?;
+            // Borrowed, so the completion's vectors go back to the handle for the next step.
+            let tensors = done
+                .pulled()
+                .map_err(|e| format!("pull from ps:{s}: {e}"))?;
+            for (t, &at) in tensors.iter().zip(&self.positions[s]) {
+                let t = t.as_ref().map_err(|st| format!("pull: row {st:?}"))?;
+                copy_row(t, &mut rows[at as usize * self.dim..][..self.dim])?;
+            }
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+
+    /// The rows client's pull: one `PULL_ROWS` per PS task, all in flight at once, each
+    /// answered with one block that lands in `bytes` in the order of `unique`.
+    fn pull_rows(&mut self, unique: &[u64], rows: &mut [f32]) -> Res<()> {
+        self.bytes.resize(rows.len() * 4, 0);
+        let deadline = Some(Instant::now() + DEADLINE);
+        let report = self
+            .sharded
+            .pull(&mut self.handle, unique, &mut self.bytes, deadline)
+            .map_err(|e| format!("pull rows: {e}"))?;
+        self.pull_rpcs += rows_step(report, "pull")?;
+        f32s_from_le(&self.bytes, rows);
+        Ok(())
+    }
+
+    /// The rows client's push: one `PUSH_ROWS` per PS task with its ids' gradient rows.
+    fn push_rows(&mut self, unique: &[u64], grads: &[f32]) -> Res<()> {
+        self.bytes.resize(grads.len() * 4, 0);
+        f32s_to_le(grads, &mut self.bytes);
+        let deadline = Some(Instant::now() + DEADLINE);
+        let report = self
+            .sharded
+            .push(&mut self.handle, unique, &self.bytes, deadline)
+            .map_err(|e| format!("push rows: {e}"))?;
+        self.push_rpcs += rows_step(report, "push")?;
+        Ok(())
+    }
+
+    fn pull_unfused(
+        &mut self,
+        unique: &[u64],
+        rows: &mut [f32],
+        deadline: Option<Instant>,
+    ) -> Res<()> {
+        let mut next = 0;
+        let mut inflight = std::collections::HashMap::new();
+        while next < unique.len() || !inflight.is_empty() {
+            while next < unique.len() && inflight.len() < UNFUSED_WINDOW {
+                let id = unique[next];
+                let peer = self.ps[model::shard_of(id, self.ps.len())];
+                let ticket = self.handle.pull_slice(peer, &[id], deadline);
+                inflight.insert(ticket.map_err(|e| format!("pull: {e}"))?.tag(), next);
+                self.pull_rpcs += 1;
+                next += 1;
+            }
+            let done = self.handle.wait_any().map_err(|e| format!("wait: {e}"))?;
+            let at = inflight
+                .remove(&done.tag)
+                .ok_or("completion of an unknown request")?;
+            match done.pulled().map_err(|e| format!("pull: {e}"))? {
+                [t] => {
+                    let t = t.as_ref().map_err(|st| format!("pull: row {st:?}"))?;
+                    copy_row(t, &mut rows[at * self.dim..][..self.dim])?;
+                }
+                other => return Err(format!("pull of one row: {} answers", other.len())),
+            }
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+
+    /// Pushes the gradient rows `grads` (`dim` f32 each, in `unique` order).
+    pub fn push(&mut self, unique: &[u64], grads: &[f32]) -> Res<()> {
+        if self.transfer == Transfer::Rows {
+            return self.push_rows(unique, grads);
+        }
+        let deadline = Some(Instant::now() + DEADLINE);
+        let dim = self.dim;
+        // Fill the gradient tensors, reusing last step's where the runtime let go of them.
+        for (s, pos) in self.positions.iter().enumerate() {
+            let items = &mut self.grads[s];
+            items.truncate(pos.len());
+            for (n, &at) in pos.iter().enumerate() {
+                let values = &grads[at as usize * dim..][..dim];
+                let id = unique[at as usize];
+                if n == items.len() {
+                    items.push((
+                        id,
+                        Arc::new(Tensor::zeros(DType::F32, &[dim as u64]).unwrap()),
+                    ));
+                }
+                let item = &mut items[n];
+                item.0 = id;
+                if Arc::get_mut(&mut item.1).is_none() {
+                    item.1 = Arc::new(Tensor::zeros(DType::F32, &[dim as u64]).unwrap());
+                }
+                let bytes = Arc::get_mut(&mut item.1).unwrap().bytes_mut();
+                for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        if self.transfer == Transfer::Unfused {
+            return self.push_unfused(deadline);
+        }
+        let mut tags = [0u64; 64];
+        for (s, tag) in tags.iter_mut().enumerate().take(self.ps.len()) {
+            *tag = self
+                .handle
+                .push_slice(self.ps[s], &self.grads[s], deadline)
+                .map_err(|e| format!("push: {e}"))?
+                .tag();
+            self.push_rpcs += 1;
+        }
+        for (s, &tag) in tags.iter().enumerate().take(self.ps.len()) {
+            let done = self
+                .handle
+                .wait_tag(tag)
+                .map_err(|e| format!("wait: {e}"))?;
+            check_pushed(&done, s)?;
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+
+    fn push_unfused(&mut self, deadline: Option<Instant>) -> Res<()> {
+        let mut inflight = 0;
+        for s in 0..self.ps.len() {
+            for n in 0..self.grads[s].len() {
+                if inflight == UNFUSED_WINDOW {
+                    let done = self.handle.wait_any().map_err(|e| format!("wait: {e}"))?;
+                    check_pushed(&done, s)?;
+                    self.handle.recycle(done);
+                    inflight -= 1;
+                }
+                let item = std::slice::from_ref(&self.grads[s][n]);
+                // Its completion is taken by `wait_any`, in whatever order they finish.
+                let queued = self.handle.push_slice(self.ps[s], item, deadline);
+                let _ticket = queued.map_err(|e| format!("push: {e}"))?;
+                self.push_rpcs += 1;
+                inflight += 1;
+            }
+        }
+        for _ in 0..inflight {
+            let done = self.handle.wait_any().map_err(|e| format!("wait: {e}"))?;
+            check_pushed(&done, 0)?;
+            self.handle.recycle(done);
+        }
+        Ok(())
+    }
+}
+
+fn copy_row(t: &Tensor, out: &mut [f32]) -> Res<()> {
+    if t.dtype() != DType::F32 || t.byte_len() != out.len() * 4 {
+        return Err(format!(
+            "pull: a row of {} bytes, {:?}",
+            t.byte_len(),
+            t.dtype()
+        ));
+    }
+    for (v, b) in out.iter_mut().zip(t.bytes().chunks_exact(4)) {
+        *v = f32::from_le_bytes(b.try_into().unwrap());
+    }
+    Ok(())
+}
+
+fn check_pushed(done: &Completion, s: usize) -> Res<()> {
+    match done.pushed() {
+        Ok(st) if st.iter().all(|s| *s == Status::Ok) => Ok(()),
+        Ok(st) => Err(format!("push to ps:{s}: {st:?}")),
+        Err(e) => Err(format!("push to ps:{s}: {e}")),
+    }
+}
+
+/// Reads little-endian f32s from `bytes` into `out`.
+pub fn f32s_from_le(bytes: &[u8], out: &mut [f32]) {
+    for (v, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
+/// Writes `values` into `bytes` as little-endian f32s.
+pub fn f32s_to_le(values: &[f32], bytes: &mut [u8]) {
+    for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
+        b.copy_from_slice(&v.to_le_bytes());
+    }
+}
