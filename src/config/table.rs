@@ -14,7 +14,7 @@ use super::error::{ConfigError, Origin, Setting};
 use super::types::{
     BackendSetting, FitsFrame, Flag, Num, Opt, Secret, SettingType, Shown, Time, TimeUnit, ZeroOr,
 };
-use super::{BackendChoice, Role};
+use super::BackendChoice;
 use crate::wire::{self, Limits};
 
 settings! {
@@ -628,6 +628,49 @@ pub(crate) const LIMIT_FIELDS: [LimitField; 8] = [
         set: |l, v| l.max_row_bytes = v.try_into().unwrap_or(u32::MAX),
     },
 ];
+
+/// Which of the originals' two variable families a task reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The jobs `worker` and `chief`: `WORKER_*` and `NETWORK_WORKER_*`.
+    Worker,
+    /// Every other job (`ps`, `evaluator`, ...): `PS_*` and `NETWORK_PS_*`.
+    Ps,
+}
+
+impl Role {
+    /// The role of a job name: `worker` and `chief` (exactly, case-sensitive, as in the
+    /// originals) are workers, everything else reads the PS variables.
+    pub fn of_job(job: &str) -> Role {
+        match job {
+            "worker" | "chief" => Role::Worker,
+            _ => Role::Ps,
+        }
+    }
+
+    /// `WORKER` or `PS`.
+    pub const fn prefix(self) -> &'static str {
+        match self {
+            Role::Worker => "WORKER",
+            Role::Ps => "PS",
+        }
+    }
+
+    /// `WORKER_ENABLE_POLLING` or `PS_ENABLE_POLLING`.
+    pub const fn polling_env(self) -> &'static str {
+        POLLING_ENV.of(self)
+    }
+
+    /// `NETWORK_WORKER_CORE_NUMBER` or `NETWORK_PS_CORE_NUMBER`.
+    pub const fn loops_env(self) -> &'static str {
+        LOOPS_ENV.of(self)
+    }
+
+    /// `WORKER_DISABLE_PIN_CORES` or `PS_DISABLE_PIN_CORES` (true means *not* pinned).
+    pub const fn disable_pin_env(self) -> &'static str {
+        DISABLE_PIN_ENV.of(self)
+    }
+}
 
 /// The environment variable of a setting: one name, or one per [`Role`].
 #[derive(Clone, Copy, Debug)]

@@ -28,7 +28,7 @@ use core::fmt;
 use std::collections::VecDeque;
 
 use super::items::{is_rows_block, TensorItem};
-pub use super::items::{PushItem, ResponseItem, RowsItem, RowsQuery};
+pub use super::items::{OutTensor, PushItem, ResponseItem, RowsItem, RowsQuery, COPY_TOKEN};
 
 /// Encoder settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,22 +55,6 @@ impl Default for EncoderConfig {
         }
     }
 }
-
-/// A tensor to send.
-#[derive(Debug, Clone, Copy)]
-pub struct OutTensor<'a> {
-    /// Its meta; `chunked` is decided by the encoder and ignored here.
-    pub meta: TensorMeta<'a>,
-    /// Its contents (`meta.byte_len` bytes), read only when they are copied.
-    pub bytes: &'a [u8],
-    /// The caller's name for the contents, echoed in [`Piece::Tensor`]; [`COPY_TOKEN`]
-    /// for contents that must be copied during the call (never referenced afterwards).
-    pub token: u64,
-}
-
-/// The token of contents the encoder must copy whatever their size: they do not outlive
-/// the call. A tensor with it must fit the frame (it cannot be chunked).
-pub const COPY_TOKEN: u64 = u64::MAX;
 
 pub use super::output::{OutPiece, Piece, Segment};
 

@@ -1,10 +1,26 @@
-//! The entries of tensor-carrying frames as the encoder takes them: push items, response
-//! items and rows tables, each able to write its meta entry.
+//! The entries of tensor-carrying frames as the encoder takes them: the tensors to send,
+//! push items, response items and rows tables, each able to write its meta entry.
 
-use super::encoder::OutTensor;
 use crate::wire::{
     emit_pull_rows_meta, pull_rows_meta_len, Missing, PushEntry, ResponseEntry, Status, TensorMeta,
 };
+
+/// A tensor to send.
+#[derive(Debug, Clone, Copy)]
+pub struct OutTensor<'a> {
+    /// Its meta; `chunked` is decided by the encoder and ignored here.
+    pub meta: TensorMeta<'a>,
+    /// Its contents (`meta.byte_len` bytes), read only when they are copied.
+    pub bytes: &'a [u8],
+    /// The caller's name for the contents, echoed in [`Piece::Tensor`](super::Piece::Tensor);
+    /// [`COPY_TOKEN`] for contents that must be copied during the call (never referenced
+    /// afterwards).
+    pub token: u64,
+}
+
+/// The token of contents the encoder must copy whatever their size: they do not outlive
+/// the call. A tensor with it must fit the frame (it cannot be chunked).
+pub const COPY_TOKEN: u64 = u64::MAX;
 
 /// An entry of a tensor-carrying frame (`PUSH` or `RESPONSE`).
 pub(super) trait TensorItem<'a> {

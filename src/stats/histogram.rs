@@ -5,7 +5,7 @@
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use super::add;
+use super::single_writer::add;
 
 /// Bits of the value below its leading bit that choose a sub-bucket.
 const SUB_BITS: u32 = 3;

@@ -10,13 +10,12 @@
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
 use super::histogram::{AtomicHistogram, Histogram};
-use super::{add, Counters, RequestKind, REQUEST_KINDS};
+use super::request_kind::{RequestKind, REQUEST_KINDS};
+use super::single_writer::add;
 pub use crate::wire::Side;
 
 /// How a request ended.
@@ -56,34 +55,6 @@ impl Outcome {
             Outcome::Timeout => "timeout",
             Outcome::Unavailable => "unavailable",
             Outcome::Refused => "refused",
-        }
-    }
-}
-
-impl RequestKind {
-    /// Every request kind, in order.
-    pub const ALL: [RequestKind; REQUEST_KINDS] = [
-        RequestKind::Ping,
-        RequestKind::Recv,
-        RequestKind::FusedRecv,
-        RequestKind::Pull,
-        RequestKind::Push,
-        RequestKind::PullRows,
-        RequestKind::PushRows,
-        RequestKind::Stats,
-    ];
-
-    /// The label used in the JSON document and by `commctl stats` (`"pull_rows"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            RequestKind::Ping => "ping",
-            RequestKind::Recv => "recv",
-            RequestKind::FusedRecv => "fused_recv",
-            RequestKind::Pull => "pull",
-            RequestKind::Push => "push",
-            RequestKind::PullRows => "pull_rows",
-            RequestKind::PushRows => "push_rows",
-            RequestKind::Stats => "stats",
         }
     }
 }
@@ -164,52 +135,6 @@ impl std::fmt::Debug for PeerBlock {
             .field("addr", &self.addr)
             .field("task", &self.task.get())
             .finish_non_exhaustive()
-    }
-}
-
-/// The blocks of one loop, for snapshots; and the other loops of the same runtime, so that
-/// a loop answering a stats request can see them all.
-#[derive(Debug, Default)]
-pub(crate) struct PeerRegistry {
-    blocks: Mutex<Vec<Arc<PeerBlock>>>,
-    siblings: OnceLock<Vec<Weak<CachePadded<Counters>>>>,
-}
-
-impl PeerRegistry {
-    /// Adds a new peer's block (when the peer is first seen: not on the request path).
-    pub(crate) fn register(&self, block: Arc<PeerBlock>) {
-        self.blocks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(block);
-    }
-
-    fn blocks(&self) -> Vec<Arc<PeerBlock>> {
-        self.blocks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Tells every loop of a runtime about the others (before the loops start).
-    pub(crate) fn link(loops: &[Arc<CachePadded<Counters>>]) {
-        let all: Vec<_> = loops.iter().map(Arc::downgrade).collect();
-        for l in loops {
-            l.peers.siblings.set(all.clone()).ok();
-        }
-    }
-
-    /// Runs `f` with every loop of this loop's runtime (`this` alone when it was not
-    /// linked, as an embedded loop).
-    pub(crate) fn with_loops<R>(&self, this: &Counters, f: impl FnOnce(&[&Counters]) -> R) -> R {
-        match self.siblings.get() {
-            Some(all) => {
-                let strong: Vec<_> = all.iter().filter_map(Weak::upgrade).collect();
-                let refs: Vec<&Counters> = strong.iter().map(|c| &***c).collect();
-                f(&refs)
-            }
-            None => f(&[this]),
-        }
     }
 }
 
@@ -342,25 +267,23 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Merges the blocks of `loops`.
-    pub(crate) fn of(loops: &[&Counters]) -> Metrics {
+    /// Merges `blocks` (of one loop or of several) by peer.
+    pub(super) fn merged(blocks: impl IntoIterator<Item = Arc<PeerBlock>>) -> Metrics {
         // Requesters' blocks are the same peer by address; served ones by task (an
         // accepted connection's address is the peer's ephemeral port).
         let mut index: HashMap<(Side, Option<SocketAddr>, Option<String>), usize> = HashMap::new();
         let mut m = Metrics::default();
-        for l in loops {
-            for b in l.peers.blocks() {
-                let p = PeerMetrics::of(&b);
-                let key = match p.side {
-                    Side::Client => (p.side, p.addr, None),
-                    Side::Server => (p.side, None, p.task.clone()),
-                };
-                match index.get(&key) {
-                    Some(&i) => m.peers[i].merge(p),
-                    None => {
-                        index.insert(key, m.peers.len());
-                        m.peers.push(p);
-                    }
+        for b in blocks {
+            let p = PeerMetrics::of(&b);
+            let key = match p.side {
+                Side::Client => (p.side, p.addr, None),
+                Side::Server => (p.side, None, p.task.clone()),
+            };
+            match index.get(&key) {
+                Some(&i) => m.peers[i].merge(p),
+                None => {
+                    index.insert(key, m.peers.len());
+                    m.peers.push(p);
                 }
             }
         }

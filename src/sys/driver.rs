@@ -33,9 +33,9 @@ use super::bufpool::BufPool;
 use super::doorbell::Doorbell;
 use super::epoll::{Events, Interest, Poller};
 use super::loan::{Gather, IoBuf, IoBufMut, RecvMem, SendMem, SlotMem};
-use super::ops::{decode, ACCEPT_DIRECT};
+use super::ops::{decode, ACCEPT_DIRECT, USER_DATA_DOORBELL};
 pub use super::ops::{user_data, IoCompletion, Op, Socket, LISTENER};
-use super::uring::{on_socket, RecvRing, Removed, UringDriver, UringOptions, USER_DATA_DOORBELL};
+use super::uring::{on_socket, RecvRing, Removed, UringDriver, UringOptions};
 use super::Backend;
 
 /// Writes `addr` as a C sockaddr into `out`; returns its length.

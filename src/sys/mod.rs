@@ -34,10 +34,6 @@ use self::uring::{Capabilities, Ring};
 /// Environment variable that overrides the backend choice: `uring`, `epoll` or `auto`.
 pub const BACKEND_ENV: &str = "STARWIRE_BACKEND";
 
-/// Environment variable that turns the io_uring setup flags off (`false`/`0`); the
-/// configuration reads it (named here for error messages).
-pub const URING_FLAGS_ENV: &str = "STARWIRE_URING_FLAGS";
-
 /// Ring size used by the start-up probe; the loops build their own, larger rings.
 const PROBE_ENTRIES: u32 = 8;
 

@@ -3,10 +3,12 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use super::uring::USER_DATA_DOORBELL;
-
 /// The slot number reserved for a loop's listener.
 pub const LISTENER: u32 = u32::MAX;
+
+/// `user_data` the loop gives its doorbell read / poll (both backends); one of the values
+/// an io_uring ring reserves, delivered to its reap callback like any completion.
+pub const USER_DATA_DOORBELL: u64 = u64::MAX - 1;
 
 /// Operation kinds, kept in the low byte of `user_data`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,9 +4,11 @@
 //! limits, including that `payload_len` matches the tensors it declares. The variable-length
 //! parts it returns are iterators over the validated bytes: nothing is allocated.
 
+use super::bytes::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use super::error::truncated_meta;
+use super::header::CHUNK_META_LEN;
 use super::rows::{Missing, RowsTables, ENTRY_HAS_MISSING};
 use super::tensor::TensorMeta;
-use super::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use super::{Error, HeaderRepr, FrameKind, Limits, Result, Status};
 
 /// Longest job name in a hello.
@@ -21,7 +23,6 @@ pub const ENTRY_HAS_TENSOR: u16 = 1;
 const HELLO_FIXED_LEN: usize = 48;
 const RECV_FIXED_LEN: usize = 8;
 const RESPONSE_ENTRY_FIXED_LEN: usize = 8;
-pub(super) const CHUNK_META_LEN: usize = 16;
 
 /// A validated meta section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -481,15 +482,6 @@ impl<'a> Iterator for PushEntries<'a> {
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         (self.remaining as usize, Some(self.remaining as usize))
-    }
-}
-
-/// A tensor meta that runs past the meta section is a length error of the section.
-pub(super) fn truncated_meta(e: Error) -> Error {
-    if e == Error::Truncated {
-        Error::BadMetaLen
-    } else {
-        e
     }
 }
 

@@ -1,6 +1,7 @@
 //! The fixed 32-byte frame header (specification section 2.1).
 
-use super::{enum_with_unknown, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use super::bytes::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use super::macros::enum_with_unknown;
 use super::{Error, Limits, Result, Status};
 
 /// `SWRE`: the first four bytes of every frame.
@@ -11,6 +12,8 @@ pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 32;
 /// `flags` bit 0: the last frame answering a request.
 pub const FLAG_END: u16 = 1;
+/// The `meta_len` of every `CHUNK` frame: its meta section has a fixed length.
+pub(super) const CHUNK_META_LEN: usize = 16;
 
 mod field {
     use core::ops::Range;
@@ -340,7 +343,7 @@ impl HeaderRepr {
         }
         let meta_ok = match self.kind {
             FrameKind::Ping | FrameKind::Pong | FrameKind::Stats => self.meta_len == 0,
-            FrameKind::Chunk => self.meta_len == super::body::CHUNK_META_LEN as u32,
+            FrameKind::Chunk => self.meta_len == CHUNK_META_LEN as u32,
             _ => true,
         };
         if !meta_ok {

@@ -5,9 +5,9 @@
 //! meta (`[n, row...]`) and the `n` row ids. Per row the wire carries its 8-byte id and its
 //! bytes in the block: no per-row descriptor.
 
-use super::body::truncated_meta;
+use super::bytes::{get_u32, get_u64, put_u32, put_u64};
+use super::error::truncated_meta;
 use super::tensor::TensorMeta;
-use super::{get_u32, get_u64, put_u32, put_u64};
 use super::{Error, Limits, Result};
 
 /// Response entry flag: a missing-rows report follows the tensor meta.

@@ -1,10 +1,10 @@
 //! Tensor meta: dtype, shape and length of a tensor's contents (specification 4.7).
 
-use super::{enum_with_unknown, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use super::bytes::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use super::limits::MAX_RANK;
+use super::macros::enum_with_unknown;
 use super::{Error, Limits, Result};
 
-/// Hard upper bound on tensor rank; `Limits::max_rank` may only lower it.
-pub const MAX_RANK: usize = 32;
 /// Length of the fixed part of a tensor meta; the dimensions follow.
 pub const TENSOR_META_FIXED_LEN: usize = 16;
 

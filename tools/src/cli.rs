@@ -5,6 +5,17 @@ use std::time::Duration;
 
 use argh::FromArgs;
 
+/// Default `--tensors` of serve and bench.
+pub const DEFAULT_TENSORS: u64 = 1024;
+/// Default `--tensor-size` of serve and bench, bytes.
+pub const DEFAULT_TENSOR_SIZE: u64 = 4096;
+/// Default `--table` of serve and bench: the id of the rows table.
+pub const DEFAULT_TABLE: u32 = 1;
+/// Default `--dim` of serve: f32 per row (64-byte rows).
+pub const DEFAULT_DIM: usize = 16;
+/// Default `--id-range` of bench.
+pub const DEFAULT_ID_RANGE: u64 = 100_000;
+
 /// check, reach and load starwire tasks
 #[derive(FromArgs, Debug)]
 #[argh(
@@ -417,15 +428,11 @@ pub struct ServeArgs {
     pub loops: Option<usize>,
 
     /// variables in the store, ids 0..N-1, and recv keys t/0..t/N-1 (default: 1024)
-    #[argh(option, default = "crate::serve::DEFAULT_TENSORS", arg_name = "n")]
+    #[argh(option, default = "DEFAULT_TENSORS", arg_name = "n")]
     pub tensors: u64,
 
     /// bytes of each tensor (default: 4096)
-    #[argh(
-        option,
-        default = "crate::serve::DEFAULT_TENSOR_SIZE",
-        arg_name = "bytes"
-    )]
+    #[argh(option, default = "DEFAULT_TENSOR_SIZE", arg_name = "bytes")]
     pub tensor_size: u64,
 
     /// threads that run pull and push handlers; 0 runs them on the event loops
@@ -434,11 +441,11 @@ pub struct ServeArgs {
     pub handler_threads: usize,
 
     /// the rows table's id, for pull-rows and push-rows (default: 1)
-    #[argh(option, default = "crate::serve::DEFAULT_TABLE", arg_name = "id")]
+    #[argh(option, default = "DEFAULT_TABLE", arg_name = "id")]
     pub table: u32,
 
     /// f32 per row of the rows table (default: 16, rows of 64 B)
-    #[argh(option, default = "crate::serve::DEFAULT_DIM", arg_name = "n")]
+    #[argh(option, default = "DEFAULT_DIM", arg_name = "n")]
     pub dim: usize,
 
     /// a new row of the table: zeros, missing (a pull reports it missing), or
@@ -559,7 +566,7 @@ pub struct BenchArgs {
     pub tensors: usize,
 
     /// the rows table, for pull-rows and push-rows (default: 1, commctl serve's)
-    #[argh(option, default = "crate::serve::DEFAULT_TABLE", arg_name = "id")]
+    #[argh(option, default = "DEFAULT_TABLE", arg_name = "id")]
     pub table: u32,
 
     /// f32 per row, for pull-rows and push-rows; the server bench starts gets it
@@ -572,21 +579,17 @@ pub struct BenchArgs {
     pub row_bytes: Option<u64>,
 
     /// row ids are drawn from 0..N-1 (default: 100000)
-    #[argh(option, default = "crate::bench::DEFAULT_ID_RANGE", arg_name = "n")]
+    #[argh(option, default = "DEFAULT_ID_RANGE", arg_name = "n")]
     pub id_range: u64,
 
     /// bytes of each pushed tensor, and of the store of the server bench starts
     /// (default: 4096)
-    #[argh(
-        option,
-        default = "crate::serve::DEFAULT_TENSOR_SIZE",
-        arg_name = "bytes"
-    )]
+    #[argh(option, default = "DEFAULT_TENSOR_SIZE", arg_name = "bytes")]
     pub tensor_size: u64,
 
     /// ids and keys are taken in turn from 0..N-1: at most the server's --tensors;
     /// the server bench starts gets N (default: 1024)
-    #[argh(option, default = "crate::serve::DEFAULT_TENSORS", arg_name = "n")]
+    #[argh(option, default = "DEFAULT_TENSORS", arg_name = "n")]
     pub variables: u64,
 
     /// how long to run, as 10s, 500ms or 2m (default: 5s)
@@ -688,12 +691,8 @@ impl BenchArgs {
 pub struct EndpointMapArgs {
     /// each task's data port: PORT, the same on every host, or +OFFSET, the control port
     /// plus OFFSET
-    #[argh(
-        option,
-        from_str_fn(crate::endpoint_map::parse_port_rule),
-        arg_name = "rule"
-    )]
-    pub port_rule: crate::endpoint_map::PortRule,
+    #[argh(option, from_str_fn(parse_port_rule), arg_name = "rule")]
+    pub port_rule: PortRule,
 
     /// write the map to this file, or to .endpoint_map in this folder (default: stdout)
     #[argh(option, short = 'o', arg_name = "path")]
@@ -753,6 +752,56 @@ pub fn parse_optimizer(text: &str) -> Result<OptimizerKind, String> {
         "sgd" | "SGD" => Ok(OptimizerKind::Sgd),
         "adagrad" | "Adagrad" => Ok(OptimizerKind::Adagrad),
         _ => Err(format!("{text:?}: expected sgd or adagrad")),
+    }
+}
+
+/// How a task's data port follows from its control address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortRule {
+    /// The same port on every host.
+    Fixed(u16),
+    /// The control port plus this much.
+    Offset(u16),
+}
+
+impl PortRule {
+    /// The data port of a task with this control port; `None` past 65535.
+    pub fn data_port(self, control: u16) -> Option<u16> {
+        match self {
+            PortRule::Fixed(p) => Some(p),
+            PortRule::Offset(n) => control.checked_add(n),
+        }
+    }
+}
+
+impl std::fmt::Display for PortRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortRule::Fixed(p) => write!(f, "data port {p} on every host"),
+            PortRule::Offset(n) => write!(f, "data port = control port + {n}"),
+        }
+    }
+}
+
+/// `PORT` (1 to 65535) or `+OFFSET` (1 to 65534).
+pub fn parse_port_rule(text: &str) -> Result<PortRule, String> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let bad = || {
+        format!(
+            "{text:?}: expected PORT (the same data port on every host, 1 to 65535) or \
+             +OFFSET (the control port plus OFFSET, 1 to 65534)"
+        )
+    };
+    match text.strip_prefix('+') {
+        Some(n) if digits(n) => match n.parse::<u16>() {
+            Ok(n) if (1..=65534).contains(&n) => Ok(PortRule::Offset(n)),
+            _ => Err(bad()),
+        },
+        None if digits(text) => match text.parse::<u16>() {
+            Ok(p) if p >= 1 => Ok(PortRule::Fixed(p)),
+            _ => Err(bad()),
+        },
+        _ => Err(bad()),
     }
 }
 
@@ -888,6 +937,20 @@ mod tests {
         for bad in ["0", "-1", "NaN", "inf", "x"] {
             assert!(parse_rate(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn port_rules() {
+        assert_eq!(parse_port_rule("5555"), Ok(PortRule::Fixed(5555)));
+        assert_eq!(parse_port_rule("+1000"), Ok(PortRule::Offset(1000)));
+        for bad in [
+            "", "0", "+0", "65536", "+65535", "-1", "+", "5555x", " 5555", "++1",
+        ] {
+            assert!(parse_port_rule(bad).is_err(), "{bad}");
+        }
+        assert_eq!(PortRule::Offset(1000).data_port(2222), Some(3222));
+        assert_eq!(PortRule::Offset(1000).data_port(65000), None);
+        assert_eq!(PortRule::Fixed(5555).data_port(2222), Some(5555));
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! [`Cluster::resolve`]) before it is written, so that what is written is a map every task
 //! reads the same way.
 
-use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -16,56 +15,6 @@ use starwire::cluster::{Cluster, TaskId};
 use crate::cli::EndpointMapArgs;
 use crate::exit::{self, Failure};
 use crate::target;
-
-/// How a task's data port follows from its control address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortRule {
-    /// The same port on every host.
-    Fixed(u16),
-    /// The control port plus this much.
-    Offset(u16),
-}
-
-impl PortRule {
-    /// The data port of a task with this control port; `None` past 65535.
-    pub fn data_port(self, control: u16) -> Option<u16> {
-        match self {
-            PortRule::Fixed(p) => Some(p),
-            PortRule::Offset(n) => control.checked_add(n),
-        }
-    }
-}
-
-impl fmt::Display for PortRule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PortRule::Fixed(p) => write!(f, "data port {p} on every host"),
-            PortRule::Offset(n) => write!(f, "data port = control port + {n}"),
-        }
-    }
-}
-
-/// `PORT` (1 to 65535) or `+OFFSET` (1 to 65534).
-pub fn parse_port_rule(text: &str) -> Result<PortRule, String> {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let bad = || {
-        format!(
-            "{text:?}: expected PORT (the same data port on every host, 1 to 65535) or \
-             +OFFSET (the control port plus OFFSET, 1 to 65534)"
-        )
-    };
-    match text.strip_prefix('+') {
-        Some(n) if digits(n) => match n.parse::<u16>() {
-            Ok(n) if (1..=65534).contains(&n) => Ok(PortRule::Offset(n)),
-            _ => Err(bad()),
-        },
-        None if digits(text) => match text.parse::<u16>() {
-            Ok(p) if p >= 1 => Ok(PortRule::Fixed(p)),
-            _ => Err(bad()),
-        },
-        _ => Err(bad()),
-    }
-}
 
 /// One task's entry.
 struct Row {
@@ -233,23 +182,4 @@ fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn port_rules() {
-        assert_eq!(parse_port_rule("5555"), Ok(PortRule::Fixed(5555)));
-        assert_eq!(parse_port_rule("+1000"), Ok(PortRule::Offset(1000)));
-        for bad in [
-            "", "0", "+0", "65536", "+65535", "-1", "+", "5555x", " 5555", "++1",
-        ] {
-            assert!(parse_port_rule(bad).is_err(), "{bad}");
-        }
-        assert_eq!(PortRule::Offset(1000).data_port(2222), Some(3222));
-        assert_eq!(PortRule::Offset(1000).data_port(65000), None);
-        assert_eq!(PortRule::Fixed(5555).data_port(2222), Some(5555));
-    }
 }

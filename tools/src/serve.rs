@@ -41,15 +41,11 @@ use starwire::DType;
 use starwire::Status;
 use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats, Table, Tensor};
 
-use crate::cli::{OptimizerKind, ServeArgs};
+use crate::cli::{OptimizerKind, ServeArgs, DEFAULT_DIM, DEFAULT_TABLE};
 use crate::exit::{self, Failure};
 use crate::signals;
 use crate::target;
 
-/// Default `--tensors`.
-pub const DEFAULT_TENSORS: u64 = 1024;
-/// Default `--tensor-size`, bytes.
-pub const DEFAULT_TENSOR_SIZE: u64 = 4096;
 /// Most `--tensors`.
 pub const MAX_TENSORS: u64 = 1 << 20;
 /// Largest `--tensor-size` (1 GiB); the store holds `tensors * size` bytes at most
@@ -63,10 +59,6 @@ pub const PRODUCER_BUSY: Duration = Duration::from_micros(50);
 /// [`PRODUCER_BUSY`] up to this.
 pub const PRODUCER_IDLE: Duration = Duration::from_millis(5);
 
-/// Default `--table`: the id of the rows table.
-pub const DEFAULT_TABLE: u32 = 1;
-/// Default `--dim`: f32 per row (64-byte rows).
-pub const DEFAULT_DIM: usize = 16;
 /// Largest `--dim`: rows of 1 MiB, the default `max_row_bytes`.
 pub const MAX_DIM: usize = 1 << 18;
 

@@ -8,19 +8,17 @@ import math
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, Mapping, Optional,
-                    Sequence, TypeVar, Union)
+from typing import (Any, Callable, Generic, Iterable, Mapping, Optional, Protocol, Sequence,
+                    TypeVar, Union)
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _lib
-from ._arrays import _addressof, _from_buffer, address, code_of, contiguous, received
+from ._arrays import (HookArrays, Lender, _addressof, _from_buffer, address, code_of, contiguous,
+                      received)
 from .errors import (NOT_FOUND, OK, Closed, InvalidArgument, StarwireError, check, from_code,
                      remote_status)
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 T = TypeVar("T")
 Key = Union[str, bytes]
@@ -31,6 +29,35 @@ DEFAULT_TIMEOUT = 5.0
 # The arrays of embedded clients freed by a thread other than their own: the library keeps
 # such a client (only its thread may run its loop), which may still write into them.
 _LEAKED: list[Any] = []
+
+
+class _Runtime(Protocol):
+    """What a client uses of the `Runtime` that made it (`Client.runtime`): its loops, the
+    arrays it lends and receives into, and its peers by task name. (The runtime module
+    imports this one to make clients, so this one names the runtime by what it uses.)"""
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def task_index(self) -> int: ...
+
+    @property
+    def _rt(self) -> C.c_void_p: ...
+
+    @property
+    def _hooks(self) -> Optional[HookArrays]: ...
+
+    @property
+    def _lender(self) -> Lender: ...
+
+    def _handle(self) -> C.c_void_p: ...
+
+    def _peer(self, target: str) -> bytes: ...
+
+    def peer(self, target: str) -> str: ...
+
+    def peers(self, job: str) -> list[str]: ...
 
 
 def _ms(timeout: Optional[float]) -> int:
@@ -141,7 +168,7 @@ class Client:
     deadline).
     """
 
-    def __init__(self, runtime: Runtime, capacity: int = 64, *,
+    def __init__(self, runtime: _Runtime, capacity: int = 64, *,
                  embedded: Optional[Mapping[str, str]] = None) -> None:
         self.runtime = runtime
         self._c = C.c_void_p()

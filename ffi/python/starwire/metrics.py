@@ -13,21 +13,13 @@ from __future__ import annotations
 import ctypes as C
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from . import _lib
+from .client import Client, _ms
 from .errors import check, from_code
 
-if TYPE_CHECKING:
-    from .client import Client
-    from .runtime import Runtime
-
 _R = _lib.R
-_runtime_metrics_json = _lib._sig("sw_runtime_metrics_json", _R, _lib.p,
-                                  C.POINTER(C.c_void_p))
-_runtime_trace_json = _lib._sig("sw_runtime_trace_json", _R, _lib.p,
-                                C.POINTER(C.c_void_p))
-_string_free = _lib._sig("sw_string_free", None, _lib.p)
 _client_stats = _lib._sig("sw_client_stats", _R, _lib.p, C.c_char_p, C.c_uint64, _lib.u64p)
 
 #: The outcomes a request can end with.
@@ -134,38 +126,10 @@ class Metrics:
         return next((p for p in self.peers if p.role == "server" and p.task == task), None)
 
 
-def metrics_json(runtime: "Runtime") -> str:
-    """`runtime`'s metrics as its JSON document."""
-    out = C.c_void_p()
-    check(_runtime_metrics_json(runtime._handle(), C.byref(out)))
-    try:
-        return C.string_at(out).decode()
-    finally:
-        _string_free(out)
-
-
-def trace_json(runtime: "Runtime") -> str:
-    """`runtime`'s request trace as a Chrome trace / Perfetto JSON document (`Runtime.trace_json`);
-    the trace is emptied."""
-    out = C.c_void_p()
-    check(_runtime_trace_json(runtime._handle(), C.byref(out)))
-    try:
-        return C.string_at(out).decode()
-    finally:
-        _string_free(out)
-
-
-def runtime_metrics(runtime: "Runtime") -> Metrics:
-    """`runtime`'s per-peer, per-operation metrics (`Runtime.metrics`)."""
-    return Metrics.from_json(metrics_json(runtime))
-
-
-def remote_stats(client: "Client", peer: str, timeout: Optional[float] = 5.0) -> Metrics:
+def remote_stats(client: Client, peer: str, timeout: Optional[float] = 5.0) -> Metrics:
     """`peer`'s metrics, asked with a stats request through `client` (``peer`` is
     ``host:port`` or a task name the runtime resolves). A peer with the stats endpoint off
     raises `RemoteError` with status ``UNIMPLEMENTED``."""
-    from .client import _ms
-
     tag = C.c_uint64()
     check(_client_stats(client._handle(), client.runtime._peer(peer), _ms(timeout),
                         C.byref(tag)))

@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import weakref
-from typing import (TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence, Union,
+from typing import (Any, Callable, Mapping, Optional, Protocol, Sequence, Union,
                     runtime_checkable)
 
 import numpy as np
@@ -15,13 +15,17 @@ import numpy.typing as npt
 
 from . import _lib
 from ._arrays import HookArrays, Lender, code_of, view
+from .client import _LEAKED, Client
 from .errors import INTERNAL, NOT_FOUND, Closed, InvalidArgument, check
-
-if TYPE_CHECKING:
-    from .client import Client
-    from .metrics import Metrics
+from .metrics import Metrics
 
 log = logging.getLogger("starwire")
+
+_runtime_metrics_json = _lib._sig("sw_runtime_metrics_json", _lib.R, _lib.p,
+                                  C.POINTER(C.c_void_p))
+_runtime_trace_json = _lib._sig("sw_runtime_trace_json", _lib.R, _lib.p,
+                                C.POINTER(C.c_void_p))
+_string_free = _lib._sig("sw_string_free", None, _lib.p)
 
 Setting = Union[str, int, float, bool]
 
@@ -363,21 +367,17 @@ class Runtime:
         check(_lib.runtime_stats(self._handle(), C.byref(s)))
         return s
 
-    def metrics(self) -> "Metrics":
+    def metrics(self) -> Metrics:
         """Per-peer, per-operation metrics of the loops (`starwire.metrics.Metrics`):
         requests by outcome, bytes, tensors and rows, latency percentiles."""
-        from .metrics import runtime_metrics
-
-        return runtime_metrics(self)
+        return Metrics.from_json(_taken_string(_runtime_metrics_json, self._handle()))
 
     def trace_json(self) -> str:
         """The request trace (with ``trace=True`` or ``STARWIRE_TRACE=1``): a Chrome trace /
         Perfetto JSON document with, per request, when it was submitted, sent, answered and
         completed, on a track per peer. Takes the records: the next call holds only what
         came after. Without tracing the document holds no requests."""
-        from .metrics import trace_json
-
-        return trace_json(self)
+        return _taken_string(_runtime_trace_json, self._handle())
 
     def write_trace(self, path: str) -> None:
         """Writes `trace_json` to `path` (open it in Perfetto or chrome://tracing)."""
@@ -455,7 +455,6 @@ class Runtime:
     def client(self, capacity: int = 64) -> Client:
         """A client for the calling thread, with room for `capacity` requests in flight
         (rounded up to a power of two, at least 2; more raise `Backpressure`)."""
-        from .client import Client
         c = Client(self, capacity)
         with self._lock:
             self._clients.add(c)
@@ -480,7 +479,6 @@ class Runtime:
         twice the client's recent average wait when longer (up to 250 µs), before it
         sleeps in the kernel. It uses the runtime's allocator; it has no limit on
         requests in flight. See docs/tuning.md, "Embedded clients"."""
-        from .client import Client
         given = {**(settings or {}), **more_settings}
         c = Client(self, embedded={k: _setting_text(v) for k, v in given.items()})
         with self._lock:
@@ -502,7 +500,6 @@ class Runtime:
         if kept:
             # An embedded client left running (another thread's) may still send from the
             # arrays lent to it, and call the allocator hooks: they stay for good.
-            from .client import _LEAKED
             _LEAKED.append((self._lender, self._hooks, self._allocator_cb))
         else:
             self._lender.close()
@@ -519,6 +516,17 @@ class Runtime:
     def __del__(self) -> None:
         if getattr(self, "_rt", None):
             self.close()
+
+
+def _taken_string(get: Callable[..., int], rt: C.c_void_p) -> str:
+    """The string the C ABI function `get` gives for runtime `rt` (a JSON document), freed
+    after it is read."""
+    out = C.c_void_p()
+    check(get(rt, C.byref(out)))
+    try:
+        return C.string_at(out).decode()
+    finally:
+        _string_free(out)
 
 
 def _borrowed(handle: int) -> npt.NDArray[Any]:

@@ -317,7 +317,7 @@ fn accessors_return_the_built_values() {
 #[test]
 fn table_names_agree_with_the_rest_of_the_crate() {
     assert_eq!(ENV_BACKEND, crate::sys::BACKEND_ENV);
-    assert_eq!(ENV_URING_FLAGS, crate::sys::URING_FLAGS_ENV);
+    assert_eq!(ENV_URING_FLAGS, crate::sys::uring::URING_FLAGS_ENV);
     // Options leave both to the config unless set.
     assert_eq!(crate::Options::default().zero_copy_min, None);
     assert_eq!(crate::Options::default().handler_threads, None);

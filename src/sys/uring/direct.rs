@@ -5,20 +5,8 @@
 use io_uring::{opcode, types};
 use nix::libc;
 
-use super::driver::UringDriver;
+use super::driver::{UringDriver, CLOSE_AFTER, SHUTDOWN_ONLY, USER_DATA_IGNORED};
 use crate::sys::ops::ACCEPT_DIRECT;
-
-/// `user_data` of the driver's operations whose completions are ignored (operation byte 0:
-/// `decode` knows none).
-pub(super) const USER_DATA_IGNORED: u64 = 0;
-
-/// The low byte of the `user_data` of a direct socket's shutdown whose completion queues
-/// its close; the file table index is above it.
-pub(super) const CLOSE_AFTER: u64 = 7;
-
-/// The low byte of the `user_data` of a direct socket's shutdown made while it stays open
-/// (see [`UringDriver::shutdown_direct`]); the file table index is above it.
-pub(super) const SHUTDOWN_ONLY: u64 = 8;
 
 impl UringDriver {
     /// Closes the direct socket at `index` of the file table, which no slot names any

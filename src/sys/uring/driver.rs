@@ -47,13 +47,12 @@ use std::time::Duration;
 use io_uring::{cqueue, opcode, squeue, types};
 use nix::libc;
 
-use super::direct::{CLOSE_AFTER, SHUTDOWN_ONLY};
+use super::USER_DATA_RESERVED_MIN;
 use super::{
     on_socket, BufRing, FixedFiles, Ring, SetupFlags, BUF_GROUP, DIRECT_TABLE, FILE_TABLE,
 };
-use super::{USER_DATA_DOORBELL, USER_DATA_RESERVED_MIN};
 use crate::sys::doorbell::Doorbell;
-use crate::sys::ops::{decode, user_data, IoCompletion, Op, ACCEPT_DIRECT};
+use crate::sys::ops::{decode, user_data, IoCompletion, Op, ACCEPT_DIRECT, USER_DATA_DOORBELL};
 
 /// Most stash entries a slot has room for from the start (12 bytes each: 3 KiB per
 /// connection), whatever the ring's size.
@@ -61,6 +60,18 @@ const STASH_ROOM_MAX: usize = 256;
 
 /// The operation kind of a multishot receive in `user_data` (next to [`Op`]'s).
 const MULTI_RECV: u64 = 5;
+
+/// `user_data` of the driver's operations whose completions are ignored (operation byte 0:
+/// `decode` knows none).
+pub(super) const USER_DATA_IGNORED: u64 = 0;
+
+/// The low byte of the `user_data` of a direct socket's shutdown whose completion queues
+/// its close; the file table index is above it.
+pub(super) const CLOSE_AFTER: u64 = 7;
+
+/// The low byte of the `user_data` of a direct socket's shutdown made while it stays open
+/// (see [`UringDriver::shutdown_direct`]); the file table index is above it.
+pub(super) const SHUTDOWN_ONLY: u64 = 8;
 
 /// Ring buffers a slot may hold unread before its multishot receive is cancelled, at
 /// least: a quarter of the ring when that is more (a bundle can bring a burst of many

@@ -1,0 +1,267 @@
+//! What bench sends and what the answers moved: the operations, the next request's ids,
+//! keys and rows, and the tally of each answer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use starwire::rows::Rows;
+use starwire::{DType, Status};
+use starwire::{Error, ErrorKind, Handle, Reply, Tensor};
+
+use crate::cli::BenchArgs;
+use crate::exit::Failure;
+use crate::serve::recv_key;
+
+/// The operations bench can drive.
+pub(super) const OPERATIONS: &[&str] = &[
+    "ping",
+    "pull",
+    "push",
+    "recv",
+    "fused-recv",
+    "pull-rows",
+    "push-rows",
+];
+
+/// An operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Ping,
+    Pull,
+    Push,
+    Recv,
+    FusedRecv,
+    PullRows,
+    PushRows,
+}
+
+/// The `k`-th row id of a run over `0..range`: splitmix64 of `k`, reduced. The same
+/// sequence every run; spread over the range, so ids repeat only by chance.
+pub fn row_id(k: u64, range: u64) -> u64 {
+    let mut z = k.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % range.max(1)
+}
+
+impl Op {
+    pub(super) fn parse(text: &str) -> Option<Op> {
+        Some(match text {
+            "ping" => Op::Ping,
+            "pull" => Op::Pull,
+            "push" => Op::Push,
+            "recv" => Op::Recv,
+            "fused-recv" | "fused_recv" => Op::FusedRecv,
+            "pull-rows" | "pull_rows" => Op::PullRows,
+            "push-rows" | "push_rows" => Op::PushRows,
+            _ => return None,
+        })
+    }
+
+    /// Whether it moves rows of a table.
+    pub(super) fn rows(self) -> bool {
+        matches!(self, Op::PullRows | Op::PushRows)
+    }
+
+    /// Tensors in each request.
+    pub(super) fn per_request(self, args: &BenchArgs) -> usize {
+        match self {
+            Op::Ping => 0,
+            Op::Recv => 1,
+            _ => args.tensors,
+        }
+    }
+}
+
+/// What bench sends: the next request's ids or keys, and the tensor it pushes.
+pub(super) struct Load {
+    op: Op,
+    addr: SocketAddr,
+    ping_size: u32,
+    per_request: usize,
+    variables: u64,
+    next: u64,
+    push: Option<Arc<Tensor>>,
+    /// Rows requests: the table, the shape of a row, the id range and the ids drawn so far.
+    table: u32,
+    row_dims: [u64; 1],
+    id_range: u64,
+    drawn: u64,
+    /// The next rows request's ids, and a push's gradient rows (the same every request,
+    /// sent from this tensor's memory by every request in flight).
+    row_ids: Vec<u64>,
+    grads: Arc<Tensor>,
+}
+
+/// What one answer moved: tensors or rows, their bytes, the rows the server did not have,
+/// and the first failure in it.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    pub items: u64,
+    pub bytes: u64,
+    pub missing: u64,
+    pub failure: Option<Error>,
+}
+
+impl Load {
+    pub(super) fn new(
+        op: Op,
+        addr: SocketAddr,
+        args: &BenchArgs,
+        dim: usize,
+    ) -> Result<Load, Failure> {
+        let push = match op {
+            Op::Push => {
+                let size = args.tensor_size;
+                let t = Tensor::from_bytes(DType::U8, &[size], vec![1u8; size as usize])
+                    .map_err(|e| Failure::usage(format!("--tensor-size {size}: {e}")))?;
+                Some(Arc::new(t))
+            }
+            _ => None,
+        };
+        let per_request = op.per_request(args);
+        // Small gradients, so that rows stay small however long the run.
+        let grads: Vec<u8> = match op {
+            Op::PushRows => (0..per_request * dim)
+                .flat_map(|i| (1e-3 * ((i % 7) as f32 - 3.0)).to_le_bytes())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let grads = Arc::new(
+            Tensor::from_bytes(DType::U8, &[grads.len() as u64], grads)
+                .map_err(|e| Failure::usage(format!("gradients: {e}")))?,
+        );
+        Ok(Load {
+            op,
+            addr,
+            ping_size: args.size,
+            per_request,
+            variables: args.variables,
+            next: 0,
+            push,
+            table: args.table,
+            row_dims: [dim as u64],
+            id_range: args.id_range,
+            drawn: 0,
+            row_ids: Vec::with_capacity(if op.rows() { per_request } else { 0 }),
+            grads,
+        })
+    }
+
+    /// Bytes of one row.
+    fn row_bytes(&self) -> u64 {
+        self.row_dims[0] * 4
+    }
+
+    /// Draws the next rows request's ids into `row_ids`.
+    fn draw_rows(&mut self) {
+        self.row_ids.clear();
+        for _ in 0..self.per_request {
+            self.row_ids.push(row_id(self.drawn, self.id_range));
+            self.drawn += 1;
+        }
+    }
+
+    /// The ids of the next request.
+    fn ids(&mut self) -> Vec<u64> {
+        let ids = (0..self.per_request as u64)
+            .map(|j| (self.next + j) % self.variables)
+            .collect();
+        self.next = (self.next + self.per_request as u64) % self.variables;
+        ids
+    }
+
+    /// Submits the next request.
+    pub(super) fn submit(&mut self, h: &mut Handle, deadline: Instant) -> Result<u64, Error> {
+        let deadline = Some(deadline);
+        match self.op {
+            Op::Ping => h.ping(self.addr, self.ping_size, deadline).map(|t| t.tag()),
+            Op::Pull => {
+                let ids = self.ids();
+                h.pull(self.addr, ids, deadline).map(|t| t.tag())
+            }
+            Op::Push => {
+                let t = self
+                    .push
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(Tensor::dead(DType::U8)));
+                let items = self.ids().into_iter().map(|i| (i, t.clone())).collect();
+                h.push(self.addr, items, deadline).map(|t| t.tag())
+            }
+            Op::Recv => {
+                let key = recv_key(self.ids()[0]);
+                h.recv(self.addr, 0, &key, deadline).map(|t| t.tag())
+            }
+            Op::FusedRecv => {
+                let keys = self.ids().into_iter().map(recv_key).collect();
+                h.recv_many(self.addr, 0, keys, deadline).map(|t| t.tag())
+            }
+            Op::PullRows => {
+                self.draw_rows();
+                let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
+                h.pull_rows(self.addr, &[rows], deadline).map(|t| t.tag())
+            }
+            Op::PushRows => {
+                self.draw_rows();
+                let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
+                h.push_rows_shared(self.addr, &[(rows, self.grads.clone())], deadline)
+                    .map(|t| t.tag())
+            }
+        }
+    }
+
+    /// What an answer moved.
+    pub(super) fn tally(&self, reply: &Reply) -> Tally {
+        let mut t = Tally::default();
+        let remote = |s: Status| Some(Error::new(ErrorKind::Remote(s)));
+        match (self.op, reply) {
+            (Op::Ping, Reply::Pong { payload, .. }) => t.bytes = u64::from(*payload),
+            (Op::Pull, Reply::Pulled(items))
+            | (Op::Recv | Op::FusedRecv, Reply::Received(items)) => {
+                for item in items {
+                    match item {
+                        Ok(tensor) => {
+                            t.items += 1;
+                            t.bytes += tensor.byte_len() as u64;
+                        }
+                        Err(s) => t.failure = t.failure.or(remote(*s)),
+                    }
+                }
+            }
+            (Op::Push, Reply::Pushed(statuses)) => {
+                let size = self.push.as_ref().map_or(0, |t| t.byte_len() as u64);
+                for &s in statuses {
+                    if s == Status::Ok {
+                        t.items += 1;
+                        t.bytes += size;
+                    } else {
+                        t.failure = t.failure.or(remote(s));
+                    }
+                }
+            }
+            (Op::PullRows, Reply::Rows(rows)) => match rows.block(0) {
+                Ok(block) if rows.len() == 1 => {
+                    t.items = self.per_request as u64;
+                    t.bytes = block.byte_len() as u64;
+                    t.missing = rows.missing(0).len() as u64;
+                }
+                Ok(_) => t.failure = Some(Error::new(ErrorKind::Protocol)),
+                Err(s) => t.failure = remote(s),
+            },
+            (Op::PushRows, Reply::Pushed(statuses)) => match statuses[..] {
+                [Status::Ok] => {
+                    t.items = self.per_request as u64;
+                    t.bytes = self.per_request as u64 * self.row_bytes();
+                }
+                [s] => t.failure = remote(s),
+                _ => t.failure = Some(Error::new(ErrorKind::Protocol)),
+            },
+            (_, other) => {
+                log::warn!("unexpected reply: {other:?}");
+                t.failure = Some(Error::new(ErrorKind::Protocol));
+            }
+        }
+        t
+    }
+}
