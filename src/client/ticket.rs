@@ -3,9 +3,8 @@
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use super::{sealed, Client, Mode};
-use crate::error::Error;
-use crate::session::Completion;
+use crate::error::{Error, ErrorKind};
+use crate::session::{Completion, Reply};
 use crate::tensor::Tensor;
 use crate::wire::Status;
 
@@ -85,7 +84,7 @@ impl Kind for Recv {
     }
 }
 
-/// A queued request of kind `K`: give it to [`Client::wait`] for the typed result. Its
+/// A queued request of kind `K`: give it to [`Client::wait`](super::Client::wait) for the typed result. Its
 /// [`tag`](Self::tag) is also carried by the request's [`Completion`].
 #[must_use = "a request's result is only had by waiting on its ticket (or its tag)"]
 pub struct Ticket<K> {
@@ -100,16 +99,104 @@ impl<K> Ticket<K> {
     }
 }
 
-impl<K: Kind> Ticket<K> {
-    /// [`client.wait(ticket)`](Client::wait), for a request and its wait in one line:
-    /// `let pulled = h.pull(peer, ids, None)?.wait(&mut h)?;`.
-    pub fn wait<M: Mode>(self, client: &mut Client<M>) -> Result<K::Output, Error> {
-        client.wait(self)
-    }
-}
-
 impl<K> std::fmt::Debug for Ticket<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Ticket({})", self.tag)
+    }
+}
+
+mod sealed {
+    /// Marks the request kinds a [`Ticket`](super::Ticket) can name.
+    pub trait Sealed {}
+}
+
+/// A copy of a completion's error for the lending accessors: an error that names its peer
+/// and carries the remote message is not `Copy` (its message is shared, not copied).
+fn owned(e: &Error) -> Error {
+    e.clone()
+}
+
+/// Typed results of a finished request, for completions taken with
+/// [`Client::wait_any`](super::Client::wait_any), [`Client::poll`](super::Client::poll), [`Client::wait_tag`](super::Client::wait_tag) or given to a
+/// [`Callback`](crate::Callback). Each fails with the request's error, or with
+/// [`ErrorKind::OtherKind`] when the completion is of another kind of request.
+impl Completion {
+    /// A pull's tensors: per id, in order, the tensor or why there is none.
+    pub fn into_pulled(self) -> Result<Vec<Result<Tensor, Status>>, Error> {
+        match self.result? {
+            Reply::Pulled(items) => Ok(items),
+            _ => Err(Error::new(ErrorKind::OtherKind)),
+        }
+    }
+
+    /// A recv's tensors: per key, in order, the tensor (possibly dead) or why there is
+    /// none.
+    pub fn into_received(self) -> Result<Vec<Result<Tensor, Status>>, Error> {
+        match self.result? {
+            Reply::Received(items) => Ok(items),
+            _ => Err(Error::new(ErrorKind::OtherKind)),
+        }
+    }
+
+    /// A rows pull's blocks: per table, in order.
+    pub fn into_rows(self) -> Result<crate::session::PulledRows, Error> {
+        match self.result? {
+            Reply::Rows(rows) => Ok(rows),
+            _ => Err(Error::new(ErrorKind::OtherKind)),
+        }
+    }
+
+    /// A rows pull's blocks, lent, as [`pulled`](Self::pulled).
+    pub fn rows(&self) -> Result<&crate::session::PulledRows, Error> {
+        match &self.result {
+            Ok(Reply::Rows(rows)) => Ok(rows),
+            Ok(_) => Err(Error::new(ErrorKind::OtherKind)),
+            Err(e) => Err(owned(e)),
+        }
+    }
+
+    /// A push's statuses: per item, in order, how the service took it.
+    pub fn into_pushed(self) -> Result<Vec<Status>, Error> {
+        match self.result? {
+            Reply::Pushed(statuses) => Ok(statuses),
+            _ => Err(Error::new(ErrorKind::OtherKind)),
+        }
+    }
+
+    /// A ping's round-trip time, measured by the loop from the request being queued on
+    /// the connection to the pong being decoded.
+    pub fn into_pong(self) -> Result<Duration, Error> {
+        match self.result? {
+            Reply::Pong { rtt, .. } => Ok(rtt),
+            _ => Err(Error::new(ErrorKind::OtherKind)),
+        }
+    }
+
+    /// A pull's tensors, lent: the completion can then go back through
+    /// [`Client::recycle`](super::Client::recycle), so that a steady stream of pulls allocates nothing.
+    pub fn pulled(&self) -> Result<&[Result<Tensor, Status>], Error> {
+        match &self.result {
+            Ok(Reply::Pulled(items)) => Ok(items),
+            Ok(_) => Err(Error::new(ErrorKind::OtherKind)),
+            Err(e) => Err(owned(e)),
+        }
+    }
+
+    /// A recv's tensors, lent, as [`pulled`](Self::pulled).
+    pub fn received(&self) -> Result<&[Result<Tensor, Status>], Error> {
+        match &self.result {
+            Ok(Reply::Received(items)) => Ok(items),
+            Ok(_) => Err(Error::new(ErrorKind::OtherKind)),
+            Err(e) => Err(owned(e)),
+        }
+    }
+
+    /// A push's statuses, lent, as [`pulled`](Self::pulled).
+    pub fn pushed(&self) -> Result<&[Status], Error> {
+        match &self.result {
+            Ok(Reply::Pushed(statuses)) => Ok(statuses),
+            Ok(_) => Err(Error::new(ErrorKind::OtherKind)),
+            Err(e) => Err(owned(e)),
+        }
     }
 }
