@@ -191,49 +191,51 @@ impl Rendezvous {
         }
     }
 
-    /// Removes the waiters of a connection that closed.
-    pub(crate) fn forget(&self, loop_index: usize, conn: u32, generation: u32) {
-        self.remove_waiters(|w| {
-            w.loop_index == loop_index && w.conn == conn && w.generation == generation
-        });
-    }
-
-    /// Removes the waiters of request `handle` of a connection (only its item `index`, when
-    /// given): the requester cancelled it, or its deadline passed. Returns how many there
-    /// were.
-    pub(crate) fn forget_request(
+    /// Removes the waiters of request `handle` of a connection (`waiter`: loop, slot and
+    /// generation) for `key`, its item `index` (every item of it waiting for `key`, when
+    /// `None`): the requester cancelled it, its deadline passed, or its connection closed.
+    /// Looks at that key's entry only. Returns how many there were.
+    pub(crate) fn forget(
         &self,
         waiter: (usize, u32, u32),
         handle: u64,
+        key: &[u8],
         index: Option<u32>,
     ) -> usize {
         let (loop_index, conn, generation) = waiter;
-        self.remove_waiters(|w| {
-            w.loop_index == loop_index
+        let mut shard = lock(self.shard(key));
+        let Some(Entry::Waiting(waiters)) = shard.get_mut(key) else {
+            return 0;
+        };
+        let before = waiters.len();
+        waiters.retain(|w| {
+            !(w.loop_index == loop_index
                 && w.conn == conn
                 && w.generation == generation
                 && w.handle == handle
-                && index.map_or(true, |i| w.index == i)
-        })
-    }
-
-    /// Removes every waiter `hit` picks; returns how many.
-    fn remove_waiters(&self, mut hit: impl FnMut(&Waiter) -> bool) -> usize {
-        let mut removed = 0;
-        for shard in &self.shards {
-            lock(shard).retain(|_, entry| {
-                if let Entry::Waiting(waiters) = entry {
-                    waiters.retain(|w| {
-                        let gone = hit(w);
-                        removed += usize::from(gone);
-                        !gone
-                    });
-                    return !waiters.is_empty();
-                }
-                true
-            });
+                && index.map_or(true, |i| w.index == i))
+        });
+        let removed = before - waiters.len();
+        if waiters.is_empty() {
+            shard.remove(key);
         }
         removed
+    }
+
+    /// Waiters left for keys, over all shards (for tests and diagnostics).
+    pub fn waiting_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                lock(s)
+                    .values()
+                    .map(|e| match e {
+                        Entry::Waiting(w) => w.len(),
+                        Entry::Ready(_) => 0,
+                    })
+                    .sum::<usize>()
+            })
+            .sum()
     }
 
     /// Puts back a tensor whose receiver went away, so the next recv of `key` gets it.

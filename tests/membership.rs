@@ -210,7 +210,8 @@ fn a_moved_tasks_old_connection_finishes_its_requests_then_closes() {
             g = gate.cv.wait(g).unwrap();
         }
     }
-    let lost_before = old.stats().connections_lost;
+    let ended = |rt: &Runtime| rt.stats().connections_lost + rt.stats().connections_closed;
+    let ended_before = ended(&old);
     let change = worker.update_cluster(&before, &resolver(&[d])).unwrap();
     assert_eq!(change.moved.len(), 1, "{change}");
     // New requests to the old address are refused at once...
@@ -226,10 +227,10 @@ fn a_moved_tasks_old_connection_finishes_its_requests_then_closes() {
     assert!(rows.row(0, 2).unwrap().iter().all(|&b| b == 3));
     // Then the drained connection is closed: the old PS sees it go.
     let until = Instant::now() + Duration::from_secs(30);
-    while old.stats().connections_lost == lost_before && Instant::now() < until {
+    while ended(&old) == ended_before && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(old.stats().connections_lost, lost_before + 1);
+    assert_eq!(ended(&old), ended_before + 1);
     // The task at its new address answers.
     let p = h.ping(d, 8, secs(30)).unwrap();
     assert!(h.wait(p).is_ok());

@@ -93,6 +93,8 @@ fn fused(n: usize, sizes: &[usize]) {
     for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
         rv.publish(k, Arc::new(tensor(i))).unwrap();
     }
+    // The connection is open (its handshake is done) before the frames are counted.
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
     let frames_before = client.stats().frames_out;
     let tag = h.recv_many(addr, 7, keys.clone(), secs(60)).unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -135,13 +137,14 @@ fn ready_tensors_are_sent_without_waiting_for_slow_ones() {
     let mut h = client.handle(4);
     rv.publish(b"fast", Arc::new(Tensor::from_f32(&[1], &[1.0]).unwrap()))
         .unwrap();
+    // The connection is open (its handshake is done) before the frames are counted.
+    assert!(ping_once(&client, addr, secs(10)).is_ok());
     let in0 = client.stats().frames_in;
     let tag = h
         .recv_many(addr, 3, vec![b"fast".to_vec(), b"slow".to_vec()], secs(10))
         .unwrap();
     // The ready tensor's answer arrives while the slow one is not published.
     let start = Instant::now();
-    // (the handshake is not counted in frames_in)
     while client.stats().frames_in < in0 + 1 {
         assert!(
             start.elapsed() < Duration::from_secs(30),
@@ -207,6 +210,10 @@ fn fused_frames(fuse: bool) -> u64 {
     let mut client =
         starwire::Embedded::new(config("worker", 1).tensor_fuse(fuse).build().unwrap(), None)
             .unwrap();
+    // The connection is open (its handshake is done) before the frames are counted.
+    let t = client.ping(addr, 0, secs(10)).unwrap();
+    client.wait(t).unwrap();
+    let before = client.stats().frames_out;
     // 50 separate recvs, issued together: they reach the loop in one drain pass.
     let tickets: Vec<_> = (0..50)
         .map(|i| {
@@ -220,7 +227,7 @@ fn fused_frames(fuse: bool) -> u64 {
         assert_eq!(v.len(), 1, "each recv gets its own entry");
         assert_eq!(v[0].as_ref().unwrap().bytes(), (i as u32).to_le_bytes());
     }
-    client.stats().frames_out
+    client.stats().frames_out - before
 }
 
 #[test]
@@ -268,6 +275,10 @@ fn fused_recvs_keep_their_own_deadlines() {
     let mut client =
         starwire::Embedded::new(config("worker", 1).tensor_fuse(true).build().unwrap(), None)
             .unwrap();
+    // The connection is open (its handshake is done) before the frames are counted.
+    let t = client.ping(addr, 0, secs(10)).unwrap();
+    client.wait(t).unwrap();
+    let before = client.stats().frames_out;
     let short = Some(Instant::now() + Duration::from_millis(100));
     let a = client
         .recv_many(addr, 2, vec![b"late".to_vec()], short)
@@ -307,7 +318,13 @@ fn fused_recvs_keep_their_own_deadlines() {
         matches!(rb, Ok(Reply::Received(v)) if v[0].is_ok()),
         "{rb:?}"
     );
-    assert_eq!(client.stats().frames_out, 1, "the two recvs were fused");
+    // The two recvs went out as one frame, and the first one's item was cancelled alone
+    // when its deadline passed (a CANCEL).
+    assert_eq!(
+        client.stats().frames_out - before,
+        2,
+        "the two recvs were fused"
+    );
 }
 
 /// A `RECV` or `FUSED_RECV` frame of `keys` (docs/wire-format.md 4.2) with `timeout_ms`.

@@ -94,6 +94,7 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_ZERO_COPY_MIN,
         starwire::config::ENV_HANDLER_THREADS,
         starwire::config::ENV_MAX_SERVED,
+        starwire::config::ENV_ANSWER_BACKLOG,
         starwire::config::ENV_CLOSE_LINGER_MS,
         starwire::config::ENV_URING_FLAGS,
         starwire::config::ENV_URING_FIXED_FILES,
@@ -121,5 +122,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 45, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 46, "{table}");
 }

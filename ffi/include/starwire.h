@@ -438,7 +438,7 @@ typedef struct sw_stats {
    */
   uint64_t connections_opened;
   /*
-   Connections lost.
+   Connections lost or closed for an error.
    */
   uint64_t connections_lost;
   /*
@@ -449,6 +449,10 @@ typedef struct sw_stats {
    Tensor payload bytes copied out of receive buffers.
    */
   uint64_t payload_copied;
+  /*
+   Connections their peer closed cleanly (between frames, nothing in flight).
+   */
+  uint64_t connections_closed;
 } sw_stats;
 
 /*

@@ -259,12 +259,14 @@ pub struct sw_stats {
     pub connections_accepted: u64,
     /// Connections opened to peers.
     pub connections_opened: u64,
-    /// Connections lost.
+    /// Connections lost or closed for an error.
     pub connections_lost: u64,
     /// Tensor payload bytes received straight into tensor memory.
     pub payload_direct: u64,
     /// Tensor payload bytes copied out of receive buffers.
     pub payload_copied: u64,
+    /// Connections their peer closed cleanly (between frames, nothing in flight).
+    pub connections_closed: u64,
 }
 
 /// Writes a snapshot of the runtime's counters to `*out`.
@@ -295,6 +297,7 @@ impl sw_stats {
             connections_lost: s.connections_lost,
             payload_direct: s.payload_direct,
             payload_copied: s.payload_copied,
+            connections_closed: s.connections_closed,
         }
     }
 }

@@ -436,6 +436,23 @@ settings! {
         setter: into,
     }
 
+    /// Bytes of answers a connection this task accepted may have queued and not written
+    /// (its peer not reading them) before the task stops reading that connection: the peer
+    /// is then held back by TCP flow control, not by the task's memory. Reading resumes
+    /// once the queue drains below it. Answers larger than a frame (rows blocks, stats
+    /// documents) are also charged to the connection's part of the receive budget before
+    /// they are produced.
+    answer_backlog: u64 [] {
+        env: [ENV_ANSWER_BACKLOG = "STARWIRE_ANSWER_BACKLOG"],
+        default: [DEFAULT_ANSWER_BACKLOG = 16 << 20],
+        kind: Num::new(MIN_ANSWER_BACKLOG, u64::MAX, "bytes"),
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::answer_backlog`].
+            pub const MIN_ANSWER_BACKLOG: u64 = 64 << 10;
+        }
+    }
+
     /// Most accepted connections open at once, over all loops; more are closed as soon as
     /// they are accepted. Connections the task opens are not counted.
     max_connections: usize [] {

@@ -513,12 +513,7 @@ impl Loop {
                     return self.maybe_finish(slot);
                 }
                 match result {
-                    Ok(0) => {
-                        log::debug!("connection {slot}: peer closed the connection");
-                        return self
-                            .session
-                            .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
-                    }
+                    Ok(0) => return self.session.peer_closed(slot),
                     Err(e) => {
                         log::debug!("connection {slot}: {e}");
                         return self
@@ -546,7 +541,9 @@ impl Loop {
                     }
                 };
                 add(&self.shared.counters.bytes_out, n as u64);
-                self.session.sent(slot, n as usize);
+                self.session.sent(slot, n as usize, now);
+                // Reading may resume: its answers drained.
+                self.arm_recv(slot);
             }
             Op::Accept => {}
         }

@@ -2,7 +2,7 @@
 //! decoder and encoder. Requests and answers after the handshake are handed to the caller.
 
 use super::{Decoder, EncodeError, Encoder, EncoderConfig, Error, Event, NextRead};
-use crate::wire::{Body, FrameKind, HelloRepr, Limits, Side, Status};
+use crate::wire::{Body, FrameKind, HelloRepr, Limits, Side, Status, HEADER_LEN};
 use arrayvec::ArrayVec;
 use core::fmt;
 use std::borrow::Cow;
@@ -102,6 +102,16 @@ pub enum ConnEvent<'a> {
     FrameEnd(crate::wire::HeaderRepr),
 }
 
+/// What the connection's owner wants after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Go on decoding.
+    Continue,
+    /// Finish the frame being decoded, then stop: the bytes after it stay buffered until
+    /// the next [`Connection::process`].
+    Pause,
+}
+
 /// One connection's protocol state.
 #[derive(Debug)]
 pub struct Connection {
@@ -114,6 +124,9 @@ pub struct Connection {
     /// Payload of the ping being received, echoed when it is complete.
     ping: Vec<u8>,
     ping_handle: Option<u64>,
+    /// `PING`s answered so far, and their bytes (header and payload).
+    pings: u64,
+    ping_bytes: u64,
 }
 
 impl Connection {
@@ -142,6 +155,8 @@ impl Connection {
             closed: None,
             ping: Vec::new(),
             ping_handle: None,
+            pings: 0,
+            ping_bytes: 0,
         };
         if side == Side::Client {
             let hello = conn.hello(false);
@@ -164,6 +179,11 @@ impl Connection {
                 self.identity.token.clone().unwrap_or_default()
             },
         }
+    }
+
+    /// `PING`s answered so far (each with its `PONG`), and the bytes of those frames.
+    pub fn pings(&self) -> (u64, u64) {
+        (self.pings, self.ping_bytes)
     }
 
     /// Whether the handshake completed and the connection is usable.
@@ -222,9 +242,13 @@ impl Connection {
     /// payload, their end) is passed to `on_event` together with the encoder, so answers
     /// can be queued at once. Returns whether anything was decoded. When the connection
     /// closes, [`close_reason`](Self::close_reason) says why.
-    pub fn process(&mut self, mut on_event: impl FnMut(ConnEvent<'_>, &mut Encoder)) -> bool {
+    pub fn process(&mut self, mut on_event: impl FnMut(ConnEvent<'_>, &mut Encoder) -> Flow) -> bool {
         let mut progress = false;
+        let mut pause = false;
         while self.state != State::Closed {
+            if pause && self.decoder.at_frame_start() {
+                break;
+            }
             let ev = match self.decoder.poll() {
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,
@@ -247,7 +271,7 @@ impl Connection {
                     (FrameKind::Hello | FrameKind::HelloAck, Body::Hello(h) | Body::HelloAck(h)) if !open => {
                         let (kind, hello) = (f.header.kind, OwnedHello::from_repr(&h));
                         if self.handshake(kind, hello) {
-                            on_event(ConnEvent::Opened, &mut self.encoder);
+                            pause |= on_event(ConnEvent::Opened, &mut self.encoder) == Flow::Pause;
                         }
                     }
                     (FrameKind::Error, Body::Error(e)) if f.header.handle == 0 => {
@@ -283,8 +307,10 @@ impl Connection {
                     (FrameKind::Ping, _) => {
                         self.ping.clear();
                         self.ping_handle = Some(f.header.handle);
+                        self.pings += 1;
+                        self.ping_bytes += (HEADER_LEN + f.header.payload_len as usize) as u64;
                     }
-                    _ => on_event(ConnEvent::Frame(f), &mut self.encoder),
+                    _ => pause |= on_event(ConnEvent::Frame(f), &mut self.encoder) == Flow::Pause,
                 },
                 Event::Payload { data, .. } if self.ping_handle.is_some() => {
                     self.ping.extend_from_slice(data);
@@ -293,14 +319,14 @@ impl Connection {
                     target,
                     offset,
                     data,
-                } => on_event(
-                    ConnEvent::Payload {
+                } => {
+                    let ev = ConnEvent::Payload {
                         target,
                         offset,
                         data,
-                    },
-                    &mut self.encoder,
-                ),
+                    };
+                    pause |= on_event(ev, &mut self.encoder) == Flow::Pause;
+                }
                 Event::FrameEnd(h) => match self.ping_handle.take() {
                     Some(handle) => {
                         if let Err(e) = self.encoder.pong(handle, &self.ping) {
@@ -314,7 +340,7 @@ impl Connection {
                         }
                     }
                     None if matches!(h.kind, FrameKind::Hello | FrameKind::HelloAck | FrameKind::Error) => {}
-                    None => on_event(ConnEvent::FrameEnd(h), &mut self.encoder),
+                    None => pause |= on_event(ConnEvent::FrameEnd(h), &mut self.encoder) == Flow::Pause,
                 },
             }
         }
@@ -366,8 +392,10 @@ impl Connection {
                 log::error!("cannot encode hello ack: {e}");
             }
         }
-        self.encoder
-            .set_peer_max_frame(hello.limits.max_frame.min(Limits::MAX_FRAME));
+        self.encoder.set_peer_limits(Limits {
+            max_frame: hello.limits.max_frame.min(Limits::MAX_FRAME),
+            ..hello.limits
+        });
         self.peer = Some(PeerInfo {
             job: hello.job,
             task_index: hello.task_index,
@@ -498,7 +526,7 @@ mod tests {
         let mut at = 0;
         while at < bytes.len() {
             at += to.decoder().feed(&bytes[at..]);
-            to.process(|_, _| {});
+            to.process(|_, _| Flow::Continue);
         }
     }
 
@@ -518,7 +546,8 @@ mod tests {
                 ConnEvent::Frame(f) => Seen::Frame(f.header.kind, f.header.handle),
                 ConnEvent::Payload { target, data, .. } => Seen::Payload(target, data.to_vec()),
                 ConnEvent::FrameEnd(h) => Seen::End(h.kind),
-            })
+            });
+            Flow::Continue
         });
         seen
     }

@@ -126,6 +126,20 @@ pub struct Decoder {
     chunks: VecDeque<ChunkState>,
     bytes_copied: u64,
     bytes_direct: u64,
+    /// Payload bytes received so far: of chunks, and of other frames.
+    chunk_bytes_in: u64,
+    frame_bytes_in: u64,
+    /// Frames decoded so far (their header and meta section whole).
+    frames_in: u64,
+}
+
+/// What a stream owes: bytes it began or declared and has not delivered yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owed {
+    /// Of chunked tensors declared and not complete (the chunk being received included).
+    pub chunked: u64,
+    /// Of the payload of the frame being received that are not chunk bytes.
+    pub frame: u64,
 }
 
 impl Decoder {
@@ -159,6 +173,9 @@ impl Decoder {
             chunks: VecDeque::new(),
             bytes_copied: 0,
             bytes_direct: 0,
+            chunk_bytes_in: 0,
+            frame_bytes_in: 0,
+            frames_in: 0,
         }
     }
 
@@ -175,6 +192,49 @@ impl Decoder {
     /// Payload bytes the I/O layer placed directly ([`payload_received`](Self::payload_received)).
     pub fn bytes_direct(&self) -> u64 {
         self.bytes_direct
+    }
+
+    /// Payload bytes of `CHUNK` frames received so far (copied or placed directly).
+    pub fn chunk_bytes_in(&self) -> u64 {
+        self.chunk_bytes_in
+    }
+
+    /// Payload bytes of frames other than `CHUNK` received so far.
+    pub fn frame_bytes_in(&self) -> u64 {
+        self.frame_bytes_in
+    }
+
+    /// Frames decoded so far: each counted once its header and meta section are whole.
+    pub fn frames_in(&self) -> u64 {
+        self.frames_in
+    }
+
+    /// What the stream owes now: the rest of the chunked tensors declared (the chunk
+    /// being received included), and the rest of the current frame's other payload. A
+    /// frame's header and meta section are not counted (they are watched on their own).
+    pub fn owed(&self) -> Owed {
+        let mut owed = Owed {
+            chunked: self.chunks.iter().map(|c| c.byte_len - c.next).sum(),
+            frame: 0,
+        };
+        if let State::Payload(_) = self.state {
+            for (i, seg) in self.segments.iter().enumerate().skip(self.seg_at) {
+                let left = seg.len - if i == self.seg_at { self.seg_done } else { 0 };
+                match seg.target {
+                    PayloadTarget::Chunk { .. } => owed.chunked += left,
+                    _ => owed.frame += left,
+                }
+            }
+        }
+        owed
+    }
+
+    /// Counts `n` payload bytes of segment `seg` received.
+    fn count_payload(&mut self, target: PayloadTarget, n: u64) {
+        match target {
+            PayloadTarget::Chunk { .. } => self.chunk_bytes_in += n,
+            _ => self.frame_bytes_in += n,
+        }
     }
 
     /// Replaces the receive buffer with `buf` and returns the one given at creation (by
@@ -214,6 +274,11 @@ impl Decoder {
     /// Bytes received but not yet decoded.
     pub fn buffered(&self) -> usize {
         self.tail - self.head - self.consume
+    }
+
+    /// Whether the decoder sits between frames (bytes of the next one may be buffered).
+    pub fn at_frame_start(&self) -> bool {
+        matches!(self.state, State::Header)
     }
 
     /// Whether the decoder sits between frames with nothing buffered.
@@ -354,10 +419,11 @@ impl Decoder {
     /// Records that `n` payload bytes announced by [`NextRead::Payload`] were placed
     /// directly by the I/O layer. `n` beyond what was announced is ignored.
     pub fn payload_received(&mut self, n: u64) {
-        if let NextRead::Payload { len, .. } = self.next_read() {
+        if let NextRead::Payload { target, len, .. } = self.next_read() {
             let n = n.min(len);
             self.seg_done += n;
             self.bytes_direct += n;
+            self.count_payload(target, n);
             if self.seg_done == self.segments[self.seg_at].len {
                 self.seg_at += 1;
                 self.seg_done = 0;
@@ -425,6 +491,7 @@ impl Decoder {
                     }
                     self.consume = meta_len;
                     self.state = State::Payload(h);
+                    self.frames_in += 1;
                     return Ok(Some(Event::Frame(Frame { header: h, body })));
                 }
                 State::Payload(h) => {
@@ -444,6 +511,7 @@ impl Decoder {
                         self.seg_done = 0;
                     }
                     self.bytes_copied += n as u64;
+                    self.count_payload(seg.target, n as u64);
                     self.consume = n;
                     let data = &self.buf[self.head..self.head + n];
                     return Ok(Some(Event::Payload {

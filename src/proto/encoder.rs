@@ -139,6 +139,12 @@ pub struct Encoder {
     request_timeout_ms: u32,
     /// Bytes of the blocks allocated and not freed, lent ones included.
     arena_bytes: usize,
+    /// Frames queued so far.
+    frames_out: u64,
+    /// Bytes of arena segments queued and not written: what the queued frames copied.
+    copied_bytes: u64,
+    /// The limits the peer announced (the defaults until its hello).
+    peer_limits: wire::Limits,
 }
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
@@ -164,6 +170,9 @@ impl Encoder {
             released: Vec::new(),
             request_timeout_ms: 0,
             arena_bytes: 0,
+            frames_out: 0,
+            copied_bytes: 0,
+            peer_limits: wire::Limits::default(),
         };
         e.new_block(cfg.block_size);
         // And the small block frames go into while the first is out with a write: made
@@ -186,6 +195,38 @@ impl Encoder {
     /// Adopts the `max_frame` the peer announced in its hello.
     pub fn set_peer_max_frame(&mut self, max_frame: u32) {
         self.cfg.max_frame = max_frame;
+    }
+
+    /// Adopts the limits the peer announced in its hello: what it accepts, which answers
+    /// queued from now on must respect ([`wire::Limits`]; its `max_frame` as
+    /// [`set_peer_max_frame`](Self::set_peer_max_frame)).
+    pub fn set_peer_limits(&mut self, limits: wire::Limits) {
+        self.cfg.max_frame = limits.max_frame;
+        self.peer_limits = limits;
+    }
+
+    /// The limits the peer announced (the defaults before its hello).
+    pub fn peer_limits(&self) -> &wire::Limits {
+        &self.peer_limits
+    }
+
+    /// Frames queued so far.
+    pub fn frames_out(&self) -> u64 {
+        self.frames_out
+    }
+
+    /// Bytes the queued frames copied into the arena (headers, metas, small tensors,
+    /// blocks written in place) and that are not written yet: the memory queued output
+    /// holds beyond the tensors it references.
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied_bytes
+    }
+
+    /// Bytes queued and not written yet: the frames ready to write and the contents of the
+    /// chunked tensors still to be cut into `CHUNK` frames.
+    pub fn queued_bytes(&self) -> u64 {
+        let jobs: u64 = self.jobs.iter().map(|j| j.byte_len - j.next).sum();
+        self.ready_bytes + jobs
     }
 
     /// Largest chunk that fits both the chunk size and the peer's frame limit.
@@ -323,10 +364,12 @@ impl Encoder {
                 if *pb == block && *ps + *pl == start {
                     *pl += len;
                     self.ready_bytes += len as u64;
+                    self.copied_bytes += len as u64;
                     return;
                 }
             }
             self.blocks[block as usize].refs += 1;
+            self.copied_bytes += len as u64;
         }
         self.ready_bytes += seg.len();
         self.ready.push_back(seg);
@@ -339,6 +382,7 @@ impl Encoder {
         let region = &mut self.blocks[block].buf[start..start + HEADER_LEN + body_len];
         let (h, body) = region.split_at_mut(HEADER_LEN);
         header.emit(&mut Header::new_unchecked(h));
+        self.frames_out += 1;
         (block, start, body)
     }
 
@@ -559,6 +603,7 @@ impl Encoder {
         let (h, meta) = region.split_at_mut(HEADER_LEN);
         header.emit(&mut Header::new_unchecked(h));
         entry.emit(meta);
+        self.frames_out += 1;
         self.queue(Segment::Arena {
             block: b as u32,
             start: start as u32,
@@ -874,6 +919,9 @@ impl Encoder {
             self.front_done = 0;
             self.ready_bytes -= seg.len();
             self.ready.pop_front();
+            if let Segment::Arena { len, .. } = seg {
+                self.copied_bytes -= u64::from(len);
+            }
             match seg {
                 Segment::Arena { block, .. } => {
                     let b = &mut self.blocks[block as usize];

@@ -15,9 +15,9 @@ mod error;
 mod items;
 mod output;
 
-pub use conn::{CloseReason, ConnEvent, Connection, Identity, PeerInfo};
+pub use conn::{CloseReason, ConnEvent, Connection, Flow, Identity, PeerInfo};
 pub use crate::wire::Side;
-pub use decoder::{Decoder, Event, Frame, NextRead, PayloadTarget};
+pub use decoder::{Decoder, Event, Frame, NextRead, Owed, PayloadTarget};
 pub use error::Error;
 pub use encoder::{
     EncodeError, Encoder, EncoderConfig, OutPiece, OutTensor, Piece, PushItem, ResponseItem, RowsItem,

@@ -115,6 +115,13 @@ pub(crate) struct Reservation {
     n: u64,
 }
 
+impl Reservation {
+    /// Bytes reserved.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.n
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.n, Ordering::AcqRel);

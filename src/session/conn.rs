@@ -12,10 +12,12 @@ use slab::Slab;
 
 use crate::error::{Error, ErrorKind};
 use crate::proto::{CloseReason, Connection, Frame, PayloadTarget};
+use crate::stats::add;
 use crate::tensor::Tensor;
 use crate::wire::{Body, FrameKind, Status};
 
-use super::budget::ConnBudget;
+use super::budget::{ConnBudget, Reservation};
+use super::observer::Observer;
 use super::push::Served;
 use super::timer::ConnTimers;
 
@@ -86,8 +88,13 @@ pub(crate) enum Lent {
 pub(crate) struct Progress {
     /// When the window started; `None` while nothing is owed.
     pub since: Option<Instant>,
-    /// Bytes received in the window.
-    pub bytes: u64,
+    /// Whether the window watches chunk bytes (chunked tensors are owed) rather than the
+    /// payload of the frame being received.
+    pub chunks: bool,
+    /// The count of those bytes (the decoder's) when the window started.
+    pub base: u64,
+    /// Bytes the window needs: `PROGRESS_MIN_BYTES`, or all that was owed when less.
+    pub need: u64,
 }
 
 pub(crate) struct Conn {
@@ -129,6 +136,22 @@ pub(crate) struct Conn {
     pub budget: ConnBudget,
     /// Index of its peer's metric block (`observer::NO_PEER`: none).
     pub peer: u32,
+    /// Reading is paused: its peer does not read its answers, which are over the backlog.
+    pub paused: bool,
+    /// Answer memory charged to the receive budget, by the token of the tensor it is in,
+    /// until that tensor is written.
+    pub held: Vec<(u64, Reservation)>,
+    /// What of its codec's counts the loop's counters have.
+    pub counted: Counted,
+}
+
+/// A connection's codec counts as last added to the loop's counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Counted {
+    pub frames_in: u64,
+    pub frames_out: u64,
+    pub pings: u64,
+    pub ping_bytes: u64,
 }
 
 impl Conn {
@@ -161,6 +184,9 @@ impl Conn {
             arena_counted: 0,
             budget,
             peer,
+            paused: false,
+            held: Vec::new(),
+            counted: Counted::default(),
         }
     }
 
@@ -179,13 +205,19 @@ impl Conn {
         self.phase == Phase::Open && !self.proto.is_closed()
     }
 
-    /// Drops the references the encoder no longer needs.
+    /// Drops the references the encoder no longer needs (and what was charged for them).
     pub(crate) fn release_tokens(&mut self) {
         let Conn {
-            proto, out_tensors, ..
+            proto,
+            out_tensors,
+            held,
+            ..
         } = self;
         proto.encoder().take_released(|t| {
             out_tensors.try_remove(t as usize);
+            if !held.is_empty() {
+                held.retain(|&(h, _)| h != t);
+            }
         });
     }
 
@@ -207,10 +239,39 @@ impl Conn {
         }
     }
 
+    /// Adds the frames its codec decoded since the last call to the loop's `frames_in`, and
+    /// the `PING`s it answered to its peer's metrics (a served `ping`).
+    pub(crate) fn count_frames_in(&mut self, observer: &Observer) {
+        let frames = self.proto.decoder().frames_in();
+        add(
+            &observer.counters().frames_in,
+            frames - self.counted.frames_in,
+        );
+        self.counted.frames_in = frames;
+        let (pings, bytes) = self.proto.pings();
+        if pings != self.counted.pings {
+            let (n, b) = (pings - self.counted.pings, bytes - self.counted.ping_bytes);
+            observer.served_pings(self.peer, n, b);
+            (self.counted.pings, self.counted.ping_bytes) = (pings, bytes);
+        }
+    }
+
+    /// Bytes its queued answers hold: what the encoder copied and the answer memory
+    /// charged to the budget ([`held`](Self::held)); tensors an answer references (a
+    /// service's, the rendezvous') are not the connection's memory.
+    pub(crate) fn answer_bytes(&mut self) -> u64 {
+        answer_bytes(self.proto.encoder(), &self.held)
+    }
+
     /// Where payload for `target` goes.
     pub(crate) fn route(&self, target: PayloadTarget) -> Option<Route> {
         route(target, self.inbound, &self.chunks)
     }
+}
+
+/// See [`Conn::answer_bytes`].
+pub(crate) fn answer_bytes(enc: &crate::proto::Encoder, held: &[(u64, Reservation)]) -> u64 {
+    enc.copied_bytes() + held.iter().map(|(_, r)| r.bytes()).sum::<u64>()
 }
 
 /// Frame `f` was decoded: what its bytes belong to, and the chunked tensors it declares

@@ -320,6 +320,32 @@ impl Conns {
         self.unroute(slot);
     }
 
+    /// The peer closed connection `slot` (its stream ended). A close between frames, with
+    /// nothing owed and no request of this task on it (`ours` says whether there is one), is
+    /// a clean close; otherwise the connection is lost (counted in `connections_lost`), and
+    /// what is in flight on it fails with `CONNECTION_LOST`.
+    pub(crate) fn peer_closed(
+        &mut self,
+        slot: u32,
+        ours: impl Fn(&Conn) -> bool,
+        observer: &Observer,
+    ) {
+        let Some(conn) = self.get_mut(slot) else {
+            return;
+        };
+        let decoder = conn.proto.decoder();
+        let between_frames = decoder.is_idle() && decoder.chunks_pending() == 0;
+        let why = Error::new(ErrorKind::ConnectionLost);
+        if between_frames && conn.phase != Phase::Closing && !ours(conn) {
+            log::debug!("connection {slot}: peer closed the connection");
+            conn.failure = why;
+            observer.closed();
+            return self.close(slot);
+        }
+        log::debug!("connection {slot}: peer closed the connection in the middle of an exchange");
+        self.lose(slot, why, observer);
+    }
+
     /// Marks `slot` closed and asks the loop to close its socket; later requests to its
     /// peer open a new connection.
     pub(crate) fn close(&mut self, slot: u32) {

@@ -87,7 +87,8 @@ pub(crate) fn lend(
     alloc: &dyn TensorAllocator,
     zero_copy_min: u64,
 ) -> Result<Option<RecvPlace>, BufferFull> {
-    if conn.phase == Phase::Closing || conn.proto.is_closed() || conn.lent.is_some() {
+    if conn.phase == Phase::Closing || conn.proto.is_closed() || conn.lent.is_some() || conn.paused
+    {
         return Ok(None);
     }
     if let Some(place) = lend_direct(conn, slot, requests, alloc, zero_copy_min) {
@@ -261,8 +262,14 @@ pub(crate) fn transmit(
     Transmitted::Gave(any)
 }
 
-/// Brings the loop's `send_arena_bytes` up to date with connection `conn`'s encoder.
+/// Brings the loop's `send_arena_bytes` and `frames_out` up to date with connection
+/// `conn`'s encoder.
 pub(crate) fn count_arena(counters: &Counters, conn: &mut Conn) {
+    let frames = conn.proto.encoder().frames_out();
+    if frames != conn.counted.frames_out {
+        add(&counters.frames_out, frames - conn.counted.frames_out);
+        conn.counted.frames_out = frames;
+    }
     let now = conn.proto.encoder().arena_bytes();
     if now != conn.arena_counted {
         let delta = (now as u64).wrapping_sub(conn.arena_counted as u64);

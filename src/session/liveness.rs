@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::conn::{Conn, Phase};
+use super::conn::{Conn, Phase, Progress};
 use super::timer::{ConnTimer, Timers};
 
 /// Bytes a connection that owes bytes must deliver in each `progress_timeout` window (or
@@ -24,6 +24,8 @@ pub(crate) struct Limits {
     pub progress_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
+    /// Answer bytes an accepted connection may have queued before it stops being read.
+    pub answer_backlog: u64,
 }
 
 /// What a watch found when its timer came due.
@@ -50,7 +52,9 @@ impl Conn {
         l: &Limits,
         now: Instant,
     ) {
-        let in_head = self.phase != Phase::Closing && self.proto.decoder().in_frame_head();
+        // A connection not read (its answers piled up) is not stalling.
+        let in_head =
+            self.phase != Phase::Closing && !self.paused && self.proto.decoder().in_frame_head();
         if !in_head {
             self.head_since = None;
             self.timers.stop(ConnTimer::FrameHead);
@@ -99,14 +103,16 @@ impl Conn {
         Verdict::Stalled("frame header and meta section not complete in time")
     }
 
-    /// After `n` bytes arrived: counts them toward the progress of what the connection
-    /// owes (a frame begun, chunked tensors announced), and runs the progress timer while
-    /// something is owed, so that a peer that stops or trickles in the middle of what it
-    /// sends is closed instead of holding memory and the connection forever.
+    /// After bytes were decoded: while the connection owes bytes — the rest of chunked
+    /// tensors it declared, or of the payload of the frame being received — the progress
+    /// timer runs, and in each window at least [`PROGRESS_MIN_BYTES`] of what is owed (or
+    /// all of it, when less is owed) must arrive: chunk bytes while chunked tensors are
+    /// owed (whatever else the connection sends meanwhile: pings, small requests), else
+    /// the frame's own payload. A peer that stops or trickles in the middle of what it owes
+    /// is closed instead of holding memory and the connection forever.
     pub(crate) fn watch_progress(
         &mut self,
         slot: u32,
-        n: u64,
         timers: &mut Timers,
         l: &Limits,
         now: Instant,
@@ -114,20 +120,14 @@ impl Conn {
         if self.phase == Phase::Closing || self.proto.is_closed() {
             return;
         }
-        let decoder = self.proto.decoder();
-        let owed = !decoder.is_idle() || decoder.chunks_pending() > 0;
-        let p = &mut self.progress;
-        if !owed {
-            p.since = None;
+        let owed = self.proto.decoder().owed();
+        if self.paused || (owed.chunked == 0 && owed.frame == 0) {
+            self.progress.since = None;
             self.timers.stop(ConnTimer::Progress);
             return;
         }
-        match p.since {
-            Some(_) => p.bytes += n,
-            None => {
-                p.since = Some(now);
-                p.bytes = 0;
-            }
+        if self.progress.since.is_none() {
+            self.new_window(now);
         }
         if !self.timers.is_set(ConnTimer::Progress) {
             let at = now + l.progress_timeout;
@@ -141,8 +141,25 @@ impl Conn {
         }
     }
 
+    /// Starts a progress window at `now`, on what the connection owes now.
+    fn new_window(&mut self, now: Instant) {
+        let decoder = self.proto.decoder();
+        let owed = decoder.owed();
+        let chunks = owed.chunked > 0;
+        let (base, owed) = match chunks {
+            true => (decoder.chunk_bytes_in(), owed.chunked),
+            false => (decoder.frame_bytes_in(), owed.frame),
+        };
+        self.progress = Progress {
+            since: Some(now),
+            chunks,
+            base,
+            need: owed.min(PROGRESS_MIN_BYTES),
+        };
+    }
+
     /// The progress timer came due: the connection is closed if it owed bytes for a whole
-    /// window and delivered fewer than [`PROGRESS_MIN_BYTES`].
+    /// window and delivered fewer of them than the window needs.
     pub(crate) fn progress_due(
         &mut self,
         slot: u32,
@@ -154,27 +171,44 @@ impl Conn {
         let Some(since) = self.progress.since else {
             return Verdict::Fine; // nothing owed any more
         };
-        let next = if since + timeout > now {
-            since + timeout
-        } else if self.progress.bytes >= PROGRESS_MIN_BYTES {
-            // Enough arrived: a new window.
-            self.progress.since = Some(now);
-            self.progress.bytes = 0;
-            now + timeout
-        } else {
+        if since + timeout > now {
+            let at = since + timeout;
+            timers.set(
+                &mut self.timers,
+                slot,
+                self.generation,
+                ConnTimer::Progress,
+                at,
+            );
+            return Verdict::Fine;
+        }
+        let decoder = self.proto.decoder();
+        let count = match self.progress.chunks {
+            true => decoder.chunk_bytes_in(),
+            false => decoder.frame_bytes_in(),
+        };
+        let got = count - self.progress.base;
+        if got < self.progress.need {
+            let what = if self.progress.chunks {
+                "chunked tensors"
+            } else {
+                "a frame's payload"
+            };
             log::warn!(
-                "connection {slot}: the peer owes bytes of a frame or chunked tensor and sent \
-                 {} bytes in {timeout:?} (STARWIRE_PROGRESS_TIMEOUT_MS); closing",
-                self.progress.bytes
+                "connection {slot}: the peer owes bytes of {what} and sent {got} of them in \
+                 {timeout:?}, {} needed (STARWIRE_PROGRESS_TIMEOUT_MS); closing",
+                self.progress.need
             );
             return Verdict::Stalled("no progress on a frame or chunked tensor in time");
-        };
+        }
+        // Enough arrived: a new window, on what is owed now.
+        self.new_window(now);
         timers.set(
             &mut self.timers,
             slot,
             self.generation,
             ConnTimer::Progress,
-            next,
+            now + timeout,
         );
         Verdict::Fine
     }
@@ -211,6 +245,19 @@ impl Conn {
         now: Instant,
     ) -> Verdict {
         if self.phase != Phase::Open {
+            return Verdict::Fine;
+        }
+        if self.paused {
+            // Not read because its answers piled up: its silence is ours.
+            self.last_heard = now;
+            let at = now + l.heartbeat_interval;
+            timers.set(
+                &mut self.timers,
+                slot,
+                self.generation,
+                ConnTimer::Heartbeat,
+                at,
+            );
             return Verdict::Fine;
         }
         let silent = now.saturating_duration_since(self.last_heard);

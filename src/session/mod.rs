@@ -62,10 +62,9 @@ use crossbeam_utils::CachePadded;
 use crate::cluster::Retirements;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
-use crate::pool::{Answer, Job};
-use crate::proto::{ConnEvent, Identity};
-use crate::rendezvous::{Delivery, Rendezvous};
-use crate::service::SharedService;
+use crate::pool::Answer;
+use crate::proto::{ConnEvent, Flow, Identity};
+use crate::rendezvous::Delivery;
 use crate::stats::{add, Counters};
 use crate::tensor::SharedAllocator;
 use crate::wire::{Body, FrameKind, Status};
@@ -85,36 +84,21 @@ use conns::Conns;
 use io::{BufferFull, Transmitted};
 use liveness::{Verdict, HEARTBEAT_HANDLE};
 use members::Members;
-use observer::Observer;
+use observer::{served_kind, Observer};
 use outbox::Outbox;
 use request::FusedMember;
 use requests::{Ends, Requests, Source};
-use server::{served_kind, Server, Serving};
+pub(crate) use server::SessionParts;
+use server::{Server, Serving};
 use timer::{ConnTimer, Timer, Timers};
 use violation::Violation;
 
 /// Most requests taken from one handle's ring per drain pass (bounded work per step).
 const DRAIN_BATCH: usize = 256;
 
-/// Timers kept before the first sweep of answered deadlines.
-const SWEEP_MIN: usize = 1024;
-
-/// What the session serves and how it receives tensors.
-#[derive(Clone)]
-pub(crate) struct SessionParts {
-    pub service: Option<SharedService>,
-    pub rendezvous: Option<Arc<Rendezvous>>,
-    /// Where heavy handlers run; `None`: inline on the loop.
-    pub jobs: Option<std::sync::mpsc::SyncSender<Job>>,
-    /// The loop's position among the runtime's loops (rendezvous waiters and pool answers
-    /// find their way back by it).
-    pub index: usize,
-    pub allocator: SharedAllocator,
-    /// Payload at least this long is received straight into its tensor.
-    pub zero_copy_min: u64,
-    /// The task's receive budget, shared by its loops.
-    pub budget: Arc<Budget>,
-}
+/// Waiters of released connections taken out of the rendezvous per loop turn: each costs a
+/// lock and a look at one key's entry, so a turn spends well under a millisecond on them.
+const FORGET_BATCH: usize = 4096;
 
 /// The loop's sans-IO protocol state. See the module docs.
 pub(crate) struct Session {
@@ -130,8 +114,6 @@ pub(crate) struct Session {
     zero_copy_min: u64,
     /// What connections are watched against.
     limits: liveness::Limits,
-    /// Timer count above which answered deadlines are swept out of the heap.
-    sweep_at: usize,
     /// Requests of the embedding thread, taken in the next drain pass.
     local_requests: VecDeque<Request>,
     stopping: bool,
@@ -185,8 +167,8 @@ impl Session {
                 progress_timeout: cfg.progress_timeout,
                 heartbeat_interval: cfg.heartbeat_interval,
                 heartbeat_timeout: cfg.heartbeat_timeout,
+                answer_backlog: cfg.answer_backlog,
             },
-            sweep_at: SWEEP_MIN,
             local_requests: VecDeque::new(),
             stopping: false,
             last_now: crate::stats::trace::epoch(),
@@ -416,11 +398,20 @@ impl Session {
             outbox,
             timers,
             allocator,
+            limits,
             ..
         } = self;
         let Some(conn) = conns.slab.get_mut(slot as usize) else {
             return;
         };
+        // The peer's answers pile up unread: its requests wait (in its socket) until they
+        // drain.
+        let backlog = limits.answer_backlog;
+        let serving = conn.outgoing.is_none();
+        if serving && conn.answer_bytes() >= backlog {
+            conn.paused = true;
+            return;
+        }
         let was_closed = conn.proto.is_closed();
         let (peer, generation, addr) = (conn.peer, conn.generation, conn.peer_addr());
         let source = Source { slot, peer, addr };
@@ -434,6 +425,7 @@ impl Session {
             served,
             out_tensors,
             budget,
+            held,
             ..
         } = &mut *conn;
         // A connection as the server part sees it, and where the requests part ends
@@ -447,6 +439,8 @@ impl Session {
                     enc: $enc,
                     out: &mut *out_tensors,
                     served: &mut *served,
+                    budget,
+                    held: &mut *held,
                     now,
                 }
             };
@@ -462,7 +456,7 @@ impl Session {
         }
         proto.process(|ev, enc| {
             if violation.is_some() {
-                return;
+                return Flow::Continue;
             }
             let result = match ev {
                 ConnEvent::Opened => {
@@ -470,7 +464,6 @@ impl Session {
                     Ok(())
                 }
                 ConnEvent::Frame(f) => {
-                    add(&observer.counters().frames_in, 1);
                     let (h, kind) = (f.header.handle, f.header.kind);
                     conn::receiving(inbound, chunks, &f);
                     let metered = match kind {
@@ -501,7 +494,7 @@ impl Session {
                             server.on_request(&mut c, &f, alloc, timers, observer)
                         }
                     };
-                    count_answer(observer, peer, kind, queued_before, enc.ready_bytes());
+                    observer.answer_out(peer, kind, queued_before, enc.ready_bytes());
                     r
                 }
                 ConnEvent::Payload {
@@ -528,7 +521,7 @@ impl Session {
                             let queued_before = enc.ready_bytes();
                             let mut c = serving!(enc);
                             server.on_push_end(&mut c, h.handle, observer);
-                            count_answer(observer, peer, h.kind, queued_before, enc.ready_bytes());
+                            observer.answer_out(peer, h.kind, queued_before, enc.ready_bytes());
                         }
                         FrameKind::Response => {
                             let mut ends = ends!();
@@ -537,10 +530,10 @@ impl Session {
                         FrameKind::Chunk => {
                             // All of the chunk's bytes have arrived, copied or in place.
                             let Inbound::Chunk { handle, index, end } = *inbound else {
-                                return;
+                                return Flow::Continue;
                             };
                             let Some(&(whose, len)) = chunks.front() else {
-                                return;
+                                return Flow::Continue;
                             };
                             if end == len {
                                 chunks.pop_front();
@@ -564,7 +557,14 @@ impl Session {
             if let Err(v) = result {
                 violation = Some(v);
             }
+            if serving && conn::answer_bytes(enc, held) >= backlog {
+                Flow::Pause
+            } else {
+                Flow::Continue
+            }
         });
+        conn.paused = serving && conn.answer_bytes() >= backlog;
+        conn.count_frames_in(observer);
         if let Some(v) = violation {
             log::warn!("connection {slot}: {v}; closing");
             conn.proto.abort(Status::Protocol, v.to_string());
@@ -616,6 +616,14 @@ impl Session {
     /// Closes connection `slot` for `why`: its requests fail once the loop releases it.
     pub(crate) fn lose(&mut self, slot: u32, why: Error) {
         self.conns.lose(slot, why, &self.observer);
+    }
+
+    /// The peer closed connection `slot` (its stream ended): closed cleanly, or lost when
+    /// something was in flight on it ([`Conns::peer_closed`]).
+    pub(crate) fn peer_closed(&mut self, slot: u32) {
+        let requests = &self.requests;
+        let ours = |c: &Conn| requests.any_on(slot, c);
+        self.conns.peer_closed(slot, ours, &self.observer);
     }
 
     /// Connection `slot`, whose protocol has closed with an `ERROR` queued, fails its
@@ -730,6 +738,10 @@ impl Session {
 
     /// When [`handle_timeout`](Self::handle_timeout) should next run.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        if self.server.is_forgetting() {
+            // Work left for the next turn: no parking meanwhile.
+            return Some(self.last_now);
+        }
         self.timers.next()
     }
 
@@ -737,6 +749,7 @@ impl Session {
     pub(crate) fn handle_timeout(&mut self, now: Instant) -> bool {
         self.last_now = now;
         let mut progress = self.members.close_drained(&mut self.conns, &self.requests);
+        progress |= self.server.forget_some(FORGET_BATCH);
         while let Some((at, timer)) = self.timers.pop_due(now) {
             progress = true;
             match timer {
@@ -844,13 +857,10 @@ impl Session {
     /// heap until they come up, so without this a long deadline on many short requests
     /// would grow it. Amortized O(1) per timer.
     fn sweep_timers(&mut self) {
-        if self.timers.len() <= self.sweep_at {
-            return;
-        }
         let (requests, conns) = (&self.requests, &self.conns);
         let conn_of =
             |slot: u32, generation: u32| conns.get(slot).filter(|c| c.generation == generation);
-        self.timers.retain(|t| match *t {
+        self.timers.sweep(|t| match *t {
             Timer::Deadline(h) => requests.contains(h),
             Timer::ServeDeadline {
                 slot,
@@ -860,7 +870,6 @@ impl Session {
             Timer::Conn { slot, generation } => conn_of(slot, generation).is_some(),
             _ => true,
         });
-        self.sweep_at = 2 * self.timers.len() + SWEEP_MIN;
     }
 
     // ----- bytes in and out -----
@@ -901,12 +910,17 @@ impl Session {
         conn.last_heard = now;
         self.last_now = now;
         self.process(slot, now);
+        self.watch(slot, now);
+        self.sweep_timers();
+    }
+
+    /// Updates the watches on what connection `slot` owes after it decoded bytes at `now`.
+    fn watch(&mut self, slot: u32, now: Instant) {
         if let Some(conn) = self.conns.get_mut(slot) {
             let (timers, l) = (&mut self.timers, &self.limits);
             conn.watch_frame_head(slot, timers, l, now);
-            conn.watch_progress(slot, n as u64, timers, l, now);
+            conn.watch_progress(slot, timers, l, now);
         }
-        self.sweep_timers();
     }
 
     /// Hands the output of connection `slot` to `sink`, piece by piece with the memory it
@@ -944,8 +958,10 @@ impl Session {
         }
     }
 
-    /// `n` bytes of connection `slot`'s output were written.
-    pub(crate) fn sent(&mut self, slot: u32, n: usize) {
+    /// `n` bytes of connection `slot`'s output were written at `now`. A connection whose
+    /// reading was paused for its unread answers resumes once they drain below the backlog:
+    /// the requests buffered are decoded, and the loop may start a receive again.
+    pub(crate) fn sent(&mut self, slot: u32, n: usize, now: Instant) {
         let Some(conn) = self.conns.get_mut(slot) else {
             return;
         };
@@ -955,15 +971,16 @@ impl Session {
         conn.proto.encoder().advance(n as u64);
         io::count_arena(self.observer.counters(), conn);
         conn.release_tokens();
+        let drained = conn.answer_bytes() < self.limits.answer_backlog;
+        let resume = conn.paused && drained;
         self.conns.mark_dirty(slot);
-    }
-}
-
-/// Counts the bytes queued since `before` (`after` now) as the answer to a served request
-/// of frame kind `kind`.
-#[inline]
-fn count_answer(observer: &Observer, peer: u32, kind: FrameKind, before: u64, after: u64) {
-    if let Some(kind) = served_kind(kind) {
-        observer.bytes_out(peer, kind, after.saturating_sub(before));
+        if let Some(conn) = self.conns.get_mut(slot).filter(|_| resume) {
+            conn.paused = false;
+            // What arrived while paused was not the peer's silence.
+            conn.last_heard = now;
+            self.last_now = now;
+            self.process(slot, now);
+            self.watch(slot, now);
+        }
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::arriving::Arriving;
-use super::budget::ConnBudget;
+use super::budget::{ConnBudget, Reservation};
 use crate::stats::RequestKind;
 use crate::tensor::{Tensor, TensorAllocator, TensorMemory};
 use crate::wire::{PushEntries, RowsTables, Status};
@@ -16,8 +16,10 @@ use crate::wire::{PushEntries, RowsTables, Status};
 pub(crate) struct Served {
     /// Pushes being received.
     pub pushes: Vec<IncomingPush>,
-    /// Recvs being answered: handle and items still owed.
-    pub recvs: Vec<(u64, u32)>,
+    /// Recvs waiting for keys to be published.
+    pub recvs: Vec<ServedRecv>,
+    /// Rows pulls whose blocks the handler pool is making, and what they were charged.
+    pub producing: Vec<(u64, Reservation)>,
 }
 
 impl Served {
@@ -38,7 +40,70 @@ impl Served {
 
     /// Whether recv `handle` still owes items.
     pub(crate) fn owes_recv(&self, handle: u64) -> bool {
-        self.recvs.iter().any(|&(h, _)| h == handle)
+        self.recv_at(handle).is_some()
+    }
+
+    /// Where recv `handle` is in `recvs`.
+    pub(crate) fn recv_at(&self, handle: u64) -> Option<usize> {
+        self.recvs.iter().position(|r| r.handle == handle)
+    }
+}
+
+/// A recv of the peer waiting for keys to be published: which items it still owes, and
+/// its keys, kept to take its waiters out of the rendezvous key by key (a cancel, its
+/// deadline, its connection closing) without a scan of the whole table. What it holds is
+/// charged to the connection's part of the receive budget while it waits.
+pub(crate) struct ServedRecv {
+    pub handle: u64,
+    /// `RECV` or `FUSED_RECV`, as its metrics count it.
+    pub kind: RequestKind,
+    /// Items still owed.
+    pub owed: u32,
+    /// The keys, one after the other; key `i` ends at `ends[i]`.
+    keys: Vec<u8>,
+    ends: Vec<u32>,
+    _charged: Reservation,
+}
+
+/// What a waiting recv of `keys` keys of `key_bytes` bytes in all costs a task: its keys
+/// twice (the rendezvous' entries and this copy) and a waiter per key.
+pub(crate) fn recv_cost(keys: usize, key_bytes: usize) -> u64 {
+    (2 * key_bytes + 64 * keys + 64) as u64
+}
+
+impl ServedRecv {
+    /// Recv `handle` of `keys`, owing `owed` items, holding `charged`.
+    pub(crate) fn new<'k>(
+        handle: u64,
+        kind: RequestKind,
+        owed: u32,
+        keys: impl Iterator<Item = &'k [u8]>,
+        charged: Reservation,
+    ) -> ServedRecv {
+        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
+        for k in keys {
+            bytes.extend_from_slice(k);
+            ends.push(bytes.len() as u32);
+        }
+        ServedRecv {
+            handle,
+            kind,
+            owed,
+            keys: bytes,
+            ends,
+            _charged: charged,
+        }
+    }
+
+    /// Key `i`.
+    pub(crate) fn key(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.keys[start..self.ends.get(i).map_or(start, |&e| e as usize)]
+    }
+
+    /// Number of keys.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
     }
 }
 

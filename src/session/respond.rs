@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use slab::Slab;
 
-use crate::proto::{Encoder, OutTensor, ResponseItem};
+use crate::proto::{Encoder, OutTensor, ResponseItem, COPY_TOKEN};
 use crate::tensor::Tensor;
-use crate::wire::{Missing, Status};
+use crate::wire::{Limits, Missing, Status, TensorMeta, HEADER_LEN};
 
 /// The tensor as encoder input: its meta, its bytes, and the caller's `token` for them.
 pub(crate) fn out_tensor(t: &Tensor, token: u64) -> OutTensor<'_> {
@@ -83,6 +83,11 @@ pub(crate) fn answer_by_reference<'a>(
             },
         },
     ));
+    let peer = *enc.peer_limits();
+    fit_to_peer(&mut out, &peer, |at, token| {
+        out_tensors.try_remove(token as usize);
+        tokens[at] = None;
+    });
     if let Err(k) = send_items(enc, handle, true, &out) {
         release_unsent(out_tensors, tokens[k..].iter().flatten().copied());
     }
@@ -142,12 +147,15 @@ pub(crate) fn send_items(
     items: &[ResponseItem<'_>],
 ) -> Result<(), usize> {
     let budget = (enc.config().max_frame / 2) as usize;
+    // The peer's count limit binds every frame (4.5): more items go in more frames.
+    let most = (enc.peer_limits().max_tensors as usize).max(1);
     let mut start = 0;
     loop {
         let mut stop = start;
         let mut size = 0;
-        while stop < items.len() {
-            let len = 8 + items[stop].tensor.map_or(0, |t| t.meta.buffer_len());
+        while stop < items.len() && stop - start < most {
+            let item = &items[stop];
+            let len = 8 + item.tensor.map_or(0, |t| t.meta.buffer_len()) + 4 * item.missing.len();
             if stop > start && size + len > budget {
                 break;
             }
@@ -164,6 +172,49 @@ pub(crate) fn send_items(
             return Ok(());
         }
         start = stop;
+    }
+}
+
+/// Whether the peer, by the limits it announced (`peer`), accepts an answer item with a
+/// tensor of `meta` and a missing-rows report of `missing` positions: the tensor's rank and
+/// size, and the report's length and room in a frame (4.1, 4.5, 6).
+pub(crate) fn fits_peer(meta: &TensorMeta<'_>, missing: usize, peer: &Limits) -> bool {
+    let report = if missing > 0 {
+        4 + 4 * missing as u64
+    } else {
+        0
+    };
+    let head = (HEADER_LEN + 8 + meta.buffer_len()) as u64 + report;
+    meta.dims.len() <= peer.max_rank as usize
+        && meta.byte_len <= peer.max_tensor_bytes
+        && missing <= peer.max_rows as usize
+        && head <= u64::from(peer.max_frame)
+}
+
+/// Replaces every item of `items` the peer would refuse (see [`fits_peer`]) by its status
+/// `RESOURCE_EXHAUSTED`: the remedy of 4.5 for an answer over a requester's limit.
+/// `dropped` is told the position and tensor token of each item replaced whose tensor the
+/// connection holds (to drop it, and forget its token).
+pub(crate) fn fit_to_peer(
+    items: &mut [ResponseItem<'_>],
+    peer: &Limits,
+    mut dropped: impl FnMut(usize, u64),
+) {
+    for (at, item) in items.iter_mut().enumerate() {
+        let Some(t) = item.tensor else {
+            continue;
+        };
+        if fits_peer(&t.meta, item.missing.len(), peer) {
+            continue;
+        }
+        log::debug!(
+            "answer item {} over a limit its requester announced; answered RESOURCE_EXHAUSTED",
+            item.index
+        );
+        if t.token != COPY_TOKEN {
+            dropped(at, t.token);
+        }
+        *item = status_item(item.index, Status::ResourceExhausted);
     }
 }
 

@@ -15,10 +15,10 @@ use crate::tensor::{Tensor, TensorAllocator};
 use crate::wire::{Missing, ResponseEntries, RowsTable, RowsTables, Status, TensorMeta};
 
 use super::assemble::Tensors;
-use super::budget::ConnBudget;
+use super::budget::{ConnBudget, Reservation};
 use super::push::RowIds;
 use super::reply::{PulledRows, Spare};
-use super::respond::{answer_by_reference, recast, release_unsent, send_items};
+use super::respond::{answer_by_reference, fits_peer, recast, release_unsent, send_items};
 use super::spec::RowsSpec;
 use super::violation::Violation;
 
@@ -245,10 +245,28 @@ pub(crate) struct RowsScratch {
     ids: Vec<u64>,
 }
 
+/// Bytes of room each vector of a [`RowsScratch`] keeps between requests: a pull of more
+/// rows takes room for itself and gives it back, so one peer's huge request does not stay
+/// in the loop's memory.
+const SCRATCH_KEPT: usize = 1 << 20;
+
+impl RowsScratch {
+    /// Empties the vectors and gives back room above [`SCRATCH_KEPT`].
+    fn trim(&mut self) {
+        self.block.clear();
+        self.missing.clear();
+        self.ids.clear();
+        self.block.shrink_to(SCRATCH_KEPT);
+        self.missing.shrink_to(SCRATCH_KEPT / 4);
+        self.ids.shrink_to(SCRATCH_KEPT / 8);
+    }
+}
+
 /// Answers a `PULL_ROWS` on the loop, one `RESPONSE` frame per table, `END` on the last:
 /// its block of rows in request order, written by the table straight into the frame; when
 /// rows are missing, the block and the report of them; for a block too large for one
 /// frame, a tensor of its own sent in chunks.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn serve_pull(
     service: &dyn Service,
     tables: RowsTables<'_>,
@@ -256,11 +274,13 @@ pub(crate) fn serve_pull(
     out_tensors: &mut Slab<Arc<Tensor>>,
     handle: u64,
     scratch: &mut RowsScratch,
+    budget: &ConnBudget,
+    held: &mut Vec<(u64, Reservation)>,
 ) {
     let count = tables.len();
     for (index, t) in tables.enumerate() {
         let end = index + 1 == count;
-        let (status, token) = pull_table(
+        let (status, mut token) = pull_table(
             service,
             &t,
             enc,
@@ -269,6 +289,8 @@ pub(crate) fn serve_pull(
             index as u32,
             scratch,
             out_tensors,
+            budget,
+            held,
         );
         let Some(status) = status else {
             continue; // answered in the frame
@@ -276,6 +298,21 @@ pub(crate) fn serve_pull(
         let meta = TensorMeta {
             chunked: false,
             ..t.block
+        };
+        // A report of missing rows the requester could not take (4.5).
+        let missing = if status.is_ok() {
+            scratch.missing.len()
+        } else {
+            0
+        };
+        let status = if status.is_ok() && !fits_peer(&meta, missing, enc.peer_limits()) {
+            if let Some(t) = token.take() {
+                out_tensors.try_remove(t as usize);
+                held.retain(|&(h, _)| h != t);
+            }
+            Status::ResourceExhausted
+        } else {
+            status
         };
         let tensor = match token {
             _ if !status.is_ok() => None,
@@ -302,9 +339,10 @@ pub(crate) fn serve_pull(
         };
         if send_items(enc, handle, end, &[item]).is_err() {
             release_unsent(out_tensors, token.into_iter());
-            return;
+            break;
         }
     }
+    scratch.trim();
 }
 
 /// A `PULL_ROWS` as a job for the handler pool.
@@ -334,11 +372,21 @@ fn pull_table(
     index: u32,
     scratch: &mut RowsScratch,
     out_tensors: &mut Slab<Arc<Tensor>>,
+    budget: &ConnBudget,
+    held: &mut Vec<(u64, Reservation)>,
 ) -> (Option<Status>, Option<u64>) {
     let table = match table_for(service, t.table, t.block.dtype, t.block.dims.iter()) {
         Ok(table) => table,
         Err(status) => return (Some(status), None),
     };
+    let block = TensorMeta {
+        chunked: false,
+        ..t.block
+    };
+    if !fits_peer(&block, 0, enc.peer_limits()) {
+        // The requester could not take the block it asked for (4.5).
+        return (Some(Status::ResourceExhausted), None);
+    }
     scratch.ids.clear();
     scratch.ids.extend(t.ids());
     scratch.missing.clear();
@@ -360,6 +408,20 @@ fn pull_table(
         Ok(None) => return (None, None),
         Ok(Some(status)) => (status, None),
         Err(_) => {
+            // Too large for one frame: a block of its own, sent in chunks, its bytes
+            // charged to the connection's part of the receive budget until written.
+            let reserved = match budget.reserve(t.block.byte_len) {
+                Ok(r) => r,
+                Err(_) => {
+                    log::warn!(
+                        "a rows answer of {} bytes does not fit the receive budget; table {} \
+                         is answered RESOURCE_EXHAUSTED",
+                        t.block.byte_len,
+                        t.table
+                    );
+                    return (Some(Status::ResourceExhausted), None);
+                }
+            };
             let dims: Vec<u64> = t.block.dims.iter().collect();
             let Ok(mut block) = Tensor::zeros(t.block.dtype, &dims) else {
                 return (Some(Status::ResourceExhausted), None);
@@ -368,6 +430,9 @@ fn pull_table(
             let token = status
                 .is_ok()
                 .then(|| out_tensors.insert(Arc::new(block)) as u64);
+            if let Some(token) = token {
+                held.push((token, reserved));
+            }
             (status, token)
         }
     };
@@ -378,6 +443,7 @@ fn pull_table(
         );
         if let Some(token) = token {
             out_tensors.try_remove(token as usize);
+            held.retain(|&(h, _)| h != token);
         }
         return (Some(Status::Internal), None);
     }

@@ -106,17 +106,40 @@ pub(crate) enum Timer {
     },
 }
 
+/// Timers kept before the first sweep of entries whose object is gone.
+const SWEEP_MIN: usize = 1024;
+
 /// Timers by due time; entries whose object is gone are skipped when they come up.
-#[derive(Default)]
 pub(crate) struct Timers {
     heap: BinaryHeap<Reverse<(Instant, Timer)>>,
+    /// Entry count above which [`sweep`](Self::sweep) looks at the entries.
+    sweep_at: usize,
+}
+
+impl Default for Timers {
+    fn default() -> Timers {
+        Timers::with_capacity(0)
+    }
 }
 
 impl Timers {
     pub(crate) fn with_capacity(n: usize) -> Timers {
         Timers {
             heap: BinaryHeap::with_capacity(n),
+            sweep_at: SWEEP_MIN,
         }
+    }
+
+    /// Drops the entries `live` says are of objects gone (requests answered, connections
+    /// closed), when entries outnumber twice those kept at the last sweep: they stay in
+    /// the heap until they come up, so without this a long deadline on many short
+    /// requests would grow it. Amortized O(1) per entry.
+    pub(crate) fn sweep(&mut self, live: impl FnMut(&Timer) -> bool) {
+        if self.heap.len() <= self.sweep_at {
+            return;
+        }
+        self.retain(live);
+        self.sweep_at = 2 * self.heap.len() + SWEEP_MIN;
     }
 
     /// Adds a request's timer.
@@ -157,6 +180,7 @@ impl Timers {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.heap.len()
     }

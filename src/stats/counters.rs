@@ -23,6 +23,7 @@ pub(crate) struct Counters {
     pub connections_accepted: AtomicU64,
     pub connections_opened: AtomicU64,
     pub connections_lost: AtomicU64,
+    pub connections_closed: AtomicU64,
     pub connections_refused: AtomicU64,
     pub reconnects: AtomicU64,
     pub payload_direct: AtomicU64,
@@ -120,8 +121,11 @@ pub struct Stats {
     pub connections_accepted: u64,
     /// Outgoing connections that completed their handshake.
     pub connections_opened: u64,
-    /// Connections lost or closed for an error.
+    /// Connections lost or closed for an error: the peer vanished (heartbeat), closed in
+    /// the middle of an exchange, broke the protocol, or the task shut down.
     pub connections_lost: u64,
+    /// Connections their peer closed cleanly: between frames, with nothing in flight.
+    pub connections_closed: u64,
     /// Connections closed as soon as they were accepted, at the `max_connections` limit.
     pub connections_refused: u64,
     /// Connect attempts after a failed one.
@@ -200,6 +204,7 @@ impl Stats {
         self.connections_accepted += l(&c.connections_accepted);
         self.connections_opened += l(&c.connections_opened);
         self.connections_lost += l(&c.connections_lost);
+        self.connections_closed += l(&c.connections_closed);
         self.connections_refused += l(&c.connections_refused);
         self.reconnects += l(&c.reconnects);
         self.payload_direct += l(&c.payload_direct);

@@ -100,7 +100,7 @@ impl Metrics {
             out,
             ",\"totals\":{{\"frames_in\":{},\"frames_out\":{},\"bytes_in\":{},\"bytes_out\":{},\
              \"connections_accepted\":{},\"connections_opened\":{},\"connections_lost\":{},\
-             \"reconnects\":{},\"busy_ns\":{},\"spin_ns\":{},\"parked_ns\":{},\"parks\":{},\
+             \"connections_closed\":{},\"reconnects\":{},\"busy_ns\":{},\"spin_ns\":{},\"parked_ns\":{},\"parks\":{},\
              \"send_arena_bytes\":{},\"recv_ring_exhausted\":{}}},\
              \"peers\":[",
             t.frames_in,
@@ -110,6 +110,7 @@ impl Metrics {
             t.connections_accepted,
             t.connections_opened,
             t.connections_lost,
+            t.connections_closed,
             t.reconnects,
             t.busy.as_nanos() as u64,
             t.spin.as_nanos() as u64,

@@ -123,7 +123,7 @@ class EmbeddedOnlyTest(unittest.TestCase):
         self.assertIsNone(gone())
         # Its connection ends: the PS sees it go.
         deadline = time.monotonic() + 30
-        while self.ps.stats().connections_lost < 1:
+        while self.ps.stats().connections_lost + self.ps.stats().connections_closed < 1:
             self.assertLess(time.monotonic(), deadline, "the connection never ended")
             time.sleep(0.01)
 

@@ -269,6 +269,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_CONN_RECV_BUDGET,
         ENV_MAX_CONNECTIONS,
         ENV_MAX_SERVED,
+        ENV_ANSWER_BACKLOG,
         ENV_CLOSE_LINGER_MS,
         ENV_ZERO_COPY_MIN,
         ENV_HANDLER_THREADS,

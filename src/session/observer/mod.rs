@@ -158,6 +158,29 @@ impl Observer {
         }
     }
 
+    /// The bytes queued since `before` (`after` now) on a connection to `peer` are the
+    /// answer to a served request of frame kind `kind`.
+    #[inline]
+    pub(crate) fn answer_out(&self, peer: u32, kind: FrameKind, before: u64, after: u64) {
+        if let Some(kind) = served_kind(kind) {
+            self.bytes_out(peer, kind, after.saturating_sub(before));
+        }
+    }
+
+    /// The peer `peer` sent `n` `PING`s of `bytes` bytes in all, each answered with its
+    /// `PONG` of the same size: served `ping`s.
+    pub(crate) fn served_pings(&self, peer: u32, n: u64, bytes: u64) {
+        if let Some(b) = self.peers.get(peer) {
+            let op = b.op(RequestKind::Ping);
+            for _ in 0..n {
+                b.started(RequestKind::Ping, 0, 0);
+                b.ended(RequestKind::Ping, Outcome::Ok, None);
+            }
+            add(&op.bytes_in, bytes);
+            add(&op.bytes_out, bytes);
+        }
+    }
+
     /// A frame of a request of `kind` (ours, or the peer's) arrived from `peer`: its bytes,
     /// and for the peer's request its items.
     pub(crate) fn frame_in(&self, peer: u32, kind: Option<RequestKind>, f: &Frame<'_>) {
@@ -206,6 +229,11 @@ impl Observer {
         }
     }
 
+    /// A peer closed a connection cleanly.
+    pub(crate) fn closed(&self) {
+        add(&self.counters.connections_closed, 1);
+    }
+
     /// The stats document of this task (`task`, `job:index`), with the totals of every
     /// loop of its runtime.
     pub(crate) fn stats_document(&self, task: &str) -> String {
@@ -218,4 +246,18 @@ impl Observer {
             Metrics::of(loops).to_json(task, &totals)
         })
     }
+}
+
+/// The request kind served metrics count a frame of `kind` under.
+pub(crate) fn served_kind(kind: FrameKind) -> Option<RequestKind> {
+    Some(match kind {
+        FrameKind::Recv => RequestKind::Recv,
+        FrameKind::FusedRecv => RequestKind::FusedRecv,
+        FrameKind::Pull => RequestKind::Pull,
+        FrameKind::Push => RequestKind::Push,
+        FrameKind::PullRows => RequestKind::PullRows,
+        FrameKind::PushRows => RequestKind::PushRows,
+        FrameKind::Stats => RequestKind::Stats,
+        _ => return None,
+    })
 }

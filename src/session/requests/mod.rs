@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::ctx::{CtxKey, CtxSlab, Full};
 use crate::error::{Error, ErrorKind};
 use crate::proto::{EncodeError, PushItem};
-use crate::stats::{add, Outcome, RequestKind};
+use crate::stats::{Outcome, RequestKind};
 use crate::tensor::Tensor;
 
 use super::conn::{Conn, Phase};
@@ -415,10 +415,7 @@ impl Requests {
         // The request's vectors go back to its submitter with the completion.
         op.recycle_into(&mut p.spare);
         match result {
-            Ok(()) => {
-                add(&ends.observer.counters().frames_out, 1);
-                conns.mark_dirty(slot);
-            }
+            Ok(()) => conns.mark_dirty(slot),
             Err(e) => {
                 log::debug!("request not encodable: {e}");
                 let e = Error::new(ErrorKind::InvalidArgument);

@@ -4,6 +4,7 @@
 
 mod recv;
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,17 +16,35 @@ use crate::proto::{Encoder, Frame, ResponseItem};
 use crate::rendezvous::Rendezvous;
 use crate::service::{self, SharedService};
 use crate::stats::{Outcome, RequestKind};
-use crate::tensor::{Tensor, TensorAllocator};
-use crate::wire::{Body, DType, FrameKind, Status, VarIds};
+use crate::tensor::{SharedAllocator, Tensor, TensorAllocator};
+use crate::wire::{Body, DType, Status, VarIds};
 
+use super::budget::{ConnBudget, Reservation};
 use super::conn::Conn;
-use super::observer::Observer;
-use super::push::{IncomingPush, PushVecs, Served};
+use super::observer::{served_kind, Observer};
+use super::push::{IncomingPush, PushVecs, Served, ServedRecv};
 use super::reply::keep_memory;
 use super::respond::{answer_pull, answer_push};
 use super::rows::{self, RowsScratch};
 use super::timer::Timers;
 use super::violation::Violation;
+
+/// What the session serves and how it receives tensors.
+#[derive(Clone)]
+pub(crate) struct SessionParts {
+    pub service: Option<SharedService>,
+    pub rendezvous: Option<Arc<Rendezvous>>,
+    /// Where heavy handlers run; `None`: inline on the loop.
+    pub jobs: Option<std::sync::mpsc::SyncSender<Job>>,
+    /// The loop's position among the runtime's loops (rendezvous waiters and pool answers
+    /// find their way back by it).
+    pub index: usize,
+    pub allocator: SharedAllocator,
+    /// Payload at least this long is received straight into its tensor.
+    pub zero_copy_min: u64,
+    /// The task's receive budget, shared by its loops.
+    pub budget: Arc<super::budget::Budget>,
+}
 
 /// Most sets of push vectors a loop keeps for reuse.
 const PUSH_VECS_KEPT: usize = 64;
@@ -40,6 +59,9 @@ pub(crate) struct Serving<'a> {
     /// Tensors the encoder references until written.
     pub out: &'a mut Slab<Arc<Tensor>>,
     pub served: &'a mut Served,
+    /// Its account of the receive budget, and the answer memory charged to it.
+    pub budget: &'a ConnBudget,
+    pub held: &'a mut Vec<(u64, Reservation)>,
     pub now: Instant,
 }
 
@@ -72,6 +94,9 @@ pub(crate) struct Server {
     stats_task: Option<String>,
     /// Requests a peer may have waiting on one connection.
     max_served: usize,
+    /// Recvs of released connections whose waiters are still to be taken out of the
+    /// rendezvous: the connection's loop, slot and generation, the recv, its next key.
+    forgetting: VecDeque<((usize, u32, u32), ServedRecv, usize)>,
 }
 
 impl Server {
@@ -91,6 +116,7 @@ impl Server {
             scratch: ServeScratch::default(),
             stats_task,
             max_served,
+            forgetting: VecDeque::new(),
         }
     }
 
@@ -149,14 +175,24 @@ impl Server {
                 // seen here).
                 observer.served(c.peer, RequestKind::PullRows, Outcome::Ok, None);
                 if let Some(jobs) = &self.jobs {
+                    // The blocks are made on the pool: charged before they are.
+                    let bytes = tables.map(|t| t.block.byte_len).sum();
+                    let Ok(reserved) = c.budget.reserve(bytes) else {
+                        let why = "rows answer over the receive budget";
+                        let _ = c.enc.error(h, Status::ResourceExhausted, why);
+                        return Ok(());
+                    };
                     let job = Job::PullRows {
                         to: self.reply_to(c, h),
                         tables: rows::pull_job(tables),
                     };
-                    refuse_if_unsent(jobs.try_send(job), c.enc, h);
+                    if refuse_if_unsent(jobs.try_send(job), c.enc, h) {
+                        c.served.producing.push((h, reserved));
+                    }
                     return Ok(());
                 }
-                rows::serve_pull(service, tables, c.enc, c.out, h, &mut self.scratch.rows);
+                let s = &mut self.scratch.rows;
+                rows::serve_pull(service, tables, c.enc, c.out, h, s, c.budget, c.held);
             }
             Body::Push(_) | Body::PushRows(_) => {
                 if c.served.push_mut(h).is_some() {
@@ -173,8 +209,7 @@ impl Server {
                 c.served.pushes.push(push);
             }
             Body::Recv(r) | Body::FusedRecv(r) => {
-                let deadline = deadline_of(c.now, f.header.timeout_ms);
-                return self.serve_recv(c, h, r, deadline, timers, observer);
+                return self.serve_recv(c, &f.header, r, timers, observer);
             }
             _ => {}
         }
@@ -224,14 +259,25 @@ impl Server {
             observer.served(c.peer, RequestKind::Stats, Outcome::Error, None);
             return;
         };
-        let doc = observer.stats_document(task);
+        let mut doc = observer.stats_document(task).into_bytes();
+        doc.shrink_to_fit();
         observer.started(c.peer, RequestKind::Stats, 0, 0);
-        let bytes = doc.into_bytes();
-        let result = Tensor::from_bytes(DType::U8, &[bytes.len() as u64], bytes)
+        // The document is larger than the request: charged to the receive budget until it
+        // is written.
+        let Ok(reserved) = c.budget.reserve(doc.capacity() as u64) else {
+            let why = "stats document over the receive budget";
+            let _ = c.enc.error(handle, Status::ResourceExhausted, why);
+            observer.served(c.peer, RequestKind::Stats, Outcome::Refused, None);
+            return;
+        };
+        let result = Tensor::from_bytes(DType::U8, &[doc.len() as u64], doc)
             .map(Arc::new)
             .map_err(|_| Status::Internal);
         let s = &mut self.scratch;
         answer_pull(c.enc, c.out, handle, &[result], &mut s.tokens, &mut s.items);
+        if let Some(&Some(token)) = s.tokens.first() {
+            c.held.push((token, reserved));
+        }
         observer.served(c.peer, RequestKind::Stats, Outcome::Ok, None);
     }
 
@@ -352,7 +398,11 @@ impl Server {
     /// Sends a pool handler's answer on `conn` (its connection, still live).
     pub(crate) fn take_answer(&mut self, conn: &mut Conn, a: Answer) {
         let Conn {
-            proto, out_tensors, ..
+            proto,
+            out_tensors,
+            served,
+            held,
+            ..
         } = conn;
         let enc = proto.encoder();
         let s = &mut self.scratch;
@@ -366,44 +416,69 @@ impl Server {
                 &mut s.items,
             ),
             Answer::Push { to, statuses } => answer_push(enc, to.handle, &statuses, &mut s.items),
-            Answer::PullRows { to, tables } => rows::answer_pulled(
-                enc,
-                out_tensors,
-                to.handle,
-                &tables,
-                &mut s.tokens,
-                &mut s.items,
-            ),
+            Answer::PullRows { to, tables } => {
+                let (tokens, items) = (&mut s.tokens, &mut s.items);
+                rows::answer_pulled(enc, out_tensors, to.handle, &tables, tokens, items);
+                // What the pool's blocks were charged stays charged until the last of them
+                // is written.
+                let producing = &mut served.producing;
+                if let Some(at) = producing.iter().position(|(h, _)| *h == to.handle) {
+                    let (_, reserved) = producing.swap_remove(at);
+                    if let Some(&token) = tokens.iter().flatten().last() {
+                        held.push((token, reserved));
+                    }
+                }
+            }
         }
     }
 
     /// Connection `slot` (`conn`) is released: the peer's requests it was still serving
-    /// (recvs waiting, pushes arriving) end unanswered.
-    pub(crate) fn release(&self, slot: u32, conn: &Conn, observer: &Observer) {
-        for _ in &conn.served.recvs {
-            observer.served(conn.peer, RequestKind::Recv, Outcome::Unavailable, None);
+    /// (recvs waiting, pushes arriving) end unanswered. The waiters of its recvs are taken
+    /// out of the rendezvous a bounded number at a time ([`forget_some`](Self::forget_some)),
+    /// so that however many it left, no loop turn stalls on them.
+    pub(crate) fn release(&mut self, slot: u32, conn: &mut Conn, observer: &Observer) {
+        for r in &conn.served.recvs {
+            observer.served(conn.peer, r.kind, Outcome::Unavailable, None);
         }
         for p in &conn.served.pushes {
             observer.served(conn.peer, p.kind(), Outcome::Unavailable, None);
         }
-        if let (false, Some(r)) = (conn.served.recvs.is_empty(), &self.rendezvous) {
-            r.forget(self.index, slot, conn.generation);
+        let waiter = (self.index, slot, conn.generation);
+        for recv in conn.served.recvs.drain(..) {
+            self.forgetting.push_back((waiter, recv, 0));
         }
     }
-}
 
-/// The request kind served metrics count a frame of `kind` under: recvs, fused or not,
-/// as one operation (a fused recv's items are answered as single recvs are).
-pub(crate) fn served_kind(kind: FrameKind) -> Option<RequestKind> {
-    Some(match kind {
-        FrameKind::Recv | FrameKind::FusedRecv => RequestKind::Recv,
-        FrameKind::Pull => RequestKind::Pull,
-        FrameKind::Push => RequestKind::Push,
-        FrameKind::PullRows => RequestKind::PullRows,
-        FrameKind::PushRows => RequestKind::PushRows,
-        FrameKind::Stats => RequestKind::Stats,
-        _ => return None,
-    })
+    /// Takes up to `keys` waiters of released connections out of the rendezvous; returns
+    /// whether it took any. Until then a tensor published for one of them goes to the
+    /// loop, which finds the connection gone and puts the tensor back.
+    pub(crate) fn forget_some(&mut self, keys: usize) -> bool {
+        let Some(r) = self.rendezvous.as_deref() else {
+            self.forgetting.clear();
+            return false;
+        };
+        let mut done = 0;
+        while done < keys {
+            let Some((waiter, recv, next)) = self.forgetting.front_mut() else {
+                break;
+            };
+            while *next < recv.len() && done < keys {
+                r.forget(*waiter, recv.handle, recv.key(*next), None);
+                *next += 1;
+                done += 1;
+            }
+            if *next == recv.len() {
+                // Its keys are forgotten: what it was charged is given back.
+                self.forgetting.pop_front();
+            }
+        }
+        done > 0
+    }
+
+    /// Whether waiters of released connections are still to be taken out.
+    pub(crate) fn is_forgetting(&self) -> bool {
+        !self.forgetting.is_empty()
+    }
 }
 
 /// Answers a request the handler pool could not take; returns whether it took it.

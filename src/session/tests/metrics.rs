@@ -216,7 +216,7 @@ fn send_arena_bytes_follow_the_encoders_and_return_to_zero_when_the_connection_g
     for (block, buf) in sink.blocks.drain(..) {
         p.server.restore_block(s, block, buf);
     }
-    p.server.sent(s, sink.bytes.len());
+    p.server.sent(s, sink.bytes.len(), p.now);
     Pair::input(&mut p.client, p.c, &sink.bytes, p.now);
     let after = server_blocks(&mut p);
     assert_eq!(arena_gauge(&p.server), after, "and once it is written");
