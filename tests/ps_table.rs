@@ -466,6 +466,25 @@ fn per_row_consistency_loses_no_update() {
     }
 }
 
+/// One call that creates many rows keeps the index growing as it goes: none refused.
+#[test]
+fn one_call_creating_many_rows() {
+    let t = table(PsTable::builder(2));
+    let ids: Vec<u64> = (0..100_000).map(|i| i * 3).collect();
+    let (_, missing) = pull(&t, &ids);
+    assert!(missing.is_empty());
+    let m = t.metrics();
+    assert_eq!((m.rows, m.created, m.refused), (100_000, 100_000, 0));
+    assert!(m.index_builds >= 4);
+    let values = vec![1.0f32; 2 * ids.len()];
+    let other: Vec<u64> = ids.iter().map(|i| i + 1).collect();
+    let fresh = table(PsTable::builder(2));
+    assert_eq!(
+        fresh.load_rows(&other, &values, None).unwrap().created,
+        100_000
+    );
+}
+
 /// Rows created from one thread make the index grow (several builds) while other threads
 /// push and pull their own rows: nothing is lost, every value exact.
 #[test]

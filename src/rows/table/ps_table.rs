@@ -73,7 +73,16 @@ pub(super) struct Tally {
     pub(super) refused: u64,
     pub(super) missing: u64,
     pub(super) dropped: u64,
+    /// Index entries added by the call (any origin).
+    pub(super) inserted: u64,
 }
+
+/// Index entries a call adds between two housekeeping steps: a call that creates many rows
+/// keeps the index growing as it goes.
+const INSERTS_PER_STEP: u64 = 256;
+
+/// Housekeeping steps (and tries) for an insert that finds the index level full.
+const FULL_TRIES: u32 = 8;
 
 /// What became of the huge-page advice on a table's arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,12 +329,16 @@ impl PsTable {
         let (row, state) = words[1..].split_at(self.layout.row_words);
         fill(row, state);
         let stamp = self.clock.load(Ordering::Relaxed) as u16;
-        for attempt in 0..2 {
+        for _ in 0..FULL_TRIES {
             match self.index.insert(view, id, h, slot, stamp, &key_of) {
                 Insert::New => {
                     self.slots.set_live(slot);
                     if origin != Origin::Load {
                         tally.created += 1;
+                    }
+                    tally.inserted += 1;
+                    if tally.inserted % INSERTS_PER_STEP == 0 {
+                        self.upkeep_step();
                     }
                     return Some((slot, true));
                 }
@@ -334,10 +347,11 @@ impl PsTable {
                     self.slots.free(slot);
                     return Some((hit.slot(), false));
                 }
-                Insert::Full if attempt == 0 => {
+                // A build is due, or the level being built is filling faster than it is
+                // copied: a few bounded steps, then give up on this row (counted).
+                Insert::Full => {
                     self.index.step(&self.epoch, self.slots.rows(), &key_of);
                 }
-                Insert::Full => {}
             }
         }
         self.slots.free(slot);
