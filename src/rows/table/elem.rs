@@ -57,6 +57,9 @@ impl Float {
     }
 }
 
+/// Elements a push computes together (and the unit of the fixed-size loads below).
+pub(super) const CHUNK: usize = 8;
+
 /// One element format, for code generic over it (a pull or push loop is compiled once per
 /// format, with no branch per element).
 pub(super) trait Format {
@@ -68,6 +71,53 @@ pub(super) trait Format {
     fn decode(bits: u64) -> f32;
     /// The bits of `x` in this format.
     fn encode(x: f32) -> u64;
+
+    /// Elements `first..first + 8` of the row in `words` (`first` a multiple of 8, all
+    /// eight in the row): straight-line code, no loop bounds to check per element.
+    #[inline(always)]
+    fn load8(words: &[AtomicU64], first: usize) -> [f32; CHUNK] {
+        let w = &words[first / Self::PER_WORD..][..CHUNK / Self::PER_WORD];
+        let bits = 64 / Self::PER_WORD;
+        let mask = u64::MAX >> (64 - bits);
+        std::array::from_fn(|k| {
+            let word = w[k / Self::PER_WORD].load(Relaxed);
+            Self::decode((word >> ((k % Self::PER_WORD) * bits)) & mask)
+        })
+    }
+
+    /// Stores eight elements as elements `first..first + 8` of the row in `words`.
+    #[inline(always)]
+    fn store8(words: &[AtomicU64], first: usize, vals: &[f32; CHUNK]) {
+        let w = &words[first / Self::PER_WORD..][..CHUNK / Self::PER_WORD];
+        let bits = 64 / Self::PER_WORD;
+        for (i, word) in w.iter().enumerate() {
+            let mut v = 0u64;
+            for j in 0..Self::PER_WORD {
+                v |= Self::encode(vals[i * Self::PER_WORD + j]) << (j * bits);
+            }
+            word.store(v, Relaxed);
+        }
+    }
+
+    /// Eight little-endian elements from the start of `bytes`.
+    #[inline(always)]
+    fn read8(bytes: &[u8]) -> [f32; CHUNK] {
+        let b = &bytes[..CHUNK * Self::BYTES];
+        std::array::from_fn(|k| {
+            let mut le = [0u8; 8];
+            le[..Self::BYTES].copy_from_slice(&b[k * Self::BYTES..(k + 1) * Self::BYTES]);
+            Self::decode(u64::from_le_bytes(le))
+        })
+    }
+
+    /// Eight elements, little-endian, into the start of `bytes`.
+    #[inline(always)]
+    fn write8(vals: &[f32; CHUNK], bytes: &mut [u8]) {
+        let b = &mut bytes[..CHUNK * Self::BYTES];
+        for (v, d) in vals.iter().zip(b.chunks_exact_mut(Self::BYTES)) {
+            d.copy_from_slice(&Self::encode(*v).to_le_bytes()[..Self::BYTES]);
+        }
+    }
 }
 
 /// [`Float::F32`] as a [`Format`].

@@ -229,6 +229,21 @@ impl Index {
         view.prev.and_then(|p| p.find(id, h, key_of))
     }
 
+    /// Loads the first entry of `h`'s home bucket in the current level (bringing its line
+    /// in); see [`candidate`](Self::candidate).
+    #[inline]
+    pub(super) fn touch_home(&self, view: &View<'_>, h: u64) -> u64 {
+        view.cur.home_entry(h)
+    }
+
+    /// The first entry in `h`'s home bucket of the current level with `h`'s tag, if any: the
+    /// entry of the id in the common case, to be confirmed by the id in its slot (else
+    /// [`find`](Self::find)).
+    #[inline]
+    pub(super) fn candidate<'a>(&self, view: &View<'a>, h: u64) -> Option<Hit<'a>> {
+        view.cur.candidate(h)
+    }
+
     /// Adds the entry of `id` (hash `h`) for `slot`, stamped `stamp`, unless the id has one
     /// (then the existing entry: the caller's slot was not published). Refreshes `view`
     /// if the levels changed.

@@ -91,6 +91,37 @@ impl<'a> Level<'a> {
         &self.entries[at..at + BUCKET]
     }
 
+    /// The first entry of `h`'s home bucket: a load that brings the bucket's line in, so the
+    /// lookups of several ids can wait for memory together.
+    #[inline]
+    pub(super) fn home_entry(&self, h: u64) -> u64 {
+        if self.buckets == 0 {
+            return EMPTY;
+        }
+        self.bucket(self.home(h))[0].load(Ordering::Acquire)
+    }
+
+    /// The first row entry of `h`'s home bucket with `h`'s tag, whichever id it is (the
+    /// caller checks the id in the slot); `None` if the home bucket has none (the id may
+    /// still be further on: [`find`](Self::find) knows).
+    #[inline]
+    pub(super) fn candidate(&self, h: u64) -> Option<Hit<'a>> {
+        if self.buckets == 0 {
+            return None;
+        }
+        let t = tag(h);
+        for word in self.bucket(self.home(h)) {
+            let e = word.load(Ordering::Acquire);
+            if e == EMPTY || e == FROZEN {
+                return None;
+            }
+            if is_row(e) && tag_of(e) == t {
+                return Some(Hit { word, entry: e });
+            }
+        }
+        None
+    }
+
     /// The entry of `id` in this level. A probe ends at an empty or frozen entry: an id is
     /// never placed past one.
     #[inline]

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::elem::{self, Format, F32};
+use super::elem::{self, Format, CHUNK, F32};
 
 /// How a [`PsTable`](super::PsTable) applies a gradient row `g` to a row `w`, element by
 /// element.
@@ -47,9 +47,6 @@ pub enum Optimizer {
         epsilon: f32,
     },
 }
-
-/// Elements computed together.
-const CHUNK: usize = 8;
 
 impl Optimizer {
     /// Adam with PyTorch's defaults for the betas and epsilon (0.9, 0.999, 1e-8).
@@ -239,16 +236,15 @@ pub(super) fn apply<S: Format, G: Format>(
             elem::store::<F32>(powers, 0, &[p1, p2]);
             let (c1, c2) = (1.0 - p1, 1.0 - p2);
             each_chunk::<S, G>(dim, row, grad, |first, n, w, g| {
-                let (mut m, mut v) = ([0f32; CHUNK], [0f32; CHUNK]);
-                elem::load::<F32>(m_words, first, &mut m[..n]);
-                elem::load::<F32>(v_words, first, &mut v[..n]);
+                let mut m = load_chunk::<F32>(m_words, first, n);
+                let mut v = load_chunk::<F32>(v_words, first, n);
                 for j in 0..CHUNK {
                     m[j] = beta1 * m[j] + (1.0 - beta1) * g[j];
                     v[j] = beta2 * v[j] + (1.0 - beta2) * g[j] * g[j];
                     w[j] -= lr * (m[j] / c1) / ((v[j] / c2).sqrt() + epsilon);
                 }
-                elem::store::<F32>(m_words, first, &m[..n]);
-                elem::store::<F32>(v_words, first, &v[..n]);
+                store_chunk::<F32>(m_words, first, n, &m);
+                store_chunk::<F32>(v_words, first, n, &v);
             })
         }
     }
@@ -267,13 +263,40 @@ fn each_chunk<S: Format, G: Format>(
     let mut first = 0;
     while first < dim {
         let n = CHUNK.min(dim - first);
-        let mut g = [0f32; CHUNK];
-        elem::read::<G>(&grad[first * G::BYTES..(first + n) * G::BYTES], &mut g[..n]);
-        let mut w = [0f32; CHUNK];
-        elem::load::<S>(row, first, &mut w[..n]);
+        let g = if n == CHUNK {
+            G::read8(&grad[first * G::BYTES..])
+        } else {
+            let mut g = [0f32; CHUNK];
+            elem::read::<G>(&grad[first * G::BYTES..(first + n) * G::BYTES], &mut g[..n]);
+            g
+        };
+        let mut w = load_chunk::<S>(row, first, n);
         update(first, n, &mut w, &g);
-        elem::store::<S>(row, first, &w[..n]);
+        store_chunk::<S>(row, first, n, &w);
         first += CHUNK;
+    }
+}
+
+/// Elements `first..first + n` (n at most [`CHUNK`]) of the row in `words`; lanes past `n`
+/// zero.
+#[inline(always)]
+fn load_chunk<F: Format>(words: &[AtomicU64], first: usize, n: usize) -> [f32; CHUNK] {
+    if n == CHUNK {
+        F::load8(words, first)
+    } else {
+        let mut v = [0f32; CHUNK];
+        elem::load::<F>(words, first, &mut v[..n]);
+        v
+    }
+}
+
+/// Stores lanes `..n` of `vals` as elements `first..first + n` of the row in `words`.
+#[inline(always)]
+fn store_chunk<F: Format>(words: &[AtomicU64], first: usize, n: usize, vals: &[f32; CHUNK]) {
+    if n == CHUNK {
+        F::store8(words, first, vals);
+    } else {
+        elem::store::<F>(words, first, &vals[..n]);
     }
 }
 

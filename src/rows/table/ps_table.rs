@@ -11,18 +11,16 @@ use crossbeam_utils::CachePadded;
 
 use super::admit::Sketch;
 use super::config::{BuildError, Consistency, Create, PsTableBuilder};
-use super::elem::{self, Bf16, Float, Format, F16, F32};
+use super::elem::{self, Bf16, Float, Format, CHUNK, F16, F32};
 use super::epoch::Epoch;
 use super::index::{self, Index, Insert, View};
+use super::level::Hit;
 use super::metrics::{self, Counters, HotId, HotIds, TableMetrics};
 use super::optim;
 use super::slots::{Layout, Slots};
 use crate::service::Table;
 use crate::sys::arena::{thp_mode, HugePages};
 use crate::wire::{DType, Status};
-
-/// Elements computed together when rows are converted or initialized.
-const CHUNK: usize = 8;
 
 /// Hottest ids in [`TableMetrics::hot`].
 const HOT_IN_METRICS: usize = 16;
@@ -83,6 +81,10 @@ const INSERTS_PER_STEP: u64 = 256;
 
 /// Housekeeping steps (and tries) for an insert that finds the index level full.
 const FULL_TRIES: u32 = 8;
+
+/// Ids looked up together: their index lines, then their slots, are loaded one after the
+/// other before any is used, so the misses of a group overlap instead of adding up.
+const GROUP: usize = 16;
 
 /// What became of the huge-page advice on a table's arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -456,6 +458,59 @@ impl PsTable {
         }
     }
 
+    /// The slots of the ids of a group that the common case resolves (the entry in the home
+    /// bucket of the current level, the id confirmed in its slot), stamped; `None` for the
+    /// others, which take [`find_or_create`](Self::find_or_create). Loads every home bucket,
+    /// then every candidate slot (a word of each line up to word `tail`, the last the call
+    /// will use), before it compares any.
+    #[inline]
+    fn resolve_group<'a>(
+        &'a self,
+        view: &View<'a>,
+        ids: &[u64],
+        tail: usize,
+        found: &mut [Option<u32>; GROUP],
+    ) {
+        let mut hashes = [0u64; GROUP];
+        let mut sink = 0u64;
+        for (h, &id) in hashes.iter_mut().zip(ids) {
+            *h = index::hash(id);
+            sink = sink.wrapping_add(self.index.touch_home(view, *h));
+        }
+        let words = self.slots.words();
+        let stride = self.layout.stride;
+        let mut hits: [Option<Hit<'a>>; GROUP] = [None; GROUP];
+        let mut keys = [0u64; GROUP];
+        for j in 0..ids.len() {
+            if let Some(hit) = self.index.candidate(view, hashes[j]) {
+                let at = hit.slot() as usize * stride;
+                if let Some(slot) = words.get(at..=at + tail) {
+                    keys[j] = slot[0].load(Ordering::Relaxed);
+                    // A word of every cache line the call will read (slots are not aligned
+                    // to lines: one in eight words, and the last).
+                    let lines = slot.get(8..).unwrap_or_default();
+                    for w in lines.iter().step_by(8).chain(&slot[tail..]) {
+                        sink = sink.wrapping_add(w.load(Ordering::Relaxed));
+                    }
+                    hits[j] = Some(hit);
+                }
+            }
+        }
+        std::hint::black_box(sink);
+        let stamp = self.stamp();
+        for j in 0..ids.len() {
+            found[j] = match hits[j] {
+                Some(hit) if keys[j] == ids[j] => {
+                    if let Some(stamp) = stamp {
+                        hit.touch(stamp);
+                    }
+                    Some(hit.slot())
+                }
+                _ => None,
+            };
+        }
+    }
+
     fn pull_rows<R: ReadRow>(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) {
         let rb = self.row_bytes;
         let (dim, row_words) = (self.layout.dim, self.layout.row_words);
@@ -463,19 +518,34 @@ impl PsTable {
         {
             let _guard = self.epoch.enter();
             let mut view = self.index.view();
-            for ((i, &id), dst) in ids.iter().enumerate().zip(out.chunks_exact_mut(rb)) {
-                let init = |row: &_, state: &_| self.init_row(id, row, state);
-                let Some((slot, _)) =
-                    self.find_or_create(&mut view, id, Origin::Pull, &mut tally, init)
-                else {
-                    dst.fill(0);
-                    missing.push(i as u32);
-                    tally.missing += 1;
-                    continue;
-                };
-                let s = self.layout.slot(self.slots.words(), slot);
-                let row = &s[1..1 + row_words];
-                self.read_row(id, || R::read(row, dim, dst));
+            let mut found = [None; GROUP];
+            for (g, (group, block)) in ids
+                .chunks(GROUP)
+                .zip(out.chunks_mut(GROUP * rb))
+                .enumerate()
+            {
+                self.resolve_group(&view, group, row_words, &mut found);
+                for (j, (&id, dst)) in group.iter().zip(block.chunks_exact_mut(rb)).enumerate() {
+                    let slot = match found[j] {
+                        Some(slot) => slot,
+                        None => {
+                            let init = |row: &_, state: &_| self.init_row(id, row, state);
+                            match self.find_or_create(&mut view, id, Origin::Pull, &mut tally, init)
+                            {
+                                Some((slot, _)) => slot,
+                                None => {
+                                    dst.fill(0);
+                                    missing.push((g * GROUP + j) as u32);
+                                    tally.missing += 1;
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    let s = self.layout.slot(self.slots.words(), slot);
+                    let row = &s[1..1 + row_words];
+                    self.read_row(id, || R::read(row, dim, dst));
+                }
             }
         }
         let call = self.counters.pulls.fetch_add(1, Ordering::Relaxed);
@@ -495,17 +565,28 @@ impl PsTable {
         {
             let _guard = self.epoch.enter();
             let mut view = self.index.view();
-            for (&id, g) in ids.iter().zip(grads.chunks_exact(rb)) {
-                let init = |row: &_, state: &_| self.init_row(id, row, state);
-                let Some((slot, _)) =
-                    self.find_or_create(&mut view, id, Origin::Push, &mut tally, init)
-                else {
-                    tally.dropped += 1;
-                    continue;
-                };
-                let s = self.layout.slot(self.slots.words(), slot);
-                let (row, state) = s[1..].split_at(row_words);
-                self.write_row(id, || optim::apply::<S, G>(optimizer, dim, row, state, g));
+            let mut found = [None; GROUP];
+            for (group, block) in ids.chunks(GROUP).zip(grads.chunks(GROUP * rb)) {
+                self.resolve_group(&view, group, self.layout.stride - 1, &mut found);
+                for (j, (&id, g)) in group.iter().zip(block.chunks_exact(rb)).enumerate() {
+                    let slot = match found[j] {
+                        Some(slot) => slot,
+                        None => {
+                            let init = |row: &_, state: &_| self.init_row(id, row, state);
+                            match self.find_or_create(&mut view, id, Origin::Push, &mut tally, init)
+                            {
+                                Some((slot, _)) => slot,
+                                None => {
+                                    tally.dropped += 1;
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    let s = self.layout.slot(self.slots.words(), slot);
+                    let (row, state) = s[1..].split_at(row_words);
+                    self.write_row(id, || optim::apply::<S, G>(optimizer, dim, row, state, g));
+                }
             }
         }
         let call = self.counters.pushes.fetch_add(1, Ordering::Relaxed);
@@ -587,9 +668,13 @@ impl<S: Format> ReadRow for Widen<S> {
         let mut first = 0;
         while first < dim {
             let n = CHUNK.min(dim - first);
-            let mut vals = [0f32; CHUNK];
-            elem::load::<S>(row, first, &mut vals[..n]);
-            elem::write::<F32>(&vals[..n], &mut dst[first * 4..(first + n) * 4]);
+            if n == CHUNK {
+                F32::write8(&S::load8(row, first), &mut dst[first * 4..]);
+            } else {
+                let mut vals = [0f32; CHUNK];
+                elem::load::<S>(row, first, &mut vals[..n]);
+                elem::write::<F32>(&vals[..n], &mut dst[first * 4..(first + n) * 4]);
+            }
             first += CHUNK;
         }
     }
