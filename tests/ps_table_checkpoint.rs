@@ -134,6 +134,29 @@ fn round_trip_of_half_precision_rows_with_adam() {
     assert!(adagrad_table(4).load(&empty.0).unwrap().is_empty());
 }
 
+/// Through the page cache (direct I/O off, as where a file system refuses it): the same
+/// file.
+#[test]
+fn round_trip_through_the_page_cache() {
+    let (direct, cached) = (Dir::new("direct"), Dir::new("cached"));
+    let t = adagrad_table(4).build().unwrap();
+    let ids: Vec<u64> = (0..70_000).collect();
+    t.push(&ids, &bytes(&vec![0.25; 16 * ids.len()]));
+    t.save(&direct.0).unwrap();
+    let report = adagrad_table(4)
+        .checkpoint_direct_io(false)
+        .load(&direct.0)
+        .unwrap()
+        .save(&cached.0)
+        .unwrap();
+    assert!(!report.direct_io);
+    let file = checkpoint_file(4);
+    assert_eq!(
+        fs::read(direct.0.join(&file)).unwrap(),
+        fs::read(cached.0.join(&file)).unwrap()
+    );
+}
+
 /// A save while threads push: a fuzzy snapshot. Every row created before the save is in
 /// it, with a value some push left it at.
 #[test]

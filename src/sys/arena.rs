@@ -194,6 +194,16 @@ impl Arena {
         unsafe { std::slice::from_raw_parts(self.base.as_ptr().cast::<AtomicU64>(), len) }
     }
 
+    /// The committed prefix as bytes, for I/O that needs page-aligned memory (direct I/O).
+    /// `&mut self`: no atomic view of the memory is alive meanwhile.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = *self.committed.get_mut();
+        // SAFETY: `base` and `[0, committed)` as in `words`; `&mut self` borrows the arena
+        // exclusively, so no slice `words` handed out (borrowing `&self`) is alive, and the
+        // returned slice keeps it borrowed for as long as it lives. Any byte is a valid `u8`.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), len) }
+    }
+
     /// Gives the pages of `[offset, offset + len)` (shrunk to whole base pages) back to
     /// the kernel; they stay committed and read as zero from then on. The caller makes
     /// sure nothing still uses them: a thread that did would read zeros, a defined value
@@ -336,6 +346,17 @@ mod tests {
         words[600].store(1, Ordering::Relaxed);
         assert_eq!(words[600].load(Ordering::Relaxed), 1);
         assert_eq!(arena.huge_pages(), HugePages::NotAsked);
+    }
+
+    #[test]
+    fn bytes_of_the_committed_memory() {
+        let mut arena = Arena::reserve(HUGE_PAGE, false).unwrap();
+        arena.commit(100).unwrap();
+        let bytes = arena.bytes_mut();
+        assert_eq!(bytes.len(), HUGE_PAGE);
+        assert_eq!(bytes.as_ptr() as usize % HUGE_PAGE, 0);
+        bytes[8] = 3;
+        assert_eq!(arena.words()[1].load(Ordering::Relaxed), 3);
     }
 
     #[test]

@@ -12,7 +12,12 @@
 //!
 //! **Atomic**: written to `.table-<id>.swrows.tmp-<pid>` in the directory, flushed to disk
 //! (`fsync`), renamed over `table-<id>.swrows`, and the directory flushed: a reader sees
-//! the old complete file or the new complete file.
+//! the old complete file or the new complete file. Rows go to the disk around the page
+//! cache (`O_DIRECT`, from a page-aligned buffer) where the file system allows it (a
+//! setting, [`checkpoint_direct_io`](super::PsTableBuilder::checkpoint_direct_io)); else
+//! through it, and every 64 MiB the save asks the kernel to start writing what it has
+//! (`POSIX_FADV_DONTNEED`), so the disk works while rows are still being read and the page
+//! cache does not fill with the checkpoint.
 //!
 //! # Format, version 1
 //!
@@ -53,15 +58,19 @@
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use nix::fcntl::{fcntl, posix_fadvise, FcntlArg, OFlag, PosixFadviseAdvice};
+use nix::libc;
 
 use super::config::{BuildError, PsTableBuilder};
 use super::elem::Float;
 use super::ps_table::{Origin, PsTable, Tally};
 use super::xxh64::xxh64;
+use crate::sys::arena::Arena;
 
 /// The version of the format this build writes and reads.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -73,6 +82,8 @@ const BLOCK_HEADER_LEN: usize = 16;
 const TRAILER_LEN: usize = 32;
 /// Bytes of records per block (about).
 const BLOCK_BYTES: usize = 4 << 20;
+/// Bytes written between two writeback hints.
+const WRITEBACK_BYTES: u64 = 64 << 20;
 
 /// The file name of table `table_id`'s checkpoint in a checkpoint directory.
 pub fn checkpoint_file(table_id: u32) -> String {
@@ -185,6 +196,9 @@ pub struct SaveReport {
     pub writing: Duration,
     /// Of which waiting for `fsync`.
     pub syncing: Duration,
+    /// Whether rows went to the disk around the page cache (`O_DIRECT`; not on every file
+    /// system).
+    pub direct_io: bool,
 }
 
 impl SaveReport {
@@ -321,8 +335,7 @@ impl PsTable {
             checkpoint_file(self.settings.table_id),
             std::process::id()
         ));
-        let written = self.write_file(&tmp);
-        let (rows, bytes, writing, syncing) = match written {
+        let written = match self.write_file(&tmp) {
             Ok(w) => w,
             Err((doing, e)) => {
                 let _ = fs::remove_file(&tmp);
@@ -339,110 +352,225 @@ impl PsTable {
             .map_err(|e| io_err("flushing the directory", e))?;
         Ok(SaveReport {
             path,
-            rows,
-            bytes,
+            rows: written.rows,
+            bytes: written.bytes,
             elapsed: start.elapsed(),
-            writing,
-            syncing: syncing + synced.elapsed(),
+            writing: written.writing,
+            syncing: written.syncing + synced.elapsed(),
+            direct_io: written.direct,
         })
     }
 
-    /// Writes the checkpoint to `tmp`: rows, bytes, time in writes, time in `fsync`.
-    fn write_file(
-        &self,
-        tmp: &Path,
-    ) -> Result<(u64, u64, Duration, Duration), (&'static str, io::Error)> {
-        let mut file = File::create(tmp).map_err(|e| ("creating the temporary file", e))?;
+    /// Writes the checkpoint to `tmp`.
+    fn write_file(&self, tmp: &Path) -> Result<Written, (&'static str, io::Error)> {
+        let mut sink = Sink::create(tmp, self.settings.direct_io)
+            .map_err(|e| ("creating the temporary file", e))?;
         let w = |e| ("writing", e);
         let mut header = shape_of(&self.settings);
         header.clock = self.clock();
-        file.write_all(&[0u8; HEADER_LEN]).map_err(w)?;
-        let mut writer = BlockWriter {
-            file: &mut file,
-            buf: Vec::with_capacity(
-                BLOCK_HEADER_LEN + header.block_rows as usize * header.record as usize,
-            ),
-            in_block: 0,
-            rows: 0,
-            blocks: 0,
-            bytes: HEADER_LEN as u64,
-            writing: Duration::ZERO,
-            failed: None,
-        };
-        writer.buf.resize(BLOCK_HEADER_LEN, 0);
-        let block_rows = header.block_rows;
+        let record = header.record as usize;
+        // Room for the header, which is written last.
+        sink.len = HEADER_LEN;
+        let (mut rows, mut blocks, mut in_block) = (0u64, 0u64, 0u32);
+        let mut block_start = 0;
+        let mut failed = None;
         self.walk_slots(|id, slot| {
-            if writer.failed.is_some() {
+            if failed.is_some() {
                 return;
             }
-            let at = writer.buf.len();
+            if in_block == 0 {
+                block_start = sink.len;
+                sink.len += BLOCK_HEADER_LEN;
+            }
+            let at = sink.len;
+            let stage = sink.stage();
             self.read_row(id, || {
-                writer.buf.truncate(at);
-                for word in slot {
-                    writer
-                        .buf
-                        .extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+                for (word, b) in slot.iter().zip(stage[at..at + record].chunks_exact_mut(8)) {
+                    b.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
                 }
             });
-            writer.in_block += 1;
-            if writer.in_block == block_rows {
-                writer.flush();
+            sink.len += record;
+            in_block += 1;
+            if in_block == header.block_rows {
+                sink.end_block(block_start, in_block);
+                (rows, blocks, in_block) = (rows + u64::from(in_block), blocks + 1, 0);
+                if let Err(e) = sink.drain(false) {
+                    failed = Some(e);
+                }
             }
         });
-        if writer.in_block > 0 {
-            writer.flush();
-        }
-        if let Some(e) = writer.failed.take() {
+        if let Some(e) = failed {
             return Err(w(e));
         }
-        let (rows, blocks, mut bytes, writing) =
-            (writer.rows, writer.blocks, writer.bytes, writer.writing);
+        if in_block > 0 {
+            sink.end_block(block_start, in_block);
+            (rows, blocks) = (rows + u64::from(in_block), blocks + 1);
+        }
         let mut trailer = [0u8; TRAILER_LEN];
         trailer[..8].copy_from_slice(&TRAILER_MAGIC);
         trailer[8..16].copy_from_slice(&rows.to_le_bytes());
         trailer[16..24].copy_from_slice(&blocks.to_le_bytes());
         let sum = xxh64(&trailer[..24], 0);
         trailer[24..].copy_from_slice(&sum.to_le_bytes());
-        file.write_all(&trailer).map_err(w)?;
-        bytes += TRAILER_LEN as u64;
+        let at = sink.len;
+        sink.stage()[at..at + TRAILER_LEN].copy_from_slice(&trailer);
+        sink.len += TRAILER_LEN;
+        sink.drain(true).map_err(w)?;
         header.rows = rows;
         header.blocks = blocks;
-        file.write_all_at(&header.emit(), 0).map_err(w)?;
+        sink.file.write_all_at(&header.emit(), 0).map_err(w)?;
         let synced = Instant::now();
-        file.sync_all().map_err(|e| ("flushing the file", e))?;
-        Ok((rows, bytes, writing, synced.elapsed()))
+        sink.file.sync_all().map_err(|e| ("flushing the file", e))?;
+        Ok(Written {
+            rows,
+            bytes: sink.written,
+            writing: sink.writing,
+            syncing: synced.elapsed(),
+            direct: sink.direct_used,
+        })
     }
 }
 
-/// Blocks of records on their way to the file.
-struct BlockWriter<'f> {
-    file: &'f mut File,
-    /// The block being filled: its header's room, then its records.
-    buf: Vec<u8>,
-    in_block: u32,
+/// What [`PsTable::write_file`] wrote.
+struct Written {
     rows: u64,
-    blocks: u64,
     bytes: u64,
     writing: Duration,
-    failed: Option<io::Error>,
+    syncing: Duration,
+    direct: bool,
 }
 
-impl BlockWriter<'_> {
-    fn flush(&mut self) {
-        let sum = xxh64(&self.buf[BLOCK_HEADER_LEN..], 0);
-        self.buf[..4].copy_from_slice(&self.in_block.to_le_bytes());
-        self.buf[4..8].fill(0);
-        self.buf[8..16].copy_from_slice(&sum.to_le_bytes());
+/// Bytes staged before a write: a block and its header, the unaligned rest of the last
+/// write, the file's header.
+const STAGE_BYTES: usize = BLOCK_BYTES + BLOCK_HEADER_LEN + 2 * DIRECT_ALIGN + HEADER_LEN;
+/// Direct I/O writes whole pages from page-aligned memory (a logical block is at most
+/// this).
+const DIRECT_ALIGN: usize = 4096;
+
+/// The file being written and the page-aligned buffer bytes are staged in. Writes go
+/// around the page cache (`O_DIRECT`) where the file system allows it: no copy into the
+/// cache, and the disk's speed rather than the cache's. The last partial page, and the
+/// header written at the end, go through the cache.
+struct Sink {
+    file: File,
+    stage: Arena,
+    /// Bytes staged.
+    len: usize,
+    /// Whether the file is open for direct I/O now, and whether it ever was.
+    direct: bool,
+    direct_used: bool,
+    /// Bytes written to the file, and handed to writeback (buffered writes only).
+    written: u64,
+    hinted: u64,
+    /// Time in write calls.
+    writing: Duration,
+}
+
+impl Sink {
+    fn create(path: &Path, direct: bool) -> io::Result<Sink> {
+        let open = |flags| {
+            fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(flags)
+                .open(path)
+        };
+        let (file, direct) = match direct.then(|| open(libc::O_DIRECT)) {
+            Some(Ok(file)) => (file, true),
+            // Some file systems refuse O_DIRECT.
+            Some(Err(_)) | None => (open(0)?, false),
+        };
+        let stage = Arena::reserve(STAGE_BYTES, false)?;
+        stage.commit(STAGE_BYTES)?;
+        Ok(Sink {
+            file,
+            stage,
+            len: 0,
+            direct,
+            direct_used: direct,
+            written: 0,
+            hinted: 0,
+            writing: Duration::ZERO,
+        })
+    }
+
+    fn stage(&mut self) -> &mut [u8] {
+        self.stage.bytes_mut()
+    }
+
+    /// Fills in the header of the block staged from `start`, of `rows` records.
+    fn end_block(&mut self, start: usize, rows: u32) {
+        let len = self.len;
+        let stage = self.stage();
+        let sum = xxh64(&stage[start + BLOCK_HEADER_LEN..len], 0);
+        stage[start..start + 4].copy_from_slice(&rows.to_le_bytes());
+        stage[start + 4..start + 8].fill(0);
+        stage[start + 8..start + BLOCK_HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    /// Writes what is staged: whole pages (the rest moves to the start of the buffer), or
+    /// with `all` everything, the last partial page through the page cache.
+    fn drain(&mut self, all: bool) -> io::Result<()> {
+        let pages = if self.direct {
+            self.len / DIRECT_ALIGN * DIRECT_ALIGN
+        } else {
+            self.len
+        };
+        self.write_staged(pages)?;
+        if all {
+            if self.direct {
+                self.set_direct(false)?;
+            }
+            self.write_staged(self.len)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the first `n` staged bytes and moves the rest to the start.
+    fn write_staged(&mut self, n: usize) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
         let t = Instant::now();
-        if let Err(e) = self.file.write_all(&self.buf) {
-            self.failed = Some(e);
+        let mut result = self.file.write_all(&self.stage.bytes_mut()[..n]);
+        if self.direct && matches!(&result, Err(e) if e.raw_os_error() == Some(libc::EINVAL)) {
+            // The file system took O_DIRECT at open but not at write: through the cache.
+            self.set_direct(false)?;
+            self.direct_used = self.written > 0;
+            result = self.file.write_all(&self.stage.bytes_mut()[..n]);
         }
         self.writing += t.elapsed();
-        self.rows += u64::from(self.in_block);
-        self.blocks += 1;
-        self.bytes += self.buf.len() as u64;
-        self.in_block = 0;
-        self.buf.truncate(BLOCK_HEADER_LEN);
+        result?;
+        self.written += n as u64;
+        let len = self.len;
+        self.stage.bytes_mut().copy_within(n..len, 0);
+        self.len -= n;
+        if !self.direct && self.written - self.hinted >= WRITEBACK_BYTES {
+            // Starts the disk writing what is written so far (and lets the cache drop it
+            // once written), so the final fsync waits for the tail only. A hint: its
+            // failure changes nothing.
+            let _ = posix_fadvise(
+                &self.file,
+                self.hinted as i64,
+                (self.written - self.hinted) as i64,
+                PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            );
+            self.hinted = self.written;
+        }
+        Ok(())
+    }
+
+    fn set_direct(&mut self, on: bool) -> io::Result<()> {
+        let flags = OFlag::from_bits_truncate(fcntl(&self.file, FcntlArg::F_GETFL)?);
+        let flags = if on {
+            flags | OFlag::O_DIRECT
+        } else {
+            flags - OFlag::O_DIRECT
+        };
+        fcntl(&self.file, FcntlArg::F_SETFL(flags))?;
+        self.direct = on;
+        Ok(())
     }
 }
 

@@ -73,6 +73,7 @@ pub enum Consistency {
 /// | [`row_locks`](Self::row_locks) | 16,384 | locks of `Consistency::PerRow` |
 /// | [`huge_pages`](Self::huge_pages) | true | advise `MADV_HUGEPAGE` on the arenas |
 /// | [`hot_sample_every`](Self::hot_sample_every) | 128 | one row in this many is sampled for the hottest ids (0: off) |
+/// | [`checkpoint_direct_io`](Self::checkpoint_direct_io) | true | checkpoints written around the page cache where possible |
 #[derive(Debug, Clone)]
 pub struct PsTableBuilder {
     pub(super) dim: usize,
@@ -91,6 +92,7 @@ pub struct PsTableBuilder {
     pub(super) row_locks: usize,
     pub(super) huge_pages: bool,
     pub(super) hot_sample_every: u32,
+    pub(super) direct_io: bool,
 }
 
 /// Most elements per row.
@@ -119,6 +121,7 @@ impl PsTableBuilder {
             row_locks: 1 << 14,
             huge_pages: true,
             hot_sample_every: 128,
+            direct_io: true,
         }
     }
 
@@ -235,6 +238,14 @@ impl PsTableBuilder {
     /// Samples one pulled or pushed row in `n` for the hottest ids (0: off).
     pub fn hot_sample_every(mut self, n: u32) -> Self {
         self.hot_sample_every = n;
+        self
+    }
+
+    /// Whether [`save`](super::PsTable::save) writes around the page cache (`O_DIRECT`)
+    /// where the file system allows it: the disk's speed, and no cache filled with the
+    /// checkpoint. Off: through the cache (a reload soon after may read it from memory).
+    pub fn checkpoint_direct_io(mut self, on: bool) -> Self {
+        self.direct_io = on;
         self
     }
 
