@@ -155,10 +155,12 @@ impl Slots {
             let ahead = end.max(self.arena.committed() + self.arena.committed() / 8);
             let ahead = ahead.min(self.arena.reserved());
             let bits = (ahead / self.layout.slot_bytes()).div_ceil(64) * 8;
+            // The bitmap first: a thread that sees the slots committed (and so does not
+            // commit) must find their bits committed too.
             let committed = self
-                .arena
-                .commit(ahead)
-                .and_then(|()| self.live.commit(bits.min(self.live.reserved())));
+                .live
+                .commit(bits.min(self.live.reserved()))
+                .and_then(|()| self.arena.commit(ahead));
             if let Err(e) = committed {
                 if !self.logged.swap(true, Ordering::Relaxed) {
                     log::error!(
