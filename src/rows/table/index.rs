@@ -2,11 +2,12 @@
 //! (see [`level`](super::level)), grown without stopping anyone.
 //!
 //! **Growth.** Levels live in eight reserved regions, used in turn. When the current level
-//! is 4/5 full, the next is built in the next region (sized for the rows at 2/5 full) and
-//! becomes current at once: inserts go there, lookups look there and then in the previous
-//! level, and the previous level's entries are copied over 256 buckets at a time by
-//! whichever call comes next (each step a bounded piece of work, a fraction of a
-//! millisecond). When all are copied the previous level is retired; after a grace period
+//! is 4/5 full, the next is built in the next region (sized for the rows at 2/5 full): its
+//! memory is faulted in 8 MiB per step (so no later step stops for a page fault on every
+//! entry it writes), then it becomes current: inserts go there, lookups look there and
+//! then in the previous level, and the previous level's entries are copied over 256
+//! buckets at a time by whichever call comes next (each step a bounded piece of work, a
+//! fraction of a millisecond). When all are copied the previous level is retired; after a grace period
 //! (see [`epoch`](super::epoch)) its pages are given back, 8 MiB per step, and its region is
 //! free for a level again. Eight regions, because a call that is preempted holds back every
 //! release until it ends: levels double, so builds go on through 128-fold growth meanwhile.
@@ -25,9 +26,10 @@
 //! level with many tombstones is rebuilt at the size its rows need.
 //!
 //! Housekeeping is claimed in pieces by whichever threads step, and no thread waits for
-//! another: a build starts with a compare-and-swap on the level word, copying and giving
-//! back are claimed a chunk at a time, and claims of the copy wrap around: a chunk whose
-//! copier is preempted is copied again by another (copying is idempotent). A sweep
+//! another: a build starts with a compare-and-swap on the level word; faulting in, copying
+//! and giving back are claimed a piece at a time, and claims of the first two wrap around
+//! (see [`pieces`](super::pieces)): a piece whose thread is preempted is done again by
+//! another (both are idempotent). A sweep
 //! piece (eviction, 4,096 buckets) sets a flag in the level word that keeps a build from
 //! starting during it; inserts go on into the current level meanwhile.
 
@@ -41,6 +43,7 @@ pub(super) use super::level::hash;
 use super::level::{
     entry, is_row, slot_of, tag, tag_of, Hit, Level, Placed, BUCKET, EMPTY, FROZEN, TOMB,
 };
+use super::pieces::Pieces;
 use crate::sys::arena::{Arena, HugePages};
 
 /// Fewest buckets of a level.
@@ -55,6 +58,10 @@ const FULL_TWENTIETHS: u64 = 19;
 const COPY_BUCKETS: u64 = 256;
 /// Bytes given back per step.
 const RELEASE_BYTES: u64 = 8 << 20;
+/// Bytes of a new level faulted in per step.
+const FAULT_BYTES: u64 = 8 << 20;
+/// Bytes of a base page: one write per page faults it in.
+const PAGE_BYTES: u64 = 4096;
 /// Entries filled (of `buckets` buckets) at which `fifths` fifths are.
 fn fifths(buckets: u64, fifths: u64) -> u64 {
     buckets * BUCKET as u64 / 5 * fifths
@@ -97,19 +104,19 @@ const PREPARING: u64 = 2;
 const SWEEPING: u64 = 4;
 const FLAGS: u64 = 3;
 
-/// Bits of a progress word below the level number: bucket counts.
-const PROGRESS_BITS: u32 = 40;
-
 /// The region of level `k`.
 #[inline]
 fn region_of(k: u64) -> usize {
     (k % REGIONS as u64) as usize
 }
 
+/// `Retired::at` of a level being retired, whose grace period has not started.
+const NOT_YET: u64 = u64::MAX;
+
 /// A region's level that is out of use and not given back yet.
 #[derive(Default)]
 struct Retired {
-    /// 0, or `epoch << 1 | 1`: retired in `epoch`.
+    /// 0, or `epoch << 1 | 1`: retired in `epoch`, or `NOT_YET`.
     at: AtomicU64,
     /// Bytes to give back; claimed for giving back so far; given back so far.
     bytes: AtomicU64,
@@ -132,14 +139,13 @@ pub(super) struct Index {
     retired: [Retired; REGIONS],
     /// Regions with a retired level not given back yet.
     pending: AtomicU64,
-    /// The copy into level `k`: `k << 40 | claims made` (claim `i` is chunk `i % chunks`:
-    /// claims wrap around, so a chunk whose copier stalls is copied again by another), and
-    /// `k << 40 | chunks copied`.
-    cursor: AtomicU64,
-    done: AtomicU64,
-    /// Per chunk of `COPY_BUCKETS` buckets of the level being copied: the number of the
-    /// last level it was copied into (only grows, so no reset between copies).
-    marks: Arena,
+    /// Faulting in level `k`'s memory (pieces of `FAULT_BYTES`), and copying level `k - 1`
+    /// into it (chunks of `COPY_BUCKETS` buckets): the build number is `k`.
+    fault: Pieces,
+    copy: Pieces,
+    /// The size of the next level: `k << 40 | buckets`, proposed for level `k` by the
+    /// thread that starts its build (the first proposal stands).
+    next_size: AtomicU64,
     /// Levels built after the first.
     builds: AtomicU64,
     /// Fewest buckets of a level (from the expected number of rows), and most.
@@ -152,7 +158,7 @@ pub(super) struct Index {
 impl Index {
     /// An index sized for `expected` rows, able to grow to `max_rows`.
     pub(super) fn new(expected: u64, max_rows: u64, huge: bool) -> io::Result<Index> {
-        let max_buckets = buckets_for(max_rows).clamp(MIN_BUCKETS, 1 << PROGRESS_BITS);
+        let max_buckets = buckets_for(max_rows).clamp(MIN_BUCKETS, 1 << 40);
         // Sized so `expected` rows stay under the build threshold.
         let min_buckets = (expected * 5)
             .div_ceil(GROW_FIFTHS * BUCKET as u64)
@@ -165,7 +171,8 @@ impl Index {
             None => regions.map(|r| r.expect("checked")),
         };
         regions[0].commit(min_buckets as usize * BUCKET * 8)?;
-        let marks = Arena::reserve(max_buckets.div_ceil(COPY_BUCKETS) as usize * 8, false)?;
+        let fault = Pieces::new((bytes as u64).div_ceil(FAULT_BYTES))?;
+        let copy = Pieces::new(max_buckets.div_ceil(COPY_BUCKETS))?;
         let buckets: [AtomicU64; REGIONS] = Default::default();
         buckets[0].store(min_buckets, Ordering::Relaxed);
         Ok(Index {
@@ -175,9 +182,9 @@ impl Index {
             level: CachePadded::new(AtomicU64::new(0)),
             retired: Default::default(),
             pending: AtomicU64::new(0),
-            cursor: AtomicU64::new(0),
-            done: AtomicU64::new(0),
-            marks,
+            fault,
+            copy,
+            next_size: AtomicU64::new(0),
             builds: AtomicU64::new(0),
             min_buckets,
             max_buckets,
@@ -310,7 +317,10 @@ impl Index {
         rows: u64,
         key_of: &impl Fn(u32) -> Option<u64>,
     ) -> bool {
-        self.copy_step(epoch, key_of) || self.build(rows) || self.release_step(epoch)
+        self.copy_step(epoch, key_of)
+            || self.fault_step()
+            || self.build(rows)
+            || self.release_step(epoch)
     }
 
     /// Gives back the next piece of the oldest retired level whose grace period is over.
@@ -327,7 +337,7 @@ impl Index {
         let Some((retired_in, region)) = oldest else {
             return false;
         };
-        if !epoch.is_safe(retired_in) {
+        if retired_in == NOT_YET >> 1 || !epoch.is_safe(retired_in) {
             return false;
         }
         let r = &self.retired[region];
@@ -379,32 +389,8 @@ impl Index {
             return false;
         };
         let chunks = prev.buckets.div_ceil(COPY_BUCKETS);
-        let marks = self.marks.words();
-        // Claim chunks until one is not marked copied (the words carry the level, so a
-        // thread that read an older level claims nothing of a newer copy).
-        let mut claim = self.cursor.load(Ordering::Acquire);
-        let mut tries = 0;
-        let chunk = loop {
-            if claim >> PROGRESS_BITS != k || tries == 64 {
-                return false;
-            }
-            let i = claim & ((1 << PROGRESS_BITS) - 1);
-            match self.cursor.compare_exchange(
-                claim,
-                claim + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    let c = i % chunks;
-                    if marks[c as usize].load(Ordering::Acquire) < k {
-                        break c;
-                    }
-                    tries += 1;
-                    claim += 1;
-                }
-                Err(now) => claim = now,
-            }
+        let Some(chunk) = self.copy.claim(k, chunks) else {
+            return false;
         };
         let from = chunk * COPY_BUCKETS;
         let to = (from + COPY_BUCKETS).min(prev.buckets);
@@ -443,26 +429,25 @@ impl Index {
             }
         }
         self.used[region_of(k)].fetch_add(copied, Ordering::Relaxed);
-        if marks[chunk as usize].fetch_max(k, Ordering::AcqRel) >= k {
-            // Copied meanwhile by another thread, which counted it.
-            return true;
-        }
-        let finished = self.done.fetch_add(1, Ordering::AcqRel) + 1;
-        if finished == (k << PROGRESS_BITS) | chunks {
-            self.level.fetch_and(!COPYING, Ordering::SeqCst);
-            // Retired now: calls that may still look at the level started before this.
+        if self.copy.finish(k, chunk, chunks) {
+            // The old region is taken (not free for a build) before the level word lets a
+            // build start, and its grace period counts from after the level word changed:
+            // calls that may still look at the old level started before that.
             let old = &self.retired[region_of(k + REGIONS as u64 - 1)];
-            let bytes = (prev.buckets * (BUCKET * 8) as u64).next_multiple_of(4096);
+            let bytes = (prev.buckets * (BUCKET * 8) as u64).next_multiple_of(PAGE_BYTES);
             old.bytes.store(bytes, Ordering::Relaxed);
             old.claimed.store(0, Ordering::Relaxed);
             old.released.store(0, Ordering::Relaxed);
-            old.at.store((epoch.now() << 1) | 1, Ordering::Release);
+            old.at.store(NOT_YET, Ordering::Release);
             self.pending.fetch_add(1, Ordering::Relaxed);
+            self.level.fetch_and(!COPYING, Ordering::SeqCst);
+            old.at.store((epoch.now() << 1) | 1, Ordering::Release);
         }
         true
     }
 
-    /// Starts a build when the current level is full enough and the next region is free.
+    /// Starts a build when the current level is full enough and the next region is free:
+    /// proposes its size, sets `PREPARING` and prepares it (see [`prepare`](Self::prepare)).
     fn build(&self, rows: u64) -> bool {
         let level = self.level.load(Ordering::SeqCst);
         if level & (FLAGS | SWEEPING) != 0 {
@@ -476,6 +461,19 @@ impl Index {
         {
             return false;
         }
+        let want = buckets_for(rows).clamp(self.min_buckets, self.max_buckets);
+        if fifths(want, GROW_FIFTHS) <= rows {
+            self.log_once(format_args!(
+                "the index is at its largest ({} entries) for {rows} rows",
+                want * BUCKET as u64
+            ));
+            return false;
+        }
+        let _ = self
+            .next_size
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |size| {
+                (size >> 40 <= k).then_some(((k + 1) << 40) | want)
+            });
         if self
             .level
             .compare_exchange(
@@ -488,35 +486,74 @@ impl Index {
         {
             return false;
         }
-        let want = buckets_for(rows).clamp(self.min_buckets, self.max_buckets);
-        let prepared = if fifths(want, GROW_FIFTHS) <= rows {
-            Err(format!(
-                "the index is at its largest ({} entries) for {rows} rows",
-                want * BUCKET as u64
-            ))
-        } else {
-            self.regions[next]
-                .commit(want as usize * BUCKET * 8)
-                .and_then(|()| {
-                    self.marks
-                        .commit(buckets.div_ceil(COPY_BUCKETS) as usize * 8)
-                })
-                .map_err(|e| format!("an index level of {want} buckets: {e}"))
-        };
-        if let Err(what) = prepared {
-            self.level.fetch_and(!PREPARING, Ordering::SeqCst);
-            if !self.logged.swap(true, Ordering::Relaxed) {
-                log::warn!("{what}; new rows are refused when the index is full");
-            }
+        self.prepare(k + 1)
+    }
+
+    /// Makes level `k` (being built: `PREPARING`) ready to be faulted in: its memory
+    /// committed (address space, no pages yet), its size set, the fault-in and the copy
+    /// started. Every part is idempotent, so any thread that steps does it (a thread
+    /// preempted while it prepares holds up no one). False if it cannot be built (then the
+    /// build is called off, logged).
+    fn prepare(&self, k: u64) -> bool {
+        let size = self.next_size.load(Ordering::SeqCst);
+        if size >> 40 != k {
             return false;
         }
-        self.buckets[next].store(want, Ordering::Release);
-        self.used[next].store(0, Ordering::Relaxed);
-        self.cursor
-            .store((k + 1) << PROGRESS_BITS, Ordering::Release);
-        self.done.store((k + 1) << PROGRESS_BITS, Ordering::Release);
-        self.builds.fetch_add(1, Ordering::Relaxed);
-        self.level.store(((k + 1) << 3) | COPYING, Ordering::SeqCst);
+        let (want, next) = (size & ((1 << 40) - 1), region_of(k));
+        let bytes = want * (BUCKET * 8) as u64;
+        let chunks = self.buckets[region_of(k + REGIONS as u64 - 1)]
+            .load(Ordering::Relaxed)
+            .div_ceil(COPY_BUCKETS);
+        let prepared = self.regions[next]
+            .commit(bytes as usize)
+            .and_then(|()| {
+                self.buckets[next].store(want, Ordering::Release);
+                self.copy.start(k, chunks)
+            })
+            .and_then(|()| self.fault.start(k, bytes.div_ceil(FAULT_BYTES)));
+        if let Err(e) = prepared {
+            self.log_once(format_args!("an index level of {want} buckets: {e}"));
+            let _ = self.level.compare_exchange(
+                ((k - 1) << 3) | PREPARING,
+                (k - 1) << 3,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Faults in the next piece of the level being built (a write to each page that leaves
+    /// its value as it is), so the copy does not stop a call for every page it touches
+    /// first; the thread that finishes the last piece makes the level current.
+    fn fault_step(&self) -> bool {
+        let level = self.level.load(Ordering::SeqCst);
+        if level & PREPARING == 0 {
+            return false;
+        }
+        let k = (level >> 3) + 1;
+        if !self.prepare(k) {
+            return false;
+        }
+        let words = self.regions[region_of(k)].words();
+        let bytes = (self.buckets[region_of(k)].load(Ordering::Acquire) * (BUCKET * 8) as u64)
+            .min(words.len() as u64 * 8);
+        let pieces = bytes.div_ceil(FAULT_BYTES);
+        let Some(piece) = self.fault.claim(k, pieces) else {
+            return false;
+        };
+        let (from, to) = (piece * FAULT_BYTES, ((piece + 1) * FAULT_BYTES).min(bytes));
+        for w in words[(from / 8) as usize..(to / 8) as usize]
+            .iter()
+            .step_by((PAGE_BYTES / 8) as usize)
+        {
+            w.fetch_or(0, Ordering::Relaxed);
+        }
+        if self.fault.finish(k, piece, pieces) {
+            self.builds.fetch_add(1, Ordering::Relaxed);
+            self.level.store((k << 3) | COPYING, Ordering::SeqCst);
+        }
         true
     }
 
@@ -600,7 +637,7 @@ impl Index {
             .iter()
             .map(|r| r.committed() as u64)
             .sum::<u64>()
-            + self.marks.committed() as u64
+            + (self.copy.committed() + self.fault.committed()) as u64
     }
 
     /// Bytes of the index in use: the current level and, while copying or releasing, the
@@ -624,6 +661,12 @@ impl Index {
     /// What became of the huge-page advice.
     pub(super) fn huge_pages(&self) -> HugePages {
         self.regions[0].huge_pages()
+    }
+
+    fn log_once(&self, what: std::fmt::Arguments<'_>) {
+        if !self.logged.swap(true, Ordering::Relaxed) {
+            log::warn!("{what}; new rows are refused when the index is full");
+        }
     }
 }
 
@@ -719,8 +762,9 @@ mod tests {
             Insert::Full
         ));
         drop(_g);
-        assert!(index.step(&epoch, u64::from(full_at), &key));
-        assert!(index.copying());
+        while !index.copying() {
+            assert!(index.step(&epoch, u64::from(full_at), &key));
+        }
         assert!(add(&index, &epoch, full_at));
     }
 

@@ -18,6 +18,7 @@ mod level;
 mod mem;
 mod metrics;
 mod optim;
+mod pieces;
 mod ps_table;
 mod registry;
 mod slots;
