@@ -67,7 +67,7 @@ pub enum Consistency {
 /// | [`admit_after`](Self::admit_after) | 1 | sightings of an id before its row is created |
 /// | [`admission_counters`](Self::admission_counters) | 2^20 | size of the sighting sketch (bytes) |
 /// | [`evict_untouched`](Self::evict_untouched) | off | ticks after which an untouched row is evicted |
-/// | [`max_rows`](Self::max_rows) | 2^32 − 3 | row cap: over it, new rows are refused and [`maintain`](super::PsTable::maintain) evicts the least recently touched |
+/// | [`max_rows`](Self::max_rows) | 2^32 − 3 | row cap: at it, new rows are refused; over 95 % of it, [`maintain`](super::PsTable::maintain) evicts the least recently touched down to 90 % |
 /// | [`capacity`](Self::capacity) | 0 | rows expected: the index is sized for them from the start |
 /// | [`consistency`](Self::consistency) | `Hogwild` | what concurrent calls on one row may see |
 /// | [`row_locks`](Self::row_locks) | 16,384 | locks of `Consistency::PerRow` |
@@ -190,9 +190,9 @@ impl PsTableBuilder {
         self
     }
 
-    /// Caps the rows: at `n`, new rows are refused (counted) and
-    /// [`maintain`](super::PsTable::maintain) evicts the least recently touched down to 95 %
-    /// of `n`. Also bounds the address space the table reserves.
+    /// Caps the rows: at `n`, new rows are refused (counted); over 95 % of `n`,
+    /// [`maintain`](super::PsTable::maintain) evicts the least recently touched down to 90 %.
+    /// Also bounds the address space the table reserves.
     pub fn max_rows(mut self, n: u64) -> Self {
         self.max_rows = n;
         self
@@ -247,6 +247,11 @@ impl PsTableBuilder {
     pub fn checkpoint_direct_io(mut self, on: bool) -> Self {
         self.direct_io = on;
         self
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.dim
     }
 
     /// What is wrong with the settings, if anything.

@@ -306,9 +306,9 @@ impl Index {
             >= fifths(self.buckets[region].load(Ordering::Relaxed), GROW_FIFTHS)
     }
 
-    /// One bounded step of housekeeping: copy 256 buckets, or start a build (sized for
-    /// `rows`), or give back 8 MiB of a retired level whose grace period is over. Whether
-    /// it did something. Any number of threads may step at once; none waits for another.
+    /// One bounded step of housekeeping: copy 256 buckets into the new level, or fault in 8
+    /// MiB of a level being built, or start a build (sized for `rows`), or give back 8 MiB
+    /// of a retired level whose grace period is over. Whether it did something. Any number of threads may step at once; none waits for another.
     /// Run it outside an epoch guard where possible: a guard held here holds back the
     /// grace period of what it retires.
     pub(super) fn step(

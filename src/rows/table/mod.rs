@@ -89,16 +89,24 @@ pub mod ps {
     //! entries (one cache line), each entry a slot number, a 16-bit tag of the id's hash and a
     //! 16-bit stamp of the last touch; the id is checked in the slot, which the call reads
     //! anyway. A pull of an existing row reads one index line and the row; a push reads and
-    //! writes the row and its state. About 10 bytes of index per row (built 2/5 full, grown at
+    //! writes the row and its state. A call looks its ids up sixteen at a time, loading every
+    //! index line of the group, then every slot, before it uses any, so the memory latencies
+    //! of a group overlap. About 10 bytes of index per row (built 2/5 full, grown at
     //! 4/5): 16 f32 with Adagrad take about 146 bytes per row, 1.14 times the 128 bytes of row
     //! and state, when the table was built with the rows expected
     //! ([`capacity`](PsTableBuilder::capacity)).
     //!
-    //! **Growth** never stops a loop for long: a new index level is made current at once, and
-    //! the entries of the old one are copied over by the calls that follow, 256 buckets per
-    //! call (a fraction of a millisecond); a lookup checks the new level, then the old one,
-    //! while the copy runs. The old level's memory goes back to the kernel after every call
-    //! that could see it has ended (a grace period counted per call, not per row).
+    //! **Growth** never stops a loop for long: when the index level is 4/5 full, the next
+    //! (sized for the rows at 2/5) is faulted in 8 MiB at a time, then made current, and the
+    //! entries of the old one are copied over by the calls that follow, 256 buckets a step
+    //! (each step a fraction of a millisecond; any thread may take any piece, so a thread
+    //! preempted mid-way holds up no one); a lookup checks the new level, then the old one,
+    //! while the copy runs. The old level's memory goes back to the kernel once every call
+    //! that could see it has ended (a grace period counted per call, not per row). Address
+    //! space (not memory) is reserved up front for the largest table allowed, a slot and 160
+    //! bytes of index per row: set [`max_rows`](PsTableBuilder::max_rows) to bound it (the
+    //! default, 2^32 rows of 16 f32 with Adagrad, reserves about 1.2 TiB of the 128 TiB a
+    //! process has).
     //!
     //! **Concurrency**: any number of loops call the same table; no lock is shared between
     //! them on the row path, and nothing on it allocates. Insertion of a new id is a

@@ -14,9 +14,10 @@ use super::config::{BuildError, Consistency, Create, PsTableBuilder};
 use super::elem::{self, Bf16, Float, Format, CHUNK, F16, F32};
 use super::epoch::Epoch;
 use super::index::{self, Index, Insert, View};
+use super::init::Init;
 use super::level::Hit;
 use super::metrics::{self, Counters, HotId, HotIds, TableMetrics};
-use super::optim;
+use super::optim::{self, Optimizer};
 use super::slots::{Layout, Slots};
 use crate::service::Table;
 use crate::sys::arena::{thp_mode, HugePages};
@@ -178,9 +179,40 @@ impl PsTable {
         self.settings.table_id
     }
 
-    /// The settings the table was built with.
+    /// The settings the table was built with (a builder: clone it to build a replacement,
+    /// or to [`load`](PsTableBuilder::load) one from a checkpoint).
     pub fn settings(&self) -> &PsTableBuilder {
         &self.settings
+    }
+
+    /// How elements are stored.
+    pub fn stored_as(&self) -> Float {
+        self.layout.stored
+    }
+
+    /// How rows and gradients travel.
+    pub fn served_as(&self) -> Float {
+        self.settings.served
+    }
+
+    /// The values of a new row.
+    pub fn init(&self) -> Init {
+        self.settings.init
+    }
+
+    /// How gradients are applied.
+    pub fn optimizer(&self) -> Optimizer {
+        self.settings.optimizer
+    }
+
+    /// What concurrent calls on one row may observe.
+    pub fn consistency(&self) -> Consistency {
+        self.settings.consistency
+    }
+
+    /// The row cap.
+    pub fn max_rows(&self) -> u64 {
+        self.settings.max_rows
     }
 
     /// Rows stored.
