@@ -1,6 +1,6 @@
 //! [`MemTable`], the first reference table of embedding rows: f32 rows in 64 mutex-guarded
 //! shards of a hash map and one vector each. Kept as the baseline the benchmarks measure
-//! the newer tables against.
+//! [`PsTable`](super::PsTable) against.
 //!
 //! A [`Table`] answers a pull of ids with one packed block of rows and applies a push of
 //! gradient rows. Rows travel as raw little-endian bytes with no alignment, `row_bytes`
