@@ -6,7 +6,7 @@
 //! row costs its 8-byte id and its bytes: no per-row descriptor. See
 //! [`Client::pull_rows`](crate::Client::pull_rows) and
 //! [`Client::push_rows`](crate::Client::push_rows); a PS serves rows through
-//! [`Service::table`](crate::Service::table), for instance a [`MemTable`].
+//! [`Service::table`](crate::Service::table), for instance a [`PsTable`] (see [`ps`]).
 //!
 //! A worker whose tables are partitioned over several PS tasks plans each step with a
 //! [`Plan`]: duplicate ids removed, the distinct ones spread over the shards by a
@@ -20,4 +20,4 @@ mod table;
 pub use crate::session::{PulledRows, Rows, MAX_ROW_RANK};
 pub use plan::{Partition, Plan, PlanError};
 pub use sharded::{Sharded, StepReport};
-pub use table::{Init, MemTable, Optimizer, Tables};
+pub use table::{ps, Init, MemTable, Optimizer, PsTable, PsTableBuilder, Tables};

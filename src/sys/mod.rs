@@ -7,6 +7,8 @@
 //! - [`doorbell`]: [`doorbell::Doorbell`], the eventfd a producer rings to wake a parked loop.
 //! - [`affinity`]: the allowed CPU set and thread pinning.
 //! - [`socket`]: non-blocking TCP helpers on owned file descriptors.
+//! - [`arena`]: [`arena::Arena`], reserved address space committed in huge-page steps, for
+//!   the PS table's rows and index.
 //! - [`bufpool`]: [`bufpool::BufPool`], the per-loop receive buffers registered as io_uring
 //!   fixed buffers.
 //!
@@ -15,6 +17,7 @@
 #![allow(unsafe_code)]
 
 pub mod affinity;
+pub mod arena;
 pub mod bufpool;
 pub mod doorbell;
 pub mod driver;

@@ -1,10 +1,11 @@
-//! [`MemTable`], a reference in-memory table of embedding rows, and [`Tables`], the tables a
-//! PS task serves.
+//! [`MemTable`], the first reference table of embedding rows: f32 rows in 64 mutex-guarded
+//! shards of a hash map and one vector each. Kept as the baseline the benchmarks measure
+//! [`PsTable`](super::PsTable) against.
 //!
 //! A [`Table`] answers a pull of ids with one packed block of rows and applies a push of
 //! gradient rows. Rows travel as raw little-endian bytes with no alignment, `row_bytes`
 //! each, in the order of the ids: the layout a worker's [`Plan`](crate::rows::Plan)
-//! scatters and merges. [`Tables`] names the tables a PS serves by a `u32` id.
+//! scatters and merges.
 //!
 //! ```
 //! use starwire::rows::{Init, MemTable, Optimizer, Tables};
@@ -24,10 +25,10 @@
 //! ```
 
 use core::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::hash::{splitmix64, IdMap};
-use crate::service::{Service, Table};
+use crate::service::Table;
 use crate::wire::{DType, Status};
 
 /// Whether `len` is exactly `n` rows of `row_bytes`.
@@ -286,64 +287,6 @@ impl fmt::Debug for MemTable {
     }
 }
 
-/// The tables a PS task serves, by table id.
-#[derive(Clone, Default)]
-pub struct Tables {
-    /// Sorted by id, ids distinct.
-    by_id: Vec<(u32, Arc<dyn Table>)>,
-}
-
-impl Tables {
-    /// No tables.
-    pub fn new() -> Tables {
-        Tables::default()
-    }
-
-    /// These tables and `table` as `table_id` (replacing a table of that id).
-    pub fn with(mut self, table_id: u32, table: Arc<dyn Table>) -> Tables {
-        match self.by_id.binary_search_by_key(&table_id, |e| e.0) {
-            Ok(i) => self.by_id[i].1 = table,
-            Err(i) => self.by_id.insert(i, (table_id, table)),
-        }
-        self
-    }
-
-    /// The table `table_id`, if served.
-    pub fn get(&self, table_id: u32) -> Option<&dyn Table> {
-        let i = self.by_id.binary_search_by_key(&table_id, |e| e.0).ok()?;
-        Some(&*self.by_id[i].1)
-    }
-
-    /// The ids of the tables, increasing.
-    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.by_id.iter().map(|e| e.0)
-    }
-
-    /// Number of tables.
-    pub fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    /// Whether there are no tables.
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
-    }
-}
-
-impl fmt::Debug for Tables {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set().entries(self.ids()).finish()
-    }
-}
-
-/// A registry of tables serves their rows; pulls and pushes of tensors by id are
-/// `UNIMPLEMENTED`.
-impl Service for Tables {
-    fn table(&self, table: u32) -> Option<&dyn Table> {
-        self.get(table)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -581,19 +524,5 @@ mod tests {
             assert_eq!(t.pull(&[], &mut [], &mut missing), Status::Ok);
             assert_eq!(t.push(&[], &[]), Status::Ok);
         }
-    }
-
-    #[test]
-    fn tables_registry() {
-        let a: Arc<dyn Table> = Arc::new(MemTable::new(2, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
-        let b: Arc<dyn Table> = Arc::new(MemTable::new(5, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
-        let tables = Tables::new().with(7, a.clone()).with(3, b).with(7, a);
-        assert_eq!(tables.len(), 2);
-        assert_eq!(tables.ids().collect::<Vec<_>>(), [3, 7]);
-        assert_eq!(tables.get(3).map(|t| t.row_bytes()), Some(20));
-        assert_eq!(tables.get(7).map(|t| t.row_bytes()), Some(8));
-        assert!(tables.get(4).is_none());
-        assert_eq!(format!("{tables:?}"), "{3, 7}");
-        assert!(Tables::new().is_empty());
     }
 }

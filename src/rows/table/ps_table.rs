@@ -1,0 +1,771 @@
+//! [`PsTable`]: the reference table of a PS task, built for memory speed and concurrent
+//! loops. See the [module documentation](super::ps) for the design; this file holds the row
+//! path (pull, push, row creation) and the table's reports.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crossbeam_utils::CachePadded;
+
+use super::admit::Sketch;
+use super::config::{BuildError, Consistency, Create, PsTableBuilder};
+use super::elem::{self, Bf16, Float, Format, CHUNK, F16, F32};
+use super::epoch::Epoch;
+use super::index::{self, Index, Insert, View};
+use super::init::Init;
+use super::level::Hit;
+use super::metrics::{self, Counters, HotId, HotIds, TableMetrics};
+use super::optim::{self, Optimizer};
+use super::slots::{Layout, Slots};
+use crate::service::Table;
+use crate::sys::arena::{thp_mode, HugePages};
+use crate::wire::{DType, Status};
+
+/// Hottest ids in [`TableMetrics::hot`].
+const HOT_IN_METRICS: usize = 16;
+
+/// A table of embedding rows for a PS task: rows and their optimizer state in one slot of
+/// a huge-page arena, found through a lock-free open-addressing index that grows in
+/// bounded steps; no lock and no allocation on the pull and push path. Build one with
+/// [`PsTable::builder`]; serve it with [`Tables`](super::Tables).
+///
+/// See the [module documentation](super::ps) for the layout, the growth, what concurrent calls
+/// observe ([`Consistency`]), eviction and the checkpoint format.
+pub struct PsTable {
+    pub(super) settings: PsTableBuilder,
+    pub(super) layout: Layout,
+    dims: [u64; 1],
+    /// Bytes of a row as served.
+    row_bytes: usize,
+    pub(super) slots: Slots,
+    pub(super) index: Index,
+    pub(super) epoch: Epoch,
+    pub(super) sketch: Option<Sketch>,
+    /// Sequence locks of `Consistency::PerRow` (empty under `Hogwild`).
+    locks: Box<[AtomicU64]>,
+    pub(super) counters: CachePadded<Counters>,
+    pub(super) hot: Option<HotIds>,
+    pub(super) clock: CachePadded<AtomicU64>,
+    /// Whether touches are stamped (eviction is on).
+    pub(super) stamps: bool,
+    /// Slots of evicted rows with the epoch they left the index in, waiting for the grace
+    /// period before they are reused (only `maintain` touches it).
+    pub(super) limbo: Mutex<Vec<(u64, u32)>>,
+}
+
+/// Which kind of call wants a row created.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    Pull,
+    Push,
+    /// A bulk load or a checkpoint: no admission, any [`Create`] setting.
+    Load,
+}
+
+/// What one call did, added to the counters at its end.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) created: u64,
+    pub(super) not_admitted: u64,
+    pub(super) refused: u64,
+    pub(super) missing: u64,
+    pub(super) dropped: u64,
+    /// Index entries added by the call (any origin).
+    pub(super) inserted: u64,
+}
+
+/// Index entries a call adds between two housekeeping steps: a call that creates many rows
+/// keeps the index growing as it goes.
+const INSERTS_PER_STEP: u64 = 256;
+
+/// Housekeeping steps (and tries) for an insert that finds the index level full.
+const FULL_TRIES: u32 = 8;
+
+/// Ids looked up together: their index lines, then their slots, are loaded one after the
+/// other before any is used, so the misses of a group overlap instead of adding up.
+const GROUP: usize = 16;
+
+/// What became of the huge-page advice on a table's arenas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePageOutcome {
+    /// Not asked for ([`PsTableBuilder::huge_pages`] off).
+    NotAsked,
+    /// The kernel took `MADV_HUGEPAGE`; whether it has huge pages to give depends on its
+    /// mode ([`TableReport::thp_mode`]) and free memory.
+    Advised,
+    /// The kernel refused the advice (`errno`; `EINVAL`: transparent huge pages are not
+    /// available): the table runs on base pages.
+    Refused {
+        /// The error number.
+        errno: i32,
+    },
+}
+
+/// How a table is laid out and what it got from the kernel: for a PS's start-up report.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TableReport {
+    /// The table's number.
+    pub table_id: u32,
+    /// Elements per row.
+    pub dim: usize,
+    /// Element format in memory.
+    pub stored: Float,
+    /// Element format on the wire.
+    pub served: Float,
+    /// The optimizer's name.
+    pub optimizer: &'static str,
+    /// Bytes of a slot: id, row and optimizer state.
+    pub slot_bytes: usize,
+    /// Bytes of a row and its state, without the id and padding.
+    pub data_bytes_per_row: usize,
+    /// The row cap.
+    pub max_rows: u64,
+    /// Entries of the current index level (8 bytes each).
+    pub index_capacity: u64,
+    /// What concurrent calls on one row may see.
+    pub consistency: Consistency,
+    /// What became of `MADV_HUGEPAGE`.
+    pub huge_pages: HugePageOutcome,
+    /// The kernel's transparent-huge-page mode (`always`, `madvise`, `never`), if readable.
+    pub thp_mode: Option<String>,
+}
+
+impl fmt::Display for TableReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "table {}: {} x {:?} (served {:?}), {}; slot {} B ({} B of row and state), index \
+             {} entries of 8 B; {:?}; huge pages: ",
+            self.table_id,
+            self.dim,
+            self.stored,
+            self.served,
+            self.optimizer,
+            self.slot_bytes,
+            self.data_bytes_per_row,
+            self.index_capacity,
+            self.consistency,
+        )?;
+        match self.huge_pages {
+            HugePageOutcome::NotAsked => f.write_str("not asked")?,
+            HugePageOutcome::Advised => f.write_str("advised")?,
+            HugePageOutcome::Refused { errno } => {
+                write!(f, "refused ({})", std::io::Error::from_raw_os_error(errno))?
+            }
+        }
+        match &self.thp_mode {
+            Some(mode) => write!(f, " (THP mode {mode})"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl PsTable {
+    /// The settings of a table of rows of `dim` elements, at their defaults.
+    pub fn builder(dim: usize) -> PsTableBuilder {
+        PsTableBuilder::new(dim)
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.layout.dim
+    }
+
+    /// The table's number.
+    pub fn table_id(&self) -> u32 {
+        self.settings.table_id
+    }
+
+    /// The settings the table was built with (a builder: clone it to build a replacement,
+    /// or to [`load`](PsTableBuilder::load) one from a checkpoint).
+    pub fn settings(&self) -> &PsTableBuilder {
+        &self.settings
+    }
+
+    /// How elements are stored.
+    pub fn stored_as(&self) -> Float {
+        self.layout.stored
+    }
+
+    /// How rows and gradients travel.
+    pub fn served_as(&self) -> Float {
+        self.settings.served
+    }
+
+    /// The values of a new row.
+    pub fn init(&self) -> Init {
+        self.settings.init
+    }
+
+    /// How gradients are applied.
+    pub fn optimizer(&self) -> Optimizer {
+        self.settings.optimizer
+    }
+
+    /// What concurrent calls on one row may observe.
+    pub fn consistency(&self) -> Consistency {
+        self.settings.consistency
+    }
+
+    /// The row cap.
+    pub fn max_rows(&self) -> u64 {
+        self.settings.max_rows
+    }
+
+    /// Rows stored.
+    pub fn len(&self) -> u64 {
+        self.slots.rows()
+    }
+
+    /// Whether no row is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the table holds per row: its slot and its share of the index (about 10 bytes at
+    /// the load an index level is built for and grows from).
+    pub fn bytes_per_row(&self) -> usize {
+        self.layout.slot_bytes() + 10
+    }
+
+    /// The layout and what the kernel gave: for a start-up report.
+    pub fn report(&self) -> TableReport {
+        let huge = match (self.slots.huge_pages(), self.index.huge_pages()) {
+            (HugePages::NotAsked, other) | (other, _) => other,
+        };
+        TableReport {
+            table_id: self.settings.table_id,
+            dim: self.layout.dim,
+            stored: self.layout.stored,
+            served: self.settings.served,
+            optimizer: self.settings.optimizer.name(),
+            slot_bytes: self.layout.slot_bytes(),
+            data_bytes_per_row: self.layout.data_bytes(&self.settings.optimizer),
+            max_rows: self.settings.max_rows,
+            index_capacity: self.index.capacity(),
+            consistency: self.settings.consistency,
+            huge_pages: match huge {
+                HugePages::NotAsked => HugePageOutcome::NotAsked,
+                HugePages::Advised => HugePageOutcome::Advised,
+                HugePages::Refused(e) => HugePageOutcome::Refused { errno: e as i32 },
+            },
+            thp_mode: thp_mode(),
+        }
+    }
+
+    /// The counters, sizes and hottest ids now.
+    pub fn metrics(&self) -> TableMetrics {
+        let c = &self.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let rows = self.slots.rows();
+        let fixed =
+            self.sketch.as_ref().map_or(0, |s| s.bytes() as u64) + 8 * self.locks.len() as u64;
+        TableMetrics {
+            rows,
+            data_bytes: rows * self.layout.data_bytes(&self.settings.optimizer) as u64,
+            memory_bytes: self.slots.high_water() * self.layout.slot_bytes() as u64
+                + self.slots.high_water().div_ceil(8)
+                + self.index.live_bytes()
+                + fixed,
+            committed_bytes: self.slots.committed_bytes() + self.index.committed_bytes() + fixed,
+            index_capacity: self.index.capacity(),
+            pulls: load(&c.pulls),
+            pushes: load(&c.pushes),
+            pulled_rows: load(&c.pulled_rows),
+            missing: load(&c.missing),
+            pushed_rows: load(&c.pushed_rows),
+            dropped_pushes: load(&c.dropped_pushes),
+            created: load(&c.created),
+            loaded: load(&c.loaded),
+            not_admitted: load(&c.not_admitted),
+            refused: load(&c.refused),
+            evicted_untouched: load(&c.evicted_untouched),
+            evicted_over_cap: load(&c.evicted_over_cap),
+            index_builds: self.index.builds(),
+            clock: self.clock.load(Ordering::Relaxed),
+            hot: self.hot_ids(HOT_IN_METRICS),
+            hot_sample_every: self.hot.as_ref().map_or(0, |h| h.every()),
+        }
+    }
+
+    /// The `k` hottest ids sampled, hottest first (empty when sampling is off).
+    pub fn hot_ids(&self, k: usize) -> Vec<HotId> {
+        self.hot.as_ref().map_or_else(Vec::new, |h| h.top(k))
+    }
+
+    /// Bytes of the slot arena backed by huge pages now (from `/proc/self/smaps`; `None`
+    /// when unreadable). Reads a file the size of the process's mappings: for reports.
+    pub fn huge_page_bytes(&self) -> Option<u64> {
+        self.slots.huge_resident()
+    }
+
+    /// The id in slot `slot`.
+    #[inline]
+    pub(super) fn key_of(&self, slot: u32) -> Option<u64> {
+        self.slots
+            .words()
+            .get(slot as usize * self.layout.stride)
+            .map(|w| w.load(Ordering::Relaxed))
+    }
+
+    /// The stamp of a touch now, if touches are stamped.
+    #[inline]
+    pub(super) fn stamp(&self) -> Option<u16> {
+        self.stamps
+            .then(|| self.clock.load(Ordering::Relaxed) as u16)
+    }
+
+    /// The slot of `id`'s row and whether it was created now: created if `origin` may
+    /// create it, its row and state written by `fill` (given the slot's row and state words)
+    /// before it is published; `None` (counted in `tally`) if there is none.
+    #[inline]
+    pub(super) fn find_or_create<'a>(
+        &'a self,
+        view: &mut View<'a>,
+        id: u64,
+        origin: Origin,
+        tally: &mut Tally,
+        fill: impl FnOnce(&[AtomicU64], &[AtomicU64]),
+    ) -> Option<(u32, bool)> {
+        let h = index::hash(id);
+        let key_of = |s| self.key_of(s);
+        if let Some(hit) = self.index.find(view, id, h, &key_of) {
+            if let Some(stamp) = self.stamp() {
+                hit.touch(stamp);
+            }
+            return Some((hit.slot(), false));
+        }
+        match (self.settings.create, origin) {
+            (_, Origin::Load) | (Create::OnPullOrPush, _) | (Create::OnPush, Origin::Push) => {}
+            _ => return None,
+        }
+        if origin != Origin::Load {
+            if let Some(sketch) = &self.sketch {
+                if !sketch.sight(id) {
+                    tally.not_admitted += 1;
+                    return None;
+                }
+            }
+        }
+        if self.slots.rows() >= self.settings.max_rows {
+            tally.refused += 1;
+            return None;
+        }
+        let Some(slot) = self.slots.alloc() else {
+            tally.refused += 1;
+            return None;
+        };
+        let words = self.layout.slot(self.slots.words(), slot);
+        words[0].store(id, Ordering::Relaxed);
+        let (row, state) = words[1..].split_at(self.layout.row_words);
+        fill(row, state);
+        let stamp = self.clock.load(Ordering::Relaxed) as u16;
+        for _ in 0..FULL_TRIES {
+            match self.index.insert(view, id, h, slot, stamp, &key_of) {
+                Insert::New => {
+                    self.slots.set_live(slot);
+                    if origin != Origin::Load {
+                        tally.created += 1;
+                    }
+                    tally.inserted += 1;
+                    if tally.inserted % INSERTS_PER_STEP == 0 {
+                        self.upkeep_step();
+                    }
+                    return Some((slot, true));
+                }
+                Insert::Found(hit) => {
+                    // Another call created it first; this slot was never published.
+                    self.slots.free(slot);
+                    return Some((hit.slot(), false));
+                }
+                // A build is due, or the level being built is filling faster than it is
+                // copied: a few bounded steps, then give up on this row (counted).
+                Insert::Full => {
+                    self.index.step(&self.epoch, self.slots.rows(), &key_of);
+                }
+            }
+        }
+        self.slots.free(slot);
+        tally.refused += 1;
+        None
+    }
+
+    /// Writes a new row's initial values and optimizer state.
+    pub(super) fn init_row(&self, id: u64, row: &[AtomicU64], state: &[AtomicU64]) {
+        match self.layout.stored {
+            Float::F32 => self.init_values::<F32>(row, id),
+            Float::Bf16 => self.init_values::<Bf16>(row, id),
+            Float::F16 => self.init_values::<F16>(row, id),
+        }
+        self.settings.optimizer.init_state(self.layout.dim, state);
+    }
+
+    fn init_values<S: Format>(&self, row: &[AtomicU64], id: u64) {
+        let dim = self.layout.dim;
+        let mut first = 0;
+        while first < dim {
+            let n = CHUNK.min(dim - first);
+            let mut vals = [0f32; CHUNK];
+            self.settings
+                .init
+                .fill(self.settings.table_id, id, first, &mut vals[..n]);
+            elem::store::<S>(row, first, &vals[..n]);
+            first += CHUNK;
+        }
+    }
+
+    /// Runs `read` until it ran with no push of the row's lock in between
+    /// (`Consistency::PerRow`), or once (`Hogwild`).
+    #[inline]
+    pub(super) fn read_row(&self, id: u64, mut read: impl FnMut()) {
+        let Some(lock) = self.lock_of(id) else {
+            return read();
+        };
+        loop {
+            let before = lock.load(Ordering::Acquire);
+            if before & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            read();
+            fence(Ordering::Acquire);
+            if lock.load(Ordering::Relaxed) == before {
+                return;
+            }
+        }
+    }
+
+    /// Runs `write` holding the row's lock (`Consistency::PerRow`), or at once (`Hogwild`).
+    #[inline]
+    pub(super) fn write_row(&self, id: u64, write: impl FnOnce()) {
+        let Some(lock) = self.lock_of(id) else {
+            return write();
+        };
+        loop {
+            let seq = lock.load(Ordering::Relaxed);
+            if seq & 1 == 0
+                && lock
+                    .compare_exchange_weak(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // Readers that see any of the writes below see the odd count after them.
+                fence(Ordering::Release);
+                write();
+                lock.store(seq + 2, Ordering::Release);
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    #[inline]
+    fn lock_of(&self, id: u64) -> Option<&AtomicU64> {
+        if self.locks.is_empty() {
+            return None;
+        }
+        // Bits of the hash the index's bucket and tag do not use much.
+        let h = index::hash(id);
+        Some(&self.locks[(h >> 24) as usize & (self.locks.len() - 1)])
+    }
+
+    /// Adds a call's tally to the counters.
+    pub(super) fn count(&self, t: &Tally) {
+        let c = &self.counters;
+        metrics::add(&c.created, t.created);
+        metrics::add(&c.not_admitted, t.not_admitted);
+        metrics::add(&c.refused, t.refused);
+        metrics::add(&c.missing, t.missing);
+        metrics::add(&c.dropped_pushes, t.dropped);
+    }
+
+    /// A step of index housekeeping, if any is due.
+    #[inline]
+    pub(super) fn upkeep_step(&self) {
+        if self.index.has_work() {
+            self.index
+                .step(&self.epoch, self.slots.rows(), &|s| self.key_of(s));
+        }
+    }
+
+    /// The slots of the ids of a group that the common case resolves (the entry in the home
+    /// bucket of the current level, the id confirmed in its slot), stamped; `None` for the
+    /// others, which take [`find_or_create`](Self::find_or_create). Loads every home bucket,
+    /// then every candidate slot (a word of each line up to word `tail`, the last the call
+    /// will use), before it compares any.
+    #[inline]
+    fn resolve_group<'a>(
+        &'a self,
+        view: &View<'a>,
+        ids: &[u64],
+        tail: usize,
+        found: &mut [Option<u32>; GROUP],
+    ) {
+        let mut hashes = [0u64; GROUP];
+        let mut sink = 0u64;
+        for (h, &id) in hashes.iter_mut().zip(ids) {
+            *h = index::hash(id);
+            sink = sink.wrapping_add(self.index.touch_home(view, *h));
+        }
+        let words = self.slots.words();
+        let stride = self.layout.stride;
+        let mut hits: [Option<Hit<'a>>; GROUP] = [None; GROUP];
+        let mut keys = [0u64; GROUP];
+        for j in 0..ids.len() {
+            if let Some(hit) = self.index.candidate(view, hashes[j]) {
+                let at = hit.slot() as usize * stride;
+                if let Some(slot) = words.get(at..=at + tail) {
+                    keys[j] = slot[0].load(Ordering::Relaxed);
+                    // A word of every cache line the call will read (slots are not aligned
+                    // to lines: one in eight words, and the last).
+                    let lines = slot.get(8..).unwrap_or_default();
+                    for w in lines.iter().step_by(8).chain(&slot[tail..]) {
+                        sink = sink.wrapping_add(w.load(Ordering::Relaxed));
+                    }
+                    hits[j] = Some(hit);
+                }
+            }
+        }
+        std::hint::black_box(sink);
+        let stamp = self.stamp();
+        for j in 0..ids.len() {
+            found[j] = match hits[j] {
+                Some(hit) if keys[j] == ids[j] => {
+                    if let Some(stamp) = stamp {
+                        hit.touch(stamp);
+                    }
+                    Some(hit.slot())
+                }
+                _ => None,
+            };
+        }
+    }
+
+    fn pull_rows<R: ReadRow>(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) {
+        let rb = self.row_bytes;
+        let (dim, row_words) = (self.layout.dim, self.layout.row_words);
+        let mut tally = Tally::default();
+        {
+            let _guard = self.epoch.enter();
+            let mut view = self.index.view();
+            let mut found = [None; GROUP];
+            for (g, (group, block)) in ids
+                .chunks(GROUP)
+                .zip(out.chunks_mut(GROUP * rb))
+                .enumerate()
+            {
+                self.resolve_group(&view, group, row_words, &mut found);
+                for (j, (&id, dst)) in group.iter().zip(block.chunks_exact_mut(rb)).enumerate() {
+                    let slot = match found[j] {
+                        Some(slot) => slot,
+                        None => {
+                            let init = |row: &_, state: &_| self.init_row(id, row, state);
+                            match self.find_or_create(&mut view, id, Origin::Pull, &mut tally, init)
+                            {
+                                Some((slot, _)) => slot,
+                                None => {
+                                    dst.fill(0);
+                                    missing.push((g * GROUP + j) as u32);
+                                    tally.missing += 1;
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    let s = self.layout.slot(self.slots.words(), slot);
+                    let row = &s[1..1 + row_words];
+                    self.read_row(id, || R::read(row, dim, dst));
+                }
+            }
+        }
+        let call = self.counters.pulls.fetch_add(1, Ordering::Relaxed);
+        metrics::add(&self.counters.pulled_rows, ids.len() as u64);
+        self.count(&tally);
+        if let Some(hot) = &self.hot {
+            hot.sample(ids, call);
+        }
+        self.upkeep_step();
+    }
+
+    fn push_rows<S: Format, G: Format>(&self, ids: &[u64], grads: &[u8]) {
+        let rb = self.row_bytes;
+        let (dim, row_words) = (self.layout.dim, self.layout.row_words);
+        let optimizer = &self.settings.optimizer;
+        let mut tally = Tally::default();
+        {
+            let _guard = self.epoch.enter();
+            let mut view = self.index.view();
+            let mut found = [None; GROUP];
+            for (group, block) in ids.chunks(GROUP).zip(grads.chunks(GROUP * rb)) {
+                self.resolve_group(&view, group, self.layout.stride - 1, &mut found);
+                for (j, (&id, g)) in group.iter().zip(block.chunks_exact(rb)).enumerate() {
+                    let slot = match found[j] {
+                        Some(slot) => slot,
+                        None => {
+                            let init = |row: &_, state: &_| self.init_row(id, row, state);
+                            match self.find_or_create(&mut view, id, Origin::Push, &mut tally, init)
+                            {
+                                Some((slot, _)) => slot,
+                                None => {
+                                    tally.dropped += 1;
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    let s = self.layout.slot(self.slots.words(), slot);
+                    let (row, state) = s[1..].split_at(row_words);
+                    self.write_row(id, || optim::apply::<S, G>(optimizer, dim, row, state, g));
+                }
+            }
+        }
+        let call = self.counters.pushes.fetch_add(1, Ordering::Relaxed);
+        metrics::add(&self.counters.pushed_rows, ids.len() as u64);
+        self.count(&tally);
+        if let Some(hot) = &self.hot {
+            hot.sample(ids, call);
+        }
+        self.upkeep_step();
+    }
+}
+
+impl PsTableBuilder {
+    /// The table, empty; an error names the setting out of range, or the memory that could
+    /// not be reserved.
+    pub fn build(self) -> Result<PsTable, BuildError> {
+        self.check()?;
+        let layout = Layout::new(self.dim, self.stored, &self.optimizer);
+        let reserve = |what: &str, e: std::io::Error| BuildError {
+            what: format!("reserving the {what}: {e}"),
+        };
+        let slots =
+            Slots::new(layout, self.max_rows, self.huge_pages).map_err(|e| reserve("slots", e))?;
+        let expected = self.capacity.min(self.max_rows);
+        let index = Index::new(expected, slots.max_slots(), self.huge_pages)
+            .map_err(|e| reserve("index", e))?;
+        let locks = match self.consistency {
+            Consistency::Hogwild => Box::default(),
+            Consistency::PerRow => (0..self.row_locks.next_power_of_two())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        };
+        Ok(PsTable {
+            dims: [self.dim as u64],
+            row_bytes: self.dim * self.served.size(),
+            layout,
+            slots,
+            index,
+            epoch: Epoch::default(),
+            sketch: (self.admit_after > 1)
+                .then(|| Sketch::new(self.admission_counters / 2, self.admit_after)),
+            locks,
+            counters: CachePadded::default(),
+            hot: (self.hot_sample_every > 0).then(|| HotIds::new(self.hot_sample_every)),
+            clock: CachePadded::default(),
+            stamps: self.evict_untouched.is_some() || self.capped(),
+            limbo: Mutex::default(),
+            settings: self,
+        })
+    }
+
+    /// Whether a row cap below the most rows a table can have was set.
+    pub(super) fn capped(&self) -> bool {
+        self.max_rows < super::slots::MAX_SLOTS
+    }
+}
+
+/// How a pull turns a stored row into the bytes it serves.
+trait ReadRow {
+    fn read(row: &[AtomicU64], dim: usize, dst: &mut [u8]);
+}
+
+/// Served as stored: a copy of the words' bytes.
+struct Same;
+
+impl ReadRow for Same {
+    #[inline]
+    fn read(row: &[AtomicU64], _dim: usize, dst: &mut [u8]) {
+        elem::copy_out(row, dst);
+    }
+}
+
+/// Stored as `S`, served as f32.
+struct Widen<S>(PhantomData<S>);
+
+impl<S: Format> ReadRow for Widen<S> {
+    #[inline]
+    fn read(row: &[AtomicU64], dim: usize, dst: &mut [u8]) {
+        let mut first = 0;
+        while first < dim {
+            let n = CHUNK.min(dim - first);
+            if n == CHUNK {
+                F32::write8(&S::load8(row, first), &mut dst[first * 4..]);
+            } else {
+                let mut vals = [0f32; CHUNK];
+                elem::load::<S>(row, first, &mut vals[..n]);
+                elem::write::<F32>(&vals[..n], &mut dst[first * 4..(first + n) * 4]);
+            }
+            first += CHUNK;
+        }
+    }
+}
+
+impl Table for PsTable {
+    fn dtype(&self) -> DType {
+        self.settings.served.dtype()
+    }
+
+    fn row_dims(&self) -> &[u64] {
+        &self.dims
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status {
+        if ids.len().checked_mul(self.row_bytes) != Some(out.len())
+            || u32::try_from(ids.len()).is_err()
+        {
+            return Status::InvalidArgument;
+        }
+        if ids.is_empty() {
+            return Status::Ok;
+        }
+        match (self.layout.stored, self.settings.served) {
+            (Float::Bf16, Float::F32) => self.pull_rows::<Widen<Bf16>>(ids, out, missing),
+            (Float::F16, Float::F32) => self.pull_rows::<Widen<F16>>(ids, out, missing),
+            _ => self.pull_rows::<Same>(ids, out, missing),
+        }
+        Status::Ok
+    }
+
+    fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
+        if ids.len().checked_mul(self.row_bytes) != Some(grads.len()) {
+            return Status::InvalidArgument;
+        }
+        if ids.is_empty() {
+            return Status::Ok;
+        }
+        match (self.layout.stored, self.settings.served) {
+            (Float::F32, _) => self.push_rows::<F32, F32>(ids, grads),
+            (Float::Bf16, Float::Bf16) => self.push_rows::<Bf16, Bf16>(ids, grads),
+            (Float::Bf16, _) => self.push_rows::<Bf16, F32>(ids, grads),
+            (Float::F16, Float::F16) => self.push_rows::<F16, F16>(ids, grads),
+            (Float::F16, _) => self.push_rows::<F16, F32>(ids, grads),
+        }
+        Status::Ok
+    }
+}
+
+impl fmt::Debug for PsTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PsTable")
+            .field("table_id", &self.settings.table_id)
+            .field("dim", &self.layout.dim)
+            .field("rows", &self.len())
+            .finish_non_exhaustive()
+    }
+}
