@@ -105,7 +105,7 @@ pub fn run(args: &ValidateArgs) -> Result<i32, Failure> {
         }
     }
     let valid = findings.is_empty();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let r = if args.json {
         let report = Report {
             valid,
