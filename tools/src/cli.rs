@@ -106,7 +106,8 @@ impl ClusterOpts {
                --worker-hosts w0:2222,w1:2222\n\
                TF_CONFIG='{{\"cluster\": ...}}' commctl validate --tf-config --json",
     note = "Every problem is reported, as FILE:LINE: what is wrong. With a cluster spec,\n\
-            every task must have an entry in the map.",
+            every task must have an entry in the map (a task whose line has a problem is\n\
+            reported once, on that line).",
     error_code(0, "valid"),
     error_code(1, "problems found"),
     error_code(2, "usage error, or a file that cannot be read")

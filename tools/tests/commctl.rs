@@ -380,6 +380,39 @@ fn validate_a_cluster_spec_against_the_map() {
         r.stdout
     );
 
+    // A task whose line has a problem of its own (here a data address another line has):
+    // that line is reported once, not again as a task without an entry.
+    let shared = dir.file(
+        "shared_map",
+        "127.0.0.1:2222=127.0.0.1:5555\n127.0.0.1:2223=127.0.0.1:5555\n",
+    );
+    for json in [false, true] {
+        let mut cmd = commctl(&[
+            "validate",
+            shared.to_str().unwrap(),
+            "--ps-hosts",
+            "127.0.0.1:2222,127.0.0.1:2223",
+        ]);
+        if json {
+            cmd.arg("--json");
+        }
+        let r = run(&mut cmd);
+        assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+        assert!(!r.stdout.contains("has no entry"), "{}", r.stdout);
+        if json {
+            assert_eq!(r.stdout.matches("\"message\"").count(), 1, "{}", r.stdout);
+        } else {
+            assert_eq!(
+                r.stdout,
+                format!(
+                    "{}:2: data address 127.0.0.1:5555 is already used by 127.0.0.1:2222 \
+                     (line 1)\n1 problem found\n",
+                    shared.display()
+                )
+            );
+        }
+    }
+
     // TF_CONFIG, as a training operator sets it.
     let tf = r#"{"cluster": {"ps": ["10.0.0.1:2222", "10.0.0.2:2222"],
                  "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]},

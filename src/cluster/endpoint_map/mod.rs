@@ -336,6 +336,9 @@ pub struct EndpointMap {
     source: String,
     entries: Vec<Entry>,
     by_control: HashMap<HostPort, usize>,
+    /// Lines left out for a problem of their own, by their control address (lenient
+    /// parsing; empty otherwise).
+    rejected: HashMap<HostPort, usize>,
 }
 
 impl EndpointMap {
@@ -426,8 +429,13 @@ impl EndpointMap {
             };
             let control = check(AddrKind::Control, control);
             let data = check(AddrKind::Data, data);
-            let (Some(control), Some(data), true) = (control, data, sound) else {
-                continue;
+            let (control, data) = match (control, data, sound) {
+                (Some(control), Some(data), true) => (control, data),
+                (Some(control), _, _) => {
+                    map.rejected.entry(control).or_insert(line);
+                    continue;
+                }
+                _ => continue,
             };
             if let Some(&first) = map.by_control.get(&control) {
                 let first_line = map.entries[first].line;
@@ -450,6 +458,7 @@ impl EndpointMap {
                         other_line: other.line,
                     },
                 );
+                map.rejected.entry(control).or_insert(line);
                 continue;
             }
             by_data.insert(data.clone(), map.entries.len());
@@ -475,6 +484,10 @@ impl EndpointMap {
                 });
                 clashing.push(i);
             }
+        }
+        for &i in &clashing {
+            let e = &map.entries[i];
+            map.rejected.entry(e.control.clone()).or_insert(e.line);
         }
         if !clashing.is_empty() {
             let mut i = 0;
@@ -555,6 +568,18 @@ impl EndpointMap {
     /// The data address of a control address.
     pub fn data_addr(&self, control: &HostPort) -> Option<&HostPort> {
         self.get(control).map(|e| &e.data)
+    }
+
+    /// The line that names `control` but was left out for a problem of its own (a bad or
+    /// unspecified data address, a data address another line has or that is a control
+    /// address), when [`parse_lenient`](EndpointMap::parse_lenient) made this map: a
+    /// task without an entry whose line is here has had that problem reported already.
+    /// `None` for an address with an entry, or named on no line.
+    pub fn rejected_line(&self, control: &HostPort) -> Option<usize> {
+        match self.get(control) {
+            Some(_) => None,
+            None => self.rejected.get(control).copied(),
+        }
     }
 
     fn reindex(&mut self) {

@@ -319,3 +319,30 @@ fn load_reports_io_errors_with_the_path() {
     let e = EndpointMap::load(Path::new("/no/such/file")).unwrap_err();
     assert!(e.to_string().starts_with("/no/such/file: "), "{e}");
 }
+
+#[test]
+fn a_line_left_out_is_found_by_its_control_address() {
+    let text = b"10.0.0.1:2222=10.0.0.1:5555\n\
+        10.0.0.2:2222=10.0.0.1:5555\n\
+        10.0.0.3:2222=10.0.0.3:0\n\
+        10.0.0.4:2222=0.0.0.0:5555\n\
+        10.0.0.5:2222=10.0.0.1:2222\n\
+        10.0.0.1:2222=10.0.0.9:5555\n";
+    let (map, problems) = EndpointMap::parse_lenient("m", text);
+    assert_eq!(problems.len(), 5, "{problems:?}");
+    assert_eq!(map.len(), 1);
+    // Each left out for a problem of its own, reported on its line.
+    for (control, line) in [
+        ("10.0.0.2:2222", 2),
+        ("10.0.0.3:2222", 3),
+        ("10.0.0.4:2222", 4),
+        ("10.0.0.5:2222", 5),
+    ] {
+        assert_eq!(map.rejected_line(&hp(control)), Some(line), "{control}");
+        assert!(problems.iter().any(|p| p.line == Some(line)));
+    }
+    // A control address with an entry (a later duplicate line is its problem alone), and
+    // one named nowhere.
+    assert_eq!(map.rejected_line(&hp("10.0.0.1:2222")), None);
+    assert_eq!(map.rejected_line(&hp("10.0.0.8:2222")), None);
+}
