@@ -318,6 +318,32 @@ fn locate() {
 fn load_reports_io_errors_with_the_path() {
     let e = EndpointMap::load(Path::new("/no/such/file")).unwrap_err();
     assert!(e.to_string().starts_with("/no/such/file: "), "{e}");
+    // A path given by the caller: nothing to add.
+    assert!(!e.to_string().contains(ENV_PATH), "{e}");
+    // Found through the variable: said so; what `?` in main prints is the same message.
+    let env = |name: &str| (name == ENV_PATH).then(|| OsString::from("/no/such/dir"));
+    let e = EndpointMap::locate_and_load(None, env).unwrap_err();
+    let text = e.to_string();
+    assert!(text.starts_with("/no/such/dir/.endpoint_map: "), "{text}");
+    assert!(
+        text.ends_with(" (the endpoint map, found through TF_SEASTAR_ENDPOINT_MAP_PATH)"),
+        "{text}"
+    );
+    assert_eq!(format!("{e:?}"), text);
+    // Looked for in the current folder: how to point at it.
+    let e = LoadError::Io {
+        path: PathBuf::from(FILE_NAME),
+        error: std::io::Error::from(std::io::ErrorKind::NotFound),
+        found: Found::CurrentFolder,
+    };
+    assert!(format!("{e:?}").starts_with(".endpoint_map: "), "{e:?}");
+    assert!(
+        format!("{e:?}").ends_with(
+            "(the endpoint map, looked for in the current folder: give its path, or set \
+             TF_SEASTAR_ENDPOINT_MAP_PATH to its folder)"
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
