@@ -11,7 +11,7 @@
 //! A worker whose tables are partitioned over several PS tasks plans each step with a
 //! [`Plan`]: duplicate ids removed, the distinct ones spread over the shards by a
 //! [`Partition`], the answers scattered back into the batch and the gradients of
-//! duplicates summed; [`Sharded`](crate::Sharded) does all of it, with rows as bytes or,
+//! duplicates summed; [`Sharded`] does all of it, with rows as bytes or,
 //! through [`RowElement`], as `f32`, `f64` and the integer types.
 
 mod element;
