@@ -58,8 +58,8 @@
 //!     )?;
 //!     let ps_addr = ps.local_addr().ok_or("the PS listens")?;
 //!
-//!     // A worker: one handle per trainer thread. What start-up changed (fewer loops
-//!     // than asked, a backend fallback) is in its report.
+//!     // A worker: one handle per trainer thread. Its report says what runs (backend,
+//!     // loops) and what start-up changed (fewer loops than asked, a backend fallback).
 //!     let worker = Runtime::start(ConfigBuilder::from_env("worker", 0)?.build()?, None)?;
 //!     eprintln!("{}", worker.report());
 //!     let mut h = worker.handle(64);
@@ -135,8 +135,9 @@
 //! # Start-up
 //!
 //! [`Runtime::start`] and [`Embedded::new`](Client::new) fail with a [`StartError`] that
-//! names what failed (the listen address, the backend, a loop's setup). What they did
-//! differently from what was asked is in [`Runtime::report`]: print it.
+//! names what failed (the listen address, the backend, a loop's setup). What they started
+//! (backend, loops) and what they did differently from what was asked (its
+//! [`notes`](StartReport::notes), empty when nothing) is in [`Runtime::report`]: print it.
 //!
 //! # Layers
 //!

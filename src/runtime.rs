@@ -302,9 +302,12 @@ impl Runtime {
         Ok(rt)
     }
 
-    /// What start-up chose differently from what was asked: fewer loops than asked for
-    /// (the CPUs this process may run on), a backend fallback, a loop left unpinned.
-    /// `Display` prints it for an operator.
+    /// What start-up chose: the backend, the number of loops and the kernel features in
+    /// use, and in [`notes`](StartReport::notes) what it did differently from what was
+    /// asked (fewer loops than asked for, for the CPUs this process may run on; a backend
+    /// fallback; a loop left unpinned), empty when everything was as asked. `Display`
+    /// prints one line of what runs, always, then one line per note: for an operator's
+    /// log at start. To log only the differences, print the notes.
     pub fn report(&self) -> &StartReport {
         &self.report
     }
@@ -507,7 +510,9 @@ impl fmt::Display for StartNote {
 }
 
 /// What a runtime (or an embedded loop) started with, and what it did differently from
-/// what was asked. `Display` gives one line per item, for an operator's log.
+/// what was asked. `Display` gives a line of what runs (`starwire: 2 event loops on
+/// uring (...)`), always, then one line per [note](StartReport::notes), for an operator's
+/// log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StartReport {
     backend: Backend,

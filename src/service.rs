@@ -54,6 +54,48 @@ pub(crate) fn pull(service: &dyn Service, ids: &[u64], out: &mut Vec<Result<Arc<
 
 /// A table of embedding rows served by a PS task. Called from several event-loop threads at
 /// once.
+///
+/// A type that is both a [`Service`] and a `Table` (a PS whose one table answers for
+/// itself) has two `pull` and two `push` methods, so a call must name its trait:
+/// `Table::pull(&shard, ..)`, `Service::pull(&shard, ..)` (`shard.pull(..)` is ambiguous
+/// where both traits are in scope). Its [`Service::table`] returns itself:
+///
+/// ```
+/// use starwire::{DType, Service, Status, Table};
+///
+/// struct Shard {
+///     dims: [u64; 1],
+/// }
+///
+/// impl Table for Shard {
+///     fn dtype(&self) -> DType {
+///         DType::F32
+///     }
+///     fn row_dims(&self) -> &[u64] {
+///         &self.dims
+///     }
+///     fn pull(&self, _ids: &[u64], out: &mut [u8], _missing: &mut Vec<u32>) -> Status {
+///         out.fill(0);
+///         Status::Ok
+///     }
+///     fn push(&self, _ids: &[u64], _grads: &[u8]) -> Status {
+///         Status::Ok
+///     }
+/// }
+///
+/// impl Service for Shard {
+///     fn table(&self, table: u32) -> Option<&dyn Table> {
+///         (table == 0).then_some(self as &dyn Table)
+///     }
+/// }
+///
+/// let shard = Shard { dims: [2] };
+/// let mut row = [0xffu8; 8];
+/// assert_eq!(Table::pull(&shard, &[5], &mut row, &mut Vec::new()), Status::Ok);
+/// let mut tensors = Vec::new();
+/// Service::pull(&shard, &[5], &mut tensors); // the default: UNIMPLEMENTED
+/// assert_eq!(tensors[0].as_ref().err(), Some(&Status::Unimplemented));
+/// ```
 pub trait Table: Send + Sync {
     /// Element type of the rows.
     fn dtype(&self) -> DType;

@@ -134,7 +134,7 @@ fn every_request_kind_gives_its_typed_result_through_both_drivers() {
 /// and given to later waits, then `wait_any`; nothing is lost or given twice.
 fn pipelined<M: Mode>(c: &mut Client<M>, peer: SocketAddr) {
     let a = c.pull(peer, vec![1], secs(10)).unwrap();
-    let b = c.ping(peer, 8, secs(10)).unwrap();
+    let b = c.ping(peer, 24, secs(10)).unwrap();
     let d = c.pull(peer, vec![2], secs(10)).unwrap();
     let e = c.pull(peer, vec![3], secs(10)).unwrap();
     let e_tag = e.tag();
@@ -155,7 +155,10 @@ fn pipelined<M: Mode>(c: &mut Client<M>, peer: SocketAddr) {
             assert_eq!(v[0].as_ref().unwrap().bytes(), [3u8; 8]);
         } else {
             assert_eq!(done.tag, b.tag());
-            assert!(done.into_pong().is_ok());
+            // The typed answer: the round trip and the payload the peer echoed.
+            let pong = done.pong().unwrap();
+            assert_eq!(pong.payload, 24);
+            assert_eq!(done.into_pong(), Ok(pong.rtt));
         }
     }
     seen.sort_unstable();

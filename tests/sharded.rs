@@ -84,6 +84,57 @@ fn a_step_pushes_summed_gradients_and_pulls_them_back_with_duplicates_filled() {
     assert_eq!(h.outstanding(), 0);
 }
 
+#[test]
+fn typed_rows_go_through_without_a_byte_conversion_by_the_caller() {
+    let (_rts, tables, peers) = cluster();
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let mut sharded = Sharded::new(peers, Partition::Mod, 3, DType::F32, &[DIM as u64]).unwrap();
+    let ids = [1u64, 2, 1, 5];
+    // Gradient of position i: i + 1 in every element; id 1 is at positions 0 and 2.
+    let grads: Vec<f32> = (0..ids.len()).flat_map(|i| [i as f32 + 1.0; DIM]).collect();
+    let report = sharded.push_typed(&mut h, &ids, &grads, secs(10)).unwrap();
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!(report.unique, 3);
+    assert_eq!(tables[1].get(1), Some(vec![-4.0; DIM]));
+    assert_eq!(tables[2].get(5), Some(vec![-4.0; DIM]));
+    let mut rows = vec![f32::NAN; ids.len() * DIM];
+    let report = sharded
+        .pull_typed(&mut h, &ids, &mut rows, secs(10))
+        .unwrap()
+        .clone();
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!((report.unique, report.missing), (3, 0));
+    for (i, w) in [-4.0, -2.0, -4.0, -4.0].iter().enumerate() {
+        assert_eq!(&rows[i * DIM..(i + 1) * DIM], &[*w; DIM], "position {i}");
+    }
+    // The same rows as the byte call gives.
+    let mut out = vec![0u8; ids.len() * 16];
+    h_pull(&mut sharded, &mut h, &ids, &mut out);
+    assert_eq!(f32s(&out), rows);
+
+    // Another element type, or a buffer that is not whole rows: refused, nothing sent.
+    let mut wide = vec![0f64; ids.len() * DIM];
+    let e = sharded
+        .pull_typed(&mut h, &ids, &mut wide, secs(10))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        e.remote_message().is_some_and(|m| m.contains("F32")),
+        "{e:?}"
+    );
+    let e = sharded
+        .push_typed(&mut h, &ids, &[1i32; 16], secs(10))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let e = sharded
+        .push_typed(&mut h, &ids, &grads[..DIM], secs(10))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(h.outstanding(), 0);
+    assert_eq!(tables[1].get(1), Some(vec![-4.0; DIM]));
+}
+
 fn h_pull(
     sharded: &mut Sharded,
     h: &mut starwire::Handle,

@@ -257,6 +257,21 @@ fn a_sharded_rows_step_allocates_nothing() {
     eprintln!("500 sharded steps: {pulls} allocations for pulls, {pushes} for pushes");
     assert_eq!(pulls, 0, "allocations over 500 sharded pulls");
     assert_eq!(pushes, 0, "allocations over 500 sharded pushes");
+    // The same steps with f32 rows: converted through a buffer the client keeps.
+    let mut rows = vec![0f32; ids.len() * 16];
+    let grads = vec![0.5f32; ids.len() * 16];
+    let pulls = allocations_per_request(|| {
+        let r = sharded
+            .pull_typed(&mut h, &ids, &mut rows, secs(10))
+            .unwrap();
+        assert!(r.is_ok(), "{r:?}");
+    });
+    let pushes = allocations_per_request(|| {
+        let r = sharded.push_typed(&mut h, &ids, &grads, secs(10)).unwrap();
+        assert!(r.is_ok(), "{r:?}");
+    });
+    assert_eq!(pulls, 0, "allocations over 500 typed sharded pulls");
+    assert_eq!(pushes, 0, "allocations over 500 typed sharded pushes");
 }
 
 /// `pull_rows` and `push_rows` to one PS, several tables per request, with completions

@@ -21,10 +21,24 @@ pub(super) const LOCAL_SPARES_KEPT: usize = 1024;
 
 /// Submits requests and takes their completions; see the [module docs](crate::client).
 ///
-/// Requests are spread over the peer's `connections_per_peer` connections in turn. A
-/// request's completion is kept until it is taken by [`wait`](Self::wait),
-/// [`wait_tag`](Self::wait_tag), [`wait_any`](Self::wait_any) or [`poll`](Self::poll),
-/// whichever comes first; waits never drop completions of other requests.
+/// Requests are spread over the peer's `connections_per_peer` connections in turn (of a
+/// [`Handle`](crate::Handle), over the loops they map to; of an
+/// [`Embedded`](crate::Embedded), all on its loop). A connection is opened when a request
+/// first needs it, with `TCP_NODELAY` set (Nagle's algorithm off: a small request goes out
+/// at once), as accepted connections have it too. A request's completion is kept until it
+/// is taken by [`wait`](Self::wait), [`wait_tag`](Self::wait_tag),
+/// [`wait_any`](Self::wait_any) or [`poll`](Self::poll), whichever comes first; waits
+/// never drop completions of other requests.
+///
+/// # Waiting
+///
+/// Every wait ([`wait`](Self::wait), [`wait_tag`](Self::wait_tag),
+/// [`wait_any`](Self::wait_any)) spins, then parks; with the `polling` setting it
+/// busy-polls. An [`Embedded`](crate::Embedded) loop is run meanwhile, spinning for the
+/// `spin` budget before it parks in the kernel, or for twice its recent waits' average when
+/// that is longer (up to 250 µs; a `spin` of 0 parks at once); a
+/// [`Handle`](crate::Handle) spins 20 µs (its loop needs the CPU more) before it parks
+/// until its loop wakes it.
 pub struct Client<M: Mode> {
     pub(super) mode: M,
     /// The peer's connections requests are spread over (`connections_per_peer`).
@@ -72,7 +86,9 @@ impl<M: Mode> Client<M> {
         }
     }
 
-    /// Sends a ping with `payload` bytes to `peer`; its result is the round-trip time.
+    /// Sends a ping with `payload` bytes to `peer`; its result is the round-trip time
+    /// (with the echoed payload size: [`Completion::pong`], through
+    /// [`wait_tag`](Self::wait_tag)).
     pub fn ping(
         &mut self,
         peer: impl Into<Peer>,
@@ -285,13 +301,10 @@ impl<M: Mode> Client<M> {
     }
 
     /// Waits for the completion tagged `tag`, keeping those of other requests that arrive
-    /// meanwhile. Waiting spins, then parks; with the `polling` setting it busy-polls. An
-    /// [`Embedded`](crate::Embedded) loop is run meanwhile, spinning for the `spin` budget before it parks
-    /// in the kernel, or for twice its recent waits' average when that is longer (up to
-    /// 250 µs; a `spin` of 0 parks at once); a [`Handle`](crate::Handle) spins 20 µs (its loop needs the
-    /// CPU more) before it parks until its loop wakes it. A tag that is not outstanding
-    /// (never submitted, already taken, or submitted through a callback client):
-    /// [`ErrorKind::NotOutstanding`] at once, never a hang.
+    /// meanwhile; it spins, then parks, as every wait does (see
+    /// [Waiting](Self#waiting)). A tag that is not outstanding (never submitted, already
+    /// taken, or submitted through a callback client): [`ErrorKind::NotOutstanding`] at
+    /// once, never a hang.
     pub fn wait_tag(&mut self, tag: u64) -> Result<Completion, Error> {
         if !self.outstanding.contains(tag) {
             return Err(Error::new(ErrorKind::NotOutstanding));
@@ -299,8 +312,10 @@ impl<M: Mode> Client<M> {
         Ok(self.wait_for(Some(tag)))
     }
 
-    /// Waits for the next completion of any outstanding request. None outstanding (or a
-    /// callback client): [`ErrorKind::NotOutstanding`] at once.
+    /// Waits for the next completion of any outstanding request; it spins, then parks, as
+    /// every wait does (see [Waiting](Self#waiting)): an [`Embedded`](crate::Embedded)
+    /// loop is run meanwhile. None outstanding (or a callback client):
+    /// [`ErrorKind::NotOutstanding`] at once.
     pub fn wait_any(&mut self) -> Result<Completion, Error> {
         if self.outstanding.is_empty() {
             return Err(Error::new(ErrorKind::NotOutstanding));

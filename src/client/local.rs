@@ -157,8 +157,10 @@ impl Client<Local> {
         self.mode.lp.backend()
     }
 
-    /// What start-up chose differently from what was asked (a backend fallback), for the
-    /// caller to print.
+    /// What start-up chose: the backend and the kernel features in use, and in its
+    /// [`notes`](StartReport::notes) what it did differently from what was asked (a
+    /// backend fallback), empty when nothing. `Display` prints a line of what runs, then
+    /// one per note, as [`Runtime::report`](crate::Runtime::report).
     pub fn report(&self) -> &StartReport {
         &self.mode.report
     }

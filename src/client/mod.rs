@@ -41,7 +41,7 @@ pub use local::Local;
 pub use mode::Mode;
 pub use startup::Unreachable;
 pub use threads::Threads;
-pub use ticket::{Kind, Ping, Pull, PullRows, Push, Recv, RemoteStats, Ticket};
+pub use ticket::{Kind, Ping, Pong, Pull, PullRows, Push, Recv, RemoteStats, Ticket};
 
 /// The requests of a [`Runtime`](crate::Runtime)'s loop threads: a `Client` over
 /// [`Threads`]. `Send`, not `Sync`: it may move to another thread; the loops wake the
@@ -51,4 +51,9 @@ pub type Handle = Client<Threads>;
 
 /// A loop driven by the caller's own thread: a `Client` over [`Local`]. No loop threads,
 /// no rings, no cross-thread hop; nothing runs unless the caller waits, polls or drives.
+///
+/// Like a [`Handle`], it spreads requests over `connections_per_peer` connections to each
+/// peer (`STARWIRE_CONNECTIONS_PER_PEER`, default 1), opened as requests first need them;
+/// here all of them belong to its one loop, so more than one helps a large transfer share
+/// the network with small requests, not use more CPUs.
 pub type Embedded = Client<Local>;

@@ -18,9 +18,20 @@ pub trait Kind: sealed::Sealed {
     fn output(completion: Completion) -> Result<Self::Output, Error>;
 }
 
-/// A ping: its result is the round-trip time.
+/// A ping: its result is the round-trip time. For the payload size the peer echoed too,
+/// take the completion: `client.wait_tag(ticket.tag())?.pong()?` gives a [`Pong`].
 #[derive(Debug)]
 pub enum Ping {}
+
+/// A ping's answer, from [`Completion::pong`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pong {
+    /// The round-trip time, measured by the loop from the ping being queued on the
+    /// connection to its pong being decoded.
+    pub rtt: Duration,
+    /// Payload bytes the peer echoed (the ping's own payload size, from a sound peer).
+    pub payload: u32,
+}
 /// A pull: its result is, per id and in order, the tensor or why there is none.
 #[derive(Debug)]
 pub enum Pull {}
@@ -164,11 +175,23 @@ impl Completion {
     }
 
     /// A ping's round-trip time, measured by the loop from the request being queued on
-    /// the connection to the pong being decoded.
+    /// the connection to the pong being decoded. [`pong`](Self::pong) gives the echoed
+    /// payload size too.
     pub fn into_pong(self) -> Result<Duration, Error> {
-        match self.result? {
-            Reply::Pong { rtt, .. } => Ok(rtt),
-            _ => Err(Error::new(ErrorKind::OtherKind)),
+        self.pong().map(|p| p.rtt)
+    }
+
+    /// A ping's answer: its round-trip time and the payload size the peer echoed. (A
+    /// [`Pong`] is small: given by value, the completion stays whole, for
+    /// [`Client::recycle`](super::Client::recycle).)
+    pub fn pong(&self) -> Result<Pong, Error> {
+        match &self.result {
+            Ok(Reply::Pong { rtt, payload }) => Ok(Pong {
+                rtt: *rtt,
+                payload: *payload,
+            }),
+            Ok(_) => Err(Error::new(ErrorKind::OtherKind)),
+            Err(e) => Err(owned(e)),
         }
     }
 

@@ -87,12 +87,52 @@
 //! In a job that sets `TF_CONFIG`, [`Resolver::from_env`] reads it and the endpoint map
 //! (from [`TF_SEASTAR_ENDPOINT_MAP_PATH`](crate::cluster::endpoint_map::ENV_PATH), else the
 //! current folder).
+//!
+//! # A PS on its own data address
+//!
+//! A task started by a training operator finds everything in its environment: its job and
+//! index in `TF_CONFIG` ([`ConfigBuilder::from_tf_config`](crate::ConfigBuilder::from_tf_config)),
+//! and its data address, where it listens, by resolving its own name:
+//!
+//! ```no_run
+//! use starwire::cluster::{Resolver, TaskId};
+//! use starwire::config::ConfigBuilder;
+//! use starwire::rows::{Init, MemTable, Optimizer, Tables};
+//! use starwire::{Options, Runtime};
+//! use std::sync::Arc;
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // TF_CONFIG='{"cluster": {"ps": [...], "worker": [...]},
+//!     //             "task": {"type": "ps", "index": 1}}'
+//!     // TF_SEASTAR_ENDPOINT_MAP_PATH=/etc/training (its .endpoint_map)
+//!     let config = ConfigBuilder::from_tf_config()?.build()?;
+//!     let me = TaskId::new(config.job(), config.task_index());
+//!     let listen = Resolver::from_env()?.resolve_task(&me)?.addr(); // ps:1's data address
+//!     let table = MemTable::new(16, Init::Zeros, Optimizer::Sgd { lr: 0.01 });
+//!     let ps = Runtime::start_with(
+//!         config,
+//!         Options {
+//!             service: Some(Arc::new(Tables::new().with(0, Arc::new(table)))),
+//!             ..Options::listen(listen)
+//!         },
+//!     )?;
+//!     eprintln!("{me} listening on {listen}: {}", ps.report());
+//!     // ... serve until told to stop; dropping `ps` stops its loops.
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The data address's host must be one of this machine's (in a pod, its service name
+//! resolves to the pod's address); where it is not, listen on all of them with its port,
+//! `SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), listen.port())`. Workers reach the PS
+//! by the same name: `Resolver::from_env()?.resolve("ps:1")` or `peers("ps")`.
 
 pub mod endpoint_map;
 mod json;
 mod membership;
 mod resolver;
 mod spec;
+mod task_config;
 
 pub use endpoint_map::EndpointMap;
 pub use json::JsonError;

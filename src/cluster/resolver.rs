@@ -173,8 +173,7 @@ impl Resolver {
                 .map_err(|_| spec_error(vec![ClusterError::NotUtf8]))?,
         };
         let tf = TfConfig::parse_all(&text).map_err(spec_error)?;
-        let path = EndpointMap::locate_with(None, lookup);
-        let map = EndpointMap::load(&path).map_err(ResolveError::Map)?;
+        let map = EndpointMap::locate_and_load(None, lookup).map_err(ResolveError::Map)?;
         Ok(Resolver::for_spec(&tf.cluster)
             .with_source(ENV_TF_CONFIG)
             .with_map(&map))
@@ -208,7 +207,8 @@ impl Resolver {
         if self.cluster.is_none() {
             return Ok(self);
         }
-        let map = EndpointMap::load(&EndpointMap::locate(explicit)).map_err(ResolveError::Map)?;
+        let map = EndpointMap::locate_and_load(explicit, |name| std::env::var_os(name))
+            .map_err(ResolveError::Map)?;
         Ok(self.with_map(&map))
     }
 
@@ -393,7 +393,10 @@ impl Known {
 // Errors.
 
 /// Why a target has no peer. Each names the target as written.
-#[derive(Debug)]
+///
+/// `Debug` is the message (`Display`), so that `?` in `main` says what failed and, for an
+/// endpoint map that cannot be read, its path and `TF_SEASTAR_ENDPOINT_MAP_PATH`; match
+/// on the variants for the parts.
 #[non_exhaustive]
 pub enum ResolveError {
     /// Neither a `host:port` nor a task name.
@@ -582,6 +585,12 @@ impl fmt::Display for ResolveError {
             }
             ResolveError::Map(e) => write!(f, "{e}"),
         }
+    }
+}
+
+impl fmt::Debug for ResolveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 
@@ -875,6 +884,13 @@ mod tests {
             e.to_string()
                 .starts_with(&format!("{}: ", empty.join(".endpoint_map").display())),
             "{e}"
+        );
+        // What `?` in main prints: the path and the variable it was found through.
+        let shown = format!("{e:?}");
+        assert_eq!(shown, e.to_string());
+        assert!(
+            shown.contains("found through TF_SEASTAR_ENDPOINT_MAP_PATH"),
+            "{shown}"
         );
         // A map with problems.
         std::fs::write(empty.join(".endpoint_map"), b"10.0.0.1:2222=10.0.0.1:0\n").unwrap();

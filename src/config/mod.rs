@@ -10,7 +10,8 @@
 //! settings' names (`config.polling()`, `config.max_inflight()`, ...).
 //!
 //! Precedence, lowest first: the defaults (the `DEFAULT_*` constants), then the environment
-//! ([`ConfigBuilder::from_env`]), then builder methods.
+//! ([`ConfigBuilder::from_env`], or [`ConfigBuilder::from_tf_config`] for the task
+//! `TF_CONFIG` names, which takes the job and index from it), then builder methods.
 //!
 //! Every setting is written once, in one table (`src/config/table.rs`); the config, the
 //! builder, the environment reader, the checks and the table of settings in
@@ -151,7 +152,9 @@ impl Config {
 
 impl ConfigBuilder {
     /// The defaults overridden by the process environment. Malformed or out-of-range
-    /// variables are errors here, even those a builder method would override later.
+    /// variables are errors here, even those a builder method would override later. In a
+    /// job that sets `TF_CONFIG`, [`from_tf_config`](ConfigBuilder::from_tf_config) takes
+    /// `job` and `task_index` from it.
     pub fn from_env(job: &str, task_index: u32) -> Result<ConfigBuilder, ConfigError> {
         Self::from_lookup(job, task_index, |name| std::env::var_os(name))
     }

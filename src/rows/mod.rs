@@ -11,13 +11,16 @@
 //! A worker whose tables are partitioned over several PS tasks plans each step with a
 //! [`Plan`]: duplicate ids removed, the distinct ones spread over the shards by a
 //! [`Partition`], the answers scattered back into the batch and the gradients of
-//! duplicates summed.
+//! duplicates summed; [`Sharded`] does all of it, with rows as bytes or,
+//! through [`RowElement`], as `f32`, `f64` and the integer types.
 
+mod element;
 mod plan;
 mod sharded;
 mod table;
 
 pub use crate::session::{PulledRows, Rows, MAX_ROW_RANK};
+pub use element::RowElement;
 pub use plan::{Partition, Plan, PlanError};
 pub use sharded::{Sharded, StepReport};
 pub use table::{ps, Init, MemTable, Optimizer, PsTable, PsTableBuilder, Tables};

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use arrayvec::ArrayVec;
 
+use super::element::{self, RowElement};
 use super::plan::{Partition, Plan};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
@@ -21,6 +22,26 @@ use crate::wire::{DType, Status};
 ///
 /// After the first steps (once its vectors have grown to the largest batch), a step
 /// allocates nothing in the client but the blocks the answers land in.
+///
+/// [`pull`](Self::pull) and [`push`](Self::push) take the rows as bytes (little-endian
+/// elements, `row_bytes` per row); [`pull_typed`](Self::pull_typed) and
+/// [`push_typed`](Self::push_typed) take them as elements of the table's dtype (`&mut
+/// [f32]` for an f32 table):
+///
+/// ```no_run
+/// # use starwire::{rows::Partition, DType, Handle, Peer, Sharded};
+/// # fn step(h: &mut Handle, peers: Vec<Peer>) -> Result<(), starwire::Error> {
+/// const DIM: usize = 16;
+/// let mut table = Sharded::new(peers, Partition::Mod, 7, DType::F32, &[DIM as u64])?;
+/// let ids = [3u64, 9, 3];
+/// let mut rows = vec![0f32; ids.len() * DIM];
+/// let report = table.pull_typed(h, &ids, &mut rows, None)?;
+/// assert!(report.is_ok());
+/// let grads = vec![0.5f32; ids.len() * DIM];
+/// table.push_typed(h, &ids, &grads, None)?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Sharded {
     plan: Plan,
@@ -44,6 +65,8 @@ pub struct Sharded {
     merged: Vec<u8>,
     /// The last step's report (kept, so that a step allocates nothing for it).
     report: StepReport,
+    /// The bytes of a typed step's rows (grown to the largest batch, then reused).
+    typed: Vec<u8>,
 }
 
 /// What a sharded step did, per PS.
@@ -119,6 +142,7 @@ impl Sharded {
             placed: Vec::new(),
             merged: Vec::new(),
             report: StepReport::default(),
+            typed: Vec::new(),
         })
     }
 
@@ -338,5 +362,79 @@ impl Sharded {
         }
         self.report = report;
         Ok(&self.report)
+    }
+    /// Checks that `T` is the table's element type and that `len` elements are whole rows
+    /// for `ids`; the bytes they take.
+    fn typed_len<T: RowElement>(
+        &self,
+        ids: &[u64],
+        len: usize,
+        what: &str,
+    ) -> Result<usize, Error> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(&format!(
+                "rows: table {} holds {:?} rows; {what} is of {:?}",
+                self.table,
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        let bytes = len.checked_mul(T::SIZE);
+        if bytes != ids.len().checked_mul(self.row_bytes) {
+            return Err(Error::invalid(&format!(
+                "rows: {what} holds {len} elements; {} ids need {} ({} per row)",
+                ids.len(),
+                ids.len().saturating_mul(self.row_bytes / T::SIZE),
+                self.row_bytes / T::SIZE
+            )));
+        }
+        Ok(len * T::SIZE)
+    }
+
+    /// [`pull`](Self::pull) into rows of elements: `out` holds `ids.len()` rows of the
+    /// table's dtype (`T` must be it: `f32` for an `F32` table), row `i` for `ids[i]`.
+    /// The rows arrive as bytes into a buffer this client keeps and are converted into
+    /// `out`, so like `pull` a step allocates nothing once that buffer has grown to the
+    /// largest batch. Unlike `pull`, the rows of a PS that failed are left zero too. Another `T`, or an `out` that is not whole rows for `ids`:
+    /// [`ErrorKind::InvalidArgument`] before anything is sent.
+    pub fn pull_typed<T: RowElement, M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        out: &mut [T],
+        deadline: Option<Instant>,
+    ) -> Result<&StepReport, Error> {
+        let bytes = self.typed_len::<T>(ids, out.len(), "out")?;
+        let mut buf = std::mem::take(&mut self.typed);
+        buf.clear();
+        buf.resize(bytes, 0);
+        let pulled = self.pull(client, ids, &mut buf, deadline).map(|_| ());
+        if pulled.is_ok() {
+            element::decode(&buf, out);
+        }
+        self.typed = buf;
+        pulled.map(|()| &self.report)
+    }
+
+    /// [`push`](Self::push) of gradient rows of elements: `grads` holds `ids.len()` rows
+    /// of the table's dtype (`T` must be it), row `i` for `ids[i]`; duplicates summed as
+    /// by `push` (f32 and f64 rows). Converted into bytes in a buffer this client keeps:
+    /// no allocation in steady state. Another `T`, or `grads` that are not whole rows for
+    /// `ids`: [`ErrorKind::InvalidArgument`] before anything is sent.
+    pub fn push_typed<T: RowElement, M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        grads: &[T],
+        deadline: Option<Instant>,
+    ) -> Result<&StepReport, Error> {
+        let bytes = self.typed_len::<T>(ids, grads.len(), "grads")?;
+        let mut buf = std::mem::take(&mut self.typed);
+        buf.clear();
+        buf.resize(bytes, 0);
+        element::encode(grads, &mut buf);
+        let pushed = self.push(client, ids, &buf, deadline).map(|_| ());
+        self.typed = buf;
+        pushed.map(|()| &self.report)
     }
 }

@@ -26,7 +26,9 @@ pub const DEFAULT_ID_RANGE: u64 = 100_000;
             $TF_CONFIG. The .endpoint_map is --endpoint-map, else the one in the folder\n\
             $TF_SEASTAR_ENDPOINT_MAP_PATH, else the one in the current folder.\n\
             Transport settings come from the environment as for any starwire task\n\
-            (STARWIRE_CLUSTER_ID, STARWIRE_CLUSTER_TOKEN, STARWIRE_BACKEND, ...).",
+            (STARWIRE_CLUSTER_ID, STARWIRE_CLUSTER_TOKEN, STARWIRE_BACKEND, ...).\n\
+            commctl's requests come from the task commctl-COMMAND:PID (commctl-bench:4242,\n\
+            its process id), so a task's stats show each command and each run apart.",
     error_code(0, "success: valid, or every request answered"),
     error_code(
         1,
@@ -104,7 +106,8 @@ impl ClusterOpts {
                --worker-hosts w0:2222,w1:2222\n\
                TF_CONFIG='{{\"cluster\": ...}}' commctl validate --tf-config --json",
     note = "Every problem is reported, as FILE:LINE: what is wrong. With a cluster spec,\n\
-            every task must have an entry in the map.",
+            every task must have an entry in the map (a task whose line has a problem is\n\
+            reported once, on that line).",
     error_code(0, "valid"),
     error_code(1, "problems found"),
     error_code(2, "usage error, or a file that cannot be read")
@@ -257,7 +260,8 @@ pub struct StatsArgs {
     #[argh(positional)]
     pub target: String,
 
-    /// refresh until interrupted, with rates per second
+    /// refresh until interrupted, with rates per second (on a terminal the screen is
+    /// cleared for each; into a file or a pipe the tables follow one another)
     #[argh(switch, short = 'w')]
     pub watch: bool,
 
@@ -385,8 +389,9 @@ impl WaitArgs {
     example = "commctl serve --listen 127.0.0.1:5555\n\
                commctl serve --task ps:1 --ps-hosts ps0:2222,ps1:2222\n\
                commctl serve --tf-config      # the task named in $TF_CONFIG",
-    note = "Prints 'listening on ADDRESS ...' on stdout once it accepts connections\n\
-            (the line names the store and the rows table).\n\
+    note = "Prints 'listening on ADDRESS as TASK ...' on stdout once it accepts\n\
+            connections (the line names the store and the rows table); without --task or\n\
+            --tf-config, TASK is ps:0, the default task, and the line says so.\n\
             Answers ping, pull, push, recv and fused recv from a synthetic store of\n\
             --tensors variables (ids 0..N-1), each a u8 tensor of --tensor-size bytes:\n\
             - pull of id i < N returns variable i; other ids: NOT_FOUND.\n\
@@ -404,7 +409,8 @@ impl WaitArgs {
             - a push applies the gradient rows: --optimizer sgd (w -= lr * g) or\n\
               adagrad (acc += g * g; w -= lr * g / sqrt(acc)), creating rows as needed.\n\
             Another table is NOT_FOUND; rows of another dtype or shape INVALID_ARGUMENT.\n\
-            Stops cleanly on SIGINT or SIGTERM, saying what each part served.",
+            Stops cleanly on SIGINT or SIGTERM, saying on stderr what each part served\n\
+            (recvs: the tensors they took).",
     error_code(0, "stopped by SIGINT or SIGTERM"),
     error_code(2, "usage or configuration error, or the address cannot be bound")
 )]
@@ -418,7 +424,8 @@ pub struct ServeArgs {
     pub listen: Option<String>,
 
     /// serve as this task, JOB:INDEX: listen on its data address from the cluster spec and
-    /// the endpoint map
+    /// the endpoint map (default: ps:0 with --listen, the task $TF_CONFIG names with
+    /// --tf-config)
     #[argh(option, arg_name = "job:index")]
     pub task: Option<String>,
 

@@ -99,7 +99,7 @@ pub fn run(args: &EndpointMapArgs) -> Result<i32, Failure> {
 
     match &args.output {
         None => {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::out::stdout();
             out.write_all(text.as_bytes())
                 .and_then(|()| out.flush())
                 .map_err(|e| Failure::usage(format!("writing the map: {e}")))?;
@@ -117,7 +117,7 @@ pub fn run(args: &EndpointMapArgs) -> Result<i32, Failure> {
                 let n = spec.spec.job(job).map_or(0, <[HostPort]>::len);
                 jobs.push(format!("{job} {n}"));
             }
-            println!(
+            crate::out::outln!(
                 "{}: {} entr{} ({}), {rule}",
                 path.display(),
                 rows.len(),
@@ -152,10 +152,10 @@ fn describe(row: &Row, kind: &ProblemKind, task_on: &dyn Fn(usize) -> Option<Str
 /// Prints the problems on stderr; nothing is written. Returns the exit code.
 fn report(problems: Vec<String>) -> i32 {
     for p in &problems {
-        eprintln!("commctl: {p}");
+        crate::out::errln!("commctl: {p}");
     }
     let n = problems.len();
-    eprintln!(
+    crate::out::errln!(
         "commctl: {n} problem{} found; no map written",
         if n == 1 { "" } else { "s" }
     );

@@ -2,8 +2,9 @@
 //!
 //! The binary is `src/bin/commctl.rs`; everything it does lives here so it can be unit
 //! tested: the command line ([`cli`]), one module per subcommand, and the small helpers
-//! they share (exit codes, a stderr logger, signal handling, CPU time). JSON reports are
-//! serde_json, latency percentiles hdrhistogram, signals signal-hook.
+//! they share (exit codes, a stderr logger, output that stops quietly when its reader went
+//! away, signal handling, CPU time). JSON reports are serde_json, latency percentiles
+//! hdrhistogram, signals signal-hook.
 
 pub mod bench;
 pub mod cli;
@@ -11,6 +12,7 @@ pub mod cpu;
 pub mod endpoint_map;
 pub mod exit;
 pub mod logger;
+pub mod out;
 pub mod ping;
 pub mod serve;
 pub mod signals;
@@ -29,22 +31,25 @@ pub fn run(args: &[&str]) -> i32 {
         Err(early) => {
             return match early.status {
                 Ok(()) => {
-                    println!("{}", early.output);
+                    crate::out::outln!("{}", early.output);
                     exit::OK
                 }
                 Err(()) => {
-                    eprintln!("{}\nRun commctl --help for more information.", early.output);
+                    crate::out::errln!(
+                        "{}\nRun commctl --help for more information.",
+                        early.output
+                    );
                     exit::USAGE
                 }
             };
         }
     };
     if cmd.version {
-        println!("commctl {}", env!("CARGO_PKG_VERSION"));
+        crate::out::outln!("commctl {}", env!("CARGO_PKG_VERSION"));
         return exit::OK;
     }
     let Some(command) = cmd.command else {
-        eprintln!("commctl: no command given\nRun commctl --help for more information.");
+        crate::out::errln!("commctl: no command given\nRun commctl --help for more information.");
         return exit::USAGE;
     };
     let quiet_default = !matches!(command, Command::Serve(_));
@@ -66,7 +71,7 @@ pub fn run(args: &[&str]) -> i32 {
     match result {
         Ok(code) => code,
         Err(Failure { code, message }) => {
-            eprintln!("commctl: {message}");
+            crate::out::errln!("commctl: {message}");
             code
         }
     }

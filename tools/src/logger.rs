@@ -18,7 +18,7 @@ impl Log for Stderr {
                 Level::Debug => "debug",
                 Level::Trace => "trace",
             };
-            eprintln!("commctl: {level}: {}", r.args());
+            crate::out::errln!("commctl: {level}: {}", r.args());
         }
     }
 

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use starwire::cluster::TaskId;
 use starwire::config::{
     ConfigBuilder, ENV_CONNECT_RETRIES, ENV_HANDSHAKE_TIMEOUT_MS, MAX_HANDSHAKE_TIMEOUT,
 };
@@ -18,14 +19,27 @@ use crate::target;
 /// Most pings in flight at once (with a short interval and a long timeout).
 const MAX_OUTSTANDING: usize = 1024;
 
-/// The configuration of a client: the environment as for any task (job `commctl`), with
-/// `retries` connect retries (a tool should say "nothing listening" at once) and no
-/// handshake timeout of its own, unless the environment sets those: the deadline of each
-/// request is the one timeout, so a peer that accepts and never answers reads as "no
-/// reply within the timeout", request after request, as in ping(8).
-pub fn client_config(loops: usize, connections: usize, retries: u32) -> Result<Config, Failure> {
+/// The task a commctl client calls itself in its handshake: job `commctl-COMMAND`, index
+/// the process id (`commctl-bench:4242`), so that a task's stats keep each command and
+/// each run on a row of its own.
+pub fn client_task(command: &str) -> TaskId {
+    TaskId::new(&format!("commctl-{command}"), std::process::id())
+}
+
+/// The configuration of a client of `command`: the environment as for any task, as
+/// [`client_task`], with `retries` connect retries (a tool should say "nothing listening"
+/// at once) and no handshake timeout of its own, unless the environment sets those: the
+/// deadline of each request is the one timeout, so a peer that accepts and never answers
+/// reads as "no reply within the timeout", request after request, as in ping(8).
+pub fn client_config(
+    command: &str,
+    loops: usize,
+    connections: usize,
+    retries: u32,
+) -> Result<Config, Failure> {
     let bad = |e: starwire::config::ConfigError| Failure::usage(e.to_string());
-    let mut b = ConfigBuilder::from_env("commctl", 0)
+    let task = client_task(command);
+    let mut b = ConfigBuilder::from_env(&task.job, task.index)
         .map_err(bad)?
         .loops(loops)
         .connections_per_peer(connections);
@@ -44,7 +58,7 @@ pub fn start_client(cfg: Config) -> Result<Runtime, Failure> {
         .map_err(|e| Failure::usage(format!("cannot start the starwire client: {e}")))?;
     // What start-up did differently from what was asked (fewer loops, a fallback).
     for note in rt.report().notes() {
-        eprintln!("commctl: {note}");
+        crate::out::errln!("commctl: {note}");
     }
     Ok(rt)
 }
@@ -112,10 +126,10 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
     if args.count == Some(0) {
         return Err(Failure::usage("-c: the count must be at least 1"));
     }
-    let rt = start_client(client_config(1, 1, 0)?)?;
+    let rt = start_client(client_config("ping", 1, 1, 0)?)?;
     let watcher = Watcher::start(signals, std::thread::current());
     let mut h = rt.handle(MAX_OUTSTANDING);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let _ = writeln!(out, "PING {}: {} payload bytes", target.label, args.size);
     let _ = out.flush();
 
@@ -132,7 +146,8 @@ pub fn run(args: &PingArgs) -> Result<i32, Failure> {
         |t| format!("{t} ({})", target.addr),
     );
     'run: loop {
-        if watcher.stopped() {
+        // Interrupted, or nobody reads the replies any more (`commctl ping ... | head`).
+        if watcher.stopped() || crate::out::closed() {
             break;
         }
         let now = Instant::now();

@@ -367,6 +367,7 @@ pub struct Server {
     rt: Runtime,
     task: TaskId,
     store: Arc<Store>,
+    rv: Arc<Rendezvous>,
     producer: Producer,
 }
 
@@ -374,8 +375,9 @@ pub struct Server {
 pub struct Final {
     /// The runtime's counters.
     pub stats: Stats,
-    /// Tensors the producer published for recvs.
-    pub published: u64,
+    /// Tensors recvs took: what the producer published beyond the keys still waiting
+    /// (each key is published once at start, and again each time a recv took it).
+    pub received: u64,
     /// Tensors pushed and accepted.
     pub pushed: u64,
     /// What the rows table served.
@@ -418,9 +420,9 @@ impl Server {
         })?;
         // What start-up did differently from what was asked (fewer loops, a fallback).
         for note in rt.report().notes() {
-            eprintln!("commctl serve: {note}");
+            crate::out::errln!("commctl serve: {note}");
         }
-        let producer = match Producer::start(&store, rv) {
+        let producer = match Producer::start(&store, rv.clone()) {
             Ok(p) => p,
             Err(f) => {
                 rt.shutdown();
@@ -431,6 +433,7 @@ impl Server {
             rt,
             task,
             store,
+            rv,
             producer,
         })
     }
@@ -445,17 +448,24 @@ impl Server {
         let published = self.producer.stop();
         let stats = self.rt.stats();
         self.rt.shutdown();
+        // No recv takes a key any more: what was published and is not waiting was taken.
+        let waiting = self.rv.ready_count() as u64;
         Final {
             stats,
-            published,
+            received: published.saturating_sub(waiting),
             pushed: self.store.pushed(),
             rows: self.store.table.served(),
         }
     }
 }
 
-/// What to serve as, and where.
-fn plan(args: &ServeArgs) -> Result<(TaskId, SocketAddr), Failure> {
+/// The task `serve` calls itself without `--task` (or a task in `TF_CONFIG`): `ps:0`.
+pub fn default_task() -> TaskId {
+    TaskId::new("ps", 0)
+}
+
+/// What to serve as (`None`: no task given, [`default_task`]), and where.
+fn plan(args: &ServeArgs) -> Result<(Option<TaskId>, SocketAddr), Failure> {
     let opts = args.cluster_opts();
     let task = match &args.task {
         Some(t) => Some(TaskId::parse(t).map_err(|e| Failure::usage(format!("--task: {e}")))?),
@@ -481,7 +491,7 @@ fn plan(args: &ServeArgs) -> Result<(TaskId, SocketAddr), Failure> {
             }
         },
     };
-    Ok((task.unwrap_or_else(|| TaskId::new("ps", 0)), listen))
+    Ok((task, listen))
 }
 
 /// The address of `--listen`: an IP address and port, or a host name and port; port 0
@@ -505,6 +515,8 @@ fn listen_addr(text: &str) -> Result<SocketAddr, Failure> {
 pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
     let mut signals = signals::take()?;
     let (task, listen) = plan(args)?;
+    let named = task.is_some();
+    let task = task.unwrap_or_else(default_task);
     let mut b = ConfigBuilder::from_env(&task.job, task.index)
         .map_err(|e| Failure::usage(e.to_string()))?;
     if let Some(n) = args.loops {
@@ -515,11 +527,12 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
     let server = Server::start(cfg, listen, &content)?;
     let addr = server.local_addr().unwrap_or(listen);
     {
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::out::stdout();
         let _ = writeln!(
             out,
-            "listening on {addr} as {} ({} event loop{}, {} backend; {} tensors of {} B; {})",
+            "listening on {addr} as {} ({}{} event loop{}, {} backend; {} tensors of {} B; {})",
             server.task,
+            if named { "" } else { "the default task; " },
             server.rt.loops(),
             if server.rt.loops() == 1 { "" } else { "s" },
             server.rt.backend(),
@@ -545,9 +558,9 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
     let signal = signals::wait(&mut signals);
     let f = server.stop();
     let stats = f.stats;
-    eprintln!(
+    crate::out::errln!(
         "commctl serve: {signal}: stopped after {} connection{}, {} bytes in, {} bytes out, \
-         {} tensors published for recv, {} pushed; table {}: {} rows pulled ({} missing), \
+         {} tensors taken by recvs, {} pushed; table {}: {} rows pulled ({} missing), \
          {} rows pushed, {} rows stored",
         stats.connections_accepted,
         if stats.connections_accepted == 1 {
@@ -557,7 +570,7 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
         },
         stats.bytes_in,
         stats.bytes_out,
-        f.published,
+        f.received,
         f.pushed,
         content.table.id,
         f.rows.pulled,

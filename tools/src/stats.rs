@@ -156,10 +156,12 @@ pub fn run(args: &StatsArgs) -> Result<i32, Failure> {
     let target = target::resolve(&args.target, &args.cluster_opts())?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let interval = Duration::from_secs_f64(args.interval);
-    let rt = start_client(client_config(1, 1, 0)?)?;
+    let rt = start_client(client_config("stats", 1, 1, 0)?)?;
     let watcher = Watcher::start(signals, std::thread::current());
     let mut h = rt.handle(4);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
+    // Screen codes only for a terminal, never into a file or a pipe.
+    let clear_screen = crate::out::is_terminal();
     let mut previous: Option<(Instant, Doc)> = None;
     loop {
         let text = fetch(&mut h, &target, timeout)?;
@@ -179,12 +181,18 @@ pub fn run(args: &StatsArgs) -> Result<i32, Failure> {
             table(&doc, &target.label, rates)
         };
         if args.watch && !args.json && !args.prometheus {
-            // Clear the screen and go home, as watch(1) does.
-            let _ = write!(out, "\x1b[H\x1b[2J");
+            if clear_screen {
+                // Clear the screen and go home, as watch(1) does.
+                let _ = write!(out, "\x1b[H\x1b[2J");
+            } else if previous.is_some() {
+                // Into a file or a pipe: the tables one after the other.
+                let _ = writeln!(out);
+            }
         }
         let _ = out.write_all(shown.as_bytes());
         let _ = out.flush();
-        if !args.watch {
+        // Once, or until nobody reads (`commctl stats --watch ... | head`).
+        if !args.watch || crate::out::closed() {
             return Ok(crate::exit::OK);
         }
         previous = Some((at, doc));
@@ -237,14 +245,19 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
     let mut s = String::new();
     let _ = writeln!(s, "stats of {label}: task {}", doc.task);
     let t = |k: &str| doc.totals.get(k).copied().unwrap_or(0);
+    // The totals' definitions (docs/wire-format.md, 4.11), in words.
     let _ = writeln!(
         s,
-        "frames in/out {}/{}, bytes in/out {}/{}, connections accepted {} opened {} lost {}, \
-         send arenas {}, receive ring exhausted {}",
+        "frames received {}, sent {}; bytes received {}, sent {}",
         t("frames_in"),
         t("frames_out"),
         fmt_bytes(t("bytes_in") as f64),
         fmt_bytes(t("bytes_out") as f64),
+    );
+    let _ = writeln!(
+        s,
+        "connections accepted {}, opened {} (handshake completed), lost or closed for an \
+         error {}; send arenas hold {} now; receive ring nearly empty {} times",
         t("connections_accepted"),
         t("connections_opened"),
         t("connections_lost"),
@@ -501,6 +514,21 @@ mod tests {
         let again = table(&doc, "ps:0", Some((&doc, Duration::from_secs(1))));
         assert!(again.contains("REQ/s"), "{again}");
         assert!(parse(r#"{"format":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn the_header_says_what_each_total_counts() {
+        let t = table(&parse(DOC).unwrap(), "ps:0", None);
+        assert!(
+            t.contains("frames received 3, sent 3; bytes received 100B, sent 200B\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "accepted 0, opened 0 (handshake completed), lost or closed for an error 0;"
+            ),
+            "{t}"
+        );
     }
 
     #[test]

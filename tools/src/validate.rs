@@ -101,11 +101,19 @@ pub fn run(args: &ValidateArgs) -> Result<i32, Failure> {
     if let Some(s) = &spec {
         match Cluster::resolve(&s.spec, &map) {
             Ok(c) => cluster = Some(c),
-            Err(errors) => findings.extend(cluster_findings(s.source, errors)),
+            Err(mut errors) => {
+                // A task whose line was left out for a problem of its own: that line's
+                // problem is reported already, once.
+                errors.retain(|e| {
+                    !matches!(e, ClusterError::MissingEntry { control, .. }
+                        if map.rejected_line(control).is_some())
+                });
+                findings.extend(cluster_findings(s.source, errors));
+            }
         }
     }
     let valid = findings.is_empty();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let r = if args.json {
         let report = Report {
             valid,

@@ -20,11 +20,11 @@ pub fn run(args: &WaitArgs) -> Result<i32, Failure> {
         .map(|t| target::resolve(t, &opts))
         .collect::<Result<Vec<_>, _>>()?;
     // A few connect retries per round; the rounds go on until the time is up.
-    let rt = start_client(client_config(1, 1, 2)?)?;
+    let rt = start_client(client_config("wait", 1, 1, 2)?)?;
     let mut h = rt.handle(targets.len().max(1));
     let timeout = Duration::from_secs_f64(args.timeout);
     let result = h.wait_for_peers(targets.iter().map(|t| t.addr), timeout);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let code = match result {
         Ok(()) => {
             let _ = writeln!(out, "all {} targets answered", targets.len());

@@ -380,6 +380,39 @@ fn validate_a_cluster_spec_against_the_map() {
         r.stdout
     );
 
+    // A task whose line has a problem of its own (here a data address another line has):
+    // that line is reported once, not again as a task without an entry.
+    let shared = dir.file(
+        "shared_map",
+        "127.0.0.1:2222=127.0.0.1:5555\n127.0.0.1:2223=127.0.0.1:5555\n",
+    );
+    for json in [false, true] {
+        let mut cmd = commctl(&[
+            "validate",
+            shared.to_str().unwrap(),
+            "--ps-hosts",
+            "127.0.0.1:2222,127.0.0.1:2223",
+        ]);
+        if json {
+            cmd.arg("--json");
+        }
+        let r = run(&mut cmd);
+        assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+        assert!(!r.stdout.contains("has no entry"), "{}", r.stdout);
+        if json {
+            assert_eq!(r.stdout.matches("\"message\"").count(), 1, "{}", r.stdout);
+        } else {
+            assert_eq!(
+                r.stdout,
+                format!(
+                    "{}:2: data address 127.0.0.1:5555 is already used by 127.0.0.1:2222 \
+                     (line 1)\n1 problem found\n",
+                    shared.display()
+                )
+            );
+        }
+    }
+
     // TF_CONFIG, as a training operator sets it.
     let tf = r#"{"cluster": {"ps": ["10.0.0.1:2222", "10.0.0.2:2222"],
                  "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]},
@@ -679,6 +712,14 @@ fn serve_as_a_task_of_the_cluster() {
     cmd_env[1].1 = &p;
     let mut server = Server::start(&["--tf-config", "--loops", "1"], &cmd_env);
     assert_eq!(server.addr.to_string(), data);
+    // The task TF_CONFIG names, not the default.
+    assert!(
+        server
+            .line
+            .starts_with(&format!("listening on {data} as ps:0 (1 event loop")),
+        "{}",
+        server.line
+    );
     let r = run(&mut commctl(&["ping", "-c", "1", &data]));
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let (code, _) = server.signal("INT");
@@ -734,6 +775,7 @@ fn bench_every_tensor_operation_against_serve() {
     let addr = server.addr.to_string();
     let pid = server.child.id().to_string();
     // recv and fused-recv twice: a second run receives the same keys again.
+    let mut received = 0;
     for (op, k) in [
         ("pull", "8"),
         ("push", "8"),
@@ -771,6 +813,9 @@ fn bench_every_tensor_operation_against_serve() {
         let k: i64 = k.parse().unwrap();
         assert_eq!(json_int(j, "tensors"), ok * k, "{op}: {j}");
         assert_eq!(json_int(j, "bytes"), ok * k * 1000, "{op}: {j}");
+        if op.contains("recv") {
+            received += ok * k;
+        }
         assert!(!j.contains("\"server_cpu_seconds\":null"), "{j}");
     }
 
@@ -815,6 +860,7 @@ fn bench_every_tensor_operation_against_serve() {
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
     assert_eq!(json_int(&r.stdout, "failed"), 3, "{}", r.stdout);
     assert!(r.stdout.contains("NotFound"), "{}", r.stdout);
+    assert!(r.stdout.contains("\"latency_ms\":null"), "{}", r.stdout);
     let r = run(&mut commctl(&[
         "bench",
         &addr,
@@ -835,7 +881,11 @@ fn bench_every_tensor_operation_against_serve() {
         stderr.starts_with("commctl serve: SIGTERM: stopped after "),
         "{stderr}"
     );
-    assert!(stderr.contains("tensors published for recv"), "{stderr}");
+    // Every tensor the recvs took, not the keys published at start.
+    assert!(
+        stderr.contains(&format!(" {received} tensors taken by recvs")),
+        "{received}: {stderr}"
+    );
 }
 
 #[test]
@@ -1060,6 +1110,11 @@ fn bench_rows_operations_against_serve() {
             assert!(r.stdout.contains("0 ok, 3 failed"), "{}", r.stdout);
             assert!(r.stdout.contains(status), "{}", r.stdout);
             assert!(r.stdout.contains(hint), "{}", r.stdout);
+            // Nothing succeeded: said so, with no rates, latencies or CPU shares of it.
+            assert!(r.stdout.contains("no request succeeded"), "{}", r.stdout);
+            for figure in ["req/s", "  latency  ", "% of one CPU", "loop time"] {
+                assert!(!r.stdout.contains(figure), "{figure}: {}", r.stdout);
+            }
         }
     }
 
@@ -1636,6 +1691,14 @@ fn stats_shows_what_a_server_served_per_peer_and_operation() {
         &[],
     );
     let addr = server.addr.to_string();
+    // Without --task: the default task name, said to be one.
+    assert!(
+        server
+            .line
+            .contains(" as ps:0 (the default task; 1 event loop"),
+        "{}",
+        server.line
+    );
     let r = run(&mut commctl(&[
         "bench",
         &addr,
@@ -1674,7 +1737,13 @@ fn stats_shows_what_a_server_served_per_peer_and_operation() {
         .iter()
         .find(|p| p["role"] == "server" && p["ops"]["pull"].is_object())
         .unwrap_or_else(|| panic!("no served pulls in {doc}"));
-    assert!(bench["task"].as_str().unwrap().starts_with("commctl:"));
+    // Each commctl process is a task of its own: the bench is not merged with the stats
+    // requests that follow it.
+    assert!(bench["task"]
+        .as_str()
+        .unwrap()
+        .starts_with("commctl-bench:"));
+    assert!(bench["ops"]["stats"].is_null(), "{doc}");
     let pull = &bench["ops"]["pull"];
     assert_eq!(pull["requests"].as_u64(), Some(pulls));
     assert_eq!(pull["outcomes"]["ok"].as_u64(), Some(pulls));
@@ -1686,7 +1755,8 @@ fn stats_shows_what_a_server_served_per_peer_and_operation() {
     // The table names the peer's task and the operation.
     let r = run(&mut commctl(&["stats", &addr]));
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-    assert!(r.stdout.contains("served commctl:0"), "{}", r.stdout);
+    assert!(r.stdout.contains("served commctl-bench:"), "{}", r.stdout);
+    assert!(r.stdout.contains("served commctl-stats:"), "{}", r.stdout);
     assert!(r.stdout.contains(" pull "), "{}", r.stdout);
 
     // Prometheus: the counters of the same pulls.
@@ -1728,4 +1798,106 @@ fn stats_refused_by_a_task_with_the_endpoint_off() {
     let r = run(&mut commctl(&["stats", &server.addr.to_string()]));
     assert_eq!(r.code, 6, "{}{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("Unimplemented"), "{}", r.stderr);
+}
+
+/// `commctl ARGS` with its stdout a pipe whose read end is already closed, and
+/// `RUST_BACKTRACE=1`: every write to stdout fails with `EPIPE`.
+fn into_closed_pipe(args: &[&str]) -> Run {
+    use nix::fcntl::OFlag;
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("a pipe");
+    drop(read);
+    let mut cmd = commctl(args);
+    cmd.env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("commctl runs");
+    let out = child.wait_with_output().expect("commctl ends");
+    Run {
+        code: out.status.code().expect("exited, not killed by a signal"),
+        stdout: String::new(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let mut server = Server::start(&["--listen", "127.0.0.1:0", "--loops", "1"], &[]);
+    let addr = server.addr.to_string();
+    let dir = Scratch::new("closed-pipe");
+    let map = dir.file(".endpoint_map", "10.0.0.1:2222=10.0.0.1:5555\n");
+    let map = map.to_str().unwrap();
+    // `ping` without -c and `stats --watch` would go on for ever: with nobody reading they
+    // stop, as `ping ... | head` expects.
+    let commands: [&[&str]; 12] = [
+        &["--help"],
+        &["--version"],
+        &["stats", "--help"],
+        &["serve", "--help"],
+        &["validate", map],
+        &["validate", map, "--json"],
+        &[
+            "endpoint-map",
+            "--ps-hosts",
+            "10.0.0.1:2222",
+            "--port-rule",
+            "+1",
+        ],
+        &["ping", "-i", "0.01", &addr],
+        &["stats", &addr],
+        &["stats", &addr, "--watch", "-i", "0.01"],
+        &["bench", &addr, "-n", "20"],
+        &["wait", &addr],
+    ];
+    for args in commands {
+        let r = into_closed_pipe(args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.stderr);
+        for word in ["panicked", "Broken pipe", "backtrace"] {
+            assert!(!r.stderr.contains(word), "{args:?}: {}", r.stderr);
+        }
+    }
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn stats_watch_into_a_pipe_writes_no_screen_codes() {
+    let mut server = Server::start(&["--listen", "127.0.0.1:0", "--loops", "1"], &[]);
+    let addr = server.addr.to_string();
+    let mut watch = commctl(&["stats", &addr, "--watch", "-i", "0.01"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("stats runs");
+    // Three refreshes, then Ctrl-C.
+    let mut text = String::new();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut tables = 0;
+    while tables < 3 {
+        let line = lines.next().expect("more output").unwrap();
+        tables += usize::from(line.starts_with("stats of "));
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let ok = Command::new("kill")
+        .args(["-s", "INT", &watch.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    drop(lines);
+    let status = watch.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(!text.contains('\x1b'), "{text:?}");
+    // Refreshes one after the other, each with its header and the rates since the last.
+    assert!(text.contains("\n\nstats of "), "{text}");
+    assert!(text.contains("REQ/s"), "{text}");
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn serve_help_names_its_default_task() {
+    let r = run(&mut commctl(&["serve", "--help"]));
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.contains("default: ps:0"), "{}", r.stdout);
 }

@@ -48,7 +48,7 @@ class ErrorsTest(unittest.TestCase):
             self.client.pull_rows(self.peer, 0, [1], 8, dtype=np.object_)
         with self.assertRaisesRegex(starwire.InvalidArgument, "dtype"):
             self.ps.publish("k", np.array([object()]))
-        with self.assertRaisesRegex(starwire.InvalidArgument, "integers"):
+        with self.assertRaisesRegex(starwire.InvalidArgument, "'x': a str, not an integer"):
             self.client.pull_rows(self.peer, 0, ["x"], 8)
         self.assertEqual(self.worker.stats().requests_completed, 0)
 

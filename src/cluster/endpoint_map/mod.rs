@@ -336,6 +336,9 @@ pub struct EndpointMap {
     source: String,
     entries: Vec<Entry>,
     by_control: HashMap<HostPort, usize>,
+    /// Lines left out for a problem of their own, by their control address (lenient
+    /// parsing; empty otherwise).
+    rejected: HashMap<HostPort, usize>,
 }
 
 impl EndpointMap {
@@ -426,8 +429,13 @@ impl EndpointMap {
             };
             let control = check(AddrKind::Control, control);
             let data = check(AddrKind::Data, data);
-            let (Some(control), Some(data), true) = (control, data, sound) else {
-                continue;
+            let (control, data) = match (control, data, sound) {
+                (Some(control), Some(data), true) => (control, data),
+                (Some(control), _, _) => {
+                    map.rejected.entry(control).or_insert(line);
+                    continue;
+                }
+                _ => continue,
             };
             if let Some(&first) = map.by_control.get(&control) {
                 let first_line = map.entries[first].line;
@@ -450,6 +458,7 @@ impl EndpointMap {
                         other_line: other.line,
                     },
                 );
+                map.rejected.entry(control).or_insert(line);
                 continue;
             }
             by_data.insert(data.clone(), map.entries.len());
@@ -476,6 +485,10 @@ impl EndpointMap {
                 clashing.push(i);
             }
         }
+        for &i in &clashing {
+            let e = &map.entries[i];
+            map.rejected.entry(e.control.clone()).or_insert(e.line);
+        }
         if !clashing.is_empty() {
             let mut i = 0;
             map.entries.retain(|_| {
@@ -490,7 +503,27 @@ impl EndpointMap {
 
     /// Reads and parses the file at `path` (at most [`MAX_FILE_BYTES`]).
     pub fn load(path: &Path) -> Result<EndpointMap, LoadError> {
-        let text = read_limited(path)?;
+        EndpointMap::load_found(path, Found::Given)
+    }
+
+    /// Finds the map as [`locate`](EndpointMap::locate) does, reading the environment
+    /// through `lookup`, and loads it; an error that it cannot be read says where it was
+    /// looked for and how to point at it ([`ENV_PATH`]).
+    pub(crate) fn locate_and_load(
+        explicit: Option<&Path>,
+        lookup: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<EndpointMap, LoadError> {
+        let found = match (explicit, lookup(ENV_PATH)) {
+            (Some(_), _) => Found::Given,
+            (None, Some(dir)) if !dir.is_empty() => Found::Env,
+            (None, _) => Found::CurrentFolder,
+        };
+        let path = EndpointMap::locate_with(explicit, lookup);
+        EndpointMap::load_found(&path, found)
+    }
+
+    fn load_found(path: &Path, found: Found) -> Result<EndpointMap, LoadError> {
+        let text = read_limited(path, found)?;
         EndpointMap::parse(&path.display().to_string(), &text).map_err(LoadError::Invalid)
     }
 
@@ -498,7 +531,7 @@ impl EndpointMap {
     /// [`parse_lenient`](EndpointMap::parse_lenient): the sound entries and every problem.
     /// Only a file that cannot be read is an error.
     pub fn load_lenient(path: &Path) -> Result<(EndpointMap, Vec<Problem>), LoadError> {
-        let text = read_limited(path)?;
+        let text = read_limited(path, Found::Given)?;
         Ok(EndpointMap::parse_lenient(
             &path.display().to_string(),
             &text,
@@ -557,6 +590,18 @@ impl EndpointMap {
         self.get(control).map(|e| &e.data)
     }
 
+    /// The line that names `control` but was left out for a problem of its own (a bad or
+    /// unspecified data address, a data address another line has or that is a control
+    /// address), when [`parse_lenient`](EndpointMap::parse_lenient) made this map: a
+    /// task without an entry whose line is here has had that problem reported already.
+    /// `None` for an address with an entry, or named on no line.
+    pub fn rejected_line(&self, control: &HostPort) -> Option<usize> {
+        match self.get(control) {
+            Some(_) => None,
+            None => self.rejected.get(control).copied(),
+        }
+    }
+
     fn reindex(&mut self) {
         self.by_control = self
             .entries
@@ -608,10 +653,11 @@ fn is_blank(c: char) -> bool {
     c == ' ' || c == '\t'
 }
 
-fn read_limited(path: &Path) -> Result<Vec<u8>, LoadError> {
+fn read_limited(path: &Path, found: Found) -> Result<Vec<u8>, LoadError> {
     let io_err = |error| LoadError::Io {
         path: path.to_owned(),
         error,
+        found,
     };
     let file = std::fs::File::open(path).map_err(io_err)?;
     let mut text = Vec::new();
@@ -799,8 +845,25 @@ impl fmt::Debug for Shorten<'_> {
     }
 }
 
+/// How the path of a map that could not be read was found, for the error's hint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Found {
+    /// Given by the caller ([`EndpointMap::load`]).
+    Given,
+    /// In the folder [`ENV_PATH`] names.
+    Env,
+    /// In the current folder, [`ENV_PATH`] being unset.
+    CurrentFolder,
+}
+
 /// Why a map could not be loaded.
-#[derive(Debug)]
+///
+/// `Debug` is the message (`Display`), so that `?` in `main` prints the path and, for a
+/// map looked for by [`Resolver::from_env`](crate::cluster::Resolver::from_env) or
+/// [`Resolver::load_map`](crate::cluster::Resolver::load_map), how it was found:
+/// `.endpoint_map: No such file or directory (os error 2) (looked for in the current
+/// folder: give its path, or set TF_SEASTAR_ENDPOINT_MAP_PATH to its folder)`.
 pub enum LoadError {
     /// The file could not be read.
     Io {
@@ -808,15 +871,34 @@ pub enum LoadError {
         path: PathBuf,
         /// The error.
         error: io::Error,
+        /// How the path was found.
+        found: Found,
     },
     /// The file was read and has problems.
     Invalid(Vec<Problem>),
 }
 
+impl fmt::Debug for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LoadError::Io { path, error } => write!(f, "{}: {error}", path.display()),
+            LoadError::Io { path, error, found } => {
+                write!(f, "{}: {error}", path.display())?;
+                match found {
+                    Found::Given => Ok(()),
+                    Found::Env => write!(f, " (the endpoint map, found through {ENV_PATH})"),
+                    Found::CurrentFolder => write!(
+                        f,
+                        " (the endpoint map, looked for in the current folder: give its \
+                         path, or set {ENV_PATH} to its folder)"
+                    ),
+                }
+            }
             LoadError::Invalid(problems) => {
                 for (i, p) in problems.iter().enumerate() {
                     if i > 0 {

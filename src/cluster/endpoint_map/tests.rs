@@ -318,4 +318,57 @@ fn locate() {
 fn load_reports_io_errors_with_the_path() {
     let e = EndpointMap::load(Path::new("/no/such/file")).unwrap_err();
     assert!(e.to_string().starts_with("/no/such/file: "), "{e}");
+    // A path given by the caller: nothing to add.
+    assert!(!e.to_string().contains(ENV_PATH), "{e}");
+    // Found through the variable: said so; what `?` in main prints is the same message.
+    let env = |name: &str| (name == ENV_PATH).then(|| OsString::from("/no/such/dir"));
+    let e = EndpointMap::locate_and_load(None, env).unwrap_err();
+    let text = e.to_string();
+    assert!(text.starts_with("/no/such/dir/.endpoint_map: "), "{text}");
+    assert!(
+        text.ends_with(" (the endpoint map, found through TF_SEASTAR_ENDPOINT_MAP_PATH)"),
+        "{text}"
+    );
+    assert_eq!(format!("{e:?}"), text);
+    // Looked for in the current folder: how to point at it.
+    let e = LoadError::Io {
+        path: PathBuf::from(FILE_NAME),
+        error: std::io::Error::from(std::io::ErrorKind::NotFound),
+        found: Found::CurrentFolder,
+    };
+    assert!(format!("{e:?}").starts_with(".endpoint_map: "), "{e:?}");
+    assert!(
+        format!("{e:?}").ends_with(
+            "(the endpoint map, looked for in the current folder: give its path, or set \
+             TF_SEASTAR_ENDPOINT_MAP_PATH to its folder)"
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_line_left_out_is_found_by_its_control_address() {
+    let text = b"10.0.0.1:2222=10.0.0.1:5555\n\
+        10.0.0.2:2222=10.0.0.1:5555\n\
+        10.0.0.3:2222=10.0.0.3:0\n\
+        10.0.0.4:2222=0.0.0.0:5555\n\
+        10.0.0.5:2222=10.0.0.1:2222\n\
+        10.0.0.1:2222=10.0.0.9:5555\n";
+    let (map, problems) = EndpointMap::parse_lenient("m", text);
+    assert_eq!(problems.len(), 5, "{problems:?}");
+    assert_eq!(map.len(), 1);
+    // Each left out for a problem of its own, reported on its line.
+    for (control, line) in [
+        ("10.0.0.2:2222", 2),
+        ("10.0.0.3:2222", 3),
+        ("10.0.0.4:2222", 4),
+        ("10.0.0.5:2222", 5),
+    ] {
+        assert_eq!(map.rejected_line(&hp(control)), Some(line), "{control}");
+        assert!(problems.iter().any(|p| p.line == Some(line)));
+    }
+    // A control address with an entry (a later duplicate line is its problem alone), and
+    // one named nowhere.
+    assert_eq!(map.rejected_line(&hp("10.0.0.1:2222")), None);
+    assert_eq!(map.rejected_line(&hp("10.0.0.8:2222")), None);
 }

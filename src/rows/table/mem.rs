@@ -27,6 +27,7 @@
 use core::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::error::Error;
 use crate::hash::{splitmix64, IdMap};
 use crate::service::Table;
 use crate::wire::{DType, Status};
@@ -73,6 +74,11 @@ impl Init {
 }
 
 /// How a [`MemTable`] applies a gradient row `g` to a row `w`, element by element.
+///
+/// The learning rate `lr` may be any finite number: 0 leaves the rows as they are (a
+/// table only read), and a negative one moves them along the gradient instead of against
+/// it (ascent). NaN and infinities are refused ([`MemTable::try_new`]), as is an Adagrad
+/// `initial_accumulator` that is not finite and above 0.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Optimizer {
     /// `w -= lr * g`.
@@ -121,16 +127,79 @@ pub struct MemTable {
     shards: Box<[Mutex<ShardRows>]>,
 }
 
+impl Optimizer {
+    /// Why this optimizer cannot run (see the [type's docs](Optimizer)), if it cannot.
+    fn problem(&self) -> Option<String> {
+        let (lr, acc) = match *self {
+            Optimizer::Sgd { lr } => (lr, None),
+            Optimizer::Adagrad {
+                lr,
+                initial_accumulator,
+            } => (lr, Some(initial_accumulator)),
+        };
+        if !lr.is_finite() {
+            return Some(format!("the learning rate {lr} is not a finite number"));
+        }
+        match acc {
+            Some(a) if !(a.is_finite() && a > 0.0) => Some(format!(
+                "Adagrad's initial accumulator {a} is not a finite number above 0"
+            )),
+            _ => None,
+        }
+    }
+}
+
 impl MemTable {
     /// An empty table of rows of `dim` f32.
+    ///
+    /// # Panics
+    ///
+    /// Where [`try_new`](Self::try_new) fails: `dim` 0, or an optimizer setting out of
+    /// range (see [`Optimizer`]).
     pub fn new(dim: usize, init: Init, optimizer: Optimizer) -> MemTable {
-        MemTable {
+        match MemTable::try_new(dim, init, optimizer) {
+            Ok(table) => table,
+            Err(e) => panic!("MemTable::new: {e}"),
+        }
+    }
+
+    /// An empty table of rows of `dim` f32, or an
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) error saying what
+    /// is wrong: `dim` 0, a learning rate that is not finite, an Adagrad initial
+    /// accumulator that is not finite and above 0.
+    pub fn try_new(dim: usize, init: Init, optimizer: Optimizer) -> Result<MemTable, Error> {
+        if dim == 0 {
+            return Err(Error::invalid("MemTable: rows of 0 elements"));
+        }
+        if let Some(problem) = optimizer.problem() {
+            return Err(Error::invalid(&format!("MemTable: {problem}")));
+        }
+        Ok(MemTable {
             dims: [dim as u64],
             dim,
             init,
             optimizer,
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        })
+    }
+
+    /// Sets the row of `id` to `values` (`dim` of them), creating it if absent: to load
+    /// given rows, such as a checkpoint's, before serving. A new row's Adagrad sums start
+    /// at the initial accumulator; an existing row keeps its sums. `values` of another
+    /// length: [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument), and
+    /// nothing changes.
+    pub fn insert(&self, id: u64, values: &[f32]) -> Result<(), Error> {
+        if values.len() != self.dim {
+            return Err(Error::invalid(&format!(
+                "MemTable::insert: {} values for a row of {}",
+                values.len(),
+                self.dim
+            )));
         }
+        let mut rows = self.rows(id);
+        let at = self.row_or_insert(&mut rows, id);
+        rows.values[at * self.dim..][..self.dim].copy_from_slice(values);
+        Ok(())
     }
 
     /// Elements per row.
@@ -307,6 +376,52 @@ mod tests {
         let mut missing = Vec::new();
         let s = t.pull(ids, &mut out, &mut missing);
         (s, to_f32(&out), missing)
+    }
+
+    #[test]
+    fn given_rows_are_loaded_and_served() {
+        let t = MemTable::new(2, Init::Missing, Optimizer::Sgd { lr: 0.5 });
+        t.insert(7, &[1.0, -1.0]).unwrap();
+        assert_eq!(
+            pull(&t, &[7, 8]),
+            (Status::Ok, vec![1.0, -1.0, 0.0, 0.0], vec![1])
+        );
+        // Overwritten as given, then updated by pushes as any row.
+        t.insert(7, &[4.0, 4.0]).unwrap();
+        assert_eq!(t.push(&[7], &f32_bytes(&[2.0, -2.0])), Status::Ok);
+        assert_eq!(t.get(7), Some(vec![3.0, 5.0]));
+        let e = t.insert(9, &[1.0]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(t.get(9), None);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn learning_rates_any_finite_number() {
+        // 0 freezes the rows; a negative rate ascends the gradient.
+        let t = MemTable::new(1, Init::Zeros, Optimizer::Sgd { lr: -1.0 });
+        assert_eq!(t.push(&[1], &f32_bytes(&[2.0])), Status::Ok);
+        assert_eq!(t.get(1), Some(vec![2.0]));
+        assert!(MemTable::try_new(1, Init::Zeros, Optimizer::Sgd { lr: 0.0 }).is_ok());
+        let refused = [
+            (1, Optimizer::Sgd { lr: f32::NAN }, "learning rate NaN"),
+            (1, Optimizer::Sgd { lr: f32::INFINITY }, "learning rate inf"),
+            (
+                1,
+                Optimizer::Adagrad {
+                    lr: 0.1,
+                    initial_accumulator: 0.0,
+                },
+                "initial accumulator 0",
+            ),
+            (0, Optimizer::Sgd { lr: 0.1 }, "rows of 0 elements"),
+        ];
+        for (dim, optimizer, why) in refused {
+            let e = MemTable::try_new(dim, Init::Zeros, optimizer).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+            let message = e.remote_message().unwrap_or_default();
+            assert!(message.contains(why), "{message}");
+        }
     }
 
     #[test]

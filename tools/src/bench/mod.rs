@@ -162,7 +162,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             )));
         }
     }
-    let cfg = client_config(args.loops, args.connections, 2)?;
+    let cfg = client_config("bench", args.loops, args.connections, 2)?;
     let rt = start_client(cfg)?;
     let watcher = Watcher::start(signals, std::thread::current());
     let mut h = rt.handle(args.inflight.max(args.connections));
@@ -283,7 +283,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         }
         if progress && done - last_draw >= PROGRESS_EVERY {
             let secs = (done - last_draw).as_secs_f64();
-            eprint!(
+            crate::out::err!(
                 "\r\x1b[2K[{:5.1} s] {:>10.0} req/s  {:>7.3} GB/s  p50 {} ms  p99 {} ms  \
                  failed {}",
                 (done - start).as_secs_f64(),
@@ -307,7 +307,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         _ => None,
     };
     if progress {
-        eprint!("\r\x1b[2K");
+        crate::out::err!("\r\x1b[2K");
     }
     drop(h);
     rt.shutdown();
@@ -322,7 +322,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     };
     drop(spawned);
 
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let text = if args.json {
         json(args, (op, dim), &label, &o) + "\n"
     } else {

@@ -160,6 +160,14 @@ pub(super) fn table(
         };
         row("", format!("{n} x {e}{hint}"));
     }
+    if o.ok == 0 {
+        // Rates, latencies and CPU shares of nothing would be numbers without a meaning.
+        row(
+            "result",
+            "no request succeeded: no rate, latency or CPU figures".into(),
+        );
+        return s;
+    }
     row("rate", format!("{:.0} req/s", rate(o)));
     let dir = if matches!(op, Op::Push | Op::PushRows) {
         "sent"
@@ -253,7 +261,8 @@ pub(super) fn table(
 /// The JSON report. Rows operations have `table`, `rows_per_request`, `row_bytes`,
 /// `id_range`, `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the
 /// tensor operations have their `tensors...` members; pings have neither. Members in this
-/// order; the ones a report does not have are left out.
+/// order; the ones a report does not have are left out. `latency_ms` is `null` when no
+/// request succeeded.
 #[derive(Serialize)]
 struct Report<'a> {
     operation: &'a str,
@@ -293,7 +302,8 @@ struct Report<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     tensors_per_second: Option<f64>,
     gigabytes_per_second: f64,
-    latency_ms: LatencyMs,
+    /// `null` when no request succeeded (nothing was measured).
+    latency_ms: Option<LatencyMs>,
     client_cpu_seconds: f64,
     /// `null` when unknown.
     server_cpu_seconds: Option<f64>,
@@ -373,14 +383,14 @@ pub(super) fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Ou
         rows_per_second: rows.then(|| r1(item_rate(o))),
         tensors_per_second: tensors.then(|| r1(item_rate(o))),
         gigabytes_per_second: r6(gbps(o)),
-        latency_ms: LatencyMs {
+        latency_ms: (o.ok > 0).then(|| LatencyMs {
             min: ms(l.min() as f64),
             mean: ms(l.mean()),
             p50: ms(l.value_at_quantile(0.5) as f64),
             p99: ms(l.value_at_quantile(0.99) as f64),
             p999: ms(l.value_at_quantile(0.999) as f64),
             max: ms(l.max() as f64),
-        },
+        }),
         client_cpu_seconds: r6(o.client_cpu.as_secs_f64()),
         server_cpu_seconds: o.server_cpu.map(|c| r6(c.as_secs_f64())),
         client_cpu_ns_per_row: per_row(Some(o.client_cpu)),

@@ -1,5 +1,7 @@
 //! commctl: the starwire command-line tool. See `commctl --help`.
 
+use std::io::Write;
+
 fn main() {
     let args: Vec<String> = match std::env::args_os()
         .skip(1)
@@ -8,7 +10,9 @@ fn main() {
     {
         Ok(args) => args,
         Err(bad) => {
-            eprintln!(
+            // Never a panic, also when stderr is closed.
+            let _ = writeln!(
+                std::io::stderr(),
                 "commctl: argument {:?} is not valid UTF-8",
                 bad.to_string_lossy()
             );
