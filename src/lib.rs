@@ -202,7 +202,7 @@ pub use error::{Error, ErrorKind};
 pub use rendezvous::Rendezvous;
 pub use rows::{Sharded, StepReport};
 pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_ZERO_COPY_MIN};
-pub use service::{Service, Table};
+pub use service::{SaveError, SaveReport, Service, Table};
 pub use stats::Stats;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
 pub use wire::{DType, Limits, Status};

@@ -8,8 +8,12 @@
 //! own state (shard it, or use atomics or short locks). Keep inline handlers short — a slow
 //! handler delays every other connection of its loop; see `docs/tuning.md`.
 
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::stats::TableMetrics;
 use crate::tensor::Tensor;
 use crate::wire::{DType, Status};
 
@@ -35,6 +39,15 @@ pub trait Service: Send + Sync {
     fn table(&self, table: u32) -> Option<&dyn Table> {
         let _ = table;
         None
+    }
+
+    /// The numbers of the tables [`table`](Self::table) serves, for what concerns all of
+    /// them: a checkpoint of the task, per-table metrics in `STATS`, the tables' upkeep
+    /// ([`Table::maintain`]) and the start-up report. Called seldom (not per request). The
+    /// default lists none: a service that serves tables should list them, or they are
+    /// served but never saved, maintained nor reported.
+    fn table_ids(&self) -> Vec<u32> {
+        Vec::new()
     }
 }
 
@@ -119,6 +132,88 @@ pub trait Table: Send + Sync {
     /// buffer has.
     fn row_bytes(&self) -> usize {
         row_bytes(self.dtype(), self.row_dims())
+    }
+
+    /// The table's counters and state, for `STATS` (`commctl stats`). The default keeps
+    /// none.
+    fn metrics(&self) -> Option<TableMetrics> {
+        None
+    }
+
+    /// Saves the table into a file of its own in `dir`, written atomically (the file
+    /// appears whole or not at all), while the table goes on serving. Called from a thread
+    /// of the runtime's (not a loop) when a checkpoint of the task is asked for. The
+    /// default: [`SaveError::Unsupported`].
+    fn save(&self, dir: &Path) -> Result<SaveReport, SaveError> {
+        let _ = dir;
+        Err(SaveError::Unsupported)
+    }
+
+    /// Housekeeping (eviction of rows, giving memory back), called about once a second
+    /// from a thread of the runtime's while the table serves. The default does nothing.
+    fn maintain(&self) {}
+
+    /// One line for the start-up report: how the table is laid out and what it got from
+    /// the kernel (huge pages). The default says nothing.
+    fn report(&self) -> Option<String> {
+        None
+    }
+}
+
+/// What a table's [`save`](Table::save) wrote, and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SaveReport {
+    /// The checkpoint file.
+    pub path: PathBuf,
+    /// Rows saved.
+    pub rows: u64,
+    /// Bytes of the file.
+    pub bytes: u64,
+    /// From start to the file in place.
+    pub elapsed: Duration,
+    /// Of which in `write` calls (copying into the page cache, or waiting for the disk).
+    pub writing: Duration,
+    /// Of which waiting for `fsync`.
+    pub syncing: Duration,
+    /// Whether rows went to the disk around the page cache (`O_DIRECT`; not on every file
+    /// system).
+    pub direct_io: bool,
+}
+
+impl SaveReport {
+    /// Bytes per second from start to the file in place, in GB/s.
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
+    }
+}
+
+/// Why a table's [`save`](Table::save) saved nothing.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SaveError {
+    /// The table cannot be saved (it does not implement [`Table::save`]).
+    Unsupported,
+    /// Saving failed; the error names the file and what went wrong. No file was left in
+    /// place of the checkpoint (an earlier one stays as it was).
+    Failed(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl fmt::Display for SaveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SaveError::Unsupported => f.write_str("this table cannot be saved"),
+            SaveError::Failed(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl std::error::Error for SaveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SaveError::Unsupported => None,
+            SaveError::Failed(e) => Some(&**e),
+        }
     }
 }
 

@@ -11,6 +11,7 @@ mod json;
 mod peers;
 mod request_kind;
 mod single_writer;
+mod tables;
 pub(crate) mod trace;
 
 pub use counters::Stats;
@@ -21,3 +22,4 @@ pub(crate) use peers::PeerBlock;
 pub use peers::{Metrics, OpMetrics, Outcome, PeerMetrics, Side, OUTCOMES};
 pub use request_kind::{RequestKind, REQUEST_KINDS};
 pub(crate) use single_writer::add;
+pub use tables::{HotId, TableMetrics};

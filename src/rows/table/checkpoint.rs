@@ -70,6 +70,7 @@ use super::config::{BuildError, PsTableBuilder};
 use super::elem::Float;
 use super::ps_table::{Origin, PsTable, Tally};
 use super::xxh64::xxh64;
+use crate::service::SaveReport;
 use crate::sys::arena::Arena;
 
 /// The version of the format this build writes and reads.
@@ -177,34 +178,6 @@ impl std::error::Error for CheckpointError {
             CheckpointErrorKind::Io { source, .. } => Some(source),
             _ => None,
         }
-    }
-}
-
-/// What [`PsTable::save`] wrote, and how long it took.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SaveReport {
-    /// The checkpoint file.
-    pub path: PathBuf,
-    /// Rows saved.
-    pub rows: u64,
-    /// Bytes of the file.
-    pub bytes: u64,
-    /// From start to the file in place.
-    pub elapsed: Duration,
-    /// Of which in `write` calls (copying into the page cache, or waiting for the disk).
-    pub writing: Duration,
-    /// Of which waiting for `fsync`.
-    pub syncing: Duration,
-    /// Whether rows went to the disk around the page cache (`O_DIRECT`; not on every file
-    /// system).
-    pub direct_io: bool,
-}
-
-impl SaveReport {
-    /// Bytes per second from start to the file in place, in GB/s.
-    pub fn gb_per_s(&self) -> f64 {
-        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
     }
 }
 

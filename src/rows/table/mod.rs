@@ -130,15 +130,16 @@ pub mod ps {
 
     pub use super::bulk::{LoadReport, RowsError};
     pub use super::checkpoint::{
-        self, checkpoint_file, CheckpointError, CheckpointErrorKind, SaveReport, CHECKPOINT_VERSION,
+        self, checkpoint_file, CheckpointError, CheckpointErrorKind, CHECKPOINT_VERSION,
     };
     pub use super::config::{
         BuildError, Consistency, Create, PsTableBuilder, MAX_DIM, MAX_EVICT_TICKS,
     };
     pub use super::elem::Float;
     pub use super::init::Init;
-    pub use super::metrics::{HotId, TableMetrics};
     pub use super::optim::Optimizer;
     pub use super::ps_table::{HugePageOutcome, PsTable, TableReport};
     pub use super::upkeep::MaintainReport;
+    pub use crate::service::{SaveError, SaveReport};
+    pub use crate::stats::{HotId, TableMetrics};
 }

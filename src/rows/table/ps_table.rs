@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::path::Path;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -16,10 +17,11 @@ use super::epoch::Epoch;
 use super::index::{self, Index, Insert, View};
 use super::init::Init;
 use super::level::Hit;
-use super::metrics::{self, Counters, HotId, HotIds, TableMetrics};
+use super::metrics::{self, Counters, HotIds};
 use super::optim::{self, Optimizer};
 use super::slots::{Layout, Slots};
-use crate::service::Table;
+use crate::service::{SaveError, SaveReport, Table};
+use crate::stats::{HotId, TableMetrics};
 use crate::sys::arena::{thp_mode, HugePages};
 use crate::wire::{DType, Status};
 
@@ -757,6 +759,23 @@ impl Table for PsTable {
             (Float::F16, _) => self.push_rows::<F16, F32>(ids, grads),
         }
         Status::Ok
+    }
+
+    fn metrics(&self) -> Option<TableMetrics> {
+        Some(PsTable::metrics(self))
+    }
+
+    fn save(&self, dir: &Path) -> Result<SaveReport, SaveError> {
+        PsTable::save(self, dir).map_err(|e| SaveError::Failed(Box::new(e)))
+    }
+
+    fn maintain(&self) {
+        let done = PsTable::maintain(self);
+        log::debug!("table {}: {done:?}", self.settings.table_id);
+    }
+
+    fn report(&self) -> Option<String> {
+        Some(PsTable::report(self).to_string())
     }
 }
 

@@ -61,6 +61,10 @@ impl Service for Tables {
     fn table(&self, table: u32) -> Option<&dyn Table> {
         self.get(table)
     }
+
+    fn table_ids(&self) -> Vec<u32> {
+        self.ids().collect()
+    }
 }
 
 #[cfg(test)]
