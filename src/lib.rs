@@ -175,6 +175,7 @@ pub(crate) mod event_loop;
 mod hash;
 mod panic;
 mod pool;
+mod upkeep;
 internal!(
     mod proto;
 );
@@ -205,6 +206,7 @@ pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_
 pub use service::{SaveError, SaveReport, Service, Table};
 pub use stats::Stats;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
+pub use upkeep::{CHECKPOINT_FORMAT_VERSION, CHECKPOINT_MANIFEST};
 pub use wire::{DType, Limits, Status};
 
 /// The README's code, compiled and run as a doctest.

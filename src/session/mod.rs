@@ -40,6 +40,7 @@ mod members;
 mod observer;
 mod outbox;
 mod push;
+mod refusal;
 mod reply;
 mod request;
 mod requests;
@@ -151,6 +152,7 @@ impl Session {
             parts.index,
             stats_task,
             cfg.max_served,
+            parts.checkpoints.ok_or(parts.no_checkpoints),
         );
         Session {
             conns: Conns::new(cfg.clone(), identity, parts.budget),

@@ -19,7 +19,7 @@ use crossbeam_utils::CachePadded;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::proto::Frame;
-use crate::stats::{add, Counters, Metrics, Outcome, RequestKind, Stats};
+use crate::stats::{add, Counters, Metrics, Outcome, RequestKind, Stats, TableMetrics};
 use crate::wire::{Body, FrameKind, HEADER_LEN};
 
 use super::reply::Reply;
@@ -236,14 +236,14 @@ impl Observer {
 
     /// The stats document of this task (`task`, `job:index`), with the totals of every
     /// loop of its runtime.
-    pub(crate) fn stats_document(&self, task: &str) -> String {
+    pub(crate) fn stats_document(&self, task: &str, tables: &[(u32, TableMetrics)]) -> String {
         let counters: &Counters = &self.counters;
         counters.peers.with_loops(counters, |loops| {
             let mut totals = Stats::default();
             for l in loops {
                 totals.add_loop(l);
             }
-            Metrics::of(loops).to_json(task, &totals)
+            Metrics::of(loops).to_json_with_tables(task, &totals, tables)
         })
     }
 }
@@ -258,6 +258,7 @@ pub(crate) fn served_kind(kind: FrameKind) -> Option<RequestKind> {
         FrameKind::PullRows => RequestKind::PullRows,
         FrameKind::PushRows => RequestKind::PushRows,
         FrameKind::Stats => RequestKind::Stats,
+        FrameKind::Checkpoint => RequestKind::Checkpoint,
         _ => return None,
     })
 }

@@ -406,6 +406,7 @@ impl Requests {
                 rows::encode_push(enc, out_tensors, handle, tables, ids, blocks, &mut s.rows)
             }
             RequestOp::Stats => enc.stats(handle),
+            RequestOp::Checkpoint => enc.checkpoint(handle),
         };
         if result.is_ok() {
             let n = enc.ready_bytes() - queued_before + op.chunked_bytes(enc.chunk_limit());

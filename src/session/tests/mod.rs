@@ -64,6 +64,8 @@ fn session(cfg: Config, service: Option<SharedService>, rv: Option<Arc<Rendezvou
         allocator: Arc::new(HeapAllocator::default()),
         zero_copy_min: 16 * 1024,
         budget: super::Budget::of(&cfg),
+        checkpoints: None,
+        no_checkpoints: "no tables",
     };
     let counters = Arc::new(CachePadded::new(Counters::default()));
     Session::new(Arc::new(cfg), counters, parts)
@@ -890,6 +892,7 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
 }
 
 mod backpressure;
+mod checkpoint;
 mod liveness;
 mod metrics;
 mod recv_ahead;
