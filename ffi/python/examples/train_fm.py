@@ -14,10 +14,10 @@ row of `dim` float32 (one linear weight, `dim - 1` factor components); labels ar
 from a ground-truth model of the same form, so the best reachable loss is known. The PS
 tasks apply Adagrad as gradients arrive: with ``--table ps`` (the default) starwire's
 `PsTable` does it in Rust (``--table mem``: the small `MemTable`); with ``--table python``
-a `RowsTable` written in numpy below does (the Rust example's `Shard`, the same initial
-rows and update). With ``--checkpoint DIR`` each PS task's `PsTable` starts from its
-checkpoint in ``DIR/ps<i>`` when there is one, and is saved there at the end: a second run
-goes on from where the first stopped.
+a `RowsTable` written in numpy below does (``examples/sparse_training/model.rs``'s
+`Shard`, the same initial rows and update). With ``--checkpoint DIR`` each PS task's
+`PsTable` starts from its checkpoint in ``DIR/ps<i>`` when there is one, and is saved there
+at the end: a second run goes on from where the first stopped.
 
 Per step the worker sends, to each PS task, one PULL_ROWS and one PUSH_ROWS frame: the
 sharded client removes duplicate ids, spreads the rest over the PS tasks, scatters the
@@ -158,8 +158,8 @@ def auc(scores: Any, labels: F32Array) -> float:
 
 
 class AdagradShard:
-    """A PS task's rows with their Adagrad state, kept in numpy (the Rust example's
-    `Shard`): a row never updated reads as its initial value."""
+    """A PS task's rows with their Adagrad state, kept in numpy (the `Shard` of
+    ``examples/sparse_training/model.rs``): a row never updated reads as its initial value."""
 
     dtype = np.float32
 
