@@ -485,7 +485,7 @@ pub struct ServeArgs {
     )]
     pub stored: starwire::rows::ps::Float,
 
-    /// load the table from its checkpoint in this folder (table-<id>.swrows) when it is
+    /// load the table from its checkpoint in this folder (table-ID.swrows) when it is
     /// there, instead of making --rows rows
     #[argh(option, arg_name = "dir")]
     pub checkpoint_dir: Option<PathBuf>,
