@@ -44,6 +44,26 @@ pub enum sw_result {
     SW_ERR_PANIC = 13,
     /// The rendezvous key is already published and not yet received.
     SW_ERR_ALREADY_PUBLISHED = 14,
+    /// A checkpoint could not be read or written: a system call failed (the message names
+    /// the file, the step and the system's error; a checkpoint that is not there fails
+    /// opening it).
+    SW_ERR_CHECKPOINT_IO = 15,
+    /// The file is not a table checkpoint (it does not start with the magic).
+    SW_ERR_NOT_A_CHECKPOINT = 16,
+    /// The checkpoint has a format version this build does not read.
+    SW_ERR_CHECKPOINT_VERSION = 17,
+    /// The checkpoint ends early.
+    SW_ERR_CHECKPOINT_TRUNCATED = 18,
+    /// A checksum or a count of the checkpoint does not match: the file was damaged.
+    SW_ERR_CHECKPOINT_CORRUPTED = 19,
+    /// The checkpoint holds rows of another shape (table id, dim, stored format, optimizer
+    /// state) than the table's settings.
+    SW_ERR_CHECKPOINT_SHAPE = 20,
+    /// The table of a checkpoint could not be built, or refused its rows (a row cap below
+    /// the file's rows).
+    SW_ERR_CHECKPOINT_TABLE = 21,
+    /// The table refused new rows: it is at its row cap, or out of memory.
+    SW_ERR_TABLE_FULL = 22,
 }
 
 use sw_result::*;

@@ -5,16 +5,15 @@ use std::time::Duration;
 
 use argh::FromArgs;
 
+use crate::table::{
+    parse_init, parse_optimizer, parse_rate, parse_stored, parse_table_kind, InitSpec,
+    OptimizerKind, TableKind, DEFAULT_DIM, DEFAULT_ROWS, DEFAULT_TABLE,
+};
+
 /// Default `--tensors` of serve and bench.
 pub const DEFAULT_TENSORS: u64 = 1024;
 /// Default `--tensor-size` of serve and bench, bytes.
 pub const DEFAULT_TENSOR_SIZE: u64 = 4096;
-/// Default `--table` of serve and bench: the id of the rows table.
-pub const DEFAULT_TABLE: u32 = 1;
-/// Default `--dim` of serve: f32 per row (64-byte rows).
-pub const DEFAULT_DIM: usize = 16;
-/// Default `--id-range` of bench.
-pub const DEFAULT_ID_RANGE: u64 = 100_000;
 
 /// check, reach and load starwire tasks
 #[derive(FromArgs, Debug)]
@@ -391,7 +390,9 @@ impl WaitArgs {
                commctl serve --tf-config      # the task named in $TF_CONFIG",
     note = "Prints 'listening on ADDRESS as TASK ...' on stdout once it accepts\n\
             connections (the line names the store and the rows table); without --task or\n\
-            --tf-config, TASK is ps:0, the default task, and the line says so.\n\
+            --tf-config, TASK is ps:0, the default task, and the line says so. The lines\n\
+            after it are the table's report (its layout, and whether the kernel gave huge\n\
+            pages) and where its rows came from, with its bytes against the CPU caches.\n\
             Answers ping, pull, push, recv and fused recv from a synthetic store of\n\
             --tensors variables (ids 0..N-1), each a u8 tensor of --tensor-size bytes:\n\
             - pull of id i < N returns variable i; other ids: NOT_FOUND.\n\
@@ -401,13 +402,18 @@ impl WaitArgs {
             - recv keys are t/0 .. t/N-1 (variable i under t/i), any step: a producer\n\
               thread publishes each key again soon after a recv took it, so every key\n\
               can be received any number of times. Other keys wait until the deadline.\n\
-            Answers pull-rows and push-rows (PULL_ROWS, PUSH_ROWS) from one in-memory\n\
-            table of embedding rows, table --table of rows of --dim f32 (starwire's\n\
-            MemTable; any u64 id):\n\
-            - a pull of an id without a row creates it (--init zeros or uniform) or\n\
-              reports it missing and reads zeros (--init missing);\n\
-            - a push applies the gradient rows: --optimizer sgd (w -= lr * g) or\n\
-              adagrad (acc += g * g; w -= lr * g / sqrt(acc)), creating rows as needed.\n\
+            Answers pull-rows and push-rows (PULL_ROWS, PUSH_ROWS) from one table of\n\
+            embedding rows, table --table of rows of --dim f32 (any u64 id): starwire's\n\
+            PsTable (--table-kind ps, the default; --stored bf16 or f16 halves its rows in\n\
+            memory) or its small MemTable (--table-kind mem, to compare with):\n\
+            - rows 0..--rows-1 are made at start with their --init values (default\n\
+              100000 rows, the ids bench draws by default), so a bench pulls rows that\n\
+              exist; with --checkpoint-dir DIR holding the table's checkpoint\n\
+              (table-<id>.swrows), its rows are loaded from there instead;\n\
+            - a pull of an id without a row creates it (--init zeros, uniform, normal,\n\
+              truncated-normal) or reports it missing and reads zeros (--init missing);\n\
+            - a push applies the gradient rows: --optimizer sgd (w -= lr * g), adagrad\n\
+              (acc += g * g; w -= lr * g / sqrt(acc)) or adam, creating rows as needed.\n\
             Another table is NOT_FOUND; rows of another dtype or shape INVALID_ARGUMENT.\n\
             Stops cleanly on SIGINT or SIGTERM, saying on stderr what each part served\n\
             (recvs: the tensors they took).",
@@ -455,19 +461,47 @@ pub struct ServeArgs {
     #[argh(option, default = "DEFAULT_DIM", arg_name = "n")]
     pub dim: usize,
 
-    /// a new row of the table: zeros, missing (a pull reports it missing), or
-    /// uniform, uniform:SCALE or uniform:SCALE:SEED (each element within plus or minus
-    /// SCALE; default 0.01:0)
-    /// (default: zeros)
+    /// the rows table: ps (starwire's PsTable) or mem (the small MemTable, to compare
+    /// with) (default: ps)
     #[argh(
         option,
-        default = "starwire::rows::Init::Zeros",
+        default = "TableKind::Ps",
+        from_str_fn(parse_table_kind),
+        arg_name = "kind"
+    )]
+    pub table_kind: TableKind,
+
+    /// rows made at start, ids 0..N-1, with their --init values (default: 100000)
+    #[argh(option, default = "DEFAULT_ROWS", arg_name = "n")]
+    pub rows: u64,
+
+    /// how a PsTable stores its elements: f32, bf16 or f16 (rows still travel as f32)
+    /// (default: f32)
+    #[argh(
+        option,
+        default = "starwire::rows::ps::Float::F32",
+        from_str_fn(parse_stored),
+        arg_name = "format"
+    )]
+    pub stored: starwire::rows::ps::Float,
+
+    /// load the table from its checkpoint in this folder (table-ID.swrows) when it is
+    /// there, instead of making --rows rows
+    #[argh(option, arg_name = "dir")]
+    pub checkpoint_dir: Option<PathBuf>,
+
+    /// a new row of the table: zeros, missing (a pull reports it missing), or uniform,
+    /// normal or truncated-normal, each with :SCALE or :SCALE:SEED (the range's half-width
+    /// or the standard deviation; default 0.01:0) (default: zeros)
+    #[argh(
+        option,
+        default = "InitSpec::Zeros",
         from_str_fn(parse_init),
         arg_name = "init"
     )]
-    pub init: starwire::rows::Init,
+    pub init: InitSpec,
 
-    /// how the table applies pushed gradients: sgd or adagrad (default: sgd)
+    /// how the table applies pushed gradients: sgd, adagrad or adam (default: sgd)
     #[argh(
         option,
         default = "OptimizerKind::Sgd",
@@ -538,8 +572,11 @@ impl ServeArgs {
             - pull-rows, push-rows: -k rows of table --table in one packed block, rows of\n\
               --dim f32 (or --row-bytes B, B/4 f32); a push sends gradient rows.\n\
             Ids and keys i run through 0..--variables in turn, continuing across requests.\n\
-            Row ids are drawn from 0..--id-range by a fixed hash of a counter: the same\n\
-            sequence every run, repeats within a request possible.\n\
+            Row ids are drawn from 0..--rows uniformly by a fixed hash of a counter (or\n\
+            Zipf-distributed with --zipf S, the hot ids spread over the range): the same\n\
+            sequence every run, repeats within a request possible. The header says the\n\
+            working set: the table's bytes for --rows rows (a --table-kind table of\n\
+            --stored rows with --optimizer) and whether they fit in the CPU's caches.\n\
             A request counts as ok when every tensor (or block of rows) in it is; bytes\n\
             are tensor or row bytes moved (received for pulls and recv, sent for pushes;\n\
             ping: payload). Rows operations also report rows/s and CPU time per row.\n\
@@ -585,9 +622,47 @@ pub struct BenchArgs {
     #[argh(option, arg_name = "bytes")]
     pub row_bytes: Option<u64>,
 
-    /// row ids are drawn from 0..N-1 (default: 100000)
-    #[argh(option, default = "DEFAULT_ID_RANGE", arg_name = "n")]
-    pub id_range: u64,
+    /// rows of the table: row ids are drawn from 0..N-1, and the server bench starts
+    /// makes those rows at start (default: 100000, serve's default)
+    #[argh(option, arg_name = "n")]
+    pub rows: Option<u64>,
+
+    /// the same as --rows (its older name)
+    #[argh(option, arg_name = "n")]
+    pub id_range: Option<u64>,
+
+    /// draw row ids Zipf-distributed with exponent S (more than 0; 1.1 is typical of
+    /// categorical features) instead of uniformly
+    #[argh(option, arg_name = "s")]
+    pub zipf: Option<f64>,
+
+    /// the table of the server bench starts, and what the working set's size is reckoned
+    /// for: ps or mem (default: ps)
+    #[argh(
+        option,
+        default = "TableKind::Ps",
+        from_str_fn(parse_table_kind),
+        arg_name = "kind"
+    )]
+    pub table_kind: TableKind,
+
+    /// how that table stores its elements: f32, bf16 or f16 (default: f32)
+    #[argh(
+        option,
+        default = "starwire::rows::ps::Float::F32",
+        from_str_fn(parse_stored),
+        arg_name = "format"
+    )]
+    pub stored: starwire::rows::ps::Float,
+
+    /// that table's optimizer: sgd, adagrad or adam (default: sgd)
+    #[argh(
+        option,
+        default = "OptimizerKind::Sgd",
+        from_str_fn(parse_optimizer),
+        arg_name = "name"
+    )]
+    pub optimizer: OptimizerKind,
 
     /// bytes of each pushed tensor, and of the store of the server bench starts
     /// (default: 4096)
@@ -735,33 +810,6 @@ impl EndpointMapArgs {
     }
 }
 
-/// The optimizer of `commctl serve`'s rows table (its settings are options of their own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptimizerKind {
-    /// `w -= lr * g`.
-    Sgd,
-    /// `acc += g * g; w -= lr * g / sqrt(acc)`.
-    Adagrad,
-}
-
-impl std::fmt::Display for OptimizerKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            OptimizerKind::Sgd => "sgd",
-            OptimizerKind::Adagrad => "adagrad",
-        })
-    }
-}
-
-/// `sgd` or `adagrad`.
-pub fn parse_optimizer(text: &str) -> Result<OptimizerKind, String> {
-    match text {
-        "sgd" | "SGD" => Ok(OptimizerKind::Sgd),
-        "adagrad" | "Adagrad" => Ok(OptimizerKind::Adagrad),
-        _ => Err(format!("{text:?}: expected sgd or adagrad")),
-    }
-}
-
 /// How a task's data port follows from its control address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PortRule {
@@ -809,44 +857,6 @@ pub fn parse_port_rule(text: &str) -> Result<PortRule, String> {
             _ => Err(bad()),
         },
         _ => Err(bad()),
-    }
-}
-
-/// `zeros`, `missing` or `uniform[:SCALE[:SEED]]` (scale finite and 0 or more).
-pub fn parse_init(text: &str) -> Result<starwire::rows::Init, String> {
-    use starwire::rows::Init;
-    let bad = || format!("{text:?}: expected zeros, missing or uniform[:SCALE[:SEED]]");
-    let mut parts = text.split(':');
-    match parts.next() {
-        Some("zeros") if parts.next().is_none() => Ok(Init::Zeros),
-        Some("missing") if parts.next().is_none() => Ok(Init::Missing),
-        Some("uniform") => {
-            let scale = match parts.next() {
-                Some(s) => s
-                    .parse::<f32>()
-                    .ok()
-                    .filter(|x| x.is_finite() && *x >= 0.0)
-                    .ok_or_else(bad)?,
-                None => 0.01,
-            };
-            let seed = match parts.next() {
-                Some(s) => s.parse::<u64>().map_err(|_| bad())?,
-                None => 0,
-            };
-            if parts.next().is_some() {
-                return Err(bad());
-            }
-            Ok(Init::Uniform { scale, seed })
-        }
-        _ => Err(bad()),
-    }
-}
-
-/// A learning rate or an accumulator: a finite number more than 0.
-pub fn parse_rate(text: &str) -> Result<f32, String> {
-    match text.parse::<f32>() {
-        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
-        _ => Err(format!("{text:?}: expected a number more than 0")),
     }
 }
 
@@ -905,44 +915,6 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         for bad in ["", "s", "10x", "-1s", "0", "1e3", "8000000s", "1.2.3s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn table_options() {
-        use starwire::rows::Init;
-        assert_eq!(parse_init("zeros"), Ok(Init::Zeros));
-        assert_eq!(parse_init("missing"), Ok(Init::Missing));
-        assert_eq!(
-            parse_init("uniform"),
-            Ok(Init::Uniform {
-                scale: 0.01,
-                seed: 0
-            })
-        );
-        assert_eq!(
-            parse_init("uniform:0.5:7"),
-            Ok(Init::Uniform {
-                scale: 0.5,
-                seed: 7
-            })
-        );
-        for bad in [
-            "",
-            "zeros:1",
-            "uniform:x",
-            "uniform:-1",
-            "uniform:1:2:3",
-            "uniform:inf",
-        ] {
-            assert!(parse_init(bad).is_err(), "{bad}");
-        }
-        assert_eq!(parse_optimizer("adagrad"), Ok(OptimizerKind::Adagrad));
-        assert_eq!(OptimizerKind::Sgd.to_string(), "sgd");
-        assert!(parse_optimizer("adam").is_err());
-        assert_eq!(parse_rate("0.5"), Ok(0.5));
-        for bad in ["0", "-1", "NaN", "inf", "x"] {
-            assert!(parse_rate(bad).is_err(), "{bad}");
         }
     }
 

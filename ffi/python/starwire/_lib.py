@@ -90,6 +90,63 @@ class Optimizer(C.Structure):
     _fields_ = [("kind", C.c_uint32), ("lr", C.c_float), ("initial_accumulator", C.c_float)]
 
 
+class PsInit(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("scale", C.c_float), ("seed", C.c_uint64)]
+
+
+class PsOptimizer(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("lr", C.c_float), ("initial_accumulator", C.c_float),
+                ("beta1", C.c_float), ("beta2", C.c_float), ("epsilon", C.c_float)]
+
+
+class PsTableConfig(C.Structure):
+    """``sw_ps_table_config``: a PS table's settings."""
+
+    _fields_ = [
+        ("table_id", C.c_uint32), ("dim", C.c_size_t), ("stored", C.c_uint8),
+        ("served", C.c_uint8), ("init", PsInit), ("optimizer", PsOptimizer),
+        ("create", C.c_uint32), ("admit_after", C.c_uint32),
+        ("admission_counters", C.c_size_t), ("evict_untouched", C.c_uint32),
+        ("max_rows", C.c_uint64), ("capacity", C.c_uint64), ("consistency", C.c_uint32),
+        ("row_locks", C.c_size_t), ("huge_pages", C.c_bool),
+        ("hot_sample_every", C.c_uint32), ("checkpoint_direct_io", C.c_bool),
+    ]
+
+
+class SaveReport(C.Structure):
+    _fields_ = [("rows", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double),
+                ("writing_seconds", C.c_double), ("syncing_seconds", C.c_double),
+                ("direct_io", C.c_bool)]
+
+
+TABLE_METRICS = (
+    "rows", "data_bytes", "memory_bytes", "committed_bytes", "index_capacity", "pulls",
+    "pushes", "pulled_rows", "missing", "pushed_rows", "dropped_pushes", "created", "loaded",
+    "not_admitted", "refused", "evicted_untouched", "evicted_over_cap", "index_builds",
+    "clock")
+
+
+class TableMetrics(C.Structure):
+    _fields_ = [(name, C.c_uint64) for name in TABLE_METRICS] + [
+        ("hot_sample_every", C.c_uint32)]
+
+
+class HotId(C.Structure):
+    _fields_ = [("id", C.c_uint64), ("sampled", C.c_uint64)]
+
+
+MAINTAIN_REPORT = ("index_steps", "slots_reused", "slots_waiting", "evicted_untouched",
+                   "evicted_over_cap")
+
+
+class MaintainReport(C.Structure):
+    _fields_ = [(name, C.c_uint64) for name in MAINTAIN_REPORT]
+
+
+class LoadReport(C.Structure):
+    _fields_ = [("created", C.c_uint64), ("overwritten", C.c_uint64)]
+
+
 class Partition(C.Structure):
     _fields_ = [("kind", C.c_uint32), ("vocab", C.c_uint64)]
 
@@ -147,6 +204,29 @@ mem_table_new = _sig("sw_mem_table_new", R, C.c_size_t, Init, Optimizer, C.POINT
 table_new = _sig("sw_table_new", R, C.c_uint8, p, C.c_uint32, C.POINTER(TableCallbacks),
                  C.POINTER(p))
 table_free = _sig("sw_table_free", None, p)
+
+ps_table_config_default = _sig("sw_ps_table_config_default", PsTableConfig, C.c_size_t)
+ps_table_new = _sig("sw_ps_table_new", R, C.POINTER(PsTableConfig), C.POINTER(p))
+ps_table_load = _sig("sw_ps_table_load", R, C.POINTER(PsTableConfig), C.c_char_p,
+                     C.POINTER(p))
+ps_table_free = _sig("sw_ps_table_free", None, p)
+ps_table_as_table = _sig("sw_ps_table_as_table", p, p)
+ps_table_len = _sig("sw_ps_table_len", C.c_uint64, p)
+ps_table_state_len = _sig("sw_ps_table_state_len", C.c_size_t, p)
+ps_table_clock = _sig("sw_ps_table_clock", C.c_uint64, p)
+ps_table_advance_clock = _sig("sw_ps_table_advance_clock", C.c_uint64, p)
+checkpoint_file = _sig("sw_checkpoint_file", R, C.c_uint32, C.c_char_p, C.c_size_t)
+ps_table_save = _sig("sw_ps_table_save", R, p, C.c_char_p, C.POINTER(SaveReport))
+ps_table_report = _sig("sw_ps_table_report", R, p, C.POINTER(p))
+ps_table_metrics = _sig("sw_ps_table_metrics", R, p, C.POINTER(TableMetrics),
+                        C.POINTER(HotId), C.c_size_t, sizep)
+ps_table_maintain = _sig("sw_ps_table_maintain", R, p, C.POINTER(MaintainReport))
+# Arrays as addresses (c_void_p): numpy arrays' data.
+ps_table_load_rows = _sig("sw_ps_table_load_rows", R, p, p, C.c_size_t, p, C.c_size_t, p,
+                          C.c_size_t, C.POINTER(LoadReport))
+ps_table_export_rows = _sig("sw_ps_table_export_rows", R, p, p, C.c_size_t, p, C.c_size_t,
+                            p, C.c_size_t, p, sizep)
+string_free = _sig("sw_string_free", None, p)
 
 runtime_new = _sig("sw_runtime_new", R, C.POINTER(Options), C.POINTER(p))
 runtime_port = _sig("sw_runtime_port", C.c_uint16, p)

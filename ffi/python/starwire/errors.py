@@ -147,6 +147,62 @@ class AlreadyPublished(StarwireError):
     code = 14
 
 
+class CheckpointError(StarwireError):
+    """A table checkpoint could not be read or written; the message names the file and
+    what is wrong. Each kind is a subclass."""
+
+
+class CheckpointIoError(CheckpointError, OSError):
+    """A system call failed reading or writing the checkpoint (a file that is not there
+    fails opening it)."""
+
+    code = 15
+
+
+class NotACheckpoint(CheckpointError, ValueError):
+    """The file is not a table checkpoint."""
+
+    code = 16
+
+
+class CheckpointVersionError(CheckpointError):
+    """The checkpoint's format version is not one this build reads."""
+
+    code = 17
+
+
+class CheckpointTruncated(CheckpointError):
+    """The checkpoint ends early."""
+
+    code = 18
+
+
+class CheckpointCorrupted(CheckpointError):
+    """A checksum or a count of the checkpoint does not match: the file was damaged."""
+
+    code = 19
+
+
+class CheckpointShapeError(CheckpointError, ValueError):
+    """The checkpoint holds rows of another shape (table id, dim, stored format, optimizer
+    state) than the table's settings."""
+
+    code = 20
+
+
+class CheckpointTableError(CheckpointError):
+    """The checkpoint's table could not be built, or refused its rows (a row cap below
+    the file's rows)."""
+
+    code = 21
+
+
+class TableFull(StarwireError):
+    """The table refused new rows: at its row cap, or out of memory."""
+
+    code = 22
+
+
 class Closed(StarwireError):
     """The runtime, client or sharded table was closed; it cannot be used any more."""
 
@@ -157,6 +213,9 @@ _BY_CODE: dict[int, type[StarwireError]] = {
     1: InvalidArgument, 2: InvalidArgument, 3: ConfigError, 4: IoError, 5: Timeout,
     6: ConnectionLost, 7: ConnectFailed, 8: Refused, 9: RemoteError, 10: ProtocolError,
     11: Backpressure, 12: Shutdown, 13: InternalError, 14: AlreadyPublished,
+    15: CheckpointIoError, 16: NotACheckpoint, 17: CheckpointVersionError,
+    18: CheckpointTruncated, 19: CheckpointCorrupted, 20: CheckpointShapeError,
+    21: CheckpointTableError, 22: TableFull,
 }
 
 

@@ -18,6 +18,7 @@ from ._arrays import HookArrays, Lender, code_of, view
 from .client import _LEAKED, Client
 from .errors import INTERNAL, NOT_FOUND, Closed, InvalidArgument, check
 from .metrics import Metrics
+from .ps_table import PsTable
 
 log = logging.getLogger("starwire")
 
@@ -86,8 +87,10 @@ _OPTIMIZERS = {"sgd": 0, "adagrad": 1}
 
 
 class MemTable:
-    """starwire's reference in-memory table of embedding rows (rows of `dim` float32),
-    served in Rust: no Python runs per request.
+    """starwire's small in-memory table of embedding rows (rows of `dim` float32 in
+    locked shards of a hash map), served in Rust: no Python runs per request. A simple
+    table kept to compare with; a PS serves a `PsTable` (faster, bounded memory,
+    checkpoints, metrics).
 
     `init`: ``"zeros"`` (a pull of an unknown id creates its row at zero), ``"missing"``
     (a pull creates nothing and reports unknown ids missing; a push creates the row at
@@ -205,7 +208,8 @@ class Runtime:
 
     A PS passes `listen` (``"host:port"``, port 0 picks one; see `port`), and serves
     `service` (per-tensor pull and push, a `Service`) and `tables` (table id to a
-    `MemTable` or a `RowsTable` kept in Python) to rows requests.
+    `PsTable`, served under its own `table_id`, a `MemTable`, or a `RowsTable` kept in
+    Python) to rows requests.
 
     Peers are named by address (``"10.0.0.1:5555"``) or by task (``"ps:0"``,
     ``"/job:ps/task:0"``): task names go through the cluster spec (`cluster`: job to a list
@@ -221,7 +225,7 @@ class Runtime:
     def __init__(self, job: str = "worker", task_index: int = 0, *,
                  listen: Optional[str] = None,
                  service: Optional[Service] = None,
-                 tables: Optional[Mapping[int, Union[MemTable, RowsTable]]] = None,
+                 tables: Optional[Mapping[int, Union[PsTable, MemTable, RowsTable]]] = None,
                  handler_threads: int = 0,
                  allocator: Optional[Allocator] = None,
                  cluster: Union[None, str, Mapping[str, Sequence[str]]] = None,
@@ -254,12 +258,20 @@ class Runtime:
             self._allocator_cb = _lib.Allocator(
                 None, _lib.ALLOC_FN(self._make_allocate(allocator, self._hooks)),
                 _lib.RELEASE_FN(self._make_release(self._hooks)))
-        # Rows tables: MemTables as they are, Python tables through callbacks (kept alive
-        # until the runtime is closed).
+        # Rows tables: PsTables and MemTables as they are, Python tables through callbacks
+        # (kept alive until the runtime is closed).
         self._py_tables: list[_PyTable] = []
         handles = []
         for tid, t in (tables or {}).items():
-            if isinstance(t, MemTable):
+            if isinstance(t, PsTable):
+                if t.table_id != tid:
+                    raise InvalidArgument(
+                        f"a PsTable of table_id={t.table_id} is given as table {tid}: serve "
+                        f"it under its own id (its table_id names its checkpoint file and "
+                        f"selects its rows' initial values), or build it with "
+                        f"table_id={tid}")
+                handles.append(t._table_handle())
+            elif isinstance(t, MemTable):
                 handles.append(t._handle())
             else:
                 py = _PyTable(t)

@@ -1,4 +1,4 @@
-"""Rows of embedding tables over real loopback sockets: the reference `MemTable`, a table
+"""Rows of embedding tables over real loopback sockets: the small `MemTable`, a table
 kept in Python, and the sharded client over two PS tasks."""
 
 from __future__ import annotations
