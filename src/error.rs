@@ -262,8 +262,10 @@ impl Error {
         self
     }
 
-    /// The same error, after `attempts` connect attempts, over `over` when it gave up.
-    pub(crate) fn with_connect_attempts(mut self, attempts: u32, over: Option<Duration>) -> Error {
+    /// The same error, after `attempts` connect attempts (see
+    /// [`connect_attempts`](Self::connect_attempts)), made over `over` (from the first
+    /// attempt to giving up, for [`ErrorKind::ConnectFailed`]).
+    pub fn with_connect_attempts(mut self, attempts: u32, over: Option<Duration>) -> Error {
         self.detail_mut().connect = Some(Connect { attempts, over });
         self
     }
