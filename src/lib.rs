@@ -199,7 +199,7 @@ pub use crate::session::{Callback, Completion, Reply};
 pub use client::{Client, Embedded, Handle, Ticket};
 pub use cluster::{ClusterChange, Peer, ResolveError, Resolver};
 pub use config::{Config, ConfigBuilder, IoFeatures};
-pub use error::{Error, ErrorKind};
+pub use error::{Error, ErrorKind, OsError};
 pub use rendezvous::Rendezvous;
 pub use rows::{Sharded, StepReport};
 pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_ZERO_COPY_MIN};

@@ -339,6 +339,25 @@ typedef uint32_t sw_result;
  A thread's way to submit requests. Used by one thread at a time (a client of the
  runtime's loops may move between threads; an embedded one stays on the thread that made
  it); make one per submitting thread.
+
+ Every request function takes its peer as a string: `host:port`, or `task@host:port`
+ (`ps:1@10.0.0.2:5555`, as `sw_resolver_peer` writes it) so that its errors name the task
+ (`sw_last_error_task`) even when no connection to it was ever made.
+
+ A peer that cannot be reached: a connect attempt, and after a failed one (refused, no
+ route to host) another, `STARWIRE_CONNECT_RETRIES` times (default 8), retry n (from 0)
+ after `STARWIRE_CONNECT_BACKOFF_MS` (default 10) doubled n times, at most 2 s: with the
+ defaults 10, 20, 40, ... 1280 ms, 2.55 s in all. An attempt the peer does not answer at
+ all is given up after `STARWIRE_HANDSHAKE_TIMEOUT_MS` (default 5000), without more
+ retries. So a request with `timeout_ms` 0 (no deadline) to a peer that cannot be
+ reached fails with `SW_ERR_CONNECT_FAILED` after about 2.55 s when nothing listens at
+ its address, 5 s when its host does not answer, and within 47.55 s in any case (2.55 s
+ plus 5 s for each of the 9 attempts); its message says where, how often, for how long
+ and why (`could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s:
+ connection refused`; the reason's `errno` is `sw_last_error_os_error`). A `timeout_ms`
+ cuts it short: `SW_ERR_TIMEOUT`, saying it was still connecting and why the last attempt
+ failed (`deadline exceeded while connecting to ps:1 (10.0.0.2:5555): connection refused
+ (attempt 3)`).
  */
 typedef struct sw_client sw_client;
 
@@ -1069,6 +1088,26 @@ uint32_t sw_last_error_status(void);
 const char *sw_last_error_remote(void);
 
 /*
+ For this thread's last failed call, when it was a request's: the name of the peer's task
+ (`ps:1`), when it is known — the request named the peer `task@host:port`
+ (`sw_resolver_peer`), or a handshake with the peer named it. A NUL-terminated string
+ owned by starwire, valid until the next starwire call on this thread; empty otherwise.
+ */
+const char *sw_last_error_task(void);
+
+/*
+ For this thread's last failed call, when it was a request's: the operating system's
+ reason, an `errno` value (`ECONNREFUSED`: nothing listens at the peer's address;
+ `EHOSTUNREACH`; `ETIMEDOUT`: the peer did not answer the connect within
+ `STARWIRE_HANDSHAKE_TIMEOUT_MS`). For `SW_ERR_CONNECT_FAILED`, why the last connect
+ attempt failed; for `SW_ERR_TIMEOUT` while the connection was still being retried, why
+ the last attempt before the deadline failed; for `SW_ERR_CONNECTION_LOST`, the socket
+ error that lost it. 0 when there is none. `strerror` gives its text; the message
+ (`sw_last_error`) has it too.
+ */
+int32_t sw_last_error_os_error(void);
+
+/*
  The starwire version as a NUL-terminated C string with static lifetime.
  */
 const char *starwire_version(void);
@@ -1662,7 +1701,9 @@ sw_result sw_client_new_with_callback(const struct sw_runtime *rt,
 void sw_client_free(struct sw_client *c);
 
 /*
- Pings `peer` (`host:port`) with `payload` bytes. `timeout_ms` 0: no deadline. On `SW_OK`,
+ Pings `peer` (`host:port` or `task@host:port`) with `payload` bytes. `timeout_ms` 0: no
+ deadline (a peer that cannot be reached fails after the connect retries: see
+ `sw_client`). On `SW_OK`,
  `*tag` names the request.
 
  # Safety
@@ -2045,8 +2086,9 @@ void sw_resolver_free(struct sw_resolver *r);
 /*
  The address of `target` (`ps:0`, `/job:ps/task:0`, `/job:ps/replica:0/task:0`, or a
  `host:port`, a host name looked up now), written to `out` as a NUL-terminated
- `host:port` the request functions take. `out` has room for `capacity` bytes (64
- always suffice). Fails with `SW_ERR_INVALID_ARGUMENT` saying why the target does not
+ `host:port` the request functions take (`sw_resolver_peer` writes one that also names
+ the task, for the requests' errors). `out` has room for `capacity` bytes (64 always
+ suffice). Fails with `SW_ERR_INVALID_ARGUMENT` saying why the target does not
  resolve, or when `capacity` is too small.
 
  # Safety
@@ -2057,6 +2099,23 @@ sw_result sw_resolver_resolve(const struct sw_resolver *r,
                               const char *target,
                               char *out,
                               size_t capacity);
+
+/*
+ The peer `target` names (as for `sw_resolver_resolve`), written to `out` as the
+ NUL-terminated string the request functions take: `task@host:port`
+ (`ps:1@10.0.0.2:5555`) when the target is a task name or an address the cluster has a
+ task at, so that the requests' errors name the task; else `host:port`. `out` has room
+ for `capacity` bytes (128 always suffice for a task name of up to 60 bytes). Fails as
+ `sw_resolver_resolve` does.
+
+ # Safety
+ `r` is a live resolver; `target` a NUL-terminated string; `out` has room for `capacity`
+ bytes.
+ */
+sw_result sw_resolver_peer(const struct sw_resolver *r,
+                           const char *target,
+                           char *out,
+                           size_t capacity);
 
 /*
  The number of tasks of `job` in the cluster spec, each of which resolves (`job:0` to
@@ -2070,8 +2129,11 @@ sw_result sw_resolver_tasks(const struct sw_resolver *r, const char *job, size_t
 
 /*
  Creates a sharded table: table `table` of rows of `dtype` shaped `row_dims[0..rank]`,
- PS task `i` at `peers[i]` (`host:port`; resolve task names with `sw_resolver_resolve`)
- holding the ids `partition` gives it. On `SW_OK`, `*out` is a new handle the caller frees
+ PS task `i` at `peers[i]` (`task@host:port` from `sw_resolver_peer`, whose failures then
+ name the task, or `host:port`) holding the ids `partition` gives it. A step's part for
+ a PS that cannot be reached fails alone (`sw_sharded_part`), after the connect retries
+ (about 2.55 s with the defaults when nothing listens there, within 47.55 s in any case;
+ see `sw_client`) unless the step's `timeout_ms` comes first. On `SW_OK`, `*out` is a new handle the caller frees
  with `sw_sharded_free`.
 
  Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an

@@ -46,7 +46,10 @@ impl<M: Mode> Client<M> {
     ///
     /// Fails at once with [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when `tables` is empty or a table
     /// has no ids, an unknown dtype, zero-byte rows or more than
-    /// [`MAX_ROW_RANK`](crate::session::MAX_ROW_RANK) row dimensions.
+    /// [`MAX_ROW_RANK`](crate::session::MAX_ROW_RANK) row dimensions. With no `deadline`, a
+    /// peer that cannot be reached fails it after the connect-retry schedule (about 2.55 s
+    /// with the defaults when nothing listens there, at most 47.55 s; see
+    /// [Unreachable peers](Client#unreachable-peers)).
     pub fn pull_rows(
         &mut self,
         peer: impl Into<Peer>,

@@ -178,6 +178,9 @@ impl RequestOp {
 pub(crate) struct Request {
     pub op: RequestOp,
     pub peer: SocketAddr,
+    /// The peer's task name, when the submitter knew it (a named [`Peer`](crate::Peer)):
+    /// its metrics and errors use it until a handshake names the peer.
+    pub task: Option<&'static str>,
     /// Which of the peer's connections (0..connections_per_peer) carries it.
     pub lane: u32,
     pub deadline: Option<Instant>,

@@ -185,6 +185,8 @@ R = C.c_uint32  # sw_result
 last_error = _sig("sw_last_error", C.c_char_p)
 last_error_status = _sig("sw_last_error_status", C.c_uint32)
 last_error_remote = _sig("sw_last_error_remote", C.c_char_p)
+last_error_task = _sig("sw_last_error_task", C.c_char_p)
+last_error_os_error = _sig("sw_last_error_os_error", C.c_int32)
 version = _sig("starwire_version", C.c_char_p)
 
 tensor_new = _sig("sw_tensor_new", R, C.c_uint8, p, C.c_uint32, p, C.c_uint64, C.POINTER(p))
@@ -238,6 +240,7 @@ runtime_free = _sig("sw_runtime_free", None, p)
 
 resolver_new = _sig("sw_resolver_new", R, C.c_char_p, C.c_char_p, C.POINTER(p))
 resolver_resolve = _sig("sw_resolver_resolve", R, p, C.c_char_p, C.c_char_p, C.c_size_t)
+resolver_peer = _sig("sw_resolver_peer", R, p, C.c_char_p, C.c_char_p, C.c_size_t)
 resolver_tasks = _sig("sw_resolver_tasks", R, p, C.c_char_p, sizep)
 resolver_free = _sig("sw_resolver_free", None, p)
 

@@ -237,8 +237,24 @@ class Client:
     Every request exists in two forms: blocking (`pull_rows`) and submitted
     (`submit_pull_rows`, which returns a `Pending` at once, for overlapping communication
     with compute; `wait_any` waits for the first of several). Waiting releases the GIL.
-    Peers are task names or addresses (see `Runtime`); `timeout` is in seconds (None: no
-    deadline).
+    Peers are task names or addresses (see `Runtime`); `timeout` is in seconds (default
+    `DEFAULT_TIMEOUT`, 5 s; None: no deadline).
+
+    A peer that cannot be reached: a request to it makes a connect attempt, and after a
+    failed one (refused, no route to host) another, ``STARWIRE_CONNECT_RETRIES`` times
+    (default 8), retry n (from 0) after ``STARWIRE_CONNECT_BACKOFF_MS`` (default 10)
+    doubled n times, at most 2 s: 10, 20, 40, ... 1280 ms, 2.55 s in all with the
+    defaults. An attempt the peer does not answer at all is given up after
+    ``STARWIRE_HANDSHAKE_TIMEOUT_MS`` (default 5000), without more retries. So with
+    ``timeout=None`` it raises `ConnectFailed` after about 2.55 s when nothing listens at
+    the peer's address, 5 s when its host does not answer, and within 47.55 s in any case
+    (2.55 s plus 5 s for each of the 9 attempts). The exception says where, how often, for
+    how long and why (``could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over
+    2.6 s: connection refused``; ``e.task``, ``e.errno``). A `timeout` cuts this short:
+    `Timeout`, saying it was still connecting and why the last attempt failed
+    (``deadline exceeded while connecting to ps:1 (10.0.0.2:5555): connection refused
+    (attempt 3)``). A peer given by task name is named so in errors; one given by address,
+    once a handshake with it named it.
     """
 
     def __init__(self, runtime: _Runtime, capacity: int = 64, *,
@@ -647,7 +663,7 @@ class Client:
         ``"mod"`` (id % tasks), ``"div"`` (contiguous ranges of ``0..vocab``) or
         ``"hash"``."""
         names = list(peers) if peers is not None else self.runtime.peers(job)
-        return Sharded(self, [self.runtime.peer(p) for p in names], table,
+        return Sharded(self, [self.runtime._peer(p).decode() for p in names], table,
                        _row_shape(row_shape), np.dtype(dtype), partition, vocab)
 
     def close(self) -> None:
@@ -755,15 +771,25 @@ class Sharded:
     ids are deduplicated, spread over the PS tasks, sent as one rows request per PS (all in
     flight at once), and the answers scattered into the caller's ``[batch, *row_shape]``
     array with duplicates filled; a push sums the gradients of duplicate ids before
-    sending. All of it runs in Rust: no Python per row or per PS."""
+    sending. All of it runs in Rust: no Python per row or per PS.
+
+    A PS that cannot be reached fails its part alone (the exception raised names it, e.g.
+    ``could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s: connection
+    refused``, with ``e.report`` the step's report: the other parts' rows are written).
+    The parts are in flight at once, so dead PS tasks cost a step the time of one: with
+    ``timeout=None``, the connect-retry schedule (about 2.55 s with the defaults when
+    nothing listens there, within 47.55 s in any case; see `Client`), every step; the
+    default `timeout` (5 s) or a shorter one bounds it."""
 
     def __init__(self, client: Client, addresses: list[str], table: int,
                  row_shape: tuple[int, ...], dtype: np.dtype[Any], partition: str,
                  vocab: int) -> None:
+        # `addresses`: ``host:port``, or ``task@host:port`` so that errors name the task.
         if partition not in _PARTITIONS:
             raise InvalidArgument(f"partition {partition!r} is not one of "
                                   f"{sorted(_PARTITIONS)}")
-        self.client, self.peers, self.table = client, addresses, table
+        self.client, self.table = client, table
+        self.peers = [a.rpartition("@")[2] for a in addresses]
         self.row_shape, self.dtype = row_shape, dtype
         code = code_of(dtype, "the rows")
         raw = [a.encode() for a in addresses]

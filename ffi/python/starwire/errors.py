@@ -7,6 +7,7 @@ keep working.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from . import _lib
@@ -39,18 +40,40 @@ def status_name(status: int) -> str:
 
 
 class StarwireError(Exception):
-    """A starwire call failed. `code` is the C ABI's result code (``sw_result``)."""
+    """A starwire call failed. `code` is the C ABI's result code (``sw_result``).
+
+    For a request's failure, `task` is the peer's task name (``"ps:1"``) where it is known
+    (the request named the peer by task, or a handshake with it did), and `errno` and
+    `strerror` are the operating system's reason where there is one: why the last connect
+    attempt failed (`ConnectFailed`, or a `Timeout` while the connection was still being
+    retried), or the socket error that lost a connection (`ConnectionLost`). They are None
+    otherwise. ``str(e)`` is the message, which says all of it::
+
+        could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s: connection refused
+    """
 
     code: int = 0
     #: For the failure of a sharded step's part: the step's `StepReport` (the other parts'
     #: rows were written). None otherwise.
     report: Any = None
+    task: Optional[str]
+    errno: Optional[int]
+    strerror: Optional[str]
 
-    def __init__(self, message: str, code: Optional[int] = None) -> None:
+    def __init__(self, message: str, code: Optional[int] = None, *,
+                 task: Optional[str] = None, errno: Optional[int] = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        self.task = task
+        # On the exceptions that are also OSErrors these are OSError's own fields.
+        self.errno = errno
+        self.strerror = os.strerror(errno) if errno else None
+
+    def __str__(self) -> str:
+        # The message, also where OSError would say "[Errno 111] Connection refused".
+        return self.message
 
 
 class InvalidArgument(StarwireError, ValueError):
@@ -74,7 +97,9 @@ class IoError(StarwireError, OSError):
 
 
 class Timeout(StarwireError, TimeoutError):
-    """The request's deadline passed before its answer arrived."""
+    """The request's deadline passed before its answer arrived. When the connection to the
+    peer was still being made, the message says so and `errno` is why the last attempt
+    before the deadline failed (None when none had failed yet)."""
 
     code = 5
 
@@ -86,7 +111,10 @@ class ConnectionLost(StarwireError, ConnectionError):
 
 
 class ConnectFailed(StarwireError, ConnectionError):
-    """No connection to the peer could be made (nothing listening, unreachable)."""
+    """No connection to the peer could be made (nothing listening, unreachable): every
+    attempt of the connect-retry schedule failed (see `starwire.Client`). `errno` is why
+    the last attempt failed (``errno.ECONNREFUSED``: nothing listens at the address;
+    ``errno.ETIMEDOUT``: the peer did not answer within the handshake timeout)."""
 
     code = 7
 
@@ -99,8 +127,9 @@ class RemoteError(StarwireError):
     code = 9
 
     def __init__(self, message: str, status: int = INTERNAL, remote_message: str = "",
-                 code: Optional[int] = None) -> None:
-        super().__init__(message, code)
+                 code: Optional[int] = None, *, task: Optional[str] = None,
+                 errno: Optional[int] = None) -> None:
+        super().__init__(message, code, task=task, errno=errno)
         self.status = status
         self.remote_message = remote_message
 
@@ -221,14 +250,17 @@ _BY_CODE: dict[int, type[StarwireError]] = {
 
 def from_code(code: int) -> StarwireError:
     """The exception for result `code` of the call that just failed on this thread, with
-    the library's message (and the peer's status and message, for a remote error)."""
+    the library's message (and the peer's status and message, for a remote error; the
+    peer's task and the operating system's reason, for a request's failure)."""
     message = (_lib.last_error() or b"").decode("utf-8", "replace")
+    task = (_lib.last_error_task() or b"").decode("utf-8", "replace") or None
+    errno = int(_lib.last_error_os_error()) or None
     cls = _BY_CODE.get(code, StarwireError)
     if issubclass(cls, RemoteError):
         status = int(_lib.last_error_status())
         remote = (_lib.last_error_remote() or b"").decode("utf-8", "replace")
-        return cls(message, status, remote, code=code)
-    return cls(message, code=code)
+        return cls(message, status, remote, code=code, task=task, errno=errno)
+    return cls(message, code=code, task=task, errno=errno)
 
 
 def check(code: int) -> None:

@@ -78,7 +78,8 @@ class OpMetrics:
 @dataclass
 class PeerMetrics:
     """One peer in one role: ``addr`` (requests this task sent it) and ``task`` (its
-    ``job:index`` from the handshake), connections, and its operations by name."""
+    ``job:index``, from the requests that named it by task or from the handshake),
+    connections, and its operations by name."""
 
     role: str
     addr: Optional[str]

@@ -407,20 +407,23 @@ class Runtime:
     def peer(self, target: str) -> str:
         """The address of `target` (``"ps:0"``, ``"/job:ps/task:0"`` or a ``host:port``),
         resolved once and kept."""
-        return self._peer(target).decode()
+        return self._peer(target).decode().rpartition("@")[2]
 
     def _peer(self, target: str) -> bytes:
+        """The text requests name `target` by: ``task@host:port`` for a task name (or an
+        address the cluster has a task at), so that their errors name the task; else
+        ``host:port``."""
         got = self._peers.get(target)
         if got is not None:
             return got
         if not isinstance(target, str):
             raise InvalidArgument(f"a peer is a str (\"ps:0\" or \"host:port\"), not "
                                   f"{type(target).__name__}")
-        out = C.create_string_buffer(128)
-        check(_lib.resolver_resolve(self._resolver_handle(), target.encode(), out, len(out)))
-        addr = out.value
-        self._peers[target] = addr
-        return addr
+        out = C.create_string_buffer(256)
+        check(_lib.resolver_peer(self._resolver_handle(), target.encode(), out, len(out)))
+        text = out.value
+        self._peers[target] = text
+        return text
 
     def peers(self, job: str) -> list[str]:
         """The addresses of every task of `job` in the cluster spec, task 0 first."""

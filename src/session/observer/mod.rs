@@ -75,9 +75,32 @@ impl Observer {
         self.trace.tick(&self.counters.trace, || peers.names());
     }
 
-    /// The index of the block of requests sent to `addr`, made when it is first seen.
-    pub(crate) fn client_peer(&mut self, addr: SocketAddr) -> u32 {
-        self.peers.client(&self.counters, addr)
+    /// The index of the block of requests sent to `addr`, made when it is first seen;
+    /// `task`, the name a request gave the peer (`job:index`), names the block until a
+    /// handshake does.
+    pub(crate) fn client_peer(&mut self, addr: SocketAddr, task: Option<&str>) -> u32 {
+        let i = self.peers.client(&self.counters, addr);
+        let parsed = task
+            .and_then(|t| t.rsplit_once(':'))
+            .and_then(|(job, index)| Some((job, index.parse::<u32>().ok()?)));
+        if let (Some((job, index)), Some(b)) = (parsed, self.peers.get(i)) {
+            if b.task.get().is_none() {
+                b.task.set((job.to_string(), index)).ok();
+            }
+        }
+        i
+    }
+
+    /// `e`, naming the task of `peer` (its block's: from the handshake, or the name a
+    /// request gave it) when it names none yet.
+    pub(crate) fn named(&self, peer: u32, e: Error) -> Error {
+        if e.task().is_some() {
+            return e;
+        }
+        match self.peers.get(peer).and_then(|b| b.task.get()) {
+            Some((job, index)) => e.with_task(format!("{job}:{index}")),
+            None => e,
+        }
     }
 
     /// The index of the block of requests sent to `addr` ([`NO_PEER`] if none).
