@@ -70,8 +70,8 @@ use ledger::Ledger;
 /// had answered its part of each of pushes `1..=P - s` (a push with no id at that PS does
 /// not hold it back); a PS answers a push once its table has applied it. So:
 ///
-/// - every row **reflects** each of this worker's pushes up to `P - s` (all of them when
-///   `P ≤ s` is false; none is required while `P ≤ s`);
+/// - every row **reflects** each of this worker's pushes numbered up to `P - s` (none is
+///   required while `P ≤ s`);
 /// - it **may or may not reflect** each of the `s` most recent pushes, `P - s + 1 ..= P`:
 ///   not at all, fully, or, with a table that applies a push row by row and element by
 ///   element without a lock (a Hogwild [`PsTable`](crate::rows::PsTable)), partly;
