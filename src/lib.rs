@@ -201,7 +201,7 @@ pub use cluster::{ClusterChange, Peer, ResolveError, Resolver};
 pub use config::{Config, ConfigBuilder, IoFeatures};
 pub use error::{Error, ErrorKind, OsError};
 pub use rendezvous::Rendezvous;
-pub use rows::{Sharded, StepReport};
+pub use rows::{Pipeline, PipelineReport, PipelineSettings, Sharded, StepReport};
 pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_ZERO_COPY_MIN};
 pub use service::{SaveError, SaveReport, Service, Table};
 pub use stats::Stats;

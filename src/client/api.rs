@@ -397,6 +397,22 @@ impl<M: Mode> Client<M> {
         }
     }
 
+    /// Runs an embedded loop once (which also sends what was queued) and keeps every
+    /// completion delivered so far for [`take_tag`](Self::take_tag) and the waits: for a
+    /// caller that checks several of its requests without waiting.
+    pub(crate) fn gather(&mut self) {
+        self.mode.turn();
+        while let Some(c) = self.mode.next() {
+            self.done.push_back(c);
+        }
+    }
+
+    /// The completion of `tag` if [`gather`](Self::gather) or a wait has kept it, without
+    /// waiting.
+    pub(crate) fn take_tag(&mut self, tag: u64) -> Option<Completion> {
+        self.take(Some(tag))
+    }
+
     /// Requests submitted whose completion has not been taken yet (0 for a callback
     /// client).
     pub fn outstanding(&self) -> usize {
