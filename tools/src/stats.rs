@@ -80,7 +80,7 @@ pub struct TableDoc {
     pub index_builds: u64,
     /// The table's clock.
     pub clock: u64,
-    /// One call in this many is sampled for the hot ids.
+    /// One row in this many is sampled for the hot ids.
     pub hot_sample_every: u64,
     /// `[id, sampled]` of the hottest ids, hottest first.
     pub hot: Vec<(u64, u64)>,

@@ -219,8 +219,8 @@ fn a_task_that_cannot_save_says_why() {
     assert!(r.stdout.is_empty(), "{}", r.stdout);
     assert!(
         r.stderr.contains(&format!(
-            "commctl: {} takes no checkpoints: it has no checkpoint directory. Start it with \
-             STARWIRE_CHECKPOINT_DIR=DIR (commctl serve: --checkpoint-dir DIR)",
+            "commctl: {} takes no checkpoints: it has no checkpoint directory; start it with \
+             STARWIRE_CHECKPOINT_DIR=DIR (commctl serve: --checkpoint-dir DIR)\n",
             plain.addr
         )),
         "{}",
