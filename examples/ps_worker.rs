@@ -1,6 +1,6 @@
 //! A PS and a worker, two processes that find each other through `TF_CONFIG`: the PS serves
-//! one embedding table, the worker pulls rows, pushes gradients, pulls again and prints what
-//! changed. `cargo run --example ps_worker` with no `TF_CONFIG` runs both: it writes an
+//! one embedding table (starwire's `PsTable`, at most [`MAX_ROWS`] rows), the worker pulls
+//! rows, pushes gradients, pulls again and prints what changed. `cargo run --example ps_worker` with no `TF_CONFIG` runs both: it writes an
 //! `.endpoint_map` into a temporary folder, starts itself again as task `ps:0` (a child
 //! process with `TF_CONFIG` and `TF_SEASTAR_ENDPOINT_MAP_PATH` set) and runs `worker:0`.
 //! The two roles by hand, in two terminals of one folder (the PS serves until Ctrl-D):
@@ -14,7 +14,8 @@
 
 use starwire::cluster::{TaskId, TfConfig};
 use starwire::config::ConfigBuilder;
-use starwire::rows::{Init, MemTable, Optimizer, Partition, Tables};
+use starwire::rows::ps::{Init, Optimizer};
+use starwire::rows::{Partition, PsTable, Tables};
 use starwire::{DType, Options, Resolver, Runtime, Sharded, StepReport};
 use std::error::Error;
 use std::io::Read;
@@ -25,9 +26,11 @@ use std::time::Duration;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
-/// The table's id and its rows: 4 f32 each.
+/// The table's id and its rows: 4 f32 each, at most `MAX_ROWS` of them (the cap bounds the
+/// memory the table may take; rows past it are refused, or evicted by `maintain`).
 const TABLE: u32 = 1;
 const DIM: usize = 4;
+const MAX_ROWS: u64 = 1 << 20;
 const INIT: Init = Init::Uniform {
     scale: 0.5,
     seed: 7,
@@ -48,7 +51,13 @@ fn main() -> Res<()> {
 /// up in the `.endpoint_map`) and serves table `TABLE` from memory until its input ends.
 fn ps(task: &TaskId) -> Res<()> {
     let me = Resolver::from_env()?.resolve_task(task)?;
-    let table = MemTable::new(DIM, INIT, Optimizer::Sgd { lr: 0.1 });
+    let table = PsTable::builder(DIM)
+        .table_id(TABLE)
+        .init(INIT)
+        .optimizer(Optimizer::Sgd { lr: 0.1 })
+        .max_rows(MAX_ROWS)
+        .build()?;
+    eprintln!("{task}: {}", table.report());
     let service = Tables::new().with(TABLE, Arc::new(table));
     let mut options = Options::listen(me.addr());
     options.service = Some(Arc::new(service));

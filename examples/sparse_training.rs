@@ -29,8 +29,9 @@
 //! - with `--unfused`, every row pulled and pushed by a request of its own (64 in flight),
 //!   to show what fusion saves.
 //!
-//! Either way the PS holds the same `Shard` (the model's rows and their Adagrad state), so
-//! the loss and AUC are those of the same model. Each worker times its steps: communication
+//! Either way the PS holds its rows and their Adagrad state in starwire's PS table
+//! (`PsTable`), which both paths go through, so the loss and AUC are those of the same
+//! model. Each worker times its steps: communication
 //! (the pull and the push, from the first request to the last answer) beside compute (the
 //! model's forward and backward pass) and data (drawing the batch); the coordinator prints
 //! communication and compute per interval, each worker's summary line, and the means per
@@ -39,12 +40,13 @@
 //! The program, one idea per file of `examples/sparse_training/`, in reading order:
 //!
 //! - `model.rs`: the synthetic data (a ground-truth model draws the labels), the model's
-//!   loss and gradients, a PS shard's rows with their Adagrad state; no starwire in it
-//!   (`tools/wirebench` includes it too);
+//!   loss and gradients, and a plain PS shard (rows and Adagrad state in a hash map, what
+//!   `tools/wirebench`'s servers keep); no starwire in it (`tools/wirebench` includes it);
 //! - `args.rs`: the command line;
 //! - `cluster.rs`: the cluster spec and `.endpoint_map`, and the coordinator that starts
 //!   the tasks as processes and collects their output;
-//! - `ps.rs`: a PS task, serving its shard as a table of rows and as tensors;
+//! - `ps.rs`: a PS task, its shard of the model in a `PsTable` (sized for the rows it
+//!   expects: its share of the features), served as a table of rows and as tensors;
 //! - `worker.rs`: a worker task's training loop and the held-out evaluation;
 //! - `transfer.rs`: how a step's rows travel (rows blocks, fused tensors, or a request
 //!   per row);

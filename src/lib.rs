@@ -175,6 +175,7 @@ pub(crate) mod event_loop;
 mod hash;
 mod panic;
 mod pool;
+mod upkeep;
 internal!(
     mod proto;
 );
@@ -198,13 +199,14 @@ pub use crate::session::{Callback, Completion, Reply};
 pub use client::{Client, Embedded, Handle, Ticket};
 pub use cluster::{ClusterChange, Peer, ResolveError, Resolver};
 pub use config::{Config, ConfigBuilder, IoFeatures};
-pub use error::{Error, ErrorKind};
+pub use error::{Error, ErrorKind, OsError};
 pub use rendezvous::Rendezvous;
-pub use rows::{Sharded, StepReport};
+pub use rows::{Pipeline, PipelineReport, PipelineSettings, Sharded, StepReport};
 pub use runtime::{Options, Runtime, StartError, StartNote, StartReport, DEFAULT_ZERO_COPY_MIN};
 pub use service::{SaveError, SaveReport, Service, Table};
 pub use stats::Stats;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
+pub use upkeep::{CHECKPOINT_FORMAT_VERSION, CHECKPOINT_MANIFEST};
 pub use wire::{DType, Limits, Status};
 
 /// The README's code, compiled and run as a doctest.

@@ -87,13 +87,21 @@ pub(crate) enum Answer {
         to: ReplyTo,
         tables: Vec<RowsPulled>,
     },
+    /// A checkpoint's manifest, or why it failed (from the upkeep thread).
+    Checkpoint {
+        to: ReplyTo,
+        result: Result<Vec<u8>, (Status, String)>,
+    },
 }
 
 impl Answer {
     /// Where it goes.
     pub(crate) fn to(&self) -> ReplyTo {
         match self {
-            Answer::Pull { to, .. } | Answer::Push { to, .. } | Answer::PullRows { to, .. } => *to,
+            Answer::Pull { to, .. }
+            | Answer::Push { to, .. }
+            | Answer::PullRows { to, .. }
+            | Answer::Checkpoint { to, .. } => *to,
         }
     }
 }

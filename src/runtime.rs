@@ -31,6 +31,7 @@ use crate::spsc::{Consumer, Producer, ThreadWaker};
 use crate::stats::Stats;
 use crate::sys::{self, affinity, socket, Backend, IoFeatures};
 use crate::tensor::{HeapAllocator, SharedAllocator};
+use crate::upkeep::{Checkpoints, Upkeep};
 use std::sync::mpsc::SyncSender;
 
 pub use crate::config::DEFAULT_ZERO_COPY_MIN;
@@ -75,9 +76,14 @@ impl Options {
         cfg: &Config,
         index: usize,
         jobs: Option<SyncSender<Job>>,
+        checkpoints: Result<Checkpoints, &'static str>,
         accepted: &Arc<AtomicUsize>,
         budget: &Arc<Budget>,
     ) -> LoopParts {
+        let (checkpoints, no_checkpoints) = match checkpoints {
+            Ok(c) => (Some(c), ""),
+            Err(why) => (None, why),
+        };
         LoopParts {
             session: SessionParts {
                 service: self.service.clone(),
@@ -90,10 +96,54 @@ impl Options {
                     .unwrap_or_else(|| Arc::new(HeapAllocator::default())),
                 zero_copy_min: self.zero_copy_min.unwrap_or(cfg.zero_copy_min),
                 budget: budget.clone(),
+                checkpoints,
+                no_checkpoints,
             },
             accepted: accepted.clone(),
         }
     }
+}
+
+/// Starts the upkeep thread when the service serves tables: the thread, and for the loops
+/// where checkpoint requests go (or why they are refused).
+#[allow(clippy::type_complexity)]
+pub(crate) fn start_upkeep(
+    cfg: &Config,
+    options: &Options,
+    loops: &[Arc<LoopShared>],
+) -> Result<(Option<Upkeep>, Result<Checkpoints, &'static str>), StartError> {
+    let Some(service) = options
+        .service
+        .as_ref()
+        .filter(|s| !s.table_ids().is_empty())
+    else {
+        return Ok((None, Err("this task serves no tables to save")));
+    };
+    let upkeep = Upkeep::start(
+        service.clone(),
+        cfg.table_upkeep,
+        cfg.checkpoint_dir.clone(),
+        format!("{}:{}", cfg.job, cfg.task_index),
+        loops.to_vec(),
+    )
+    .map_err(StartError::Thread)?;
+    let checkpoints = match (&cfg.checkpoint_dir, upkeep.checkpoints()) {
+        (Some(_), Some(c)) => Ok(c),
+        _ => Err(
+            "checkpoints are off on this task: it has no checkpoint directory \
+                  (STARWIRE_CHECKPOINT_DIR)",
+        ),
+    };
+    Ok((Some(upkeep), checkpoints))
+}
+
+/// Each table's line of the start-up report.
+pub(crate) fn table_reports(service: &dyn crate::service::Service) -> Vec<String> {
+    service
+        .table_ids()
+        .into_iter()
+        .filter_map(|id| service.table(id)?.report())
+        .collect()
 }
 
 /// Listen backlog of each loop's listener.
@@ -146,6 +196,10 @@ pub struct Runtime {
     inner: Arc<Inner>,
     /// Handler threads, when the service runs on a pool.
     pool: Option<HandlerPool>,
+    /// The tables' upkeep and checkpoints, when the service serves tables.
+    upkeep: Option<Upkeep>,
+    /// What the task serves (for its tables' metrics).
+    service: Option<SharedService>,
     threads: Vec<JoinHandle<()>>,
     backend: Backend,
     local_addr: Option<SocketAddr>,
@@ -228,6 +282,12 @@ impl Runtime {
             ),
             _ => None,
         };
+        let (upkeep, checkpoints) = start_upkeep(&cfg, &options, &shared)?;
+        report.tables = options
+            .service
+            .as_deref()
+            .map(table_reports)
+            .unwrap_or_default();
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
             loops: shared.clone(),
@@ -238,6 +298,8 @@ impl Runtime {
         let mut rt = Runtime {
             inner,
             pool: None,
+            upkeep: None,
+            service: options.service.clone(),
             threads: Vec::with_capacity(n),
             backend,
             local_addr,
@@ -252,7 +314,14 @@ impl Runtime {
             let sh = shared[i].clone();
             let cpu = pins.as_ref().map(|p| p[i]);
             let jobs = pool.as_ref().and_then(|p| p.sender());
-            let parts = options.parts(&cfg, i, jobs, &accepted, &rt.inner.budget);
+            let parts = options.parts(
+                &cfg,
+                i,
+                jobs,
+                checkpoints.clone(),
+                &accepted,
+                &rt.inner.budget,
+            );
             let thread = std::thread::Builder::new()
                 .name(format!("starwire-loop-{i}"))
                 .spawn(move || {
@@ -299,6 +368,7 @@ impl Runtime {
         }
         rt.report = report;
         rt.pool = pool;
+        rt.upkeep = upkeep;
         Ok(rt)
     }
 
@@ -389,10 +459,15 @@ impl Runtime {
     }
 
     /// The JSON document a `STATS` request is answered with (`docs/wire-format.md`,
-    /// section 4.11): this task's [`stats`](Self::stats) totals and [`metrics`](Self::metrics).
+    /// section 4.11): this task's [`stats`](Self::stats) totals and [`metrics`](Self::metrics),
+    /// and the metrics of the tables its service serves.
     pub fn metrics_json(&self) -> String {
         let task = format!("{}:{}", self.inner.cfg.job, self.inner.cfg.task_index);
-        self.metrics().to_json(&task, &self.stats())
+        let tables = (self.service.as_deref())
+            .map(crate::service::table_metrics)
+            .unwrap_or_default();
+        self.metrics()
+            .to_json_with_tables(&task, &self.stats(), &tables)
     }
 
     /// Stops the loops: requests in flight or queued complete with [`ErrorKind::Shutdown`](crate::ErrorKind::Shutdown),
@@ -414,6 +489,10 @@ impl Runtime {
         }
         if let Some(mut pool) = self.pool.take() {
             pool.stop();
+        }
+        // A checkpoint being written is finished first.
+        if let Some(mut upkeep) = self.upkeep.take() {
+            upkeep.stop();
         }
         self.inner.stopped.store(true, Ordering::SeqCst);
     }
@@ -519,6 +598,7 @@ pub struct StartReport {
     loops: usize,
     notes: Vec<StartNote>,
     features: IoFeatures,
+    tables: Vec<String>,
 }
 
 impl StartReport {
@@ -531,7 +611,14 @@ impl StartReport {
                 .into_iter()
                 .collect(),
             features: IoFeatures::default(),
+            tables: Vec::new(),
         }
+    }
+
+    /// With the served tables' lines (see [`tables`](Self::tables)).
+    pub(crate) fn with_tables(mut self, tables: Option<Vec<String>>) -> StartReport {
+        self.tables = tables.unwrap_or_default();
+        self
     }
 
     /// With the kernel features the loops' I/O uses.
@@ -560,6 +647,14 @@ impl StartReport {
     pub fn notes(&self) -> &[StartNote] {
         &self.notes
     }
+
+    /// One line per table the service serves that reports itself ([`Table::report`]):
+    /// its layout and what it got from the kernel (huge pages).
+    ///
+    /// [`Table::report`]: crate::Table::report
+    pub fn tables(&self) -> &[String] {
+        &self.tables
+    }
 }
 
 impl fmt::Display for StartReport {
@@ -575,6 +670,9 @@ impl fmt::Display for StartReport {
         }
         for note in &self.notes {
             write!(f, "\n  {note}")?;
+        }
+        for table in &self.tables {
+            write!(f, "\n  {table}")?;
         }
         Ok(())
     }

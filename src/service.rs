@@ -42,10 +42,11 @@ pub trait Service: Send + Sync {
     }
 
     /// The numbers of the tables [`table`](Self::table) serves, for what concerns all of
-    /// them: a checkpoint of the task, per-table metrics in `STATS`, the tables' upkeep
-    /// ([`Table::maintain`]) and the start-up report. Called seldom (not per request). The
-    /// default lists none: a service that serves tables should list them, or they are
-    /// served but never saved, maintained nor reported.
+    /// them: read when the runtime starts (the tables it maintains with
+    /// [`Table::maintain`], and the start-up report), and at each checkpoint and `STATS`
+    /// request; never per row request. The default lists none: a service that serves
+    /// tables should list them, or they are served but never saved, maintained, reported
+    /// nor named when a request asks for a table it does not serve.
     fn table_ids(&self) -> Vec<u32> {
         Vec::new()
     }
@@ -53,6 +54,19 @@ pub trait Service: Send + Sync {
 
 /// A shared service.
 pub type SharedService = Arc<dyn Service>;
+
+/// The metrics of `service`'s tables that keep them, by table number.
+pub(crate) fn table_metrics(service: &dyn Service) -> Vec<(u32, TableMetrics)> {
+    service
+        .table_ids()
+        .into_iter()
+        .filter_map(|id| {
+            let table = service.table(id)?;
+            let m = crate::panic::guarded("Table::metrics", || table.metrics()).flatten()?;
+            Some((id, m))
+        })
+        .collect()
+}
 
 /// `service.pull` into `out` (emptied first), one result per id whatever the service did
 /// (a panic: `INTERNAL`).

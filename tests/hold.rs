@@ -479,9 +479,16 @@ fn answers_keep_to_the_limits_their_requester_announced() {
             secs(10),
         )
         .unwrap();
-    let rows = h.wait(t).unwrap();
-    // Table 1 holds rows of 16 floats: asked for 4, refused for its shape.
-    assert_eq!(rows.block(0).err(), Some(Status::InvalidArgument));
+    // Table 1 holds rows of 16 floats: asked for 4, refused for its shape, with the words.
+    let e = h.wait(t).unwrap_err();
+    assert_eq!(
+        e.kind(),
+        starwire::ErrorKind::Remote(Status::InvalidArgument)
+    );
+    assert!(
+        e.remote_message().unwrap_or_default().contains("f32 [16]"),
+        "{e}"
+    );
     assert_eq!(
         client.stats().connections_lost,
         0,

@@ -67,6 +67,10 @@ impl Service for Ps {
             _ => None,
         }
     }
+
+    fn table_ids(&self) -> Vec<u32> {
+        vec![1, 2]
+    }
 }
 
 fn bytes(dim: u64, rows: u64) -> Bytes {
@@ -266,6 +270,37 @@ fn unknown_tables_and_other_shapes_fail_alone() {
     assert_eq!(rows.block(1).err(), Some(Status::InvalidArgument));
     assert_eq!(rows.block(2).err(), Some(Status::InvalidArgument));
     assert!(rows.block(3).is_ok());
+    // The PS says why, for each refused table.
+    assert_eq!(
+        rows.refusal(),
+        Some(
+            "no table 9 on this task (this task serves tables 1, 2); table 1 holds u8 [64] \
+             rows; the request asked for f32 [16]; table 1 holds u8 [64] rows; the request \
+             asked for u8 [32]"
+        )
+    );
+    // A request whose only table is refused fails with the words.
+    let t = h.pull_rows(addr, &tables[2..3], secs(10)).unwrap();
+    let e = h.wait(t).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Remote(Status::InvalidArgument));
+    assert_eq!(
+        e.remote_message(),
+        Some("table 1 holds u8 [64] rows; the request asked for u8 [32]")
+    );
+    assert!(
+        e.to_string().contains("the request asked for u8 [32]"),
+        "{e}"
+    );
+    let f32_grads = [0u8; 2 * 16 * 4];
+    let t = h
+        .push_rows(addr, &[(tables[1], &f32_grads[..])], secs(10))
+        .unwrap();
+    let e = h.wait(t).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Remote(Status::InvalidArgument));
+    assert_eq!(
+        e.remote_message(),
+        Some("table 1 holds u8 [64] rows; the push sent f32 [16] gradients")
+    );
     let grads = [0u8; 2 * 64];
     let t = h
         .push_rows(

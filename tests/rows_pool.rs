@@ -81,9 +81,10 @@ fn ps(handler_threads: usize) -> (Runtime, std::net::SocketAddr, Arc<Recording>)
     (rt, addr, table)
 }
 
-/// Pushes to rows 1..=3, pulls them back with a missing row and an unknown table, and
-/// returns what came back: rows, missing positions, per-table statuses.
-fn step(addr: std::net::SocketAddr) -> (Vec<Vec<u8>>, Vec<u32>, Vec<Status>) {
+/// Pushes to rows 1..=3, pulls them back with a missing row, then with an unknown table
+/// beside, and returns what came back: rows, missing positions, per-table statuses, and
+/// what the PS said of the table it refused.
+fn step(addr: std::net::SocketAddr) -> (Vec<Vec<u8>>, Vec<u32>, Vec<Status>, Option<String>) {
     let worker = client(1);
     let mut h = worker.handle(16);
     let ids = [1u64, 2, 3];
@@ -97,6 +98,15 @@ fn step(addr: std::net::SocketAddr) -> (Vec<Vec<u8>>, Vec<u32>, Vec<Status>) {
         .unwrap();
     assert_eq!(h.wait(t).unwrap(), [Status::Ok]);
     let pulled = [1u64, 2, 3, 5_000];
+    let t = h
+        .pull_rows(addr, &[Rows::new(1, DType::U8, &DIMS, &pulled)], secs(10))
+        .unwrap();
+    let rows = h.wait(t).unwrap();
+    let got: Vec<Vec<u8>> = (0..pulled.len())
+        .map(|i| rows.row(0, i).unwrap().to_vec())
+        .collect();
+    // With a table the PS does not serve: the PS says so (and serves that request on its
+    // loop, where the words can be sent), the other table is answered as before.
     let unknown = [1u64];
     let tables = [
         Rows::new(1, DType::U8, &DIMS, &pulled),
@@ -104,13 +114,15 @@ fn step(addr: std::net::SocketAddr) -> (Vec<Vec<u8>>, Vec<u32>, Vec<Status>) {
     ];
     let t = h.pull_rows(addr, &tables, secs(10)).unwrap();
     let rows = h.wait(t).unwrap();
-    let got = (0..pulled.len())
+    let again: Vec<Vec<u8>> = (0..pulled.len())
         .map(|i| rows.row(0, i).unwrap().to_vec())
         .collect();
+    assert_eq!(again, got);
     let statuses = (0..2)
         .map(|i| rows.block(i).err().unwrap_or(Status::Ok))
         .collect();
-    (got, rows.missing(0).to_vec(), statuses)
+    let said = rows.refusal().map(str::to_owned);
+    (got, rows.missing(0).to_vec(), statuses, said)
 }
 
 #[test]
@@ -120,7 +132,8 @@ fn rows_run_on_the_handler_pool_and_answer_as_inline() {
     let inline = step(inline_addr);
     let pooled = step(pooled_addr);
     assert_eq!(pooled, inline, "the pool answers as the loop does");
-    let (rows, missing, statuses) = pooled;
+    let (rows, missing, statuses, said) = pooled;
+    assert_eq!(said.as_deref(), Some("no table 7 on this task"));
     for (i, row) in rows.iter().take(3).enumerate() {
         let want = (i as u8 + 1).wrapping_add(i as u8 + 1);
         assert!(row.iter().all(|&b| b == want), "row {i}: {row:?}");
@@ -129,13 +142,16 @@ fn rows_run_on_the_handler_pool_and_answer_as_inline() {
     assert_eq!(missing, [3]);
     assert_eq!(statuses, [Status::Ok, Status::NotFound]);
     let threads = pooled_table.threads.lock().unwrap().clone();
-    assert_eq!(threads.len(), 2, "one push and one pull: {threads:?}");
+    assert_eq!(threads.len(), 3, "one push and two pulls: {threads:?}");
     assert!(
-        threads.iter().all(|t| t.starts_with("starwire-handler")),
+        threads[..2]
+            .iter()
+            .all(|t| t.starts_with("starwire-handler")),
         "{threads:?}"
     );
+    assert!(!threads[2].starts_with("starwire-handler"), "{threads:?}");
     let threads = inline_table.threads.lock().unwrap().clone();
-    assert_eq!(threads.len(), 2);
+    assert_eq!(threads.len(), 3);
     assert!(
         threads.iter().all(|t| !t.starts_with("starwire-handler")),
         "{threads:?}"

@@ -108,6 +108,8 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_RECV_BUDGET,
         starwire::config::ENV_CONN_RECV_BUDGET,
         starwire::config::ENV_STATS_ENDPOINT,
+        starwire::config::ENV_CHECKPOINT_DIR,
+        starwire::config::ENV_TABLE_UPKEEP_MS,
         starwire::config::ENV_TRACE,
         starwire::config::ENV_TRACE_EVENTS,
         "`P_ENABLE_POLLING`",
@@ -122,5 +124,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 46, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 48, "{table}");
 }

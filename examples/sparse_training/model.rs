@@ -1,6 +1,7 @@
 //! The model of the sparse training example, with no dependencies: synthetic click data
-//! drawn from a known factorization machine, the model's loss and gradients, and a PS
-//! shard's rows with their Adagrad state.
+//! drawn from a known factorization machine, the model's loss and gradients, and a plain
+//! PS shard's rows with their Adagrad state (the example's PS tasks keep theirs in
+//! starwire's `PsTable`; `tools/wirebench`'s servers in this `Shard`).
 //!
 //! Every example has one categorical value per field plus a bias feature. A value is hashed
 //! to a feature id; each id owns a row of `dim` f32: one linear weight and `dim - 1` factor

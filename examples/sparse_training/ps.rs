@@ -1,116 +1,96 @@
-//! A PS task: its shard of the model (rows and their Adagrad state, `model::Shard`),
-//! served as table [`TABLE`] of embedding rows (the [`Table`] trait) and as tensors by id
-//! (`Service::pull` / `Service::push`), on the data address the cluster gives its task.
+//! A PS task: its shard of the model, the rows and their Adagrad state in starwire's PS
+//! table (`PsTable`), served as table [`TABLE`] of embedding rows and as tensors by id
+//! (`Service::pull` / `Service::push`, through the same table), on the data address the
+//! cluster gives its task.
 
 use crate::args::Args;
 use crate::cluster::resolver;
-use crate::model::Shard;
-use crate::transfer::{f32s_from_le, f32s_to_le};
+use crate::model::ModelConfig;
 use crate::Res;
 use starwire::cluster::TaskId;
 use starwire::config::ConfigBuilder;
+use starwire::rows::ps::{Init, Optimizer};
+use starwire::rows::PsTable;
 use starwire::{DType, Options, Runtime, Service, Status, Table, Tensor};
 use std::io::Read;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The table the PS tasks serve the model's rows as.
 pub const TABLE: u32 = 1;
 
-/// A PS task's shard of the model, served both ways: as tensors by id (`Service::pull` and
-/// `Service::push`) and as table [`TABLE`] of embedding rows (the [`Table`] it is). Each PS
-/// runs one event loop, so the lock is never contended: it only makes the shard `Sync` as
-/// `Service` requires.
+/// A PS task's shard of the model: rows of `dim` f32 and their Adagrad sums, created by
+/// the first pull or push of their id with the model's initial values. Served both ways:
+/// as table [`TABLE`] (the table itself answers rows requests) and as tensors by id (this
+/// service's `pull` and `push`, which go through the same table).
 struct Ps {
-    shard: Mutex<Shard>,
-    dim: usize,
-    /// `[dim]`: the shape of a row.
-    row_dims: [u64; 1],
-    pulled: std::sync::atomic::AtomicU64,
-    pushed: std::sync::atomic::AtomicU64,
+    table: PsTable,
+    dims: [u64; 1],
 }
 
-/// The shard as a table of rows of `dim` f32: a pull reads the rows (a row never updated
-/// reads as its initial value, so none is missing), a push applies Adagrad to each.
-impl Table for Ps {
-    fn dtype(&self) -> DType {
-        DType::F32
-    }
-
-    fn row_dims(&self) -> &[u64] {
-        &self.row_dims
-    }
-
-    fn pull(&self, ids: &[u64], out: &mut [u8], _missing: &mut Vec<u32>) -> Status {
-        let row_bytes = self.dim * 4;
-        if out.len() != ids.len() * row_bytes {
-            return Status::InvalidArgument;
-        }
-        let shard = self.shard.lock().unwrap();
-        let mut row = [0f32; 1024];
-        let row = &mut row[..self.dim];
-        for (&id, dst) in ids.iter().zip(out.chunks_exact_mut(row_bytes)) {
-            shard.read(id, row);
-            f32s_to_le(row, dst);
-        }
-        self.pulled
-            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        Status::Ok
-    }
-
-    fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
-        let row_bytes = self.dim * 4;
-        if grads.len() != ids.len() * row_bytes {
-            return Status::InvalidArgument;
-        }
-        let mut shard = self.shard.lock().unwrap();
-        let mut grad = [0f32; 1024];
-        let grad = &mut grad[..self.dim];
-        for (&id, g) in ids.iter().zip(grads.chunks_exact(row_bytes)) {
-            f32s_from_le(g, grad);
-            shard.apply(id, grad);
-        }
-        self.pushed
-            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        Status::Ok
-    }
+/// The table of a PS task's shard: the model's initializer and Adagrad, sized for the rows
+/// the task expects (its share of the features the data can draw, and the bias).
+fn shard_table(m: &ModelConfig, ps_tasks: usize) -> Res<PsTable> {
+    let features = m.fields as u64 * m.vocab + 1;
+    PsTable::builder(m.dim)
+        .table_id(TABLE)
+        .init(Init::Normal {
+            std: m.init_factor_std,
+            seed: 0xabcd,
+        })
+        .optimizer(Optimizer::Adagrad {
+            lr: m.learning_rate,
+            initial_accumulator: m.initial_accumulator,
+        })
+        .capacity(features / ps_tasks as u64 + 1)
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 impl Service for Ps {
     fn table(&self, table: u32) -> Option<&dyn Table> {
-        (table == TABLE).then_some(self as &dyn Table)
+        (table == TABLE).then_some(&self.table as &dyn Table)
     }
 
+    fn table_ids(&self) -> Vec<u32> {
+        vec![TABLE]
+    }
+
+    /// One tensor per id: the table's rows (created if new), pulled as one block.
     fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
-        let shard = self.shard.lock().unwrap();
-        let mut row = [0f32; 1024];
-        let row = &mut row[..self.dim];
-        for &id in ids {
-            shard.read(id, row);
-            let tensor = Tensor::from_f32(&[self.dim as u64], row).expect("row shape");
-            out.push(Ok(Arc::new(tensor)));
+        let row_bytes = self.table.row_bytes();
+        let mut block = vec![0u8; ids.len() * row_bytes];
+        let status = Table::pull(&self.table, ids, &mut block, &mut Vec::new());
+        for row in block.chunks_exact(row_bytes) {
+            out.push(if status.is_ok() {
+                Tensor::from_slice(DType::F32, &self.dims, row)
+                    .map(Arc::new)
+                    .map_err(|_| Status::Internal)
+            } else {
+                Err(status)
+            });
         }
-        let n = ids.len() as u64;
-        self.pulled
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Gradients by id: those of the row's shape pushed into the table as one block.
     fn push(&self, items: &mut Vec<(u64, Tensor)>, statuses: &mut Vec<Status>) {
-        let mut shard = self.shard.lock().unwrap();
-        let mut grad = [0f32; 1024];
+        let row_bytes = self.table.row_bytes();
+        let (mut ids, mut grads) = (Vec::new(), Vec::new());
         for (id, t) in items.iter() {
-            if t.dtype() != DType::F32 || t.byte_len() != self.dim * 4 {
+            if t.dtype() == DType::F32 && t.byte_len() == row_bytes {
+                ids.push(*id);
+                grads.extend_from_slice(t.bytes());
+                statuses.push(Status::Ok);
+            } else {
                 statuses.push(Status::InvalidArgument);
-                continue;
             }
-            let grad = &mut grad[..self.dim];
-            f32s_from_le(t.bytes(), grad);
-            shard.apply(*id, grad);
-            statuses.push(Status::Ok);
         }
-        let n = items.len() as u64;
-        self.pushed
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        let status = Table::push(&self.table, &ids, &grads);
+        if !status.is_ok() {
+            for s in statuses.iter_mut().filter(|s| s.is_ok()) {
+                *s = status;
+            }
+        }
     }
 }
 
@@ -125,11 +105,8 @@ pub fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
         .and_then(|b| b.loops(1).build())
         .map_err(|e| e.to_string())?;
     let ps = Arc::new(Ps {
-        shard: Mutex::new(Shard::new(&args.model)),
-        dim: args.model.dim,
-        row_dims: [args.model.dim as u64],
-        pulled: Default::default(),
-        pushed: Default::default(),
+        table: shard_table(&args.model, args.ps)?,
+        dims: [args.model.dim as u64],
     });
     let service: Arc<dyn Service> = ps.clone();
     let options = Options {
@@ -142,15 +119,17 @@ pub fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     let stats = rt.stats();
     rt.shutdown();
-    let rows = ps.shard.lock().unwrap().len();
-    use std::sync::atomic::Ordering::Relaxed;
+    // How the table is laid out, and what it holds now.
+    println!("ps:{}: {}", task.index, ps.table.report());
+    let m = ps.table.metrics();
     println!(
-        "ps:{}: {} rows stored, {} rows read by pulls, {} gradient rows applied; \
+        "ps:{}: {} rows stored ({:.1} MB), {} rows read by pulls, {} gradient rows applied; \
          {} bytes in, {} out",
         task.index,
-        rows,
-        ps.pulled.load(Relaxed),
-        ps.pushed.load(Relaxed),
+        m.rows,
+        m.memory_bytes as f64 / 1e6,
+        m.pulled_rows,
+        m.pushed_rows - m.dropped_pushes,
         stats.bytes_in,
         stats.bytes_out
     );

@@ -3,10 +3,12 @@
    Conventions: every function returning sw_result writes its outputs only on SW_OK, and
    on failure leaves a message for sw_last_error() (per thread). NULL pointers are
    rejected with SW_ERR_NULL. Handles (sw_runtime, sw_client, sw_tensor, sw_reply,
-   sw_table) are created by *_new (or returned by starwire) and released by *_free. A
-   sw_client is used by one thread at a time; runtimes, tensors and tables may be shared
-   between threads. Service, allocator and completion callbacks run on starwire's loop
-   threads (or its handler threads) and must be thread-safe. */
+   sw_table, sw_ps_table) are created by *_new (or returned by starwire) and released by
+   *_free. A PS serves sw_ps_table_new's table (sw_ps_table_as_table gives the sw_table
+   that sw_runtime_options.tables takes). A sw_client is used by one thread at a time;
+   runtimes, tensors and tables may be shared between threads. Service, allocator and
+   completion callbacks run on starwire's loop threads (or its handler threads) and must
+   be thread-safe. */
 
 #ifndef STARWIRE_H
 #define STARWIRE_H
@@ -40,7 +42,7 @@ typedef uint32_t sw_bench_pull;
 #endif // __cplusplus
 
 /*
- How a reference in-memory table creates rows: the `kind` of `sw_init`.
+ How the small in-memory table (`sw_mem_table_new`) creates rows: the `kind` of `sw_init`.
  */
 enum sw_init_kind
 #ifdef __cplusplus
@@ -67,7 +69,7 @@ typedef uint32_t sw_init_kind;
 #endif // __cplusplus
 
 /*
- How a reference in-memory table applies a gradient row `g` to a row `w`: the `kind` of
+ How the small in-memory table applies a gradient row `g` to a row `w`: the `kind` of
  `sw_optimizer`.
  */
 enum sw_optimizer_kind
@@ -113,6 +115,115 @@ enum sw_partition_kind
 };
 #ifndef __cplusplus
 typedef uint32_t sw_partition_kind;
+#endif // __cplusplus
+
+/*
+ What concurrent calls on the same row of a PS table may observe: its `consistency`.
+ */
+enum sw_ps_consistency
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   No lock: a pull concurrent with a push of the row may see it partly updated (each
+   8-byte word from before or after), two concurrent pushes may lose updates.
+   */
+  SW_PS_HOGWILD = 0,
+  /*
+   A lock per row for pushes and a sequence count for pulls: no lost update, whole
+   rows.
+   */
+  SW_PS_PER_ROW = 1,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_ps_consistency;
+#endif // __cplusplus
+
+/*
+ Which calls create the row of an id a PS table does not have: its `create`.
+ */
+enum sw_ps_create
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   A pull or a push creates it (a push then applies its gradient).
+   */
+  SW_PS_CREATE_ON_PULL_OR_PUSH = 0,
+  /*
+   Only a push; a pull of an unknown id answers it missing (zeros).
+   */
+  SW_PS_CREATE_ON_PUSH = 1,
+  /*
+   Neither: rows come from `sw_ps_table_load_rows` and checkpoints only; pushes to
+   unknown ids are dropped.
+   */
+  SW_PS_CREATE_NEVER = 2,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_ps_create;
+#endif // __cplusplus
+
+/*
+ The values a PS table gives the rows it creates: the `kind` of `sw_ps_init`. Every value
+ is a fixed function of (table id, row id, element, seed), so every PS task, every run
+ and every re-creation of a row agree.
+ */
+enum sw_ps_init_kind
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   Zero.
+   */
+  SW_PS_INIT_ZEROS = 0,
+  /*
+   Uniform in `[-scale, scale]`.
+   */
+  SW_PS_INIT_UNIFORM = 1,
+  /*
+   Normal, mean 0, standard deviation `scale`.
+   */
+  SW_PS_INIT_NORMAL = 2,
+  /*
+   Normal, mean 0, standard deviation `scale`, values beyond two standard deviations
+   drawn again (TensorFlow's `truncated_normal`).
+   */
+  SW_PS_INIT_TRUNCATED_NORMAL = 3,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_ps_init_kind;
+#endif // __cplusplus
+
+/*
+ How a PS table applies a gradient row `g` to a row `w`: the `kind` of
+ `sw_ps_optimizer`.
+ */
+enum sw_ps_optimizer_kind
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  /*
+   `w -= lr * g`. No state.
+   */
+  SW_PS_OPTIMIZER_SGD = 0,
+  /*
+   `acc += g * g; w -= lr * g / sqrt(acc)`, `acc` starting at `initial_accumulator`.
+   State: `acc`, one f32 per element.
+   */
+  SW_PS_OPTIMIZER_ADAGRAD = 1,
+  /*
+   Adam with a step count per row (`beta1`, `beta2`, `epsilon`). State: `beta1^t`,
+   `beta2^t`, the first moments, the second moments (`2 + 2 * dim` f32).
+   */
+  SW_PS_OPTIMIZER_ADAM = 2,
+};
+#ifndef __cplusplus
+typedef uint32_t sw_ps_optimizer_kind;
 #endif // __cplusplus
 
 /*
@@ -183,6 +294,42 @@ enum sw_result
    The rendezvous key is already published and not yet received.
    */
   SW_ERR_ALREADY_PUBLISHED = 14,
+  /*
+   A checkpoint could not be read or written: a system call failed (the message names
+   the file, the step and the system's error; a checkpoint that is not there fails
+   opening it).
+   */
+  SW_ERR_CHECKPOINT_IO = 15,
+  /*
+   The file is not a table checkpoint (it does not start with the magic).
+   */
+  SW_ERR_NOT_A_CHECKPOINT = 16,
+  /*
+   The checkpoint has a format version this build does not read.
+   */
+  SW_ERR_CHECKPOINT_VERSION = 17,
+  /*
+   The checkpoint ends early.
+   */
+  SW_ERR_CHECKPOINT_TRUNCATED = 18,
+  /*
+   A checksum or a count of the checkpoint does not match: the file was damaged.
+   */
+  SW_ERR_CHECKPOINT_CORRUPTED = 19,
+  /*
+   The checkpoint holds rows of another shape (table id, dim, stored format, optimizer
+   state) than the table's settings.
+   */
+  SW_ERR_CHECKPOINT_SHAPE = 20,
+  /*
+   The table of a checkpoint could not be built, or refused its rows (a row cap below
+   the file's rows).
+   */
+  SW_ERR_CHECKPOINT_TABLE = 21,
+  /*
+   The table refused new rows: it is at its row cap, or out of memory.
+   */
+  SW_ERR_TABLE_FULL = 22,
 };
 #ifndef __cplusplus
 typedef uint32_t sw_result;
@@ -192,8 +339,34 @@ typedef uint32_t sw_result;
  A thread's way to submit requests. Used by one thread at a time (a client of the
  runtime's loops may move between threads; an embedded one stays on the thread that made
  it); make one per submitting thread.
+
+ Every request function takes its peer as a string: `host:port`, or `task@host:port`
+ (`ps:1@10.0.0.2:5555`, as `sw_resolver_peer` writes it) so that its errors name the task
+ (`sw_last_error_task`) even when no connection to it was ever made.
+
+ A peer that cannot be reached: a connect attempt, and after a failed one (refused, no
+ route to host) another, `STARWIRE_CONNECT_RETRIES` times (default 8), retry n (from 0)
+ after `STARWIRE_CONNECT_BACKOFF_MS` (default 10) doubled n times, at most 2 s: with the
+ defaults 10, 20, 40, ... 1280 ms, 2.55 s in all. An attempt the peer does not answer at
+ all is given up after `STARWIRE_HANDSHAKE_TIMEOUT_MS` (default 5000), without more
+ retries. So a request with `timeout_ms` 0 (no deadline) to a peer that cannot be
+ reached fails with `SW_ERR_CONNECT_FAILED` after about 2.55 s when nothing listens at
+ its address, 5 s when its host does not answer, and within 47.55 s in any case (2.55 s
+ plus 5 s for each of the 9 attempts); its message says where, how often, for how long
+ and why (`could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s:
+ connection refused`; the reason's `errno` is `sw_last_error_os_error`). A `timeout_ms`
+ cuts it short: `SW_ERR_TIMEOUT`, saying it was still connecting and why the last attempt
+ failed (`deadline exceeded while connecting to ps:1 (10.0.0.2:5555): connection refused
+ (attempt 3)`).
  */
 typedef struct sw_client sw_client;
+
+/*
+ starwire's PS table: rows and their optimizer state in one slot of a huge-page arena, a
+ lock-free index, no lock and no allocation on the pull and push path. Shared: a runtime
+ serving it keeps its own reference, and freeing the handle drops one.
+ */
+typedef struct sw_ps_table sw_ps_table;
 
 /*
  The answer to a request: per item, a tensor or a status (a pull or recv); per item, a
@@ -233,7 +406,7 @@ typedef struct sw_table sw_table;
 typedef struct sw_tensor sw_tensor;
 
 /*
- How a reference in-memory table creates rows.
+ How the small in-memory table creates rows.
  */
 typedef struct sw_init {
   /*
@@ -251,7 +424,7 @@ typedef struct sw_init {
 } sw_init;
 
 /*
- How a reference in-memory table applies gradients.
+ How the small in-memory table applies gradients.
  */
 typedef struct sw_optimizer {
   /*
@@ -268,6 +441,321 @@ typedef struct sw_optimizer {
    */
   float initial_accumulator;
 } sw_optimizer;
+
+/*
+ The values of a PS table's new rows.
+ */
+typedef struct sw_ps_init {
+  /*
+   A `sw_ps_init_kind`.
+   */
+  uint32_t kind;
+  /*
+   Half-width of the uniform range, or the normal's standard deviation (finite, at
+   least 0). Unused for zeros.
+   */
+  float scale;
+  /*
+   Selects the values. Unused for zeros.
+   */
+  uint64_t seed;
+} sw_ps_init;
+
+/*
+ How a PS table applies gradients.
+ */
+typedef struct sw_ps_optimizer {
+  /*
+   A `sw_ps_optimizer_kind`.
+   */
+  uint32_t kind;
+  /*
+   Learning rate (finite).
+   */
+  float lr;
+  /*
+   Adagrad: each element's squared-gradient sum when its row is created (finite, above
+   0). Otherwise unused.
+   */
+  float initial_accumulator;
+  /*
+   Adam: decay of the first moment, in `[0, 1)`. Otherwise unused.
+   */
+  float beta1;
+  /*
+   Adam: decay of the second moment, in `[0, 1)`. Otherwise unused.
+   */
+  float beta2;
+  /*
+   Adam: added to the denominator (finite, above 0). Otherwise unused.
+   */
+  float epsilon;
+} sw_ps_optimizer;
+
+/*
+ The settings of a PS table (`sw_ps_table_new`, `sw_ps_table_load`). Start from
+ `sw_ps_table_config_default(dim)` and change what differs: every field has a meaning at
+ 0, but not always the default one.
+ */
+typedef struct sw_ps_table_config {
+  /*
+   The table's number: it selects the initializer's values (two tables with one seed
+   start with different rows) and names its checkpoint file (`sw_checkpoint_file`).
+   Serve the table under the same id. Default 0.
+   */
+  uint32_t table_id;
+  /*
+   Elements per row, 1 to 2^20.
+   */
+  size_t dim;
+  /*
+   Element format in memory, as a wire dtype code: 10 float32 (default), 7 bfloat16,
+   6 float16 (both halve the rows' memory; optimizer state stays float32).
+   */
+  uint8_t stored;
+  /*
+   Element format of pulled rows and pushed gradients (the dtype clients use): 10
+   float32 (default), or the `stored` code (a pull is then a plain copy).
+   */
+  uint8_t served;
+  /*
+   Values of new rows. Default zeros.
+   */
+  struct sw_ps_init init;
+  /*
+   How gradients apply. Default SGD with `lr` 0.01 (and, should the kind be changed,
+   Adagrad's `initial_accumulator` 0.1, Adam's 0.9, 0.999 and 1e-8).
+   */
+  struct sw_ps_optimizer optimizer;
+  /*
+   Which calls create rows, a `sw_ps_create`. Default on pull or push.
+   */
+  uint32_t create;
+  /*
+   Sightings of an id by calls that may create its row before the row is created, 1
+   to 255 (1: at once, the default). Before that a pull answers it missing and a
+   push's gradient is dropped.
+   */
+  uint32_t admit_after;
+  /*
+   Counters (bytes) of the sketch that counts sightings, at least 128 when
+   `admit_after` is above 1. Default 2^20.
+   */
+  size_t admission_counters;
+  /*
+   Evicts rows untouched for this many ticks of the table's clock
+   (`sw_ps_table_advance_clock`), 1 to 32767, in `sw_ps_table_maintain`; 0: never (the
+   default).
+   */
+  uint32_t evict_untouched;
+  /*
+   Row cap: at it new rows are refused, over 95 % of it `sw_ps_table_maintain` evicts
+   the least recently touched down to 90 %; also bounds the address space reserved. 0:
+   no cap but the table's largest, 2^32 - 3 rows (the default).
+   */
+  uint64_t max_rows;
+  /*
+   Rows expected: the index is sized for them from the start (growth past it works the
+   same). Default 0.
+   */
+  uint64_t capacity;
+  /*
+   A `sw_ps_consistency`. Default Hogwild.
+   */
+  uint32_t consistency;
+  /*
+   Locks of `SW_PS_PER_ROW` (rounded up to a power of two). Default 16384.
+   */
+  size_t row_locks;
+  /*
+   Whether to advise transparent huge pages on the table's memory (what the kernel did
+   is in `sw_ps_table_report`). Default true.
+   */
+  bool huge_pages;
+  /*
+   One row in this many pulled or pushed is sampled for the hottest ids
+   (`sw_ps_table_metrics`); 0: no sampling. Default 128.
+   */
+  uint32_t hot_sample_every;
+  /*
+   Whether `sw_ps_table_save` writes around the page cache (`O_DIRECT`) where the file
+   system allows it. Default true.
+   */
+  bool checkpoint_direct_io;
+} sw_ps_table_config;
+
+/*
+ What `sw_ps_table_save` wrote, and how long it took.
+ */
+typedef struct sw_save_report {
+  /*
+   Rows saved.
+   */
+  uint64_t rows;
+  /*
+   Bytes of the file.
+   */
+  uint64_t bytes;
+  /*
+   Seconds from start to the file in place.
+   */
+  double seconds;
+  /*
+   Of which in write calls.
+   */
+  double writing_seconds;
+  /*
+   Of which waiting for the disk (`fsync`).
+   */
+  double syncing_seconds;
+  /*
+   Whether rows went to the disk around the page cache (`O_DIRECT`).
+   */
+  bool direct_io;
+} sw_save_report;
+
+/*
+ A table's counters and state at one moment. Counters count from the table's creation;
+ `rows`, the bytes and `clock` are the state when read.
+ */
+typedef struct sw_table_metrics {
+  /*
+   Rows stored.
+   */
+  uint64_t rows;
+  /*
+   Bytes of the rows and their optimizer state.
+   */
+  uint64_t data_bytes;
+  /*
+   Bytes of memory the table uses: slots handed out, index levels in use, fixed parts.
+   */
+  uint64_t memory_bytes;
+  /*
+   Bytes of memory committed (what `memory_bytes` counts, slots committed ahead, index
+   memory not given back yet).
+   */
+  uint64_t committed_bytes;
+  /*
+   Entries of the index level in use.
+   */
+  uint64_t index_capacity;
+  /*
+   Pull calls.
+   */
+  uint64_t pulls;
+  /*
+   Push calls.
+   */
+  uint64_t pushes;
+  /*
+   Rows pulled.
+   */
+  uint64_t pulled_rows;
+  /*
+   Rows pulled that the table does not have (answered missing).
+   */
+  uint64_t missing;
+  /*
+   Rows pushed (applied or dropped).
+   */
+  uint64_t pushed_rows;
+  /*
+   Pushed rows dropped: their row does not exist and was not created.
+   */
+  uint64_t dropped_pushes;
+  /*
+   Rows created by pulls and pushes.
+   */
+  uint64_t created;
+  /*
+   Rows written by bulk loads and checkpoint loads.
+   */
+  uint64_t loaded;
+  /*
+   Sightings of ids not admitted yet.
+   */
+  uint64_t not_admitted;
+  /*
+   Rows not created because the table was full (row cap, or memory).
+   */
+  uint64_t refused;
+  /*
+   Rows evicted as untouched for `evict_untouched` ticks.
+   */
+  uint64_t evicted_untouched;
+  /*
+   Rows evicted to bring the table under its row cap.
+   */
+  uint64_t evicted_over_cap;
+  /*
+   Index levels built (growths, and rebuilds that clear evicted entries).
+   */
+  uint64_t index_builds;
+  /*
+   The table's clock.
+   */
+  uint64_t clock;
+  /*
+   One row in this many is sampled for the hottest ids (0: off).
+   */
+  uint32_t hot_sample_every;
+} sw_table_metrics;
+
+/*
+ An id among the hottest of a table, and how often it was sampled (roughly its pulls and
+ pushes over `hot_sample_every`, since the counts last halved in `sw_ps_table_maintain`).
+ */
+typedef struct sw_hot_id {
+  /*
+   The row's id.
+   */
+  uint64_t id;
+  /*
+   Times it was sampled.
+   */
+  uint64_t sampled;
+} sw_hot_id;
+
+/*
+ What one `sw_ps_table_maintain` did.
+ */
+typedef struct sw_maintain_report {
+  /*
+   Index housekeeping steps run.
+   */
+  uint64_t index_steps;
+  /*
+   Slots of evicted rows made reusable.
+   */
+  uint64_t slots_reused;
+  /*
+   Slots of evicted rows still waiting for calls that may see them to end.
+   */
+  uint64_t slots_waiting;
+  /*
+   Rows evicted as untouched for `evict_untouched` ticks.
+   */
+  uint64_t evicted_untouched;
+  /*
+   Rows evicted to bring the table under its row cap.
+   */
+  uint64_t evicted_over_cap;
+} sw_maintain_report;
+
+/*
+ What `sw_ps_table_load_rows` did.
+ */
+typedef struct sw_load_report {
+  /*
+   Rows created.
+   */
+  uint64_t created;
+  /*
+   Rows that existed and were overwritten.
+   */
+  uint64_t overwritten;
+} sw_load_report;
 
 /*
  A PS task's service, as C callbacks. They run on a loop thread (or a handler thread when
@@ -391,8 +879,9 @@ typedef struct sw_runtime_options {
    */
   const uint32_t *table_ids;
   /*
-   The tables, in the order of `table_ids` (from `sw_mem_table_new` or `sw_table_new`). The runtime keeps
-   its own references: the caller may free its handles once `sw_runtime_new` returns.
+   The tables, in the order of `table_ids` (`sw_ps_table_as_table` of a PS table,
+   `sw_mem_table_new`, `sw_table_new`). The runtime keeps its own references: the
+   caller may free its handles once `sw_runtime_new` returns.
    */
   const struct sw_table *const *tables;
   /*
@@ -599,6 +1088,26 @@ uint32_t sw_last_error_status(void);
 const char *sw_last_error_remote(void);
 
 /*
+ For this thread's last failed call, when it was a request's: the name of the peer's task
+ (`ps:1`), when it is known — the request named the peer `task@host:port`
+ (`sw_resolver_peer`), or a handshake with the peer named it. A NUL-terminated string
+ owned by starwire, valid until the next starwire call on this thread; empty otherwise.
+ */
+const char *sw_last_error_task(void);
+
+/*
+ For this thread's last failed call, when it was a request's: the operating system's
+ reason, an `errno` value (`ECONNREFUSED`: nothing listens at the peer's address;
+ `EHOSTUNREACH`; `ETIMEDOUT`: the peer did not answer the connect within
+ `STARWIRE_HANDSHAKE_TIMEOUT_MS`). For `SW_ERR_CONNECT_FAILED`, why the last connect
+ attempt failed; for `SW_ERR_TIMEOUT` while the connection was still being retried, why
+ the last attempt before the deadline failed; for `SW_ERR_CONNECTION_LOST`, the socket
+ error that lost it. 0 when there is none. `strerror` gives its text; the message
+ (`sw_last_error`) has it too.
+ */
+int32_t sw_last_error_os_error(void);
+
+/*
  The starwire version as a NUL-terminated C string with static lifetime.
  */
 const char *starwire_version(void);
@@ -733,10 +1242,12 @@ uint64_t sw_tensor_byte_len(const struct sw_tensor *t);
 bool sw_tensor_is_dead(const struct sw_tensor *t);
 
 /*
- Creates the reference in-memory table: rows of `dim` float32 (dtype 10, row shape
- `{dim}`), created as `init` says and updated by `optimizer`; safe to serve from every
- loop at once. Serve it by giving it to `sw_runtime_options.tables`. On `SW_OK`, `*out` is
- a new handle the caller frees with `sw_table_free`.
+ Creates the small in-memory table: rows of `dim` float32 (dtype 10, row shape `{dim}`)
+ in mutex-guarded shards of a hash map, created as `init` says and updated by
+ `optimizer`; safe to serve from every loop at once. A simple table, kept to compare
+ with: a PS serves the PS table (`sw_ps_table_new`), which is faster, bounds its memory
+ and saves checkpoints. Serve it by giving it to `sw_runtime_options.tables`. On `SW_OK`,
+ `*out` is a new handle the caller frees with `sw_table_free`.
 
  Fails with `SW_ERR_INVALID_ARGUMENT` for a `dim` of 0 or above 2^32 - 1, an unknown
  kind, or a parameter out of range (see `sw_init` and `sw_optimizer`).
@@ -756,6 +1267,237 @@ sw_result sw_mem_table_new(size_t dim,
  `t` is NULL or a handle from starwire not freed before.
  */
 void sw_table_free(struct sw_table *t);
+
+/*
+ The default settings of a PS table of rows of `dim` elements (see each field of
+ `sw_ps_table_config`): float32 stored and served, zeros, SGD with learning rate 0.01,
+ rows created by pulls and pushes at their first sighting, no eviction, no row cap,
+ Hogwild, huge pages advised, one row in 128 sampled for the hottest ids, checkpoints
+ written around the page cache; table id 0.
+ */
+struct sw_ps_table_config sw_ps_table_config_default(size_t dim);
+
+/*
+ Creates an empty PS table with the settings of `config` (see `sw_ps_table_config`;
+ start from `sw_ps_table_config_default`). Serve it by giving `sw_ps_table_as_table(t)`
+ to `sw_runtime_options.tables`, under `config->table_id`. On `SW_OK`, `*out` is a new
+ handle the caller frees with `sw_ps_table_free`.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` naming a setting out of range, or the memory that
+ could not be reserved.
+
+ # Safety
+ `config` points at a config; `out` is writable.
+ */
+sw_result sw_ps_table_new(const struct sw_ps_table_config *config, struct sw_ps_table **out);
+
+/*
+ Creates a PS table with the settings of `config` holding the rows of its checkpoint in
+ folder `dir` (the file `sw_checkpoint_file` names for `config->table_id`, written by
+ `sw_ps_table_save`), and the table's clock. Optimizer parameters (learning rate, ...)
+ are `config`'s; the file's shape (table id, `dim`, stored format, optimizer state) must
+ be. On `SW_OK`, `*out` is a new handle the caller frees with `sw_ps_table_free`.
+
+ Fails, having built no table, with `SW_ERR_INVALID_ARGUMENT` for a setting out of range,
+ or with a checkpoint code: `SW_ERR_CHECKPOINT_IO` (the file cannot be opened or read;
+ a missing file too), `SW_ERR_NOT_A_CHECKPOINT`, `SW_ERR_CHECKPOINT_VERSION`,
+ `SW_ERR_CHECKPOINT_TRUNCATED`, `SW_ERR_CHECKPOINT_CORRUPTED`, `SW_ERR_CHECKPOINT_SHAPE`
+ or `SW_ERR_CHECKPOINT_TABLE` (a row cap below the file's rows); the message names the
+ file and what is wrong.
+
+ # Safety
+ `config` points at a config; `dir` is a NUL-terminated string; `out` is writable.
+ */
+sw_result sw_ps_table_load(const struct sw_ps_table_config *config,
+                           const char *dir,
+                           struct sw_ps_table **out);
+
+/*
+ Releases a PS table handle (a runtime serving the table keeps serving it). NULL is
+ ignored.
+
+ # Safety
+ `t` is NULL or a handle from `sw_ps_table_new` or `sw_ps_table_load` not freed before.
+ */
+void sw_ps_table_free(struct sw_ps_table *t);
+
+/*
+ The table as a `sw_table`, for `sw_runtime_options.tables` (the runtime keeps its own
+ reference to the table). The pointer is `t`'s: valid until `t` is freed, and not to be
+ freed itself. NULL for NULL.
+
+ # Safety
+ `t` is NULL or a live PS table.
+ */
+const struct sw_table *sw_ps_table_as_table(const struct sw_ps_table *t);
+
+/*
+ The table's number (0 for NULL).
+
+ # Safety
+ `t` is NULL or a live PS table.
+ */
+uint32_t sw_ps_table_id(const struct sw_ps_table *t);
+
+/*
+ Elements per row (0 for NULL).
+
+ # Safety
+ `t` is NULL or a live PS table.
+ */
+size_t sw_ps_table_dim(const struct sw_ps_table *t);
+
+/*
+ Float32 values of optimizer state per row (0 for SGD, `dim` for Adagrad, `2 + 2 *
+ dim` for Adam; 0 for NULL): the `state` of `sw_ps_table_load_rows` and
+ `sw_ps_table_export_rows` holds this many per row.
+
+ # Safety
+ `t` is NULL or a live PS table.
+ */
+size_t sw_ps_table_state_len(const struct sw_ps_table *t);
+
+/*
+ Rows stored now (0 for NULL).
+
+ # Safety
+ `t` is NULL or a live PS table.
+ */
+uint64_t sw_ps_table_len(const struct sw_ps_table *t);
+
+/*
+ The table's clock: the ticks `evict_untouched` counts (0 for NULL).
+
+ # Safety
+ `t` is NULL or a live PS table.
+ */
+uint64_t sw_ps_table_clock(const struct sw_ps_table *t);
+
+/*
+ Advances the table's clock by one tick (per training step, per minute: the caller's
+ choice) and returns the new value (0 for NULL, which does nothing). A row pulled or
+ pushed is stamped with the clock; `sw_ps_table_maintain` evicts the rows untouched for
+ `evict_untouched` ticks.
+
+ # Safety
+ `t` is NULL or a live PS table.
+ */
+uint64_t sw_ps_table_advance_clock(const struct sw_ps_table *t);
+
+/*
+ Writes to `out` the NUL-terminated file name of table `table_id`'s checkpoint in a
+ checkpoint folder (`table-<id>.swrows`). `out` has room for `capacity` bytes (32
+ always suffice). Fails with `SW_ERR_INVALID_ARGUMENT` when `capacity` is too small.
+
+ # Safety
+ `out` has room for `capacity` bytes.
+ */
+sw_result sw_checkpoint_file(uint32_t table_id, char *out, size_t capacity);
+
+/*
+ Saves the table into folder `dir` (created if missing) as the file
+ `sw_checkpoint_file` names for its id, atomically (written aside, flushed, renamed
+ into place: a reader sees the old file or the new one whole), while the table goes on
+ serving (a fuzzy snapshot: rows pushed meanwhile may be saved before or after). On
+ `SW_OK`, `*out` says what was written. Fails with `SW_ERR_CHECKPOINT_IO` naming the file
+ and the step that failed; no file is then left in place of the checkpoint.
+
+ # Safety
+ `t` is a live PS table; `dir` a NUL-terminated string; `out` writable.
+ */
+sw_result sw_ps_table_save(const struct sw_ps_table *t,
+                           const char *dir,
+                           struct sw_save_report *out);
+
+/*
+ Writes to `*out` one line saying how the table is laid out and what it got from the
+ kernel (`table 1: 16 x F32 (served F32), adagrad; slot 136 B ...; huge pages: advised
+ (THP mode madvise)`), for a PS's start-up report. The caller frees it with
+ `sw_string_free`.
+
+ # Safety
+ `t` is a live PS table; `out` writable.
+ */
+sw_result sw_ps_table_report(const struct sw_ps_table *t, char **out);
+
+/*
+ Writes the table's counters and state to `*out`, and its hottest ids sampled, hottest
+ first, to `hot` (room for `hot_capacity`; NULL when 0), their number to `*n_hot` (fewer
+ when fewer were sampled; 0 with sampling off).
+
+ # Safety
+ `t` is a live PS table; `out` and `n_hot` writable; `hot` NULL or room for
+ `hot_capacity` entries.
+ */
+sw_result sw_ps_table_metrics(const struct sw_ps_table *t,
+                              struct sw_table_metrics *out,
+                              struct sw_hot_id *hot,
+                              size_t hot_capacity,
+                              size_t *n_hot);
+
+/*
+ Upkeep off the row path, while loops serve the table: finishes index work under way,
+ makes the slots of evicted rows reusable once no call can see them, evicts rows
+ untouched for `evict_untouched` ticks and, over 95 % of the row cap, the least recently
+ touched down to 90 %; halves the hot-id counts. A runtime serving the table runs it on a
+ thread of its own every `STARWIRE_TABLE_UPKEEP_MS` (1 s by default); call it for a table
+ no runtime serves, or to see what a pass does. Concurrent calls take turns. On `SW_OK`,
+ `*out` says what it did.
+
+ # Safety
+ `t` is a live PS table; `out` writable.
+ */
+sw_result sw_ps_table_maintain(const struct sw_ps_table *t, struct sw_maintain_report *out);
+
+/*
+ Writes rows by id: row `i` of `values` (`dim` float32 each, `values_len == n * dim`)
+ becomes the row of `ids[i]`, created if absent (whatever `create` and `admit_after`
+ say) or overwritten; values are converted to the stored format. With `state`
+ (`state_len == n * sw_ps_table_state_len(t)` float32) the optimizer state is set too;
+ without (NULL, 0), a created row gets the initial state and an existing row keeps its
+ own. Safe while loops serve the table. On `SW_OK`, `*out` counts what was created and
+ overwritten.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for a length that does not fit (nothing written),
+ or `SW_ERR_TABLE_FULL` when the table refused a new row (its row cap, or memory): the
+ rows before it were written, as the message says.
+
+ # Safety
+ `t` is a live PS table; `ids` holds `n` ids, `values` `values_len` floats, `state`
+ `state_len` floats (NULL when 0); `out` writable.
+ */
+sw_result sw_ps_table_load_rows(const struct sw_ps_table *t,
+                                const uint64_t *ids,
+                                size_t n,
+                                const float *values,
+                                size_t values_len,
+                                const float *state,
+                                size_t state_len,
+                                struct sw_load_report *out);
+
+/*
+ Reads rows by id, creating nothing: row `i` of `values` (`dim` float32 each,
+ `values_len == n * dim`) gets the row of `ids[i]` as float32, and with `state`
+ (`state_len == n * sw_ps_table_state_len(t)`; NULL and 0 for none) its optimizer
+ state. An id without a row reads as zeros and its position goes to `missing` (room for
+ `n`), their number to `*n_missing`. Safe while loops serve the table.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for a length that does not fit.
+
+ # Safety
+ `t` is a live PS table; `ids` holds `n` ids; `values` room for `values_len` floats,
+ `state` for `state_len` (NULL when 0), `missing` for `n` positions (NULL when `n` is
+ 0); `n_missing` writable.
+ */
+sw_result sw_ps_table_export_rows(const struct sw_ps_table *t,
+                                  const uint64_t *ids,
+                                  size_t n,
+                                  float *values,
+                                  size_t values_len,
+                                  float *state,
+                                  size_t state_len,
+                                  uint32_t *missing,
+                                  size_t *n_missing);
 
 /*
  Starts a runtime. On `SW_OK`, `*out` is a runtime the caller stops with
@@ -879,6 +1621,20 @@ sw_result sw_reply_missing(const struct sw_reply *r,
                            size_t *count);
 
 /*
+ What the peer said about the tables of a rows pull it refused, when it answered some of
+ the request's tables and refused others with a reason: `"no table 9 on this task (this
+ task serves table 1)"`, `"table 1 holds f32 [16] rows; the request asked for f32 [8]"`,
+ one clause per refused table, whose `sw_reply_status` is not 0. A NUL-terminated string
+ owned by the reply, valid until `sw_reply_free`; empty when the peer said nothing, for
+ other replies, and for NULL. (A pull whose every table was refused fails as a whole
+ instead, with these words in `sw_last_error_remote`.)
+
+ # Safety
+ `r` is NULL or a live reply.
+ */
+const char *sw_reply_refusal(const struct sw_reply *r);
+
+/*
  Releases a reply and the tensors it still holds. NULL is ignored.
 
  # Safety
@@ -961,7 +1717,9 @@ sw_result sw_client_new_with_callback(const struct sw_runtime *rt,
 void sw_client_free(struct sw_client *c);
 
 /*
- Pings `peer` (`host:port`) with `payload` bytes. `timeout_ms` 0: no deadline. On `SW_OK`,
+ Pings `peer` (`host:port` or `task@host:port`) with `payload` bytes. `timeout_ms` 0: no
+ deadline (a peer that cannot be reached fails after the connect retries: see
+ `sw_client`). On `SW_OK`,
  `*tag` names the request.
 
  # Safety
@@ -1271,6 +2029,50 @@ sw_result sw_table_new(uint8_t dtype,
                        struct sw_table **out);
 
 /*
+ Asks `peer` (`host:port`) to save the tables it serves (a `CHECKPOINT` request): it
+ writes one file per table into its own checkpoint directory (its setting
+ `STARWIRE_CHECKPOINT_DIR`, never named by the requester), each atomically while the
+ table serves, then the manifest `checkpoint.json`. The reply has one tensor (dtype `U8`,
+ rank 1) holding the manifest, a JSON document naming each table's file, rows and bytes,
+ not NUL-terminated (`sw_client_checkpoint_wait` gives it as a string).
+
+ The request fails with `SW_ERR_REMOTE` and, in `sw_last_error_status` and
+ `sw_last_error_remote`, the peer's status and words: `UNIMPLEMENTED` (9) when the peer
+ has no checkpoint directory or nothing it can save, `UNAVAILABLE` (10) when it is saving
+ already with two more checkpoints queued (retry later), `INTERNAL` (8) naming each
+ table that failed to save and why (its previous manifest stays in place). Saving takes
+ about a second per GB of table: give a `timeout_ms` to match (0: no deadline).
+
+ # Safety
+ `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
+ writable.
+ */
+sw_result sw_client_checkpoint(struct sw_client *c,
+                               const char *peer,
+                               uint64_t timeout_ms,
+                               uint64_t *tag);
+
+/*
+ `sw_client_checkpoint`, submitted and waited for in one call: on `SW_OK`, `*manifest`
+ is the peer's manifest as a NUL-terminated JSON document, which the caller frees with
+ `sw_string_free`. Fails as the request does (`SW_ERR_REMOTE` with the peer's status and
+ words, `SW_ERR_TIMEOUT`, `SW_ERR_CONNECT_FAILED`, ...); `*manifest` is then untouched.
+ Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+
+ This is the blocking call of language bindings: one foreign call, and a waiting thread
+ that holds no lock of the caller's runtime (a Python binding releases the GIL around
+ it).
+
+ # Safety
+ `c` is a live client used by this thread only; `peer` a NUL-terminated string;
+ `manifest` writable.
+ */
+sw_result sw_client_checkpoint_wait(struct sw_client *c,
+                                    const char *peer,
+                                    uint64_t timeout_ms,
+                                    char **manifest);
+
+/*
  Writes to `*out` this runtime's counters and per-peer, per-operation metrics (requests
  by outcome, bytes, tensors and rows, latency percentiles and histogram buckets) as a
  NUL-terminated JSON document (`docs/wire-format.md`, section 4.11). The caller frees it
@@ -1293,7 +2095,8 @@ sw_result sw_runtime_metrics_json(const struct sw_runtime *rt, char **out);
 sw_result sw_runtime_trace_json(const struct sw_runtime *rt, char **out);
 
 /*
- Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`).
+ Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`,
+ `sw_ps_table_report`, `sw_client_checkpoint_wait`).
  NULL is ignored.
 
  # Safety
@@ -1344,8 +2147,9 @@ void sw_resolver_free(struct sw_resolver *r);
 /*
  The address of `target` (`ps:0`, `/job:ps/task:0`, `/job:ps/replica:0/task:0`, or a
  `host:port`, a host name looked up now), written to `out` as a NUL-terminated
- `host:port` the request functions take. `out` has room for `capacity` bytes (64
- always suffice). Fails with `SW_ERR_INVALID_ARGUMENT` saying why the target does not
+ `host:port` the request functions take (`sw_resolver_peer` writes one that also names
+ the task, for the requests' errors). `out` has room for `capacity` bytes (64 always
+ suffice). Fails with `SW_ERR_INVALID_ARGUMENT` saying why the target does not
  resolve, or when `capacity` is too small.
 
  # Safety
@@ -1356,6 +2160,23 @@ sw_result sw_resolver_resolve(const struct sw_resolver *r,
                               const char *target,
                               char *out,
                               size_t capacity);
+
+/*
+ The peer `target` names (as for `sw_resolver_resolve`), written to `out` as the
+ NUL-terminated string the request functions take: `task@host:port`
+ (`ps:1@10.0.0.2:5555`) when the target is a task name or an address the cluster has a
+ task at, so that the requests' errors name the task; else `host:port`. `out` has room
+ for `capacity` bytes (128 always suffice for a task name of up to 60 bytes). Fails as
+ `sw_resolver_resolve` does.
+
+ # Safety
+ `r` is a live resolver; `target` a NUL-terminated string; `out` has room for `capacity`
+ bytes.
+ */
+sw_result sw_resolver_peer(const struct sw_resolver *r,
+                           const char *target,
+                           char *out,
+                           size_t capacity);
 
 /*
  The number of tasks of `job` in the cluster spec, each of which resolves (`job:0` to
@@ -1369,8 +2190,11 @@ sw_result sw_resolver_tasks(const struct sw_resolver *r, const char *job, size_t
 
 /*
  Creates a sharded table: table `table` of rows of `dtype` shaped `row_dims[0..rank]`,
- PS task `i` at `peers[i]` (`host:port`; resolve task names with `sw_resolver_resolve`)
- holding the ids `partition` gives it. On `SW_OK`, `*out` is a new handle the caller frees
+ PS task `i` at `peers[i]` (`task@host:port` from `sw_resolver_peer`, whose failures then
+ name the task, or `host:port`) holding the ids `partition` gives it. A step's part for
+ a PS that cannot be reached fails alone (`sw_sharded_part`), after the connect retries
+ (about 2.55 s with the defaults when nothing listens there, within 47.55 s in any case;
+ see `sw_client`) unless the step's `timeout_ms` comes first. On `SW_OK`, `*out` is a new handle the caller frees
  with `sw_sharded_free`.
 
  Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an

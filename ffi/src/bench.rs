@@ -8,7 +8,7 @@ use std::time::Instant;
 use starwire::Reply;
 
 use crate::boundary::boundary;
-use crate::cast::{ref_from, try_addr, try_out_slice};
+use crate::cast::{ref_from, try_out_slice, try_peer};
 use crate::client::{client_mut, deadline, sw_client, with_client};
 use crate::result::sw_result::{self, *};
 use crate::result::Failure;
@@ -88,7 +88,7 @@ pub extern "C" fn sw_bench_pull_rows(
             }
         } else if how == sw_bench_pull::SW_BENCH_PULL_RUST as u32 {
             let client = client_mut(c)?;
-            let peer = try_addr!(peer);
+            let peer = try_peer!(peer);
             if client.callback {
                 return Err(Failure::invalid(
                     "a rows pull is waited for with sw_client_wait: not for a client with a callback",

@@ -1,5 +1,5 @@
 //! A table of embedding rows whose rows live on the C side: `sw_table_new` with callbacks,
-//! served by a runtime like the reference in-memory table.
+//! served by a runtime like the tables starwire makes.
 
 use std::ffi::c_void;
 use std::sync::Arc;

@@ -323,3 +323,69 @@ macro_rules! try_addr {
     }};
 }
 pub(crate) use try_addr;
+
+/// The peer string at `$p` (`host:port`, or `task@host:port` as `sw_resolver_peer` writes
+/// it) as a [`starwire::Peer`], or leaves the body as [`try_str!`] does, or with
+/// `SW_ERR_INVALID_ARGUMENT` when it is neither.
+macro_rules! try_peer {
+    ($p:ident) => {
+        $crate::cast::try_peer!($p, stringify!($p))
+    };
+    ($p:expr, $what:expr) => {{
+        let text = $crate::cast::try_str!($p, $what);
+        match $crate::cast::peer_of(text) {
+            Some(peer) => peer,
+            None => {
+                return Err($crate::result::Failure::invalid(format!(
+                    "{} {:?} is not an address (host:port, or task@host:port)",
+                    $what, text
+                )))
+            }
+        }
+    }};
+}
+pub(crate) use try_peer;
+
+/// Named peers a thread keeps, at most: past it the thread's table starts over.
+const NAMED_PEERS_KEPT: usize = 1024;
+
+/// The peer `text` names: `host:port`, or `task@host:port` (a task name, `ps:1` or
+/// `/job:ps/task:1`, and its data address), whose errors and metrics then name the task.
+/// A text with a task is parsed once per thread and kept, so that a request naming one
+/// neither allocates nor locks.
+pub(crate) fn peer_of(text: &str) -> Option<starwire::Peer> {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use starwire::cluster::TaskId;
+    use starwire::Peer;
+
+    thread_local! {
+        static NAMED: RefCell<HashMap<Box<str>, Peer>> = RefCell::new(HashMap::new());
+    }
+    let Some((task, addr)) = text.split_once('@') else {
+        return text.parse().ok().map(Peer::new);
+    };
+    NAMED.with(|named| {
+        let mut named = named.borrow_mut();
+        if let Some(&peer) = named.get(text) {
+            return Some(peer);
+        }
+        let task = TaskId::parse(task).ok()?;
+        let peer = Peer::new(addr.parse().ok()?).with_task(&task);
+        if named.len() >= NAMED_PEERS_KEPT {
+            named.clear();
+        }
+        named.insert(text.into(), peer);
+        Some(peer)
+    })
+}
+
+/// The text of `peer` for the request functions: `task@host:port` when it has a task name,
+/// else `host:port`.
+pub(crate) fn peer_text(peer: &starwire::Peer) -> String {
+    match peer.task() {
+        Some(task) => format!("{task}@{}", peer.addr()),
+        None => peer.addr().to_string(),
+    }
+}

@@ -5,19 +5,18 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use starwire::{Completion, Embedded, Error, ErrorKind, Handle, Options};
+use starwire::{Completion, Embedded, Error, ErrorKind, Handle, Options, Peer};
 
 use crate::allocator::{allocator_of, sw_allocator};
 use crate::boundary::boundary;
 use crate::buffers::{lock, Deferred, RowsTargets};
 use crate::cast::{box_from, mut_from, to_boxed, Boxed, Castable};
-use crate::cast::{try_addr, try_mut, try_out, try_ref, try_slice};
+use crate::cast::{try_mut, try_out, try_peer, try_ref, try_slice};
 use crate::reply::{answer, sw_reply};
 use crate::result::sw_result::{self, *};
 use crate::result::{record, Failure};
@@ -27,6 +26,25 @@ use crate::tensor::sw_tensor;
 /// A thread's way to submit requests. Used by one thread at a time (a client of the
 /// runtime's loops may move between threads; an embedded one stays on the thread that made
 /// it); make one per submitting thread.
+///
+/// Every request function takes its peer as a string: `host:port`, or `task@host:port`
+/// (`ps:1@10.0.0.2:5555`, as `sw_resolver_peer` writes it) so that its errors name the task
+/// (`sw_last_error_task`) even when no connection to it was ever made.
+///
+/// A peer that cannot be reached: a connect attempt, and after a failed one (refused, no
+/// route to host) another, `STARWIRE_CONNECT_RETRIES` times (default 8), retry n (from 0)
+/// after `STARWIRE_CONNECT_BACKOFF_MS` (default 10) doubled n times, at most 2 s: with the
+/// defaults 10, 20, 40, ... 1280 ms, 2.55 s in all. An attempt the peer does not answer at
+/// all is given up after `STARWIRE_HANDSHAKE_TIMEOUT_MS` (default 5000), without more
+/// retries. So a request with `timeout_ms` 0 (no deadline) to a peer that cannot be
+/// reached fails with `SW_ERR_CONNECT_FAILED` after about 2.55 s when nothing listens at
+/// its address, 5 s when its host does not answer, and within 47.55 s in any case (2.55 s
+/// plus 5 s for each of the 9 attempts); its message says where, how often, for how long
+/// and why (`could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s:
+/// connection refused`; the reason's `errno` is `sw_last_error_os_error`). A `timeout_ms`
+/// cuts it short: `SW_ERR_TIMEOUT`, saying it was still connecting and why the last attempt
+/// failed (`deadline exceeded while connecting to ps:1 (10.0.0.2:5555): connection refused
+/// (attempt 3)`).
 pub struct sw_client {
     _private: [u8; 0],
 }
@@ -384,10 +402,10 @@ pub(crate) fn submit<E: Into<Failure>>(
     c: *mut sw_client,
     peer: *const c_char,
     tag: *mut u64,
-    send: impl FnOnce(&mut ClientHandle, SocketAddr) -> Result<u64, E>,
+    send: impl FnOnce(&mut ClientHandle, Peer) -> Result<u64, E>,
 ) -> Result<(), Failure> {
     let client = client_mut(c)?;
-    let peer = try_addr!(peer);
+    let peer = try_peer!(peer);
     let tag = try_out!(tag);
     let t = send(client, peer).map_err(Into::into)?;
     client.submitted();
@@ -395,7 +413,9 @@ pub(crate) fn submit<E: Into<Failure>>(
     Ok(())
 }
 
-/// Pings `peer` (`host:port`) with `payload` bytes. `timeout_ms` 0: no deadline. On `SW_OK`,
+/// Pings `peer` (`host:port` or `task@host:port`) with `payload` bytes. `timeout_ms` 0: no
+/// deadline (a peer that cannot be reached fails after the connect retries: see
+/// `sw_client`). On `SW_OK`,
 /// `*tag` names the request.
 ///
 /// # Safety

@@ -1,5 +1,6 @@
 //! C ABI for starwire: runtimes, PS services as C callbacks, tables of embedding rows (the
-//! reference in-memory table) and rows requests into the caller's memory, per-thread client
+//! PS table, with its checkpoints and metrics, and the small in-memory table) and rows
+//! requests into the caller's memory, per-thread client
 //! handles, tensor allocator hooks, the rendezvous, and stats. The header
 //! `include/starwire.h` is generated from this crate by cbindgen (see `cbindgen.toml`;
 //! `tests/header.rs` fails when the committed header drifts from the code).
@@ -13,10 +14,12 @@
 //!
 //! Layout, in the order the header lists the functions: `result` (`sw_result`, the last
 //! error), `version`, then one module per C type: `tensor`, `allocator` (`sw_allocator`,
-//! and the tensor memory C lends), `service`, `table`, `runtime`, `reply`, `client` (every
+//! and the tensor memory C lends), `service`, `table`, `ps_config` and `ps_table` (the PS
+//! table: its settings, and the table), `runtime`, `reply`, `client` (every
 //! `sw_client_*` request goes through its `submit`), `rows` (`sw_rows` and the rows
 //! requests, with `buffers`: the caller's buffers a rows pull receives into), `bench`,
-//! `callback_table`, `metrics`, `resolver`, `sharded`. Below them all, `boundary` (the
+//! `callback_table`, `checkpoint` (the checkpoint request), `metrics`, `resolver`,
+//! `sharded`. Below them all, `boundary` (the
 //! panic boundary every exported body runs inside) and `cast` (the typed pointer casts
 //! through which the exported functions, which have no `unsafe` of their own, reach their
 //! arguments). Imports go one way: `boundary` <- `result` <- `cast` <- the C types, which
@@ -43,6 +46,9 @@ mod allocator;
 mod service;
 mod table;
 
+mod ps_config;
+mod ps_table;
+
 mod runtime;
 
 mod reply;
@@ -54,6 +60,7 @@ mod rows;
 
 mod bench;
 mod callback_table;
+mod checkpoint;
 pub mod metrics;
 mod resolver;
 mod sharded;
@@ -61,7 +68,10 @@ mod sharded;
 pub use allocator::*;
 pub use bench::*;
 pub use callback_table::*;
+pub use checkpoint::*;
 pub use client::*;
+pub use ps_config::*;
+pub use ps_table::*;
 pub use reply::*;
 pub use resolver::*;
 pub use result::*;

@@ -8,7 +8,7 @@ use starwire::cluster::Resolver;
 use starwire::cluster::TfConfig;
 
 use crate::boundary::boundary;
-use crate::cast::{free_box, to_boxed, try_out, try_out_slice, try_ref, try_str};
+use crate::cast::{free_box, peer_text, to_boxed, try_out, try_out_slice, try_ref, try_str};
 use crate::cast::{Boxed, Castable};
 use crate::result::{sw_result, Failure};
 
@@ -103,8 +103,9 @@ pub extern "C" fn sw_resolver_free(r: *mut sw_resolver) {
 
 /// The address of `target` (`ps:0`, `/job:ps/task:0`, `/job:ps/replica:0/task:0`, or a
 /// `host:port`, a host name looked up now), written to `out` as a NUL-terminated
-/// `host:port` the request functions take. `out` has room for `capacity` bytes (64
-/// always suffice). Fails with `SW_ERR_INVALID_ARGUMENT` saying why the target does not
+/// `host:port` the request functions take (`sw_resolver_peer` writes one that also names
+/// the task, for the requests' errors). `out` has room for `capacity` bytes (64 always
+/// suffice). Fails with `SW_ERR_INVALID_ARGUMENT` saying why the target does not
 /// resolve, or when `capacity` is too small.
 ///
 /// # Safety
@@ -123,19 +124,55 @@ pub extern "C" fn sw_resolver_resolve(
         let out = try_out_slice!(out, capacity);
         let peer = r.resolve(target).map_err(resolve_error)?;
         let text = peer.addr().to_string();
-        if text.len() >= capacity {
-            return Err(Failure::invalid(format!(
-                "{text} needs {} bytes and out has {capacity}",
-                text.len() + 1
-            )));
-        }
-        // The text and its NUL: `text.len() + 1 <= capacity` bytes.
-        let bytes = text.bytes().chain([0]);
-        for (o, b) in out.iter_mut().zip(bytes) {
-            o.write(b as c_char);
-        }
-        Ok(())
+        write_text(&text, out, capacity)
     })
+}
+
+/// The peer `target` names (as for `sw_resolver_resolve`), written to `out` as the
+/// NUL-terminated string the request functions take: `task@host:port`
+/// (`ps:1@10.0.0.2:5555`) when the target is a task name or an address the cluster has a
+/// task at, so that the requests' errors name the task; else `host:port`. `out` has room
+/// for `capacity` bytes (128 always suffice for a task name of up to 60 bytes). Fails as
+/// `sw_resolver_resolve` does.
+///
+/// # Safety
+/// `r` is a live resolver; `target` a NUL-terminated string; `out` has room for `capacity`
+/// bytes.
+#[no_mangle]
+pub extern "C" fn sw_resolver_peer(
+    r: *const sw_resolver,
+    target: *const c_char,
+    out: *mut c_char,
+    capacity: usize,
+) -> sw_result {
+    boundary!({
+        let r = try_ref!(r, "resolver");
+        let target = try_str!(target);
+        let out = try_out_slice!(out, capacity);
+        let peer = r.resolve(target).map_err(resolve_error)?;
+        write_text(&peer_text(&peer), out, capacity)
+    })
+}
+
+/// Writes `text` and its NUL into `out` (`capacity` bytes), or fails naming the room it
+/// needs.
+fn write_text(
+    text: &str,
+    out: &mut [std::mem::MaybeUninit<c_char>],
+    capacity: usize,
+) -> Result<(), Failure> {
+    if text.len() >= capacity {
+        return Err(Failure::invalid(format!(
+            "{text} needs {} bytes and out has {capacity}",
+            text.len() + 1
+        )));
+    }
+    // The text and its NUL: `text.len() + 1 <= capacity` bytes.
+    let bytes = text.bytes().chain([0]);
+    for (o, b) in out.iter_mut().zip(bytes) {
+        o.write(b as c_char);
+    }
+    Ok(())
 }
 
 /// The number of tasks of `job` in the cluster spec, each of which resolves (`job:0` to

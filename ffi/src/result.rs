@@ -44,17 +44,40 @@ pub enum sw_result {
     SW_ERR_PANIC = 13,
     /// The rendezvous key is already published and not yet received.
     SW_ERR_ALREADY_PUBLISHED = 14,
+    /// A checkpoint could not be read or written: a system call failed (the message names
+    /// the file, the step and the system's error; a checkpoint that is not there fails
+    /// opening it).
+    SW_ERR_CHECKPOINT_IO = 15,
+    /// The file is not a table checkpoint (it does not start with the magic).
+    SW_ERR_NOT_A_CHECKPOINT = 16,
+    /// The checkpoint has a format version this build does not read.
+    SW_ERR_CHECKPOINT_VERSION = 17,
+    /// The checkpoint ends early.
+    SW_ERR_CHECKPOINT_TRUNCATED = 18,
+    /// A checksum or a count of the checkpoint does not match: the file was damaged.
+    SW_ERR_CHECKPOINT_CORRUPTED = 19,
+    /// The checkpoint holds rows of another shape (table id, dim, stored format, optimizer
+    /// state) than the table's settings.
+    SW_ERR_CHECKPOINT_SHAPE = 20,
+    /// The table of a checkpoint could not be built, or refused its rows (a row cap below
+    /// the file's rows).
+    SW_ERR_CHECKPOINT_TABLE = 21,
+    /// The table refused new rows: it is at its row cap, or out of memory.
+    SW_ERR_TABLE_FULL = 22,
 }
 
 use sw_result::*;
 
-/// A failure: its code and message, and for an error the peer reported (`SW_ERR_REMOTE`,
-/// `SW_ERR_REFUSED`), its wire status and the peer's own message.
+/// A failure: its code and message, for an error the peer reported (`SW_ERR_REMOTE`,
+/// `SW_ERR_REFUSED`) its wire status and the peer's own message, and for a request's error
+/// the peer's task name and the operating system's reason (`errno`), where known.
 #[derive(Clone)]
 pub(crate) struct Failure {
     pub(crate) code: sw_result,
     pub(crate) msg: String,
     pub(crate) remote: Option<(u32, String)>,
+    pub(crate) task: Option<String>,
+    pub(crate) os_error: i32,
 }
 
 impl Failure {
@@ -63,6 +86,8 @@ impl Failure {
             code,
             msg: msg.into(),
             remote: None,
+            task: None,
+            os_error: 0,
         }
     }
 
@@ -85,6 +110,8 @@ impl Failure {
                 msg: e.message.to_string_lossy().into_owned(),
                 remote: (e.status != 0)
                     .then(|| (e.status, e.remote.to_string_lossy().into_owned())),
+                task: (!e.task.is_empty()).then(|| e.task.to_string_lossy().into_owned()),
+                os_error: e.os_error,
             }
         })
     }
@@ -116,6 +143,8 @@ impl From<Error> for Failure {
             code,
             msg: e.to_string(),
             remote,
+            task: e.task().map(str::to_owned),
+            os_error: e.os_error().map_or(0, |o| o.raw_os_error()),
         }
     }
 }
@@ -144,12 +173,15 @@ impl Outcome for Result<(), Failure> {
     }
 }
 
-/// What `sw_last_error`, `sw_last_error_status` and `sw_last_error_remote` give.
+/// What `sw_last_error`, `sw_last_error_status`, `sw_last_error_remote`,
+/// `sw_last_error_task` and `sw_last_error_os_error` give.
 #[derive(Default)]
 struct LastError {
     message: CString,
     status: u32,
     remote: CString,
+    task: CString,
+    os_error: i32,
 }
 
 thread_local! {
@@ -171,6 +203,8 @@ pub(crate) fn record(f: &Failure) {
         message: c_string(&f.msg),
         status,
         remote,
+        task: c_string(f.task.as_deref().unwrap_or_default()),
+        os_error: f.os_error,
     };
     LAST_ERROR.with(|e| *e.borrow_mut() = last);
 }
@@ -203,6 +237,30 @@ pub extern "C" fn sw_last_error_remote() -> *const c_char {
     })
 }
 
+/// For this thread's last failed call, when it was a request's: the name of the peer's task
+/// (`ps:1`), when it is known — the request named the peer `task@host:port`
+/// (`sw_resolver_peer`), or a handshake with the peer named it. A NUL-terminated string
+/// owned by starwire, valid until the next starwire call on this thread; empty otherwise.
+#[no_mangle]
+pub extern "C" fn sw_last_error_task() -> *const c_char {
+    boundary!(c"".as_ptr(), {
+        LAST_ERROR.with(|e| e.borrow().task.as_ptr())
+    })
+}
+
+/// For this thread's last failed call, when it was a request's: the operating system's
+/// reason, an `errno` value (`ECONNREFUSED`: nothing listens at the peer's address;
+/// `EHOSTUNREACH`; `ETIMEDOUT`: the peer did not answer the connect within
+/// `STARWIRE_HANDSHAKE_TIMEOUT_MS`). For `SW_ERR_CONNECT_FAILED`, why the last connect
+/// attempt failed; for `SW_ERR_TIMEOUT` while the connection was still being retried, why
+/// the last attempt before the deadline failed; for `SW_ERR_CONNECTION_LOST`, the socket
+/// error that lost it. 0 when there is none. `strerror` gives its text; the message
+/// (`sw_last_error`) has it too.
+#[no_mangle]
+pub extern "C" fn sw_last_error_os_error() -> i32 {
+    boundary!(0, { LAST_ERROR.with(|e| e.borrow().os_error) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +284,32 @@ mod tests {
         assert!(last_message().contains("panicked"));
         assert_eq!(boundary!(7, { a_bug_in_a_getter() }), 7);
         assert_eq!(boundary!({ Ok(()) }), SW_OK);
+    }
+
+    #[test]
+    fn a_request_s_error_leaves_its_task_and_reason_until_the_next_failure() {
+        let e = Error::new(ErrorKind::ConnectionLost)
+            .with_peer("127.0.0.1:9".parse().unwrap())
+            .with_task("ps:1")
+            .with_os_error(starwire::OsError::from_raw_os_error(104));
+        let r = boundary!({ Err(Failure::from(e)) });
+        assert_eq!(r, SW_ERR_CONNECTION_LOST);
+        let task = LAST_ERROR.with(|e| e.borrow().task.to_string_lossy().into_owned());
+        assert_eq!((task.as_str(), sw_last_error_os_error()), ("ps:1", 104));
+        assert_eq!(
+            last_message(),
+            "connection to ps:1 (127.0.0.1:9) lost: connection reset by peer"
+        );
+        // Recorded again by an outer call: kept.
+        let again = boundary!({ Err(Failure::again(SW_ERR_CONNECTION_LOST)) });
+        assert_eq!(
+            (again, sw_last_error_os_error()),
+            (SW_ERR_CONNECTION_LOST, 104)
+        );
+        // Another failure: gone.
+        boundary!({ Err(Failure::null("out")) });
+        let task = LAST_ERROR.with(|e| e.borrow().task.to_string_lossy().into_owned());
+        assert_eq!((task.as_str(), sw_last_error_os_error()), ("", 0));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use starwire::{DType, Reply, Status};
 
 use crate::boundary::boundary;
 use crate::buffers::{lock, RowsAllocator, RowsTargets, Target};
-use crate::cast::{try_addr, try_out, try_out_slice, try_ref, try_slice, Castable, Plain};
+use crate::cast::{try_out, try_out_slice, try_peer, try_ref, try_slice, Castable, Plain};
 use crate::client::{client_mut, deadline, submit, sw_client, with_client};
 use crate::result::sw_result::{self, *};
 use crate::result::Failure;
@@ -242,7 +242,7 @@ pub extern "C" fn sw_client_pull_rows_wait(
 ) -> sw_result {
     boundary!({
         let client = client_mut(c)?;
-        let peer = try_addr!(peer);
+        let peer = try_peer!(peer);
         let missing_count = try_out!(missing_count);
         if client.callback {
             return Err(Failure::invalid(

@@ -46,8 +46,9 @@ pub struct sw_runtime_options {
     /// served as table `table_ids[i]`, ids distinct; may be NULL when `n_tables` is 0. A
     /// table not given is answered `NOT_FOUND`.
     pub table_ids: *const u32,
-    /// The tables, in the order of `table_ids` (from `sw_mem_table_new` or `sw_table_new`). The runtime keeps
-    /// its own references: the caller may free its handles once `sw_runtime_new` returns.
+    /// The tables, in the order of `table_ids` (`sw_ps_table_as_table` of a PS table,
+    /// `sw_mem_table_new`, `sw_table_new`). The runtime keeps its own references: the
+    /// caller may free its handles once `sw_runtime_new` returns.
     pub tables: *const *const sw_table,
     /// Number of tables.
     pub n_tables: usize,

@@ -77,6 +77,10 @@ impl Service for CService {
         self.1.get(table)
     }
 
+    fn table_ids(&self) -> Vec<u32> {
+        self.1.ids().collect()
+    }
+
     fn pull(&self, ids: &[u64], out: &mut Vec<Result<Arc<Tensor>, Status>>) {
         let Some(pull) = self.0.pull else {
             out.extend(ids.iter().map(|_| Err(Status::Unimplemented)));
@@ -133,5 +137,27 @@ impl Service for CService {
             )
         };
         statuses.extend(out.into_iter().map(status));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use starwire::rows::PsTable;
+
+    #[test]
+    fn a_c_service_lists_the_tables_it_serves() {
+        // What a checkpoint, the tables' upkeep and STATS go through.
+        let none = sw_service {
+            user_data: std::ptr::null_mut(),
+            pull: None,
+            push: None,
+        };
+        let table =
+            |id| Arc::new(PsTable::builder(2).table_id(id).build().unwrap()) as Arc<dyn Table>;
+        let tables = Tables::new().with(9, table(9)).with(4, table(4));
+        let service = CService(none, tables);
+        assert_eq!(service.table_ids(), [4, 9]);
+        assert!(service.table(4).is_some() && service.table(5).is_none());
     }
 }

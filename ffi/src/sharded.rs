@@ -5,10 +5,10 @@
 use std::ffi::{c_char, c_void};
 
 use starwire::rows::{Partition, MAX_ROW_RANK};
-use starwire::{DType, Peer, Sharded};
+use starwire::{DType, Sharded};
 
 use crate::boundary::boundary;
-use crate::cast::{free_box, to_boxed, try_addr, try_mut, try_out, try_ref, try_slice};
+use crate::cast::{free_box, to_boxed, try_mut, try_out, try_peer, try_ref, try_slice};
 use crate::cast::{try_slice_mut, Boxed, Castable};
 use crate::client::{client_mut, deadline, sw_client, with_client};
 use crate::result::{sw_result, Failure};
@@ -84,8 +84,11 @@ fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
 }
 
 /// Creates a sharded table: table `table` of rows of `dtype` shaped `row_dims[0..rank]`,
-/// PS task `i` at `peers[i]` (`host:port`; resolve task names with `sw_resolver_resolve`)
-/// holding the ids `partition` gives it. On `SW_OK`, `*out` is a new handle the caller frees
+/// PS task `i` at `peers[i]` (`task@host:port` from `sw_resolver_peer`, whose failures then
+/// name the task, or `host:port`) holding the ids `partition` gives it. A step's part for
+/// a PS that cannot be reached fails alone (`sw_sharded_part`), after the connect retries
+/// (about 2.55 s with the defaults when nothing listens there, within 47.55 s in any case;
+/// see `sw_client`) unless the step's `timeout_ms` comes first. On `SW_OK`, `*out` is a new handle the caller frees
 /// with `sw_sharded_free`.
 ///
 /// Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
@@ -114,7 +117,7 @@ pub extern "C" fn sw_sharded_new(
         let peers = texts
             .iter()
             .enumerate()
-            .map(|(i, &p)| Ok(Peer::new(try_addr!(p, format!("peers[{i}]")))))
+            .map(|(i, &p)| Ok(try_peer!(p, format!("peers[{i}]"))))
             .collect::<Result<Vec<_>, Failure>>()?;
         if rank as usize > MAX_ROW_RANK {
             return Err(Failure::invalid(format!(

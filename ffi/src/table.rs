@@ -1,6 +1,7 @@
-//! `sw_table`: a table of embedding rows a PS task serves. The reference in-memory table
-//! is made here (`sw_mem_table_new`), a table of C callbacks in `callback_table.rs`; both
-//! are served by giving them to `sw_runtime_options.tables`.
+//! `sw_table`: a table of embedding rows a PS task serves. The small in-memory table is
+//! made here (`sw_mem_table_new`), the PS table in `ps_table.rs` (`sw_ps_table_as_table`
+//! gives its `sw_table`), a table of C callbacks in `callback_table.rs`; all are served by
+//! giving them to `sw_runtime_options.tables`.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use crate::boundary::boundary;
 use crate::cast::{free_box, to_boxed, try_out, try_ref, try_slice, Boxed, Castable};
 use crate::result::{sw_result, Failure};
 
-/// How a reference in-memory table creates rows: the `kind` of `sw_init`.
+/// How the small in-memory table (`sw_mem_table_new`) creates rows: the `kind` of `sw_init`.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum sw_init_kind {
@@ -25,7 +26,7 @@ pub enum sw_init_kind {
     SW_INIT_UNIFORM = 2,
 }
 
-/// How a reference in-memory table creates rows.
+/// How the small in-memory table creates rows.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct sw_init {
@@ -37,7 +38,7 @@ pub struct sw_init {
     pub seed: u64,
 }
 
-/// How a reference in-memory table applies a gradient row `g` to a row `w`: the `kind` of
+/// How the small in-memory table applies a gradient row `g` to a row `w`: the `kind` of
 /// `sw_optimizer`.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +50,7 @@ pub enum sw_optimizer_kind {
     SW_OPTIMIZER_ADAGRAD = 1,
 }
 
-/// How a reference in-memory table applies gradients.
+/// How the small in-memory table applies gradients.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct sw_optimizer {
@@ -123,10 +124,12 @@ fn optimizer_of(o: sw_optimizer) -> Result<Optimizer, Failure> {
     }
 }
 
-/// Creates the reference in-memory table: rows of `dim` float32 (dtype 10, row shape
-/// `{dim}`), created as `init` says and updated by `optimizer`; safe to serve from every
-/// loop at once. Serve it by giving it to `sw_runtime_options.tables`. On `SW_OK`, `*out` is
-/// a new handle the caller frees with `sw_table_free`.
+/// Creates the small in-memory table: rows of `dim` float32 (dtype 10, row shape `{dim}`)
+/// in mutex-guarded shards of a hash map, created as `init` says and updated by
+/// `optimizer`; safe to serve from every loop at once. A simple table, kept to compare
+/// with: a PS serves the PS table (`sw_ps_table_new`), which is faster, bounds its memory
+/// and saves checkpoints. Serve it by giving it to `sw_runtime_options.tables`. On `SW_OK`,
+/// `*out` is a new handle the caller frees with `sw_table_free`.
 ///
 /// Fails with `SW_ERR_INVALID_ARGUMENT` for a `dim` of 0 or above 2^32 - 1, an unknown
 /// kind, or a parameter out of range (see `sw_init` and `sw_optimizer`).

@@ -976,10 +976,15 @@ fn a_rows_pull_in_one_call_fills_the_buffer_and_reports_the_missing_rows() {
     }
 
     // A table the peer does not serve, or of another shape: SW_ERR_REMOTE with the table's
-    // wire status, and the buffer untouched.
+    // wire status and the peer's words, and the buffer untouched.
     for (table_id, row_dims, status, name) in [
-        (7u32, [2u64], 1u32, "NOT_FOUND"),
-        (0, [3], 7, "INVALID_ARGUMENT"),
+        (7u32, [2u64], 1u32, "no table 7 on this task"),
+        (
+            0,
+            [3],
+            7,
+            "table 0 holds f32 [2] rows; the request asked for f32 [3]",
+        ),
     ] {
         let mut buf = vec![0xabu8; 2 * 4 * row_dims[0] as usize];
         let table = rows(table_id, F32, &row_dims, &ids[..2], &mut buf);

@@ -39,6 +39,35 @@ pub(super) const LOCAL_SPARES_KEPT: usize = 1024;
 /// that is longer (up to 250 µs; a `spin` of 0 parks at once); a
 /// [`Handle`](crate::Handle) spins 20 µs (its loop needs the CPU more) before it parks
 /// until its loop wakes it.
+///
+/// # Unreachable peers
+///
+/// A request to a peer with no open connection waits for one: a connect attempt, and after
+/// a failed attempt (the system's answer: refused, no route to host) another, up to
+/// `connect_retries` times, retry `n` (from 0) after
+/// [`connect_delay`](crate::Config::connect_delay)`(n)`: `connect_backoff` doubled per
+/// retry, at most 2 s. With the defaults (`STARWIRE_CONNECT_RETRIES` 8,
+/// `STARWIRE_CONNECT_BACKOFF_MS` 10) the retries wait 10, 20, 40, 80, 160, 320, 640 and
+/// 1280 ms, 2.55 s in all ([`Config::connect_retry_wait`](crate::Config::connect_retry_wait)).
+/// An attempt the peer does not answer at all is given up after `handshake_timeout`
+/// (`STARWIRE_HANDSHAKE_TIMEOUT_MS`, 5 s), without more retries.
+///
+/// So a request with no deadline to a peer that cannot be reached fails with
+/// [`ErrorKind::ConnectFailed`] after about 2.55 s when nothing listens at its address,
+/// after 5 s when its host does not answer, and in any case within 47.55 s (2.55 s plus
+/// 5 s for each of the 9 attempts: [`Config::connect_give_up_bound`](crate::Config::connect_give_up_bound)).
+/// The error says where, how often, for how long and why:
+/// `could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s: connection
+/// refused` ([`Error::task`], [`Error::os_error`], [`Error::connect_attempts`]). The next
+/// request to that peer starts over.
+///
+/// A deadline cuts the schedule short: the request fails at its deadline with
+/// [`ErrorKind::Timeout`], saying it was still connecting and why the last attempt failed
+/// (`deadline exceeded while connecting to ps:1 (10.0.0.2:5555): connection refused
+/// (attempt 3)`); the connection goes on trying for the requests still waiting for it.
+/// A peer is named by its task where the request's [`Peer`] was resolved from a task name
+/// (or from an address the cluster has a task at), or once a handshake named it; else by
+/// its address.
 pub struct Client<M: Mode> {
     pub(super) mode: M,
     /// The peer's connections requests are spread over (`connections_per_peer`).
@@ -89,6 +118,11 @@ impl<M: Mode> Client<M> {
     /// Sends a ping with `payload` bytes to `peer`; its result is the round-trip time
     /// (with the echoed payload size: [`Completion::pong`], through
     /// [`wait_tag`](Self::wait_tag)).
+    ///
+    /// `deadline`: when to give up (then [`ErrorKind::Timeout`]); `None` waits for the
+    /// answer, or for the connect-retry schedule to fail (about 2.55 s with the defaults
+    /// when nothing listens at the peer, at most 47.55 s; see
+    /// [Unreachable peers](Self#unreachable-peers)).
     pub fn ping(
         &mut self,
         peer: impl Into<Peer>,
@@ -100,6 +134,11 @@ impl<M: Mode> Client<M> {
 
     /// Reads variables `ids` from `peer`: per id, its tensor (in memory from the runtime's
     /// allocator) or why there is none.
+    ///
+    /// `deadline`: when to give up (then [`ErrorKind::Timeout`]); `None` waits for the
+    /// answer, or for the connect-retry schedule to fail (about 2.55 s with the defaults
+    /// when nothing listens at the peer, at most 47.55 s; see
+    /// [Unreachable peers](Self#unreachable-peers)).
     pub fn pull(
         &mut self,
         peer: impl Into<Peer>,
@@ -147,6 +186,11 @@ impl<M: Mode> Client<M> {
     /// Delivers tensors (gradients) for variables to `peer`; per item, how the service
     /// took it. Their bytes are sent from the tensors themselves (no copy above a small
     /// size), which the runtime holds until they are written.
+    ///
+    /// `deadline`: when to give up (then [`ErrorKind::Timeout`]); `None` waits for the
+    /// answer, or for the connect-retry schedule to fail (about 2.55 s with the defaults
+    /// when nothing listens at the peer, at most 47.55 s; see
+    /// [Unreachable peers](Self#unreachable-peers)).
     pub fn push(
         &mut self,
         peer: impl Into<Peer>,
@@ -175,6 +219,11 @@ impl<M: Mode> Client<M> {
     /// Receives the tensor published under `key` in `peer`'s rendezvous for step `step`.
     /// Completes when it is published (before or after this request arrives), with one
     /// entry.
+    ///
+    /// `deadline`: when to give up (then [`ErrorKind::Timeout`]); `None` waits for the
+    /// answer, or for the connect-retry schedule to fail (about 2.55 s with the defaults
+    /// when nothing listens at the peer, at most 47.55 s; see
+    /// [Unreachable peers](Self#unreachable-peers)).
     pub fn recv(
         &mut self,
         peer: impl Into<Peer>,
@@ -263,6 +312,7 @@ impl<M: Mode> Client<M> {
         let req = Request {
             op,
             peer: peer.addr(),
+            task: peer.task(),
             lane,
             deadline,
             tag,
@@ -345,6 +395,22 @@ impl<M: Mode> Client<M> {
         if self.spares.len() < self.spares_kept {
             self.spares.push(completion.into_spare());
         }
+    }
+
+    /// Runs an embedded loop once (which also sends what was queued) and keeps every
+    /// completion delivered so far for [`take_tag`](Self::take_tag) and the waits: for a
+    /// caller that checks several of its requests without waiting.
+    pub(crate) fn gather(&mut self) {
+        self.mode.turn();
+        while let Some(c) = self.mode.next() {
+            self.done.push_back(c);
+        }
+    }
+
+    /// The completion of `tag` if [`gather`](Self::gather) or a wait has kept it, without
+    /// waiting.
+    pub(crate) fn take_tag(&mut self, tag: u64) -> Option<Completion> {
+        self.take(Some(tag))
     }
 
     /// Requests submitted whose completion has not been taken yet (0 for a callback

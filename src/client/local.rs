@@ -36,6 +36,8 @@ pub struct Local {
     /// A wait is under way and has not parked yet: it spins the [`WaitSpin`] budget; after
     /// a park, and outside waits (a loop that serves), the spin setting.
     pub(super) fresh_wait: bool,
+    /// The served tables' upkeep and checkpoints, when the service serves tables.
+    pub(super) _upkeep: Option<crate::upkeep::Upkeep>,
 }
 
 impl Drive for Local {
@@ -118,16 +120,21 @@ impl Client<Local> {
         }
         let cfg = Arc::new(config);
         let budget = Budget::of(&cfg);
+        let (upkeep, checkpoints) =
+            runtime::start_upkeep(&cfg, &options, std::slice::from_ref(&shared))?;
+        let accepted = Arc::new(AtomicUsize::new(0));
         let lp = Loop::new(
             cfg.clone(),
             shared.clone(),
             backend,
             listener,
-            options.parts(&cfg, 0, None, &Arc::new(AtomicUsize::new(0)), &budget),
+            options.parts(&cfg, 0, None, checkpoints, &accepted, &budget),
         )
         .map_err(loop_err)?;
         // The fallback was logged where it was decided.
-        let report = StartReport::new(backend, 1, fallback).with_features(lp.io_features());
+        let report = StartReport::new(backend, 1, fallback)
+            .with_features(lp.io_features())
+            .with_tables(options.service.as_deref().map(runtime::table_reports));
         let local = Local {
             lp,
             shared,
@@ -137,6 +144,7 @@ impl Client<Local> {
             retired: Default::default(),
             spin: WaitSpin::default(),
             fresh_wait: false,
+            _upkeep: upkeep,
         };
         Ok(Client::with_mode(
             local,

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::ticket::RemoteStats;
+use super::ticket::{Checkpoint, RemoteStats};
 use super::{Client, Local, Mode, Ticket};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
@@ -23,6 +23,30 @@ impl<M: Mode> Client<M> {
         let spare = self.spare();
         self.submit_with(RequestOp::Stats, peer.into(), deadline, spare)
     }
+
+    /// Asks `peer` to save its tables (a `CHECKPOINT` request, behind the handshake like any
+    /// other): it writes one file per table into its own checkpoint directory
+    /// (`STARWIRE_CHECKPOINT_DIR`, never named by the requester), each atomically, then the
+    /// manifest `checkpoint.json`; the result is the manifest, a JSON document naming each
+    /// table's file, rows and bytes (`docs/wire-format.md`, section 4.12). The snapshot is
+    /// fuzzy: pushes the peer applies while a table is being written may or may not be in
+    /// it; every push acknowledged before this request was sent is.
+    ///
+    /// Saving takes as long as writing the tables (about a second per GB): give a deadline
+    /// to match, or none. A peer without a checkpoint directory, or that serves no table
+    /// that can be saved, answers [`ErrorKind::Remote`]`(`[`Status::Unimplemented`](crate::Status::Unimplemented)`)`;
+    /// one already saving with two more checkpoints queued answers
+    /// [`Status::Unavailable`](crate::Status::Unavailable); a table that failed to save,
+    /// [`Status::Internal`](crate::Status::Internal) with the peer's message naming the table,
+    /// its file and what went wrong ([`Error::remote_message`]).
+    pub fn checkpoint(
+        &mut self,
+        peer: impl Into<Peer>,
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<Checkpoint>, Error> {
+        let spare = self.spare();
+        self.submit_with(RequestOp::Checkpoint, peer.into(), deadline, spare)
+    }
 }
 
 impl Client<Local> {
@@ -33,6 +57,11 @@ impl Client<Local> {
 }
 
 impl Completion {
+    /// A checkpoint request's answer: the peer's manifest (JSON).
+    pub fn into_checkpoint_manifest(self) -> Result<String, Error> {
+        self.into_stats_document()
+    }
+
     /// A stats request's answer: the peer's JSON document.
     pub fn into_stats_document(self) -> Result<String, Error> {
         match self.result? {

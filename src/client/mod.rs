@@ -41,7 +41,7 @@ pub use local::Local;
 pub use mode::Mode;
 pub use startup::Unreachable;
 pub use threads::Threads;
-pub use ticket::{Kind, Ping, Pong, Pull, PullRows, Push, Recv, RemoteStats, Ticket};
+pub use ticket::{Checkpoint, Kind, Ping, Pong, Pull, PullRows, Push, Recv, RemoteStats, Ticket};
 
 /// The requests of a [`Runtime`](crate::Runtime)'s loop threads: a `Client` over
 /// [`Threads`]. `Send`, not `Sync`: it may move to another thread; the loops wake the

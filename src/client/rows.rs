@@ -46,14 +46,30 @@ impl<M: Mode> Client<M> {
     ///
     /// Fails at once with [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when `tables` is empty or a table
     /// has no ids, an unknown dtype, zero-byte rows or more than
-    /// [`MAX_ROW_RANK`](crate::session::MAX_ROW_RANK) row dimensions.
+    /// [`MAX_ROW_RANK`](crate::session::MAX_ROW_RANK) row dimensions. With no `deadline`, a
+    /// peer that cannot be reached fails it after the connect-retry schedule (about 2.55 s
+    /// with the defaults when nothing listens there, at most 47.55 s; see
+    /// [Unreachable peers](Client#unreachable-peers)).
     pub fn pull_rows(
         &mut self,
         peer: impl Into<Peer>,
         tables: &[Rows<'_>],
         deadline: Option<Instant>,
     ) -> Result<Ticket<PullRows>, Error> {
-        self.rows_pull(peer.into(), tables, None, deadline)
+        let spare = self.spare();
+        self.rows_pull(peer.into(), tables, None, deadline, spare)
+    }
+
+    /// [`pull_rows`](Self::pull_rows) with the vectors of `spare` (a caller that keeps its
+    /// own, one per request it has in flight, so that each serves one kind of request).
+    pub(crate) fn pull_rows_with(
+        &mut self,
+        peer: Peer,
+        tables: &[Rows<'_>],
+        deadline: Option<Instant>,
+        spare: Spare,
+    ) -> Result<Ticket<PullRows>, Error> {
+        self.rows_pull(peer, tables, None, deadline, spare)
     }
 
     /// Like [`pull_rows`](Self::pull_rows), with each table's block in memory from
@@ -65,7 +81,8 @@ impl<M: Mode> Client<M> {
         alloc: SharedAllocator,
         deadline: Option<Instant>,
     ) -> Result<Ticket<PullRows>, Error> {
-        self.rows_pull(peer.into(), tables, Some(alloc), deadline)
+        let spare = self.spare();
+        self.rows_pull(peer.into(), tables, Some(alloc), deadline, spare)
     }
 
     fn rows_pull(
@@ -74,8 +91,8 @@ impl<M: Mode> Client<M> {
         tables: &[Rows<'_>],
         alloc: Option<SharedAllocator>,
         deadline: Option<Instant>,
+        mut spare: Spare,
     ) -> Result<Ticket<PullRows>, Error> {
-        let mut spare = self.spare();
         let Some((tables, ids)) = specs(tables, &mut spare) else {
             self.recycle_spare(spare);
             return Err(Error::invalid(
@@ -102,7 +119,19 @@ impl<M: Mode> Client<M> {
         tables: &[(Rows<'_>, &[u8])],
         deadline: Option<Instant>,
     ) -> Result<Ticket<Push>, Error> {
-        let mut spare = self.spare();
+        let spare = self.spare();
+        self.push_rows_with(peer.into(), tables, deadline, spare)
+    }
+
+    /// [`push_rows`](Self::push_rows) with the vectors of `spare`, as
+    /// [`pull_rows_with`](Self::pull_rows_with).
+    pub(crate) fn push_rows_with(
+        &mut self,
+        peer: Peer,
+        tables: &[(Rows<'_>, &[u8])],
+        deadline: Option<Instant>,
+        mut spare: Spare,
+    ) -> Result<Ticket<Push>, Error> {
         let rows = tables.iter().map(|(r, _)| *r);
         let mut specs_v = std::mem::take(&mut spare.tables);
         let mut ids = std::mem::take(&mut spare.ids);
@@ -137,7 +166,7 @@ impl<M: Mode> Client<M> {
             grads,
             shared,
         };
-        self.submit_with(op, peer.into(), deadline, spare)
+        self.submit_with(op, peer, deadline, spare)
     }
 
     /// Like [`push_rows`](Self::push_rows), with each table's gradient rows in a shared
@@ -160,7 +189,19 @@ impl<M: Mode> Client<M> {
         tables: &[(Rows<'_>, Arc<Tensor>)],
         deadline: Option<Instant>,
     ) -> Result<Ticket<Push>, Error> {
-        let mut spare = self.spare();
+        let spare = self.spare();
+        self.push_rows_shared_with(peer.into(), tables, deadline, spare)
+    }
+
+    /// [`push_rows_shared`](Self::push_rows_shared) with the vectors of `spare`, as
+    /// [`pull_rows_with`](Self::pull_rows_with).
+    pub(crate) fn push_rows_shared_with(
+        &mut self,
+        peer: Peer,
+        tables: &[(Rows<'_>, Arc<Tensor>)],
+        deadline: Option<Instant>,
+        mut spare: Spare,
+    ) -> Result<Ticket<Push>, Error> {
         let mut specs_v = std::mem::take(&mut spare.tables);
         let mut ids = std::mem::take(&mut spare.ids);
         let mut shared = std::mem::take(&mut spare.items);
@@ -196,6 +237,6 @@ impl<M: Mode> Client<M> {
             grads,
             shared,
         };
-        self.submit_with(op, peer.into(), deadline, spare)
+        self.submit_with(op, peer, deadline, spare)
     }
 }

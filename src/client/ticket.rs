@@ -58,6 +58,18 @@ impl Kind for RemoteStats {
     }
 }
 
+/// A checkpoint request: its result is the peer's manifest of what it saved (JSON).
+#[derive(Debug)]
+pub enum Checkpoint {}
+
+impl sealed::Sealed for Checkpoint {}
+impl Kind for Checkpoint {
+    type Output = String;
+    fn output(c: Completion) -> Result<String, Error> {
+        c.into_checkpoint_manifest()
+    }
+}
+
 impl sealed::Sealed for PullRows {}
 impl sealed::Sealed for Ping {}
 impl sealed::Sealed for Pull {}

@@ -16,7 +16,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 
-use super::resolver::{Peer, ResolveError, Resolver};
+use super::peer::Peer;
+use super::resolver::{ResolveError, Resolver};
 use super::spec::TaskId;
 use crate::error::{Error, ErrorKind};
 

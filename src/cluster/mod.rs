@@ -130,6 +130,7 @@
 pub mod endpoint_map;
 mod json;
 mod membership;
+mod peer;
 mod resolver;
 mod spec;
 mod task_config;
@@ -138,7 +139,8 @@ pub use endpoint_map::EndpointMap;
 pub use json::JsonError;
 pub use membership::ClusterChange;
 pub(crate) use membership::{apply, Retirements};
-pub use resolver::{Peer, ResolveError, Resolver};
+pub use peer::Peer;
+pub use resolver::{ResolveError, Resolver};
 pub use spec::{
     Cluster, ClusterError, ClusterSpec, Task, TaskId, TfConfig, ENV_TF_CONFIG, MAX_TASKS_PER_JOB,
 };

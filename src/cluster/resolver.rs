@@ -10,26 +10,10 @@ use std::path::Path;
 use std::str::FromStr;
 
 use super::endpoint_map::{AddrError, EndpointMap, HostPort, LoadError};
+use super::peer::Peer;
 use super::spec::{Cluster, ClusterError, ClusterSpec, TaskId, TfConfig, ENV_TF_CONFIG};
 
-/// A resolved peer: the data address of a task. Cheap to copy; requests take
-/// `impl Into<Peer>`, so a [`SocketAddr`] works too.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Peer {
-    addr: SocketAddr,
-}
-
 impl Peer {
-    /// The peer listening at `addr`.
-    pub fn new(addr: SocketAddr) -> Peer {
-        Peer { addr }
-    }
-
-    /// Its data address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// The peer at a `host:port` text (`10.0.0.1:5555`, `[::1]:5555`, `ps-0.svc:5555`),
     /// a host name looked up through the system resolver. Task names need a cluster: see
     /// [`Resolver`].
@@ -38,29 +22,11 @@ impl Peer {
     }
 }
 
-impl From<SocketAddr> for Peer {
-    fn from(addr: SocketAddr) -> Peer {
-        Peer { addr }
-    }
-}
-
 impl FromStr for Peer {
     type Err = ResolveError;
 
     fn from_str(s: &str) -> Result<Peer, ResolveError> {
         Peer::parse(s)
-    }
-}
-
-impl fmt::Debug for Peer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Peer({})", self.addr)
-    }
-}
-
-impl fmt::Display for Peer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.addr)
     }
 }
 
@@ -270,8 +236,15 @@ impl Resolver {
                 })
             }
         };
+        let named = |addr: SocketAddr| {
+            let peer = Peer::new(addr);
+            match self.cluster.as_ref().and_then(|k| k.task_at(&hp, addr)) {
+                Some(task) => peer.with_task(&task),
+                None => peer,
+            }
+        };
         hp.resolve()
-            .map(Peer::new)
+            .map(named)
             .map_err(|error| ResolveError::Unresolvable {
                 target: target.to_owned(),
                 host: hp,
@@ -364,7 +337,7 @@ impl Resolver {
             });
         };
         data.resolve()
-            .map(Peer::new)
+            .map(|addr| Peer::new(addr).with_task(task))
             .map_err(|error| ResolveError::Unresolvable {
                 target: target.to_owned(),
                 host: data.clone(),
@@ -377,6 +350,19 @@ impl Resolver {
 impl Known {
     fn slot(&self, task: &TaskId) -> Option<&Slot> {
         self.jobs.get(&task.job)?.get(task.index as usize)
+    }
+
+    /// The task whose data address is `hp` (as written, or the same IP address and port
+    /// as `addr`, what `hp` resolved to). No name is looked up.
+    fn task_at(&self, hp: &HostPort, addr: SocketAddr) -> Option<TaskId> {
+        self.jobs.iter().find_map(|(job, slots)| {
+            slots.iter().enumerate().find_map(|(index, slot)| {
+                let data = slot.data.as_ref()?;
+                let same = data == hp
+                    || (data.host().ip() == Some(addr.ip()) && data.port() == addr.port());
+                same.then(|| TaskId::new(job, index as u32))
+            })
+        })
     }
 
     fn unknown_job(&self, target: &str, job: &str) -> ResolveError {
@@ -682,6 +668,39 @@ mod tests {
         assert_eq!(r.task("ps:2"), None);
         assert_eq!(r.task("/job:evaluator/task:0"), None);
         assert_eq!(Resolver::addresses_only().task("ps:0"), None);
+    }
+
+    #[test]
+    fn a_peer_knows_the_task_it_was_resolved_from() {
+        let r = resolver();
+        for t in ["ps:0", "/job:ps/task:0", "/job:ps/replica:0/task:0"] {
+            assert_eq!(r.resolve(t).unwrap().task(), Some("ps:0"), "{t}");
+        }
+        assert_eq!(
+            r.resolve_task(&TaskId::new("ps", 1)).unwrap().task(),
+            Some("ps:1")
+        );
+        let all: Vec<_> = r.peers("ps").unwrap().iter().map(|p| p.task()).collect();
+        assert_eq!(all, [Some("ps:0"), Some("ps:1")]);
+        // An address the cluster has a task at is that task, written as an IP address or
+        // as the map writes it (a host name, not looked up to compare).
+        assert_eq!(r.resolve("10.0.0.1:5555").unwrap().task(), Some("ps:0"));
+        assert_eq!(r.resolve("[fd00::2]:5555").unwrap().task(), Some("ps:1"));
+        assert_eq!(
+            r.resolve("localhost:6666").unwrap().task(),
+            Some("worker:0")
+        );
+        // Any other address has no name; nor has any address without a cluster.
+        assert_eq!(r.resolve("10.0.0.1:5556").unwrap().task(), None);
+        let plain = Resolver::addresses_only().resolve("10.0.0.1:5555").unwrap();
+        assert_eq!(plain.task(), None);
+        // A name is a label: the peer is its address.
+        let named = r.resolve("ps:0").unwrap();
+        assert_eq!(named, plain);
+        assert_eq!(named.to_string(), "10.0.0.1:5555");
+        assert_eq!(format!("{named:?}"), "Peer(ps:0 at 10.0.0.1:5555)");
+        let labelled = Peer::new(addr("127.0.0.1:9")).with_task(&TaskId::new("ps", 4));
+        assert_eq!(labelled.task(), Some("ps:4"));
     }
 
     #[test]

@@ -145,6 +145,43 @@ impl Config {
         let factor = 1u32 << retry.min(31);
         self.connect_backoff.saturating_mul(factor).min(cap)
     }
+
+    /// The time a connect that keeps failing waits between its attempts, over all
+    /// [`connect_retries`](Config::connect_retries) retries: the sum of
+    /// [`connect_delay`](Config::connect_delay)`(n)` for every retry `n`. With the
+    /// defaults (8 retries from 10 ms) 10 + 20 + 40 + ... + 1280 ms = 2.55 s: about when a
+    /// request with no deadline to an address where nothing listens (every attempt
+    /// refused at once) fails with `ConnectFailed`.
+    pub fn connect_retry_wait(&self) -> Duration {
+        let cap = CONNECT_BACKOFF_CAP.max(self.connect_backoff);
+        let mut total = Duration::ZERO;
+        for retry in 0..self.connect_retries {
+            let delay = self.connect_delay(retry);
+            if delay == cap {
+                // Every later retry waits the cap too.
+                let left = self.connect_retries - retry;
+                return total.saturating_add(cap.saturating_mul(left));
+            }
+            total += delay;
+        }
+        total
+    }
+
+    /// The longest a request with no deadline waits for a peer that cannot be reached
+    /// before it fails with `ConnectFailed`: [`connect_retry_wait`](Config::connect_retry_wait)
+    /// plus, for each of the `connect_retries + 1` attempts, up to
+    /// [`handshake_timeout`](Config::handshake_timeout) (an attempt fails as soon as the
+    /// system says why — refused at once, no route to host after the kernel's own wait —
+    /// and one the peer never answers is given up, without further retries, at
+    /// `handshake_timeout`). With the defaults: 2.55 s + 9 × 5 s = 47.55 s; an address
+    /// where nothing listens fails after about 2.55 s, one that does not answer at all
+    /// after 5 s. A deadline cuts it short ([`ErrorKind::Timeout`](crate::ErrorKind::Timeout),
+    /// naming the last attempt's reason).
+    pub fn connect_give_up_bound(&self) -> Duration {
+        let attempts = self.connect_retries.saturating_add(1);
+        let per_attempt = self.handshake_timeout.saturating_mul(attempts);
+        self.connect_retry_wait().saturating_add(per_attempt)
+    }
 }
 
 // ---------------------------------------------------------------------------------------

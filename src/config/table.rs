@@ -7,12 +7,14 @@
 //! rustdoc links.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::env::Env;
 use super::error::{ConfigError, Origin, Setting};
 use super::types::{
-    BackendSetting, FitsFrame, Flag, Num, Opt, Secret, SettingType, Shown, Time, TimeUnit, ZeroOr,
+    BackendSetting, FitsFrame, Flag, Num, Opt, PathSetting, Secret, SettingType, Shown, Time,
+    TimeUnit, ZeroOr,
 };
 use super::BackendChoice;
 use crate::wire::{self, Limits};
@@ -228,6 +230,33 @@ settings! {
         default: [DEFAULT_STATS_ENDPOINT = true],
         kind: Flag { inverted: false },
         setter: plain,
+    }
+
+    /// Where this task saves its tables when a peer asks for a checkpoint (a `CHECKPOINT`
+    /// request, `commctl checkpoint`): one file per table, written atomically. Unset, a
+    /// checkpoint request is refused with `UNIMPLEMENTED`. A checkpoint request passes the
+    /// handshake (cluster id, token) like any other; the directory is this task's own
+    /// setting, never named by the peer.
+    checkpoint_dir: Option<PathBuf> [Option<&Path>] {
+        env: [ENV_CHECKPOINT_DIR = "STARWIRE_CHECKPOINT_DIR"],
+        default: [None],
+        kind: PathSetting { what: "a directory", none: "none: checkpoints refused" },
+        setter: into,
+    }
+
+    /// How often the runtime's upkeep thread calls each served table's `maintain` (row
+    /// eviction, memory given back). The thread runs only while some table is served.
+    table_upkeep: Duration [] {
+        env: [ENV_TABLE_UPKEEP_MS = "STARWIRE_TABLE_UPKEEP_MS"],
+        default: [DEFAULT_TABLE_UPKEEP = Duration::from_secs(1)],
+        kind: Time { lo: MIN_TABLE_UPKEEP, hi: MAX_TABLE_UPKEEP, unit: TimeUnit::Millis },
+        setter: plain,
+        consts: {
+            /// Smallest accepted [`Config::table_upkeep`].
+            pub const MIN_TABLE_UPKEEP: Duration = Duration::from_millis(10);
+            /// Longest accepted [`Config::table_upkeep`].
+            pub const MAX_TABLE_UPKEEP: Duration = Duration::from_secs(3600);
+        }
     }
 
     /// Record, per request, when it was submitted, sent, answered and completed, for a
@@ -729,6 +758,12 @@ trait Get<'a, Out> {
 impl<T: Copy> Get<'_, T> for T {
     fn get(&self) -> T {
         *self
+    }
+}
+
+impl<'a> Get<'a, Option<&'a Path>> for Option<PathBuf> {
+    fn get(&'a self) -> Option<&'a Path> {
+        self.as_deref()
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::env::{parse_decimal, Env};
@@ -488,6 +489,66 @@ impl SettingType<Option<Vec<u8>>> for Secret {
             None => f.write_str("None"),
             Some(token) => write!(f, "Some(<{} bytes, not shown>)", token.len()),
         }
+    }
+}
+
+/// A directory or file path; unset is `None`. Read as the variable's raw bytes (any bytes a
+/// path may hold); an empty value is refused (it names no path).
+pub(crate) struct PathSetting {
+    /// What the path is for, for the settings table (`a directory`).
+    pub(crate) what: &'static str,
+    /// What unset means, for the settings table.
+    pub(crate) none: &'static str,
+}
+
+impl SettingType<Option<PathBuf>> for PathSetting {
+    fn read(
+        &self,
+        env: &Env<'_>,
+        name: &'static str,
+    ) -> Result<Option<Option<PathBuf>>, ConfigError> {
+        let Some(raw) = env.raw(name) else {
+            return Ok(None);
+        };
+        let path = PathBuf::from(raw);
+        self.check_path(Cow::Borrowed(name), &path)?;
+        Ok(Some(Some(path)))
+    }
+
+    fn check(
+        &self,
+        s: &Setting<Option<PathBuf>>,
+        env: &'static str,
+        method: &'static str,
+    ) -> Result<(), ConfigError> {
+        match &s.value {
+            Some(path) => self.check_path(s.label(env, method), path),
+            None => Ok(()),
+        }
+    }
+
+    fn range_doc(&self) -> String {
+        self.what.to_owned()
+    }
+
+    fn value_doc(&self, v: &Option<PathBuf>) -> String {
+        match v {
+            None => self.none.to_owned(),
+            Some(p) => p.display().to_string(),
+        }
+    }
+}
+
+impl PathSetting {
+    fn check_path(&self, name: Cow<'static, str>, path: &Path) -> Result<(), ConfigError> {
+        if path.as_os_str().is_empty() {
+            return Err(ConfigError::new(
+                name,
+                "\"\"".to_owned(),
+                self.what.to_owned(),
+            ));
+        }
+        Ok(())
     }
 }
 

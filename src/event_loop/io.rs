@@ -2,6 +2,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 
+use crate::error::{Error, ErrorKind, OsError};
 use crate::sys::driver::Socket;
 
 /// One connection's I/O state, in the slot the session gave the connection.
@@ -47,4 +48,10 @@ impl IoConn {
     pub fn ops_in_flight(&self) -> bool {
         self.reading || self.writing || self.connecting
     }
+}
+
+/// What the requests of a connection that a socket error `e` lost fail with: the error
+/// names the operating system's reason (`connection reset by peer`).
+pub(super) fn lost(e: &std::io::Error) -> Error {
+    Error::new(ErrorKind::ConnectionLost).with_os_error(OsError::of(e))
 }

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
+use crate::error::OsError;
 use crate::session::{
     Action, Completion, RecvLoan, RecvPlace, Request, SendSink, Session, SessionParts,
 };
@@ -44,7 +45,7 @@ use crate::sys::{socket, Backend};
 use crate::tensor::{Tensor, TensorMemory};
 
 use idle::{IdlePacer, IdleStep};
-use io::IoConn;
+use io::{lost, IoConn};
 pub(crate) use shared::{LoopShared, Posted};
 
 /// Wait before accepting again after EMFILE and friends.
@@ -364,7 +365,7 @@ impl Loop {
             Err(e) => {
                 log::warn!("socket for {peer}: {e}");
                 self.io_for(slot);
-                return self.session.connect_failed(slot, now);
+                return self.session.connect_failed(slot, OsError::of(&e), now);
             }
         };
         socket::set_nodelay(&fd, true).ok();
@@ -372,7 +373,7 @@ impl Loop {
         if let Err(e) = self.driver.register(slot, raw) {
             log::warn!("register socket for {peer}: {e}");
             self.io_for(slot);
-            return self.session.connect_failed(slot, now);
+            return self.session.connect_failed(slot, OsError::of(&e), now);
         }
         let conn = self.io_for(slot);
         conn.sock = Some(Socket::Fd(fd));
@@ -380,7 +381,7 @@ impl Loop {
         if let Err(e) = self.driver.connect(slot, raw, &peer) {
             log::warn!("connect to {peer}: {e}");
             self.drop_socket(slot);
-            self.session.connect_failed(slot, now);
+            self.session.connect_failed(slot, OsError::of(&e), now);
         }
     }
 
@@ -489,7 +490,8 @@ impl Loop {
                 if let Err(e) = result {
                     log::debug!("connection {slot}: connect: {e}");
                     self.drop_socket(slot);
-                    return self.session.connect_failed(slot, now);
+                    // The session gets the reason as a value, for the error it may give.
+                    return self.session.connect_failed(slot, OsError::of(&e), now);
                 }
                 self.session.connected(slot);
                 self.arm_recv(slot);
@@ -516,9 +518,7 @@ impl Loop {
                     Ok(0) => return self.session.peer_closed(slot),
                     Err(e) => {
                         log::debug!("connection {slot}: {e}");
-                        return self
-                            .session
-                            .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
+                        return self.session.lose(slot, lost(&e));
                     }
                     Ok(_) => {}
                 }
@@ -535,9 +535,7 @@ impl Loop {
                     Ok(n) => n,
                     Err(e) => {
                         log::debug!("connection {slot}: send: {e}");
-                        return self
-                            .session
-                            .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
+                        return self.session.lose(slot, lost(&e));
                     }
                 };
                 add(&self.shared.counters.bytes_out, n as u64);
@@ -668,8 +666,7 @@ impl Loop {
                     conn.direct = false;
                 }
                 self.session.received(slot, loan_of(mem), 0, Instant::now());
-                self.session
-                    .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
+                self.session.lose(slot, lost(&e));
             }
         }
     }
@@ -728,8 +725,7 @@ impl Loop {
                     conn.writing = false;
                 }
                 self.return_sent(slot);
-                self.session
-                    .lose(slot, crate::Error::new(crate::ErrorKind::ConnectionLost));
+                self.session.lose(slot, lost(&e));
             }
             progress = true;
         }

@@ -440,6 +440,12 @@ impl Encoder {
         self.simple(header, &[], |_| {})
     }
 
+    /// Queues a `CHECKPOINT` request (no meta, no payload).
+    pub fn checkpoint(&mut self, handle: u64) -> Result<(), EncodeError> {
+        let header = self.header(FrameKind::Checkpoint, handle, 0, 0, 0)?;
+        self.simple(header, &[], |_| {})
+    }
+
     /// A header for `kind` after checking the frame fits the peer's limit.
     fn header(
         &self,

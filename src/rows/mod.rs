@@ -12,15 +12,19 @@
 //! [`Plan`]: duplicate ids removed, the distinct ones spread over the shards by a
 //! [`Partition`], the answers scattered back into the batch and the gradients of
 //! duplicates summed; [`Sharded`] does all of it, with rows as bytes or,
-//! through [`RowElement`], as `f32`, `f64` and the integer types.
+//! through [`RowElement`], as `f32`, `f64` and the integer types. [`Pipeline`] does it
+//! with a step that does not wait: the next batch's rows requested while this one
+//! computes, pushes not waited for, within a staleness bound.
 
 mod element;
+mod pipeline;
 mod plan;
 mod sharded;
 mod table;
 
 pub use crate::session::{PulledRows, Rows, MAX_ROW_RANK};
 pub use element::RowElement;
+pub use pipeline::{Pipeline, PipelineReport, PipelineSettings, PushFailure, MAX_PUSHES_IN_FLIGHT};
 pub use plan::{Partition, Plan, PlanError};
 pub use sharded::{Sharded, StepReport};
 pub use table::{ps, Init, MemTable, Optimizer, PsTable, PsTableBuilder, Tables};

@@ -23,6 +23,22 @@ use crate::wire::{DType, Status};
 /// After the first steps (once its vectors have grown to the largest batch), a step
 /// allocates nothing in the client but the blocks the answers land in.
 ///
+/// # A PS that cannot be reached
+///
+/// A step's part for a PS that is down fails alone, in [`StepReport::shards`], with the
+/// error naming the PS (`could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over
+/// 2.6 s: connection refused`); the other parts' rows are written. The requests of a step
+/// are in flight at once, so dead PS tasks cost a step the time of one, not one each —
+/// but, with no deadline, that is the whole connect-retry schedule, every step (each
+/// step tries the PS again): with the defaults (`STARWIRE_CONNECT_RETRIES` 8,
+/// `STARWIRE_CONNECT_BACKOFF_MS` 10) about 2.55 s when nothing listens at the PS's
+/// address, 5 s (`STARWIRE_HANDSHAKE_TIMEOUT_MS`) when its host does not answer, and
+/// never more than 47.55 s ([`Config::connect_give_up_bound`](crate::Config::connect_give_up_bound)).
+/// Give steps a `deadline` to bound them: a part whose PS is still being connected to at
+/// the deadline fails with [`ErrorKind::Timeout`] saying so (`deadline exceeded while
+/// connecting to ps:1 (...): connection refused (attempt 3)`). See
+/// [`Client`](crate::Client#unreachable-peers).
+///
 /// [`pull`](Self::pull) and [`push`](Self::push) take the rows as bytes (little-endian
 /// elements, `row_bytes` per row); [`pull_typed`](Self::pull_typed) and
 /// [`push_typed`](Self::push_typed) take them as elements of the table's dtype (`&mut
@@ -109,7 +125,11 @@ fn missing_positions(plan: &Plan, s: usize, missing: &[u32]) -> usize {
 }
 
 fn remote(status: Status, peer: Peer) -> Error {
-    Error::new(ErrorKind::Remote(status)).with_peer(peer.addr())
+    let e = Error::new(ErrorKind::Remote(status)).with_peer(peer.addr());
+    match peer.task() {
+        Some(task) => e.with_task(task),
+        None => e,
+    }
 }
 
 impl Sharded {

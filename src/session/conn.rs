@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use slab::Slab;
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, OsError};
 use crate::proto::{CloseReason, Connection, Frame, PayloadTarget};
 use crate::stats::add;
 use crate::tensor::Tensor;
@@ -105,7 +105,12 @@ pub(crate) struct Conn {
     pub generation: u32,
     /// `Some` for connections this task opened: the peer and lane they serve.
     pub outgoing: Option<(SocketAddr, u32)>,
+    /// Connect attempts that failed (since it last opened).
     pub attempts: u32,
+    /// When it was made: its first connect attempt, for an outgoing one.
+    pub since: Instant,
+    /// Why its last connect attempt failed, as the operating system said.
+    pub connect_error: Option<OsError>,
     /// Requests waiting for the handshake (context handles).
     pub waiting: VecDeque<u64>,
     /// Whether the connection is in the session's list of connections with output.
@@ -169,6 +174,8 @@ impl Conn {
             generation,
             outgoing: None,
             attempts: 0,
+            since: now,
+            connect_error: None,
             waiting: VecDeque::new(),
             dirty: false,
             failure: Error::new(ErrorKind::ConnectionLost),

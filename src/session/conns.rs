@@ -11,7 +11,7 @@ use std::time::Instant;
 use slab::Slab;
 
 use crate::config::Config;
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, OsError};
 use crate::proto::{Connection, EncoderConfig, Identity, Side};
 
 use super::budget::{Budget, ConnBudget};
@@ -232,13 +232,15 @@ impl Conns {
         self.mark_dirty(slot);
     }
 
-    /// A connect attempt of `slot` failed (the loop has closed its socket): retried after
-    /// a backoff when `retry` and attempts are left, else given up (what waits fails with
-    /// `CONNECT_FAILED` when the loop releases it).
+    /// A connect attempt of `slot` failed for `why` (the loop has closed its socket):
+    /// retried after a backoff when `retry` and attempts are left (retry `n`, from 0, waits
+    /// [`Config::connect_delay`]`(n)`), else given up: what waits fails with
+    /// `CONNECT_FAILED`, naming the attempts and the last reason, when the loop releases it.
     pub(crate) fn connect_failed(
         &mut self,
         slot: u32,
         retry: bool,
+        why: OsError,
         timers: &mut Timers,
         observer: &Observer,
         now: Instant,
@@ -251,28 +253,96 @@ impl Conns {
             return;
         }
         conn.attempts += 1;
+        conn.connect_error = Some(why);
         let peer = conn.peer_addr();
         if conn.attempts <= self.cfg.connect_retries && retry {
-            let delay = self.cfg.connect_delay(conn.attempts);
+            let delay = self.cfg.connect_delay(conn.attempts - 1);
             conn.phase = Phase::Backoff;
             // A new attempt: the timers of the last one are void.
             conn.generation = serial;
             conn.timers.stop_all();
             observer.reconnect(conn.peer);
             log::debug!(
-                "connect to {peer:?} failed (attempt {}); retrying in {delay:?}",
+                "connect to {peer:?} failed: {why} (attempt {}); retrying in {delay:?}",
                 conn.attempts
             );
             let at = now + delay;
             timers.set(&mut conn.timers, slot, serial, ConnTimer::Reconnect, at);
         } else {
-            log::warn!(
-                "giving up on {peer:?} after {} connect attempts",
-                conn.attempts
-            );
-            conn.failure = Error::new(ErrorKind::ConnectFailed);
-            self.close(slot);
+            self.give_up(slot, observer, now);
         }
+    }
+
+    /// The connect and handshake of `slot` did not complete within `handshake_timeout`: a
+    /// connect the peer never answered is given up (`CONNECT_FAILED`, timed out; another
+    /// attempt would wait as long again), a handshake the peer never finished loses the
+    /// connection.
+    pub(crate) fn handshake_due(&mut self, slot: u32, observer: &Observer, now: Instant) {
+        let Some(conn) = self.slab.get_mut(slot as usize) else {
+            return;
+        };
+        match conn.phase {
+            Phase::Connecting => {
+                conn.attempts += 1;
+                conn.connect_error = Some(OsError::TIMED_OUT);
+                self.give_up(slot, observer, now);
+            }
+            Phase::Handshaking => {
+                log::warn!("connection {slot}: handshake timed out");
+                let why = "the handshake did not complete within handshake_timeout \
+                           (STARWIRE_HANDSHAKE_TIMEOUT_MS)";
+                let mut e = Error::new(ErrorKind::ConnectionLost).with_message(why);
+                if let Some(peer) = conn.peer_addr() {
+                    e = e.with_peer(peer);
+                }
+                self.lose(slot, e, observer);
+            }
+            _ => {}
+        }
+    }
+
+    /// Gives up connecting `slot`: what waits for it fails with `CONNECT_FAILED`, naming the
+    /// peer, the attempts made and the last reason.
+    fn give_up(&mut self, slot: u32, observer: &Observer, now: Instant) {
+        let Some(conn) = self.slab.get_mut(slot as usize) else {
+            return;
+        };
+        let over = now.saturating_duration_since(conn.since);
+        let mut e =
+            Error::new(ErrorKind::ConnectFailed).with_connect_attempts(conn.attempts, Some(over));
+        if let Some(why) = conn.connect_error {
+            e = e.with_os_error(why);
+        }
+        if let Some(peer) = conn.peer_addr() {
+            e = e.with_peer(peer);
+        }
+        conn.failure = observer.named(conn.peer, e);
+        log::warn!("giving up: {}", conn.failure);
+        self.close(slot);
+    }
+
+    /// The error of a request on `slot` whose deadline passed: a timeout naming the peer
+    /// and, while the connection is still being made, the connect attempts that failed so
+    /// far and why the last one did.
+    pub(crate) fn timeout(&self, slot: u32) -> Error {
+        let mut e = Error::new(ErrorKind::Timeout);
+        let Some(conn) = self.get(slot) else {
+            return e;
+        };
+        if let Some(peer) = conn.peer_addr() {
+            e = e.with_peer(peer);
+        }
+        let connecting = matches!(
+            conn.phase,
+            Phase::Backoff | Phase::Connecting | Phase::Handshaking
+        );
+        if connecting && conn.outgoing.is_some() {
+            e = e.with_connect_attempts(conn.attempts, None);
+            if let Some(why) = conn.connect_error {
+                e = e.with_os_error(why);
+            }
+        }
+        e
     }
 
     /// Adds a connection the loop accepted: its handshake must complete in time.

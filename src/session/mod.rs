@@ -40,6 +40,7 @@ mod members;
 mod observer;
 mod outbox;
 mod push;
+mod refusal;
 mod reply;
 mod request;
 mod requests;
@@ -61,7 +62,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::cluster::Retirements;
 use crate::config::Config;
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, OsError};
 use crate::pool::Answer;
 use crate::proto::{ConnEvent, Flow, Identity};
 use crate::rendezvous::Delivery;
@@ -151,6 +152,7 @@ impl Session {
             parts.index,
             stats_task,
             cfg.max_served,
+            parts.checkpoints.ok_or(parts.no_checkpoints),
         );
         Session {
             conns: Conns::new(cfg.clone(), identity, parts.budget),
@@ -281,7 +283,7 @@ impl Session {
             );
         }
         let observer = &mut self.observer;
-        let index = || observer.client_peer(req.peer);
+        let index = || observer.client_peer(req.peer, req.task);
         let slot = self
             .conns
             .outgoing(req.peer, req.lane, index, &mut self.timers, now);
@@ -355,12 +357,11 @@ impl Session {
         self.conns.connected(slot);
     }
 
-    /// A connect attempt of `slot` failed (the loop has closed its socket): retry with
-    /// backoff, or give up and fail what waits.
-    pub(crate) fn connect_failed(&mut self, slot: u32, now: Instant) {
-        let retry = !self.stopping;
-        self.conns
-            .connect_failed(slot, retry, &mut self.timers, &self.observer, now);
+    /// A connect attempt of `slot` failed for `why` (the loop has closed its socket): retry
+    /// with backoff, or give up and fail what waits.
+    pub(crate) fn connect_failed(&mut self, slot: u32, why: OsError, now: Instant) {
+        let (retry, timers, observer) = (!self.stopping, &mut self.timers, &self.observer);
+        (self.conns).connect_failed(slot, retry, why, timers, observer, now);
     }
 
     /// A connection accepted by the loop; returns its slot.
@@ -805,12 +806,7 @@ impl Session {
                         self.start_connect(slot, now);
                     }
                 }
-                ConnTimer::Handshake => {
-                    if matches!(conn.phase, Phase::Handshaking | Phase::Connecting) {
-                        log::warn!("connection {slot}: handshake timed out");
-                        self.lose(slot, Error::new(ErrorKind::ConnectionLost));
-                    }
-                }
+                ConnTimer::Handshake => self.conns.handshake_due(slot, &self.observer, now),
                 ConnTimer::Close => {
                     let failure = conn.failure.clone();
                     self.lose(slot, failure);

@@ -84,9 +84,20 @@ pub struct PulledRows {
     pub(crate) missing: Vec<u32>,
     /// Per table: where its missing rows are in `missing`.
     pub(crate) spans: Vec<(u32, u32)>,
+    /// What the PS said about the tables it refused, if it said anything.
+    pub(crate) refusal: Option<Arc<str>>,
 }
 
 impl PulledRows {
+    /// What the PS said about the tables whose [`block`](Self::block) is an error, when it
+    /// said why (a table it does not serve, rows of another type or shape than the table
+    /// holds: `"table 7 holds f32 [4] rows; the request asked for f32 [5]"`, one clause per
+    /// refused table). A request whose every table was refused fails as a whole instead,
+    /// with these words as its error's [`remote_message`](crate::Error::remote_message).
+    pub fn refusal(&self) -> Option<&str> {
+        self.refusal.as_deref()
+    }
+
     /// Number of tables.
     pub fn len(&self) -> usize {
         self.blocks.len()
@@ -226,6 +237,7 @@ impl Spare {
                     mut blocks,
                     mut missing,
                     mut spans,
+                    refusal: _,
                 } = rows;
                 if self.runtime_memory {
                     keep_memory(&mut blocks, &mut self.memory);

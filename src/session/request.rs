@@ -44,6 +44,9 @@ pub(crate) enum RequestOp {
     },
     /// The peer's counters and latencies: a JSON document (`docs/wire-format.md` 4.11).
     Stats,
+    /// The peer saves its tables to its checkpoint directory; answered with the
+    /// checkpoint's manifest, a JSON document (`docs/wire-format.md` 4.12).
+    Checkpoint,
 }
 
 impl RequestOp {
@@ -57,6 +60,7 @@ impl RequestOp {
             RequestOp::PullRows { .. } => RequestKind::PullRows,
             RequestOp::PushRows { .. } => RequestKind::PushRows,
             RequestOp::Stats => RequestKind::Stats,
+            RequestOp::Checkpoint => RequestKind::Checkpoint,
         }
     }
 
@@ -64,7 +68,7 @@ impl RequestOp {
     #[inline]
     pub(crate) fn items(&self) -> (u64, u64) {
         match self {
-            RequestOp::Ping { .. } | RequestOp::Stats => (0, 0),
+            RequestOp::Ping { .. } | RequestOp::Stats | RequestOp::Checkpoint => (0, 0),
             RequestOp::Pull { ids, .. } => (ids.len() as u64, 0),
             RequestOp::Push { items } => (items.len() as u64, 0),
             RequestOp::Recv { keys, .. } => (keys.len() as u64, 0),
@@ -100,7 +104,7 @@ impl RequestOp {
                 .or_else(|| over("tensor bytes", t.byte_len() as u64, l.max_tensor_bytes))
         };
         match self {
-            RequestOp::Ping { .. } | RequestOp::Stats => None,
+            RequestOp::Ping { .. } | RequestOp::Stats | RequestOp::Checkpoint => None,
             RequestOp::Pull { ids, .. } => over("ids", ids.len() as u64, l.max_tensors as u64),
             RequestOp::Push { items } => over("tensors", items.len() as u64, l.max_tensors as u64)
                 .or_else(|| items.iter().find_map(|(_, t)| tensor(t))),
@@ -162,7 +166,10 @@ impl RequestOp {
                 (spare.tables, spare.ids, spare.grads) = (tables, ids, grads);
                 spare.items = shared;
             }
-            RequestOp::Ping { .. } | RequestOp::Recv { .. } | RequestOp::Stats => {}
+            RequestOp::Ping { .. }
+            | RequestOp::Recv { .. }
+            | RequestOp::Stats
+            | RequestOp::Checkpoint => {}
         }
     }
 }
@@ -171,6 +178,9 @@ impl RequestOp {
 pub(crate) struct Request {
     pub op: RequestOp,
     pub peer: SocketAddr,
+    /// The peer's task name, when the submitter knew it (a named [`Peer`](crate::Peer)):
+    /// its metrics and errors use it until a handshake names the peer.
+    pub task: Option<&'static str>,
     /// Which of the peer's connections (0..connections_per_peer) carries it.
     pub lane: u32,
     pub deadline: Option<Instant>,

@@ -17,6 +17,7 @@ use crate::wire::{Missing, ResponseEntries, RowsTable, RowsTables, Status, Tenso
 use super::assemble::Tensors;
 use super::budget::{ConnBudget, Reservation};
 use super::push::RowIds;
+use super::refusal::{refusal, send_refusals, Refusal, Verb};
 use super::reply::{PulledRows, Spare};
 use super::respond::{answer_by_reference, fits_peer, recast, release_unsent, send_items};
 use super::spec::RowsSpec;
@@ -151,6 +152,8 @@ pub(crate) struct RowsReply {
     /// The rows not found, all tables', and per table where its are.
     missing: Vec<u32>,
     spans: Vec<(u32, u32)>,
+    /// What the PS said of the tables it refused.
+    refusal: Option<Arc<str>>,
 }
 
 impl RowsReply {
@@ -173,6 +176,7 @@ impl RowsReply {
             expected,
             missing,
             spans,
+            refusal: None,
         }
     }
 
@@ -203,6 +207,13 @@ impl RowsReply {
         Ok(())
     }
 
+    /// What the PS said of the tables it refused (its `ERROR`'s message).
+    pub(crate) fn refused(&mut self, why: &str) {
+        if !why.is_empty() {
+            self.refusal = Some(why.into());
+        }
+    }
+
     /// Whether every block has arrived.
     pub(crate) fn is_complete(&self) -> bool {
         self.blocks.is_complete()
@@ -230,6 +241,7 @@ impl RowsReply {
             blocks: self.blocks.finish(spare),
             missing: self.missing,
             spans: self.spans,
+            refusal: self.refusal,
         }
     }
 }
@@ -243,6 +255,7 @@ pub(crate) struct RowsScratch {
     block: Vec<u8>,
     missing: Vec<u32>,
     ids: Vec<u64>,
+    refusals: Vec<Refusal>,
 }
 
 /// Bytes of room each vector of a [`RowsScratch`] keeps between requests: a pull of more
@@ -277,9 +290,27 @@ pub(crate) fn serve_pull(
     budget: &ConnBudget,
     held: &mut Vec<(u64, Reservation)>,
 ) {
-    let count = tables.len();
+    // Tables refused for a reason the server can say are answered last, by an ERROR that
+    // says it (see `refusal`).
+    let mut refusals = std::mem::take(&mut scratch.refusals);
+    refusals.clear();
     for (index, t) in tables.enumerate() {
-        let end = index + 1 == count;
+        let dims = t.block.dims.iter();
+        if let Some((status, why)) = refusal(service, Verb::Pull, t.table, t.block.dtype, dims) {
+            refusals.push(Refusal {
+                index: index as u32,
+                status,
+                why,
+            });
+        }
+    }
+    let refused = |index: usize| refusals.iter().any(|r| r.index as usize == index);
+    let last = (0..tables.len()).rev().find(|&i| !refused(i));
+    for (index, t) in tables.enumerate() {
+        if refused(index) {
+            continue;
+        }
+        let end = refusals.is_empty() && Some(index) == last;
         let (status, mut token) = pull_table(
             service,
             &t,
@@ -342,7 +373,16 @@ pub(crate) fn serve_pull(
             break;
         }
     }
+    send_refusals(enc, handle, &refusals);
+    scratch.refusals = refusals;
     scratch.trim();
+}
+
+/// Whether `service` refuses any table of a rows request for a reason it can say.
+pub(crate) fn any_refused(service: &dyn Service, verb: Verb, tables: RowsTables<'_>) -> bool {
+    tables
+        .into_iter()
+        .any(|t| refusal(service, verb, t.table, t.block.dtype, t.block.dims.iter()).is_some())
 }
 
 /// A `PULL_ROWS` as a job for the handler pool.

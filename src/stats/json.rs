@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::peers::{Metrics, OpMetrics, Outcome, PeerMetrics};
-use super::{RequestKind, Stats};
+use super::{RequestKind, Stats, TableMetrics};
 
 /// Version of the document's layout.
 pub const STATS_FORMAT_VERSION: u32 = 1;
@@ -85,10 +85,59 @@ fn peer(out: &mut String, p: &PeerMetrics) {
     out.push_str("}}");
 }
 
+fn table(out: &mut String, id: u32, m: &TableMetrics) {
+    let _ = write!(
+        out,
+        "{{\"table\":{id},\"rows\":{},\"data_bytes\":{},\"memory_bytes\":{},\
+         \"committed_bytes\":{},\"index_capacity\":{},\"pulls\":{},\"pushes\":{},\
+         \"pulled_rows\":{},\"missing\":{},\"pushed_rows\":{},\"dropped_pushes\":{},\
+         \"created\":{},\"loaded\":{},\"not_admitted\":{},\"refused\":{},\
+         \"evicted_untouched\":{},\"evicted_over_cap\":{},\"index_builds\":{},\"clock\":{},\
+         \"hot_sample_every\":{},\"hot\":[",
+        m.rows,
+        m.data_bytes,
+        m.memory_bytes,
+        m.committed_bytes,
+        m.index_capacity,
+        m.pulls,
+        m.pushes,
+        m.pulled_rows,
+        m.missing,
+        m.pushed_rows,
+        m.dropped_pushes,
+        m.created,
+        m.loaded,
+        m.not_admitted,
+        m.refused,
+        m.evicted_untouched,
+        m.evicted_over_cap,
+        m.index_builds,
+        m.clock,
+        m.hot_sample_every,
+    );
+    for (i, h) in m.hot.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(out, "{sep}[{},{}]", h.id, h.sampled);
+    }
+    out.push_str("]}");
+}
+
 impl Metrics {
     /// The stats document of task `task` (`job:index`) with these metrics and totals:
     /// what a stats request is answered with (`docs/wire-format.md`, section 4.11).
     pub fn to_json(&self, task: &str, totals: &Stats) -> String {
+        self.to_json_with_tables(task, totals, &[])
+    }
+
+    /// [`to_json`](Self::to_json) with the metrics of the tables the task serves (their
+    /// number, and what their [`Table::metrics`](crate::Table::metrics) returned), under
+    /// `tables`.
+    pub fn to_json_with_tables(
+        &self,
+        task: &str,
+        totals: &Stats,
+        tables: &[(u32, TableMetrics)],
+    ) -> String {
         let mut out = String::with_capacity(1024 + 512 * self.peers.len());
         let _ = write!(
             out,
@@ -126,7 +175,14 @@ impl Metrics {
             peer(&mut out, p);
         }
         let truncated = self.peers.len() > MAX_PEERS_IN_DOCUMENT;
-        let _ = write!(out, "],\"truncated\":{truncated}}}");
+        let _ = write!(out, "],\"truncated\":{truncated},\"tables\":[");
+        for (i, (id, m)) in tables.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            table(&mut out, *id, m);
+        }
+        out.push_str("]}");
         out
     }
 }
@@ -149,6 +205,9 @@ mod tests {
     fn an_empty_document_is_complete() {
         let doc = Metrics::default().to_json("ps:0", &Stats::default());
         assert!(doc.starts_with(r#"{"format":"starwire-stats","version":1,"task":"ps:0""#));
-        assert!(doc.ends_with(r#""peers":[],"truncated":false}"#), "{doc}");
+        assert!(
+            doc.ends_with(r#""peers":[],"truncated":false,"tables":[]}"#),
+            "{doc}"
+        );
     }
 }

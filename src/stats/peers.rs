@@ -76,7 +76,8 @@ pub(crate) struct PeerBlock {
     pub side: Side,
     /// The address this task connects to (requester side).
     pub addr: Option<SocketAddr>,
-    /// The peer's task as its handshake named it: job and index.
+    /// The peer's task, job and index: the first name given, by the requests to it (a
+    /// named `Peer`) or by its handshake.
     pub task: OnceLock<(String, u32)>,
     pub ops: [OpCounters; REQUEST_KINDS],
     pub connections: AtomicU64,
@@ -204,8 +205,9 @@ pub struct PeerMetrics {
     pub side: Side,
     /// The peer's address (requester side: the address connected to).
     pub addr: Option<SocketAddr>,
-    /// The peer's task, `job:index`, as its handshake named it (`None` before any
-    /// handshake completed).
+    /// The peer's task, `job:index`: as the requests to it named it (a
+    /// [`Peer`](crate::Peer) resolved from a task name), or as its handshake did; `None`
+    /// while neither has.
     pub task: Option<String>,
     /// Connections opened (requester) or accepted (server) whose handshake completed.
     pub connections: u64,

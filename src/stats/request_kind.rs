@@ -19,10 +19,12 @@ pub enum RequestKind {
     PushRows = 6,
     /// `STATS`: a task's counters, asked by `commctl stats`.
     Stats = 7,
+    /// `CHECKPOINT`: a task's tables saved, asked by `commctl checkpoint`.
+    Checkpoint = 8,
 }
 
 /// Number of [`RequestKind`]s.
-pub const REQUEST_KINDS: usize = 8;
+pub const REQUEST_KINDS: usize = 9;
 
 impl RequestKind {
     /// Every request kind, in order.
@@ -35,6 +37,7 @@ impl RequestKind {
         RequestKind::PullRows,
         RequestKind::PushRows,
         RequestKind::Stats,
+        RequestKind::Checkpoint,
     ];
 
     /// The label used in the JSON document and by `commctl stats` (`"pull_rows"`, ...).
@@ -48,6 +51,7 @@ impl RequestKind {
             RequestKind::PullRows => "pull_rows",
             RequestKind::PushRows => "push_rows",
             RequestKind::Stats => "stats",
+            RequestKind::Checkpoint => "checkpoint",
         }
     }
 }

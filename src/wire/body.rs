@@ -57,6 +57,8 @@ pub enum Body<'a> {
     Cancel(ItemIndexes<'a>),
     /// `STATS`: no meta, no payload.
     Stats,
+    /// `CHECKPOINT`: no meta, no payload.
+    Checkpoint,
 }
 
 impl<'a> Body<'a> {
@@ -99,6 +101,7 @@ impl<'a> Body<'a> {
             }
             FrameKind::Cancel => Body::Cancel(ItemIndexes::parse(meta, header.count)?),
             FrameKind::Stats => Body::Stats,
+            FrameKind::Checkpoint => Body::Checkpoint,
             FrameKind::Unknown(k) => return Err(Error::UnknownKind(k)),
         };
         Ok(body)

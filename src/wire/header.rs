@@ -64,6 +64,8 @@ enum_with_unknown! {
         Cancel = 14,
         /// Request for the responder's counters and latencies (a JSON document).
         Stats = 15,
+        /// Request that the responder save its tables to its checkpoint directory.
+        Checkpoint = 16,
     }
 }
 
@@ -80,6 +82,7 @@ impl FrameKind {
                 | FrameKind::PullRows
                 | FrameKind::PushRows
                 | FrameKind::Stats
+                | FrameKind::Checkpoint
         )
     }
 }
@@ -331,7 +334,8 @@ impl HeaderRepr {
             | FrameKind::Ping
             | FrameKind::Pong
             | FrameKind::Error
-            | FrameKind::Stats => self.count == 0,
+            | FrameKind::Stats
+            | FrameKind::Checkpoint => self.count == 0,
             FrameKind::Recv | FrameKind::Chunk => self.count == 1,
             FrameKind::FusedRecv | FrameKind::Pull | FrameKind::Push => many.contains(&self.count),
             FrameKind::Response | FrameKind::Cancel => self.count <= limits.max_tensors,
@@ -342,7 +346,9 @@ impl HeaderRepr {
             return Err(Error::BadCount);
         }
         let meta_ok = match self.kind {
-            FrameKind::Ping | FrameKind::Pong | FrameKind::Stats => self.meta_len == 0,
+            FrameKind::Ping | FrameKind::Pong | FrameKind::Stats | FrameKind::Checkpoint => {
+                self.meta_len == 0
+            }
             FrameKind::Chunk => self.meta_len == CHUNK_META_LEN as u32,
             _ => true,
         };
@@ -358,7 +364,8 @@ impl HeaderRepr {
             | FrameKind::PullRows
             | FrameKind::Error
             | FrameKind::Cancel
-            | FrameKind::Stats => self.payload_len == 0,
+            | FrameKind::Stats
+            | FrameKind::Checkpoint => self.payload_len == 0,
             FrameKind::Chunk => self.payload_len > 0,
             _ => true,
         };

@@ -57,6 +57,29 @@ enum_with_unknown! {
 }
 
 impl DType {
+    /// The type's name in lower case, as messages write it (`f32`, `bf16`, `complex64`);
+    /// `unknown` for a code this version does not know.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::U8 => "u8",
+            DType::I8 => "i8",
+            DType::U16 => "u16",
+            DType::I16 => "i16",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::U32 => "u32",
+            DType::I32 => "i32",
+            DType::F32 => "f32",
+            DType::U64 => "u64",
+            DType::I64 => "i64",
+            DType::F64 => "f64",
+            DType::Complex64 => "complex64",
+            DType::Complex128 => "complex128",
+            DType::Unknown(_) => "unknown",
+        }
+    }
+
     /// Size of one element in bytes, or `None` for an unknown dtype.
     pub fn size(self) -> Option<u64> {
         Some(match self {
@@ -179,7 +202,7 @@ impl<'a> Dims<'a> {
     }
 
     /// The dimensions, outermost first.
-    pub fn iter(&self) -> impl Iterator<Item = u64> + 'a {
+    pub fn iter(&self) -> impl Iterator<Item = u64> + Clone + 'a {
         let this = *self;
         (0..this.len()).map(move |i| this.get(i).unwrap_or(0))
     }

@@ -1,20 +1,22 @@
-//! The command line: argh structs for `commctl` and its subcommands, and value parsers.
+//! The command line: argh structs for `commctl` and its subcommands (their values' parsers
+//! are in `values`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use argh::FromArgs;
 
+use crate::table::{
+    parse_init, parse_optimizer, parse_rate, parse_stored, parse_table_kind, InitSpec,
+    OptimizerKind, TableKind, DEFAULT_DIM, DEFAULT_ROWS, DEFAULT_TABLE,
+};
+pub use crate::values::PortRule;
+use crate::values::{parse_duration, parse_port_rule, parse_positive_seconds, parse_seconds};
+
 /// Default `--tensors` of serve and bench.
 pub const DEFAULT_TENSORS: u64 = 1024;
 /// Default `--tensor-size` of serve and bench, bytes.
 pub const DEFAULT_TENSOR_SIZE: u64 = 4096;
-/// Default `--table` of serve and bench: the id of the rows table.
-pub const DEFAULT_TABLE: u32 = 1;
-/// Default `--dim` of serve: f32 per row (64-byte rows).
-pub const DEFAULT_DIM: usize = 16;
-/// Default `--id-range` of bench.
-pub const DEFAULT_ID_RANGE: u64 = 100_000;
 
 /// check, reach and load starwire tasks
 #[derive(FromArgs, Debug)]
@@ -32,7 +34,8 @@ pub const DEFAULT_ID_RANGE: u64 = 100_000;
     error_code(0, "success: valid, or every request answered"),
     error_code(
         1,
-        "validate or endpoint-map found problems; ping or bench lost some requests"
+        "validate or endpoint-map found problems; ping or bench lost some requests; the \
+         task did not save a checkpoint"
     ),
     error_code(2, "usage or configuration error, unreadable file"),
     error_code(3, "could not connect: nothing listening, or unreachable"),
@@ -71,6 +74,8 @@ pub enum Command {
     Wait(WaitArgs),
     /// `commctl stats`
     Stats(StatsArgs),
+    /// `commctl checkpoint`
+    Checkpoint(CheckpointArgs),
 }
 
 /// The cluster-spec and endpoint-map options several subcommands share.
@@ -244,8 +249,11 @@ impl PingArgs {
     note = "Sends a STATS request (behind the handshake and the cluster token, like every\n\
             request) and shows the answer: per peer (its task name from the handshake, and\n\
             its address for requests the task sent) and operation, requests by outcome,\n\
-            bytes, and latency percentiles. `sent` rows are requests the task sent to a\n\
-            peer, `served` rows requests a peer sent to it. A task with\n\
+            bytes, and latency percentiles; then, for a task that serves tables, per table\n\
+            its rows and memory, calls, rows pulled and pushed, rows missing, created and\n\
+            evicted, and its hottest ids (how often each was sampled).\n\
+            `sent` rows are requests the task sent to a peer, `served` rows requests a peer\n\
+            sent to it. A task with\n\
             STARWIRE_STATS_ENDPOINT=0 refuses (exit status 6). docs/deploying.md explains\n\
             the columns.",
     error_code(0, "answered"),
@@ -309,6 +317,88 @@ pub struct StatsArgs {
 }
 
 impl StatsArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: false,
+            endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// ask a running task to save its tables into its checkpoint directory
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "checkpoint",
+    help_triggers("-h", "--help"),
+    example = "commctl checkpoint ps:0 --ps-hosts 10.0.0.1:2222,10.0.0.2:2222\n\
+               commctl checkpoint 127.0.0.1:5555 --json > manifest.json",
+    note = "Sends a CHECKPOINT request (behind the handshake and the cluster token, like every\n\
+            request). The task saves every table it serves into its own checkpoint\n\
+            directory, on its host: the setting STARWIRE_CHECKPOINT_DIR of the task\n\
+            (commctl serve: --checkpoint-dir DIR), never named by the requester. One file per\n\
+            table (table-ID.swrows), each written atomically while the table serves, then\n\
+            the manifest checkpoint.json. The answer is the manifest: shown per table (file,\n\
+            rows, bytes, seconds, GB/s, whether rows went around the page cache) with the\n\
+            directory, or as it is with --json. A PS started with the same directory loads\n\
+            its tables from there (commctl serve --checkpoint-dir DIR, PsTable::load).\n\
+            Saving takes about a second per GB of table: the default timeout is 600 s.\n\
+            A task without a checkpoint directory refuses (UNIMPLEMENTED); one already\n\
+            saving with two more checkpoints queued says to retry later (UNAVAILABLE); a\n\
+            table that failed to save is named with the task's reason (INTERNAL), and the\n\
+            previous manifest stays in place. Each of these exits with status 1.",
+    error_code(0, "saved: the manifest is shown"),
+    error_code(
+        1,
+        "the task did not save: no checkpoint directory, checkpoints already queued, or a \
+         table failed"
+    ),
+    error_code(2, "usage or configuration error"),
+    error_code(3, "could not connect: nothing listening, or unreachable"),
+    error_code(4, "handshake refused: cluster id or token mismatch"),
+    error_code(5, "no reply within the timeout"),
+    error_code(6, "connection lost or protocol error")
+)]
+pub struct CheckpointArgs {
+    /// HOST:PORT, or JOB:INDEX looked up in the cluster spec and the endpoint map
+    #[argh(positional)]
+    pub target: String,
+
+    /// seconds to wait for the answer, saving included (default: 600)
+    #[argh(
+        option,
+        short = 'W',
+        default = "600.0",
+        from_str_fn(parse_positive_seconds)
+    )]
+    pub timeout: f64,
+
+    /// print the task's manifest as it is (JSON)
+    #[argh(switch)]
+    pub json: bool,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// the endpoint map, or a folder holding one
+    #[argh(option, arg_name = "path")]
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl CheckpointArgs {
     /// The shared options.
     pub fn cluster_opts(&self) -> ClusterOpts {
         ClusterOpts {
@@ -391,7 +481,10 @@ impl WaitArgs {
                commctl serve --tf-config      # the task named in $TF_CONFIG",
     note = "Prints 'listening on ADDRESS as TASK ...' on stdout once it accepts\n\
             connections (the line names the store and the rows table); without --task or\n\
-            --tf-config, TASK is ps:0, the default task, and the line says so.\n\
+            --tf-config, TASK is ps:0, the default task, and the line says so. The lines\n\
+            after it are the table's report (its layout, and whether the kernel gave huge\n\
+            pages), where its rows came from, with its bytes against the CPU caches, and\n\
+            where a checkpoint request saves it.\n\
             Answers ping, pull, push, recv and fused recv from a synthetic store of\n\
             --tensors variables (ids 0..N-1), each a u8 tensor of --tensor-size bytes:\n\
             - pull of id i < N returns variable i; other ids: NOT_FOUND.\n\
@@ -401,13 +494,19 @@ impl WaitArgs {
             - recv keys are t/0 .. t/N-1 (variable i under t/i), any step: a producer\n\
               thread publishes each key again soon after a recv took it, so every key\n\
               can be received any number of times. Other keys wait until the deadline.\n\
-            Answers pull-rows and push-rows (PULL_ROWS, PUSH_ROWS) from one in-memory\n\
-            table of embedding rows, table --table of rows of --dim f32 (starwire's\n\
-            MemTable; any u64 id):\n\
-            - a pull of an id without a row creates it (--init zeros or uniform) or\n\
-              reports it missing and reads zeros (--init missing);\n\
-            - a push applies the gradient rows: --optimizer sgd (w -= lr * g) or\n\
-              adagrad (acc += g * g; w -= lr * g / sqrt(acc)), creating rows as needed.\n\
+            Answers pull-rows and push-rows (PULL_ROWS, PUSH_ROWS) from one table of\n\
+            embedding rows, table --table of rows of --dim f32 (any u64 id): starwire's\n\
+            PsTable (--table-kind ps, the default; --stored bf16 or f16 halves its rows in\n\
+            memory) or its small MemTable (--table-kind mem, to compare with):\n\
+            - rows 0..--rows-1 are made at start with their --init values (default\n\
+              100000 rows, the ids bench draws by default), so a bench pulls rows that\n\
+              exist; with --checkpoint-dir DIR (or $STARWIRE_CHECKPOINT_DIR) holding the\n\
+              table's checkpoint (table-<id>.swrows), its rows are loaded from there\n\
+              instead; commctl checkpoint makes serve save the table there;\n\
+            - a pull of an id without a row creates it (--init zeros, uniform, normal,\n\
+              truncated-normal) or reports it missing and reads zeros (--init missing);\n\
+            - a push applies the gradient rows: --optimizer sgd (w -= lr * g), adagrad\n\
+              (acc += g * g; w -= lr * g / sqrt(acc)) or adam, creating rows as needed.\n\
             Another table is NOT_FOUND; rows of another dtype or shape INVALID_ARGUMENT.\n\
             Stops cleanly on SIGINT or SIGTERM, saying on stderr what each part served\n\
             (recvs: the tensors they took).",
@@ -455,19 +554,49 @@ pub struct ServeArgs {
     #[argh(option, default = "DEFAULT_DIM", arg_name = "n")]
     pub dim: usize,
 
-    /// a new row of the table: zeros, missing (a pull reports it missing), or
-    /// uniform, uniform:SCALE or uniform:SCALE:SEED (each element within plus or minus
-    /// SCALE; default 0.01:0)
-    /// (default: zeros)
+    /// the rows table: ps (starwire's PsTable) or mem (the small MemTable, to compare
+    /// with) (default: ps)
     #[argh(
         option,
-        default = "starwire::rows::Init::Zeros",
+        default = "TableKind::Ps",
+        from_str_fn(parse_table_kind),
+        arg_name = "kind"
+    )]
+    pub table_kind: TableKind,
+
+    /// rows made at start, ids 0..N-1, with their --init values (default: 100000)
+    #[argh(option, default = "DEFAULT_ROWS", arg_name = "n")]
+    pub rows: u64,
+
+    /// how a PsTable stores its elements: f32, bf16 or f16 (rows still travel as f32)
+    /// (default: f32)
+    #[argh(
+        option,
+        default = "starwire::rows::ps::Float::F32",
+        from_str_fn(parse_stored),
+        arg_name = "format"
+    )]
+    pub stored: starwire::rows::ps::Float,
+
+    /// the task's checkpoint directory: the table is loaded from its checkpoint there
+    /// (table-ID.swrows) when there is one, instead of making --rows rows, and saved there
+    /// when a peer asks for a checkpoint (commctl checkpoint) (default:
+    /// $STARWIRE_CHECKPOINT_DIR; without either, checkpoints are refused)
+    #[argh(option, arg_name = "dir")]
+    pub checkpoint_dir: Option<PathBuf>,
+
+    /// a new row of the table: zeros, missing (a pull reports it missing), or uniform,
+    /// normal or truncated-normal, each with :SCALE or :SCALE:SEED (the range's half-width
+    /// or the standard deviation; default 0.01:0) (default: zeros)
+    #[argh(
+        option,
+        default = "InitSpec::Zeros",
         from_str_fn(parse_init),
         arg_name = "init"
     )]
-    pub init: starwire::rows::Init,
+    pub init: InitSpec,
 
-    /// how the table applies pushed gradients: sgd or adagrad (default: sgd)
+    /// how the table applies pushed gradients: sgd, adagrad or adam (default: sgd)
     #[argh(
         option,
         default = "OptimizerKind::Sgd",
@@ -538,8 +667,11 @@ impl ServeArgs {
             - pull-rows, push-rows: -k rows of table --table in one packed block, rows of\n\
               --dim f32 (or --row-bytes B, B/4 f32); a push sends gradient rows.\n\
             Ids and keys i run through 0..--variables in turn, continuing across requests.\n\
-            Row ids are drawn from 0..--id-range by a fixed hash of a counter: the same\n\
-            sequence every run, repeats within a request possible.\n\
+            Row ids are drawn from 0..--rows uniformly by a fixed hash of a counter (or\n\
+            Zipf-distributed with --zipf S, the hot ids spread over the range): the same\n\
+            sequence every run, repeats within a request possible. The header says the\n\
+            working set: the table's bytes for --rows rows (a --table-kind table of\n\
+            --stored rows with --optimizer) and whether they fit in the CPU's caches.\n\
             A request counts as ok when every tensor (or block of rows) in it is; bytes\n\
             are tensor or row bytes moved (received for pulls and recv, sent for pushes;\n\
             ping: payload). Rows operations also report rows/s and CPU time per row.\n\
@@ -585,9 +717,47 @@ pub struct BenchArgs {
     #[argh(option, arg_name = "bytes")]
     pub row_bytes: Option<u64>,
 
-    /// row ids are drawn from 0..N-1 (default: 100000)
-    #[argh(option, default = "DEFAULT_ID_RANGE", arg_name = "n")]
-    pub id_range: u64,
+    /// rows of the table: row ids are drawn from 0..N-1, and the server bench starts
+    /// makes those rows at start (default: 100000, serve's default)
+    #[argh(option, arg_name = "n")]
+    pub rows: Option<u64>,
+
+    /// the same as --rows (its older name)
+    #[argh(option, arg_name = "n")]
+    pub id_range: Option<u64>,
+
+    /// draw row ids Zipf-distributed with exponent S (more than 0; 1.1 is typical of
+    /// categorical features) instead of uniformly
+    #[argh(option, arg_name = "s")]
+    pub zipf: Option<f64>,
+
+    /// the table of the server bench starts, and what the working set's size is reckoned
+    /// for: ps or mem (default: ps)
+    #[argh(
+        option,
+        default = "TableKind::Ps",
+        from_str_fn(parse_table_kind),
+        arg_name = "kind"
+    )]
+    pub table_kind: TableKind,
+
+    /// how that table stores its elements: f32, bf16 or f16 (default: f32)
+    #[argh(
+        option,
+        default = "starwire::rows::ps::Float::F32",
+        from_str_fn(parse_stored),
+        arg_name = "format"
+    )]
+    pub stored: starwire::rows::ps::Float,
+
+    /// that table's optimizer: sgd, adagrad or adam (default: sgd)
+    #[argh(
+        option,
+        default = "OptimizerKind::Sgd",
+        from_str_fn(parse_optimizer),
+        arg_name = "name"
+    )]
+    pub optimizer: OptimizerKind,
 
     /// bytes of each pushed tensor, and of the store of the server bench starts
     /// (default: 4096)
@@ -732,242 +902,5 @@ impl EndpointMapArgs {
             tf_config: self.tf_config,
             endpoint_map: None,
         }
-    }
-}
-
-/// The optimizer of `commctl serve`'s rows table (its settings are options of their own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptimizerKind {
-    /// `w -= lr * g`.
-    Sgd,
-    /// `acc += g * g; w -= lr * g / sqrt(acc)`.
-    Adagrad,
-}
-
-impl std::fmt::Display for OptimizerKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            OptimizerKind::Sgd => "sgd",
-            OptimizerKind::Adagrad => "adagrad",
-        })
-    }
-}
-
-/// `sgd` or `adagrad`.
-pub fn parse_optimizer(text: &str) -> Result<OptimizerKind, String> {
-    match text {
-        "sgd" | "SGD" => Ok(OptimizerKind::Sgd),
-        "adagrad" | "Adagrad" => Ok(OptimizerKind::Adagrad),
-        _ => Err(format!("{text:?}: expected sgd or adagrad")),
-    }
-}
-
-/// How a task's data port follows from its control address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortRule {
-    /// The same port on every host.
-    Fixed(u16),
-    /// The control port plus this much.
-    Offset(u16),
-}
-
-impl PortRule {
-    /// The data port of a task with this control port; `None` past 65535.
-    pub fn data_port(self, control: u16) -> Option<u16> {
-        match self {
-            PortRule::Fixed(p) => Some(p),
-            PortRule::Offset(n) => control.checked_add(n),
-        }
-    }
-}
-
-impl std::fmt::Display for PortRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PortRule::Fixed(p) => write!(f, "data port {p} on every host"),
-            PortRule::Offset(n) => write!(f, "data port = control port + {n}"),
-        }
-    }
-}
-
-/// `PORT` (1 to 65535) or `+OFFSET` (1 to 65534).
-pub fn parse_port_rule(text: &str) -> Result<PortRule, String> {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let bad = || {
-        format!(
-            "{text:?}: expected PORT (the same data port on every host, 1 to 65535) or \
-             +OFFSET (the control port plus OFFSET, 1 to 65534)"
-        )
-    };
-    match text.strip_prefix('+') {
-        Some(n) if digits(n) => match n.parse::<u16>() {
-            Ok(n) if (1..=65534).contains(&n) => Ok(PortRule::Offset(n)),
-            _ => Err(bad()),
-        },
-        None if digits(text) => match text.parse::<u16>() {
-            Ok(p) if p >= 1 => Ok(PortRule::Fixed(p)),
-            _ => Err(bad()),
-        },
-        _ => Err(bad()),
-    }
-}
-
-/// `zeros`, `missing` or `uniform[:SCALE[:SEED]]` (scale finite and 0 or more).
-pub fn parse_init(text: &str) -> Result<starwire::rows::Init, String> {
-    use starwire::rows::Init;
-    let bad = || format!("{text:?}: expected zeros, missing or uniform[:SCALE[:SEED]]");
-    let mut parts = text.split(':');
-    match parts.next() {
-        Some("zeros") if parts.next().is_none() => Ok(Init::Zeros),
-        Some("missing") if parts.next().is_none() => Ok(Init::Missing),
-        Some("uniform") => {
-            let scale = match parts.next() {
-                Some(s) => s
-                    .parse::<f32>()
-                    .ok()
-                    .filter(|x| x.is_finite() && *x >= 0.0)
-                    .ok_or_else(bad)?,
-                None => 0.01,
-            };
-            let seed = match parts.next() {
-                Some(s) => s.parse::<u64>().map_err(|_| bad())?,
-                None => 0,
-            };
-            if parts.next().is_some() {
-                return Err(bad());
-            }
-            Ok(Init::Uniform { scale, seed })
-        }
-        _ => Err(bad()),
-    }
-}
-
-/// A learning rate or an accumulator: a finite number more than 0.
-pub fn parse_rate(text: &str) -> Result<f32, String> {
-    match text.parse::<f32>() {
-        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
-        _ => Err(format!("{text:?}: expected a number more than 0")),
-    }
-}
-
-/// Seconds as a decimal number, 0 or more (at most a day).
-pub fn parse_seconds(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
-        _ => Err(format!(
-            "{text:?}: expected seconds, a number from 0 to 86400"
-        )),
-    }
-}
-
-/// Seconds as a decimal number, more than 0 (at most a day).
-pub fn parse_positive_seconds(text: &str) -> Result<f64, String> {
-    match parse_seconds(text) {
-        Ok(s) if s >= 0.001 => Ok(s),
-        _ => Err(format!(
-            "{text:?}: expected seconds, a number from 0.001 to 86400"
-        )),
-    }
-}
-
-/// A duration: a number with an optional unit `ms`, `s`, `m` or `h` (seconds without one).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?}: expected a duration such as 500ms, 10s, 2m or 1h");
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (num, unit) = text.split_at(split);
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(bad()),
-    };
-    if !(0.001..=7.0 * 86_400.0).contains(&secs) {
-        return Err(format!("{text:?}: expected a duration from 1ms to 7 days"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "10x", "-1s", "0", "1e3", "8000000s", "1.2.3s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn table_options() {
-        use starwire::rows::Init;
-        assert_eq!(parse_init("zeros"), Ok(Init::Zeros));
-        assert_eq!(parse_init("missing"), Ok(Init::Missing));
-        assert_eq!(
-            parse_init("uniform"),
-            Ok(Init::Uniform {
-                scale: 0.01,
-                seed: 0
-            })
-        );
-        assert_eq!(
-            parse_init("uniform:0.5:7"),
-            Ok(Init::Uniform {
-                scale: 0.5,
-                seed: 7
-            })
-        );
-        for bad in [
-            "",
-            "zeros:1",
-            "uniform:x",
-            "uniform:-1",
-            "uniform:1:2:3",
-            "uniform:inf",
-        ] {
-            assert!(parse_init(bad).is_err(), "{bad}");
-        }
-        assert_eq!(parse_optimizer("adagrad"), Ok(OptimizerKind::Adagrad));
-        assert_eq!(OptimizerKind::Sgd.to_string(), "sgd");
-        assert!(parse_optimizer("adam").is_err());
-        assert_eq!(parse_rate("0.5"), Ok(0.5));
-        for bad in ["0", "-1", "NaN", "inf", "x"] {
-            assert!(parse_rate(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn port_rules() {
-        assert_eq!(parse_port_rule("5555"), Ok(PortRule::Fixed(5555)));
-        assert_eq!(parse_port_rule("+1000"), Ok(PortRule::Offset(1000)));
-        for bad in [
-            "", "0", "+0", "65536", "+65535", "-1", "+", "5555x", " 5555", "++1",
-        ] {
-            assert!(parse_port_rule(bad).is_err(), "{bad}");
-        }
-        assert_eq!(PortRule::Offset(1000).data_port(2222), Some(3222));
-        assert_eq!(PortRule::Offset(1000).data_port(65000), None);
-        assert_eq!(PortRule::Fixed(5555).data_port(2222), Some(5555));
-    }
-
-    #[test]
-    fn seconds() {
-        assert_eq!(parse_seconds("0.2"), Ok(0.2));
-        assert_eq!(parse_seconds("0"), Ok(0.0));
-        assert!(parse_seconds("-1").is_err());
-        assert!(parse_seconds("NaN").is_err());
-        assert!(parse_seconds("inf").is_err());
-        assert!(parse_positive_seconds("0").is_err());
-        assert_eq!(parse_positive_seconds("1"), Ok(1.0));
     }
 }

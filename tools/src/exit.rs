@@ -65,10 +65,20 @@ pub fn refusal(status: Status) -> String {
 /// A one-line description of a request failure to `peer`.
 pub fn describe(e: &Error, peer: &str) -> String {
     match e.kind() {
-        ErrorKind::ConnectFailed => format!("{peer}: could not connect"),
+        ErrorKind::ConnectFailed => match e.os_error() {
+            Some(os) => format!("{peer}: could not connect: {os}"),
+            None => format!("{peer}: could not connect"),
+        },
         ErrorKind::Refused(s) => format!("{peer} refused the handshake: {}", refusal(s)),
+        ErrorKind::Timeout if e.connect_attempts().is_some() => match e.os_error() {
+            Some(os) => format!("{peer}: not connected within the timeout (last attempt: {os})"),
+            None => format!("{peer}: not connected within the timeout"),
+        },
         ErrorKind::Timeout => format!("{peer}: no reply within the timeout"),
-        ErrorKind::ConnectionLost => format!("{peer}: connection lost"),
+        ErrorKind::ConnectionLost => match e.os_error() {
+            Some(os) => format!("{peer}: connection lost: {os}"),
+            None => format!("{peer}: connection lost"),
+        },
         ErrorKind::Protocol => format!("{peer}: protocol error; connection closed"),
         ErrorKind::Remote(s) => match e.remote_message() {
             Some(m) => format!("{peer} answered with an error ({s:?}): {m}"),
@@ -78,5 +88,43 @@ pub fn describe(e: &Error, peer: &str) -> String {
             format!("{peer}: request not sendable (payload too large?)")
         }
         _ => format!("{peer}: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use starwire::OsError;
+
+    #[test]
+    fn a_connect_failure_says_why() {
+        // ECONNREFUSED, ECONNRESET on Linux.
+        let (refused, reset) = (
+            OsError::from_raw_os_error(111),
+            OsError::from_raw_os_error(104),
+        );
+        let failed = Error::new(ErrorKind::ConnectFailed).with_os_error(refused);
+        assert_eq!(
+            describe(&failed, "ps:1"),
+            "ps:1: could not connect: connection refused"
+        );
+        let connecting = Error::new(ErrorKind::Timeout)
+            .with_os_error(refused)
+            .with_connect_attempts(2, None);
+        assert_eq!(
+            describe(&connecting, "ps:1"),
+            "ps:1: not connected within the timeout (last attempt: connection refused)"
+        );
+        let waiting = Error::new(ErrorKind::Timeout);
+        assert_eq!(
+            describe(&waiting, "ps:1"),
+            "ps:1: no reply within the timeout"
+        );
+        let lost = Error::new(ErrorKind::ConnectionLost).with_os_error(reset);
+        assert_eq!(
+            describe(&lost, "ps:1"),
+            "ps:1: connection lost: connection reset by peer"
+        );
+        assert_eq!(code_of(&connecting), TIMEOUT);
     }
 }

@@ -1,12 +1,14 @@
 //! `commctl`: check, reach and load starwire tasks.
 //!
 //! The binary is `src/bin/commctl.rs`; everything it does lives here so it can be unit
-//! tested: the command line ([`cli`]), one module per subcommand, and the small helpers
-//! they share (exit codes, a stderr logger, output that stops quietly when its reader went
-//! away, signal handling, CPU time). JSON reports are serde_json, latency percentiles
+//! tested: the command line ([`cli`]), one module per subcommand, the rows table `serve`
+//! serves ([`table`]), and the small helpers they share (exit codes, a stderr logger,
+//! output that stops quietly when its reader went away, signal handling, CPU time and cache
+//! sizes). JSON reports are serde_json, latency percentiles
 //! hdrhistogram, signals signal-hook.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod cli;
 pub mod cpu;
 pub mod endpoint_map;
@@ -17,8 +19,10 @@ pub mod ping;
 pub mod serve;
 pub mod signals;
 pub mod stats;
+pub mod table;
 pub mod target;
 pub mod validate;
+pub mod values;
 pub mod wait;
 
 use cli::{Command, Commctl};
@@ -67,6 +71,7 @@ pub fn run(args: &[&str]) -> i32 {
         Command::EndpointMap(a) => endpoint_map::run(&a),
         Command::Wait(a) => wait::run(&a),
         Command::Stats(a) => stats::run(&a),
+        Command::Checkpoint(a) => checkpoint::run(&a),
     };
     match result {
         Ok(code) => code,

@@ -67,11 +67,16 @@ pub fn start_client(cfg: Config) -> Result<Runtime, Failure> {
 pub fn fatal(e: &Error, label: &str, addr: SocketAddr, timeout: Duration) -> Failure {
     let message = match e.kind() {
         ErrorKind::ConnectFailed => {
-            // The runtime says only that it could not connect; one plain connect attempt
-            // tells why (refused, unreachable, timed out).
-            let why = match TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(3))) {
-                Err(e) => format!(": {}", os_error(&e)),
-                Ok(_) => String::new(),
+            // Why the last attempt failed (refused, unreachable, timed out); an error
+            // without it gets one plain connect attempt to tell.
+            let why = match e.os_error() {
+                Some(os) => format!(": {os}"),
+                None => {
+                    match TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(3))) {
+                        Err(e) => format!(": {}", os_error(&e)),
+                        Ok(_) => String::new(),
+                    }
+                }
             };
             format!("{label}: could not connect{why} (is a starwire server listening there?)")
         }

@@ -22,12 +22,15 @@
 //! few keys per request it is most of the recv cost.
 //!
 //! The same service serves embedding rows (`PULL_ROWS`, `PUSH_ROWS`) from one table,
-//! `--table` (default 1): starwire's reference [`MemTable`] of `--dim` f32 per row, with
-//! the `--init` and `--optimizer` given, counted by a [`RowsTable`] so that the server can
-//! say at the end what it served.
+//! `--table` (default 1): starwire's `PsTable`, or its small `MemTable` with
+//! `--table-kind mem`, of `--dim` f32 per row, with the `--init` and `--optimizer` given;
+//! its rows made at start or loaded from a checkpoint (see [`crate::table`]). The server
+//! says at start how the table is laid out and where its rows came from, and at the end
+//! what it served.
 
 use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -36,14 +39,14 @@ use std::time::Duration;
 use starwire::cluster::endpoint_map::{AddrError, HostPort};
 use starwire::cluster::TaskId;
 use starwire::config::ConfigBuilder;
-use starwire::rows::{Init, MemTable, Optimizer};
 use starwire::DType;
 use starwire::Status;
 use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats, Table, Tensor};
 
-use crate::cli::{OptimizerKind, ServeArgs, DEFAULT_DIM, DEFAULT_TABLE};
+use crate::cli::ServeArgs;
 use crate::exit::{self, Failure};
 use crate::signals;
+use crate::table::{self as rows, RowsServed, RowsTable, TableKind, TableSpec};
 use crate::target;
 
 /// Most `--tensors`.
@@ -59,145 +62,6 @@ pub const PRODUCER_BUSY: Duration = Duration::from_micros(50);
 /// [`PRODUCER_BUSY`] up to this.
 pub const PRODUCER_IDLE: Duration = Duration::from_millis(5);
 
-/// Largest `--dim`: rows of 1 MiB, the default `max_row_bytes`.
-pub const MAX_DIM: usize = 1 << 18;
-
-/// The rows table a server serves: a [`MemTable`] and counters of what it served.
-pub struct RowsTable {
-    table: MemTable,
-    pulled: AtomicU64,
-    missing: AtomicU64,
-    pushed: AtomicU64,
-}
-
-/// What a [`RowsTable`] served so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RowsServed {
-    /// Rows answered to pulls (missing ones included).
-    pub pulled: u64,
-    /// Rows pulls found missing (`--init missing`).
-    pub missing: u64,
-    /// Gradient rows applied.
-    pub pushed: u64,
-    /// Rows the table holds.
-    pub stored: u64,
-}
-
-impl RowsTable {
-    /// `table`, nothing served yet.
-    pub fn new(table: MemTable) -> RowsTable {
-        RowsTable {
-            table,
-            pulled: AtomicU64::new(0),
-            missing: AtomicU64::new(0),
-            pushed: AtomicU64::new(0),
-        }
-    }
-
-    /// The table itself.
-    pub fn mem(&self) -> &MemTable {
-        &self.table
-    }
-
-    /// What it served so far.
-    pub fn served(&self) -> RowsServed {
-        RowsServed {
-            pulled: self.pulled.load(Ordering::Relaxed),
-            missing: self.missing.load(Ordering::Relaxed),
-            pushed: self.pushed.load(Ordering::Relaxed),
-            stored: self.table.len() as u64,
-        }
-    }
-}
-
-impl Table for RowsTable {
-    fn dtype(&self) -> DType {
-        self.table.dtype()
-    }
-
-    fn row_dims(&self) -> &[u64] {
-        self.table.row_dims()
-    }
-
-    fn row_bytes(&self) -> usize {
-        self.table.row_bytes()
-    }
-
-    fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status {
-        let before = missing.len();
-        let status = self.table.pull(ids, out, missing);
-        if status == Status::Ok {
-            self.pulled.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            let new = (missing.len() - before) as u64;
-            if new > 0 {
-                self.missing.fetch_add(new, Ordering::Relaxed);
-            }
-        }
-        status
-    }
-
-    fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
-        let status = self.table.push(ids, grads);
-        if status == Status::Ok {
-            self.pushed.fetch_add(ids.len() as u64, Ordering::Relaxed);
-        }
-        status
-    }
-}
-
-/// The rows table of a server: its id, and how its rows are made and updated.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TableSpec {
-    /// The table's id.
-    pub id: u32,
-    /// f32 per row.
-    pub dim: usize,
-    /// How a new row starts.
-    pub init: Init,
-    /// How gradients apply.
-    pub optimizer: Optimizer,
-}
-
-impl Default for TableSpec {
-    /// Table 1, rows of 16 f32 starting at zero, SGD with learning rate 0.01.
-    fn default() -> TableSpec {
-        TableSpec {
-            id: DEFAULT_TABLE,
-            dim: DEFAULT_DIM,
-            init: Init::Zeros,
-            optimizer: Optimizer::Sgd { lr: 0.01 },
-        }
-    }
-}
-
-impl std::fmt::Display for TableSpec {
-    /// `table 1: rows of 16 f32 (64 B), zeros, sgd lr 0.01`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "table {}: rows of {} f32 ({} B), ",
-            self.id,
-            self.dim,
-            self.dim * 4
-        )?;
-        match self.init {
-            Init::Zeros => f.write_str("zeros")?,
-            Init::Missing => f.write_str("missing")?,
-            Init::Uniform { scale, seed } => write!(f, "uniform:{scale}:{seed}")?,
-        }
-        match self.optimizer {
-            Optimizer::Sgd { lr } => write!(f, ", sgd lr {lr}"),
-            Optimizer::Adagrad {
-                lr,
-                initial_accumulator,
-            } => write!(
-                f,
-                ", adagrad lr {lr} initial accumulator {initial_accumulator}"
-            ),
-        }
-    }
-}
-
 /// The recv key of variable `i`.
 pub fn recv_key(i: u64) -> Vec<u8> {
     format!("t/{i}").into_bytes()
@@ -211,6 +75,8 @@ pub struct Store {
     pushed: AtomicU64,
     table_id: u32,
     table: RowsTable,
+    /// Where the table's rows came from, with its bytes.
+    table_start: String,
 }
 
 impl Store {
@@ -220,7 +86,8 @@ impl Store {
         Store::with_table(n, size, &TableSpec::default())
     }
 
-    /// `n` variables of `size` bytes, and the rows table `table`.
+    /// `n` variables of `size` bytes, and the rows table `table` with its rows (made, or
+    /// loaded from its checkpoint).
     pub fn with_table(n: u64, size: u64, table: &TableSpec) -> Result<Store, Failure> {
         let size_usize = usize::try_from(size)
             .map_err(|_| Failure::usage(format!("--tensor-size {size}: too large")))?;
@@ -230,12 +97,14 @@ impl Store {
                 .map_err(|e| Failure::usage(format!("--tensor-size {size}: {e}")))?;
             vars.push(Arc::new(t));
         }
+        let (rows_table, table_start) = rows::start(table).map_err(Failure::usage)?;
         Ok(Store {
             vars,
             size: size_usize,
             pushed: AtomicU64::new(0),
             table_id: table.id,
-            table: RowsTable::new(MemTable::new(table.dim, table.init, table.optimizer)),
+            table: rows_table,
+            table_start,
         })
     }
 
@@ -247,6 +116,12 @@ impl Store {
     /// The rows table and its id.
     pub fn rows_table(&self) -> (u32, &RowsTable) {
         (self.table_id, &self.table)
+    }
+
+    /// Where the rows table's rows came from (made at start, or loaded from a
+    /// checkpoint), with its bytes and where they fit among the CPU's caches.
+    pub fn table_start(&self) -> &str {
+        &self.table_start
     }
 }
 
@@ -277,7 +152,11 @@ impl Service for Store {
     }
 
     fn table(&self, table: u32) -> Option<&dyn Table> {
-        (table == self.table_id).then_some(&self.table as &dyn Table)
+        (table == self.table_id).then_some(self.table.table())
+    }
+
+    fn table_ids(&self) -> Vec<u32> {
+        vec![self.table_id]
     }
 }
 
@@ -522,8 +401,14 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
     if let Some(n) = args.loops {
         b = b.loops(n);
     }
+    // The table's checkpoints and the runtime's are one directory: --checkpoint-dir, else
+    // STARWIRE_CHECKPOINT_DIR (read by the builder).
+    if let Some(dir) = &args.checkpoint_dir {
+        b = b.checkpoint_dir(dir.clone());
+    }
     let cfg = b.build().map_err(|e| Failure::usage(e.to_string()))?;
-    let content = content(args)?;
+    let content = content(args, cfg.checkpoint_dir())?;
+    let checkpoints = checkpoints_line(cfg.checkpoint_dir(), content.table.kind);
     let server = Server::start(cfg, listen, &content)?;
     let addr = server.local_addr().unwrap_or(listen);
     {
@@ -540,6 +425,14 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
             content.tensor_size,
             content.table
         );
+        // The table's report (its layout, what the kernel gave), and where its rows came
+        // from.
+        let (id, _) = server.store.rows_table();
+        if let Some(line) = server.store.table(id).and_then(|t| t.report()) {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out, "{}", server.store.table_start());
+        let _ = writeln!(out, "{checkpoints}");
         let _ = out.flush();
     }
     log::info!(
@@ -581,8 +474,26 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
     Ok(exit::OK)
 }
 
-/// The store of `--tensors` and `--tensor-size`, checked.
-fn content(args: &ServeArgs) -> Result<Content, Failure> {
+/// What a checkpoint request to this server does, in one line.
+fn checkpoints_line(dir: Option<&Path>, kind: TableKind) -> String {
+    match (dir, kind) {
+        (Some(dir), TableKind::Ps) => format!(
+            "checkpoints: the table is saved into {} when a peer asks (commctl checkpoint)",
+            dir.display()
+        ),
+        (Some(_), TableKind::Mem) => {
+            "checkpoints: refused, a MemTable cannot be saved (--table-kind ps can)".to_owned()
+        }
+        (None, _) => "checkpoints: refused, no checkpoint directory (--checkpoint-dir DIR or \
+                      STARWIRE_CHECKPOINT_DIR)"
+            .to_owned(),
+    }
+}
+
+/// The store of `--tensors` and `--tensor-size`, and the table, checked; the table's rows
+/// are loaded from `checkpoint_dir`, the task's checkpoint directory, when they are there
+/// (a `MemTable` has no checkpoints: it ignores a directory it did not ask for).
+fn content(args: &ServeArgs, checkpoint_dir: Option<&Path>) -> Result<Content, Failure> {
     if !(1..=MAX_TENSORS).contains(&args.tensors) {
         return Err(Failure::usage(format!(
             "--tensors {}: expected 1 to {MAX_TENSORS}",
@@ -607,35 +518,35 @@ fn content(args: &ServeArgs) -> Result<Content, Failure> {
             args.handler_threads
         )));
     }
-    if !(1..=MAX_DIM).contains(&args.dim) {
-        return Err(Failure::usage(format!(
-            "--dim {}: expected 1 to {MAX_DIM} f32 per row",
-            args.dim
-        )));
-    }
-    let optimizer = match args.optimizer {
-        OptimizerKind::Sgd => Optimizer::Sgd { lr: args.lr },
-        OptimizerKind::Adagrad => Optimizer::Adagrad {
-            lr: args.lr,
-            initial_accumulator: args.initial_accumulator,
+    let table = TableSpec {
+        id: args.table,
+        kind: args.table_kind,
+        dim: args.dim,
+        stored: args.stored,
+        init: args.init,
+        optimizer: args.optimizer,
+        lr: args.lr,
+        initial_accumulator: args.initial_accumulator,
+        rows: args.rows,
+        checkpoint_dir: match (args.table_kind, &args.checkpoint_dir) {
+            // From the environment, for another kind of table.
+            (TableKind::Mem, None) => None,
+            _ => checkpoint_dir.map(Path::to_path_buf),
         },
     };
+    table.check().map_err(Failure::usage)?;
     Ok(Content {
         tensors: args.tensors,
         tensor_size: args.tensor_size,
         handler_threads: args.handler_threads,
-        table: TableSpec {
-            id: args.table,
-            dim: args.dim,
-            init: args.init,
-            optimizer,
-        },
+        table,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::{InitSpec, OptimizerKind};
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -643,66 +554,52 @@ mod tests {
 
     #[test]
     fn one_service_serves_tensors_and_rows() {
-        let spec = TableSpec {
-            id: 5,
-            dim: 2,
-            init: Init::Missing,
-            optimizer: Optimizer::Sgd { lr: 0.5 },
-        };
-        let store = Store::with_table(4, 8, &spec).unwrap();
-        // Tensors, as before.
-        let mut out = Vec::new();
-        store.pull(&[1, 9], &mut out);
-        assert_eq!(out[0].as_ref().unwrap().bytes(), &[1u8; 8]);
-        assert_eq!(out[1], Err(Status::NotFound));
-        // Rows: only table 5.
-        assert!(store.table(1).is_none());
-        let table = store.table(5).expect("table 5");
-        assert_eq!((table.dtype(), table.row_dims()), (DType::F32, &[2u64][..]));
-        assert_eq!(
-            table.push(&[3, 3], &f32_bytes(&[1.0, 2.0, 1.0, 0.0])),
-            Status::Ok
-        );
-        let (mut rows, mut missing) = (vec![0u8; 16], Vec::new());
-        assert_eq!(table.pull(&[7, 3], &mut rows, &mut missing), Status::Ok);
-        assert_eq!(missing, [0]);
-        assert_eq!(rows[8..], f32_bytes(&[-1.0, -1.0]));
-        // A wrong length is refused and not counted.
-        assert_eq!(table.push(&[3], &[0u8; 4]), Status::InvalidArgument);
-        let served = store.rows_table().1.served();
-        assert_eq!(
-            served,
-            RowsServed {
-                pulled: 2,
-                missing: 1,
-                pushed: 2,
-                stored: 1
-            }
-        );
-        assert_eq!(store.rows_table().1.mem().get(3), Some(vec![-1.0, -1.0]));
-    }
-
-    #[test]
-    fn table_spec_says_what_it_is() {
-        assert_eq!(
-            TableSpec::default().to_string(),
-            "table 1: rows of 16 f32 (64 B), zeros, sgd lr 0.01"
-        );
-        let spec = TableSpec {
-            id: 2,
-            dim: 8,
-            init: Init::Uniform {
-                scale: 0.5,
-                seed: 3,
-            },
-            optimizer: Optimizer::Adagrad {
-                lr: 0.05,
-                initial_accumulator: 0.1,
-            },
-        };
-        assert_eq!(
-            spec.to_string(),
-            "table 2: rows of 8 f32 (32 B), uniform:0.5:3, adagrad lr 0.05 initial accumulator 0.1"
-        );
+        for kind in [TableKind::Ps, TableKind::Mem] {
+            let spec = TableSpec {
+                id: 5,
+                kind,
+                dim: 2,
+                init: InitSpec::Missing,
+                optimizer: OptimizerKind::Sgd,
+                lr: 0.5,
+                rows: 0,
+                ..TableSpec::default()
+            };
+            let store = Store::with_table(4, 8, &spec).unwrap();
+            // Tensors, as before.
+            let mut out = Vec::new();
+            store.pull(&[1, 9], &mut out);
+            assert_eq!(out[0].as_ref().unwrap().bytes(), &[1u8; 8]);
+            assert_eq!(out[1], Err(Status::NotFound));
+            // Rows: only table 5, which the service lists.
+            assert_eq!(store.table_ids(), [5]);
+            assert!(store.table(1).is_none());
+            let table = store.table(5).expect("table 5");
+            assert_eq!((table.dtype(), table.row_dims()), (DType::F32, &[2u64][..]));
+            assert_eq!(
+                table.push(&[3, 3], &f32_bytes(&[1.0, 2.0, 1.0, 0.0])),
+                Status::Ok
+            );
+            let (mut rows, mut missing) = (vec![0u8; 16], Vec::new());
+            assert_eq!(table.pull(&[7, 3], &mut rows, &mut missing), Status::Ok);
+            assert_eq!(missing, [0]);
+            assert_eq!(rows[8..], f32_bytes(&[-1.0, -1.0]));
+            // A wrong length is refused and not counted.
+            assert_eq!(table.push(&[3], &[0u8; 4]), Status::InvalidArgument);
+            let served = store.rows_table().1.served();
+            assert_eq!(
+                served,
+                RowsServed {
+                    pulled: 2,
+                    missing: 1,
+                    pushed: 2,
+                    stored: 1
+                },
+                "{kind}"
+            );
+            assert_eq!(store.rows_table().1.get(3), Some(vec![-1.0, -1.0]));
+            // The PS table reports itself; the MemTable has no report.
+            assert_eq!(table.report().is_some(), kind == TableKind::Ps);
+        }
     }
 }

@@ -1,132 +1,13 @@
 //! commctl end to end: the real binary, real sockets, real files.
 
+mod common;
+
+use common::*;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-
-const COMMCTL: &str = env!("CARGO_BIN_EXE_commctl");
-
-/// `commctl ARGS` with a clean starwire environment (the backend choice is kept: CI runs
-/// the suite once per backend).
-fn commctl(args: &[&str]) -> Command {
-    let mut c = Command::new(COMMCTL);
-    c.args(args)
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .env_remove("STARWIRE_CLUSTER_ID")
-        .env_remove("STARWIRE_CLUSTER_TOKEN")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null());
-    c
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(cmd: &mut Command) -> Run {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = cmd.output().expect("commctl runs");
-    Run {
-        code: status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(stdout).unwrap(),
-        stderr: String::from_utf8(stderr).unwrap(),
-    }
-}
-
-/// A scratch folder, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("commctl-test-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A running `commctl serve`; SIGKILLed if the test ends without stopping it.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    /// The first line it printed: `listening on ...`.
-    line: String,
-}
-
-impl Server {
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = commctl(&["serve"]);
-        cmd.args(args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        Server::from_child(cmd.spawn().expect("serve starts"))
-    }
-
-    /// A started `commctl serve` with piped stdout and stderr, once it prints its address.
-    fn from_child(mut child: Child) -> Server {
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("serve prints its address");
-        let addr = line
-            .strip_prefix("listening on ")
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Server { child, addr, line }
-    }
-
-    fn signal(&mut self, sig: &str) -> (i32, String) {
-        let ok = Command::new("kill")
-            .args(["-s", sig, &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-        let out = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap())
-            .wait_with_output()
-            .unwrap();
-        (
-            out.status.code().expect("exits, not killed"),
-            String::from_utf8(out.stderr).unwrap(),
-        )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A port nothing listens on (bound, then released).
 fn dead_addr() -> String {
@@ -151,6 +32,7 @@ fn help_for_every_subcommand() {
         "endpoint-map",
         "wait",
         "stats",
+        "checkpoint",
         "Error codes:",
     ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
@@ -163,6 +45,7 @@ fn help_for_every_subcommand() {
         "endpoint-map",
         "wait",
         "stats",
+        "checkpoint",
     ] {
         let r = run(&mut commctl(&[sub, "--help"]));
         assert_eq!(r.code, 0, "{sub}");
@@ -1000,6 +883,8 @@ fn bench_rows_operations_against_serve() {
             "16",
             "--init",
             "missing",
+            "--rows",
+            "0",
         ],
         &[],
     );
@@ -1082,7 +967,8 @@ fn bench_rows_operations_against_serve() {
     pulled += 50 * 100;
     for word in [
         "pull-rows to ",
-        "100 rows of 64 B per request (table 7, ids in 0..1000)",
+        "100 rows of 64 B per request (table 7, ids in 0..1000, uniform)",
+        "working set  1000 rows, ",
         "req/s",
         "rows/s",
         "GB/s of row bytes received",
@@ -1150,6 +1036,256 @@ fn bench_rows_starts_a_server_with_its_row_size() {
     }
 }
 
+/// Bytes per row of a `PsTable` of rows of 16 f32 stored as `stored`, with `optimizer`.
+fn ps_bytes_per_row(
+    stored: starwire::rows::ps::Float,
+    optimizer: starwire::rows::ps::Optimizer,
+) -> i64 {
+    let t = starwire::rows::PsTable::builder(16)
+        .stored_as(stored)
+        .optimizer(optimizer)
+        .max_rows(1)
+        .build()
+        .unwrap();
+    t.bytes_per_row() as i64
+}
+
+/// The `fits_in` a bench report gives for `bytes` on this machine.
+fn fits_in(bytes: i64) -> &'static str {
+    use starwire_tools::cpu;
+    cpu::fit(bytes as u64, &cpu::caches()).name()
+}
+
+#[test]
+fn serve_makes_its_rows_at_start_and_bench_pulls_them() {
+    use starwire::rows::ps::{Float, Optimizer};
+    let mut server = Server::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--loops",
+            "1",
+            "--rows",
+            "2000",
+            "--init",
+            "uniform:0.5:3",
+            "--stored",
+            "bf16",
+            "--optimizer",
+            "adagrad",
+        ],
+        &[],
+    );
+    assert!(
+        server
+            .line
+            .contains("table 1: PsTable, rows of 16 f32 (64 B; stored as bf16), uniform:0.5:3"),
+        "{}",
+        server.line
+    );
+    // The table's report, then where its rows came from.
+    let report = server.next_line();
+    assert!(
+        report.starts_with("table 1: 16 x Bf16 (served F32), adagrad; slot "),
+        "{report}"
+    );
+    assert!(report.contains("huge pages: "), "{report}");
+    let made = server.next_line();
+    assert!(
+        made.starts_with("table 1: 2000 rows made at start: ids 0..2000, init uniform:0.5:3, in "),
+        "{made}"
+    );
+    assert!(made.contains(" in memory: "), "{made}");
+    // Uniform ids over the 2,000 rows, then skewed ones: every row pulled exists.
+    let per_row = ps_bytes_per_row(
+        Float::Bf16,
+        Optimizer::Adagrad {
+            lr: 0.01,
+            initial_accumulator: 0.1,
+        },
+    );
+    let mut pulled = 0;
+    for zipf in [None, Some("1.1")] {
+        let mut args = vec![
+            "--rows",
+            "2000",
+            "-n",
+            "30",
+            "--stored",
+            "bf16",
+            "--optimizer",
+            "adagrad",
+        ];
+        args.extend(zipf.map(|s| ["--zipf", s]).into_iter().flatten());
+        let j = bench_rows(&server, "pull-rows", 500, 64, &args);
+        pulled += json_int(&j, "rows");
+        assert_eq!(json_int(&j, "missing"), 0, "{j}");
+        assert_eq!(json_int(&j, "table_rows"), 2000, "{j}");
+        assert_eq!(json_int(&j, "id_range"), 2000, "{j}");
+        // The working set: the table's bytes for 2,000 rows, and where they fit.
+        let bytes = json_int(&j, "working_set_bytes");
+        assert_eq!(bytes, 2000 * per_row, "{j}");
+        let fit = fits_in(bytes);
+        assert!(j.contains(&format!("\"fits_in\":\"{fit}\"")), "{fit}: {j}");
+        match zipf {
+            Some(s) => assert!(j.contains(&format!("\"zipf\":{s}")), "{j}"),
+            None => assert!(j.contains("\"zipf\":null"), "{j}"),
+        }
+    }
+    // The header says the same for people.
+    let addr = server.addr.to_string();
+    let r = run(&mut commctl(&[
+        "bench",
+        &addr,
+        "-o",
+        "pull-rows",
+        "-k",
+        "10",
+        "-n",
+        "5",
+        "--rows",
+        "2000",
+        "--zipf",
+        "1.1",
+    ]));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    pulled += 50;
+    for words in [
+        "(table 1, ids in 0..2000, zipf 1.1)",
+        "working set  2000 rows, ",
+        "as a PsTable of f32 rows with sgd (82 B a row): ",
+        "with skewed ids most requests touch far fewer rows",
+    ] {
+        assert!(r.stdout.contains(words), "{words}: {}", r.stdout);
+    }
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+    let want =
+        format!("table 1: {pulled} rows pulled (0 missing), 0 rows pushed, 2000 rows stored");
+    assert!(stderr.contains(&want), "{want}: {stderr}");
+}
+
+#[test]
+fn serve_the_small_table_to_compare_with() {
+    let mut server = Server::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--loops",
+            "1",
+            "--table-kind",
+            "mem",
+            "--rows",
+            "500",
+        ],
+        &[],
+    );
+    assert!(
+        server.line.contains("table 1: MemTable, rows of 16 f32"),
+        "{}",
+        server.line
+    );
+    // No report line: the rows' line comes next.
+    let made = server.next_line();
+    assert!(
+        made.starts_with("table 1: 500 rows made at start"),
+        "{made}"
+    );
+    assert!(made.contains("; about "), "{made}");
+    let j = bench_rows(
+        &server,
+        "pull-rows",
+        100,
+        64,
+        &["--rows", "500", "-n", "4", "--table-kind", "mem"],
+    );
+    assert_eq!(json_int(&j, "missing"), 0, "{j}");
+    // A MemTable's row: its values and its hash-map entry, about.
+    assert_eq!(json_int(&j, "working_set_bytes"), 500 * (64 + 16), "{j}");
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("table 1: 400 rows pulled (0 missing), 0 rows pushed, 500 rows stored"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_loads_its_table_from_a_checkpoint_folder() {
+    use starwire_tools::bench::row_id;
+    let dir = Scratch::new("checkpoint");
+    let dir_text = dir.0.to_str().unwrap().to_owned();
+    let file = dir.0.join("table-1.swrows");
+    let args = |more: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--loops",
+            "1",
+            "--checkpoint-dir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.push(dir_text.clone());
+        v.extend(more.iter().map(|s| s.to_string()));
+        v
+    };
+    // No checkpoint there yet: the rows are made, and the line says so.
+    let first = args(&["--rows", "100"]);
+    let server = Server::start(&refs(&first), &[]);
+    server.next_line();
+    let made = server.next_line();
+    let want = format!(
+        "table 1: 100 rows made at start (no checkpoint {} yet)",
+        file.display()
+    );
+    assert!(made.starts_with(&want), "{want}: {made}");
+    drop(server);
+
+    // A checkpoint of table 1 written by the library: rows 0..50, row i all i.
+    let table = starwire::rows::PsTable::builder(16)
+        .table_id(1)
+        .build()
+        .unwrap();
+    let ids: Vec<u64> = (0..50).collect();
+    let values: Vec<f32> = ids.iter().flat_map(|&i| [i as f32; 16]).collect();
+    table.load_rows(&ids, &values, None).unwrap();
+    table.save(&dir.0).unwrap();
+    // Loaded at start instead of --rows; ids past 50 are missing (--init missing).
+    let second = args(&["--rows", "1000", "--init", "missing"]);
+    let mut server = Server::start(&refs(&second), &[]);
+    server.next_line();
+    let loaded = server.next_line();
+    let want = format!("table 1: 50 rows loaded from {} in ", file.display());
+    assert!(loaded.starts_with(&want), "{want}: {loaded}");
+    let j = bench_rows(
+        &server,
+        "pull-rows",
+        100,
+        64,
+        &["--rows", "100", "-n", "1", "-p", "1"],
+    );
+    let expect_missing = (0..100).filter(|&k| row_id(k, 100) >= 50).count() as i64;
+    assert_eq!(json_int(&j, "missing"), expect_missing, "{j}");
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("rows pushed, 50 rows stored"), "{stderr}");
+
+    // A file of another shape: serve does not start, and names the file and the mismatch.
+    let third = args(&["--dim", "8"]);
+    let mut cmd = commctl(&["serve"]);
+    let r = run(cmd.args(refs(&third)));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("table-1.swrows"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("wrong shape: dim 16 in the file, 8 in the table"),
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn rows_flags_are_checked() {
     let dead = dead_addr();
@@ -1169,6 +1305,15 @@ fn rows_flags_are_checked() {
             "rows per request",
         ),
         (&["-o", "pull-rows", "--id-range", "0"][..], "--id-range 0"),
+        (&["-o", "pull-rows", "--rows", "0"][..], "--rows 0"),
+        (
+            &["-o", "pull-rows", "--rows", "5", "--id-range", "5"][..],
+            "give one",
+        ),
+        (&["-o", "pull-rows", "--zipf", "0"][..], "--zipf 0"),
+        (&["-o", "pull-rows", "--zipf", "nan"][..], "--zipf NaN"),
+        (&["--table-kind", "hash"][..], "expected ps"),
+        (&["--stored", "f64"][..], "expected f32, bf16 or f16"),
     ] {
         let mut cmd = commctl(&["bench", &dead]);
         let r = run(cmd.args(args));
@@ -1179,13 +1324,24 @@ fn rows_flags_are_checked() {
         &["--dim", "0"][..],
         &["--init", "gaussian"][..],
         &["--init", "uniform:-1"][..],
-        &["--optimizer", "adam"][..],
+        &["--optimizer", "rmsprop"][..],
         &["--lr", "0"][..],
         &["--initial-accumulator", "-1"][..],
+        &["--table-kind", "hash"][..],
+        &["--stored", "f8"][..],
+        &["--rows", "-1"][..],
+        &["--rows", "5000000000"][..],
+        &["--table-kind", "mem", "--stored", "bf16"][..],
+        &["--table-kind", "mem", "--optimizer", "adam"][..],
+        &["--table-kind", "mem", "--init", "normal"][..],
+        &["--table-kind", "mem", "--checkpoint-dir", "/tmp"][..],
     ] {
         let mut cmd = commctl(&["serve", "-l", "127.0.0.1:0"]);
         let r = run(cmd.args(args));
         assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+        if args.contains(&"mem") {
+            assert!(r.stderr.contains("needs --table-kind ps"), "{}", r.stderr);
+        }
     }
 }
 
@@ -1201,6 +1357,11 @@ fn serve_says_what_table_it_serves() {
         "--lr",
         "pull-rows",
         "MemTable",
+        "PsTable",
+        "--table-kind",
+        "--rows",
+        "--stored",
+        "--checkpoint-dir",
     ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
     }
@@ -1225,8 +1386,8 @@ fn serve_says_what_table_it_serves() {
     );
     assert!(
         server.line.trim_end().ends_with(
-            "tensors of 4096 B; table 3: rows of 4 f32 (16 B), uniform:0.5:9, adagrad lr 0.05 \
-             initial accumulator 0.1)"
+            "tensors of 4096 B; table 3: PsTable, rows of 4 f32 (16 B), uniform:0.5:9, adagrad \
+             lr 0.05 initial accumulator 0.1)"
         ),
         "{}",
         server.line
@@ -1234,7 +1395,7 @@ fn serve_says_what_table_it_serves() {
     let (code, stderr) = server.signal("INT");
     assert_eq!(code, 0, "{stderr}");
     assert!(
-        stderr.contains("table 3: 0 rows pulled (0 missing), 0 rows pushed, 0 rows stored"),
+        stderr.contains("table 3: 0 rows pulled (0 missing), 0 rows pushed, 100000 rows stored"),
         "{stderr}"
     );
     // Without -v the table is named only on stdout; with -v (after serve or before it)
@@ -1252,7 +1413,7 @@ fn serve_says_what_table_it_serves() {
         assert!(
             stderr.contains(
                 "commctl: info: serving pull and push of ids 0..1024 (4096 B u8 tensors), recv \
-                 of keys t/0..t/1023, and PULL_ROWS and PUSH_ROWS of table 1: rows of 16 f32 \
+                 of keys t/0..t/1023, and PULL_ROWS and PUSH_ROWS of table 1: PsTable, rows of 16 f32 \
                  (64 B), zeros, sgd lr 0.01"
             ),
             "{verbose:?}: {stderr}"

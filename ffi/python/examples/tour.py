@@ -1,13 +1,14 @@
 """A PS and a worker over starwire (loopback), one feature of the API after the other:
 ping, fused recv of published tensors, per-tensor push and pull served by Python,
-embedding rows from starwire's reference table pulled into the trainer's array, a request
-submitted while the worker computes, and errors.
+embedding rows from starwire's PS table pulled into the trainer's array, a request
+submitted while the worker computes, errors, and the PS table's metrics and checkpoint.
 
     pip install ./ffi/python && python ffi/python/examples/tour.py
 """
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -33,8 +34,10 @@ class Embeddings:
 
 def main() -> None:
     # Table 0: rows of float32[32], drawn from [-0.05, 0.05] on first pull, Adagrad.
-    table = starwire.MemTable(32, init="uniform", scale=0.05, seed=1, optimizer="adagrad",
-                              lr=0.1, initial_accumulator=0.1)
+    table = starwire.PsTable(32, table_id=0, init="uniform", scale=0.05, seed=1,
+                             optimizer="adagrad", lr=0.1, initial_accumulator=0.1,
+                             capacity=100_000)
+    print(table.report())
     with starwire.Runtime("ps", listen="127.0.0.1:0", service=Embeddings(),
                           tables={0: table}, NETWORK_PS_CORE_NUMBER=1) as ps, \
             starwire.Runtime("worker") as worker:
@@ -84,6 +87,21 @@ def main() -> None:
             own = mine.loop_stats()
             print(f"embedded client: rows equal {bool(np.array_equal(again, emb))}, "
                   f"{own.requests_completed} request on its own loop")
+
+        # The PS table: what it did, and a checkpoint of it, loaded into a new table
+        # (as a PS would at start).
+        m = table.metrics(hot=3)
+        print(f"table 0: {m.rows} rows, {m.pulls} pulls of {m.pulled_rows} rows, "
+              f"{m.memory_bytes / 1e6:.1f} MB; hottest ids sampled "
+              f"{[h.id for h in m.hot]}")
+        with tempfile.TemporaryDirectory() as folder:
+            saved = table.save(folder)
+            again_table = starwire.PsTable.load(folder, 32, table_id=0, optimizer="adagrad",
+                                                lr=0.1)
+            back, gone = again_table.export_rows(batch)
+            print(f"checkpoint: {saved.rows} rows, {saved.bytes} bytes in "
+                  f"{saved.seconds * 1e3:.1f} ms; loaded back: rows equal "
+                  f"{bool(np.array_equal(back, emb))}, {gone.size} missing")
 
 
 if __name__ == "__main__":

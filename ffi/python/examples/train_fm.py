@@ -6,14 +6,18 @@ on held-out examples (loss against the known optimum, and AUC).
     pip install ./ffi/python
     python ffi/python/examples/train_fm.py                 # 2 PS tasks, 400 steps
     python ffi/python/examples/train_fm.py --table python  # rows kept by a Python table
+    python ffi/python/examples/train_fm.py --checkpoint DIR  # PS tables saved, and loaded
 
 The data and the model follow ``examples/sparse_training/model.rs``: every example has a
 bias feature and one categorical value per field, hashed to a feature id; each id owns a
 row of `dim` float32 (one linear weight, `dim - 1` factor components); labels are drawn
 from a ground-truth model of the same form, so the best reachable loss is known. The PS
-tasks apply Adagrad as gradients arrive: with ``--table mem`` (the default) starwire's
-reference `MemTable` does it in Rust; with ``--table python`` a `RowsTable` written in
-numpy below does (the Rust example's `Shard`, the same initial rows and update).
+tasks apply Adagrad as gradients arrive: with ``--table ps`` (the default) starwire's
+`PsTable` does it in Rust (``--table mem``: the small `MemTable`); with ``--table python``
+a `RowsTable` written in numpy below does (``examples/sparse_training/model.rs``'s
+`Shard`, the same initial rows and update). With ``--checkpoint DIR`` each PS task's
+`PsTable` starts from its checkpoint in ``DIR/ps<i>`` when there is one, and is saved there
+at the end: a second run goes on from where the first stopped.
 
 Per step the worker sends, to each PS task, one PULL_ROWS and one PUSH_ROWS frame: the
 sharded client removes duplicate ids, spreads the rest over the PS tasks, scatters the
@@ -154,8 +158,8 @@ def auc(scores: Any, labels: F32Array) -> float:
 
 
 class AdagradShard:
-    """A PS task's rows with their Adagrad state, kept in numpy (the Rust example's
-    `Shard`): a row never updated reads as its initial value."""
+    """A PS task's rows with their Adagrad state, kept in numpy (the `Shard` of
+    ``examples/sparse_training/model.rs``): a row never updated reads as its initial value."""
 
     dtype = np.float32
 
@@ -210,23 +214,43 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=16, help="float32 per row (default 16)")
     ap.add_argument("--lr", type=float, default=0.05, help="Adagrad rate (default 0.05)")
     ap.add_argument("--eval", type=int, default=20000, help="held-out examples (default 20000)")
-    ap.add_argument("--table", choices=["mem", "python"], default="mem",
-                    help="the PS tasks' rows: starwire's MemTable (Rust) or a numpy table")
+    ap.add_argument("--table", choices=["ps", "mem", "python"], default="ps",
+                    help="the PS tasks' rows: starwire's PsTable (Rust, the default), its "
+                    "small MemTable, or a numpy table")
+    ap.add_argument("--checkpoint", metavar="DIR",
+                    help="PS tables start from their checkpoints in DIR/ps<i> when there "
+                    "are some, and are saved there at the end (--table ps)")
     ap.add_argument("--check", action="store_true",
                     help="exit with status 1 unless training went well (for CI)")
     args = ap.parse_args()
     m = Model(args)
     table_id = 1
 
-    def table() -> Any:
+    if args.checkpoint and args.table != "ps":
+        ap.error("--checkpoint saves PsTables: use it with --table ps")
+
+    def table(i: int) -> Any:
         if args.table == "python":
             return AdagradShard(m)
         # Uniform in [-a, a] has the standard deviation a / sqrt(3).
-        return starwire.MemTable(m.dim, init="uniform", scale=m.init_factor_std * 3 ** 0.5,
-                                 seed=7, optimizer="adagrad", lr=m.lr,
-                                 initial_accumulator=m.initial_accumulator)
+        scale = m.init_factor_std * 3 ** 0.5
+        if args.table == "mem":
+            return starwire.MemTable(m.dim, init="uniform", scale=scale, seed=7,
+                                     optimizer="adagrad", lr=m.lr,
+                                     initial_accumulator=m.initial_accumulator)
+        settings: dict[str, Any] = dict(
+            table_id=table_id, init="uniform", scale=scale, seed=7, optimizer="adagrad",
+            lr=m.lr, initial_accumulator=m.initial_accumulator,
+            capacity=m.fields * m.vocab + 1)
+        if args.checkpoint:
+            t = starwire.PsTable.load(f"{args.checkpoint}/ps{i}", m.dim, missing_ok=True,
+                                      **settings)
+            print(f"ps:{i}: {len(t)} rows from {args.checkpoint}/ps{i}")
+            return t
+        return starwire.PsTable(m.dim, **settings)
 
-    ps = [starwire.Runtime("ps", i, listen="127.0.0.1:0", tables={table_id: table()},
+    tables = [table(i) for i in range(args.ps)]
+    ps = [starwire.Runtime("ps", i, listen="127.0.0.1:0", tables={table_id: tables[i]},
                            NETWORK_PS_CORE_NUMBER=1) for i in range(args.ps)]
     # Task names as a job has them: the cluster spec's control addresses, and the endpoint
     # map from those to where each PS's starwire listens.
@@ -278,6 +302,16 @@ def main() -> int:
         stats = worker.stats()
         print(f"worker: {stats.requests_completed} requests, {stats.frames_out} frames out, "
               f"{stats.bytes_in / 1e6:.1f} MB in, {stats.bytes_out / 1e6:.1f} MB out")
+    for i, t in enumerate(tables):
+        if isinstance(t, starwire.PsTable):
+            tm = t.metrics(hot=3)
+            hot = ", ".join(f"{h.id}" for h in tm.hot)
+            print(f"ps:{i}: {tm.rows} rows, {tm.memory_bytes / 1e6:.1f} MB of memory, "
+                  f"{tm.pushed_rows} gradient rows applied; hottest ids {hot}")
+            if args.checkpoint:
+                saved = t.save(f"{args.checkpoint}/ps{i}")
+                print(f"ps:{i}: saved {saved.rows} rows ({saved.bytes} bytes) in "
+                      f"{saved.seconds:.3f} s to {saved.path}")
     for p in ps:
         p.close()
     if args.check and not (loss < constant and model_auc > 0.6):

@@ -90,6 +90,63 @@ class Optimizer(C.Structure):
     _fields_ = [("kind", C.c_uint32), ("lr", C.c_float), ("initial_accumulator", C.c_float)]
 
 
+class PsInit(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("scale", C.c_float), ("seed", C.c_uint64)]
+
+
+class PsOptimizer(C.Structure):
+    _fields_ = [("kind", C.c_uint32), ("lr", C.c_float), ("initial_accumulator", C.c_float),
+                ("beta1", C.c_float), ("beta2", C.c_float), ("epsilon", C.c_float)]
+
+
+class PsTableConfig(C.Structure):
+    """``sw_ps_table_config``: a PS table's settings."""
+
+    _fields_ = [
+        ("table_id", C.c_uint32), ("dim", C.c_size_t), ("stored", C.c_uint8),
+        ("served", C.c_uint8), ("init", PsInit), ("optimizer", PsOptimizer),
+        ("create", C.c_uint32), ("admit_after", C.c_uint32),
+        ("admission_counters", C.c_size_t), ("evict_untouched", C.c_uint32),
+        ("max_rows", C.c_uint64), ("capacity", C.c_uint64), ("consistency", C.c_uint32),
+        ("row_locks", C.c_size_t), ("huge_pages", C.c_bool),
+        ("hot_sample_every", C.c_uint32), ("checkpoint_direct_io", C.c_bool),
+    ]
+
+
+class SaveReport(C.Structure):
+    _fields_ = [("rows", C.c_uint64), ("bytes", C.c_uint64), ("seconds", C.c_double),
+                ("writing_seconds", C.c_double), ("syncing_seconds", C.c_double),
+                ("direct_io", C.c_bool)]
+
+
+TABLE_METRICS = (
+    "rows", "data_bytes", "memory_bytes", "committed_bytes", "index_capacity", "pulls",
+    "pushes", "pulled_rows", "missing", "pushed_rows", "dropped_pushes", "created", "loaded",
+    "not_admitted", "refused", "evicted_untouched", "evicted_over_cap", "index_builds",
+    "clock")
+
+
+class TableMetrics(C.Structure):
+    _fields_ = [(name, C.c_uint64) for name in TABLE_METRICS] + [
+        ("hot_sample_every", C.c_uint32)]
+
+
+class HotId(C.Structure):
+    _fields_ = [("id", C.c_uint64), ("sampled", C.c_uint64)]
+
+
+MAINTAIN_REPORT = ("index_steps", "slots_reused", "slots_waiting", "evicted_untouched",
+                   "evicted_over_cap")
+
+
+class MaintainReport(C.Structure):
+    _fields_ = [(name, C.c_uint64) for name in MAINTAIN_REPORT]
+
+
+class LoadReport(C.Structure):
+    _fields_ = [("created", C.c_uint64), ("overwritten", C.c_uint64)]
+
+
 class Partition(C.Structure):
     _fields_ = [("kind", C.c_uint32), ("vocab", C.c_uint64)]
 
@@ -128,6 +185,8 @@ R = C.c_uint32  # sw_result
 last_error = _sig("sw_last_error", C.c_char_p)
 last_error_status = _sig("sw_last_error_status", C.c_uint32)
 last_error_remote = _sig("sw_last_error_remote", C.c_char_p)
+last_error_task = _sig("sw_last_error_task", C.c_char_p)
+last_error_os_error = _sig("sw_last_error_os_error", C.c_int32)
 version = _sig("starwire_version", C.c_char_p)
 
 tensor_new = _sig("sw_tensor_new", R, C.c_uint8, p, C.c_uint32, p, C.c_uint64, C.POINTER(p))
@@ -148,6 +207,29 @@ table_new = _sig("sw_table_new", R, C.c_uint8, p, C.c_uint32, C.POINTER(TableCal
                  C.POINTER(p))
 table_free = _sig("sw_table_free", None, p)
 
+ps_table_config_default = _sig("sw_ps_table_config_default", PsTableConfig, C.c_size_t)
+ps_table_new = _sig("sw_ps_table_new", R, C.POINTER(PsTableConfig), C.POINTER(p))
+ps_table_load = _sig("sw_ps_table_load", R, C.POINTER(PsTableConfig), C.c_char_p,
+                     C.POINTER(p))
+ps_table_free = _sig("sw_ps_table_free", None, p)
+ps_table_as_table = _sig("sw_ps_table_as_table", p, p)
+ps_table_len = _sig("sw_ps_table_len", C.c_uint64, p)
+ps_table_state_len = _sig("sw_ps_table_state_len", C.c_size_t, p)
+ps_table_clock = _sig("sw_ps_table_clock", C.c_uint64, p)
+ps_table_advance_clock = _sig("sw_ps_table_advance_clock", C.c_uint64, p)
+checkpoint_file = _sig("sw_checkpoint_file", R, C.c_uint32, C.c_char_p, C.c_size_t)
+ps_table_save = _sig("sw_ps_table_save", R, p, C.c_char_p, C.POINTER(SaveReport))
+ps_table_report = _sig("sw_ps_table_report", R, p, C.POINTER(p))
+ps_table_metrics = _sig("sw_ps_table_metrics", R, p, C.POINTER(TableMetrics),
+                        C.POINTER(HotId), C.c_size_t, sizep)
+ps_table_maintain = _sig("sw_ps_table_maintain", R, p, C.POINTER(MaintainReport))
+# Arrays as addresses (c_void_p): numpy arrays' data.
+ps_table_load_rows = _sig("sw_ps_table_load_rows", R, p, p, C.c_size_t, p, C.c_size_t, p,
+                          C.c_size_t, C.POINTER(LoadReport))
+ps_table_export_rows = _sig("sw_ps_table_export_rows", R, p, p, C.c_size_t, p, C.c_size_t,
+                            p, C.c_size_t, p, sizep)
+string_free = _sig("sw_string_free", None, p)
+
 runtime_new = _sig("sw_runtime_new", R, C.POINTER(Options), C.POINTER(p))
 runtime_port = _sig("sw_runtime_port", C.c_uint16, p)
 runtime_publish = _sig("sw_runtime_publish", R, p, C.c_char_p, C.c_size_t, p)
@@ -158,6 +240,7 @@ runtime_free = _sig("sw_runtime_free", None, p)
 
 resolver_new = _sig("sw_resolver_new", R, C.c_char_p, C.c_char_p, C.POINTER(p))
 resolver_resolve = _sig("sw_resolver_resolve", R, p, C.c_char_p, C.c_char_p, C.c_size_t)
+resolver_peer = _sig("sw_resolver_peer", R, p, C.c_char_p, C.c_char_p, C.c_size_t)
 resolver_tasks = _sig("sw_resolver_tasks", R, p, C.c_char_p, sizep)
 resolver_free = _sig("sw_resolver_free", None, p)
 
@@ -166,6 +249,7 @@ reply_status = _sig("sw_reply_status", C.c_uint32, p, C.c_size_t)
 reply_take_tensor = _sig("sw_reply_take_tensor", p, p, C.c_size_t)
 reply_rtt_us = _sig("sw_reply_rtt_us", C.c_double, p)
 reply_missing = _sig("sw_reply_missing", R, p, C.c_size_t, u32p, C.c_size_t, sizep)
+reply_refusal = _sig("sw_reply_refusal", C.c_char_p, p)
 reply_free = _sig("sw_reply_free", None, p)
 
 client_new = _sig("sw_client_new", R, p, C.c_uint32, C.POINTER(p))
@@ -202,6 +286,9 @@ client_push_rows = _sig("sw_client_push_rows", R, p, C.c_char_p, C.POINTER(Rows)
 client_push_rows_tensors = _sig("sw_client_push_rows_tensors", R, p, C.c_char_p,
                                 C.POINTER(Rows), C.POINTER(p), C.c_size_t, C.c_uint64, u64p)
 client_wait = _sig("sw_client_wait", R, p, C.c_uint64, C.POINTER(p))
+client_checkpoint = _sig("sw_client_checkpoint", R, p, C.c_char_p, C.c_uint64, u64p)
+client_checkpoint_wait = _sig("sw_client_checkpoint_wait", R, p, C.c_char_p, C.c_uint64,
+                              C.POINTER(p))
 client_poll = _sig("sw_client_poll", R, p, u64p, C.POINTER(C.c_bool))
 client_wait_any = _sig("sw_client_wait_any", R, p, u64p)
 

@@ -4,6 +4,7 @@ rows client."""
 from __future__ import annotations
 
 import ctypes as C
+import json
 import math
 import threading
 import warnings
@@ -237,8 +238,24 @@ class Client:
     Every request exists in two forms: blocking (`pull_rows`) and submitted
     (`submit_pull_rows`, which returns a `Pending` at once, for overlapping communication
     with compute; `wait_any` waits for the first of several). Waiting releases the GIL.
-    Peers are task names or addresses (see `Runtime`); `timeout` is in seconds (None: no
-    deadline).
+    Peers are task names or addresses (see `Runtime`); `timeout` is in seconds (default
+    `DEFAULT_TIMEOUT`, 5 s; None: no deadline).
+
+    A peer that cannot be reached: a request to it makes a connect attempt, and after a
+    failed one (refused, no route to host) another, ``STARWIRE_CONNECT_RETRIES`` times
+    (default 8), retry n (from 0) after ``STARWIRE_CONNECT_BACKOFF_MS`` (default 10)
+    doubled n times, at most 2 s: 10, 20, 40, ... 1280 ms, 2.55 s in all with the
+    defaults. An attempt the peer does not answer at all is given up after
+    ``STARWIRE_HANDSHAKE_TIMEOUT_MS`` (default 5000), without more retries. So with
+    ``timeout=None`` it raises `ConnectFailed` after about 2.55 s when nothing listens at
+    the peer's address, 5 s when its host does not answer, and within 47.55 s in any case
+    (2.55 s plus 5 s for each of the 9 attempts). The exception says where, how often, for
+    how long and why (``could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over
+    2.6 s: connection refused``; ``e.task``, ``e.errno``). A `timeout` cuts this short:
+    `Timeout`, saying it was still connecting and why the last attempt failed
+    (``deadline exceeded while connecting to ps:1 (10.0.0.2:5555): connection refused
+    (attempt 3)``). A peer given by task name is named so in errors; one given by address,
+    once a handshake with it named it.
     """
 
     def __init__(self, runtime: _Runtime, capacity: int = 64, *,
@@ -542,7 +559,8 @@ class Client:
         size); with `out` (a C-contiguous, writable array of that dtype and shape), that is
         `out`, which is returned. `ids` (uint64, 1-D) is used as it is when it is a
         C-contiguous uint64 array. A table the PS does not serve, or of another dtype or
-        shape, raises `RemoteError` (``NOT_FOUND``, ``INVALID_ARGUMENT``).
+        shape, raises `RemoteError` (``NOT_FOUND``, ``INVALID_ARGUMENT``) with the PS's
+        reason in ``remote_message``.
 
         One foreign call (``sw_client_pull_rows_wait``, which submits, waits with the GIL
         released, and reports the missing rows). The arguments are checked in full the first
@@ -635,8 +653,45 @@ class Client:
         table's dtype) for `ids` of `table` at `peer`, sent from the array's own memory (no
         copy; a non-contiguous array or a dtype starwire does not carry raises
         `InvalidArgument`). Raises `RemoteError` when the PS refuses them (``NOT_FOUND``:
-        no such table; ``INVALID_ARGUMENT``: another dtype or shape)."""
+        no such table; ``INVALID_ARGUMENT``: another dtype or shape), with its reason in
+        ``remote_message``."""
         self.submit_push_rows(peer, table, ids, grads, timeout).wait()
+
+    # ----- checkpoints -----
+
+    def submit_checkpoint(self, peer: str, timeout: Optional[float] = None
+                          ) -> Pending[dict[str, Any]]:
+        """`checkpoint`, submitted."""
+        tag = self._submitted(_lib.client_checkpoint(self._handle(), self.runtime._peer(peer),
+                                                     _ms(timeout), C.byref(self._tag)))
+        return Pending(self, tag, lambda r: _manifest(_reply_text(r)))
+
+    def checkpoint(self, peer: str, timeout: Optional[float] = None) -> dict[str, Any]:
+        """Asks `peer` to save the tables it serves (a checkpoint request, what
+        ``commctl checkpoint`` sends) and returns its manifest, parsed: ``format``
+        (``"starwire-checkpoint"``), ``version``, ``task``, ``dir`` (the peer's checkpoint
+        directory, on its host), ``written_unix_s``, ``seconds``, and ``tables``: per
+        table ``table``, ``file`` (`starwire.checkpoint_file` of the table), ``rows``,
+        ``bytes``, ``seconds``, ``direct_io``. The peer writes one file per table into its
+        own directory (its setting ``STARWIRE_CHECKPOINT_DIR``, `Runtime`'s
+        `checkpoint_dir`), each atomically while it serves, then the manifest
+        ``checkpoint.json``; `PsTable.load` reads a table back from there.
+
+        A refusal raises `RemoteError` with the peer's words in ``remote_message``: status
+        ``UNIMPLEMENTED`` for a peer without a checkpoint directory (or with nothing it can
+        save), ``UNAVAILABLE`` for one already saving with two more checkpoints queued
+        (retry later), ``INTERNAL`` naming each table that failed to save. Saving takes
+        about a second per GB of table: `timeout` (seconds; None, the default, waits as
+        long as it takes) must allow for it. One foreign call, waiting with the GIL
+        released."""
+        out = C.c_void_p()
+        check(_lib.client_checkpoint_wait(self._handle(), self.runtime._peer(peer),
+                                          _ms(timeout), C.byref(out)))
+        try:
+            text = C.string_at(out.value or 0).decode()
+        finally:
+            _lib.string_free(out)
+        return _manifest(text)
 
     def sharded(self, table: int, row_shape: Union[int, Sequence[int]], *,
                 peers: Optional[Sequence[str]] = None, job: str = "ps",
@@ -647,7 +702,7 @@ class Client:
         ``"mod"`` (id % tasks), ``"div"`` (contiguous ranges of ``0..vocab``) or
         ``"hash"``."""
         names = list(peers) if peers is not None else self.runtime.peers(job)
-        return Sharded(self, [self.runtime.peer(p) for p in names], table,
+        return Sharded(self, [self.runtime._peer(p).decode() for p in names], table,
                        _row_shape(row_shape), np.dtype(dtype), partition, vocab)
 
     def close(self) -> None:
@@ -696,6 +751,28 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _reply_text(reply: int) -> str:
+    """The text a stats or checkpoint request is answered with (its one ``uint8`` tensor),
+    the reply freed."""
+    try:
+        t = _lib.reply_take_tensor(reply, 0)
+        try:
+            n = int(_lib.tensor_byte_len(t))
+            return C.string_at(_lib.tensor_data(t), n).decode()
+        finally:
+            _lib.tensor_free(t)
+    finally:
+        _lib.reply_free(reply)
+
+
+def _manifest(text: str) -> dict[str, Any]:
+    """A checkpoint manifest, parsed and checked to be one."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get("format") != "starwire-checkpoint":
+        raise ValueError(f"not a starwire checkpoint manifest: {text[:80]!r}")
+    return doc
 
 
 def _rtt(reply: int) -> float:
@@ -755,15 +832,25 @@ class Sharded:
     ids are deduplicated, spread over the PS tasks, sent as one rows request per PS (all in
     flight at once), and the answers scattered into the caller's ``[batch, *row_shape]``
     array with duplicates filled; a push sums the gradients of duplicate ids before
-    sending. All of it runs in Rust: no Python per row or per PS."""
+    sending. All of it runs in Rust: no Python per row or per PS.
+
+    A PS that cannot be reached fails its part alone (the exception raised names it, e.g.
+    ``could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s: connection
+    refused``, with ``e.report`` the step's report: the other parts' rows are written).
+    The parts are in flight at once, so dead PS tasks cost a step the time of one: with
+    ``timeout=None``, the connect-retry schedule (about 2.55 s with the defaults when
+    nothing listens there, within 47.55 s in any case; see `Client`), every step; the
+    default `timeout` (5 s) or a shorter one bounds it."""
 
     def __init__(self, client: Client, addresses: list[str], table: int,
                  row_shape: tuple[int, ...], dtype: np.dtype[Any], partition: str,
                  vocab: int) -> None:
+        # `addresses`: ``host:port``, or ``task@host:port`` so that errors name the task.
         if partition not in _PARTITIONS:
             raise InvalidArgument(f"partition {partition!r} is not one of "
                                   f"{sorted(_PARTITIONS)}")
-        self.client, self.peers, self.table = client, addresses, table
+        self.client, self.table = client, table
+        self.peers = [a.rpartition("@")[2] for a in addresses]
         self.row_shape, self.dtype = row_shape, dtype
         code = code_of(dtype, "the rows")
         raw = [a.encode() for a in addresses]

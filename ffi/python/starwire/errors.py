@@ -7,6 +7,7 @@ keep working.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from . import _lib
@@ -39,24 +40,48 @@ def status_name(status: int) -> str:
 
 
 class StarwireError(Exception):
-    """A starwire call failed. `code` is the C ABI's result code (``sw_result``)."""
+    """A starwire call failed. `code` is the C ABI's result code (``sw_result``).
+
+    For a request's failure, `task` is the peer's task name (``"ps:1"``) where it is known
+    (the request named the peer by task, or a handshake with it did), and `errno` and
+    `strerror` are the operating system's reason where there is one: why the last connect
+    attempt failed (`ConnectFailed`, or a `Timeout` while the connection was still being
+    retried), or the socket error that lost a connection (`ConnectionLost`). They are None
+    otherwise. ``str(e)`` is the message, which says all of it::
+
+        could not connect to ps:1 (10.0.0.2:5555) after 9 attempts over 2.6 s: connection refused
+    """
 
     code: int = 0
     #: For the failure of a sharded step's part: the step's `StepReport` (the other parts'
     #: rows were written). None otherwise.
     report: Any = None
+    task: Optional[str]
+    errno: Optional[int]
+    strerror: Optional[str]
 
-    def __init__(self, message: str, code: Optional[int] = None) -> None:
+    def __init__(self, message: str, code: Optional[int] = None, *,
+                 task: Optional[str] = None, errno: Optional[int] = None) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        self.task = task
+        # On the exceptions that are also OSErrors these are OSError's own fields.
+        self.errno = errno
+        self.strerror = os.strerror(errno) if errno else None
+
+    def __str__(self) -> str:
+        # The message, also where OSError would say "[Errno 111] Connection refused".
+        return self.message
 
 
 class InvalidArgument(StarwireError, ValueError):
-    """An argument is not valid: a NULL, a wrong dtype or shape, an array that is not
-    C-contiguous, an unknown table kind, an address that does not parse. Raised before
-    anything is sent."""
+    """An argument is not valid, as the client checks it: a NULL, an array of the wrong
+    dtype or shape for the call, an array that is not C-contiguous, an unknown table kind,
+    an address that does not parse. Raised before anything is sent. (A table the PS does
+    not serve, or rows of another dtype or shape than its table's, is refused by the PS:
+    `RemoteError`, with its reason.)"""
 
     code = 2
 
@@ -74,7 +99,9 @@ class IoError(StarwireError, OSError):
 
 
 class Timeout(StarwireError, TimeoutError):
-    """The request's deadline passed before its answer arrived."""
+    """The request's deadline passed before its answer arrived. When the connection to the
+    peer was still being made, the message says so and `errno` is why the last attempt
+    before the deadline failed (None when none had failed yet)."""
 
     code = 5
 
@@ -86,7 +113,10 @@ class ConnectionLost(StarwireError, ConnectionError):
 
 
 class ConnectFailed(StarwireError, ConnectionError):
-    """No connection to the peer could be made (nothing listening, unreachable)."""
+    """No connection to the peer could be made (nothing listening, unreachable): every
+    attempt of the connect-retry schedule failed (see `starwire.Client`). `errno` is why
+    the last attempt failed (``errno.ECONNREFUSED``: nothing listens at the address;
+    ``errno.ETIMEDOUT``: the peer did not answer within the handshake timeout)."""
 
     code = 7
 
@@ -99,8 +129,9 @@ class RemoteError(StarwireError):
     code = 9
 
     def __init__(self, message: str, status: int = INTERNAL, remote_message: str = "",
-                 code: Optional[int] = None) -> None:
-        super().__init__(message, code)
+                 code: Optional[int] = None, *, task: Optional[str] = None,
+                 errno: Optional[int] = None) -> None:
+        super().__init__(message, code, task=task, errno=errno)
         self.status = status
         self.remote_message = remote_message
 
@@ -147,6 +178,62 @@ class AlreadyPublished(StarwireError):
     code = 14
 
 
+class CheckpointError(StarwireError):
+    """A table checkpoint could not be read or written; the message names the file and
+    what is wrong. Each kind is a subclass."""
+
+
+class CheckpointIoError(CheckpointError, OSError):
+    """A system call failed reading or writing the checkpoint (a file that is not there
+    fails opening it)."""
+
+    code = 15
+
+
+class NotACheckpoint(CheckpointError, ValueError):
+    """The file is not a table checkpoint."""
+
+    code = 16
+
+
+class CheckpointVersionError(CheckpointError):
+    """The checkpoint's format version is not one this build reads."""
+
+    code = 17
+
+
+class CheckpointTruncated(CheckpointError):
+    """The checkpoint ends early."""
+
+    code = 18
+
+
+class CheckpointCorrupted(CheckpointError):
+    """A checksum or a count of the checkpoint does not match: the file was damaged."""
+
+    code = 19
+
+
+class CheckpointShapeError(CheckpointError, ValueError):
+    """The checkpoint holds rows of another shape (table id, dim, stored format, optimizer
+    state) than the table's settings."""
+
+    code = 20
+
+
+class CheckpointTableError(CheckpointError):
+    """The checkpoint's table could not be built, or refused its rows (a row cap below
+    the file's rows)."""
+
+    code = 21
+
+
+class TableFull(StarwireError):
+    """The table refused new rows: at its row cap, or out of memory."""
+
+    code = 22
+
+
 class Closed(StarwireError):
     """The runtime, client or sharded table was closed; it cannot be used any more."""
 
@@ -157,19 +244,25 @@ _BY_CODE: dict[int, type[StarwireError]] = {
     1: InvalidArgument, 2: InvalidArgument, 3: ConfigError, 4: IoError, 5: Timeout,
     6: ConnectionLost, 7: ConnectFailed, 8: Refused, 9: RemoteError, 10: ProtocolError,
     11: Backpressure, 12: Shutdown, 13: InternalError, 14: AlreadyPublished,
+    15: CheckpointIoError, 16: NotACheckpoint, 17: CheckpointVersionError,
+    18: CheckpointTruncated, 19: CheckpointCorrupted, 20: CheckpointShapeError,
+    21: CheckpointTableError, 22: TableFull,
 }
 
 
 def from_code(code: int) -> StarwireError:
     """The exception for result `code` of the call that just failed on this thread, with
-    the library's message (and the peer's status and message, for a remote error)."""
+    the library's message (and the peer's status and message, for a remote error; the
+    peer's task and the operating system's reason, for a request's failure)."""
     message = (_lib.last_error() or b"").decode("utf-8", "replace")
+    task = (_lib.last_error_task() or b"").decode("utf-8", "replace") or None
+    errno = int(_lib.last_error_os_error()) or None
     cls = _BY_CODE.get(code, StarwireError)
     if issubclass(cls, RemoteError):
         status = int(_lib.last_error_status())
         remote = (_lib.last_error_remote() or b"").decode("utf-8", "replace")
-        return cls(message, status, remote, code=code)
-    return cls(message, code=code)
+        return cls(message, status, remote, code=code, task=task, errno=errno)
+    return cls(message, code=code, task=task, errno=errno)
 
 
 def check(code: int) -> None:

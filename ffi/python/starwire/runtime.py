@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes as C
 import json
 import logging
+import os
 import threading
 import weakref
 from typing import (Any, Callable, Mapping, Optional, Protocol, Sequence, Union,
@@ -18,6 +19,7 @@ from ._arrays import HookArrays, Lender, code_of, view
 from .client import _LEAKED, Client
 from .errors import INTERNAL, NOT_FOUND, Closed, InvalidArgument, check
 from .metrics import Metrics
+from .ps_table import PsTable
 
 log = logging.getLogger("starwire")
 
@@ -28,6 +30,8 @@ _runtime_trace_json = _lib._sig("sw_runtime_trace_json", _lib.R, _lib.p,
 _string_free = _lib._sig("sw_string_free", None, _lib.p)
 
 Setting = Union[str, int, float, bool]
+
+_CHECKPOINT_DIR = "STARWIRE_CHECKPOINT_DIR"
 
 
 @runtime_checkable
@@ -86,8 +90,10 @@ _OPTIMIZERS = {"sgd": 0, "adagrad": 1}
 
 
 class MemTable:
-    """starwire's reference in-memory table of embedding rows (rows of `dim` float32),
-    served in Rust: no Python runs per request.
+    """starwire's small in-memory table of embedding rows (rows of `dim` float32 in
+    locked shards of a hash map), served in Rust: no Python runs per request. A simple
+    table kept to compare with; a PS serves a `PsTable` (faster, bounded memory,
+    checkpoints, metrics).
 
     `init`: ``"zeros"`` (a pull of an unknown id creates its row at zero), ``"missing"``
     (a pull creates nothing and reports unknown ids missing; a push creates the row at
@@ -205,7 +211,8 @@ class Runtime:
 
     A PS passes `listen` (``"host:port"``, port 0 picks one; see `port`), and serves
     `service` (per-tensor pull and push, a `Service`) and `tables` (table id to a
-    `MemTable` or a `RowsTable` kept in Python) to rows requests.
+    `PsTable`, served under its own `table_id`, a `MemTable`, or a `RowsTable` kept in
+    Python) to rows requests.
 
     Peers are named by address (``"10.0.0.1:5555"``) or by task (``"ps:0"``,
     ``"/job:ps/task:0"``): task names go through the cluster spec (`cluster`: job to a list
@@ -216,16 +223,23 @@ class Runtime:
     Received tensors arrive in memory starwire allocates and come out as numpy arrays over
     it; `allocator` (an `Allocator`) makes them arrive in the trainer's own arrays instead,
     at the cost of a Python call per received tensor on a loop thread.
+
+    `checkpoint_dir` (the setting ``STARWIRE_CHECKPOINT_DIR``) is where this task saves the
+    tables it serves when a peer asks (`Client.checkpoint`, ``commctl checkpoint``): one
+    file per table, then the manifest ``checkpoint.json``. Without it a checkpoint request
+    is refused (``UNIMPLEMENTED``). How often the runtime runs each table's upkeep while
+    serving is ``STARWIRE_TABLE_UPKEEP_MS`` (1,000 ms by default).
     """
 
     def __init__(self, job: str = "worker", task_index: int = 0, *,
                  listen: Optional[str] = None,
                  service: Optional[Service] = None,
-                 tables: Optional[Mapping[int, Union[MemTable, RowsTable]]] = None,
+                 tables: Optional[Mapping[int, Union[PsTable, MemTable, RowsTable]]] = None,
                  handler_threads: int = 0,
                  allocator: Optional[Allocator] = None,
                  cluster: Union[None, str, Mapping[str, Sequence[str]]] = None,
                  endpoint_map: Optional[str] = None,
+                 checkpoint_dir: Union[None, str, "os.PathLike[str]"] = None,
                  settings: Optional[Mapping[str, Setting]] = None,
                  use_env: bool = True,
                  **more_settings: Setting) -> None:
@@ -238,6 +252,11 @@ class Runtime:
         self._resolver: Optional[C.c_void_p] = None
         self._cluster, self._endpoint_map = cluster, endpoint_map
         all_settings = {**(settings or {}), **more_settings}
+        if checkpoint_dir is not None:
+            if _CHECKPOINT_DIR in all_settings:
+                raise InvalidArgument(f"checkpoint_dir and {_CHECKPOINT_DIR} are the same "
+                                      "setting: give one of them")
+            all_settings[_CHECKPOINT_DIR] = os.fspath(checkpoint_dir)
         names = [k.encode() for k in all_settings]
         values = [_setting_text(v).encode() for v in all_settings.values()]
         c_names = (C.c_char_p * max(len(names), 1))(*names)
@@ -254,12 +273,20 @@ class Runtime:
             self._allocator_cb = _lib.Allocator(
                 None, _lib.ALLOC_FN(self._make_allocate(allocator, self._hooks)),
                 _lib.RELEASE_FN(self._make_release(self._hooks)))
-        # Rows tables: MemTables as they are, Python tables through callbacks (kept alive
-        # until the runtime is closed).
+        # Rows tables: PsTables and MemTables as they are, Python tables through callbacks
+        # (kept alive until the runtime is closed).
         self._py_tables: list[_PyTable] = []
         handles = []
         for tid, t in (tables or {}).items():
-            if isinstance(t, MemTable):
+            if isinstance(t, PsTable):
+                if t.table_id != tid:
+                    raise InvalidArgument(
+                        f"a PsTable of table_id={t.table_id} is given as table {tid}: serve "
+                        f"it under its own id (its table_id names its checkpoint file and "
+                        f"selects its rows' initial values), or build it with "
+                        f"table_id={tid}")
+                handles.append(t._table_handle())
+            elif isinstance(t, MemTable):
                 handles.append(t._handle())
             else:
                 py = _PyTable(t)
@@ -395,20 +422,23 @@ class Runtime:
     def peer(self, target: str) -> str:
         """The address of `target` (``"ps:0"``, ``"/job:ps/task:0"`` or a ``host:port``),
         resolved once and kept."""
-        return self._peer(target).decode()
+        return self._peer(target).decode().rpartition("@")[2]
 
     def _peer(self, target: str) -> bytes:
+        """The text requests name `target` by: ``task@host:port`` for a task name (or an
+        address the cluster has a task at), so that their errors name the task; else
+        ``host:port``."""
         got = self._peers.get(target)
         if got is not None:
             return got
         if not isinstance(target, str):
             raise InvalidArgument(f"a peer is a str (\"ps:0\" or \"host:port\"), not "
                                   f"{type(target).__name__}")
-        out = C.create_string_buffer(128)
-        check(_lib.resolver_resolve(self._resolver_handle(), target.encode(), out, len(out)))
-        addr = out.value
-        self._peers[target] = addr
-        return addr
+        out = C.create_string_buffer(256)
+        check(_lib.resolver_peer(self._resolver_handle(), target.encode(), out, len(out)))
+        text = out.value
+        self._peers[target] = text
+        return text
 
     def peers(self, job: str) -> list[str]:
         """The addresses of every task of `job` in the cluster spec, task 0 first."""

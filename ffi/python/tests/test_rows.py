@@ -1,4 +1,4 @@
-"""Rows of embedding tables over real loopback sockets: the reference `MemTable`, a table
+"""Rows of embedding tables over real loopback sockets: the small `MemTable`, a table
 kept in Python, and the sharded client over two PS tasks."""
 
 from __future__ import annotations
@@ -132,10 +132,18 @@ class RowsTest(unittest.TestCase):
         with self.assertRaises(starwire.RemoteError) as e:
             self.client.pull_rows(self.peer, 9, ids, 8)
         self.assertEqual(e.exception.status, starwire.NOT_FOUND)
-        self.assertIn("NOT_FOUND", str(e.exception))
+        # The PS says why.
+        self.assertIn("no table 9 on this task", str(e.exception))
+        with self.assertRaises(starwire.RemoteError) as e:
+            self.client.pull_rows(self.peer, 0, ids, 5)
+        self.assertEqual(e.exception.status, starwire.INVALID_ARGUMENT)
+        self.assertIn("table 0 holds f32 [8] rows; the request asked for f32 [5]",
+                      str(e.exception))
         with self.assertRaises(starwire.RemoteError) as e:
             self.client.push_rows(self.peer, 0, ids, np.ones((2, 8), dtype=np.float64))
         self.assertEqual(e.exception.status, starwire.INVALID_ARGUMENT)
+        self.assertIn("table 0 holds f32 [8] rows; the push sent f64 [8] gradients",
+                      str(e.exception))
 
     def test_submitted_rows_requests_overlap(self) -> None:
         outs = [np.empty((100, 8), dtype=np.float32) for _ in range(4)]

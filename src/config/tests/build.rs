@@ -259,6 +259,61 @@ fn connect_delay_doubles_up_to_the_cap() {
 }
 
 #[test]
+fn the_connect_schedule_adds_up_to_the_documented_bounds() {
+    let c = Config::builder("worker", 0).build().unwrap();
+    let ms = |n| Duration::from_millis(n);
+    assert_eq!(
+        (
+            c.connect_retries(),
+            c.connect_backoff(),
+            c.handshake_timeout()
+        ),
+        (
+            DEFAULT_CONNECT_RETRIES,
+            DEFAULT_CONNECT_BACKOFF,
+            DEFAULT_HANDSHAKE_TIMEOUT
+        )
+    );
+    // The waits between attempts: retry n waits connect_delay(n).
+    let waits: Vec<Duration> = (0..c.connect_retries())
+        .map(|n| c.connect_delay(n))
+        .collect();
+    assert_eq!(waits, [10, 20, 40, 80, 160, 320, 640, 1280].map(ms));
+    assert_eq!(c.connect_retry_wait(), waits.iter().sum::<Duration>());
+    assert_eq!(c.connect_retry_wait(), ms(2_550));
+    // Each of the 9 attempts may take up to handshake_timeout on top.
+    let attempts = c.connect_retries() + 1;
+    assert_eq!(
+        c.connect_give_up_bound(),
+        c.connect_retry_wait() + c.handshake_timeout() * attempts
+    );
+    assert_eq!(c.connect_give_up_bound(), ms(47_550));
+    // No retries: no waiting between attempts, one attempt's time.
+    let once = Config::builder("worker", 0)
+        .connect_retries(0)
+        .build()
+        .unwrap();
+    assert_eq!(once.connect_retry_wait(), Duration::ZERO);
+    assert_eq!(once.connect_give_up_bound(), once.handshake_timeout());
+    // Past the cap every retry waits the cap, and the sums saturate rather than wrap.
+    let many = Config::builder("worker", 0)
+        .connect_retries(10)
+        .build()
+        .unwrap();
+    assert_eq!(
+        many.connect_retry_wait(),
+        ms(2_550) + CONNECT_BACKOFF_CAP * 2
+    );
+    let endless = Config::builder("worker", 0)
+        .connect_retries(u32::MAX)
+        .build()
+        .unwrap();
+    let capped = ms(2_550) + CONNECT_BACKOFF_CAP * (u32::MAX - 8);
+    assert_eq!(endless.connect_retry_wait(), capped);
+    assert!(endless.connect_give_up_bound() > capped);
+}
+
+#[test]
 fn debug_hides_the_token() {
     let b = Config::builder("ps", 0).cluster_token(b"hunter2".to_vec());
     assert!(!format!("{b:?}").contains("104, 117"), "{b:?}");

@@ -274,6 +274,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_ZERO_COPY_MIN,
         ENV_HANDLER_THREADS,
         ENV_STATS_ENDPOINT,
+        ENV_TABLE_UPKEEP_MS,
         ENV_TRACE,
         ENV_TRACE_EVENTS,
     ];
@@ -282,7 +283,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         .iter()
         .map(|row| row.env.of(Role::Ps))
         .chain(LIMIT_FIELDS.iter().map(|f| f.env))
-        .filter(|&name| name != ENV_CLUSTER_TOKEN)
+        .filter(|&name| name != ENV_CLUSTER_TOKEN && name != ENV_CHECKPOINT_DIR)
         .collect();
     assert_eq!(
         sorted(table),
@@ -303,6 +304,24 @@ fn non_utf8_is_rejected_naming_the_variable() {
         .build()
         .unwrap();
     assert_eq!(c.cluster_token, Some(vec![0xff, 0, 0xfe]));
+    // A path is bytes too; an empty one names nothing.
+    let dir =
+        |name: &str| (name == ENV_CHECKPOINT_DIR).then(|| OsString::from_vec(vec![b'/', 0xff]));
+    let c = ConfigBuilder::from_lookup("ps", 0, dir)
+        .unwrap()
+        .build()
+        .unwrap();
+    assert_eq!(
+        c.checkpoint_dir()
+            .map(|p| p.as_os_str().as_bytes().to_vec()),
+        Some(vec![b'/', 0xff])
+    );
+    let empty = |name: &str| (name == ENV_CHECKPOINT_DIR).then(OsString::new);
+    let err = ConfigBuilder::from_lookup("ps", 0, empty).unwrap_err();
+    assert_eq!(
+        (err.name(), err.expected()),
+        (ENV_CHECKPOINT_DIR, "a directory")
+    );
 }
 
 #[test]

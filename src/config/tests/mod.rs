@@ -5,7 +5,7 @@ mod env;
 
 use super::*;
 use std::collections::HashMap;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
     let map: HashMap<String, OsString> = pairs

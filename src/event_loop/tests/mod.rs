@@ -162,6 +162,8 @@ fn dropping_a_loop_with_receives_in_flight_drains_them_and_closes_its_sockets() 
             allocator: Arc::new(HeapAllocator::default()),
             zero_copy_min: 16 << 10,
             budget: crate::session::Budget::of(&cfg),
+            checkpoints: None,
+            no_checkpoints: "no tables",
         },
         accepted: Arc::new(AtomicUsize::new(0)),
     };

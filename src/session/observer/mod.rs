@@ -19,7 +19,7 @@ use crossbeam_utils::CachePadded;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::proto::Frame;
-use crate::stats::{add, Counters, Metrics, Outcome, RequestKind, Stats};
+use crate::stats::{add, Counters, Metrics, Outcome, RequestKind, Stats, TableMetrics};
 use crate::wire::{Body, FrameKind, HEADER_LEN};
 
 use super::reply::Reply;
@@ -75,9 +75,32 @@ impl Observer {
         self.trace.tick(&self.counters.trace, || peers.names());
     }
 
-    /// The index of the block of requests sent to `addr`, made when it is first seen.
-    pub(crate) fn client_peer(&mut self, addr: SocketAddr) -> u32 {
-        self.peers.client(&self.counters, addr)
+    /// The index of the block of requests sent to `addr`, made when it is first seen;
+    /// `task`, the name a request gave the peer (`job:index`), names the block until a
+    /// handshake does.
+    pub(crate) fn client_peer(&mut self, addr: SocketAddr, task: Option<&str>) -> u32 {
+        let i = self.peers.client(&self.counters, addr);
+        let parsed = task
+            .and_then(|t| t.rsplit_once(':'))
+            .and_then(|(job, index)| Some((job, index.parse::<u32>().ok()?)));
+        if let (Some((job, index)), Some(b)) = (parsed, self.peers.get(i)) {
+            if b.task.get().is_none() {
+                b.task.set((job.to_string(), index)).ok();
+            }
+        }
+        i
+    }
+
+    /// `e`, naming the task of `peer` (its block's: from the handshake, or the name a
+    /// request gave it) when it names none yet.
+    pub(crate) fn named(&self, peer: u32, e: Error) -> Error {
+        if e.task().is_some() {
+            return e;
+        }
+        match self.peers.get(peer).and_then(|b| b.task.get()) {
+            Some((job, index)) => e.with_task(format!("{job}:{index}")),
+            None => e,
+        }
     }
 
     /// The index of the block of requests sent to `addr` ([`NO_PEER`] if none).
@@ -236,14 +259,14 @@ impl Observer {
 
     /// The stats document of this task (`task`, `job:index`), with the totals of every
     /// loop of its runtime.
-    pub(crate) fn stats_document(&self, task: &str) -> String {
+    pub(crate) fn stats_document(&self, task: &str, tables: &[(u32, TableMetrics)]) -> String {
         let counters: &Counters = &self.counters;
         counters.peers.with_loops(counters, |loops| {
             let mut totals = Stats::default();
             for l in loops {
                 totals.add_loop(l);
             }
-            Metrics::of(loops).to_json(task, &totals)
+            Metrics::of(loops).to_json_with_tables(task, &totals, tables)
         })
     }
 }
@@ -258,6 +281,7 @@ pub(crate) fn served_kind(kind: FrameKind) -> Option<RequestKind> {
         FrameKind::PullRows => RequestKind::PullRows,
         FrameKind::PushRows => RequestKind::PushRows,
         FrameKind::Stats => RequestKind::Stats,
+        FrameKind::Checkpoint => RequestKind::Checkpoint,
         _ => return None,
     })
 }

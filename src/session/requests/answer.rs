@@ -58,7 +58,12 @@ impl Requests {
         // the status); with none answered the whole request fails.
         let partial = matches!(f.body, Body::Error(_)) && p.state.fail_open(f.header.status);
         let reply = match f.body {
-            Body::Error(_) if partial => None,
+            Body::Error(e) if partial => {
+                if let ReplyState::Rows(r) = &mut p.state {
+                    r.refused(&String::from_utf8_lossy(e.message));
+                }
+                None
+            }
             Body::Error(e) => {
                 // The responder's verdict on a deadline (its own, or our CANCEL after ours).
                 let kind = match f.header.status {

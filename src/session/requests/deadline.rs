@@ -6,7 +6,6 @@
 use std::time::{Duration, Instant};
 
 use crate::ctx::CtxKey;
-use crate::error::{Error, ErrorKind};
 use crate::stats::RequestKind;
 
 use super::super::conn::Phase;
@@ -107,7 +106,7 @@ impl Requests {
         if tell && p.sent.is_some() {
             send_cancel(conns, p.conn, handle, &[]);
         }
-        let e = Error::new(ErrorKind::Timeout);
+        let e = conns.timeout(p.conn);
         let peer = conns.peer_addr(p.conn);
         let (marks, sent) = (Some(p.marks), p.sent);
         ends.fail(
@@ -136,10 +135,7 @@ impl Requests {
         let m = *m;
         let all_done = p.fused.iter().all(|m| m.done);
         let conn = p.conn;
-        let mut timeout = Error::new(ErrorKind::Timeout);
-        if let Some(peer) = conns.peer_addr(conn) {
-            timeout = timeout.with_peer(peer);
-        }
+        let timeout = conns.timeout(conn);
         let peer = conns.get(conn).map_or(u32::MAX, |c| c.peer);
         ends.member(&m, Err(timeout), peer, None);
         if all_done {

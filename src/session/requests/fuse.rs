@@ -50,6 +50,7 @@ pub(crate) fn fuse(
         let fused = Request {
             op: RequestOp::Recv { step, keys },
             peer: key.0,
+            task: first.task,
             lane: key.1,
             deadline: None,
             tag: 0,

@@ -77,7 +77,9 @@ impl ReplyState {
             RequestOp::Pull { ids, .. } => {
                 ReplyState::Pulled(Tensors::new(ids.len(), spare, false))
             }
-            RequestOp::Stats => ReplyState::Pulled(Tensors::new(1, spare, false)),
+            RequestOp::Stats | RequestOp::Checkpoint => {
+                ReplyState::Pulled(Tensors::new(1, spare, false))
+            }
             RequestOp::Recv { keys, .. } => {
                 ReplyState::Received(Tensors::new(keys.len(), spare, false))
             }

@@ -64,7 +64,10 @@ pub(crate) struct Finished<'a> {
 impl Ends<'_> {
     /// Records a request's end and hands its completion (or, for recvs the session fused,
     /// one per original recv not completed yet) to its submitter.
-    pub(crate) fn finish(&mut self, f: Finished<'_>) {
+    pub(crate) fn finish(&mut self, mut f: Finished<'_>) {
+        if let Err(e) = f.result {
+            f.result = Err(self.observer.named(f.peer, e));
+        }
         let ended = Ended {
             tag: f.tag,
             kind: f.kind,
@@ -108,6 +111,7 @@ impl Ends<'_> {
         peer: u32,
         latency: Option<Duration>,
     ) {
+        let result = result.map_err(|e| self.observer.named(peer, e));
         let outcome = Outcome::of(&result);
         self.observer
             .counted(RequestKind::Recv, outcome, peer, latency);
@@ -130,9 +134,10 @@ impl Ends<'_> {
         sent: Option<Instant>,
         marks: Option<Marks>,
     ) {
+        // Most errors name their peer already (a clone of the connection's, shared).
         let error = match peer {
-            Some(peer) => error.with_peer(peer),
-            None => error,
+            Some(peer) if error.peer() != Some(peer) => error.with_peer(peer),
+            _ => error,
         };
         let peer = self.observer.peer_of(peer);
         self.finish(Finished {
@@ -406,6 +411,7 @@ impl Requests {
                 rows::encode_push(enc, out_tensors, handle, tables, ids, blocks, &mut s.rows)
             }
             RequestOp::Stats => enc.stats(handle),
+            RequestOp::Checkpoint => enc.checkpoint(handle),
         };
         if result.is_ok() {
             let n = enc.ready_bytes() - queued_before + op.chunked_bytes(enc.chunk_limit());

@@ -17,12 +17,14 @@ use crate::rendezvous::Rendezvous;
 use crate::service::{self, SharedService};
 use crate::stats::{Outcome, RequestKind};
 use crate::tensor::{SharedAllocator, Tensor, TensorAllocator};
+use crate::upkeep::Checkpoints;
 use crate::wire::{Body, DType, Status, VarIds};
 
 use super::budget::{ConnBudget, Reservation};
 use super::conn::Conn;
 use super::observer::{served_kind, Observer};
 use super::push::{IncomingPush, PushVecs, Served, ServedRecv};
+use super::refusal::{answer_statuses, push_refusals, Refusal, Verb};
 use super::reply::keep_memory;
 use super::respond::{answer_pull, answer_push};
 use super::rows::{self, RowsScratch};
@@ -42,6 +44,11 @@ pub(crate) struct SessionParts {
     pub allocator: SharedAllocator,
     /// Payload at least this long is received straight into its tensor.
     pub zero_copy_min: u64,
+    /// Where checkpoint requests go; `None`: refused, for the reason in
+    /// [`SessionParts::no_checkpoints`].
+    pub checkpoints: Option<Checkpoints>,
+    /// Why a checkpoint request is refused when `checkpoints` is `None`.
+    pub no_checkpoints: &'static str,
     /// The task's receive budget, shared by its loops.
     pub budget: Arc<super::budget::Budget>,
 }
@@ -76,6 +83,7 @@ struct ServeScratch {
     items: Vec<ResponseItem<'static>>,
     statuses: Vec<Status>,
     push: PushScratch,
+    refusals: Vec<Refusal>,
     /// Vectors of finished pushes, for the next ones (at most `PUSH_VECS_KEPT`).
     push_vecs: Vec<PushVecs>,
 }
@@ -97,6 +105,8 @@ pub(crate) struct Server {
     /// Recvs of released connections whose waiters are still to be taken out of the
     /// rendezvous: the connection's loop, slot and generation, the recv, its next key.
     forgetting: VecDeque<((usize, u32, u32), ServedRecv, usize)>,
+    /// Where checkpoint requests go, or why they are refused.
+    checkpoints: Result<Checkpoints, &'static str>,
 }
 
 impl Server {
@@ -107,6 +117,7 @@ impl Server {
         index: usize,
         stats_task: Option<String>,
         max_served: usize,
+        checkpoints: Result<Checkpoints, &'static str>,
     ) -> Server {
         Server {
             service,
@@ -117,6 +128,7 @@ impl Server {
             stats_task,
             max_served,
             forgetting: VecDeque::new(),
+            checkpoints,
         }
     }
 
@@ -164,6 +176,7 @@ impl Server {
         match f.body {
             Body::Cancel(items) => self.on_cancel(c, h, items, observer),
             Body::Stats => self.serve_stats(c, h, observer),
+            Body::Checkpoint => self.serve_checkpoint(c, h, observer),
             Body::Pull(ids) => self.serve_pull(c, h, ids, observer),
             Body::PullRows(tables) => {
                 let Some(service) = self.service.as_deref() else {
@@ -174,7 +187,11 @@ impl Server {
                 // Counted when answered here or handed to the pool (whose answer is not
                 // seen here).
                 observer.served(c.peer, RequestKind::PullRows, Outcome::Ok, None);
-                if let Some(jobs) = &self.jobs {
+                // A request with a table refused for a reason the server can say is served
+                // here, where the words can be sent.
+                let pooled = self.jobs.as_ref();
+                let pooled = pooled.filter(|_| !rows::any_refused(service, Verb::Pull, tables));
+                if let Some(jobs) = pooled {
                     // The blocks are made on the pool: charged before they are.
                     let bytes = tables.map(|t| t.block.byte_len).sum();
                     let Ok(reserved) = c.budget.reserve(bytes) else {
@@ -259,7 +276,10 @@ impl Server {
             observer.served(c.peer, RequestKind::Stats, Outcome::Error, None);
             return;
         };
-        let mut doc = observer.stats_document(task).into_bytes();
+        let tables = (self.service.as_deref())
+            .map(service::table_metrics)
+            .unwrap_or_default();
+        let mut doc = observer.stats_document(task, &tables).into_bytes();
         doc.shrink_to_fit();
         observer.started(c.peer, RequestKind::Stats, 0, 0);
         // The document is larger than the request: charged to the receive budget until it
@@ -279,6 +299,29 @@ impl Server {
             c.held.push((token, reserved));
         }
         observer.served(c.peer, RequestKind::Stats, Outcome::Ok, None);
+    }
+
+    /// Checkpoint requests go to `checkpoints` from now on.
+    #[cfg(test)]
+    pub(crate) fn set_checkpoints(&mut self, checkpoints: Checkpoints) {
+        self.checkpoints = Ok(checkpoints);
+    }
+
+    /// Asks the upkeep thread to save the tables; it answers through
+    /// [`take_answer`](Self::take_answer). Refused at once when checkpoints are off.
+    fn serve_checkpoint(&mut self, c: &mut Serving<'_>, handle: u64, observer: &Observer) {
+        let asked = match &self.checkpoints {
+            Ok(checkpoints) => checkpoints.ask(self.reply_to(c, handle)),
+            Err(why) => Err((Status::Unimplemented, *why)),
+        };
+        let outcome = match asked {
+            Ok(()) => Outcome::Ok,
+            Err((status, why)) => {
+                let _ = c.enc.error(handle, status, why);
+                Outcome::Refused
+            }
+        };
+        observer.served(c.peer, RequestKind::Checkpoint, outcome, None);
     }
 
     /// The frame of the peer's push `handle` is in: applied and answered if it is whole.
@@ -347,7 +390,13 @@ impl Server {
             rows,
             mut memory,
         } = push.into_parts();
-        if let Some(jobs) = &self.jobs {
+        // Tables refused for a reason the server can say: answered here, with the words.
+        if rows.is_rows() {
+            push_refusals(service, &ids, &results, &mut s.refusals);
+        } else {
+            s.refusals.clear();
+        }
+        if let Some(jobs) = self.jobs.as_ref().filter(|_| s.refusals.is_empty()) {
             let to = self.reply_to(c, handle);
             let job = if rows.is_rows() {
                 Job::PushRows {
@@ -368,7 +417,7 @@ impl Server {
         }
         if rows.is_rows() {
             rows::apply_push(service, &ids, &results, &rows, &mut s.statuses);
-            answer_push(c.enc, handle, &s.statuses, &mut s.items);
+            answer_statuses(c.enc, handle, &s.statuses, &s.refusals, &mut s.items);
             // The blocks were applied: their memory takes the next push's blocks.
             keep_memory(&mut results, &mut memory);
         } else {
@@ -429,6 +478,18 @@ impl Server {
                     }
                 }
             }
+            Answer::Checkpoint { to, result } => match result {
+                Ok(doc) => {
+                    let result = Tensor::from_bytes(DType::U8, &[doc.len() as u64], doc)
+                        .map(Arc::new)
+                        .map_err(|_| Status::Internal);
+                    let (tokens, items) = (&mut s.tokens, &mut s.items);
+                    answer_pull(enc, out_tensors, to.handle, &[result], tokens, items);
+                }
+                Err((status, why)) => {
+                    let _ = enc.error(to.handle, status, &why);
+                }
+            },
         }
     }
 

@@ -3,7 +3,7 @@
 use super::*;
 use crate::stats::{Metrics, Outcome, RequestKind, Side};
 
-fn metrics(s: &Session) -> Metrics {
+pub(super) fn metrics(s: &Session) -> Metrics {
     Metrics::of(&[s.counters()])
 }
 

@@ -64,6 +64,8 @@ fn session(cfg: Config, service: Option<SharedService>, rv: Option<Arc<Rendezvou
         allocator: Arc::new(HeapAllocator::default()),
         zero_copy_min: 16 * 1024,
         budget: super::Budget::of(&cfg),
+        checkpoints: None,
+        no_checkpoints: "no tables",
     };
     let counters = Arc::new(CachePadded::new(Counters::default()));
     Session::new(Arc::new(cfg), counters, parts)
@@ -127,6 +129,7 @@ impl Pair {
         self.client.submit_local(Request {
             op,
             peer: PEER.parse().unwrap(),
+            task: None,
             lane: 0,
             deadline: deadline.map(|d| self.now + d),
             tag,
@@ -619,59 +622,6 @@ fn a_refused_handshake_fails_requests_with_the_peer_s_status() {
     assert!(said.contains("cluster id differs"), "{said}");
 }
 
-#[test]
-fn connects_are_retried_with_backoff_then_given_up() {
-    let cfg = Config::builder("worker", 0)
-        .connect_retries(2)
-        .connect_backoff(Duration::from_millis(100));
-    let mut s = session(cfg.build().unwrap(), None, None);
-    let now = Instant::now();
-    s.submit_local(Request {
-        op: RequestOp::Ping { payload: 0 },
-        peer: PEER.parse().unwrap(),
-        lane: 0,
-        deadline: None,
-        tag: 9,
-        spare: Spare::default(),
-        trace: Default::default(),
-    });
-    s.drain_requests(now);
-    let Some(Action::Connect { slot, .. }) = s.poll_action() else {
-        panic!("no connect");
-    };
-    let mut attempts = 1;
-    let mut t = now;
-    loop {
-        s.connect_failed(slot, t);
-        if let Some(Action::Close { slot: closed }) = s.poll_action() {
-            assert_eq!(closed, slot);
-            break;
-        }
-        // Nothing happens before the backoff is over.
-        let due = s.poll_timeout().unwrap();
-        assert!(due > t);
-        s.handle_timeout(due - Duration::from_nanos(1));
-        assert_eq!(s.poll_action(), None);
-        t = due;
-        s.handle_timeout(t);
-        assert_eq!(
-            s.poll_action(),
-            Some(Action::Connect {
-                slot,
-                addr: PEER.parse().unwrap()
-            })
-        );
-        attempts += 1;
-    }
-    assert_eq!(attempts, 3);
-    drop(s.release(slot));
-    let done = s.take_local().unwrap();
-    assert_eq!(
-        (done.tag, done.result.clone_err()),
-        (9, Some(ErrorKind::ConnectFailed))
-    );
-}
-
 fn error_statuses(bytes: &[u8]) -> Vec<Status> {
     let mut d = crate::proto::Decoder::new(crate::wire::Limits::default(), 1 << 20);
     let mut out = Vec::new();
@@ -890,6 +840,8 @@ fn a_chunked_tensor_over_the_connection_budget_fails_alone() {
 }
 
 mod backpressure;
+mod checkpoint;
+mod connect;
 mod liveness;
 mod metrics;
 mod recv_ahead;

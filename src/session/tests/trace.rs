@@ -40,6 +40,7 @@ fn a_record_holds_the_submit_send_answer_and_completion_times() {
     p.client.submit_local(Request {
         op: pull(&[3, 0]),
         peer: PEER.parse().unwrap(),
+        task: None,
         lane: 0,
         deadline: None,
         tag: 77,
@@ -76,6 +77,7 @@ fn a_request_that_fails_unsent_has_no_send_or_answer_time() {
     p.client.submit_local(Request {
         op: RequestOp::Ping { payload: 0 },
         peer: PEER.parse().unwrap(),
+        task: None,
         lane: 0,
         deadline: Some(p.now + Duration::from_millis(2)),
         tag: 5,
@@ -120,6 +122,7 @@ fn probe_pulls() {
         p.client.submit_local(Request {
             op: pull(&[3]),
             peer: PEER.parse().unwrap(),
+            task: None,
             lane: 0,
             deadline: None,
             tag: i as u64,

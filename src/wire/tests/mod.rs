@@ -523,7 +523,7 @@ fn emit_body(body: &Body<'_>) -> Vec<u8> {
     }
     match *body {
         Body::Hello(r) | Body::HelloAck(r) => fill(r.buffer_len(), |b| r.emit(b)),
-        Body::Ping | Body::Pong | Body::Stats => Vec::new(),
+        Body::Ping | Body::Pong | Body::Stats | Body::Checkpoint => Vec::new(),
         Body::Recv(r) | Body::FusedRecv(r) => {
             let keys: Vec<&[u8]> = r.keys.collect();
             fill(recv_meta_len(&keys), |b| {

@@ -25,7 +25,7 @@ fn reject_bad_version() {
 
 #[test]
 fn reject_unknown_kind() {
-    for k in [0u8, 16, 17, 128, 255] {
+    for k in [0u8, 17, 18, 128, 255] {
         rejects(&patch(PING, |v| v[H_KIND] = k), Error::UnknownKind(k));
     }
 }

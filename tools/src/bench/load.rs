@@ -9,6 +9,7 @@ use starwire::rows::Rows;
 use starwire::{DType, Status};
 use starwire::{Error, ErrorKind, Handle, Reply, Tensor};
 
+use super::ids::Ids;
 use crate::cli::BenchArgs;
 use crate::exit::Failure;
 use crate::serve::recv_key;
@@ -34,15 +35,6 @@ pub(super) enum Op {
     FusedRecv,
     PullRows,
     PushRows,
-}
-
-/// The `k`-th row id of a run over `0..range`: splitmix64 of `k`, reduced. The same
-/// sequence every run; spread over the range, so ids repeat only by chance.
-pub fn row_id(k: u64, range: u64) -> u64 {
-    let mut z = k.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)) % range.max(1)
 }
 
 impl Op {
@@ -83,10 +75,10 @@ pub(super) struct Load {
     variables: u64,
     next: u64,
     push: Option<Arc<Tensor>>,
-    /// Rows requests: the table, the shape of a row, the id range and the ids drawn so far.
+    /// Rows requests: the table, the shape of a row, how ids are drawn and how many so far.
     table: u32,
     row_dims: [u64; 1],
-    id_range: u64,
+    ids: Ids,
     drawn: u64,
     /// The next rows request's ids, and a push's gradient rows (the same every request,
     /// sent from this tensor's memory by every request in flight).
@@ -110,6 +102,7 @@ impl Load {
         addr: SocketAddr,
         args: &BenchArgs,
         dim: usize,
+        ids: Ids,
     ) -> Result<Load, Failure> {
         let push = match op {
             Op::Push => {
@@ -142,7 +135,7 @@ impl Load {
             push,
             table: args.table,
             row_dims: [dim as u64],
-            id_range: args.id_range,
+            ids,
             drawn: 0,
             row_ids: Vec::with_capacity(if op.rows() { per_request } else { 0 }),
             grads,
@@ -158,7 +151,7 @@ impl Load {
     fn draw_rows(&mut self) {
         self.row_ids.clear();
         for _ in 0..self.per_request {
-            self.row_ids.push(row_id(self.drawn, self.id_range));
+            self.row_ids.push(self.ids.id(self.drawn));
             self.drawn += 1;
         }
     }

@@ -4,14 +4,17 @@
 //! Against `commctl serve` (see [`crate::serve`]): pulls ask for ids and recvs for keys
 //! `t/i`, with `i` running through `0..--variables` in turn; pushes send one shared
 //! tensor of `--tensor-size` bytes for each id. Rows pulls and pushes name the server's
-//! rows table (`--table`) and `-k` row ids each, drawn from `0..--id-range` by a fixed hash
-//! of a counter ([`row_id`]); a rows push sends one block of gradient rows.
+//! rows table (`--table`) and `-k` row ids each, drawn from `0..--rows` by a fixed hash of
+//! a counter ([`row_id`]), or Zipf-distributed (`--zipf S`); a rows push sends one block of
+//! gradient rows. The report's header gives the working set: the table's bytes for
+//! `--rows` rows, against the CPU's caches.
 
+mod ids;
 mod load;
 mod report;
 mod spawned;
 
-pub use load::row_id;
+pub use ids::row_id;
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -19,15 +22,18 @@ use std::time::{Duration, Instant};
 
 use starwire::ErrorKind;
 
+use self::ids::Ids;
 use self::load::{Load, Op, OPERATIONS};
 use self::report::{json, latency_histogram, quantile, record, table, LoopTime, Outcome};
+use self::report::{Run, WorkingSet};
 use self::spawned::Spawned;
-use crate::cli::{BenchArgs, DEFAULT_DIM};
+use crate::cli::BenchArgs;
 use crate::cpu;
 use crate::exit::{self, Failure};
 use crate::ping::{client_config, fatal, fmt_ms, start_client};
-use crate::serve::{MAX_DIM, MAX_TENSORS, MAX_TENSOR_SIZE};
+use crate::serve::{MAX_TENSORS, MAX_TENSOR_SIZE};
 use crate::signals::{self, Watcher};
+use crate::table::{TableSpec, DEFAULT_DIM, DEFAULT_ROWS, MAX_DIM, MAX_ROWS};
 use crate::target;
 
 /// Default run time.
@@ -41,8 +47,9 @@ const MAX_PER_REQUEST: usize = 65_536;
 /// Most rows in one rows request (starwire's default `max_rows`).
 const MAX_ROWS_PER_REQUEST: usize = 1 << 20;
 
-/// The operation, and the f32 per row of rows requests (and of the server bench starts).
-fn check_args(args: &BenchArgs) -> Result<(Op, usize), Failure> {
+/// The operation, the f32 per row of rows requests (and of the server bench starts), and
+/// the rows their ids are drawn from.
+fn check_args(args: &BenchArgs) -> Result<(Op, usize, u64), Failure> {
     let Some(op) = Op::parse(&args.operation) else {
         return Err(Failure::usage(format!(
             "-o {}: unknown operation (supported: {})",
@@ -84,8 +91,31 @@ fn check_args(args: &BenchArgs) -> Result<(Op, usize), Failure> {
             MAX_DIM * 4
         )));
     }
-    if args.id_range == 0 {
-        return Err(Failure::usage("--id-range 0: expected at least 1 id"));
+    let rows = match (args.rows, args.id_range) {
+        (Some(_), Some(_)) => {
+            return Err(Failure::usage(
+                "--rows and --id-range say the same thing: give one",
+            ))
+        }
+        (Some(n), None) | (None, Some(n)) => n,
+        (None, None) => DEFAULT_ROWS,
+    };
+    if !(1..=MAX_ROWS).contains(&rows) {
+        let flag = if args.rows.is_some() {
+            "--rows"
+        } else {
+            "--id-range"
+        };
+        return Err(Failure::usage(format!(
+            "{flag} {rows}: expected 1 to {MAX_ROWS} rows"
+        )));
+    }
+    if let Some(s) = args.zipf {
+        if !(s.is_finite() && s > 0.0) {
+            return Err(Failure::usage(format!(
+                "--zipf {s}: expected an exponent more than 0 (leave --zipf out for uniform ids)"
+            )));
+        }
     }
     if op == Op::Recv && args.tensors != 1 {
         return Err(Failure::usage(format!(
@@ -135,12 +165,44 @@ fn check_args(args: &BenchArgs) -> Result<(Op, usize), Failure> {
             "--server-loops applies only to the server bench starts (no TARGET)",
         ));
     }
-    Ok((op, dim))
+    Ok((op, dim, rows))
+}
+
+/// The table the rows requests work on, as the server bench starts has it (or as
+/// `--table-kind`, `--stored` and `--optimizer` say the target's is), and where `rows` of
+/// it fit among the CPU's caches.
+fn working_set(args: &BenchArgs, dim: usize, rows: u64) -> WorkingSet {
+    let spec = TableSpec {
+        id: args.table,
+        kind: args.table_kind,
+        dim,
+        stored: args.stored,
+        optimizer: args.optimizer,
+        rows,
+        ..TableSpec::default()
+    };
+    let per_row = spec.bytes_per_row();
+    let bytes = per_row.saturating_mul(rows);
+    let caches = cpu::caches();
+    WorkingSet {
+        rows,
+        zipf: args.zipf,
+        per_row,
+        bytes,
+        table: format!(
+            "a {} of {} rows with {}",
+            spec.kind,
+            crate::table::float_name(spec.stored),
+            spec.optimizer
+        ),
+        fit: cpu::fit(bytes, &caches),
+        fit_text: cpu::describe_fit(bytes, &caches),
+    }
 }
 
 /// Runs `commctl bench`.
 pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
-    let (op, dim) = check_args(args)?;
+    let (op, dim, rows) = check_args(args)?;
     let signals = signals::take()?;
     let timeout = Duration::from_secs_f64(args.timeout);
     let (spawned, label, addr) = match &args.target {
@@ -149,7 +211,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             (None, t.label, t.addr)
         }
         None => {
-            let s = Spawned::start(args, dim)?;
+            let s = Spawned::start(args, dim, rows)?;
             let addr = s.addr;
             (Some(s), addr.to_string(), addr)
         }
@@ -166,7 +228,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let rt = start_client(cfg)?;
     let watcher = Watcher::start(signals, std::thread::current());
     let mut h = rt.handle(args.inflight.max(args.connections));
-    let mut load = Load::new(op, addr, args, dim)?;
+    let mut load = Load::new(op, addr, args, dim, Ids::new(rows, args.zipf))?;
 
     // Open every connection before the clock starts: one ping per lane.
     for _ in 0..args.connections {
@@ -323,10 +385,15 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     drop(spawned);
 
     let mut out = crate::out::stdout();
+    let run = Run {
+        op,
+        dim,
+        working_set: op.rows().then(|| working_set(args, dim, rows)),
+    };
     let text = if args.json {
-        json(args, (op, dim), &label, &o) + "\n"
+        json(args, &run, &label, &o) + "\n"
     } else {
-        table(args, (op, dim), &label, &server_note, &o)
+        table(args, &run, &label, &server_note, &o)
     };
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();

@@ -8,6 +8,7 @@ use starwire::{Error, ErrorKind, Status};
 
 use super::load::Op;
 use crate::cli::BenchArgs;
+use crate::cpu::{self, Fit};
 use crate::exit::Failure;
 use crate::ping::fmt_ms;
 
@@ -15,6 +16,40 @@ use crate::ping::fmt_ms;
 const LATENCY_MAX_NS: u64 = 86_400 * 1_000_000_000;
 /// Significant digits of the latency histogram: 3, within 0.1%.
 const LATENCY_DIGITS: u8 = 3;
+
+/// What a run did: the operation, the f32 per row of rows requests, and for those the
+/// table they worked on.
+pub(super) struct Run {
+    pub op: Op,
+    pub dim: usize,
+    pub working_set: Option<WorkingSet>,
+}
+
+/// The rows a rows run drew its ids from, the table's bytes for them, and where those fit
+/// among the CPU's caches.
+pub(super) struct WorkingSet {
+    /// Ids were drawn from `0..rows`.
+    pub rows: u64,
+    /// Zipf's exponent, for skewed ids.
+    pub zipf: Option<f64>,
+    /// The table's bytes per row, and for `rows`.
+    pub per_row: u64,
+    pub bytes: u64,
+    /// What table the bytes are reckoned for.
+    pub table: String,
+    pub fit: Fit,
+    pub fit_text: String,
+}
+
+impl WorkingSet {
+    /// `uniform` or `zipf 1.1`.
+    fn draw(&self) -> String {
+        match self.zipf {
+            Some(s) => format!("zipf {s}"),
+            None => "uniform".into(),
+        }
+    }
+}
 
 /// What a run measured.
 pub(super) struct Outcome {
@@ -96,11 +131,12 @@ fn pct_of_wall(cpu: Duration, o: &Outcome) -> f64 {
 
 pub(super) fn table(
     args: &BenchArgs,
-    (op, dim): (Op, usize),
+    run: &Run,
     label: &str,
     server_note: &str,
     o: &Outcome,
 ) -> String {
+    let (op, dim) = (run.op, run.dim);
     let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     let what = match op {
         Op::Ping => format!("{} B payload", args.size),
@@ -112,13 +148,18 @@ pub(super) fn table(
         Op::Recv => "1 key per request".to_owned(),
         Op::Pull => format!("{} per request", plural(args.tensors, "id")),
         Op::FusedRecv => format!("{} per request", plural(args.tensors, "key")),
-        Op::PullRows | Op::PushRows => format!(
-            "{} of {} B per request (table {}, ids in 0..{})",
-            plural(args.tensors, "row"),
-            dim * 4,
-            args.table,
-            args.id_range
-        ),
+        Op::PullRows | Op::PushRows => {
+            let (rows, draw) = run
+                .working_set
+                .as_ref()
+                .map_or((0, String::new()), |w| (w.rows, w.draw()));
+            format!(
+                "{} of {} B per request (table {}, ids in 0..{rows}, {draw})",
+                plural(args.tensors, "row"),
+                dim * 4,
+                args.table,
+            )
+        }
     };
     let mut s = format!(
         "{} to {label}{}: {what}, {} in flight, {}, {}\n\n",
@@ -133,6 +174,24 @@ pub(super) fn table(
         plural(args.loops, "client loop"),
     );
     let mut row = |k: &str, v: String| s.push_str(&format!("  {k:<12} {v}\n"));
+    if let Some(w) = &run.working_set {
+        row(
+            "working set",
+            format!(
+                "{} rows, {} as {} ({} B a row): {}{}",
+                w.rows,
+                cpu::fmt_bytes(w.bytes),
+                w.table,
+                w.per_row,
+                w.fit_text,
+                if w.zipf.is_some() {
+                    "; with skewed ids most requests touch far fewer rows"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
     row(
         "requests",
         format!(
@@ -259,8 +318,10 @@ pub(super) fn table(
 }
 
 /// The JSON report. Rows operations have `table`, `rows_per_request`, `row_bytes`,
-/// `id_range`, `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the
-/// tensor operations have their `tensors...` members; pings have neither. Members in this
+/// `id_range` and `table_rows` (both the rows ids are drawn from), `zipf` (`null` for
+/// uniform ids), `working_set_bytes`, `fits_in` (`l2`, `llc`, `memory` or `unknown`),
+/// `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the tensor
+/// operations have their `tensors...` members; pings have neither. Members in this
 /// order; the ones a report does not have are left out. `latency_ms` is `null` when no
 /// request succeeded.
 #[derive(Serialize)]
@@ -276,6 +337,15 @@ struct Report<'a> {
     row_bytes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     id_range: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    table_rows: Option<u64>,
+    /// Rows operations only; `null` for uniform ids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zipf: Option<Option<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    working_set_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fits_in: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_bytes: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -335,7 +405,9 @@ struct LatencyMs {
     max: f64,
 }
 
-pub(super) fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Outcome) -> String {
+pub(super) fn json(args: &BenchArgs, run: &Run, label: &str, o: &Outcome) -> String {
+    let (op, dim) = (run.op, run.dim);
+    let ws = run.working_set.as_ref();
     // Nanosecond precision is all there is; more digits are float noise.
     let r6 = |x: f64| (x * 1e6).round() / 1e6;
     let r1 = |x: f64| (x * 10.0).round() / 10.0;
@@ -357,7 +429,11 @@ pub(super) fn json(args: &BenchArgs, (op, dim): (Op, usize), label: &str, o: &Ou
         table: rows.then_some(args.table),
         rows_per_request: rows.then(|| op.per_request(args)),
         row_bytes: rows.then_some(dim * 4),
-        id_range: rows.then_some(args.id_range),
+        id_range: ws.map(|w| w.rows),
+        table_rows: ws.map(|w| w.rows),
+        zipf: ws.map(|w| w.zipf),
+        working_set_bytes: ws.map(|w| w.bytes),
+        fits_in: ws.map(|w| w.fit.name()),
         payload_bytes: (!rows).then_some(args.size),
         tensors_per_request: tensors.then(|| op.per_request(args)),
         tensor_bytes: tensors.then_some(args.tensor_size),

@@ -6,6 +6,7 @@ use std::process::{Child, Command, Stdio};
 
 use crate::cli::BenchArgs;
 use crate::exit::Failure;
+use crate::table::{float_name, TableKind};
 
 /// A `commctl serve` started by bench; stopped (SIGTERM) when dropped.
 pub(super) struct Spawned {
@@ -14,7 +15,7 @@ pub(super) struct Spawned {
 }
 
 impl Spawned {
-    pub(super) fn start(args: &BenchArgs, dim: usize) -> Result<Spawned, Failure> {
+    pub(super) fn start(args: &BenchArgs, dim: usize, rows: u64) -> Result<Spawned, Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::usage(format!("cannot find the commctl binary: {e}")))?;
         let mut child = Command::new(exe)
@@ -28,6 +29,17 @@ impl Spawned {
             .arg(args.table.to_string())
             .arg("--dim")
             .arg(dim.to_string())
+            .arg("--rows")
+            .arg(rows.to_string())
+            .arg("--table-kind")
+            .arg(match args.table_kind {
+                TableKind::Ps => "ps",
+                TableKind::Mem => "mem",
+            })
+            .arg("--stored")
+            .arg(float_name(args.stored))
+            .arg("--optimizer")
+            .arg(args.optimizer.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

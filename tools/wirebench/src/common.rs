@@ -3,6 +3,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use starwire::rows::ps::{Create, Optimizer as PsOptimizer};
+use starwire::rows::{Init, MemTable, Optimizer, PsTable};
+use starwire::Table;
+
 use crate::model::{ModelConfig, Shard};
 
 /// Bench rows: ids `0..ROWS`, `ROW_BYTES` each, every byte the id's low byte.
@@ -17,11 +21,15 @@ pub const BIG_BYTES: usize = 4 << 20;
 pub const STEP_BIT: u64 = 1 << 62;
 /// Ping payload bytes.
 pub const PING_BYTES: usize = 64;
-/// The embedding table of the rows workloads: ids `0..TABLE_ROWS`, `ROW_BYTES` each. Row
-/// `id` starts with `id` as a little-endian u64 and its other bytes are `id`'s low byte, so
-/// that a pulled row shows which id it is. (A table of its own, so that the per-element
-/// workloads keep the 1,024 rows they always had.)
+/// Default rows of the embedding table of the rows workloads (`--table-rows`): ids
+/// `0..rows`, `ROW_BYTES` each. Row `id` starts with `id` as a little-endian u64 and its
+/// other bytes are `id`'s low byte, so that a pulled row shows which id it is. (A table of
+/// its own, so that the per-element workloads keep the 1,024 rows they always had.)
 pub const TABLE_ROWS: u64 = 1 << 16;
+/// Fewest and most `--table-rows`: a request's 1,000 distinct ids, and the most a
+/// `PsTable` holds (a power of two, as [`rows_ids`] needs).
+pub const MIN_TABLE_ROWS: u64 = 1 << 10;
+pub const MAX_TABLE_ROWS: u64 = 1 << 31;
 /// f32 lanes of a pushed gradient row.
 pub const ROW_F32: usize = ROW_BYTES / 4;
 
@@ -30,52 +38,241 @@ pub const OK: i32 = 0;
 pub const NOT_FOUND: i32 = 1;
 pub const INVALID: i32 = 7;
 
+/// Which table holds the rows workloads' rows (`--table`), on every kind's server alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableKind {
+    /// A plain array of rows: a pull copies them, a push adds gradients into accumulators
+    /// beside them (under one lock). Isolates what the transport costs.
+    Flat,
+    /// starwire's `PsTable`: a hash probe and a copy a row pulled, a read-modify-write (SGD
+    /// with learning rate 0, which leaves the rows as they were built, so that pulls can
+    /// still be checked) a row pushed.
+    Ps,
+    /// starwire's small `MemTable`, the same way.
+    Mem,
+}
+
+impl TableKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TableKind::Flat => "flat",
+            TableKind::Ps => "ps",
+            TableKind::Mem => "mem",
+        }
+    }
+
+    pub const ALL: [TableKind; 3] = [TableKind::Flat, TableKind::Ps, TableKind::Mem];
+
+    pub fn parse(s: &str) -> Option<TableKind> {
+        TableKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// The rows workloads' table: its kind and its rows (a power of two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableConfig {
+    pub kind: TableKind,
+    pub rows: u64,
+}
+
+impl TableConfig {
+    /// Bytes the table holds: a flat table's rows (and as much again for the push
+    /// accumulators, not counted), a `PsTable`'s slots and index, a `MemTable`'s values
+    /// and hash entries (about).
+    pub fn bytes(&self) -> u64 {
+        use starwire_tools::table::{TableKind as Kind, TableSpec};
+        let spec = |kind| TableSpec {
+            kind,
+            dim: ROW_F32,
+            ..TableSpec::default()
+        };
+        let per_row = match self.kind {
+            TableKind::Flat => ROW_BYTES as u64,
+            TableKind::Ps => spec(Kind::Ps).bytes_per_row(),
+            TableKind::Mem => spec(Kind::Mem).bytes_per_row(),
+        };
+        self.rows * per_row
+    }
+}
+
+/// The rows of the rows workloads, in the table `--table` names.
+enum Rows {
+    /// `rows` x `ROW_BYTES`, row after row, and one accumulator row of `ROW_F32` f32 per
+    /// table row, which pushed gradient rows are added into (pulls read the table, which
+    /// stays as it was built, so that they can be checked).
+    Flat {
+        table: Vec<u8>,
+        grads: Mutex<Vec<f32>>,
+    },
+    Ps(Box<PsTable>),
+    Mem(MemTable),
+}
+
 /// The server side's data, the same for every kind.
 pub struct Store {
     pub rows: Vec<Vec<u8>>,
     pub big: Vec<u8>,
     pub model: ModelConfig,
     pub shard: Mutex<Shard>,
-    /// The rows workloads' table, `TABLE_ROWS` x `ROW_BYTES`, row after row.
-    pub table: Vec<u8>,
-    /// One accumulator row of `ROW_F32` f32 per table row, which pushed gradient rows are
-    /// added into (pulls read `table`, which stays as it was built, so that they can be
-    /// checked).
-    pub grads: Mutex<Vec<f32>>,
+    /// The rows workloads' table.
+    table: Rows,
+    table_rows: u64,
+}
+
+/// Row `id`'s bytes as `ROW_F32` f32 (the same bits).
+fn row_values(id: u64, out: &mut Vec<f32>) {
+    let bytes: Vec<u8> = table_row_bytes(id).collect();
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap())),
+    );
 }
 
 impl Store {
-    pub fn new() -> Store {
+    pub fn new(table: TableConfig) -> Result<Store, String> {
         let model = ModelConfig::default();
-        Store {
+        let n = table.rows;
+        let rows = match table.kind {
+            TableKind::Flat => Rows::Flat {
+                table: (0..n).flat_map(table_row_bytes).collect(),
+                grads: Mutex::new(vec![0.0; n as usize * ROW_F32]),
+            },
+            TableKind::Ps => {
+                let t = PsTable::builder(ROW_F32)
+                    .table_id(1)
+                    .create(Create::Never)
+                    .optimizer(PsOptimizer::Sgd { lr: 0.0 })
+                    .capacity(n)
+                    .max_rows(n)
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let (mut ids, mut values) = (Vec::new(), Vec::new());
+                for first in (0..n).step_by(4096) {
+                    ids.clear();
+                    values.clear();
+                    ids.extend(first..(first + 4096).min(n));
+                    for &id in &ids {
+                        row_values(id, &mut values);
+                    }
+                    t.load_rows(&ids, &values, None)
+                        .map_err(|e| e.to_string())?;
+                }
+                Rows::Ps(Box::new(t))
+            }
+            TableKind::Mem => {
+                let t = MemTable::new(ROW_F32, Init::Missing, Optimizer::Sgd { lr: 0.0 });
+                let mut values = Vec::new();
+                for id in 0..n {
+                    values.clear();
+                    row_values(id, &mut values);
+                    t.insert(id, &values).map_err(|e| e.to_string())?;
+                }
+                Rows::Mem(t)
+            }
+        };
+        Ok(Store {
             rows: (0..ROWS).map(|i| vec![i as u8; ROW_BYTES]).collect(),
             big: (0..BIG_BYTES).map(|i| (i % 251) as u8).collect(),
             shard: Mutex::new(Shard::new(&model)),
             model,
-            table: (0..TABLE_ROWS).flat_map(table_row_bytes).collect(),
-            grads: Mutex::new(vec![0.0; TABLE_ROWS as usize * ROW_F32]),
-        }
-    }
-
-    /// Row `id` of the rows workloads' table.
-    pub fn table_row(&self, id: u64) -> Option<&[u8]> {
-        (id < TABLE_ROWS).then(|| {
-            let at = id as usize * ROW_BYTES;
-            &self.table[at..at + ROW_BYTES]
+            table: rows,
+            table_rows: n,
         })
     }
 
-    /// Adds pushed gradient rows (`ROW_F32` little-endian f32 each) into the accumulators
-    /// of their table rows, under one lock; the positions of the rows not applied (an id
-    /// outside the table, or a row of the wrong size) are appended to `missing`.
-    pub fn add_rows<'a>(
+    /// The rows of `ids` into `out` (`ROW_BYTES` each); the positions of the ids the
+    /// table has no row for are appended to `missing` (their rows are zeros).
+    pub fn pull_rows(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) {
+        match &self.table {
+            Rows::Flat { table, .. } => {
+                for (i, (&id, row)) in ids.iter().zip(out.chunks_exact_mut(ROW_BYTES)).enumerate() {
+                    if id < self.table_rows {
+                        let at = id as usize * ROW_BYTES;
+                        row.copy_from_slice(&table[at..at + ROW_BYTES]);
+                    } else {
+                        row.fill(0);
+                        missing.push(i as u32);
+                    }
+                }
+            }
+            Rows::Ps(t) => {
+                let _ = Table::pull(&**t, ids, out, missing);
+            }
+            Rows::Mem(t) => {
+                let _ = Table::pull(t, ids, out, missing);
+            }
+        }
+    }
+
+    /// Calls `each` with the row of every id, in order (`None` for an id the table has no
+    /// row for): a flat table's rows where they are, another table's pulled into a block
+    /// first. For the transports that carry a row per message field.
+    pub fn each_row(&self, ids: &[u64], mut each: impl FnMut(Option<&[u8]>)) {
+        if let Rows::Flat { table, .. } = &self.table {
+            for &id in ids {
+                let at = id as usize * ROW_BYTES;
+                each((id < self.table_rows).then(|| &table[at..at + ROW_BYTES]));
+            }
+            return;
+        }
+        let mut block = vec![0u8; ids.len() * ROW_BYTES];
+        let mut missing = Vec::new();
+        self.pull_rows(ids, &mut block, &mut missing);
+        let mut missing = missing.iter().peekable();
+        for (i, row) in block.chunks_exact(ROW_BYTES).enumerate() {
+            let gone = missing.next_if(|&&m| m as usize == i).is_some();
+            each((!gone).then_some(row));
+        }
+    }
+
+    /// [`push_rows`](Self::push_rows) of rows given one by one (a flat table adds them
+    /// where they are; another table gets them as one block).
+    pub fn push_row_slices(&self, ids: &[u64], rows: &[Vec<u8>], missing: &mut Vec<u32>) {
+        match &self.table {
+            Rows::Flat { grads, .. } => {
+                let rows = ids.iter().copied().zip(rows.iter().map(Vec::as_slice));
+                self.add_rows(grads, rows, missing)
+            }
+            _ => self.push_rows(ids, &rows.concat(), missing),
+        }
+    }
+
+    /// Applies pushed gradient rows (`ROW_F32` little-endian f32 each, `block` one per
+    /// id): added into the accumulators of a flat table, or pushed into the table. The
+    /// positions of the rows not applied (an id outside a flat table; a block of the wrong
+    /// length: all) are appended to `missing`.
+    pub fn push_rows(&self, ids: &[u64], block: &[u8], missing: &mut Vec<u32>) {
+        if block.len() != ids.len() * ROW_BYTES {
+            missing.extend(0..ids.len() as u32);
+            return;
+        }
+        match &self.table {
+            Rows::Flat { grads, .. } => {
+                let rows = ids.iter().copied().zip(block.chunks_exact(ROW_BYTES));
+                self.add_rows(grads, rows, missing)
+            }
+            Rows::Ps(t) => {
+                let _ = Table::push(&**t, ids, block);
+            }
+            Rows::Mem(t) => {
+                let _ = Table::push(t, ids, block);
+            }
+        }
+    }
+
+    /// Adds gradient rows into a flat table's accumulators, under one lock; the positions
+    /// of the rows not applied (an id outside the table, or a row of the wrong size) are
+    /// appended to `missing`.
+    fn add_rows<'a>(
         &self,
+        grads: &Mutex<Vec<f32>>,
         rows: impl IntoIterator<Item = (u64, &'a [u8])>,
         missing: &mut Vec<u32>,
     ) {
-        let mut acc = self.grads.lock().unwrap();
+        let mut acc = grads.lock().unwrap();
         for (i, (id, bytes)) in rows.into_iter().enumerate() {
-            if id >= TABLE_ROWS || bytes.len() != ROW_BYTES {
+            if id >= self.table_rows || bytes.len() != ROW_BYTES {
                 missing.push(i as u32);
                 continue;
             }
@@ -196,6 +393,8 @@ pub struct Workload {
     pub connections: usize,
     /// Rows (ids) per request, for a rows/s rate; 0 where that means nothing.
     pub rows: usize,
+    /// Rows of the rows workloads' table, which their ids are drawn from.
+    pub table_rows: u64,
 }
 
 /// Latencies in nanoseconds: hdrhistogram, 3 significant digits, 1 ns to a day.
@@ -274,26 +473,26 @@ pub fn check_row(id: u64, bytes: &[u8]) -> bool {
     bytes.len() == ROW_BYTES && bytes[..8] == id.to_le_bytes() && bytes[ROW_BYTES - 1] == id as u8
 }
 
-// What `rows_ids` relies on: a power of two (for the masks), its shifts at least 1, and
-// the four 16-bit draws wide enough.
-const _: () = assert!(TABLE_ROWS.is_power_of_two() && TABLE_ROWS >= 4 && TABLE_ROWS <= 1 << 16);
-
-/// The ids of request number `n` of a rows workload: `count` distinct ids of the table, a
-/// deterministic pseudo-random sample. They are `count` consecutive numbers (from a start
-/// drawn from `n`) through a permutation of `0..TABLE_ROWS` drawn from `n` (multiplications
-/// by odd numbers, xor-shifts and an addition, modulo the table size: each a bijection, so
-/// the ids are distinct).
-pub fn rows_ids(n: u64, count: usize, out: &mut Vec<u64>) {
-    assert!(count as u64 <= TABLE_ROWS);
-    let mask = TABLE_ROWS - 1;
-    let bits = TABLE_ROWS.trailing_zeros();
-    // splitmix64 of n: four 16-bit draws.
-    let mut k = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    k = (k ^ (k >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    k = (k ^ (k >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    k ^= k >> 31;
-    let (m1, m2) = ((k & mask) | 1, ((k >> 16) & mask) | 1);
-    let (add, start) = ((k >> 32) & mask, (k >> 48) & mask);
+/// The ids of request number `n` of a rows workload: `count` distinct ids of a table of
+/// `rows` rows (a power of two, at least 4), a deterministic pseudo-random sample. They are
+/// `count` consecutive numbers (from a start drawn from `n`) through a permutation of
+/// `0..rows` drawn from `n` (multiplications by odd numbers, xor-shifts and an addition,
+/// modulo the table size: each a bijection, so the ids are distinct).
+pub fn rows_ids(n: u64, count: usize, rows: u64, out: &mut Vec<u64>) {
+    assert!(rows.is_power_of_two() && (4..=1 << 32).contains(&rows));
+    assert!(count as u64 <= rows);
+    let mask = rows - 1;
+    let bits = rows.trailing_zeros();
+    // splitmix64 of n, and of that: four draws of up to 32 bits.
+    let mix = |x: u64| {
+        let mut k = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        k = (k ^ (k >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        k = (k ^ (k >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        k ^ (k >> 31)
+    };
+    let (k1, k2) = (mix(n), mix(mix(n)));
+    let (m1, m2) = ((k1 & mask) | 1, ((k1 >> 32) & mask) | 1);
+    let (add, start) = (k2 & mask, (k2 >> 32) & mask);
     out.clear();
     out.extend((0..count as u64).map(|i| {
         let mut x = (start + i) & mask;
@@ -403,6 +602,50 @@ impl StepWorker {
             .zip(&self.grads[i * dim..(i + 1) * dim])
         {
             b.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_ids_are_distinct_ids_of_the_table() {
+        let mut ids = Vec::new();
+        for rows in [1u64 << 10, 1 << 16, 1 << 20] {
+            for n in 0..20 {
+                rows_ids(n, 1000, rows, &mut ids);
+                let distinct: std::collections::HashSet<_> = ids.iter().collect();
+                assert_eq!(distinct.len(), 1000, "{rows} rows, request {n}");
+                assert!(ids.iter().all(|&id| id < rows));
+            }
+        }
+    }
+
+    #[test]
+    fn every_table_kind_holds_the_same_rows_and_keeps_them_through_pushes() {
+        for kind in TableKind::ALL {
+            let store = Store::new(TableConfig { kind, rows: 1024 }).unwrap();
+            let ids = [0u64, 7, 255, 1023, 5000];
+            let grads = grad_block(ids.len());
+            let mut missing = Vec::new();
+            store.push_rows(&ids[..4], &grads[..4 * ROW_BYTES], &mut missing);
+            assert!(missing.is_empty(), "{kind:?}");
+            let mut out = vec![0xaau8; ids.len() * ROW_BYTES];
+            store.pull_rows(&ids, &mut out, &mut missing);
+            assert_eq!(missing, [4], "{kind:?}");
+            for (i, (&id, row)) in ids.iter().zip(out.chunks_exact(ROW_BYTES)).enumerate() {
+                if i < 4 {
+                    assert!(check_row(id, row), "{kind:?}: row {id}");
+                } else {
+                    assert!(row.iter().all(|&b| b == 0), "{kind:?}");
+                }
+            }
+            let mut each = Vec::new();
+            store.each_row(&ids, |row| each.push(row.map(<[u8]>::to_vec)));
+            assert_eq!(each[1].as_deref(), Some(&out[ROW_BYTES..2 * ROW_BYTES]));
+            assert!(each[4].is_none());
         }
     }
 }

@@ -172,15 +172,17 @@ impl bench_server::Bench for Svc {
             rows: Vec::with_capacity(ids.len()),
             missing: Vec::new(),
         };
-        for (i, &id) in ids.iter().enumerate() {
-            match self.store.table_row(id) {
+        let mut i = 0;
+        self.store.each_row(&ids, |row| {
+            match row {
                 Some(row) => reply.rows.push(row.to_vec()),
                 None => {
                     reply.rows.push(Vec::new());
-                    reply.missing.push(i as u32);
+                    reply.missing.push(i);
                 }
             }
-        }
+            i += 1;
+        });
         Ok(Response::new(reply))
     }
 
@@ -195,8 +197,7 @@ impl bench_server::Bench for Svc {
             ));
         }
         let mut missing = Vec::new();
-        let rows = r.ids.iter().copied().zip(r.rows.iter().map(Vec::as_slice));
-        self.store.add_rows(rows, &mut missing);
+        self.store.push_row_slices(&r.ids, &r.rows, &mut missing);
         Ok(Response::new(RowsPushed { missing }))
     }
 
@@ -209,15 +210,9 @@ impl bench_server::Bench for Svc {
             block: Vec::with_capacity(ids.len() * ROW_BYTES),
             missing: Vec::new(),
         };
-        for (i, &id) in ids.iter().enumerate() {
-            match self.store.table_row(id) {
-                Some(row) => reply.block.extend_from_slice(row),
-                None => {
-                    reply.block.resize(reply.block.len() + ROW_BYTES, 0);
-                    reply.missing.push(i as u32);
-                }
-            }
-        }
+        reply.block.resize(ids.len() * ROW_BYTES, 0);
+        self.store
+            .pull_rows(&ids, &mut reply.block, &mut reply.missing);
         Ok(Response::new(reply))
     }
 
@@ -232,25 +227,23 @@ impl bench_server::Bench for Svc {
             ));
         }
         let mut missing = Vec::new();
-        let rows = r.ids.iter().copied().zip(r.block.chunks_exact(ROW_BYTES));
-        self.store.add_rows(rows, &mut missing);
+        self.store.push_rows(&r.ids, &r.block, &mut missing);
         Ok(Response::new(RowsPushed { missing }))
     }
 }
 
 /// Serves on `addr` on a new tokio runtime, in a thread of its own; returns the address.
-pub fn serve(addr: SocketAddr) -> Result<SocketAddr, String> {
+pub fn serve(addr: SocketAddr, table: TableConfig) -> Result<SocketAddr, String> {
+    let store = Arc::new(Store::new(table)?);
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .map_err(|e| e.to_string())?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
-        let svc = bench_server::BenchServer::new(Svc {
-            store: Arc::new(Store::new()),
-        })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+        let svc = bench_server::BenchServer::new(Svc { store })
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
         // As `Server::serve(addr)` would: TCP_NODELAY on accepted connections.
         let incoming = match TcpIncoming::from_listener(listener, true, None) {
             Ok(i) => i,
@@ -306,7 +299,7 @@ pub fn run(
         let mut tasks = Vec::new();
         for i in 0..w.inflight {
             let client = clients[i % clients.len()].clone();
-            let (op, rows) = (w.op, w.rows);
+            let (op, rows) = (w.op, (w.rows, w.table_rows));
             tasks.push(tokio::spawn(async move {
                 match op {
                     Op::Step => step_task(client, i as u64, end).await,
@@ -382,11 +375,12 @@ async fn op_task(mut client: Client, op: Op, seed: u64, end: Instant) -> Sample 
     s
 }
 
-/// The rows workloads: `rows` ids a request, one `bytes` per row or (`packed`) one block.
+/// The rows workloads: `rows` ids a request from a table of `table_rows`, one `bytes` per
+/// row or (`packed`) one block.
 async fn rows_task(
     mut client: Client,
     op: Op,
-    rows: usize,
+    (rows, table_rows): (usize, u64),
     packed: bool,
     seed: u64,
     end: Instant,
@@ -399,7 +393,7 @@ async fn rows_task(
     let grad = grad_block(rows);
     while Instant::now() < end {
         let t0 = Instant::now();
-        rows_ids(n, rows, &mut ids);
+        rows_ids(n, rows, table_rows, &mut ids);
         let ok = match (op, packed) {
             (Op::RowsPull, false) => {
                 let r = client.pull_row_list(RowsRequest { ids: ids.clone() }).await;

@@ -17,6 +17,12 @@
 //!
 //! The kinds: `starwire`, `grpc`, `grpc-packed` (gRPC with a rows request's rows in one
 //! `bytes` block rather than one `bytes` each; the rows workloads only) and `raw`.
+//!
+//! The rows workloads read and write one table, the same on every kind's server:
+//! `--table-rows N` rows (default 65,536) held by `--table flat` (a plain array: what the
+//! transport costs, and nothing else), `ps` (starwire's `PsTable`: a hash probe and a copy
+//! a row pulled, a read-modify-write a row pushed) or `mem` (starwire's small `MemTable`).
+//! The report says the table's size and whether it fits in the CPU's caches.
 
 mod common;
 mod cpu;
@@ -27,6 +33,7 @@ mod raw;
 mod sw;
 
 use common::*;
+use starwire_tools::cpu::{caches as cpu_caches, describe_fit, fit, fmt_bytes, Fit};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -59,15 +66,39 @@ struct Args {
     /// internal: serve KIND on loopback and print its address
     #[argh(option)]
     serve: Option<String>,
+    /// the rows workloads' table: flat (a plain array), ps (starwire's PsTable) or mem
+    /// (its MemTable) (default flat)
+    #[argh(option, default = "String::from(\"flat\")")]
+    table: String,
+    /// rows of the rows workloads' table, a power of two from 1024 to 2^31 (default 65536)
+    #[argh(option, default = "TABLE_ROWS")]
+    table_rows: u64,
 }
 
-fn workloads() -> Vec<Workload> {
+impl Args {
+    /// The rows workloads' table, checked.
+    fn table(&self) -> Result<TableConfig, String> {
+        let kind = TableKind::parse(&self.table)
+            .ok_or_else(|| format!("--table {}: expected flat, ps or mem", self.table))?;
+        let rows = self.table_rows;
+        if !(rows.is_power_of_two() && (MIN_TABLE_ROWS..=MAX_TABLE_ROWS).contains(&rows)) {
+            return Err(format!(
+                "--table-rows {rows}: expected a power of two from {MIN_TABLE_ROWS} to \
+                 {MAX_TABLE_ROWS}"
+            ));
+        }
+        Ok(TableConfig { kind, rows })
+    }
+}
+
+fn workloads(table_rows: u64) -> Vec<Workload> {
     let w = |name: &str, op, inflight, connections, rows| Workload {
         name: name.into(),
         op,
         inflight,
         connections,
         rows,
+        table_rows,
     };
     vec![
         w("ping-1", Op::Ping, 1, 1, 0),
@@ -98,12 +129,12 @@ fn describe(w: &Workload) -> String {
             w.inflight
         ),
         Op::RowsPull => format!(
-            "pull of {} rows x {ROW_BYTES} B, distinct ids sampled from {TABLE_ROWS}",
-            w.rows
+            "pull of {} rows x {ROW_BYTES} B, distinct ids sampled from {}",
+            w.rows, w.table_rows
         ),
         Op::RowsPush => format!(
-            "push of {} rows x {ROW_BYTES} B (f32 gradients, added in), distinct ids sampled from {TABLE_ROWS}",
-            w.rows
+            "push of {} rows x {ROW_BYTES} B (f32 gradients, applied), distinct ids sampled from {}",
+            w.rows, w.table_rows
         ),
     };
     if w.op == Op::Step {
@@ -144,11 +175,18 @@ const RAW_INFLIGHT: &str = "raw: one request at a time per connection, so N in f
 
 fn main() -> ExitCode {
     let args: Args = argh::from_env();
+    let table = match args.table() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("wirebench: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(kind) = &args.serve {
-        return serve_child(kind);
+        return serve_child(kind, table);
     }
     if args.list {
-        for w in workloads() {
+        for w in workloads(table.rows) {
             println!("{:<14} {}", w.name, describe(&w));
         }
         return ExitCode::SUCCESS;
@@ -163,17 +201,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve_child(kind: &str) -> ExitCode {
+fn serve_child(kind: &str, table: TableConfig) -> ExitCode {
     pin(0);
     raise_fd_limit();
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let result = match Kind::parse(kind) {
-        Some(Kind::Starwire) => sw::serve(addr).map(|(rt, a)| {
+        Some(Kind::Starwire) => sw::serve(addr, table).map(|(rt, a)| {
             std::mem::forget(rt);
             a
         }),
-        Some(Kind::Grpc | Kind::GrpcPacked) => grpc::serve(addr),
-        Some(Kind::Raw) => raw::serve(addr),
+        Some(Kind::Grpc | Kind::GrpcPacked) => grpc::serve(addr, table),
+        Some(Kind::Raw) => raw::serve(addr, table),
         None => Err(format!("unknown kind {kind:?}")),
     };
     match result {
@@ -203,10 +241,11 @@ struct Server {
 }
 
 impl Server {
-    fn start(kind: Kind) -> Result<Server, String> {
+    fn start(kind: Kind, table: TableConfig) -> Result<Server, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut child = Command::new(exe)
-            .args(["--serve", kind.name()])
+            .args(["--serve", kind.name(), "--table", table.kind.name()])
+            .args(["--table-rows", &table.rows.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -366,7 +405,8 @@ fn coordinate(args: &Args) -> Result<bool, String> {
         (args.runs.max(1), args.seconds)
     };
     let time = Duration::from_secs_f64(seconds);
-    let all = workloads();
+    let table = args.table()?;
+    let all = workloads(table.rows);
     let chosen: Vec<Workload> = match &args.only {
         None => all,
         Some(list) => {
@@ -398,7 +438,7 @@ fn coordinate(args: &Args) -> Result<bool, String> {
             if !chosen.iter().any(|w| applies(w, kind)) {
                 continue;
             }
-            let server = Server::start(kind)?;
+            let server = Server::start(kind, table)?;
             for (wi, w) in chosen.iter().enumerate() {
                 if !applies(w, kind) {
                     continue;
@@ -431,10 +471,14 @@ fn coordinate(args: &Args) -> Result<bool, String> {
         eprintln!("\r{:60}", "");
     }
     let failed: u64 = results.iter().flatten().map(|s| s.failed).sum();
+    let rows_run = chosen
+        .iter()
+        .any(|w| matches!(w.op, Op::RowsPull | Op::RowsPush));
+    let table = rows_run.then(|| TableLine::of(table));
     if args.json {
-        print_json(&chosen, &kinds, &results, runs, seconds);
+        print_json(&chosen, &kinds, &results, (runs, seconds), table.as_ref());
     } else {
-        print_table(&chosen, &kinds, &results, runs, seconds);
+        print_table(&chosen, &kinds, &results, (runs, seconds), table.as_ref());
     }
     Ok(failed == 0)
 }
@@ -477,14 +521,50 @@ fn ratios(results: &[Summary], kinds: &[Kind]) -> [Option<f64>; 4] {
     ]
 }
 
+/// The rows workloads' table, for the report: its kind and rows, its bytes, and where
+/// they fit among the CPU's caches.
+struct TableLine {
+    table: TableConfig,
+    bytes: u64,
+    fit: Fit,
+    fit_text: String,
+}
+
+impl TableLine {
+    fn of(table: TableConfig) -> TableLine {
+        let caches = cpu_caches();
+        let bytes = table.bytes();
+        TableLine {
+            table,
+            bytes,
+            fit: fit(bytes, &caches),
+            fit_text: describe_fit(bytes, &caches),
+        }
+    }
+}
+
 fn print_table(
     chosen: &[Workload],
     kinds: &[Kind],
     results: &[Vec<Summary>],
-    runs: usize,
-    seconds: f64,
+    (runs, seconds): (usize, f64),
+    table: Option<&TableLine>,
 ) {
     println!("wirebench: {runs} run(s) of {seconds} s per workload and kind; medians; server on CPU 0, clients on CPU 1");
+    if let Some(t) = table {
+        println!(
+            "rows table: {} rows x {ROW_BYTES} B, {} (`--table {}`), {}: {}",
+            t.table.rows,
+            match t.table.kind {
+                TableKind::Flat => "a plain array",
+                TableKind::Ps => "starwire's PsTable",
+                TableKind::Mem => "starwire's MemTable",
+            },
+            t.table.kind.name(),
+            fmt_bytes(t.bytes),
+            t.fit_text
+        );
+    }
     println!();
     println!(
         "{:<14} {:<11} {:>11} {:>12} {:>9} {:>9} {:>7}   {:>8} {:>15} {:>8} {:>12}",
@@ -611,8 +691,8 @@ fn print_json(
     chosen: &[Workload],
     kinds: &[Kind],
     results: &[Vec<Summary>],
-    runs: usize,
-    seconds: f64,
+    (runs, seconds): (usize, f64),
+    table: Option<&TableLine>,
 ) {
     let num = json_num;
     let list = |v: &[f64]| json_list(v, 6);
@@ -647,8 +727,17 @@ fn print_json(
             w.name,
         ));
     }
+    let table = table.map_or("null".to_string(), |t| {
+        format!(
+            "{{\"kind\":\"{}\",\"rows\":{},\"row_bytes\":{ROW_BYTES},\"bytes\":{},\"fits_in\":\"{}\"}}",
+            t.table.kind.name(),
+            t.table.rows,
+            t.bytes,
+            t.fit.name()
+        )
+    });
     println!(
-        "{{\"runs\":{runs},\"seconds\":{seconds},\"raw_inflight\":\"{RAW_INFLIGHT}\",\"cpu\":\"{CPU_WINDOW}\",\"results\":[{}]}}",
+        "{{\"runs\":{runs},\"seconds\":{seconds},\"table\":{table},\"raw_inflight\":\"{RAW_INFLIGHT}\",\"cpu\":\"{CPU_WINDOW}\",\"results\":[{}]}}",
         items.join(",")
     );
 }

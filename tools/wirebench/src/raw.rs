@@ -30,10 +30,10 @@ const ROWS_PUSH: u8 = 5;
 const MAX: usize = 64 << 20;
 
 /// Serves on `addr` (a thread accepting, a thread per connection); returns the address.
-pub fn serve(addr: SocketAddr) -> Result<SocketAddr, String> {
+pub fn serve(addr: SocketAddr, table: TableConfig) -> Result<SocketAddr, String> {
     let listener = TcpListener::bind(addr).map_err(|e| e.to_string())?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let store = Arc::new(Store::new());
+    let store = Arc::new(Store::new(table)?);
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             let store = store.clone();
@@ -84,6 +84,7 @@ fn ids_at(b: &[u8], at: usize, n: usize) -> Option<impl Iterator<Item = u64> + '
 fn serve_conn(mut s: TcpStream, store: &Store) -> std::io::Result<()> {
     let bad = || std::io::Error::other("malformed request");
     let (mut req, mut reply, mut missing) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ids: Vec<u64> = Vec::new();
     loop {
         read_msg(&mut s, &mut req)?;
         reply.clear();
@@ -125,27 +126,24 @@ fn serve_conn(mut s: TcpStream, store: &Store) -> std::io::Result<()> {
             }
             ROWS_PULL => {
                 let n = u32_at(body, 0).ok_or_else(bad)? as usize;
+                ids.clear();
+                ids.extend(ids_at(body, 4, n).ok_or_else(bad)?);
                 missing.clear();
-                for (i, id) in ids_at(body, 4, n).ok_or_else(bad)?.enumerate() {
-                    match store.table_row(id) {
-                        Some(row) => reply.extend_from_slice(row),
-                        None => {
-                            reply.resize(reply.len() + ROW_BYTES, 0);
-                            missing.push(i as u32);
-                        }
-                    }
-                }
+                let at = reply.len();
+                reply.resize(at + n * ROW_BYTES, 0);
+                store.pull_rows(&ids, &mut reply[at..], &mut missing);
                 put_missing(&mut reply, &missing);
             }
             ROWS_PUSH => {
                 let n = u32_at(body, 0).ok_or_else(bad)? as usize;
-                let ids = ids_at(body, 4, n).ok_or_else(bad)?;
+                ids.clear();
+                ids.extend(ids_at(body, 4, n).ok_or_else(bad)?);
                 let block = &body[4 + 8 * n..];
                 if block.len() != n * ROW_BYTES {
                     return Err(bad());
                 }
                 missing.clear();
-                store.add_rows(ids.zip(block.chunks_exact(ROW_BYTES)), &mut missing);
+                store.push_rows(&ids, block, &mut missing);
                 put_missing(&mut reply, &missing);
             }
             _ => return Err(bad()),
@@ -261,7 +259,7 @@ pub fn run(
     time: Duration,
     meter: &Meter,
 ) -> Result<Sample, String> {
-    let (op, rows) = (w.op, w.rows);
+    let (op, rows, table_rows) = (w.op, w.rows, w.table_rows);
     let gate = Barrier::new(w.inflight);
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..w.inflight)
@@ -273,7 +271,7 @@ pub fn run(
                         meter.start();
                     }
                     let s = match &mut c {
-                        Ok(c) => conn_loop(c, op, rows, addr, i as u64, time),
+                        Ok(c) => conn_loop(c, op, (rows, table_rows), addr, i as u64, time),
                         Err(e) => Err(e.clone()),
                     };
                     if gate.wait().is_leader() {
@@ -292,11 +290,11 @@ pub fn run(
 }
 
 /// Keeps requests going over `c` for `time` (over a new connection to `addr` where `c`
-/// breaks). `rows`: ids per request of the rows workloads.
+/// breaks). `rows`: ids per request of the rows workloads, and the rows of their table.
 fn conn_loop(
     c: &mut Conn,
     op: Op,
-    rows: usize,
+    (rows, table_rows): (usize, u64),
     addr: SocketAddr,
     seed: u64,
     time: Duration,
@@ -377,11 +375,11 @@ fn conn_loop(
                 }
             }
             Op::RowsPull => {
-                rows_ids(n, rows, &mut ids);
+                rows_ids(n, rows, table_rows, &mut ids);
                 c.rows(ROWS_PULL, &ids, &[]).is_ok() && c.rows_pulled(&ids)
             }
             Op::RowsPush => {
-                rows_ids(n, rows, &mut ids);
+                rows_ids(n, rows, table_rows, &mut ids);
                 c.rows(ROWS_PUSH, &ids, &grad).is_ok() && c.reply == 0u32.to_le_bytes()
             }
         };

@@ -21,8 +21,8 @@ struct Svc {
     table: RowsTable,
 }
 
-/// The rows workloads' table (table 1): u8 rows of `ROW_BYTES` read from the store, pushed
-/// gradient rows added into its accumulators.
+/// The rows workloads' table (table 1): u8 rows of `ROW_BYTES` from the store's table
+/// (`--table`), pushed gradient rows applied there.
 struct RowsTable {
     store: Arc<Store>,
     dims: [u64; 1],
@@ -36,21 +36,12 @@ impl Table for RowsTable {
         &self.dims
     }
     fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status {
-        for (i, (&id, row)) in ids.iter().zip(out.chunks_exact_mut(ROW_BYTES)).enumerate() {
-            match self.store.table_row(id) {
-                Some(r) => row.copy_from_slice(r),
-                None => {
-                    row.fill(0);
-                    missing.push(i as u32);
-                }
-            }
-        }
+        self.store.pull_rows(ids, out, missing);
         Status::Ok
     }
     fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
         let mut missing = Vec::new();
-        let rows = ids.iter().copied().zip(grads.chunks_exact(ROW_BYTES));
-        self.store.add_rows(rows, &mut missing);
+        self.store.push_rows(ids, grads, &mut missing);
         if missing.is_empty() {
             Status::Ok
         } else {
@@ -100,9 +91,9 @@ impl Service for Svc {
     }
 }
 
-/// Serves on `addr` until the process ends.
-pub fn serve(addr: SocketAddr) -> Result<(Runtime, SocketAddr), String> {
-    let store = Arc::new(Store::new());
+/// Serves on `addr` until the process ends, the rows workloads from `table`.
+pub fn serve(addr: SocketAddr, table: TableConfig) -> Result<(Runtime, SocketAddr), String> {
+    let store = Arc::new(Store::new(table)?);
     let tensor = |b: &[u8]| Arc::new(Tensor::from_slice(DType::U8, &[b.len() as u64], b).unwrap());
     let svc = Svc {
         rows: store.rows.iter().map(|r| tensor(r)).collect(),
@@ -315,7 +306,7 @@ fn run_rows(
     loop {
         let now = Instant::now();
         while now < end && sent.len() < w.inflight {
-            rows_ids(n, w.rows, &mut ids);
+            rows_ids(n, w.rows, w.table_rows, &mut ids);
             let rows = Rows::new(1, DType::U8, &dims, &ids);
             let d = Some(now + TIMEOUT);
             let tag = match w.op {
@@ -334,7 +325,7 @@ fn run_rows(
         let (t0, number) = sent.remove(&done.tag).ok_or("unknown completion")?;
         let ok = match &done.result {
             Ok(Reply::Rows(rows)) => {
-                rows_ids(number, w.rows, &mut check);
+                rows_ids(number, w.rows, w.table_rows, &mut check);
                 rows.missing(0).is_empty()
                     && check
                         .iter()

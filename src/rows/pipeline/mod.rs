@@ -1,0 +1,477 @@
+//! The pipelined sharded rows client: a worker's step that does not wait for the network
+//! when it need not. The user's guide is on [`Pipeline`].
+
+mod ledger;
+mod report;
+mod settings;
+mod step;
+
+pub use report::{PipelineReport, PushFailure};
+pub use settings::{PipelineSettings, MAX_PUSHES_IN_FLIGHT};
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrayvec::ArrayVec;
+
+use super::element::{self, RowElement};
+use super::plan::{Partition, Plan};
+use crate::client::{Client, Mode};
+use crate::cluster::Peer;
+use crate::error::Error;
+use crate::session::{Completion, Rows, Spare, MAX_ROW_RANK};
+use crate::tensor::Tensor;
+use crate::wire::DType;
+use ledger::Ledger;
+
+/// A table partitioned over PS tasks, seen from a worker whose steps overlap their
+/// communication with their computation: the rows of the next batch are requested while
+/// this one computes ([`prefetch`](Self::prefetch)), and a [`push`](Self::push) of
+/// gradients returns without waiting for the PS tasks to answer. A staleness bound `s`
+/// keeps it honest; `s = 0` is [`Sharded`](crate::Sharded)'s synchronous step, row for
+/// row.
+///
+/// Each batch is planned as `Sharded` plans it (duplicate ids removed, the distinct ones
+/// spread over the PS tasks by a [`Partition`], one rows request per PS, the answers
+/// scattered into the caller's `[batch, row]` buffer with duplicates filled, the gradients
+/// of duplicates summed before they are sent).
+///
+/// ```no_run
+/// # use starwire::rows::{Partition, Pipeline, PipelineSettings};
+/// # use starwire::{DType, Handle, Peer};
+/// # fn compute(_: &[f32], _: &mut [f32]) {}
+/// # fn train(h: &mut Handle, peers: Vec<Peer>, batches: &[Vec<u64>]) -> Result<(), starwire::Error> {
+/// const DIM: usize = 16;
+/// let settings = PipelineSettings::default().staleness(1);
+/// let mut table = Pipeline::new(peers, Partition::Hash, 7, DType::F32, &[DIM as u64], settings)?;
+/// let (mut rows, mut grads) = (Vec::new(), Vec::new());
+/// table.prefetch(h, &batches[0])?;
+/// for (t, ids) in batches.iter().enumerate() {
+///     rows.resize(ids.len() * DIM, 0f32);
+///     grads.resize(ids.len() * DIM, 0f32);
+///     table.pull_typed(h, ids, &mut rows)?; // step t's rows, requested ahead
+///     if let Some(next) = batches.get(t + 1) {
+///         table.prefetch(h, next)?; // step t + 1's, sent now if the bound allows
+///     }
+///     compute(&rows, &mut grads);
+///     let report = table.push_typed(h, ids, &grads)?; // returns without waiting
+///     eprintln!("step {t}: {:?} communication", report.visible);
+/// }
+/// table.flush(h)?; // every push answered
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # What a pulled row reflects
+///
+/// Number this worker's pushes 1, 2, 3, … in the order of the [`push`](Self::push) calls
+/// that sent them, and let `P` be the number sent when [`pull`](Self::pull) returns the
+/// rows of a step. The request for a PS's part of those rows was sent only after that PS
+/// had answered its part of each of pushes `1..=P - s` (a push with no id at that PS does
+/// not hold it back); a PS answers a push once its table has applied it. So:
+///
+/// - every row **reflects** each of this worker's pushes numbered up to `P - s` (none is
+///   required while `P ≤ s`);
+/// - it **may or may not reflect** each of the `s` most recent pushes, `P - s + 1 ..= P`:
+///   not at all, fully, or, with a table that applies a push row by row and element by
+///   element without a lock (a Hogwild [`PsTable`](crate::rows::PsTable)), partly;
+/// - it may reflect any push of **other workers**, from any time: the bound is on this
+///   worker's own pushes only, which other workers' are not ordered against;
+/// - a push part that **failed** (refused, timed out, or lost with its connection) is not
+///   applied; it is not retried either: the next call reports it (see *Errors*).
+///
+/// With `s = 0` each pull waits for every earlier push to be answered, and its rows are
+/// those [`Sharded::pull`](crate::Sharded::pull) would give after
+/// [`Sharded::push`](crate::Sharded::push) returned. The prefetched request of a step
+/// anticipates the step's own push (a prefetch between a step's pull and its push knows one
+/// more push comes before the rows are used); if more pushes are sent before the
+/// [`pull`](Self::pull) than the bound allows the prefetched rows to miss, the pull asks
+/// for those rows again ([`PipelineReport::refetched`]). The bound is checked when the rows
+/// are used, whatever the order of the calls.
+///
+/// # When requests go out
+///
+/// [`prefetch`](Self::prefetch) never waits: it sends each PS's request at once if the
+/// bound allows, and leaves the others to the next call that finds the answers they wait
+/// for (the [`push`](Self::push), or at the latest the [`pull`](Self::pull), which waits
+/// for them). In the usual order (pull `t`, prefetch `t + 1`, compute, push `t`), the
+/// prefetch of step `t + 1` needs the pushes up to step `t - s` answered: with `s ≥ 2`
+/// that is the push of two steps ago and the request goes out during the computation;
+/// with `s = 1` it is the last step's push, just sent, and the request usually goes out
+/// with the push after the computation (call [`flush`](Self::flush) before the prefetch
+/// to wait for that push instead). A [`push`](Self::push) waits only while the push sent
+/// `max_pushes_in_flight` pushes before it is unanswered: so at most that many are in
+/// flight.
+///
+/// # Errors
+///
+/// A call returns `Err` for invalid arguments (before anything is done), when a part of
+/// the step's pull failed (naming the step and the PS; the other PS tasks' rows may have
+/// been written), and for **push failures**: a push part that failed after its call had
+/// returned is reported by the next call of this pipeline that finds it (any of
+/// [`pull`](Self::pull), [`prefetch`](Self::prefetch), [`push`](Self::push),
+/// [`flush`](Self::flush)), whose error names each failed step and PS (the kind and peer
+/// are the first one's); [`failed_pushes`](Self::failed_pushes) lists them until the next
+/// call. A call that reports push failures delivers no rows and sends no gradients: call
+/// it again to do so. Nothing is retried and nothing is dropped silently.
+///
+/// # Use
+///
+/// Use one [`Client`] with a pipeline, and do not take its completions with
+/// [`Client::wait_any`] or [`Client::poll`] while the pipeline has requests in flight
+/// (their results would be lost to it, and its waits fail with
+/// [`ErrorKind::NotOutstanding`](crate::ErrorKind::NotOutstanding)). The client must allow
+/// `(max_pushes_in_flight + 1) × PS tasks` requests in flight (a [`Handle`](crate::Handle)'s
+/// capacity). Call [`flush`](Self::flush) before dropping the pipeline: requests it leaves
+/// in flight keep their completions in the client.
+///
+/// After the first steps (once its buffers have grown to the largest batch and as many
+/// pushes as may be in flight have been sent), a step allocates nothing.
+#[derive(Debug)]
+pub struct Pipeline {
+    peers: Vec<Peer>,
+    table: u32,
+    dtype: DType,
+    row_dims: ArrayVec<u64, MAX_ROW_RANK>,
+    row_bytes: usize,
+    settings: PipelineSettings,
+    /// The pushes in flight and what each PS has answered.
+    ledger: Ledger,
+    /// Per push slot and PS (`slot * peers + k`): the tag of that part while pending.
+    push_tags: Vec<u64>,
+    /// Per push slot and PS, and per PS for pulls: the vectors of the request, which go
+    /// out with it and come back with its answer. Each serves one kind of request of one
+    /// size class, so once every slot has been used, no request allocates.
+    push_spares: Vec<Spare>,
+    pull_spares: Vec<Spare>,
+    /// Per push slot and PS: the block its summed gradients are sent from, by reference
+    /// (written again once the connection has let go of it).
+    blocks: Vec<Arc<Tensor>>,
+    /// Per PS, in this push: `None` when its rows are in its block, else where they are in
+    /// `merged`.
+    placed: Vec<Option<usize>>,
+    /// Summed gradients of the PS tasks whose block a connection still held, copied when
+    /// sent (room for all is kept).
+    merged: Vec<u8>,
+    /// The batch whose rows are on their way (planned by `prefetch`, or by `pull` when
+    /// none was), and each PS's part of its pull.
+    ahead: Plan,
+    ahead_planned: bool,
+    parts: Vec<Part>,
+    /// The batch of the step in progress, by which `push` sums gradients.
+    current: Plan,
+    current_planned: bool,
+    /// A push of ids other than the step's batch is planned here.
+    other: Plan,
+    /// Steps whose rows were delivered.
+    steps: u64,
+    /// The step in progress has sent its push.
+    step_pushed: bool,
+    /// Push failures found and not reported yet, and those the last error reported.
+    failures: Vec<PushFailure>,
+    reported: Vec<PushFailure>,
+    report: PipelineReport,
+    /// The bytes of a typed call's rows (grown to the largest batch, then reused).
+    typed: Vec<u8>,
+}
+
+/// One PS's part of the pull of the batch on its way.
+// A completion is large (it carries its request's vectors); boxing it would allocate on
+// every step, and the parts live in a vector sized once.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Part {
+    /// The batch has no id at this PS.
+    Empty,
+    /// Not sent yet: the staleness bound holds it back until pushes are answered.
+    Deferred,
+    /// Sent once every push numbered `covers` or less had been answered by the PS.
+    Sent { tag: u64, covers: u64 },
+    /// Its answer, kept until the pull takes it.
+    Done { completion: Completion, covers: u64 },
+    /// It could not be sent: reported by the pull.
+    Failed(Error),
+}
+
+impl Pipeline {
+    /// Table `table` (rows of `dtype` and shape `row_dims`) partitioned over `peers` (PS
+    /// task `i` holds the ids `partition` maps to `i`), pipelined as `settings` say.
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for no peers, rows
+    /// of no bytes or an unknown dtype, too many row dimensions, or settings out of range.
+    pub fn new(
+        peers: Vec<Peer>,
+        partition: Partition,
+        table: u32,
+        dtype: DType,
+        row_dims: &[u64],
+        settings: PipelineSettings,
+    ) -> Result<Pipeline, Error> {
+        settings.check()?;
+        let plan = || Plan::new(peers.len(), partition).map_err(|e| Error::invalid(&e.to_string()));
+        let (ahead, current, other) = (plan()?, plan()?, plan()?);
+        let mut dims = ArrayVec::new();
+        dims.try_extend_from_slice(row_dims)
+            .map_err(|_| Error::invalid("rows: too many row dimensions"))?;
+        let row_bytes = Rows::new(table, dtype, row_dims, &[])
+            .row_bytes()
+            .filter(|&b| b > 0 && b <= usize::MAX as u64)
+            .ok_or_else(|| Error::invalid("rows: unknown dtype or empty row"))?;
+        let n = peers.len();
+        let slots = settings.pushes_in_flight_bound() as usize;
+        Ok(Pipeline {
+            ledger: Ledger::new(n, slots),
+            push_tags: vec![0; slots * n],
+            push_spares: (0..slots * n).map(|_| Spare::default()).collect(),
+            pull_spares: (0..n).map(|_| Spare::default()).collect(),
+            blocks: (0..slots * n)
+                .map(|_| Arc::new(Tensor::dead(DType::U8)))
+                .collect(),
+            placed: vec![None; n],
+            merged: Vec::new(),
+            ahead,
+            ahead_planned: false,
+            parts: (0..n).map(|_| Part::Empty).collect(),
+            current,
+            current_planned: false,
+            other,
+            steps: 0,
+            step_pushed: false,
+            failures: Vec::new(),
+            reported: Vec::new(),
+            report: PipelineReport::default(),
+            typed: Vec::new(),
+            peers,
+            table,
+            dtype,
+            row_dims: dims,
+            row_bytes: row_bytes as usize,
+            settings,
+        })
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The PS tasks, in shard order.
+    pub fn peers(&self) -> &[Peer] {
+        &self.peers
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &PipelineSettings {
+        &self.settings
+    }
+
+    /// Steps whose rows were delivered so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Pushes sent so far.
+    pub fn pushes(&self) -> u64 {
+        self.ledger.issued()
+    }
+
+    /// Pushes in flight: sent, and not yet answered by every PS they went to (as far as
+    /// this pipeline's last call saw).
+    pub fn pushes_in_flight(&self) -> usize {
+        self.ledger.in_flight()
+    }
+
+    /// The report of the step in progress (what the last call returned).
+    pub fn report(&self) -> &PipelineReport {
+        &self.report
+    }
+
+    /// The push failures the last call's error reported, in the order found; empty when
+    /// it reported none.
+    pub fn failed_pushes(&self) -> &[PushFailure] {
+        &self.reported
+    }
+
+    /// Pulls the rows of step `ids` (duplicates allowed) into `out`, `ids.len() ×
+    /// row_bytes` bytes, row `i` for `ids[i]`: the rows the last [`prefetch`](Self::prefetch)
+    /// requested when `ids` is its batch (waiting only for what has not arrived), else
+    /// requested now. Starts a new step: its report is returned. Rows no PS has are left
+    /// zero and counted in [`PipelineReport::missing`]. What the rows reflect: see
+    /// [the type's docs](Self#what-a-pulled-row-reflects).
+    ///
+    /// `Err` for an `out` of the wrong length (nothing done), for push failures found
+    /// (nothing delivered), and when a PS's part failed: then the error names the step and
+    /// the PS, the other parts' rows may have been written, and the step does not count.
+    pub fn pull<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        out: &mut [u8],
+    ) -> Result<&PipelineReport, Error> {
+        self.check_len(ids, out.len(), "out")?;
+        let start = Instant::now();
+        self.reported.clear();
+        self.report.begin(self.steps);
+        let done = self.pull_step(client, ids, out);
+        self.finish(start);
+        done.map(|()| &self.report)
+    }
+
+    /// Hands the next step's batch `ids` early: each PS's part of its pull is planned and
+    /// sent at once if the staleness bound allows, else by the next call that finds the
+    /// answers it waits for. Never waits. The rows are taken by the next
+    /// [`pull`](Self::pull) of the same ids; a prefetch of another batch before it replaces
+    /// this one (waiting for its requests in flight, and dropping their rows).
+    pub fn prefetch<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+    ) -> Result<&PipelineReport, Error> {
+        let start = Instant::now();
+        self.reported.clear();
+        let done = self.prefetch_step(client, ids);
+        self.finish(start);
+        done.map(|()| &self.report)
+    }
+
+    /// Sends the gradient rows `grads` of `ids` (`ids.len() × row_bytes` bytes, row `i` for
+    /// `ids[i]`; f32 and f64 rows): duplicates summed, one request per PS, and returns
+    /// without waiting for the answers, unless the push `max_pushes_in_flight` before it
+    /// is unanswered (then it waits for that one, so that at most `max_pushes_in_flight`
+    /// are in flight). The answers are checked by later calls; a failed part is reported
+    /// by the first call that finds it.
+    ///
+    /// Usually `ids` is the step's batch (as pulled), whose plan is reused; any other ids
+    /// are planned anew. `Err` for `grads` of the wrong length or rows of another dtype
+    /// (nothing sent), and for push failures found (this push not sent).
+    pub fn push<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        grads: &[u8],
+    ) -> Result<&PipelineReport, Error> {
+        self.check_len(ids, grads.len(), "grads")?;
+        if !matches!(self.dtype, DType::F32 | DType::F64) {
+            return Err(Error::invalid(&format!(
+                "rows: cannot sum gradients of {:?} rows (f32 and f64 only)",
+                self.dtype
+            )));
+        }
+        let start = Instant::now();
+        self.reported.clear();
+        let done = self.push_step(client, ids, grads);
+        self.finish(start);
+        done.map(|()| &self.report)
+    }
+
+    /// Waits until every push sent has been answered by every PS, and every prefetched
+    /// request has its answer (kept for the [`pull`](Self::pull) of its batch). Then
+    /// nothing of this pipeline is in flight. `Err` for the push failures found.
+    pub fn flush<M: Mode>(&mut self, client: &mut Client<M>) -> Result<&PipelineReport, Error> {
+        let start = Instant::now();
+        self.reported.clear();
+        self.flush_all(client);
+        self.finish(start);
+        self.report_failures().map(|()| &self.report)
+    }
+
+    /// [`pull`](Self::pull) into rows of elements: `out` holds `ids.len()` rows of the
+    /// table's dtype (`T` must be it: `f32` for an `F32` table), row `i` for `ids[i]`,
+    /// converted from the bytes through a buffer this pipeline keeps. On `Err`, `out` is
+    /// left as it was. Another `T`, or an `out` that is not whole rows for `ids`:
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) before anything is
+    /// done.
+    pub fn pull_typed<T: RowElement, M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        out: &mut [T],
+    ) -> Result<&PipelineReport, Error> {
+        let bytes = self.typed_len::<T>(ids, out.len(), "out")?;
+        let mut buf = std::mem::take(&mut self.typed);
+        buf.clear();
+        buf.resize(bytes, 0);
+        let pulled = self.pull(client, ids, &mut buf).map(|_| ());
+        if pulled.is_ok() {
+            element::decode(&buf, out);
+        }
+        self.typed = buf;
+        pulled.map(|()| &self.report)
+    }
+
+    /// [`push`](Self::push) of gradient rows of elements: `grads` holds `ids.len()` rows
+    /// of the table's dtype (`T` must be it), row `i` for `ids[i]`, converted into bytes in
+    /// a buffer this pipeline keeps (the rows are summed and sent from blocks of its own:
+    /// `grads` may change as soon as the call returns). Another `T`, or `grads` that are
+    /// not whole rows for `ids`: [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// before anything is sent.
+    pub fn push_typed<T: RowElement, M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        grads: &[T],
+    ) -> Result<&PipelineReport, Error> {
+        let bytes = self.typed_len::<T>(ids, grads.len(), "grads")?;
+        let mut buf = std::mem::take(&mut self.typed);
+        buf.clear();
+        buf.resize(bytes, 0);
+        element::encode(grads, &mut buf);
+        let pushed = self.push(client, ids, &buf).map(|_| ());
+        self.typed = buf;
+        pushed.map(|()| &self.report)
+    }
+
+    /// Checks that `len` bytes are whole rows for `ids`.
+    fn check_len(&self, ids: &[u64], len: usize, what: &str) -> Result<(), Error> {
+        if ids.len().checked_mul(self.row_bytes) != Some(len) {
+            return Err(Error::invalid(&format!(
+                "rows: {what} is {len} bytes; {} ids need {} ({} per row)",
+                ids.len(),
+                ids.len().saturating_mul(self.row_bytes),
+                self.row_bytes
+            )));
+        }
+        if u32::try_from(ids.len()).is_err() {
+            return Err(Error::invalid(&format!(
+                "rows: a batch of {} ids (at most {})",
+                ids.len(),
+                u32::MAX
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks that `T` is the table's element type and that `len` elements are whole rows
+    /// for `ids`; the bytes they take.
+    fn typed_len<T: RowElement>(
+        &self,
+        ids: &[u64],
+        len: usize,
+        what: &str,
+    ) -> Result<usize, Error> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(&format!(
+                "rows: table {} holds {:?} rows; {what} is of {:?}",
+                self.table,
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        let bytes = len.checked_mul(T::SIZE);
+        if bytes != ids.len().checked_mul(self.row_bytes) {
+            return Err(Error::invalid(&format!(
+                "rows: {what} holds {len} elements; {} ids need {} ({} per row)",
+                ids.len(),
+                ids.len().saturating_mul(self.row_bytes / T::SIZE),
+                self.row_bytes / T::SIZE
+            )));
+        }
+        Ok(len * T::SIZE)
+    }
+
+    /// Ends a call that began at `start`: its time and the pushes left in flight go into
+    /// the step's report.
+    fn finish(&mut self, start: Instant) {
+        self.report.visible += start.elapsed();
+        self.report.pushes_in_flight = self.ledger.in_flight();
+    }
+}

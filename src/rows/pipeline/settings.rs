@@ -1,0 +1,135 @@
+//! [`PipelineSettings`]: how far a [`Pipeline`](super::Pipeline) may run ahead of its PS
+//! tasks.
+
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// Most pushes a [`Pipeline`](super::Pipeline) may keep in flight (its gradient blocks are
+/// kept per push in flight and per PS).
+pub const MAX_PUSHES_IN_FLIGHT: u32 = 64;
+
+/// How far a [`Pipeline`](super::Pipeline) runs ahead: its staleness bound, the pushes
+/// it keeps in flight, and the time its requests are given. Fields are private and every
+/// setter checks nothing; [`Pipeline::new`](super::Pipeline::new) refuses settings out of
+/// range, naming the setting.
+///
+/// ```
+/// use starwire::rows::PipelineSettings;
+/// use std::time::Duration;
+///
+/// let s = PipelineSettings::default()
+///     .staleness(2)
+///     .max_pushes_in_flight(3)
+///     .timeout(Some(Duration::from_secs(10)));
+/// assert_eq!((s.staleness_bound(), s.pushes_in_flight_bound()), (2, 3));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipelineSettings {
+    staleness: u32,
+    max_pushes_in_flight: u32,
+    timeout: Option<Duration>,
+}
+
+impl Default for PipelineSettings {
+    /// Staleness 1, 2 pushes in flight, requests given 60 s.
+    fn default() -> PipelineSettings {
+        PipelineSettings {
+            staleness: 1,
+            max_pushes_in_flight: 2,
+            timeout: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+impl PipelineSettings {
+    /// The staleness bound `s`: the rows a step uses may miss at most `s` of this
+    /// worker's own most recent pushes (see [`Pipeline`](super::Pipeline) for exactly
+    /// what a row reflects). 0: each pull waits for the previous push to be answered, the
+    /// rows equal [`Sharded`](crate::Sharded)'s. Any value; default 1.
+    pub fn staleness(mut self, s: u32) -> PipelineSettings {
+        self.staleness = s;
+        self
+    }
+
+    /// The most pushes in flight (sent, not yet answered by every PS they went to): push
+    /// `n` waits until push `n - max_pushes_in_flight` has been answered. 1 to
+    /// [`MAX_PUSHES_IN_FLIGHT`]; default 2.
+    pub fn max_pushes_in_flight(mut self, n: u32) -> PipelineSettings {
+        self.max_pushes_in_flight = n;
+        self
+    }
+
+    /// The time each request is given, from when it is sent, before it fails with
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout); `None`: no limit (a PS that
+    /// stops answering without closing its connection then holds a wait forever). At
+    /// least 1 ms when set; default 60 s.
+    pub fn timeout(mut self, timeout: Option<Duration>) -> PipelineSettings {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The staleness bound.
+    pub fn staleness_bound(&self) -> u32 {
+        self.staleness
+    }
+
+    /// The most pushes in flight.
+    pub fn pushes_in_flight_bound(&self) -> u32 {
+        self.max_pushes_in_flight
+    }
+
+    /// The time each request is given.
+    pub fn request_timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Why these settings cannot run, naming the setting.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        if !(1..=MAX_PUSHES_IN_FLIGHT).contains(&self.max_pushes_in_flight) {
+            return Err(Error::invalid(&format!(
+                "pipeline: max_pushes_in_flight is {}; it must be 1 to {MAX_PUSHES_IN_FLIGHT}",
+                self.max_pushes_in_flight
+            )));
+        }
+        if self.timeout.is_some_and(|t| t < Duration::from_millis(1)) {
+            return Err(Error::invalid(&format!(
+                "pipeline: timeout is {:?}; it must be at least 1 ms, or none",
+                self.timeout.unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn out_of_range_settings_name_themselves() {
+        assert!(PipelineSettings::default().check().is_ok());
+        let e = PipelineSettings::default()
+            .max_pushes_in_flight(0)
+            .check()
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.remote_message().unwrap().contains("max_pushes_in_flight"));
+        let e = PipelineSettings::default()
+            .max_pushes_in_flight(MAX_PUSHES_IN_FLIGHT + 1)
+            .check()
+            .unwrap_err();
+        assert!(e.remote_message().unwrap().contains("64"));
+        let e = PipelineSettings::default()
+            .timeout(Some(Duration::from_micros(10)))
+            .check()
+            .unwrap_err();
+        assert!(e.remote_message().unwrap().contains("timeout"));
+        let ok = PipelineSettings::default()
+            .staleness(u32::MAX)
+            .max_pushes_in_flight(MAX_PUSHES_IN_FLIGHT)
+            .timeout(None);
+        assert!(ok.check().is_ok());
+    }
+}

@@ -1,0 +1,461 @@
+//! The inside of a [`Pipeline`]'s calls: what is sent when, what is waited for, and what
+//! becomes of each answer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::report::{failures_error, PushFailure};
+use super::{Part, Pipeline};
+use crate::client::{Client, Mode};
+use crate::cluster::Peer;
+use crate::error::{Error, ErrorKind};
+use crate::rows::Plan;
+use crate::session::{Completion, Rows, Spare};
+use crate::tensor::Tensor;
+use crate::wire::{DType, Status};
+
+/// Bytes of an id on the wire.
+const ID_BYTES: u64 = 8;
+
+/// Whether `plan` is the plan of the batch `ids` (same ids at the same positions): a pass
+/// over the batch, no hashing.
+fn is_plan_of(plan: &Plan, ids: &[u64]) -> bool {
+    plan.batch_len() == ids.len()
+        && ids.iter().enumerate().all(|(pos, &id)| {
+            plan.slot(pos)
+                .and_then(|(s, row)| plan.ids(s).get(row))
+                .is_some_and(|&planned| planned == id)
+        })
+}
+
+/// Batch positions whose ids are among `missing` (positions in shard `s`'s ids).
+fn missing_positions(plan: &Plan, s: usize, missing: &[u32]) -> usize {
+    if missing.is_empty() {
+        return 0;
+    }
+    (0..plan.batch_len())
+        .filter(|&p| {
+            plan.slot(p)
+                .is_some_and(|(shard, j)| shard == s && missing.binary_search(&(j as u32)).is_ok())
+        })
+        .count()
+}
+
+fn remote(status: Status, peer: Peer) -> Error {
+    Error::new(ErrorKind::Remote(status)).with_peer(peer.addr())
+}
+
+impl Pipeline {
+    /// When a request sent now must be answered by.
+    fn deadline(&self) -> Option<Instant> {
+        self.settings
+            .request_timeout()
+            .and_then(|t| Instant::now().checked_add(t))
+    }
+
+    fn staleness(&self) -> u64 {
+        u64::from(self.settings.staleness_bound())
+    }
+
+    /// Pushes that will have been sent when the rows on their way are used: those sent,
+    /// and the push of the step in progress if it has not been sent yet.
+    fn use_target(&self) -> u64 {
+        self.ledger.issued() + u64::from(self.steps > 0 && !self.step_pushed)
+    }
+
+    /// Waits for `tag`, the time counted as waited.
+    fn wait<M: Mode>(&mut self, client: &mut Client<M>, tag: u64) -> Result<Completion, Error> {
+        let t = Instant::now();
+        let c = client.wait_tag(tag);
+        self.report.waited += t.elapsed();
+        c
+    }
+
+    /// Takes the answers that have arrived, without waiting: push parts are settled, the
+    /// rows of sent pull parts kept.
+    fn reap<M: Mode>(&mut self, client: &mut Client<M>) {
+        client.gather();
+        let peers = self.peers.len();
+        for slot in 0..self.ledger.slots() {
+            for k in 0..peers {
+                if self.ledger.is_pending(slot, k) {
+                    if let Some(c) = client.take_tag(self.push_tags[slot * peers + k]) {
+                        self.settle_push(slot, k, Ok(c));
+                    }
+                }
+            }
+        }
+        for k in 0..peers {
+            if let Part::Sent { tag, covers } = self.parts[k] {
+                if let Some(completion) = client.take_tag(tag) {
+                    self.parts[k] = Part::Done { completion, covers };
+                }
+            }
+        }
+    }
+
+    /// Records the answer to the part at PS `k` of the push in `slot`.
+    fn settle_push(&mut self, slot: usize, k: usize, answer: Result<Completion, Error>) {
+        let peer = self.peers[k];
+        let at = slot * self.peers.len() + k;
+        let outcome = answer.and_then(|c| {
+            let r = match c.pushed() {
+                Ok([Status::Ok]) => Ok(()),
+                Ok([status]) => Err(remote(*status, peer)),
+                Ok(_) => Err(Error::new(ErrorKind::Protocol).with_peer(peer.addr())),
+                Err(e) => Err(e),
+            };
+            // Its vectors serve the next push of this slot to this PS.
+            self.push_spares[at] = c.into_spare();
+            r
+        });
+        self.ledger.complete(slot, k);
+        if let Err(error) = outcome {
+            self.failures.push(PushFailure {
+                step: self.ledger.step_of(slot),
+                shard: k,
+                peer,
+                error,
+            });
+        }
+    }
+
+    /// Waits for the answer to the part at PS `k` of the push in `slot`.
+    fn wait_push<M: Mode>(&mut self, client: &mut Client<M>, slot: usize, k: usize) {
+        let tag = self.push_tags[slot * self.peers.len() + k];
+        let answer = self.wait(client, tag);
+        self.settle_push(slot, k, answer);
+    }
+
+    /// Waits for every part of the push in `slot`.
+    fn wait_push_all<M: Mode>(&mut self, client: &mut Client<M>, slot: usize) {
+        for k in 0..self.peers.len() {
+            if self.ledger.is_pending(slot, k) {
+                self.wait_push(client, slot, k);
+            }
+        }
+    }
+
+    /// Returns the push failures found as one error, and keeps them for
+    /// [`failed_pushes`](Pipeline::failed_pushes).
+    pub(super) fn report_failures(&mut self) -> Result<(), Error> {
+        if self.failures.is_empty() {
+            return Ok(());
+        }
+        self.reported.clear();
+        std::mem::swap(&mut self.failures, &mut self.reported);
+        Err(failures_error(&self.reported))
+    }
+
+    /// Plans `ids` as the batch on its way, every part not sent yet.
+    fn plan_ahead(&mut self, ids: &[u64]) -> Result<(), Error> {
+        self.ahead
+            .build(ids)
+            .map_err(|e| Error::invalid(&e.to_string()))?;
+        for k in 0..self.peers.len() {
+            self.parts[k] = if self.ahead.ids(k).is_empty() {
+                Part::Empty
+            } else {
+                Part::Deferred
+            };
+        }
+        self.ahead_planned = true;
+        Ok(())
+    }
+
+    /// Makes `ids` the batch on its way, unless it is already; the one before is dropped.
+    fn ensure_ahead<M: Mode>(&mut self, client: &mut Client<M>, ids: &[u64]) -> Result<(), Error> {
+        if self.ahead_planned && is_plan_of(&self.ahead, ids) {
+            return Ok(());
+        }
+        for k in 0..self.peers.len() {
+            self.drop_part(client, k);
+        }
+        self.ahead_planned = false;
+        self.plan_ahead(ids)
+    }
+
+    /// Forgets PS `k`'s part of the batch on its way (waiting for it if it is in flight,
+    /// so that its answer does not stay in the client); it is to be sent again.
+    fn drop_part<M: Mode>(&mut self, client: &mut Client<M>, k: usize) {
+        match std::mem::replace(&mut self.parts[k], Part::Deferred) {
+            Part::Sent { tag, .. } => {
+                if let Ok(c) = self.wait(client, tag) {
+                    self.pull_spares[k] = c.into_spare();
+                }
+            }
+            Part::Done { completion, .. } => self.pull_spares[k] = completion.into_spare(),
+            Part::Empty => self.parts[k] = Part::Empty,
+            Part::Deferred | Part::Failed(_) => {}
+        }
+    }
+
+    /// Sends every part held back that the bound now allows, for rows used after `target`
+    /// pushes.
+    fn send_allowed<M: Mode>(&mut self, client: &mut Client<M>, target: u64) {
+        let s = self.staleness();
+        let mut deadline = None;
+        for k in 0..self.peers.len() {
+            if !matches!(self.parts[k], Part::Deferred) || !self.ledger.may_send(k, target, s) {
+                continue;
+            }
+            let deadline = *deadline.get_or_insert_with(|| self.deadline());
+            let covers = self.ledger.covered(k);
+            let ids = self.ahead.ids(k);
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            self.report.bytes_sent += ID_BYTES * ids.len() as u64;
+            let spare = std::mem::take(&mut self.pull_spares[k]);
+            self.parts[k] = match client.pull_rows_with(self.peers[k], &[rows], deadline, spare) {
+                Ok(t) => Part::Sent {
+                    tag: t.tag(),
+                    covers,
+                },
+                Err(e) => Part::Failed(e.with_peer(self.peers[k].addr())),
+            };
+        }
+    }
+
+    pub(super) fn prefetch_step<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+    ) -> Result<(), Error> {
+        if u32::try_from(ids.len()).is_err() {
+            return Err(Error::invalid("rows: a batch of more than u32::MAX ids"));
+        }
+        self.reap(client);
+        self.report_failures()?;
+        self.ensure_ahead(client, ids)?;
+        self.send_allowed(client, self.use_target());
+        // Gets the requests out (an embedded loop runs only when called).
+        client.gather();
+        Ok(())
+    }
+
+    pub(super) fn pull_step<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        out: &mut [u8],
+    ) -> Result<(), Error> {
+        self.reap(client);
+        self.report_failures()?;
+        self.ensure_ahead(client, ids)?;
+        // The rows are used now: at most `s` of the pushes sent may be missing.
+        let target = self.ledger.issued();
+        let s = self.staleness();
+        for k in 0..self.peers.len() {
+            let covers = match &self.parts[k] {
+                Part::Sent { covers, .. } | Part::Done { covers, .. } => *covers,
+                _ => continue,
+            };
+            if covers.saturating_add(s) < target {
+                self.drop_part(client, k);
+                self.report.refetched += 1;
+            } else {
+                self.report.prefetched += 1;
+            }
+        }
+        // Send what may go; wait for the answers of the pushes that hold the rest back.
+        loop {
+            self.send_allowed(client, target);
+            let Some(k) = (0..self.peers.len()).find(|&k| matches!(self.parts[k], Part::Deferred))
+            else {
+                break;
+            };
+            match self.ledger.oldest_at(k) {
+                Some(slot) => self.wait_push(client, slot, k),
+                // Unreachable: a part is held back only by a push pending at its PS.
+                None => return Err(Error::invalid("pipeline: a pull part held back by nothing")),
+            }
+        }
+        self.report_failures()?;
+        let step = self.steps;
+        let mut failed: Option<(usize, Error)> = None;
+        let mut may_miss = 0;
+        for k in 0..self.peers.len() {
+            let (answer, covers) = match std::mem::replace(&mut self.parts[k], Part::Empty) {
+                Part::Empty | Part::Deferred => continue,
+                Part::Sent { tag, covers } => (self.wait(client, tag), covers),
+                Part::Done { completion, covers } => (Ok(completion), covers),
+                Part::Failed(e) => (Err(e), target),
+            };
+            may_miss = may_miss.max(target.saturating_sub(covers));
+            if let Err(e) = self.take_rows(k, answer, out) {
+                failed.get_or_insert((k, e));
+            }
+        }
+        self.ahead_planned = false;
+        if let Some((k, e)) = failed {
+            let peer = self.peers[k].addr();
+            return Err(Error::new(e.kind()).with_peer(peer).with_message(format!(
+                "pull of step {step} from PS {k} ({peer}) failed: {e}"
+            )));
+        }
+        std::mem::swap(&mut self.current, &mut self.ahead);
+        self.current_planned = true;
+        self.report.unique = self.current.unique_len();
+        self.report.may_miss = may_miss;
+        self.steps += 1;
+        self.step_pushed = false;
+        Ok(())
+    }
+
+    /// Scatters PS `k`'s answer into `out`.
+    fn take_rows(
+        &mut self,
+        k: usize,
+        answer: Result<Completion, Error>,
+        out: &mut [u8],
+    ) -> Result<(), Error> {
+        let c = answer?;
+        let rb = self.row_bytes;
+        let r = match c.rows() {
+            Ok(rows) => match rows.block(0) {
+                Ok(block) => {
+                    let n = self.ahead.ids(k).len();
+                    self.report.missing += missing_positions(&self.ahead, k, rows.missing(0));
+                    self.report.rows_received += n;
+                    self.report.bytes_received += (n * rb) as u64;
+                    self.ahead
+                        .scatter(k, block.bytes(), rb, out)
+                        .map_err(|e| Error::invalid(&e.to_string()))
+                }
+                Err(status) => Err(remote(status, self.peers[k])),
+            },
+            Err(e) => Err(e),
+        };
+        // Its vectors, and the memory of its block, serve this PS's next pull.
+        self.pull_spares[k] = c.into_spare();
+        r
+    }
+
+    pub(super) fn push_step<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        grads: &[u8],
+    ) -> Result<(), Error> {
+        self.reap(client);
+        self.report_failures()?;
+        let use_current = self.current_planned && is_plan_of(&self.current, ids);
+        if !use_current {
+            self.other
+                .build(ids)
+                .map_err(|e| Error::invalid(&e.to_string()))?;
+        }
+        // Rows on their way are used after this push: parts that may go, go first.
+        self.send_allowed(client, self.ledger.issued() + 1);
+        // The push `max_pushes_in_flight` before this one must have been answered.
+        let slot = self.ledger.next_slot();
+        if self.ledger.is_busy(slot) {
+            self.wait_push_all(client, slot);
+        }
+        self.report_failures()?;
+        self.sum_gradients(use_current, slot, grads)?;
+        let step = self.steps.saturating_sub(1);
+        self.ledger.issue(step);
+        let deadline = self.deadline();
+        let peers = self.peers.len();
+        let rb = self.row_bytes;
+        let plan = if use_current {
+            &self.current
+        } else {
+            &self.other
+        };
+        for k in 0..peers {
+            let ids = plan.ids(k);
+            if ids.is_empty() {
+                continue;
+            }
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            let peer = self.peers[k];
+            let spare: Spare = std::mem::take(&mut self.push_spares[slot * peers + k]);
+            let sent = match self.placed[k] {
+                None => {
+                    let block = self.blocks[slot * peers + k].clone();
+                    client.push_rows_shared_with(peer, &[(rows, block)], deadline, spare)
+                }
+                Some(at) => {
+                    let block = &self.merged[at..at + ids.len() * rb];
+                    client.push_rows_with(peer, &[(rows, block)], deadline, spare)
+                }
+            };
+            match sent {
+                Ok(t) => {
+                    self.push_tags[slot * peers + k] = t.tag();
+                    self.ledger.add_part(slot, k);
+                }
+                Err(e) => self.failures.push(PushFailure {
+                    step,
+                    shard: k,
+                    peer: self.peers[k],
+                    error: e.with_peer(self.peers[k].addr()),
+                }),
+            }
+            self.report.rows_sent += ids.len();
+            self.report.bytes_sent += (ID_BYTES + rb as u64) * ids.len() as u64;
+        }
+        self.step_pushed = true;
+        self.send_allowed(client, self.use_target());
+        client.gather();
+        Ok(())
+    }
+
+    /// Sums the gradients of each PS's distinct ids into its block of push slot `slot`
+    /// (or into `merged`, for a PS whose block a connection still holds).
+    fn sum_gradients(&mut self, use_current: bool, slot: usize, grads: &[u8]) -> Result<(), Error> {
+        let plan = if use_current {
+            &self.current
+        } else {
+            &self.other
+        };
+        let peers = self.peers.len();
+        let rb = self.row_bytes;
+        self.merged.clear();
+        self.merged.reserve(plan.unique_len() * rb);
+        for k in 0..peers {
+            let len = plan.ids(k).len() * rb;
+            self.placed[k] = None;
+            if len == 0 {
+                continue;
+            }
+            let out = match Arc::get_mut(&mut self.blocks[slot * peers + k]) {
+                Some(block) => {
+                    if !block.reuse_as_bytes(len) {
+                        // Room to grow: batches vary in distinct ids from step to step.
+                        *block = Tensor::zeros(DType::U8, &[len.next_power_of_two() as u64])
+                            .map_err(|e| Error::invalid(&e.to_string()))?;
+                        block.reuse_as_bytes(len);
+                    }
+                    block.bytes_mut()
+                }
+                None => {
+                    let at = self.merged.len();
+                    self.placed[k] = Some(at);
+                    self.merged.resize(at + len, 0);
+                    &mut self.merged[at..]
+                }
+            };
+            plan.merge(k, self.dtype, grads, rb, out)
+                .map_err(|e| Error::invalid(&e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every push part in flight, and for the answers of the pull parts sent.
+    pub(super) fn flush_all<M: Mode>(&mut self, client: &mut Client<M>) {
+        self.reap(client);
+        while let Some(slot) = self.ledger.oldest() {
+            self.wait_push_all(client, slot);
+        }
+        for k in 0..self.peers.len() {
+            if let Part::Sent { tag, covers } = self.parts[k] {
+                self.parts[k] = match self.wait(client, tag) {
+                    Ok(completion) => Part::Done { completion, covers },
+                    Err(e) => Part::Failed(e),
+                };
+            }
+        }
+    }
+}
