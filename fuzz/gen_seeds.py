@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Kinds (spec section 3).
 (HELLO, HELLO_ACK, PING, PONG, RECV, FUSED_RECV, PULL, PUSH, RESPONSE, ERROR, CHUNK, PULL_ROWS,
- PUSH_ROWS, CANCEL, STATS) = range(1, 16)
+ PUSH_ROWS, CANCEL, STATS, CHECKPOINT) = range(1, 17)
 END = 1
 DEAD, CHUNKED = 1, 2
 ELEM = {1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2, 7: 2, 8: 4, 9: 4, 10: 4, 11: 8, 12: 8, 13: 8, 14: 8, 15: 16}
@@ -137,6 +137,19 @@ def stats(handle):
     return header(STATS, b"", handle=handle)
 
 
+def checkpoint(handle, timeout_ms=0):
+    """timeout_ms is bytes 8-11 of a request's header (2.1): status and reserved together."""
+    return header(CHECKPOINT, b"", handle=handle, status=timeout_ms & 0xFFFF,
+                  reserved=timeout_ms >> 16)
+
+
+def rows_response(handle):
+    """The answer to a PULL_ROWS of an f32 [3, 4] block with row 1 missing, and a refused table."""
+    meta = (struct.pack("<IHH", 0, 0, 3) + tensor_meta(F32, [3, 4]) + struct.pack("<II", 1, 1)
+            + struct.pack("<IHH", 1, 1, 0))
+    return header(RESPONSE, meta, tbytes(48, 8), count=2, handle=handle, flags=END)
+
+
 H = 0x0000000500000007  # a handle
 
 
@@ -189,6 +202,13 @@ def frame_seeds():
         "cancel": d + cancel(0x200000001, [2, 5]),
         "cancel_all": d + cancel(0x100000004, []),
         "recv_timeout": d + timed_recv(),
+        "stats": d + stats(H),
+        "checkpoint": d + checkpoint(H),
+        "checkpoint_timeout": d + checkpoint(H, timeout_ms=600_000),
+        "pull_rows": d + pull_rows(H, [(1, F32, [3, 4], [5, 6, 5]), (2, U8, [2, 8], [1, 2])]),
+        "push_rows": d + push_rows(H, [(1, tensor_meta(F32, [2, 4]), [7, 8], tbytes(32)),
+                                       (2, tensor_meta(U8, [1, 300], chunked=True), [9], None)]),
+        "response_missing": d + rows_response(H),
         "small_limits_push": small + push(H, [(1, tensor_meta(U8, [], dead=True), None)]),
         "mid_limits_push": mid + push(H, [(1, tensor_meta(F32, [2, 3, 4, 5], chunked=True), None),
                                           (2, tensor_meta(U8, [10]), tbytes(10))]),
@@ -203,6 +223,9 @@ def frame_seeds():
         "dead_with_shape": d + push(H, [(1, tensor_meta(F32, [1], dead=True, byte_len=0), None)]),
         "byte_len_overflow": d + push(H, [(1, tensor_meta(C128, [1 << 62, 4], byte_len=0), None)]),
         "truncated": d + push_mixed()[:60],
+        "checkpoint_with_count": d + header(CHECKPOINT, b"", count=1, handle=H),
+        "checkpoint_with_meta": d + header(CHECKPOINT, b"\0\0\0\0", handle=H),
+        "checkpoint_no_handle": d + header(CHECKPOINT, b"", handle=0),
     }
 
 
@@ -227,7 +250,8 @@ def stream_seeds():
     chunked_push, chunks = chunked_push_and_chunks()
     resp = response_mixed(end=False) + chunk(H + 1, 1, 0, tbytes(100, 9)) + response(H + 1, [], True)
     everything = (hello() + hello(ack=True) + ping() + pong() + recv() + fused_recv() + pull()
-                  + chunked_push + chunks + resp + error(H, 9, b"no service") + error(0, 5, b""))
+                  + chunked_push + chunks + resp + stats(H + 2) + checkpoint(H + 3, 1000)
+                  + rows_response(H + 4) + error(H, 9, b"no service") + error(0, 5, b""))
     big_meta = fused_recv(keys=tuple(bytes([65 + i % 26]) * 1000 for i in range(5)))
     # Encoder-mode scripts (see the E* helpers below).
     all_ops = (e_config(chunk=2, inline=3, block=1, coalesce=2)
@@ -237,7 +261,7 @@ def stream_seeds():
                + e_drain(50)
                + e_response([(0, t_f32_2d(3, 7)), (1, None), (0, None), (0, t_u8(200))], end=True)
                + e_ping(0) + e_error(30, status=1) + e_error(1100, status=0, conn=True)
-               + e_push([t_zero_size()]) + e_pong(3))
+               + e_push([t_zero_size()]) + e_pong(3) + e_stats() + e_checkpoint())
     large = (e_config(chunk=6, inline=3, block=3, coalesce=3)
              + e_push([t_large(0x1170)]) + e_push([t_large(0xffff)]) + e_ping(4)
              + e_drain(70000) + e_response([(0, t_large(40000)), (0, t_large(30000))], end=True))
@@ -291,7 +315,7 @@ def conn_seeds():
                  + chunk(H + 3, 1, 0, tbytes(300, 4)))
     requests = (ping() + recv() + fused_recv() + pull(ids=tuple(range(40))) + stats(H + 4)
                 + rows_pull + cancel(H + 2, [0, 7]) + chunked_push + chunks + rows_push
-                + ping(handle=5, payload=b"") + error(H + 5, 1, b"not ours"))
+                + checkpoint(H + 6) + ping(handle=5, payload=b"") + error(H + 5, 1, b"not ours"))
     pings = b"".join(ping(handle=0x100000000 | i, payload=tbytes(i * 7)) for i in range(1, 40))
     many = b"".join(stats(0x100000000 | i) for i in range(1, 60))
     return {
@@ -315,9 +339,9 @@ def conn_seeds():
 
 
 # Encoder-mode script builders. They mirror how stream_decoder.rs reads its script:
-# 4 config bytes, then ops ((op & 15) % 11: 0 ping, 1 pong, 2 recv, 3 fused recv, 4 pull,
-# 5 push, 6 response, 7 error, 8 hello, 9 cancel, 10 drain), each followed by its argument
-# bytes.
+# 4 config bytes, then ops ((op & 15) % 12: 0 ping, 1 pong, 2 recv, 3 fused recv, 4 pull,
+# 5 push, 6 response, 7 error, 8 hello, 9 cancel, 10 stats (checkpoint with bit 4), 11 drain),
+# each followed by its argument bytes.
 HB = b"\x01"  # the byte each g.handle() consumes
 
 
@@ -403,9 +427,17 @@ def e_hello(ack=False):
     return bytes([0x18 if ack else 8, 9]) + token + u64(0xC1A5) + u16(4) + u16(100)
 
 
+def e_stats():
+    return bytes([10]) + HB
+
+
+def e_checkpoint():
+    return bytes([0x1A]) + HB
+
+
 def e_drain(n):
     mult = (n - 1) // 0xFFFF if n > 0 else 0
-    return bytes([10 | mult << 4]) + u16(n // (mult + 1))
+    return bytes([11 | mult << 4]) + u16(n // (mult + 1))
 
 
 def write(target, seeds):

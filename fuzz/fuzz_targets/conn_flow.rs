@@ -28,14 +28,20 @@
 //! - the handshake adopts the peer's announced limits (`set_peer_limits`: the encoder's
 //!   `peer_limits` and `max_frame`);
 //! - both runs hand out the same events (frames, payload as runs of bytes, frame ends),
-//!   end the same way, answer the same `PING`s, write byte for byte the same output, and
-//!   count the same frames in and out and the same payload of each sort.
+//!   end the same way, answer the same `PING`s, write byte for byte the same output,
+//!   count the same frames in and out and the same payload of each sort, and end owing
+//!   the same bytes (`owed()`, chunked tensors pending);
+//! - the output is what the peer accepts: decoded by a `Decoder` with the limits the peer
+//!   announced, every frame passes them (4.1: a `PONG` over the peer's `max_frame` becomes
+//!   an `ERROR`, error messages are cut to 1,024 bytes, the owner splits its answers by
+//!   the peer's `max_tensors` as the session does), the output ends at a frame boundary,
+//!   and it holds exactly the frames the encoder counted.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use starwire::proto::{
-    CloseReason, ConnEvent, Connection, Encoder, EncoderConfig, Flow, Identity, NextRead, Piece,
-    ResponseItem,
+    CloseReason, ConnEvent, Connection, Decoder, Encoder, EncoderConfig, Flow, Identity,
+    NextRead, Owed, Piece, ResponseItem,
 };
 use starwire::wire::{FrameKind, HeaderRepr, HelloRepr, Limits, Side, Status};
 
@@ -63,6 +69,8 @@ struct Outcome {
     out: Vec<u8>,
     /// The decoder's frames and payload bytes (chunks, other), the encoder's frames.
     counts: (u64, u64, u64, u64),
+    /// What the stream still owed at the end, and the chunked tensors still pending.
+    owed: (Owed, usize),
 }
 
 /// How the paused run behaves.
@@ -109,6 +117,7 @@ fn answer(enc: &mut Encoder, h: &HeaderRepr) {
             | FrameKind::PullRows
             | FrameKind::PushRows
             | FrameKind::Stats
+            | FrameKind::Checkpoint
     );
     if !request {
         return;
@@ -122,7 +131,12 @@ fn answer(enc: &mut Encoder, h: &HeaderRepr) {
                 missing: Default::default(),
             })
             .collect();
-        let _ = enc.response(h.handle, true, &items);
+        // As the session does: no more entries in a frame than the peer takes (4.5).
+        let most = (enc.peer_limits().max_tensors as usize).max(1);
+        for (i, part) in items.chunks(most).enumerate() {
+            let last = (i + 1) * most >= items.len();
+            let _ = enc.response(h.handle, last, part);
+        }
     } else {
         let message = "x".repeat((h.handle >> 8) as usize % 1025);
         let _ = enc.error(h.handle, Status::Internal, &message);
@@ -307,13 +321,41 @@ fn run(
         dec.frame_bytes_in(),
         frames_out,
     );
+    let owed = (dec.owed(), dec.chunks_pending());
     Outcome {
         seen,
         closed: conn.close_reason().cloned(),
         pings: conn.pings(),
         out,
         counts,
+        owed,
     }
+}
+
+/// Decodes what the server wrote as its peer would, with the limits the peer announced:
+/// every frame must pass them, the output must end at a frame boundary, and it must hold
+/// the `frames` frames the encoder counted.
+fn check_output(out: &[u8], peer: Limits, frames: u64) {
+    let mut dec = Decoder::new(peer, 4096);
+    let mut at = 0;
+    loop {
+        match dec.poll() {
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+            Err(e) => panic!("the server wrote what its peer rejects: {e}"),
+        }
+        if at == out.len() {
+            break;
+        }
+        let n = dec.feed(&out[at..]);
+        assert!(n > 0, "the peer's decoder takes no bytes and decodes none");
+        at += n;
+    }
+    assert!(
+        dec.at_frame_start() && dec.buffered() == 0,
+        "the output ends inside a frame"
+    );
+    assert_eq!(dec.frames_in(), frames, "frames written vs frames counted");
 }
 
 /// The limits a peer announces, by `sel`: valid ones, all within the allowed ranges.
@@ -380,4 +422,5 @@ fuzz_target!(|data: &[u8]| {
     };
     let paused = run(&stream, limits, capacity, peer, &pieces, Some(policy));
     assert_eq!(reference, paused, "pausing changed what the connection did");
+    check_output(&reference.out, peer, reference.counts.3);
 });

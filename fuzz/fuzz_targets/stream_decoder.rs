@@ -34,7 +34,7 @@
 //! **Encoder mode** (`common/encoder_mode.rs`). The script drives an `Encoder` (max_frame
 //! 65536 adopted with `set_peer_limits`, a small chunk size): pings, pongs, recvs, fused
 //! recvs, pulls, pushes and responses with dead, empty, small and large tensors, errors,
-//! hellos, and partial drains of the output between frames (so chunks interleave with
+//! hellos, cancels, stats and checkpoint requests, and partial drains of the output between frames (so chunks interleave with
 //! later frames). The output is serialized through `fill` / `pieces` / `advance`, tensor
 //! pieces resolved from the target's own token map. The stream then goes through the three
 //! raw-mode runs, and what the decoder yields must be exactly what went in: every frame's

@@ -294,7 +294,7 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
             frames: 0,
         };
         let before = (enc.queued_bytes(), enc.copied_bytes(), enc.frames_out());
-        let kind = (op & 0x0f) % 11;
+        let kind = (op & 0x0f) % 12;
         let result: Result<(), EncodeError> = match kind {
             0 | 1 => {
                 let n = g.input.byte() as usize * (1 + (op as usize >> 4));
@@ -356,6 +356,19 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                 let r = enc.pull(exp.handle, &ids);
                 enc.set_request_timeout(0);
                 r
+            }
+            10 => {
+                // STATS or CHECKPOINT: a handle, nothing else.
+                exp.handle = g.handle();
+                if op & 0x10 == 0 {
+                    exp.kind = FrameKind::Stats;
+                    exp.body = NBody::Stats;
+                    enc.stats(exp.handle)
+                } else {
+                    exp.kind = FrameKind::Checkpoint;
+                    exp.body = NBody::Checkpoint;
+                    enc.checkpoint(exp.handle)
+                }
             }
             9 => {
                 let n = g.input.byte() as usize % 4;

@@ -86,6 +86,7 @@ pub enum NBody {
     Ping,
     Pong,
     Stats,
+    Checkpoint,
     Recv {
         fused: bool,
         step_id: u64,
@@ -122,6 +123,7 @@ impl NBody {
             Body::Ping => NBody::Ping,
             Body::Pong => NBody::Pong,
             Body::Stats => NBody::Stats,
+            Body::Checkpoint => NBody::Checkpoint,
             Body::Recv(r) | Body::FusedRecv(r) => NBody::Recv {
                 fused: matches!(body, Body::FusedRecv(_)),
                 step_id: r.step_id,
