@@ -40,8 +40,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use starwire::proto::{
-    CloseReason, ConnEvent, Connection, Decoder, Encoder, EncoderConfig, Flow, Identity,
-    NextRead, Owed, Piece, ResponseItem,
+    CloseReason, ConnEvent, Connection, Decoder, Encoder, EncoderConfig, Flow, Identity, NextRead,
+    Owed, Piece, ResponseItem,
 };
 use starwire::wire::{FrameKind, HeaderRepr, HelloRepr, Limits, Side, Status};
 

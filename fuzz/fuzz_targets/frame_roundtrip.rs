@@ -23,7 +23,7 @@ use starwire::proto::{
 use starwire::wire::{
     cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta,
     pull_meta_len, pull_rows_meta_len, recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr,
-    Header, HeaderRepr, HelloRepr, FrameKind, Limits, Missing, PushEntry, ResponseEntry, Status,
+    FrameKind, Header, HeaderRepr, HelloRepr, Limits, Missing, PushEntry, ResponseEntry, Status,
     TensorMeta, HEADER_LEN,
 };
 
