@@ -217,6 +217,16 @@ class TrainingTest(PsCase):
         torch.testing.assert_close(out[1], torch.from_numpy(rows[3] * 2))
         np.testing.assert_array_equal(self.rows(1, DIM), rows)
 
+    def test_include_last_offset_as_torch(self) -> None:
+        bag = PSEmbeddingBag(self.client, 1, DIM, "sum", include_last_offset=True)
+        ref = nn.EmbeddingBag(VOCAB, DIM, mode="sum", include_last_offset=True)
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(self.rows(1, DIM).copy()))
+        ids, offsets = torch.tensor([4, 9, 4, 1]), torch.tensor([0, 1, 1, 4])
+        out = bag(ids, offsets)
+        self.assertEqual(out.shape, (3, DIM))
+        torch.testing.assert_close(out, ref(ids, offsets), **TOL)
+
     def test_a_batch_of_no_ids_sends_nothing(self) -> None:
         bag = PSEmbeddingBag(self.client, 1, DIM, "mean")
         before = self.requests()
@@ -332,6 +342,7 @@ class ErrorsTest(PsCase):
             (torch.tensor([3, -1]), r"input\[1\] is -1: negative"),
             (torch.tensor([3, VOCAB]), rf"input\[1\] is {VOCAB}: not below num_embeddings"),
             ([1, 2], "input is a list, not a tensor"),
+            (torch.tensor([1], device="meta"), "input is on meta: .* on the CPU"),
         ]
         uint64 = getattr(torch, "uint64", None)
         if uint64 is not None:
@@ -388,6 +399,8 @@ class ErrorsTest(PsCase):
         assert isinstance(err, starwire.StarwireError)
         self.assertIn("ps:1", str(err))
         self.assertIsNone(err.report.parts[0])
+        if hasattr(err, "__notes__"):  # Python 3.11 and later
+            self.assertIn("while pushing the gradients of 2 rows of table 1", err.__notes__)
         np.testing.assert_allclose(self.rows_at(0, 2), row2 - LR, **TOL)
         with self.assertRaises((starwire.ConnectionLost, starwire.ConnectFailed)) as e:
             bag(ids, offsets)
