@@ -689,10 +689,14 @@ fn a_killed_ps_s_push_fails_the_next_call() {
         (failed[0].step, failed[0].shard, failed[0].result),
         (1, 1, e)
     );
-    // PS 0 applied both pushes.
-    assert_eq!(held[0].applied.load(Ordering::SeqCst), 2);
-    let _ = pipe.flush();
+    // Reported once; PS 0 has applied both pushes once every push is answered.
+    ok(sw_pipeline_flush(
+        pipe.p,
+        c,
+        &mut sw_pipeline_report::default(),
+    ));
     assert_eq!(sw_pipeline_pushes_in_flight(pipe.p), 0);
+    assert_eq!(held[0].applied.load(Ordering::SeqCst), 2);
     sw_pipeline_free(pipe.p);
     sw_client_free(c);
     sw_runtime_free(worker);
