@@ -71,6 +71,26 @@ class ReadmeTest(unittest.TestCase):
         self.assertLess(losses[-1], 0.3, out.getvalue())
         self.assertRegex(lines[-1], r"^rows on \['127\.0\.0\.1:\d+', '127\.0\.0\.1:\d+'\]$")
 
+    @unittest.skipUnless(os.path.exists(README), "the README is not beside the tests")
+    def test_the_pipeline_example_steps_without_waiting(self) -> None:
+        with open(README, encoding="utf-8") as f:
+            blocks = re.findall(r"```python\n(# example: pipeline\n.*?)```", f.read(), re.S)
+        self.assertEqual(len(blocks), 1)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(blocks[0], README, "exec"), {"__name__": "readme"})
+        lines = out.getvalue().splitlines()
+        m = re.fullmatch(r"20 steps, 20 pushes; last step: (\d+) ids, (\d+) rows in, (\d+) out, "
+                         r"rows missing at most ([01]) of this worker's pushes", lines[0])
+        self.assertIsNotNone(m, out.getvalue())
+        assert m is not None
+        unique, rows_in, rows_out = (int(m.group(i)) for i in (1, 2, 3))
+        self.assertEqual((rows_in, rows_out), (unique, unique))
+        self.assertGreater(unique, 50)
+        after = re.fullmatch(r"largest element after: (\S+) \(at most 0\.05\)", lines[1])
+        assert after is not None, out.getvalue()
+        self.assertLessEqual(float(after.group(1)), 0.05)
+
 
 if __name__ == "__main__":
     unittest.main()
