@@ -172,6 +172,9 @@ internal!(
 );
 mod error;
 pub(crate) mod event_loop;
+internal!(
+    mod float;
+);
 mod hash;
 mod panic;
 mod pool;
