@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the frame_roundtrip and stream_decoder fuzz targets.
+"""Writes the seed corpora of the frame_roundtrip, stream_decoder and conn_flow fuzz targets.
 
 Frames are built by hand from docs/wire-format.md (independently of src/), so a seed the
 targets reject points at a disagreement between the spec and the code. Run from fuzz/:
 
     python3 gen_seeds.py
 
-It rewrites corpus/frame_roundtrip/seed_* and corpus/stream_decoder/seed_* (files found by
+It rewrites corpus/{frame_roundtrip,stream_decoder,conn_flow}/seed_* (files found by
 fuzzing, without the seed_ prefix, are left alone).
 """
 
@@ -16,7 +16,8 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Kinds (spec section 3).
-HELLO, HELLO_ACK, PING, PONG, RECV, FUSED_RECV, PULL, PUSH, RESPONSE, ERROR, CHUNK = range(1, 12)
+(HELLO, HELLO_ACK, PING, PONG, RECV, FUSED_RECV, PULL, PUSH, RESPONSE, ERROR, CHUNK, PULL_ROWS,
+ PUSH_ROWS, CANCEL, STATS, CHECKPOINT) = range(1, 17)
 END = 1
 DEAD, CHUNKED = 1, 2
 ELEM = {1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2, 7: 2, 8: 4, 9: 4, 10: 4, 11: 8, 12: 8, 13: 8, 14: 8, 15: 16}
@@ -24,7 +25,7 @@ F32, U8, I64, C128 = 10, 2, 12, 15
 
 
 def header(kind, meta, payload=b"", count=0, handle=0, flags=0, status=0,
-           magic=b"SWRE", version=1, reserved=0, meta_len=None, payload_len=None):
+           magic=b"SWRE", version=2, reserved=0, meta_len=None, payload_len=None):
     """Header (2.1) followed by the meta and payload sections."""
     meta_len = len(meta) if meta_len is None else meta_len
     payload_len = len(payload) if payload_len is None else payload_len
@@ -35,7 +36,9 @@ def header(kind, meta, payload=b"", count=0, handle=0, flags=0, status=0,
 
 
 def hello_body(cluster_id, task_index, max_frame, job, token=b""):
-    return struct.pack("<QIIBBH", cluster_id, task_index, max_frame, len(job), len(token), 0) + job + token
+    """Hello body (4.1): the limits of section 6 at their defaults but max_frame."""
+    return struct.pack("<QIIBBBBHHIIIIQ", cluster_id, task_index, max_frame, len(job), len(token),
+                       16, 0, 4096, 0, 65536, 1024, 1 << 20, 1 << 20, 4 << 30) + job + token
 
 
 def tensor_meta(dtype, dims, dead=False, chunked=False, byte_len=None):
@@ -106,6 +109,47 @@ def chunk(handle, index, offset, data):
     return header(CHUNK, struct.pack("<IIQ", index, 0, offset), data, count=1, handle=handle)
 
 
+def rows_tables(tables):
+    """Rows table sections (4.9): (table, block meta bytes, ids)."""
+    return b"".join(struct.pack("<II", t, 0) + m + b"".join(struct.pack("<Q", i) for i in ids)
+                    for t, m, ids in tables)
+
+
+def pull_rows(handle, tables):
+    """tables: (table, dtype, block dims, ids)."""
+    meta = rows_tables([(t, tensor_meta(d, dims), ids) for t, d, dims, ids in tables])
+    return header(PULL_ROWS, meta, count=len(tables), handle=handle)
+
+
+def push_rows(handle, tables):
+    """tables: (table, block meta bytes, ids, inline contents or None)."""
+    meta = rows_tables([(t, m, ids) for t, m, ids, _ in tables])
+    payload = b"".join(c for _, _, _, c in tables if c)
+    return header(PUSH_ROWS, meta, payload, count=len(tables), handle=handle)
+
+
+def cancel(handle, items):
+    return header(CANCEL, b"".join(struct.pack("<I", i) for i in items), count=len(items),
+                  handle=handle)
+
+
+def stats(handle):
+    return header(STATS, b"", handle=handle)
+
+
+def checkpoint(handle, timeout_ms=0):
+    """timeout_ms is bytes 8-11 of a request's header (2.1): status and reserved together."""
+    return header(CHECKPOINT, b"", handle=handle, status=timeout_ms & 0xFFFF,
+                  reserved=timeout_ms >> 16)
+
+
+def rows_response(handle):
+    """The answer to a PULL_ROWS of an f32 [3, 4] block with row 1 missing, and a refused table."""
+    meta = (struct.pack("<IHH", 0, 0, 3) + tensor_meta(F32, [3, 4]) + struct.pack("<II", 1, 1)
+            + struct.pack("<IHH", 1, 1, 0))
+    return header(RESPONSE, meta, tbytes(48, 8), count=2, handle=handle, flags=END)
+
+
 H = 0x0000000500000007  # a handle
 
 
@@ -129,6 +173,11 @@ def response_mixed(end=True):
     ], end)
 
 
+def timed_recv():
+    """A RECV whose header carries timeout_ms 1,500 (bytes 8-11)."""
+    return header(RECV, recv_body(42, [b"w:0"]), count=1, handle=0x100000004, status=1500)
+
+
 def frame_seeds():
     d = b"\x00"  # default limits
     small = b"\x80\x00"  # max_frame 64K, max_key 1, max_rank 0, max_tensors 1, tensor bytes 0
@@ -150,13 +199,23 @@ def frame_seeds():
         "error_request": d + error(H, 1, "n\u00e9ant".encode()),
         "error_not_utf8": d + error(H, 300, b"\xff\xfe bad"),
         "chunk": d + chunk(H, 2, 4096, tbytes(64)),
+        "cancel": d + cancel(0x200000001, [2, 5]),
+        "cancel_all": d + cancel(0x100000004, []),
+        "recv_timeout": d + timed_recv(),
+        "stats": d + stats(H),
+        "checkpoint": d + checkpoint(H),
+        "checkpoint_timeout": d + checkpoint(H, timeout_ms=600_000),
+        "pull_rows": d + pull_rows(H, [(1, F32, [3, 4], [5, 6, 5]), (2, U8, [2, 8], [1, 2])]),
+        "push_rows": d + push_rows(H, [(1, tensor_meta(F32, [2, 4]), [7, 8], tbytes(32)),
+                                       (2, tensor_meta(U8, [1, 300], chunked=True), [9], None)]),
+        "response_missing": d + rows_response(H),
         "small_limits_push": small + push(H, [(1, tensor_meta(U8, [], dead=True), None)]),
         "mid_limits_push": mid + push(H, [(1, tensor_meta(F32, [2, 3, 4, 5], chunked=True), None),
                                           (2, tensor_meta(U8, [10]), tbytes(10))]),
         "mid_limits_recv": mid + fused_recv(keys=(b"0123456789abcdef", b"x")),
         # Invalid frames.
         "bad_magic": d + header(PING, b"", b"x", handle=1, magic=b"SWRF"),
-        "bad_version": d + header(PING, b"", b"", handle=1, version=2),
+        "bad_version": d + header(PING, b"", b"", handle=1, version=1),
         "reserved": d + header(PING, b"", b"", handle=1, reserved=1),
         "push_payload_len": d + header(PUSH, struct.pack("<Q", 1) + tensor_meta(U8, [4]), tbytes(3),
                                        count=1, handle=H),
@@ -164,6 +223,9 @@ def frame_seeds():
         "dead_with_shape": d + push(H, [(1, tensor_meta(F32, [1], dead=True, byte_len=0), None)]),
         "byte_len_overflow": d + push(H, [(1, tensor_meta(C128, [1 << 62, 4], byte_len=0), None)]),
         "truncated": d + push_mixed()[:60],
+        "checkpoint_with_count": d + header(CHECKPOINT, b"", count=1, handle=H),
+        "checkpoint_with_meta": d + header(CHECKPOINT, b"\0\0\0\0", handle=H),
+        "checkpoint_no_handle": d + header(CHECKPOINT, b"", handle=0),
     }
 
 
@@ -171,7 +233,8 @@ def stream_prefix(cfg=0, k=0, pieces=(0, 0, 0, 0)):
     return bytes([cfg, k]) + bytes(pieces)
 
 
-def stream_seeds():
+def chunked_push_and_chunks():
+    """A push declaring two chunked tensors, and their chunks with other frames between."""
     chunked_push = push(H, [
         (1, tensor_meta(U8, [10]), tbytes(10)),
         (2, tensor_meta(U8, [300], chunked=True), None),
@@ -180,9 +243,15 @@ def stream_seeds():
     t2, t3 = tbytes(300, 5), tbytes(256, 6)
     chunks = (chunk(H, 1, 0, t2[:100]) + ping() + chunk(H, 1, 100, t2[100:])
               + recv() + chunk(H, 2, 0, t3[:1]) + chunk(H, 2, 1, t3[1:]))
+    return chunked_push, chunks
+
+
+def stream_seeds():
+    chunked_push, chunks = chunked_push_and_chunks()
     resp = response_mixed(end=False) + chunk(H + 1, 1, 0, tbytes(100, 9)) + response(H + 1, [], True)
     everything = (hello() + hello(ack=True) + ping() + pong() + recv() + fused_recv() + pull()
-                  + chunked_push + chunks + resp + error(H, 9, b"no service") + error(0, 5, b""))
+                  + chunked_push + chunks + resp + stats(H + 2) + checkpoint(H + 3, 1000)
+                  + rows_response(H + 4) + error(H, 9, b"no service") + error(0, 5, b""))
     big_meta = fused_recv(keys=tuple(bytes([65 + i % 26]) * 1000 for i in range(5)))
     # Encoder-mode scripts (see the E* helpers below).
     all_ops = (e_config(chunk=2, inline=3, block=1, coalesce=2)
@@ -192,7 +261,7 @@ def stream_seeds():
                + e_drain(50)
                + e_response([(0, t_f32_2d(3, 7)), (1, None), (0, None), (0, t_u8(200))], end=True)
                + e_ping(0) + e_error(30, status=1) + e_error(1100, status=0, conn=True)
-               + e_push([t_zero_size()]) + e_pong(3))
+               + e_push([t_zero_size()]) + e_pong(3) + e_stats() + e_checkpoint())
     large = (e_config(chunk=6, inline=3, block=3, coalesce=3)
              + e_push([t_large(0x1170)]) + e_push([t_large(0xffff)]) + e_ping(4)
              + e_drain(70000) + e_response([(0, t_large(40000)), (0, t_large(30000))], end=True))
@@ -223,6 +292,9 @@ def stream_seeds():
             + header(PING, b"", b"", handle=0),
         "version_mismatch": stream_prefix() + ping() + header(PING, b"", b"", handle=1, version=9),
         "frame_too_large": stream_prefix(cfg=1 << 3) + header(PING, b"", b"", handle=1, payload_len=70000),
+        "cancel": stream_prefix(cfg=1, k=0x10, pieces=(7, 13, 32, 64)) + cancel(0x200000001, [2, 5]) * 2,
+        "cancel_all": stream_prefix(cfg=1, k=0x10, pieces=(7, 13, 32, 64)) + cancel(0x100000004, []) * 2,
+        "recv_timeout": stream_prefix(cfg=1, k=0x10, pieces=(7, 13, 32, 64)) + timed_recv() * 2,
         "enc_all_ops": stream_prefix(cfg=0x80 | 1, k=0x33, pieces=(10, 100, 0xc0, 1)) + all_ops,
         "enc_large": stream_prefix(cfg=0xC0 | 7, k=0xff, pieces=(0xff, 0xe0, 0xff, 0xff)) + large,
         "enc_tiny_chunks": stream_prefix(cfg=0x80 | 2, k=0x12, pieces=(1, 3, 5, 7)) + tiny_chunks,
@@ -232,9 +304,44 @@ def stream_seeds():
     }
 
 
+def conn_seeds():
+    """Streams for conn_flow: what follows the HELLO the target writes itself. The prefix is
+    stream_decoder's; piece bytes 0 and 1 also pick the backlog ([1, 64, 300, 4096, 65536],
+    by value mod 5) and the bytes written between reads ([0, 1, 7, 100, 4096, all], mod 6)."""
+    chunked_push, chunks = chunked_push_and_chunks()
+    rows_pull = pull_rows(H + 2, [(1, F32, [3, 4], [5, 6, 5]), (2, U8, [2, 8], [1, 2])])
+    rows_push = (push_rows(H + 3, [(1, tensor_meta(F32, [2, 4]), [7, 8], tbytes(32)),
+                                   (2, tensor_meta(U8, [1, 300], chunked=True), [9], None)])
+                 + chunk(H + 3, 1, 0, tbytes(300, 4)))
+    requests = (ping() + recv() + fused_recv() + pull(ids=tuple(range(40))) + stats(H + 4)
+                + rows_pull + cancel(H + 2, [0, 7]) + chunked_push + chunks + rows_push
+                + checkpoint(H + 6) + ping(handle=5, payload=b"") + error(H + 5, 1, b"not ours"))
+    pings = b"".join(ping(handle=0x100000000 | i, payload=tbytes(i * 7)) for i in range(1, 40))
+    many = b"".join(stats(0x100000000 | i) for i in range(1, 60))
+    return {
+        "requests_whole": stream_prefix(cfg=7, k=0, pieces=(0xfe, 0xfb, 0xff, 0xff)) + requests,
+        "requests_backlog_1": stream_prefix(cfg=6, k=0, pieces=(5, 1, 13, 2)) + requests,
+        "requests_backlog_300": stream_prefix(cfg=4, k=0x11, pieces=(2, 2, 64, 3)) + requests,
+        "requests_pattern": stream_prefix(cfg=5, k=0xff, pieces=(3, 3, 1, 40)) + requests,
+        "requests_small_limits": stream_prefix(cfg=1 | 1 << 3, k=0x24, pieces=(1, 4, 9, 9)) + requests,
+        "requests_peer_small": stream_prefix(cfg=7 | 4 << 5, k=0x80, pieces=(3, 2, 0xc1, 7)) + requests,
+        "requests_peer_min_frame": stream_prefix(cfg=2 | 5 << 5, k=0x03, pieces=(1, 1, 1, 1)) + requests,
+        "pings_backlog_64": stream_prefix(cfg=3, k=0, pieces=(1, 3, 50, 0xc0)) + pings,
+        "stats_backlog_1": stream_prefix(cfg=7, k=0, pieces=(0, 1, 32, 32)) + many,
+        # A PING counted when its header is in and answered when its payload is, reads later.
+        "ping_across_reads": stream_prefix(cfg=7, k=0, pieces=(2, 0, 0x40, 0x40))
+            + ping(payload=tbytes(1024)) + stats(H) + stats(H + 1) + stats(H + 2),
+        "second_hello": stream_prefix(cfg=7, k=1, pieces=(1, 2, 3, 4)) + ping() + hello(),
+        "conn_error": stream_prefix(cfg=7, k=2, pieces=(1, 2, 3, 4)) + pull() + error(0, 5, b"bye") + ping(),
+        "bad_frame_after": stream_prefix(cfg=7, k=4, pieces=(2, 4, 6, 8)) + requests
+            + header(PING, b"", b"", handle=0),
+    }
+
+
 # Encoder-mode script builders. They mirror how stream_decoder.rs reads its script:
-# 4 config bytes, then ops ((op & 15) % 10: 0 ping, 1 pong, 2 recv, 3 fused recv, 4 pull, 5 push,
-# 6 response, 7 error, 8 hello, 9 drain), each followed by its argument bytes.
+# 4 config bytes, then ops ((op & 15) % 12: 0 ping, 1 pong, 2 recv, 3 fused recv, 4 pull,
+# 5 push, 6 response, 7 error, 8 hello, 9 cancel, 10 stats (checkpoint with bit 4), 11 drain),
+# each followed by its argument bytes.
 HB = b"\x01"  # the byte each g.handle() consumes
 
 
@@ -320,9 +427,17 @@ def e_hello(ack=False):
     return bytes([0x18 if ack else 8, 9]) + token + u64(0xC1A5) + u16(4) + u16(100)
 
 
+def e_stats():
+    return bytes([10]) + HB
+
+
+def e_checkpoint():
+    return bytes([0x1A]) + HB
+
+
 def e_drain(n):
     mult = (n - 1) // 0xFFFF if n > 0 else 0
-    return bytes([9 | mult << 4]) + u16(n // (mult + 1))
+    return bytes([11 | mult << 4]) + u16(n // (mult + 1))
 
 
 def write(target, seeds):
@@ -340,3 +455,4 @@ def write(target, seeds):
 if __name__ == "__main__":
     write("frame_roundtrip", frame_seeds())
     write("stream_decoder", stream_seeds())
+    write("conn_flow", conn_seeds())

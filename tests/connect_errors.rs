@@ -192,6 +192,20 @@ fn signal(child: &Child, sig: i32) {
     assert_eq!(rc, 0);
 }
 
+/// Waits until every thread of `child` has stopped: kill(2) only queues the SIGSTOP, and a
+/// loop thread running on another core answers what reaches it until it takes the signal.
+fn stopped(child: &Child) {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own child's pid with a valid status pointer; WUNTRACED
+    // reports the group stop, which the kernel signals once the last thread has stopped.
+    let rc = unsafe { libc::waitpid(child.id() as libc::pid_t, &mut status, libc::WUNTRACED) };
+    assert_eq!(rc, child.id() as libc::pid_t);
+    assert!(
+        libc::WIFSTOPPED(status),
+        "the child did not stop: {status:#x}"
+    );
+}
+
 /// Kills the child server when the test ends, however it ends.
 struct Reaped(Child);
 
@@ -220,6 +234,7 @@ fn a_peer_killed_mid_connection_is_named_by_the_task_its_handshake_gave() {
     h.wait(t).unwrap();
     // Stopped, so that the next ping stays unanswered; then killed.
     signal(&child.0, libc::SIGSTOP);
+    stopped(&child.0);
     let before = ping_bytes_out(&rt, addr);
     let t = h.ping(addr, 64, secs(30)).unwrap();
     let start = Instant::now();

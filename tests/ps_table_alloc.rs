@@ -1,34 +1,57 @@
 //! No heap allocation on a `PsTable`'s row path: pulls and pushes of 1,000 random ids in
 //! steady state, under each consistency and element format, and also while rows are created
-//! and the index grows, counted by this test binary's global allocator. Values are checked
-//! as it goes, so the allocation-free path is also the correct one.
+//! and the index grows, counted by this test binary's global allocator on the thread that
+//! calls the table (the test harness starts other tests' threads meanwhile: their
+//! allocations are not the table's). Values are checked as it goes, so the
+//! allocation-free path is also the correct one.
 
 use starwire::rows::ps::{Consistency, Float, Init, Optimizer, PsTable, PsTableBuilder};
 use starwire::{Status, Table};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// Counts allocation calls (`alloc`, `alloc_zeroed`, `realloc`) of the whole process.
+/// Counts allocation calls (`alloc`, `alloc_zeroed`, `realloc`) of the threads that count.
 struct Counting;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Whether this thread's allocations are counted.
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if COUNTED.try_with(Cell::get).unwrap_or(false) {
+        count();
+    }
+}
+
+/// Allocations `f` makes on this thread.
+fn allocations(f: impl FnOnce()) -> u64 {
+    let before = ALLOCS.load(Ordering::Relaxed);
+    COUNTED.with(|c| c.set(true));
+    f();
+    COUNTED.with(|c| c.set(false));
+    ALLOCS.load(Ordering::Relaxed) - before
+}
 
 // SAFETY: every call is forwarded unchanged to the system allocator; counting has no
 // effect on the memory returned.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded with the caller's layout.
         unsafe { System.alloc(l) }
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded with the caller's layout.
         unsafe { System.alloc_zeroed(l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded with the caller's pointer and layout.
         unsafe { System.realloc(p, l, new) }
     }
@@ -81,13 +104,13 @@ fn steady_state(b: PsTableBuilder) -> u64 {
         t.pull(ids, &mut out, &mut missing);
         t.push(ids, &grads);
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
-    for ids in &batches {
-        assert_eq!(t.pull(ids, &mut out, &mut missing), Status::Ok);
-        assert!(missing.is_empty());
-        assert_eq!(t.push(ids, &grads), Status::Ok);
-    }
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = allocations(|| {
+        for ids in &batches {
+            assert_eq!(t.pull(ids, &mut out, &mut missing), Status::Ok);
+            assert!(missing.is_empty());
+            assert_eq!(t.push(ids, &grads), Status::Ok);
+        }
+    });
     assert_eq!(t.len(), ROWS);
     n
 }
@@ -139,13 +162,13 @@ fn steady_state_admitted(b: PsTableBuilder) -> u64 {
     let mut out = vec![0u8; BATCH * rb];
     let grads = vec![0u8; BATCH * rb];
     let batches = batches(200);
-    let before = ALLOCS.load(Ordering::Relaxed);
-    for ids in &batches {
-        assert_eq!(t.pull(ids, &mut out, &mut missing), Status::Ok);
-        assert_eq!(t.push(ids, &grads), Status::Ok);
-        t.advance_clock();
-    }
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = allocations(|| {
+        for ids in &batches {
+            assert_eq!(t.pull(ids, &mut out, &mut missing), Status::Ok);
+            assert_eq!(t.push(ids, &grads), Status::Ok);
+            t.advance_clock();
+        }
+    });
     assert!(missing.is_empty());
     n
 }
@@ -163,11 +186,11 @@ fn creating_rows_and_growing() {
     let mut out = vec![0u8; BATCH * t.row_bytes()];
     let mut missing = Vec::with_capacity(BATCH);
     let ids: Vec<u64> = (0..300_000u64).map(|i| i * 7 + 3).collect();
-    let before = ALLOCS.load(Ordering::Relaxed);
-    for batch in ids.chunks(BATCH) {
-        assert_eq!(t.pull(batch, &mut out, &mut missing), Status::Ok);
-    }
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = allocations(|| {
+        for batch in ids.chunks(BATCH) {
+            assert_eq!(t.pull(batch, &mut out, &mut missing), Status::Ok);
+        }
+    });
     assert!(missing.is_empty());
     let m = t.metrics();
     assert_eq!((m.rows, m.refused), (300_000, 0));

@@ -6,9 +6,12 @@
  * PS table (sw_ps_table). The worker (its own runtime, as in another process) receives
  * all the keys with one fused recv, pulls the rows into memory from its own allocator
  * hook, pushes a gradient for each, and pulls again to see the update; then it pulls rows
- * of both tables in one request straight into its own arrays, pushes gradient rows, and
- * pulls again to see them applied. Last, the PS saves table 0 to a checkpoint, loads it
- * into a new table and checks the rows, and prints the table's report line and metrics.
+ * of both tables in one request straight into its own arrays (a third table the PS does
+ * not serve is refused, with the PS's reason), pushes gradient rows, pulls again to see
+ * them applied, and asks the PS for a checkpoint: the PS saves both tables into its
+ * checkpoint directory (a setting of its runtime) and answers with the manifest. Last, a
+ * new table loads table 0 from that directory, as a PS restarted elsewhere would, and the
+ * rows are checked; the PS table's metrics and a local save close the story.
  *
  * Build (from the repository root, after `cargo build -p starwire-ffi`):
  *   cc -Wall -Wextra -O2 -Iffi/include ffi/examples/ps_worker.c \
@@ -120,7 +123,10 @@ static void worker_release(void *user, void *data, uint64_t byte_len) {
 int main(void) {
   printf("starwire %s\n", starwire_version());
 
-  /* PS: listens on a free loopback port, one loop, handlers inline. */
+  /* PS: listens on a free loopback port, one loop, handlers inline; saves its tables into
+   * a checkpoint directory of its own when a peer asks. */
+  char dir[] = "/tmp/starwire-ps-worker-XXXXXX";
+  EXPECT(mkdtemp(dir) != NULL);
   static struct table table = {.lock = PTHREAD_MUTEX_INITIALIZER};
   for (int v = 0; v < N_VARS; v++)
     for (int k = 0; k < DIM; k++) table.rows[v][k] = (float)v + (float)k / 100.0f;
@@ -148,11 +154,11 @@ int main(void) {
   const uint32_t table_ids[2] = {0, 1};
   const sw_table *served[2] = {sw_ps_table_as_table(tables[0]),
                                sw_ps_table_as_table(tables[1])};
-  const char *names[] = {"NETWORK_PS_CORE_NUMBER"};
-  const char *values[] = {"1"};
+  const char *names[] = {"NETWORK_PS_CORE_NUMBER", "STARWIRE_CHECKPOINT_DIR"};
+  const char *values[] = {"1", dir};
   sw_runtime_options ps_opts = {
       .job = "ps", .task_index = 0, .setting_names = names, .setting_values = values,
-      .settings = 1, .use_env = true, .listen = "127.0.0.1:0", .service = &service,
+      .settings = 2, .use_env = true, .listen = "127.0.0.1:0", .service = &service,
       .table_ids = table_ids, .tables = served, .n_tables = 2};
   sw_runtime *ps = NULL;
   CHECK(sw_runtime_new(&ps_opts, &ps));
@@ -286,6 +292,9 @@ int main(void) {
   EXPECT(sw_reply_count(reply) == 3);
   EXPECT(sw_reply_status(reply, 0) == 0 && sw_reply_status(reply, 1) == 0);
   EXPECT(sw_reply_status(reply, 2) == 1 /* NOT_FOUND */);
+  /* The PS's words about the table it refused (valid until the reply is freed). */
+  EXPECT(strstr(sw_reply_refusal(reply), "no table 7 on this task") != NULL);
+  printf("rows pull: table 7 refused: %s\n", sw_reply_refusal(reply));
   uint32_t missing[3];
   size_t n_missing = 99;
   CHECK(sw_reply_missing(reply, 0, missing, 3, &n_missing));
@@ -329,6 +338,15 @@ int main(void) {
   EXPECT(small[0][0] < -0.97f && small[0][0] > -0.98f && small[0][1] == 0.0f);
   EXPECT(small[2][0] == small[0][0] && small[1][0] == 0.0f);
   printf("rows push: SGD and Adagrad applied; id 6 of table 1 still missing\n");
+
+  /* A checkpoint, asked by the worker: the PS saves both tables into its own directory
+   * (never named by the worker) and answers with the manifest, a JSON document. */
+  char *manifest = NULL;
+  CHECK(sw_client_checkpoint_wait(client, peer, 60000, &manifest));
+  EXPECT(strstr(manifest, "\"file\":\"table-0.swrows\"") != NULL);
+  EXPECT(strstr(manifest, "\"file\":\"table-1.swrows\"") != NULL);
+  printf("checkpoint request: the PS answered %s\n", manifest);
+  sw_string_free(manifest);
 
   /* A buffer of the wrong size is refused at once, and nothing is written. */
   pull[0].byte_len -= 1;
@@ -383,11 +401,7 @@ int main(void) {
   printf("table 0: %" PRIu64 " rows, %" PRIu64 " pulls of %" PRIu64 " rows, %" PRIu64
          " pushes, %" PRIu64 " bytes of memory; %zu hot ids sampled\n",
          m.rows, m.pulls, m.pulled_rows, m.pushes, m.memory_bytes, n_hot);
-  char dir[] = "/tmp/starwire-ps-worker-XXXXXX";
-  EXPECT(mkdtemp(dir) != NULL);
-  sw_save_report saved;
-  CHECK(sw_ps_table_save(tables[0], dir, &saved));
-  EXPECT(saved.rows == N_ROWS);
+  /* Table 0 loaded from the checkpoint the worker asked for. */
   sw_ps_table *loaded = NULL;
   CHECK(sw_ps_table_load(&cfg0, dir, &loaded));
   static float back[N_ROWS][DIM];
@@ -402,20 +416,29 @@ int main(void) {
   sw_ps_table *refused = NULL;
   EXPECT(sw_ps_table_load(&wide, dir, &refused) == SW_ERR_CHECKPOINT_SHAPE);
   EXPECT(refused == NULL);
-  printf("checkpoint: %" PRIu64 " rows, %" PRIu64 " bytes in %.3f s, loaded back; "
-         "another shape refused: %s\n", saved.rows, saved.bytes, saved.seconds,
-         sw_last_error());
+  printf("checkpoint: %" PRIu64 " rows of table 0 loaded back; another shape refused: %s\n",
+         sw_ps_table_len(loaded), sw_last_error());
+  /* The table saved by its owner, without a request: the file replaced atomically. */
+  sw_save_report saved;
+  CHECK(sw_ps_table_save(tables[0], dir, &saved));
+  EXPECT(saved.rows == N_ROWS);
+  printf("local save: %" PRIu64 " rows, %" PRIu64 " bytes in %.3f s\n", saved.rows,
+         saved.bytes, saved.seconds);
   sw_ps_table_free(loaded);
   sw_ps_table_free(tables[0]);
   char file[300], name[32];
-  CHECK(sw_checkpoint_file(0, name, sizeof name));
-  snprintf(file, sizeof file, "%s/%s", dir, name);
+  for (uint32_t id = 0; id < 2; id++) {
+    CHECK(sw_checkpoint_file(id, name, sizeof name));
+    snprintf(file, sizeof file, "%s/%s", dir, name);
+    EXPECT(unlink(file) == 0);
+  }
+  snprintf(file, sizeof file, "%s/checkpoint.json", dir);
   EXPECT(unlink(file) == 0 && rmdir(dir) == 0);
   printf("allocator hook: %" PRIu64 " allocations, %" PRIu64 " released\n", arena.allocated,
          arena.released);
-  /* Every received tensor came from the hook: the fused recv's and both pulls' rows (the
-   * rows pulls wrote into the worker's own arrays instead). */
-  EXPECT(arena.allocated == N_KEYS + 2 * N_VARS && arena.released == arena.allocated);
+  /* Every received tensor came from the hook: the fused recv's, both pulls' rows and the
+   * checkpoint's manifest (the rows pulls wrote into the worker's own arrays instead). */
+  EXPECT(arena.allocated == N_KEYS + 2 * N_VARS + 1 && arena.released == arena.allocated);
   printf("ok\n");
   return 0;
 }

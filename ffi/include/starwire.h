@@ -1439,8 +1439,10 @@ sw_result sw_ps_table_metrics(const struct sw_ps_table *t,
  Upkeep off the row path, while loops serve the table: finishes index work under way,
  makes the slots of evicted rows reusable once no call can see them, evicts rows
  untouched for `evict_untouched` ticks and, over 95 % of the row cap, the least recently
- touched down to 90 %; halves the hot-id counts. Run it about once a second from a thread
- of its own; concurrent calls take turns. On `SW_OK`, `*out` says what it did.
+ touched down to 90 %; halves the hot-id counts. A runtime serving the table runs it on a
+ thread of its own every `STARWIRE_TABLE_UPKEEP_MS` (1 s by default); call it for a table
+ no runtime serves, or to see what a pass does. Concurrent calls take turns. On `SW_OK`,
+ `*out` says what it did.
 
  # Safety
  `t` is a live PS table; `out` writable.
@@ -1617,6 +1619,20 @@ sw_result sw_reply_missing(const struct sw_reply *r,
                            uint32_t *positions,
                            size_t capacity,
                            size_t *count);
+
+/*
+ What the peer said about the tables of a rows pull it refused, when it answered some of
+ the request's tables and refused others with a reason: `"no table 9 on this task (this
+ task serves table 1)"`, `"table 1 holds f32 [16] rows; the request asked for f32 [8]"`,
+ one clause per refused table, whose `sw_reply_status` is not 0. A NUL-terminated string
+ owned by the reply, valid until `sw_reply_free`; empty when the peer said nothing, for
+ other replies, and for NULL. (A pull whose every table was refused fails as a whole
+ instead, with these words in `sw_last_error_remote`.)
+
+ # Safety
+ `r` is NULL or a live reply.
+ */
+const char *sw_reply_refusal(const struct sw_reply *r);
 
 /*
  Releases a reply and the tensors it still holds. NULL is ignored.
@@ -2013,6 +2029,50 @@ sw_result sw_table_new(uint8_t dtype,
                        struct sw_table **out);
 
 /*
+ Asks `peer` (`host:port`) to save the tables it serves (a `CHECKPOINT` request): it
+ writes one file per table into its own checkpoint directory (its setting
+ `STARWIRE_CHECKPOINT_DIR`, never named by the requester), each atomically while the
+ table serves, then the manifest `checkpoint.json`. The reply has one tensor (dtype `U8`,
+ rank 1) holding the manifest, a JSON document naming each table's file, rows and bytes,
+ not NUL-terminated (`sw_client_checkpoint_wait` gives it as a string).
+
+ The request fails with `SW_ERR_REMOTE` and, in `sw_last_error_status` and
+ `sw_last_error_remote`, the peer's status and words: `UNIMPLEMENTED` (9) when the peer
+ has no checkpoint directory or nothing it can save, `UNAVAILABLE` (10) when it is saving
+ already with two more checkpoints queued (retry later), `INTERNAL` (8) naming each
+ table that failed to save and why (its previous manifest stays in place). Saving takes
+ about a second per GB of table: give a `timeout_ms` to match (0: no deadline).
+
+ # Safety
+ `c` is a live client used by this thread only; `peer` a NUL-terminated string; `tag`
+ writable.
+ */
+sw_result sw_client_checkpoint(struct sw_client *c,
+                               const char *peer,
+                               uint64_t timeout_ms,
+                               uint64_t *tag);
+
+/*
+ `sw_client_checkpoint`, submitted and waited for in one call: on `SW_OK`, `*manifest`
+ is the peer's manifest as a NUL-terminated JSON document, which the caller frees with
+ `sw_string_free`. Fails as the request does (`SW_ERR_REMOTE` with the peer's status and
+ words, `SW_ERR_TIMEOUT`, `SW_ERR_CONNECT_FAILED`, ...); `*manifest` is then untouched.
+ Not for clients made with a callback (`SW_ERR_INVALID_ARGUMENT`).
+
+ This is the blocking call of language bindings: one foreign call, and a waiting thread
+ that holds no lock of the caller's runtime (a Python binding releases the GIL around
+ it).
+
+ # Safety
+ `c` is a live client used by this thread only; `peer` a NUL-terminated string;
+ `manifest` writable.
+ */
+sw_result sw_client_checkpoint_wait(struct sw_client *c,
+                                    const char *peer,
+                                    uint64_t timeout_ms,
+                                    char **manifest);
+
+/*
  Writes to `*out` this runtime's counters and per-peer, per-operation metrics (requests
  by outcome, bytes, tensors and rows, latency percentiles and histogram buckets) as a
  NUL-terminated JSON document (`docs/wire-format.md`, section 4.11). The caller frees it
@@ -2035,7 +2095,8 @@ sw_result sw_runtime_metrics_json(const struct sw_runtime *rt, char **out);
 sw_result sw_runtime_trace_json(const struct sw_runtime *rt, char **out);
 
 /*
- Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`).
+ Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`,
+ `sw_ps_table_report`, `sw_client_checkpoint_wait`).
  NULL is ignored.
 
  # Safety

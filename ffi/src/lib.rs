@@ -18,7 +18,8 @@
 //! table: its settings, and the table), `runtime`, `reply`, `client` (every
 //! `sw_client_*` request goes through its `submit`), `rows` (`sw_rows` and the rows
 //! requests, with `buffers`: the caller's buffers a rows pull receives into), `bench`,
-//! `callback_table`, `metrics`, `resolver`, `sharded`. Below them all, `boundary` (the
+//! `callback_table`, `checkpoint` (the checkpoint request), `metrics`, `resolver`,
+//! `sharded`. Below them all, `boundary` (the
 //! panic boundary every exported body runs inside) and `cast` (the typed pointer casts
 //! through which the exported functions, which have no `unsafe` of their own, reach their
 //! arguments). Imports go one way: `boundary` <- `result` <- `cast` <- the C types, which
@@ -59,6 +60,7 @@ mod rows;
 
 mod bench;
 mod callback_table;
+mod checkpoint;
 pub mod metrics;
 mod resolver;
 mod sharded;
@@ -66,6 +68,7 @@ mod sharded;
 pub use allocator::*;
 pub use bench::*;
 pub use callback_table::*;
+pub use checkpoint::*;
 pub use client::*;
 pub use ps_config::*;
 pub use ps_table::*;

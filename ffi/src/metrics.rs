@@ -50,7 +50,8 @@ fn runtime_string(
     Ok(())
 }
 
-/// Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`).
+/// Frees a string starwire returned (`sw_runtime_metrics_json`, `sw_runtime_trace_json`,
+/// `sw_ps_table_report`, `sw_client_checkpoint_wait`).
 /// NULL is ignored.
 ///
 /// # Safety

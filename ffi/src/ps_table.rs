@@ -428,8 +428,10 @@ pub struct sw_maintain_report {
 /// Upkeep off the row path, while loops serve the table: finishes index work under way,
 /// makes the slots of evicted rows reusable once no call can see them, evicts rows
 /// untouched for `evict_untouched` ticks and, over 95 % of the row cap, the least recently
-/// touched down to 90 %; halves the hot-id counts. Run it about once a second from a thread
-/// of its own; concurrent calls take turns. On `SW_OK`, `*out` says what it did.
+/// touched down to 90 %; halves the hot-id counts. A runtime serving the table runs it on a
+/// thread of its own every `STARWIRE_TABLE_UPKEEP_MS` (1 s by default); call it for a table
+/// no runtime serves, or to see what a pass does. Concurrent calls take turns. On `SW_OK`,
+/// `*out` says what it did.
 ///
 /// # Safety
 /// `t` is a live PS table; `out` writable.

@@ -1,6 +1,7 @@
 //! `sw_reply`: the answer to a request as C reads it (per item a tensor or a status, per
 //! rows table a status and the rows missing, or a ping's round-trip time).
 
+use std::ffi::{c_char, CString};
 use std::sync::Arc;
 
 use starwire::{Error, Reply};
@@ -9,7 +10,7 @@ use crate::boundary::boundary;
 use crate::buffers::{status_code, RowsTargets};
 use crate::cast::{free_box, lend, mut_from, ref_from, to_boxed, Boxed, Castable};
 use crate::cast::{try_out, try_out_slice, try_ref};
-use crate::result::{sw_result, Failure};
+use crate::result::{c_string, sw_result, Failure};
 use crate::tensor::{sw_tensor, TensorHandle};
 
 /// The answer to a request: per item, a tensor or a status (a pull or recv); per item, a
@@ -28,6 +29,8 @@ pub(crate) struct ReplyHandle {
     missing: Vec<u32>,
     /// A rows pull: per table, where its positions are in `missing` (start, count).
     spans: Vec<(usize, usize)>,
+    /// A rows pull answered in part: what the peer said about the tables it refused.
+    refusal: Option<CString>,
 }
 
 impl Castable for sw_reply {
@@ -44,6 +47,7 @@ fn reply_of(reply: Reply, targets: Option<&RowsTargets>) -> ReplyHandle {
         rtt_us: 0.0,
         missing: Vec::new(),
         spans: Vec::new(),
+        refusal: None,
     };
     match reply {
         Reply::Rows(rows) => {
@@ -58,6 +62,7 @@ fn reply_of(reply: Reply, targets: Option<&RowsTargets>) -> ReplyHandle {
                 r.spans.push((r.missing.len(), m.len()));
                 r.missing.extend_from_slice(m);
             }
+            r.refusal = rows.refusal().map(c_string);
         }
         Reply::Pulled(items) | Reply::Received(items) => {
             for item in items {
@@ -202,6 +207,25 @@ pub extern "C" fn sw_reply_missing(
         }
         count.write(n);
         Ok(())
+    })
+}
+
+/// What the peer said about the tables of a rows pull it refused, when it answered some of
+/// the request's tables and refused others with a reason: `"no table 9 on this task (this
+/// task serves table 1)"`, `"table 1 holds f32 [16] rows; the request asked for f32 [8]"`,
+/// one clause per refused table, whose `sw_reply_status` is not 0. A NUL-terminated string
+/// owned by the reply, valid until `sw_reply_free`; empty when the peer said nothing, for
+/// other replies, and for NULL. (A pull whose every table was refused fails as a whole
+/// instead, with these words in `sw_last_error_remote`.)
+///
+/// # Safety
+/// `r` is NULL or a live reply.
+#[no_mangle]
+pub extern "C" fn sw_reply_refusal(r: *const sw_reply) -> *const c_char {
+    boundary!(c"".as_ptr(), {
+        ref_from(r)
+            .and_then(|r| r.refusal.as_deref())
+            .map_or(c"".as_ptr(), |s| s.as_ptr())
     })
 }
 

@@ -23,7 +23,7 @@ use starwire::proto::{
 use starwire::wire::{
     cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta,
     pull_meta_len, pull_rows_meta_len, recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr,
-    Header, HeaderRepr, HelloRepr, FrameKind, Limits, Missing, PushEntry, ResponseEntry, Status,
+    FrameKind, Header, HeaderRepr, HelloRepr, Limits, Missing, PushEntry, ResponseEntry, Status,
     TensorMeta, HEADER_LEN,
 };
 
@@ -98,6 +98,7 @@ enum NBody {
     Ping,
     Pong,
     Stats,
+    Checkpoint,
     Recv {
         fused: bool,
         step_id: u64,
@@ -134,6 +135,7 @@ impl NBody {
             Body::Ping => NBody::Ping,
             Body::Pong => NBody::Pong,
             Body::Stats => NBody::Stats,
+            Body::Checkpoint => NBody::Checkpoint,
             Body::Recv(r) | Body::FusedRecv(r) => {
                 let keys = r.keys;
                 assert_eq!(keys.len(), keys.count(), "Keys: size_hint vs items");
@@ -213,6 +215,7 @@ impl NBody {
             NBody::Ping => FrameKind::Ping,
             NBody::Pong => FrameKind::Pong,
             NBody::Stats => FrameKind::Stats,
+            NBody::Checkpoint => FrameKind::Checkpoint,
             NBody::Recv { fused: false, .. } => FrameKind::Recv,
             NBody::Recv { fused: true, .. } => FrameKind::FusedRecv,
             NBody::Pull(_) => FrameKind::Pull,
@@ -292,7 +295,7 @@ impl NBody {
                 let h = self.hello().unwrap();
                 put(&mut out, fill, h.buffer_len(), |b| h.emit(b));
             }
-            NBody::Ping | NBody::Pong | NBody::Stats => {}
+            NBody::Ping | NBody::Pong | NBody::Stats | NBody::Checkpoint => {}
             NBody::Recv { step_id, keys, .. } => {
                 put(&mut out, fill, recv_meta_len(keys), |b| {
                     emit_recv_meta(*step_id, keys, b)
@@ -378,6 +381,7 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
         NBody::Ping => enc.ping(h.handle, payload),
         NBody::Pong => enc.pong(h.handle, payload),
         NBody::Stats => enc.stats(h.handle),
+        NBody::Checkpoint => enc.checkpoint(h.handle),
         NBody::Recv {
             fused,
             step_id,

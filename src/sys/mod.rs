@@ -24,6 +24,7 @@ pub mod driver;
 pub mod epoll;
 pub mod loan;
 mod ops;
+pub mod prefetch;
 pub mod socket;
 pub mod uring;
 

@@ -1,4 +1,5 @@
-//! The command line: argh structs for `commctl` and its subcommands, and value parsers.
+//! The command line: argh structs for `commctl` and its subcommands (their values' parsers
+//! are in `values`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,6 +10,8 @@ use crate::table::{
     parse_init, parse_optimizer, parse_rate, parse_stored, parse_table_kind, InitSpec,
     OptimizerKind, TableKind, DEFAULT_DIM, DEFAULT_ROWS, DEFAULT_TABLE,
 };
+pub use crate::values::PortRule;
+use crate::values::{parse_duration, parse_port_rule, parse_positive_seconds, parse_seconds};
 
 /// Default `--tensors` of serve and bench.
 pub const DEFAULT_TENSORS: u64 = 1024;
@@ -31,7 +34,8 @@ pub const DEFAULT_TENSOR_SIZE: u64 = 4096;
     error_code(0, "success: valid, or every request answered"),
     error_code(
         1,
-        "validate or endpoint-map found problems; ping or bench lost some requests"
+        "validate or endpoint-map found problems; ping or bench lost some requests; the \
+         task did not save a checkpoint"
     ),
     error_code(2, "usage or configuration error, unreadable file"),
     error_code(3, "could not connect: nothing listening, or unreachable"),
@@ -70,6 +74,8 @@ pub enum Command {
     Wait(WaitArgs),
     /// `commctl stats`
     Stats(StatsArgs),
+    /// `commctl checkpoint`
+    Checkpoint(CheckpointArgs),
 }
 
 /// The cluster-spec and endpoint-map options several subcommands share.
@@ -243,8 +249,11 @@ impl PingArgs {
     note = "Sends a STATS request (behind the handshake and the cluster token, like every\n\
             request) and shows the answer: per peer (its task name from the handshake, and\n\
             its address for requests the task sent) and operation, requests by outcome,\n\
-            bytes, and latency percentiles. `sent` rows are requests the task sent to a\n\
-            peer, `served` rows requests a peer sent to it. A task with\n\
+            bytes, and latency percentiles; then, for a task that serves tables, per table\n\
+            its rows and memory, calls, rows pulled and pushed, rows missing, created and\n\
+            evicted, and its hottest ids (how often each was sampled).\n\
+            `sent` rows are requests the task sent to a peer, `served` rows requests a peer\n\
+            sent to it. A task with\n\
             STARWIRE_STATS_ENDPOINT=0 refuses (exit status 6). docs/deploying.md explains\n\
             the columns.",
     error_code(0, "answered"),
@@ -308,6 +317,88 @@ pub struct StatsArgs {
 }
 
 impl StatsArgs {
+    /// The shared options.
+    pub fn cluster_opts(&self) -> ClusterOpts {
+        ClusterOpts {
+            cluster: self.cluster.clone(),
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            tf_config: false,
+            endpoint_map: self.endpoint_map.clone(),
+        }
+    }
+}
+
+/// ask a running task to save its tables into its checkpoint directory
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "checkpoint",
+    help_triggers("-h", "--help"),
+    example = "commctl checkpoint ps:0 --ps-hosts 10.0.0.1:2222,10.0.0.2:2222\n\
+               commctl checkpoint 127.0.0.1:5555 --json > manifest.json",
+    note = "Sends a CHECKPOINT request (behind the handshake and the cluster token, like every\n\
+            request). The task saves every table it serves into its own checkpoint\n\
+            directory, on its host: the setting STARWIRE_CHECKPOINT_DIR of the task\n\
+            (commctl serve: --checkpoint-dir DIR), never named by the requester. One file per\n\
+            table (table-ID.swrows), each written atomically while the table serves, then\n\
+            the manifest checkpoint.json. The answer is the manifest: shown per table (file,\n\
+            rows, bytes, seconds, GB/s, whether rows went around the page cache) with the\n\
+            directory, or as it is with --json. A PS started with the same directory loads\n\
+            its tables from there (commctl serve --checkpoint-dir DIR, PsTable::load).\n\
+            Saving takes about a second per GB of table: the default timeout is 600 s.\n\
+            A task without a checkpoint directory refuses (UNIMPLEMENTED); one already\n\
+            saving with two more checkpoints queued says to retry later (UNAVAILABLE); a\n\
+            table that failed to save is named with the task's reason (INTERNAL), and the\n\
+            previous manifest stays in place. Each of these exits with status 1.",
+    error_code(0, "saved: the manifest is shown"),
+    error_code(
+        1,
+        "the task did not save: no checkpoint directory, checkpoints already queued, or a \
+         table failed"
+    ),
+    error_code(2, "usage or configuration error"),
+    error_code(3, "could not connect: nothing listening, or unreachable"),
+    error_code(4, "handshake refused: cluster id or token mismatch"),
+    error_code(5, "no reply within the timeout"),
+    error_code(6, "connection lost or protocol error")
+)]
+pub struct CheckpointArgs {
+    /// HOST:PORT, or JOB:INDEX looked up in the cluster spec and the endpoint map
+    #[argh(positional)]
+    pub target: String,
+
+    /// seconds to wait for the answer, saving included (default: 600)
+    #[argh(
+        option,
+        short = 'W',
+        default = "600.0",
+        from_str_fn(parse_positive_seconds)
+    )]
+    pub timeout: f64,
+
+    /// print the task's manifest as it is (JSON)
+    #[argh(switch)]
+    pub json: bool,
+
+    /// a job of the cluster spec, as JOB=HOST:PORT[,HOST:PORT...]; repeat for each job
+    #[argh(option, arg_name = "job=hosts")]
+    pub cluster: Vec<String>,
+
+    /// the ps job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub ps_hosts: Option<String>,
+
+    /// the worker job, as HOST:PORT[,HOST:PORT...]
+    #[argh(option, arg_name = "hosts")]
+    pub worker_hosts: Option<String>,
+
+    /// the endpoint map, or a folder holding one
+    #[argh(option, arg_name = "path")]
+    pub endpoint_map: Option<PathBuf>,
+}
+
+impl CheckpointArgs {
     /// The shared options.
     pub fn cluster_opts(&self) -> ClusterOpts {
         ClusterOpts {
@@ -392,7 +483,8 @@ impl WaitArgs {
             connections (the line names the store and the rows table); without --task or\n\
             --tf-config, TASK is ps:0, the default task, and the line says so. The lines\n\
             after it are the table's report (its layout, and whether the kernel gave huge\n\
-            pages) and where its rows came from, with its bytes against the CPU caches.\n\
+            pages), where its rows came from, with its bytes against the CPU caches, and\n\
+            where a checkpoint request saves it.\n\
             Answers ping, pull, push, recv and fused recv from a synthetic store of\n\
             --tensors variables (ids 0..N-1), each a u8 tensor of --tensor-size bytes:\n\
             - pull of id i < N returns variable i; other ids: NOT_FOUND.\n\
@@ -408,8 +500,9 @@ impl WaitArgs {
             memory) or its small MemTable (--table-kind mem, to compare with):\n\
             - rows 0..--rows-1 are made at start with their --init values (default\n\
               100000 rows, the ids bench draws by default), so a bench pulls rows that\n\
-              exist; with --checkpoint-dir DIR holding the table's checkpoint\n\
-              (table-<id>.swrows), its rows are loaded from there instead;\n\
+              exist; with --checkpoint-dir DIR (or $STARWIRE_CHECKPOINT_DIR) holding the\n\
+              table's checkpoint (table-<id>.swrows), its rows are loaded from there\n\
+              instead; commctl checkpoint makes serve save the table there;\n\
             - a pull of an id without a row creates it (--init zeros, uniform, normal,\n\
               truncated-normal) or reports it missing and reads zeros (--init missing);\n\
             - a push applies the gradient rows: --optimizer sgd (w -= lr * g), adagrad\n\
@@ -485,8 +578,10 @@ pub struct ServeArgs {
     )]
     pub stored: starwire::rows::ps::Float,
 
-    /// load the table from its checkpoint in this folder (table-ID.swrows) when it is
-    /// there, instead of making --rows rows
+    /// the task's checkpoint directory: the table is loaded from its checkpoint there
+    /// (table-ID.swrows) when there is one, instead of making --rows rows, and saved there
+    /// when a peer asks for a checkpoint (commctl checkpoint) (default:
+    /// $STARWIRE_CHECKPOINT_DIR; without either, checkpoints are refused)
     #[argh(option, arg_name = "dir")]
     pub checkpoint_dir: Option<PathBuf>,
 
@@ -807,139 +902,5 @@ impl EndpointMapArgs {
             tf_config: self.tf_config,
             endpoint_map: None,
         }
-    }
-}
-
-/// How a task's data port follows from its control address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortRule {
-    /// The same port on every host.
-    Fixed(u16),
-    /// The control port plus this much.
-    Offset(u16),
-}
-
-impl PortRule {
-    /// The data port of a task with this control port; `None` past 65535.
-    pub fn data_port(self, control: u16) -> Option<u16> {
-        match self {
-            PortRule::Fixed(p) => Some(p),
-            PortRule::Offset(n) => control.checked_add(n),
-        }
-    }
-}
-
-impl std::fmt::Display for PortRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PortRule::Fixed(p) => write!(f, "data port {p} on every host"),
-            PortRule::Offset(n) => write!(f, "data port = control port + {n}"),
-        }
-    }
-}
-
-/// `PORT` (1 to 65535) or `+OFFSET` (1 to 65534).
-pub fn parse_port_rule(text: &str) -> Result<PortRule, String> {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let bad = || {
-        format!(
-            "{text:?}: expected PORT (the same data port on every host, 1 to 65535) or \
-             +OFFSET (the control port plus OFFSET, 1 to 65534)"
-        )
-    };
-    match text.strip_prefix('+') {
-        Some(n) if digits(n) => match n.parse::<u16>() {
-            Ok(n) if (1..=65534).contains(&n) => Ok(PortRule::Offset(n)),
-            _ => Err(bad()),
-        },
-        None if digits(text) => match text.parse::<u16>() {
-            Ok(p) if p >= 1 => Ok(PortRule::Fixed(p)),
-            _ => Err(bad()),
-        },
-        _ => Err(bad()),
-    }
-}
-
-/// Seconds as a decimal number, 0 or more (at most a day).
-pub fn parse_seconds(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
-        _ => Err(format!(
-            "{text:?}: expected seconds, a number from 0 to 86400"
-        )),
-    }
-}
-
-/// Seconds as a decimal number, more than 0 (at most a day).
-pub fn parse_positive_seconds(text: &str) -> Result<f64, String> {
-    match parse_seconds(text) {
-        Ok(s) if s >= 0.001 => Ok(s),
-        _ => Err(format!(
-            "{text:?}: expected seconds, a number from 0.001 to 86400"
-        )),
-    }
-}
-
-/// A duration: a number with an optional unit `ms`, `s`, `m` or `h` (seconds without one).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?}: expected a duration such as 500ms, 10s, 2m or 1h");
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (num, unit) = text.split_at(split);
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(bad()),
-    };
-    if !(0.001..=7.0 * 86_400.0).contains(&secs) {
-        return Err(format!("{text:?}: expected a duration from 1ms to 7 days"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "10x", "-1s", "0", "1e3", "8000000s", "1.2.3s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn port_rules() {
-        assert_eq!(parse_port_rule("5555"), Ok(PortRule::Fixed(5555)));
-        assert_eq!(parse_port_rule("+1000"), Ok(PortRule::Offset(1000)));
-        for bad in [
-            "", "0", "+0", "65536", "+65535", "-1", "+", "5555x", " 5555", "++1",
-        ] {
-            assert!(parse_port_rule(bad).is_err(), "{bad}");
-        }
-        assert_eq!(PortRule::Offset(1000).data_port(2222), Some(3222));
-        assert_eq!(PortRule::Offset(1000).data_port(65000), None);
-        assert_eq!(PortRule::Fixed(5555).data_port(2222), Some(5555));
-    }
-
-    #[test]
-    fn seconds() {
-        assert_eq!(parse_seconds("0.2"), Ok(0.2));
-        assert_eq!(parse_seconds("0"), Ok(0.0));
-        assert!(parse_seconds("-1").is_err());
-        assert!(parse_seconds("NaN").is_err());
-        assert!(parse_seconds("inf").is_err());
-        assert!(parse_positive_seconds("0").is_err());
-        assert_eq!(parse_positive_seconds("1"), Ok(1.0));
     }
 }

@@ -8,6 +8,7 @@
 //! hdrhistogram, signals signal-hook.
 
 pub mod bench;
+pub mod checkpoint;
 pub mod cli;
 pub mod cpu;
 pub mod endpoint_map;
@@ -21,6 +22,7 @@ pub mod stats;
 pub mod table;
 pub mod target;
 pub mod validate;
+pub mod values;
 pub mod wait;
 
 use cli::{Command, Commctl};
@@ -69,6 +71,7 @@ pub fn run(args: &[&str]) -> i32 {
         Command::EndpointMap(a) => endpoint_map::run(&a),
         Command::Wait(a) => wait::run(&a),
         Command::Stats(a) => stats::run(&a),
+        Command::Checkpoint(a) => checkpoint::run(&a),
     };
     match result {
         Ok(code) => code,

@@ -30,6 +30,7 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -45,7 +46,7 @@ use starwire::{Config, Options, Rendezvous, Runtime, Service, StartError, Stats,
 use crate::cli::ServeArgs;
 use crate::exit::{self, Failure};
 use crate::signals;
-use crate::table::{self as rows, RowsServed, RowsTable, TableSpec};
+use crate::table::{self as rows, RowsServed, RowsTable, TableKind, TableSpec};
 use crate::target;
 
 /// Most `--tensors`.
@@ -400,8 +401,14 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
     if let Some(n) = args.loops {
         b = b.loops(n);
     }
+    // The table's checkpoints and the runtime's are one directory: --checkpoint-dir, else
+    // STARWIRE_CHECKPOINT_DIR (read by the builder).
+    if let Some(dir) = &args.checkpoint_dir {
+        b = b.checkpoint_dir(dir.clone());
+    }
     let cfg = b.build().map_err(|e| Failure::usage(e.to_string()))?;
-    let content = content(args)?;
+    let content = content(args, cfg.checkpoint_dir())?;
+    let checkpoints = checkpoints_line(cfg.checkpoint_dir(), content.table.kind);
     let server = Server::start(cfg, listen, &content)?;
     let addr = server.local_addr().unwrap_or(listen);
     {
@@ -425,6 +432,7 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
             let _ = writeln!(out, "{line}");
         }
         let _ = writeln!(out, "{}", server.store.table_start());
+        let _ = writeln!(out, "{checkpoints}");
         let _ = out.flush();
     }
     log::info!(
@@ -466,8 +474,26 @@ pub fn run(args: &ServeArgs) -> Result<i32, Failure> {
     Ok(exit::OK)
 }
 
-/// The store of `--tensors` and `--tensor-size`, checked.
-fn content(args: &ServeArgs) -> Result<Content, Failure> {
+/// What a checkpoint request to this server does, in one line.
+fn checkpoints_line(dir: Option<&Path>, kind: TableKind) -> String {
+    match (dir, kind) {
+        (Some(dir), TableKind::Ps) => format!(
+            "checkpoints: the table is saved into {} when a peer asks (commctl checkpoint)",
+            dir.display()
+        ),
+        (Some(_), TableKind::Mem) => {
+            "checkpoints: refused, a MemTable cannot be saved (--table-kind ps can)".to_owned()
+        }
+        (None, _) => "checkpoints: refused, no checkpoint directory (--checkpoint-dir DIR or \
+                      STARWIRE_CHECKPOINT_DIR)"
+            .to_owned(),
+    }
+}
+
+/// The store of `--tensors` and `--tensor-size`, and the table, checked; the table's rows
+/// are loaded from `checkpoint_dir`, the task's checkpoint directory, when they are there
+/// (a `MemTable` has no checkpoints: it ignores a directory it did not ask for).
+fn content(args: &ServeArgs, checkpoint_dir: Option<&Path>) -> Result<Content, Failure> {
     if !(1..=MAX_TENSORS).contains(&args.tensors) {
         return Err(Failure::usage(format!(
             "--tensors {}: expected 1 to {MAX_TENSORS}",
@@ -502,7 +528,11 @@ fn content(args: &ServeArgs) -> Result<Content, Failure> {
         lr: args.lr,
         initial_accumulator: args.initial_accumulator,
         rows: args.rows,
-        checkpoint_dir: args.checkpoint_dir.clone(),
+        checkpoint_dir: match (args.table_kind, &args.checkpoint_dir) {
+            // From the environment, for another kind of table.
+            (TableKind::Mem, None) => None,
+            _ => checkpoint_dir.map(Path::to_path_buf),
+        },
     };
     table.check().map_err(Failure::usage)?;
     Ok(Content {
@@ -516,7 +546,7 @@ fn content(args: &ServeArgs) -> Result<Content, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::{InitSpec, OptimizerKind, TableKind};
+    use crate::table::{InitSpec, OptimizerKind};
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -32,6 +32,65 @@ pub struct Doc {
     pub peers: Vec<PeerDoc>,
     /// Whether peers were left out.
     pub truncated: bool,
+    /// The tables the task serves that keep metrics (absent from older documents).
+    pub tables: Vec<TableDoc>,
+}
+
+/// One table of a [`Doc`]: its counters since it was made, and its state when asked.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct TableDoc {
+    /// The table's id.
+    pub table: u32,
+    /// Rows it holds.
+    pub rows: u64,
+    /// Bytes of rows and optimizer state.
+    pub data_bytes: u64,
+    /// Bytes of memory it holds (slots, index, bookkeeping).
+    pub memory_bytes: u64,
+    /// Bytes of that memory committed.
+    pub committed_bytes: u64,
+    /// Entries of its index.
+    pub index_capacity: u64,
+    /// Pull calls.
+    pub pulls: u64,
+    /// Push calls.
+    pub pushes: u64,
+    /// Rows pulls asked for.
+    pub pulled_rows: u64,
+    /// Of which it had no row for.
+    pub missing: u64,
+    /// Gradient rows pushes brought.
+    pub pushed_rows: u64,
+    /// Of which were dropped (a row not created, or refused).
+    pub dropped_pushes: u64,
+    /// Rows created.
+    pub created: u64,
+    /// Rows loaded (checkpoint, bulk load).
+    pub loaded: u64,
+    /// Ids not admitted yet (seen fewer times than needed).
+    pub not_admitted: u64,
+    /// New rows refused (row cap, memory).
+    pub refused: u64,
+    /// Rows evicted for being untouched.
+    pub evicted_untouched: u64,
+    /// Rows evicted over the row cap.
+    pub evicted_over_cap: u64,
+    /// Index builds (growth).
+    pub index_builds: u64,
+    /// The table's clock.
+    pub clock: u64,
+    /// One row in this many is sampled for the hot ids.
+    pub hot_sample_every: u64,
+    /// `[id, sampled]` of the hottest ids, hottest first.
+    pub hot: Vec<(u64, u64)>,
+}
+
+impl TableDoc {
+    /// Rows evicted, for either reason.
+    pub fn evicted(&self) -> u64 {
+        self.evicted_untouched + self.evicted_over_cap
+    }
 }
 
 /// One peer of a [`Doc`].
@@ -321,7 +380,76 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
     if doc.truncated {
         s.push_str("(more peers than the document holds; some are left out)\n");
     }
+    tables(&mut s, doc, rates);
     s
+}
+
+/// Hot ids shown per table.
+const HOT_SHOWN: usize = 5;
+
+/// The tables' lines of the human table: per table its rows and memory, calls and rows
+/// pulled and pushed, rows missing, created and evicted, and its hottest ids; with
+/// `rates`, rows pulled and pushed per second.
+fn tables(s: &mut String, doc: &Doc, rates: Option<(&Doc, Duration)>) {
+    if doc.tables.is_empty() {
+        return;
+    }
+    let mut header = format!(
+        "\n{:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>9}",
+        "TABLE",
+        "ROWS",
+        "MEMORY",
+        "PULLS",
+        "PUSHES",
+        "ROWS PULLED",
+        "ROWS PUSHED",
+        "MISSING",
+        "CREATED",
+        "EVICTED"
+    );
+    if rates.is_some() {
+        let _ = write!(header, " {:>11} {:>11}", "PULLED/s", "PUSHED/s");
+    }
+    let _ = write!(header, "  HOT IDS (sampled)");
+    s.push_str(&header);
+    s.push('\n');
+    for t in &doc.tables {
+        let _ = write!(
+            s,
+            "{:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>9}",
+            t.table,
+            t.rows,
+            fmt_bytes(t.memory_bytes as f64),
+            t.pulls,
+            t.pushes,
+            t.pulled_rows,
+            t.pushed_rows,
+            t.missing,
+            t.created,
+            t.evicted()
+        );
+        if let Some((prev, dt)) = rates {
+            let before = prev.tables.iter().find(|p| p.table == t.table);
+            let secs = dt.as_secs_f64().max(1e-9);
+            let rate =
+                |now: u64, then: Option<u64>| now.saturating_sub(then.unwrap_or(0)) as f64 / secs;
+            let _ = write!(
+                s,
+                " {:>11.0} {:>11.0}",
+                rate(t.pulled_rows, before.map(|b| b.pulled_rows)),
+                rate(t.pushed_rows, before.map(|b| b.pushed_rows)),
+            );
+        }
+        s.push_str("  ");
+        if t.hot.is_empty() {
+            s.push('-');
+        }
+        for (i, (id, sampled)) in t.hot.iter().take(HOT_SHOWN).enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            let _ = write!(s, "{sep}{id} ({sampled})");
+        }
+        s.push('\n');
+    }
 }
 
 /// A label value escaped for the Prometheus text format.
@@ -489,7 +617,90 @@ pub fn prometheus(doc: &Doc) -> String {
         "Connect attempts after a failure.",
     );
     per_peer(&mut s, "starwire_reconnects_total", &|p| p.reconnects);
+    if !doc.tables.is_empty() {
+        table_families(&mut s, doc);
+    }
     s
+}
+
+/// A family of the tables' metrics: its name, type, help, and its value of a table.
+type TableFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&TableDoc) -> u64,
+);
+
+/// The tables' metrics in the Prometheus text format, labelled `table`.
+fn table_families(s: &mut String, doc: &Doc) {
+    let families: [TableFamily; 9] = [
+        (
+            "starwire_table_rows",
+            "gauge",
+            "Rows the table holds.",
+            |t| t.rows,
+        ),
+        (
+            "starwire_table_memory_bytes",
+            "gauge",
+            "Bytes of memory the table holds.",
+            |t| t.memory_bytes,
+        ),
+        (
+            "starwire_table_pulled_rows_total",
+            "counter",
+            "Rows pulls asked the table for.",
+            |t| t.pulled_rows,
+        ),
+        (
+            "starwire_table_missing_rows_total",
+            "counter",
+            "Rows pulled that the table had no row for.",
+            |t| t.missing,
+        ),
+        (
+            "starwire_table_pushed_rows_total",
+            "counter",
+            "Gradient rows pushed to the table.",
+            |t| t.pushed_rows,
+        ),
+        (
+            "starwire_table_dropped_pushes_total",
+            "counter",
+            "Gradient rows the table dropped.",
+            |t| t.dropped_pushes,
+        ),
+        (
+            "starwire_table_created_rows_total",
+            "counter",
+            "Rows the table created.",
+            |t| t.created,
+        ),
+        (
+            "starwire_table_refused_rows_total",
+            "counter",
+            "New rows the table refused (row cap, memory).",
+            |t| t.refused,
+        ),
+        (
+            "starwire_table_evicted_rows_total",
+            "counter",
+            "Rows the table evicted.",
+            |t| t.evicted(),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for t in &doc.tables {
+            let _ = writeln!(
+                s,
+                "{name}{{responder=\"{}\",table=\"{}\"}} {}",
+                label(&doc.task),
+                t.table,
+                value(t)
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -514,6 +725,54 @@ mod tests {
         let again = table(&doc, "ps:0", Some((&doc, Duration::from_secs(1))));
         assert!(again.contains("REQ/s"), "{again}");
         assert!(parse(r#"{"format":"x"}"#).is_err());
+    }
+
+    /// [`DOC`] with a table.
+    fn with_table() -> String {
+        DOC.replace(
+            r#""truncated":false}"#,
+            r#""truncated":false,"tables":[{"table":7,"rows":1200,"data_bytes":76800,
+            "memory_bytes":3000000,"committed_bytes":2097152,"index_capacity":2048,
+            "pulls":10,"pushes":4,"pulled_rows":5000,"missing":30,"pushed_rows":800,
+            "dropped_pushes":0,"created":1200,"loaded":0,"not_admitted":0,"refused":0,
+            "evicted_untouched":2,"evicted_over_cap":3,"index_builds":1,"clock":0,
+            "hot_sample_every":128,"hot":[[42,9],[7,5],[1,4],[2,3],[3,2],[4,1]]}]}"#,
+        )
+    }
+
+    #[test]
+    fn tables_are_shown_with_their_rows_calls_and_hot_ids() {
+        let doc = parse(&with_table()).unwrap();
+        let t = table(&doc, "ps:0", None);
+        let header = t.lines().find(|l| l.contains("ROWS PULLED")).expect(&t);
+        assert!(header.ends_with("HOT IDS (sampled)"), "{header}");
+        let line = t.lines().last().unwrap();
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        // Table, rows, memory, pulls, pushes, rows pulled, pushed, missing, created,
+        // evicted (2 + 3), then five hot ids of six, hottest first.
+        assert_eq!(
+            cells[..10],
+            ["7", "1200", "3.0MB", "10", "4", "5000", "800", "30", "1200", "5"],
+            "{line}"
+        );
+        assert!(line.ends_with("42 (9) 7 (5) 1 (4) 2 (3) 3 (2)"), "{line}");
+        // With rates: the rows per second since the previous document.
+        let mut before = doc.clone();
+        before.tables[0].pulled_rows = 1000;
+        before.tables[0].pushed_rows = 0;
+        let t = table(&doc, "ps:0", Some((&before, Duration::from_secs(2))));
+        let line = t.lines().last().unwrap();
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[10..13], ["2000", "400", "42"], "{line}");
+        // A document without tables shows none.
+        assert!(!table(&parse(DOC).unwrap(), "ps:0", None).contains("ROWS PULLED"));
+        // Prometheus: one family per counter, labelled by table.
+        let p = prometheus(&doc);
+        assert!(
+            p.contains("starwire_table_pulled_rows_total{responder=\"ps:0\",table=\"7\"} 5000\n"),
+            "{p}"
+        );
+        assert!(p.contains("starwire_table_evicted_rows_total{responder=\"ps:0\",table=\"7\"} 5\n"));
     }
 
     #[test]

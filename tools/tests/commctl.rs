@@ -1,151 +1,13 @@
 //! commctl end to end: the real binary, real sockets, real files.
 
+mod common;
+
+use common::*;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-
-const COMMCTL: &str = env!("CARGO_BIN_EXE_commctl");
-
-/// `commctl ARGS` with a clean starwire environment (the backend choice is kept: CI runs
-/// the suite once per backend).
-fn commctl(args: &[&str]) -> Command {
-    let mut c = Command::new(COMMCTL);
-    c.args(args)
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .env_remove("STARWIRE_CLUSTER_ID")
-        .env_remove("STARWIRE_CLUSTER_TOKEN")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null());
-    c
-}
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(cmd: &mut Command) -> Run {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = cmd.output().expect("commctl runs");
-    Run {
-        code: status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(stdout).unwrap(),
-        stderr: String::from_utf8(stderr).unwrap(),
-    }
-}
-
-/// A scratch folder, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("commctl-test-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A running `commctl serve`; SIGKILLed if the test ends without stopping it.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    /// The first line it printed: `listening on ...`.
-    line: String,
-    /// The lines it printed after it.
-    more: mpsc::Receiver<String>,
-}
-
-impl Server {
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = commctl(&["serve"]);
-        cmd.args(args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        Server::from_child(cmd.spawn().expect("serve starts"))
-    }
-
-    /// A started `commctl serve` with piped stdout and stderr, once it prints its address.
-    fn from_child(mut child: Child) -> Server {
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut out = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match out.read_line(&mut line) {
-                    Ok(n) if n > 0 && tx.send(line).is_ok() => {}
-                    _ => return,
-                }
-            }
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("serve prints its address");
-        let addr = line
-            .strip_prefix("listening on ")
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Server {
-            child,
-            addr,
-            line,
-            more: rx,
-        }
-    }
-
-    /// The next line it printed after the first.
-    fn next_line(&self) -> String {
-        self.more
-            .recv_timeout(Duration::from_secs(20))
-            .expect("serve prints its start-up lines")
-    }
-
-    fn signal(&mut self, sig: &str) -> (i32, String) {
-        let ok = Command::new("kill")
-            .args(["-s", sig, &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-        let out = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap())
-            .wait_with_output()
-            .unwrap();
-        (
-            out.status.code().expect("exits, not killed"),
-            String::from_utf8(out.stderr).unwrap(),
-        )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A port nothing listens on (bound, then released).
 fn dead_addr() -> String {
@@ -170,6 +32,7 @@ fn help_for_every_subcommand() {
         "endpoint-map",
         "wait",
         "stats",
+        "checkpoint",
         "Error codes:",
     ] {
         assert!(r.stdout.contains(word), "{word}: {}", r.stdout);
@@ -182,6 +45,7 @@ fn help_for_every_subcommand() {
         "endpoint-map",
         "wait",
         "stats",
+        "checkpoint",
     ] {
         let r = run(&mut commctl(&[sub, "--help"]));
         assert_eq!(r.code, 0, "{sub}");
@@ -1184,11 +1048,6 @@ fn ps_bytes_per_row(
         .build()
         .unwrap();
     t.bytes_per_row() as i64
-}
-
-/// `v` as string slices.
-fn refs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
 }
 
 /// The `fits_in` a bench report gives for `bytes` on this machine.

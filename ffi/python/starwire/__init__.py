@@ -4,8 +4,9 @@ A `Runtime` runs the event loops (use it as a context manager); a PS passes ``li
 what it serves (a `PsTable`, starwire's PS table, saved and loaded as checkpoints; a
 `RowsTable` kept in Python; a per-tensor `Service`). A
 `Client` per thread sends requests: ping, pull/push of tensors, recv/recv_many of published
-tensors, rows (`Client.pull_rows`, `Client.push_rows`) and the sharded rows client
-(`Client.sharded`). Each request has a blocking form and a submitted one (``submit_*``,
+tensors, rows (`Client.pull_rows`, `Client.push_rows`), the sharded rows client
+(`Client.sharded`), and checkpoints of a PS's tables into its own directory
+(`Client.checkpoint`; `Runtime(checkpoint_dir=...)` on the PS). Each request has a blocking form and a submitted one (``submit_*``,
 returning a `Pending`); waiting releases the GIL.
 
 Arrays cross without copies: a received tensor or row block is a numpy array over the

@@ -249,6 +249,7 @@ reply_status = _sig("sw_reply_status", C.c_uint32, p, C.c_size_t)
 reply_take_tensor = _sig("sw_reply_take_tensor", p, p, C.c_size_t)
 reply_rtt_us = _sig("sw_reply_rtt_us", C.c_double, p)
 reply_missing = _sig("sw_reply_missing", R, p, C.c_size_t, u32p, C.c_size_t, sizep)
+reply_refusal = _sig("sw_reply_refusal", C.c_char_p, p)
 reply_free = _sig("sw_reply_free", None, p)
 
 client_new = _sig("sw_client_new", R, p, C.c_uint32, C.POINTER(p))
@@ -285,6 +286,9 @@ client_push_rows = _sig("sw_client_push_rows", R, p, C.c_char_p, C.POINTER(Rows)
 client_push_rows_tensors = _sig("sw_client_push_rows_tensors", R, p, C.c_char_p,
                                 C.POINTER(Rows), C.POINTER(p), C.c_size_t, C.c_uint64, u64p)
 client_wait = _sig("sw_client_wait", R, p, C.c_uint64, C.POINTER(p))
+client_checkpoint = _sig("sw_client_checkpoint", R, p, C.c_char_p, C.c_uint64, u64p)
+client_checkpoint_wait = _sig("sw_client_checkpoint_wait", R, p, C.c_char_p, C.c_uint64,
+                              C.POINTER(p))
 client_poll = _sig("sw_client_poll", R, p, u64p, C.POINTER(C.c_bool))
 client_wait_any = _sig("sw_client_wait_any", R, p, u64p)
 

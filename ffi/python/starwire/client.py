@@ -4,6 +4,7 @@ rows client."""
 from __future__ import annotations
 
 import ctypes as C
+import json
 import math
 import threading
 import warnings
@@ -558,7 +559,8 @@ class Client:
         size); with `out` (a C-contiguous, writable array of that dtype and shape), that is
         `out`, which is returned. `ids` (uint64, 1-D) is used as it is when it is a
         C-contiguous uint64 array. A table the PS does not serve, or of another dtype or
-        shape, raises `RemoteError` (``NOT_FOUND``, ``INVALID_ARGUMENT``).
+        shape, raises `RemoteError` (``NOT_FOUND``, ``INVALID_ARGUMENT``) with the PS's
+        reason in ``remote_message``.
 
         One foreign call (``sw_client_pull_rows_wait``, which submits, waits with the GIL
         released, and reports the missing rows). The arguments are checked in full the first
@@ -651,8 +653,45 @@ class Client:
         table's dtype) for `ids` of `table` at `peer`, sent from the array's own memory (no
         copy; a non-contiguous array or a dtype starwire does not carry raises
         `InvalidArgument`). Raises `RemoteError` when the PS refuses them (``NOT_FOUND``:
-        no such table; ``INVALID_ARGUMENT``: another dtype or shape)."""
+        no such table; ``INVALID_ARGUMENT``: another dtype or shape), with its reason in
+        ``remote_message``."""
         self.submit_push_rows(peer, table, ids, grads, timeout).wait()
+
+    # ----- checkpoints -----
+
+    def submit_checkpoint(self, peer: str, timeout: Optional[float] = None
+                          ) -> Pending[dict[str, Any]]:
+        """`checkpoint`, submitted."""
+        tag = self._submitted(_lib.client_checkpoint(self._handle(), self.runtime._peer(peer),
+                                                     _ms(timeout), C.byref(self._tag)))
+        return Pending(self, tag, lambda r: _manifest(_reply_text(r)))
+
+    def checkpoint(self, peer: str, timeout: Optional[float] = None) -> dict[str, Any]:
+        """Asks `peer` to save the tables it serves (a checkpoint request, what
+        ``commctl checkpoint`` sends) and returns its manifest, parsed: ``format``
+        (``"starwire-checkpoint"``), ``version``, ``task``, ``dir`` (the peer's checkpoint
+        directory, on its host), ``written_unix_s``, ``seconds``, and ``tables``: per
+        table ``table``, ``file`` (`starwire.checkpoint_file` of the table), ``rows``,
+        ``bytes``, ``seconds``, ``direct_io``. The peer writes one file per table into its
+        own directory (its setting ``STARWIRE_CHECKPOINT_DIR``, `Runtime`'s
+        `checkpoint_dir`), each atomically while it serves, then the manifest
+        ``checkpoint.json``; `PsTable.load` reads a table back from there.
+
+        A refusal raises `RemoteError` with the peer's words in ``remote_message``: status
+        ``UNIMPLEMENTED`` for a peer without a checkpoint directory (or with nothing it can
+        save), ``UNAVAILABLE`` for one already saving with two more checkpoints queued
+        (retry later), ``INTERNAL`` naming each table that failed to save. Saving takes
+        about a second per GB of table: `timeout` (seconds; None, the default, waits as
+        long as it takes) must allow for it. One foreign call, waiting with the GIL
+        released."""
+        out = C.c_void_p()
+        check(_lib.client_checkpoint_wait(self._handle(), self.runtime._peer(peer),
+                                          _ms(timeout), C.byref(out)))
+        try:
+            text = C.string_at(out.value or 0).decode()
+        finally:
+            _lib.string_free(out)
+        return _manifest(text)
 
     def sharded(self, table: int, row_shape: Union[int, Sequence[int]], *,
                 peers: Optional[Sequence[str]] = None, job: str = "ps",
@@ -712,6 +751,28 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _reply_text(reply: int) -> str:
+    """The text a stats or checkpoint request is answered with (its one ``uint8`` tensor),
+    the reply freed."""
+    try:
+        t = _lib.reply_take_tensor(reply, 0)
+        try:
+            n = int(_lib.tensor_byte_len(t))
+            return C.string_at(_lib.tensor_data(t), n).decode()
+        finally:
+            _lib.tensor_free(t)
+    finally:
+        _lib.reply_free(reply)
+
+
+def _manifest(text: str) -> dict[str, Any]:
+    """A checkpoint manifest, parsed and checked to be one."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get("format") != "starwire-checkpoint":
+        raise ValueError(f"not a starwire checkpoint manifest: {text[:80]!r}")
+    return doc
 
 
 def _rtt(reply: int) -> float:

@@ -77,9 +77,11 @@ class StarwireError(Exception):
 
 
 class InvalidArgument(StarwireError, ValueError):
-    """An argument is not valid: a NULL, a wrong dtype or shape, an array that is not
-    C-contiguous, an unknown table kind, an address that does not parse. Raised before
-    anything is sent."""
+    """An argument is not valid, as the client checks it: a NULL, an array of the wrong
+    dtype or shape for the call, an array that is not C-contiguous, an unknown table kind,
+    an address that does not parse. Raised before anything is sent. (A table the PS does
+    not serve, or rows of another dtype or shape than its table's, is refused by the PS:
+    `RemoteError`, with its reason.)"""
 
     code = 2
 

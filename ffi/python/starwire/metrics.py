@@ -5,19 +5,21 @@ Both come from the same JSON document (``docs/wire-format.md``, section 4.11), p
 dataclasses: `Metrics` holds one `PeerMetrics` per peer and role (``"client"``: requests
 this task sent to the peer; ``"server"``: requests the peer sent to this task), each with an
 `OpMetrics` per operation (``"pull"``, ``"push_rows"``, ...): requests by outcome, bytes,
-tensors and rows, and a `Latency` histogram.
+tensors and rows, and a `Latency` histogram; `Metrics.tables` the `TableMetrics` of each
+table the task serves.
 """
 
 from __future__ import annotations
 
 import ctypes as C
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from . import _lib
-from .client import Client, _ms
+from .client import Client, _ms, _reply_text
 from .errors import check, from_code
+from .ps_table import HotId, TableMetrics
 
 _R = _lib.R
 _client_stats = _lib._sig("sw_client_stats", _R, _lib.p, C.c_char_p, C.c_uint64, _lib.u64p)
@@ -107,6 +109,9 @@ class Metrics:
     totals: dict[str, int]
     peers: list[PeerMetrics]
     truncated: bool = False
+    #: The tables the task serves that keep metrics (its `PsTable`s), by table id: rows,
+    #: bytes, calls, rows pulled and pushed, creations, evictions, the hottest ids.
+    tables: dict[int, TableMetrics] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> "Metrics":
@@ -116,7 +121,8 @@ class Metrics:
         return cls(task=d.get("task", ""), version=d.get("version", 0),
                    totals={k: int(v) for k, v in d.get("totals", {}).items()},
                    peers=[PeerMetrics.from_dict(p) for p in d.get("peers", [])],
-                   truncated=bool(d.get("truncated", False)))
+                   truncated=bool(d.get("truncated", False)),
+                   tables={int(t["table"]): _table_metrics(t) for t in d.get("tables", [])})
 
     def client(self, addr: str) -> Optional[PeerMetrics]:
         """Requests this task sent to `addr` (``host:port``)."""
@@ -125,6 +131,15 @@ class Metrics:
     def served(self, task: str) -> Optional[PeerMetrics]:
         """Requests task `task` (``job:index``) sent to this one."""
         return next((p for p in self.peers if p.role == "server" and p.task == task), None)
+
+
+_TABLE_FIELDS = [f.name for f in fields(TableMetrics) if f.name != "hot"]
+
+
+def _table_metrics(d: dict[str, Any]) -> TableMetrics:
+    """A table of a stats document (its counters under the names `TableMetrics` has)."""
+    return TableMetrics(**{name: int(d.get(name, 0)) for name in _TABLE_FIELDS},
+                        hot=[HotId(int(i), int(n)) for i, n in d.get("hot", [])])
 
 
 def remote_stats(client: Client, peer: str, timeout: Optional[float] = 5.0) -> Metrics:
@@ -138,13 +153,4 @@ def remote_stats(client: Client, peer: str, timeout: Optional[float] = 5.0) -> M
     code = _lib.client_wait(client._handle(), tag.value, C.byref(reply))
     if code:
         raise from_code(code)
-    try:
-        t = _lib.reply_take_tensor(reply, 0)
-        try:
-            n = int(_lib.tensor_byte_len(t))
-            text = C.string_at(_lib.tensor_data(t), n).decode()
-        finally:
-            _lib.tensor_free(t)
-    finally:
-        _lib.reply_free(reply)
-    return Metrics.from_json(text)
+    return Metrics.from_json(_reply_text(reply.value or 0))

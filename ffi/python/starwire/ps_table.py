@@ -332,7 +332,9 @@ class PsTable:
     def maintain(self) -> MaintainReport:
         """Upkeep off the row path, while runtimes serve the table: finishes index work,
         reuses the slots of evicted rows, evicts (`evict_untouched`, `max_rows`), halves the
-        hot-id counts. Run it about once a second from a thread of its own."""
+        hot-id counts. A runtime serving the table runs it on a thread of its own every
+        ``STARWIRE_TABLE_UPKEEP_MS`` (1 s by default); call it for a table no runtime
+        serves, or to see what a pass does."""
         r = _lib.MaintainReport()
         check(_lib.ps_table_maintain(self._handle(), C.byref(r)))
         return MaintainReport(**{name: int(getattr(r, name)) for name in _lib.MAINTAIN_REPORT})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes as C
 import json
 import logging
+import os
 import threading
 import weakref
 from typing import (Any, Callable, Mapping, Optional, Protocol, Sequence, Union,
@@ -29,6 +30,8 @@ _runtime_trace_json = _lib._sig("sw_runtime_trace_json", _lib.R, _lib.p,
 _string_free = _lib._sig("sw_string_free", None, _lib.p)
 
 Setting = Union[str, int, float, bool]
+
+_CHECKPOINT_DIR = "STARWIRE_CHECKPOINT_DIR"
 
 
 @runtime_checkable
@@ -220,6 +223,12 @@ class Runtime:
     Received tensors arrive in memory starwire allocates and come out as numpy arrays over
     it; `allocator` (an `Allocator`) makes them arrive in the trainer's own arrays instead,
     at the cost of a Python call per received tensor on a loop thread.
+
+    `checkpoint_dir` (the setting ``STARWIRE_CHECKPOINT_DIR``) is where this task saves the
+    tables it serves when a peer asks (`Client.checkpoint`, ``commctl checkpoint``): one
+    file per table, then the manifest ``checkpoint.json``. Without it a checkpoint request
+    is refused (``UNIMPLEMENTED``). How often the runtime runs each table's upkeep while
+    serving is ``STARWIRE_TABLE_UPKEEP_MS`` (1,000 ms by default).
     """
 
     def __init__(self, job: str = "worker", task_index: int = 0, *,
@@ -230,6 +239,7 @@ class Runtime:
                  allocator: Optional[Allocator] = None,
                  cluster: Union[None, str, Mapping[str, Sequence[str]]] = None,
                  endpoint_map: Optional[str] = None,
+                 checkpoint_dir: Union[None, str, "os.PathLike[str]"] = None,
                  settings: Optional[Mapping[str, Setting]] = None,
                  use_env: bool = True,
                  **more_settings: Setting) -> None:
@@ -242,6 +252,11 @@ class Runtime:
         self._resolver: Optional[C.c_void_p] = None
         self._cluster, self._endpoint_map = cluster, endpoint_map
         all_settings = {**(settings or {}), **more_settings}
+        if checkpoint_dir is not None:
+            if _CHECKPOINT_DIR in all_settings:
+                raise InvalidArgument(f"checkpoint_dir and {_CHECKPOINT_DIR} are the same "
+                                      "setting: give one of them")
+            all_settings[_CHECKPOINT_DIR] = os.fspath(checkpoint_dir)
         names = [k.encode() for k in all_settings]
         values = [_setting_text(v).encode() for v in all_settings.values()]
         c_names = (C.c_char_p * max(len(names), 1))(*names)

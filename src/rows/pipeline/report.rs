@@ -132,6 +132,6 @@ mod tests {
         let m = e.remote_message().unwrap();
         assert!(m.contains("step 7 to PS 1 (10.0.0.2:7000)"), "{m}");
         assert!(m.contains("step 8 to PS 0 (10.0.0.1:7000)"), "{m}");
-        assert!(m.contains("connection to the peer lost"), "{m}");
+        assert!(m.contains("connection to 10.0.0.1:7000 lost"), "{m}");
     }
 }

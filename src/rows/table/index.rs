@@ -236,11 +236,11 @@ impl Index {
         view.prev.and_then(|p| p.find(id, h, key_of))
     }
 
-    /// Loads the first entry of `h`'s home bucket in the current level (bringing its line
-    /// in); see [`candidate`](Self::candidate).
+    /// The first words of `h`'s home bucket and the next one in the current level (to
+    /// prefetch them); `None` while the level is empty.
     #[inline]
-    pub(super) fn touch_home(&self, view: &View<'_>, h: u64) -> u64 {
-        view.cur.home_entry(h)
+    pub(super) fn home_words<'a>(&self, view: &View<'a>, h: u64) -> Option<[&'a AtomicU64; 2]> {
+        view.cur.home_words(h)
     }
 
     /// The first entry in `h`'s home bucket of the current level with `h`'s tag, if any: the

@@ -91,33 +91,40 @@ impl<'a> Level<'a> {
         &self.entries[at..at + BUCKET]
     }
 
-    /// The first entry of `h`'s home bucket: a load that brings the bucket's line in, so the
-    /// lookups of several ids can wait for memory together.
+    /// The first words of `h`'s home bucket and of the bucket after it (where the ids that
+    /// overflow their home go first); `None` in an empty level.
     #[inline]
-    pub(super) fn home_entry(&self, h: u64) -> u64 {
+    pub(super) fn home_words(&self, h: u64) -> Option<[&'a AtomicU64; 2]> {
         if self.buckets == 0 {
-            return EMPTY;
+            return None;
         }
-        self.bucket(self.home(h))[0].load(Ordering::Acquire)
+        let b = self.home(h);
+        let next = if b + 1 == self.buckets { 0 } else { b + 1 };
+        Some([&self.bucket(b)[0], &self.bucket(next)[0]])
     }
 
-    /// The first row entry of `h`'s home bucket with `h`'s tag, whichever id it is (the
-    /// caller checks the id in the slot); `None` if the home bucket has none (the id may
-    /// still be further on: [`find`](Self::find) knows).
+    /// The first row entry with `h`'s tag in `h`'s home bucket or the bucket after it,
+    /// whichever id it is (the caller checks the id in the slot); `None` if neither has one
+    /// before an empty or frozen entry (the id may still be further on:
+    /// [`find`](Self::find) knows).
     #[inline]
     pub(super) fn candidate(&self, h: u64) -> Option<Hit<'a>> {
         if self.buckets == 0 {
             return None;
         }
         let t = tag(h);
-        for word in self.bucket(self.home(h)) {
-            let e = word.load(Ordering::Acquire);
-            if e == EMPTY || e == FROZEN {
-                return None;
+        let mut b = self.home(h);
+        for _ in 0..2.min(self.buckets) {
+            for word in self.bucket(b) {
+                let e = word.load(Ordering::Acquire);
+                if e == EMPTY || e == FROZEN {
+                    return None;
+                }
+                if is_row(e) && tag_of(e) == t {
+                    return Some(Hit { word, entry: e });
+                }
             }
-            if is_row(e) && tag_of(e) == t {
-                return Some(Hit { word, entry: e });
-            }
+            b = if b + 1 == self.buckets { 0 } else { b + 1 };
         }
         None
     }

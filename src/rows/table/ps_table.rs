@@ -23,6 +23,7 @@ use super::slots::{Layout, Slots};
 use crate::service::{SaveError, SaveReport, Table};
 use crate::stats::{HotId, TableMetrics};
 use crate::sys::arena::{thp_mode, HugePages};
+use crate::sys::prefetch;
 use crate::wire::{DType, Status};
 
 /// Hottest ids in [`TableMetrics::hot`].
@@ -85,9 +86,11 @@ const INSERTS_PER_STEP: u64 = 256;
 /// Housekeeping steps (and tries) for an insert that finds the index level full.
 const FULL_TRIES: u32 = 8;
 
-/// Ids looked up together: their index lines, then their slots, are loaded one after the
-/// other before any is used, so the misses of a group overlap instead of adding up.
-const GROUP: usize = 16;
+/// How far ahead of the id in use [`PsTable::resolve`] prefetches: the slot lines of the id
+/// `AHEAD` on, the home bucket of the id `2 AHEAD` on.
+const AHEAD: usize = 16;
+/// Ids in the resolver's pipeline (a power of two above `2 AHEAD`).
+const RING: usize = 64;
 
 /// What became of the huge-page advice on a table's arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -492,56 +495,71 @@ impl PsTable {
         }
     }
 
-    /// The slots of the ids of a group that the common case resolves (the entry in the home
-    /// bucket of the current level, the id confirmed in its slot), stamped; `None` for the
-    /// others, which take [`find_or_create`](Self::find_or_create). Loads every home bucket,
-    /// then every candidate slot (a word of each line up to word `tail`, the last the call
-    /// will use), before it compares any.
+    /// Resolves `ids` in order and hands each to `each` with its slot when the common case
+    /// finds it (the entry in the home bucket of the current level, the id confirmed in its
+    /// slot; stamped), `None` for the others, which take
+    /// [`find_or_create`](Self::find_or_create). A pipeline of prefetches: the home bucket
+    /// of id `i + 2 AHEAD` and the slot lines (up to word `tail`, the last `each` will use)
+    /// of id `i + AHEAD` are asked for while id `i` is used (for writing when `writes`), so
+    /// the misses of about 2 AHEAD rows are in flight at once and none is waited for alone.
     #[inline]
-    fn resolve_group<'a>(
+    fn resolve<'a>(
         &'a self,
-        view: &View<'a>,
+        view: &mut View<'a>,
         ids: &[u64],
         tail: usize,
-        found: &mut [Option<u32>; GROUP],
+        writes: bool,
+        mut each: impl FnMut(&mut View<'a>, usize, u64, Option<u32>),
     ) {
-        let mut hashes = [0u64; GROUP];
-        let mut sink = 0u64;
-        for (h, &id) in hashes.iter_mut().zip(ids) {
-            *h = index::hash(id);
-            sink = sink.wrapping_add(self.index.touch_home(view, *h));
-        }
+        let n = ids.len();
         let words = self.slots.words();
         let stride = self.layout.stride;
-        let mut hits: [Option<Hit<'a>>; GROUP] = [None; GROUP];
-        let mut keys = [0u64; GROUP];
-        for j in 0..ids.len() {
-            if let Some(hit) = self.index.candidate(view, hashes[j]) {
-                let at = hit.slot() as usize * stride;
-                if let Some(slot) = words.get(at..=at + tail) {
-                    keys[j] = slot[0].load(Ordering::Relaxed);
-                    // A word of every cache line the call will read (slots are not aligned
-                    // to lines: one in eight words, and the last).
-                    let lines = slot.get(8..).unwrap_or_default();
-                    for w in lines.iter().step_by(8).chain(&slot[tail..]) {
-                        sink = sink.wrapping_add(w.load(Ordering::Relaxed));
-                    }
-                    hits[j] = Some(hit);
+        let stamp = self.stamp();
+        let mut hashes = [0u64; RING];
+        let mut hits: [Option<Hit<'a>>; RING] = [None; RING];
+        let start = |i: usize, view: &View<'a>, hashes: &mut [u64; RING]| {
+            let h = index::hash(ids[i]);
+            hashes[i % RING] = h;
+            for w in self.index.home_words(view, h).into_iter().flatten() {
+                prefetch::read(w.as_ptr());
+            }
+        };
+        let candidate = |k: usize, view: &View<'a>, hashes: &[u64; RING]| {
+            let hit = self.index.candidate(view, hashes[k % RING])?;
+            let at = hit.slot() as usize * stride;
+            let slot = words.get(at..=at + tail)?;
+            // Slots are not aligned to lines: a word of every line up to `tail`.
+            for w in slot.iter().step_by(8).chain(&slot[tail..]) {
+                if writes {
+                    prefetch::write(w.as_ptr());
+                } else {
+                    prefetch::read(w.as_ptr());
                 }
             }
+            Some(hit)
+        };
+        for i in 0..n.min(2 * AHEAD) {
+            start(i, view, &mut hashes);
         }
-        std::hint::black_box(sink);
-        let stamp = self.stamp();
-        for j in 0..ids.len() {
-            found[j] = match hits[j] {
-                Some(hit) if keys[j] == ids[j] => {
-                    if let Some(stamp) = stamp {
-                        hit.touch(stamp);
-                    }
-                    Some(hit.slot())
-                }
-                _ => None,
-            };
+        for k in 0..n.min(AHEAD) {
+            hits[k % RING] = candidate(k, view, &hashes);
+        }
+        for k in 0..n {
+            if k + 2 * AHEAD < n {
+                start(k + 2 * AHEAD, view, &mut hashes);
+            }
+            if k + AHEAD < n {
+                hits[(k + AHEAD) % RING] = candidate(k + AHEAD, view, &hashes);
+            }
+            let id = ids[k];
+            let found = hits[k % RING].filter(|hit| {
+                let at = hit.slot() as usize * stride;
+                words.get(at).map(|w| w.load(Ordering::Relaxed)) == Some(id)
+            });
+            if let (Some(hit), Some(stamp)) = (found, stamp) {
+                hit.touch(stamp);
+            }
+            each(view, k, id, found.map(|hit| hit.slot()));
         }
     }
 
@@ -552,35 +570,27 @@ impl PsTable {
         {
             let _guard = self.epoch.enter();
             let mut view = self.index.view();
-            let mut found = [None; GROUP];
-            for (g, (group, block)) in ids
-                .chunks(GROUP)
-                .zip(out.chunks_mut(GROUP * rb))
-                .enumerate()
-            {
-                self.resolve_group(&view, group, row_words, &mut found);
-                for (j, (&id, dst)) in group.iter().zip(block.chunks_exact_mut(rb)).enumerate() {
-                    let slot = match found[j] {
-                        Some(slot) => slot,
-                        None => {
-                            let init = |row: &_, state: &_| self.init_row(id, row, state);
-                            match self.find_or_create(&mut view, id, Origin::Pull, &mut tally, init)
-                            {
-                                Some((slot, _)) => slot,
-                                None => {
-                                    dst.fill(0);
-                                    missing.push((g * GROUP + j) as u32);
-                                    tally.missing += 1;
-                                    continue;
-                                }
+            self.resolve(&mut view, ids, row_words, false, |view, k, id, found| {
+                let dst = &mut out[k * rb..(k + 1) * rb];
+                let slot = match found {
+                    Some(slot) => slot,
+                    None => {
+                        let init = |row: &_, state: &_| self.init_row(id, row, state);
+                        match self.find_or_create(view, id, Origin::Pull, &mut tally, init) {
+                            Some((slot, _)) => slot,
+                            None => {
+                                dst.fill(0);
+                                missing.push(k as u32);
+                                tally.missing += 1;
+                                return;
                             }
                         }
-                    };
-                    let s = self.layout.slot(self.slots.words(), slot);
-                    let row = &s[1..1 + row_words];
-                    self.read_row(id, || R::read(row, dim, dst));
-                }
-            }
+                    }
+                };
+                let s = self.layout.slot(self.slots.words(), slot);
+                let row = &s[1..1 + row_words];
+                self.read_row(id, || R::read(row, dim, dst));
+            });
         }
         let call = self.counters.pulls.fetch_add(1, Ordering::Relaxed);
         metrics::add(&self.counters.pulled_rows, ids.len() as u64);
@@ -599,29 +609,26 @@ impl PsTable {
         {
             let _guard = self.epoch.enter();
             let mut view = self.index.view();
-            let mut found = [None; GROUP];
-            for (group, block) in ids.chunks(GROUP).zip(grads.chunks(GROUP * rb)) {
-                self.resolve_group(&view, group, self.layout.stride - 1, &mut found);
-                for (j, (&id, g)) in group.iter().zip(block.chunks_exact(rb)).enumerate() {
-                    let slot = match found[j] {
-                        Some(slot) => slot,
-                        None => {
-                            let init = |row: &_, state: &_| self.init_row(id, row, state);
-                            match self.find_or_create(&mut view, id, Origin::Push, &mut tally, init)
-                            {
-                                Some((slot, _)) => slot,
-                                None => {
-                                    tally.dropped += 1;
-                                    continue;
-                                }
+            let tail = self.layout.stride - 1;
+            self.resolve(&mut view, ids, tail, true, |view, k, id, found| {
+                let g = &grads[k * rb..(k + 1) * rb];
+                let slot = match found {
+                    Some(slot) => slot,
+                    None => {
+                        let init = |row: &_, state: &_| self.init_row(id, row, state);
+                        match self.find_or_create(view, id, Origin::Push, &mut tally, init) {
+                            Some((slot, _)) => slot,
+                            None => {
+                                tally.dropped += 1;
+                                return;
                             }
                         }
-                    };
-                    let s = self.layout.slot(self.slots.words(), slot);
-                    let (row, state) = s[1..].split_at(row_words);
-                    self.write_row(id, || optim::apply::<S, G>(optimizer, dim, row, state, g));
-                }
-            }
+                    }
+                };
+                let s = self.layout.slot(self.slots.words(), slot);
+                let (row, state) = s[1..].split_at(row_words);
+                self.write_row(id, || optim::apply::<S, G>(optimizer, dim, row, state, g));
+            });
         }
         let call = self.counters.pushes.fetch_add(1, Ordering::Relaxed);
         metrics::add(&self.counters.pushed_rows, ids.len() as u64);
@@ -639,8 +646,15 @@ impl PsTableBuilder {
     pub fn build(self) -> Result<PsTable, BuildError> {
         self.check()?;
         let layout = Layout::new(self.dim, self.stored, &self.optimizer);
+        // Address space only (nothing is committed), but sized for `max_rows`: a process
+        // under an address-space limit (`ulimit -v`, valgrind) may refuse it.
         let reserve = |what: &str, e: std::io::Error| BuildError {
-            what: format!("reserving the {what}: {e}"),
+            what: format!(
+                "reserving the {what}: {e} (address space for up to {} rows of {} B is \
+                 reserved at build; set max_rows to the rows the table may hold to reserve less)",
+                self.max_rows,
+                layout.slot_bytes()
+            ),
         };
         let slots =
             Slots::new(layout, self.max_rows, self.huge_pages).map_err(|e| reserve("slots", e))?;
