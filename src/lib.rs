@@ -210,7 +210,7 @@ pub use service::{SaveError, SaveReport, Service, Table};
 pub use stats::Stats;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
 pub use upkeep::{CHECKPOINT_FORMAT_VERSION, CHECKPOINT_MANIFEST};
-pub use wire::{DType, Limits, Status};
+pub use wire::{DType, Limits, LossScale, Status, WireFeatures};
 
 /// The README's code, compiled and run as a doctest.
 #[cfg(doctest)]
