@@ -62,13 +62,31 @@ fn scaled<L: Load, S: Store>(src: &[L::U], dst: &mut [S::U], mul: Option<f32>) {
     }
 }
 
+/// f32 bytes into f16 bytes: with F16C where the CPU has it.
+fn f32_to_f16(src: &[u8], dst: &mut [u8], mul: Option<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if super::f16c::narrow_bytes(src, dst, mul) {
+        return;
+    }
+    scaled::<F32Le, F16Le>(src, dst, mul)
+}
+
+/// f32 values into f16 bytes: with F16C where the CPU has it.
+fn values_to_f16(values: &[f32], dst: &mut [u8], mul: Option<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if super::f16c::narrow_values(values, dst, mul) {
+        return;
+    }
+    scaled::<Values, F16Le>(values, dst, mul)
+}
+
 /// Bytes of `from` into bytes of `to` (lengths checked by the caller).
 pub(super) fn convert(from: Float, src: &[u8], to: Float, dst: &mut [u8], mul: Option<f32>) {
     match (from, to, mul) {
         (f, t, None) if f == t => dst.copy_from_slice(src),
         (Float::F32, Float::F32, _) => scaled::<F32Le, F32Le>(src, dst, mul),
         (Float::F32, Float::Bf16, _) => scaled::<F32Le, Bf16Le>(src, dst, mul),
-        (Float::F32, Float::F16, _) => scaled::<F32Le, F16Le>(src, dst, mul),
+        (Float::F32, Float::F16, _) => f32_to_f16(src, dst, mul),
         (Float::Bf16, Float::F32, _) => scaled::<Bf16Le, F32Le>(src, dst, mul),
         (Float::Bf16, Float::Bf16, _) => scaled::<Bf16Le, Bf16Le>(src, dst, mul),
         (Float::Bf16, Float::F16, _) => scaled::<Bf16Le, F16Le>(src, dst, mul),
@@ -83,7 +101,7 @@ pub(super) fn narrow_from(values: &[f32], to: Float, dst: &mut [u8], mul: Option
     match to {
         Float::F32 => scaled::<Values, F32Le>(values, dst, mul),
         Float::Bf16 => scaled::<Values, Bf16Le>(values, dst, mul),
-        Float::F16 => scaled::<Values, F16Le>(values, dst, mul),
+        Float::F16 => values_to_f16(values, dst, mul),
     }
 }
 

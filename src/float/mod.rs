@@ -13,10 +13,13 @@
 //! [`convert`] works on little-endian bytes without alignment, as rows travel and as
 //! tables hand them out: one element at a time in branch-free code that the compiler
 //! vectorizes (8 elements per instruction with AVX2, which x86-64 CPUs that have it use,
-//! chosen once at run time; 4 with the baseline SSE2). The scalar functions
+//! chosen once at run time; 4 with the baseline SSE2); f32 to f16 with the F16C
+//! instruction where the CPU has it (the same results). The scalar functions
 //! ([`f32_to_bf16`], ...) are the reference the kernels are tested against.
 
 mod dispatch;
+#[cfg(target_arch = "x86_64")]
+mod f16c;
 mod format;
 mod kernels;
 

@@ -180,3 +180,24 @@ fn conversions_refuse_other_formats_and_lengths() {
     let e = ConvertError::NotFloat(DType::U8).to_string();
     assert!(e.contains("f32, bf16 and f16") && e.contains("u8"), "{e}");
 }
+
+#[test]
+fn narrowing_to_f16_gives_the_reference_bits_for_every_sample() {
+    // Whichever kernel runs (F16C where the CPU has it), from bytes and from values, with
+    // and without a factor; an odd count leaves a tail.
+    let values: Vec<f32> = samples().into_iter().map(f32::from_bits).collect();
+    let values = &values[..values.len() - 3];
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for mul in [None, Some(0.5f32), Some(3.0)] {
+        let want: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| f32_to_f16(mul.map_or(v, |m| v * m)).to_le_bytes())
+            .collect();
+        let mut dst = vec![0u8; values.len() * 2];
+        convert(DType::F32, &bytes, DType::F16, &mut dst, mul).unwrap();
+        assert_eq!(dst, want, "from bytes, times {mul:?}");
+        let mut dst = vec![0u8; values.len() * 2];
+        narrow_from(values, DType::F16, &mut dst, mul).unwrap();
+        assert_eq!(dst, want, "from values, times {mul:?}");
+    }
+}
