@@ -151,9 +151,12 @@ class PipelinedTest(unittest.TestCase):
             out = bag(b["user"], b["offsets"])
             report = bag.last_report
             assert isinstance(report, starwire.PipelineReport)
-            # Both PS tasks' parts were sent before this forward, none sent again.
-            self.assertEqual((report.step, report.prefetched, report.refetched), (steps, 2, 0))
+            self.assertEqual(report.step, steps)
             self.assertLessEqual(report.may_miss, 1)
+            if steps == 0:
+                # Nothing in flight yet: both PS tasks' parts were sent before the forward.
+                # (Later prefetches wait, as the bound says, for the push two before.)
+                self.assertEqual((report.prefetched, report.refetched), (2, 0))
             out.sum().backward()
             steps += 1
         self.assertEqual(steps, 5)
@@ -195,12 +198,18 @@ class PipelinedTest(unittest.TestCase):
             bag(ids, offsets).sum().backward()
             # Gradients of 1000: refused by both PS tasks, after the backward returned.
             (bag(ids, offsets).sum() * 1000).backward()
-            # Staleness 0: the next pull waits for that push, and raises its failure.
+            # Staleness 0: the next pull waits for that push, and raises its failure (the
+            # first PS's found; the other's, if not yet answered, at the call after).
             with self.assertRaises(starwire.RemoteError) as caught:
                 bag(ids, offsets)
-        e = caught.exception
+            e = caught.exception
+            failed = [(f.step, f.shard) for f in e.failed_pushes]
+            if len(failed) < 2:
+                with self.assertRaises(starwire.RemoteError) as again:
+                    bag.flush()
+                failed += [(f.step, f.shard) for f in again.exception.failed_pushes]
         self.assertEqual(e.status, starwire.INTERNAL, str(e))
-        self.assertEqual(sorted((f.step, f.shard) for f in e.failed_pushes), [(1, 0), (1, 1)])
+        self.assertEqual(sorted(failed), [(1, 0), (1, 1)])
         if hasattr(e, "__notes__"):  # Python 3.11 and later
             self.assertIn("while pulling 4 rows of table 1", e.__notes__)
         # Raised once; the refused push was not applied.
