@@ -238,13 +238,14 @@ def _push_on_backward(block: Tensor, rows: _Rows, ids: npt.NDArray[np.uint64]) -
 
 # ----- ids -----
 
-def _ids(input: Any, what: str) -> Tensor:
+def _ids(input: Any, what: str, sign_later: bool = False) -> Tensor:
     """`input` as an int64 tensor of ids, checked: an integer tensor on the CPU with no
-    negative value (uint64 values of 2^63 or more are refused: torch computes on int64)."""
+    negative value (uint64 values of 2^63 or more are refused: torch computes on int64).
+    `sign_later`: an int64 tensor, the usual case, is returned unchecked for sign, the
+    caller checking its sorted unique ids (`_PSModule._lookup`)."""
     if isinstance(input, Tensor) and input.dtype is torch.int64 and input.is_cpu:
-        # The usual case, in a few µs: one reduction, and the position only when it fails.
         ids = input.detach()
-        if ids.numel() == 0 or int(ids.min()) >= 0:
+        if sign_later or ids.numel() == 0 or int(ids.min()) >= 0:
             return ids
     if not isinstance(input, Tensor):
         raise InvalidArgument(f"{what} is a {type(input).__name__}, not a tensor: {_IDS_ARE}")
@@ -296,9 +297,12 @@ class _Lookup:
 
 
 def _dedup(ids: Tensor) -> _Lookup:
-    unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-    # A new contiguous int64 tensor of non-negative values: its memory seen as uint64.
-    return _Lookup(unique.numpy().view(np.uint64), inverse.reshape(ids.shape))
+    flat = ids.dim() == 1
+    unique, inverse = torch.unique(ids if flat else ids.reshape(-1), return_inverse=True)
+    # A new contiguous int64 tensor (of non-negative values, as the caller checks): its
+    # memory seen as uint64.
+    return _Lookup(unique.numpy().view(np.uint64),
+                   inverse if flat else inverse.reshape(ids.shape))
 
 
 def _weight(rows: _Rows, lookup: _Lookup) -> Tensor:
@@ -415,9 +419,16 @@ class _PSModule(nn.Module):
         self._rows.prefetch(unique)
 
     def _lookup(self, input: Any, what: str) -> _Lookup:
-        ids = _ids(input, what)
-        _in_vocab(ids, self.num_embeddings, what)
-        return _dedup(ids)
+        ids = _ids(input, what, sign_later=True)
+        lookup = _dedup(ids)
+        # The unique ids are sorted: the first and last bound them all, with no reduction.
+        # A bad one is then found, and named by its position, by the full checks.
+        ordered = lookup.unique.view(np.int64)
+        if len(ordered) and (ordered[0] < 0 or (self.num_embeddings is not None
+                                                and ordered[-1] >= self.num_embeddings)):
+            _ids(ids, what)
+            _in_vocab(ids, self.num_embeddings, what)
+        return lookup
 
     def _pull(self, lookup: _Lookup) -> None:
         lookup.block = self._rows.pull(lookup.unique)
