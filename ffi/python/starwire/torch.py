@@ -729,8 +729,9 @@ class PrefetchingLoader(Generic[B]):
     batch whose forward takes other ids than `ids` gave is pulled as without a prefetch.
 
     An exception raised by `loader` is raised by this iterator where the loader's own
-    iteration would raise it: after the batches before it were yielded. Pushes still in
-    flight at the end are the modules' (`flush`)."""
+    iteration would raise it: after the batches before it were yielded. A loop that stops
+    early (``break``) leaves no prefetch pending. Pushes still in flight at the end are
+    the modules' (`flush`)."""
 
     def __init__(self, loader: Iterable[B], embeddings: _Embeddings,
                  ids: Callable[[B], Any]) -> None:
@@ -780,7 +781,12 @@ class PrefetchingLoader(Generic[B]):
                 ahead = self._lookups(following)
                 for m, unique in ahead:
                     m._next = unique
-            yield batch
+            try:
+                yield batch
+            except GeneratorExit:  # the loop stopped early: no prefetch of a batch not used
+                for m, _ in ahead:
+                    m._next = None
+                raise
             # A table this batch's forward did not pull prefetches now.
             for m, unique in ahead:
                 if m._next is not None:

@@ -189,6 +189,23 @@ class PipelinedTest(unittest.TestCase):
         self.assertEqual(worker.stats().requests_completed, 3 * 2 * 2)
         bag.close()
 
+    def test_a_loop_that_stops_early_leaves_no_prefetch_behind(self) -> None:
+        client, _, worker = self.cluster()
+        bag = PSEmbeddingBag(client, 1, DIM, "sum", staleness=1)
+        data = self.batches(5, n=4)
+        for b in PrefetchingLoader(data, bag, lambda b: b["user"]):
+            break  # before the batch's forward, which would have prefetched the next
+        # Other ids than batch 1's: their pull and push are the only requests sent.
+        bag(torch.tensor([VOCAB + 1, VOCAB + 2]), torch.tensor([0])).sum().backward()
+        bag.flush()
+        report = bag.last_report
+        assert isinstance(report, starwire.PipelineReport)
+        self.assertEqual(report.prefetched, 0)
+        # Batch 0's prefetch (sent before it was yielded), then a pull and a push: one
+        # request to each PS each.
+        self.assertEqual(worker.stats().requests_completed, 3 * 2)
+        bag.close()
+
     def test_a_refused_push_raises_at_the_next_forward(self) -> None:
         tables = [RefusingTable(), RefusingTable()]
         client, _, _ = self.cluster([{1: t} for t in tables])
