@@ -503,7 +503,9 @@ class PSEmbedding(_PSModule):
     without waiting for its push, at most `max_pushes_in_flight` unanswered, and a failed
     push raises at a later forward, backward or `flush`). `pipelined=True` takes the
     pipeline with staleness 0 too (the synchronous results, exactly; `prefetch` and
-    `PrefetchingLoader` need a pipelined module). `wire_dtype` must be float32
+    `PrefetchingLoader` need a pipelined module; each pipelined table may have
+    ``(max_pushes_in_flight + 1) * len(tasks)`` requests in flight on `client`, whose
+    capacity must cover its tables' sum). `wire_dtype` must be float32
     (`NotImplementedError` otherwise: bfloat16 rows are not bound yet). `timeout` is the
     deadline of each pull and push, in seconds (None: none).
     """
