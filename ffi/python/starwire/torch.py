@@ -13,10 +13,15 @@ pushes it to the PS tasks, whose optimizer applies it (a `PsTable` with
 ``optimizer="sgd"`` does ``w -= lr * g``). The rows are therefore not parameters: the
 trainer's ``torch.optim`` optimizer sees only the dense parameters.
 
-This first form is synchronous: a forward waits for its pull, a backward for its push
-(``staleness=0``), and rows cross the wire as float32. Pulls and pushes go through the
-calling thread's `Client` (backward of a CPU graph runs on the thread that calls
-``loss.backward()``); the modules run on the CPU.
+With ``staleness=0`` (the default) a forward waits for its pull and a backward for its
+push. With ``staleness=s`` above 0 (or ``pipelined=True``) the table goes through a
+`starwire.Pipeline`: a backward sends its push and returns, and the rows of a forward may
+miss at most this worker's `s` most recent pushes (every earlier one is in them); a push
+that fails after its backward returned raises at a later forward, backward or `flush`,
+never dropped. `PrefetchingLoader` wraps a data loader so that the next batch's rows are
+requested while this batch computes. Rows cross the wire as float32. Pulls and pushes go
+through the calling thread's `Client` (backward of a CPU graph runs on the thread that
+calls ``loss.backward()``); the modules run on the CPU.
 
 A module's `state_dict` holds no rows, and is not empty either: it holds a marker naming
 the table and its PS tasks (``_extra_state``), and `load_state_dict` refuses a marker of
@@ -35,7 +40,8 @@ another table. The rows are saved by the PS tasks themselves (`checkpoint`, or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import (Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, Protocol,
+                    Sequence, TypeVar, Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -45,9 +51,10 @@ from torch import Tensor, nn
 
 from .client import DEFAULT_TIMEOUT, Client, Sharded, StepReport
 from .errors import Closed, InvalidArgument, StarwireError
+from .pipeline import Pipeline, PipelineReport, PipelineSettings
 
 __all__ = ["MARKER_FORMAT", "PSEmbedding", "PSEmbeddingBag", "PSEmbeddingBagCollection",
-           "TableConfig"]
+           "PrefetchingLoader", "TableConfig"]
 
 #: The ``format`` of the marker a module's `state_dict` holds in place of its rows.
 MARKER_FORMAT = "starwire.torch/ps-rows"
@@ -63,8 +70,9 @@ class _Rows(Protocol):
     """The one interface the modules pull rows from and push gradients to: the unique ids
     of a step (uint64, 1-D, no duplicates) in, their ``[len(ids), dim]`` float32 block out
     (a new array the module keeps: the tensor it wraps uses its memory); gradients of the
-    same shape back. `_ShardedRows` is the synchronous form; a pipelined client that pulls
-    ahead and pushes in the background replaces it behind these four members."""
+    same shape back; the next pull's unique ids handed early (`prefetch`); everything in
+    flight waited for (`flush`). `_ShardedRows` is the synchronous form, `_PipelinedRows`
+    the pipelined one (`starwire.Pipeline`: pulls ahead, pushes in the background)."""
 
     @property
     def table(self) -> int: ...
@@ -72,9 +80,18 @@ class _Rows(Protocol):
     @property
     def dim(self) -> int: ...
 
+    @property
+    def last_report(self) -> Optional[Union[StepReport, PipelineReport]]: ...
+
     def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
 
     def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None: ...
+
+    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class _ShardedRows:
@@ -124,6 +141,79 @@ class _ShardedRows:
             _note(e, f"while pushing the gradients of {len(ids)} rows of table {self.table}")
             raise
 
+    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
+        """Nothing to do: a synchronous pull asks when it is made."""
+
+    def flush(self) -> None:
+        """Nothing in flight: every push was answered before its backward returned."""
+
+    def close(self) -> None:
+        self.sharded.close()
+
+
+class _PipelinedRows:
+    """A table's rows through a `Pipeline`: `pull` takes the rows `prefetch` requested
+    (or requests them), `push` sends and returns, a push that failed after its call
+    returned raises at the next call that finds it (with ``e.failed_pushes``). Failures
+    raise starwire's exceptions, with a note naming the table."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        #: The report of the last pull's step (visible seconds, bytes, prefetched parts).
+        self.last_report: Optional[PipelineReport] = None
+
+    @property
+    def table(self) -> int:
+        return self.pipeline.table
+
+    @property
+    def dim(self) -> int:
+        return self.pipeline.row_shape[0]
+
+    def _check_open(self, doing: str) -> None:
+        runtime = self.pipeline.client.runtime
+        if not runtime._rt:
+            raise Closed(f"cannot {doing} table {self.table}: the runtime of "
+                         f"{runtime.job}:{runtime.task_index} is closed")
+
+    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        # An empty batch goes through the pipeline too: it is a step (the steps and pushes
+        # of the staleness bound stay counted alike) and sends nothing.
+        self._check_open("pull the rows of")
+        try:
+            rows, self.last_report = self.pipeline.pull(ids)
+        except StarwireError as e:
+            _note(e, f"while pulling {len(ids)} rows of table {self.table}")
+            raise
+        return rows
+
+    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
+        self._check_open("push gradients to")
+        try:
+            self.last_report = self.pipeline.push(ids, grads)
+        except StarwireError as e:
+            _note(e, f"while pushing the gradients of {len(ids)} rows of table {self.table}")
+            raise
+
+    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
+        self._check_open("prefetch the rows of")
+        try:
+            self.pipeline.prefetch(ids)
+        except StarwireError as e:
+            _note(e, f"while prefetching {len(ids)} rows of table {self.table}")
+            raise
+
+    def flush(self) -> None:
+        self._check_open("flush the pushes to")
+        try:
+            self.pipeline.flush()
+        except StarwireError as e:
+            _note(e, f"while flushing the pushes to table {self.table}")
+            raise
+
+    def close(self) -> None:
+        self.pipeline.close()
+
 
 def _note(e: BaseException, text: str) -> None:
     """Adds `text` to the traceback of `e` (Python 3.11 and later)."""
@@ -132,29 +222,31 @@ def _note(e: BaseException, text: str) -> None:
         add(text)
 
 
-class _PushOnBackward(torch.autograd.Function):
-    """Identity on the pulled block in forward; in backward, pushes the block's gradient
-    (``[unique, dim]``, duplicates summed by autograd) and gives the block none (it is not
-    a parameter: nothing accumulates into its ``.grad``)."""
+def _push_on_backward(block: Tensor, rows: _Rows, ids: npt.NDArray[np.uint64]) -> None:
+    """Makes the pulled block (a leaf that requires grad) push its gradient when backward
+    has accumulated it (``[unique, dim]``, duplicates summed by autograd), and drop it.
+    A hook on the leaf costs less than a custom autograd Function (one Python call in
+    backward, none in forward; torch 2.1 or later)."""
 
-    @staticmethod
-    def forward(ctx: Any, block: Tensor, rows: _Rows, ids: npt.NDArray[np.uint64]
-                ) -> Tensor:
-        ctx.rows, ctx.ids = rows, ids
-        return block.view_as(block)
+    def push(leaf: Tensor) -> None:
+        grad, leaf.grad = leaf.grad, None
+        assert grad is not None
+        rows.push(ids, grad.detach().to(torch.float32).contiguous().numpy())
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, None]:
-        g = grad.detach().to(torch.float32).contiguous()
-        ctx.rows.push(ctx.ids, g.numpy())
-        return None, None, None
+    block.register_post_accumulate_grad_hook(push)  # type: ignore[no-untyped-call]
 
 
 # ----- ids -----
 
-def _ids(input: Any, what: str) -> Tensor:
+def _ids(input: Any, what: str, sign_later: bool = False) -> Tensor:
     """`input` as an int64 tensor of ids, checked: an integer tensor on the CPU with no
-    negative value (uint64 values of 2^63 or more are refused: torch computes on int64)."""
+    negative value (uint64 values of 2^63 or more are refused: torch computes on int64).
+    `sign_later`: an int64 tensor, the usual case, is returned unchecked for sign, the
+    caller checking its sorted unique ids (`_PSModule._lookup`)."""
+    if isinstance(input, Tensor) and input.dtype is torch.int64 and input.is_cpu:
+        ids = input.detach()
+        if sign_later or ids.numel() == 0 or int(ids.min()) >= 0:
+            return ids
     if not isinstance(input, Tensor):
         raise InvalidArgument(f"{what} is a {type(input).__name__}, not a tensor: {_IDS_ARE}")
     if input.is_floating_point() or input.is_complex() or input.dtype == torch.bool:
@@ -175,7 +267,7 @@ def _ids(input: Any, what: str) -> Tensor:
                                   f"range; {_IDS_ARE}")
         return signed
     ids = ids.to(torch.int64)
-    if ids.numel():
+    if ids.numel() and int(ids.min()) < 0:
         bad = (ids < 0).nonzero()
         if len(bad):
             at = tuple(int(i) for i in bad[0])
@@ -185,7 +277,7 @@ def _ids(input: Any, what: str) -> Tensor:
 
 
 def _in_vocab(ids: Tensor, num_embeddings: Optional[int], what: str) -> None:
-    if num_embeddings is None or ids.numel() == 0:
+    if num_embeddings is None or ids.numel() == 0 or int(ids.max()) < num_embeddings:
         return
     bad = (ids >= num_embeddings).nonzero()
     if len(bad):
@@ -205,9 +297,12 @@ class _Lookup:
 
 
 def _dedup(ids: Tensor) -> _Lookup:
-    unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-    # A new contiguous int64 tensor of non-negative values: its memory seen as uint64.
-    return _Lookup(unique.numpy().view(np.uint64), inverse.reshape(ids.shape))
+    flat = ids.dim() == 1
+    unique, inverse = torch.unique(ids if flat else ids.reshape(-1), return_inverse=True)
+    # A new contiguous int64 tensor (of non-negative values, as the caller checks): its
+    # memory seen as uint64.
+    return _Lookup(unique.numpy().view(np.uint64),
+                   inverse if flat else inverse.reshape(ids.shape))
 
 
 def _weight(rows: _Rows, lookup: _Lookup) -> Tensor:
@@ -218,18 +313,16 @@ def _weight(rows: _Rows, lookup: _Lookup) -> Tensor:
     if not torch.is_grad_enabled():
         return block
     block.requires_grad_(True)
-    weight: Tensor = _PushOnBackward.apply(block, rows, lookup.unique)
-    return weight
+    _push_on_backward(block, rows, lookup.unique)
+    return block
 
 
 # ----- the modules -----
 
 def _checked_options(staleness: int, wire_dtype: Any) -> None:
-    if staleness != 0:
-        raise NotImplementedError(
-            f"staleness={staleness!r}: only 0 (synchronous pulls and pushes) for now; a "
-            "staleness above 0 needs the pipelined client, which starwire.torch does not "
-            "bind yet")
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise InvalidArgument(f"staleness {staleness!r} is not an int of 0 or more (the "
+                              "most of this worker's recent pushes a pull may miss)")
     if wire_dtype not in (torch.float32, "float32"):
         raise NotImplementedError(
             f"wire_dtype={wire_dtype!r}: rows cross the wire as float32 for now (bfloat16 "
@@ -243,7 +336,8 @@ class _PSModule(nn.Module):
     def __init__(self, client: Client, table: int, dim: int, *,
                  peers: Optional[Sequence[str]], job: str, partition: str,
                  num_embeddings: Optional[int], staleness: int, wire_dtype: Any,
-                 timeout: Optional[float]) -> None:
+                 timeout: Optional[float], pipelined: Optional[bool] = None,
+                 max_pushes_in_flight: int = 2) -> None:
         super().__init__()
         _checked_options(staleness, wire_dtype)
         if not isinstance(client, Client):
@@ -269,29 +363,80 @@ class _PSModule(nn.Module):
             tasks = [str(p) for p in peers]
             if not tasks:
                 raise InvalidArgument("peers is empty: name the PS tasks of the table")
-        sharded = client.sharded(table, dim, peers=tasks, dtype=np.float32,
-                                 partition=partition, vocab=num_embeddings or 0)
+        if pipelined is None:
+            pipelined = staleness > 0
+        elif not pipelined and staleness > 0:
+            raise InvalidArgument(f"staleness={staleness} needs the pipelined client: "
+                                  "pipelined=False allows only 0")
+        self._rows: _Rows
+        if pipelined:
+            settings = PipelineSettings(staleness, max_pushes_in_flight, timeout)
+            self._rows = _PipelinedRows(Pipeline(
+                client, table, dim, peers=tasks, dtype=np.float32, partition=partition,
+                vocab=num_embeddings or 0, settings=settings))
+        else:
+            self._rows = _ShardedRows(client.sharded(
+                table, dim, peers=tasks, dtype=np.float32, partition=partition,
+                vocab=num_embeddings or 0), timeout)
         self.table, self.dim = table, dim
         self.num_embeddings = num_embeddings
         self.tasks, self.partition = tasks, partition
         self.staleness, self.wire_dtype = staleness, torch.float32
+        self.pipelined = bool(pipelined)
         self._client = client
-        self._rows: _Rows = _ShardedRows(sharded, timeout)
+        #: The unique ids of the next batch (`PrefetchingLoader`), requested right after
+        #: the next pull.
+        self._next: Optional[npt.NDArray[np.uint64]] = None
 
     @property
-    def last_report(self) -> Optional[StepReport]:
+    def last_report(self) -> Optional[Union[StepReport, PipelineReport]]:
         """The last forward's pull: distinct ids sent, rows the PS tasks did not have
-        (their rows were zero)."""
-        rows = self._rows
-        return rows.last_report if isinstance(rows, _ShardedRows) else None
+        (their rows were zero); pipelined, the step's `PipelineReport` as the last pull or
+        push left it (visible and waited seconds, bytes, prefetched parts)."""
+        return self._rows.last_report
+
+    def flush(self) -> None:
+        """Waits until every push sent has been answered (pipelined; synchronous, nothing
+        is in flight), raising a push failure it finds. Call it before reading the rows
+        elsewhere, before a checkpoint, and at the end of training."""
+        self._rows.flush()
+
+    def close(self) -> None:
+        """Waits for what is in flight (as `flush`) and frees the table's client. The
+        module is unusable afterwards."""
+        self._rows.close()
+
+    def prefetch(self, input: Any) -> None:
+        """Requests the rows of `input` (the ids a later forward will take) now, when the
+        staleness bound allows: the next forward of the same ids waits only for what has
+        not arrived. Pipelined modules only (synchronous ones ask at the forward)."""
+        self._prefetch(self._lookup(input, "input").unique)
+
+    def _prefetch(self, unique: npt.NDArray[np.uint64]) -> None:
+        if not self.pipelined:
+            raise InvalidArgument(f"table {self.table} is synchronous: prefetch needs a "
+                                  "module made with staleness >= 1 or pipelined=True")
+        self._rows.prefetch(unique)
 
     def _lookup(self, input: Any, what: str) -> _Lookup:
-        ids = _ids(input, what)
-        _in_vocab(ids, self.num_embeddings, what)
-        return _dedup(ids)
+        ids = _ids(input, what, sign_later=True)
+        lookup = _dedup(ids)
+        # The unique ids are sorted: the first and last bound them all, with no reduction.
+        # A bad one is then found, and named by its position, by the full checks.
+        ordered = lookup.unique.view(np.int64)
+        if len(ordered) and (ordered[0] < 0 or (self.num_embeddings is not None
+                                                and ordered[-1] >= self.num_embeddings)):
+            _ids(ids, what)
+            _in_vocab(ids, self.num_embeddings, what)
+        return lookup
 
     def _pull(self, lookup: _Lookup) -> None:
         lookup.block = self._rows.pull(lookup.unique)
+        # The next batch's rows are requested now that this step's are taken: a prefetch
+        # made before the pull would replace this step's.
+        next_ids, self._next = self._next, None
+        if next_ids is not None:
+            self._rows.prefetch(next_ids)
 
     # ----- state -----
 
@@ -353,8 +498,15 @@ class PSEmbedding(_PSModule):
     `num_embeddings` (optional) bounds the ids (an id at or above it raises
     `InvalidArgument`); without it any id 0 to 2^63-1 is pulled (the table creates or
     reports missing what it does not have, by its ``create`` setting; missing rows are
-    zero). `staleness` must be 0 and `wire_dtype` float32 (`NotImplementedError`
-    otherwise: the pipelined client and bfloat16 rows are not bound yet). `timeout` is the
+    zero). `staleness`: 0 (synchronous), or the most of this worker's recent pushes a
+    forward's rows may miss (a `starwire.Pipeline` then carries the rows: backward returns
+    without waiting for its push, at most `max_pushes_in_flight` unanswered, and a failed
+    push raises at a later forward, backward or `flush`). `pipelined=True` takes the
+    pipeline with staleness 0 too (the synchronous results, exactly; `prefetch` and
+    `PrefetchingLoader` need a pipelined module; each pipelined table may have
+    ``(max_pushes_in_flight + 1) * len(tasks)`` requests in flight on `client`, whose
+    capacity must cover its tables' sum). `wire_dtype` must be float32
+    (`NotImplementedError` otherwise: bfloat16 rows are not bound yet). `timeout` is the
     deadline of each pull and push, in seconds (None: none).
     """
 
@@ -362,10 +514,12 @@ class PSEmbedding(_PSModule):
                  peers: Optional[Sequence[str]] = None, job: str = "ps",
                  partition: str = "mod", num_embeddings: Optional[int] = None,
                  staleness: int = 0, wire_dtype: Any = torch.float32,
-                 timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
+                 timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
+                 max_pushes_in_flight: int = 2) -> None:
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
-                         wire_dtype=wire_dtype, timeout=timeout)
+                         wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
+                         max_pushes_in_flight=max_pushes_in_flight)
 
     def forward(self, input: Tensor) -> Tensor:
         lookup = self._lookup(input, "input")
@@ -386,13 +540,15 @@ class PSEmbeddingBag(_PSModule):
                  partition: str = "mod", num_embeddings: Optional[int] = None,
                  include_last_offset: bool = False, staleness: int = 0,
                  wire_dtype: Any = torch.float32,
-                 timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
+                 timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
+                 max_pushes_in_flight: int = 2) -> None:
         if mode not in _MODES:
             raise InvalidArgument(f"mode {mode!r} is not one of {', '.join(_MODES)} (max is "
                                   "not supported)")
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
-                         wire_dtype=wire_dtype, timeout=timeout)
+                         wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
+                         max_pushes_in_flight=max_pushes_in_flight)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
@@ -464,12 +620,14 @@ class PSEmbeddingBagCollection(nn.Module):
     sharded client serves one table per call, so the step pulls table by table (one request
     per PS task and table, each table's requests in flight at once) and its backward pushes
     table by table. The bags are ``self.bags[name]`` (their markers are the collection's
-    `state_dict`)."""
+    `state_dict`). `prefetch`, `flush` and `close` act on every table.
+    """
 
     def __init__(self, client: Client, tables: Mapping[str, TableConfig], *,
                  peers: Optional[Sequence[str]] = None, job: str = "ps",
                  partition: str = "mod", staleness: int = 0, wire_dtype: Any = torch.float32,
-                 timeout: Optional[float] = DEFAULT_TIMEOUT) -> None:
+                 timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
+                 max_pushes_in_flight: int = 2) -> None:
         super().__init__()
         _checked_options(staleness, wire_dtype)
         if not tables:
@@ -485,7 +643,9 @@ class PSEmbeddingBagCollection(nn.Module):
         self.bags = nn.ModuleDict({
             name: PSEmbeddingBag(client, cfg.table, cfg.dim, cfg.mode, peers=peers, job=job,
                                  partition=partition, num_embeddings=cfg.num_embeddings,
-                                 timeout=timeout)
+                                 staleness=staleness, wire_dtype=wire_dtype, timeout=timeout,
+                                 pipelined=pipelined,
+                                 max_pushes_in_flight=max_pushes_in_flight)
             for name, cfg in tables.items()})
 
     def _bag(self, name: str) -> PSEmbeddingBag:
@@ -495,6 +655,28 @@ class PSEmbeddingBagCollection(nn.Module):
         bag = self.bags[name]
         assert isinstance(bag, PSEmbeddingBag)
         return bag
+
+    def _each(self) -> Iterator[PSEmbeddingBag]:
+        for name in self.bags.keys():
+            yield self._bag(name)
+
+    def prefetch(self, inputs: Mapping[str, Tensor]) -> None:
+        """Requests the rows of the features' ids `inputs` (as a later forward takes them)
+        now, table by table (`PSEmbeddingBag.prefetch`)."""
+        lookups = [(self._bag(name), self._bag(name)._lookup(input, f"inputs[{name!r}]"))
+                   for name, input in inputs.items()]
+        for bag, lookup in lookups:
+            bag._prefetch(lookup.unique)
+
+    def flush(self) -> None:
+        """Waits for every table's pushes (`PSEmbeddingBag.flush`)."""
+        for bag in self._each():
+            bag.flush()
+
+    def close(self) -> None:
+        """Waits for and frees every table's client (`PSEmbeddingBag.close`)."""
+        for bag in self._each():
+            bag.close()
 
     def forward(self, inputs: Mapping[str, Tensor],
                 offsets: Optional[Mapping[str, Tensor]] = None,
@@ -524,3 +706,96 @@ class PSEmbeddingBagCollection(nn.Module):
         pending = [first._client.submit_checkpoint(t, timeout) for t in tasks]
         return [p.wait() for p in pending]
 
+
+
+# ----- prefetching the next batch -----
+
+B = TypeVar("B")
+_Embeddings = Union[PSEmbedding, PSEmbeddingBag, PSEmbeddingBagCollection]
+
+
+class PrefetchingLoader(Generic[B]):
+    """A data loader whose next batch's rows are on their way while this batch computes:
+    iterating it yields `loader`'s batches, in order, and reads one batch ahead. `ids`
+    gives a batch's ids as `embeddings` takes them: a tensor for a `PSEmbedding` or
+    `PSEmbeddingBag`, a mapping of feature to tensor for a `PSEmbeddingBagCollection`
+    (the ``inputs`` of its forward). The modules must be pipelined (``staleness >= 1``, or
+    ``pipelined=True`` for 0).
+
+    The first batch's rows are requested before it is yielded; each later batch's right
+    after the forward of the batch before has taken its rows (a prefetch made earlier would
+    replace that step's), so they travel during that step's computation and backward. When
+    they may be sent is the pipeline's staleness bound: with staleness 0 they wait for the
+    push before them (and the results are the synchronous ones, exactly); with `s` they
+    may miss this worker's `s` most recent pushes. The last batch prefetches nothing. A
+    batch whose forward takes other ids than `ids` gave is pulled as without a prefetch.
+
+    An exception raised by `loader` is raised by this iterator where the loader's own
+    iteration would raise it: after the batches before it were yielded. A loop that stops
+    early (``break``) leaves no prefetch pending. Pushes still in flight at the end are
+    the modules' (`flush`)."""
+
+    def __init__(self, loader: Iterable[B], embeddings: _Embeddings,
+                 ids: Callable[[B], Any]) -> None:
+        bags = (list(embeddings._each()) if isinstance(embeddings, PSEmbeddingBagCollection)
+                else [embeddings])
+        for m in bags:
+            if not isinstance(m, _PSModule):
+                raise InvalidArgument(f"{type(m).__name__} is not a PSEmbedding, "
+                                      "PSEmbeddingBag or PSEmbeddingBagCollection")
+            if not m.pipelined:
+                raise InvalidArgument(f"table {m.table} is synchronous: a PrefetchingLoader "
+                                      "needs modules made with staleness >= 1 or "
+                                      "pipelined=True")
+        self.loader, self.embeddings, self.ids = loader, embeddings, ids
+
+    def _lookups(self, batch: B) -> list[tuple[_PSModule, npt.NDArray[np.uint64]]]:
+        """Each table's unique ids of `batch`, checked as its forward checks them."""
+        given = self.ids(batch)
+        e = self.embeddings
+        if isinstance(e, PSEmbeddingBagCollection):
+            if not isinstance(given, Mapping):
+                raise InvalidArgument(f"ids(batch) gave a {type(given).__name__}: a "
+                                      "collection takes a mapping of feature to ids")
+            return [(e._bag(name), e._bag(name)._lookup(t, f"ids(batch)[{name!r}]").unique)
+                    for name, t in given.items()]
+        return [(e, e._lookup(given, "ids(batch)").unique)]
+
+    def __iter__(self) -> Iterator[B]:
+        it = iter(self.loader)
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        for m, unique in self._lookups(batch):
+            m._prefetch(unique)
+        while True:
+            failure: Optional[BaseException] = None
+            ahead: list[tuple[_PSModule, npt.NDArray[np.uint64]]] = []
+            try:
+                following = next(it)
+            except StopIteration:
+                last = True
+            except BaseException as e:  # the loader's: raised after this batch
+                failure, last = e, True
+            else:
+                last = False
+                ahead = self._lookups(following)
+                for m, unique in ahead:
+                    m._next = unique
+            try:
+                yield batch
+            except GeneratorExit:  # the loop stopped early: no prefetch of a batch not used
+                for m, _ in ahead:
+                    m._next = None
+                raise
+            # A table this batch's forward did not pull prefetches now.
+            for m, unique in ahead:
+                if m._next is not None:
+                    m._next = None
+                    m._prefetch(unique)
+            if failure is not None:
+                raise failure
+            if last:
+                return
+            batch = following

@@ -372,12 +372,15 @@ class ErrorsTest(PsCase):
             torch.testing.assert_close(bag(ok, offsets), bag(torch.tensor([3, 4]), offsets))
 
     def test_what_is_not_bound_yet_raises_not_implemented(self) -> None:
-        with self.assertRaisesRegex(NotImplementedError, "pipelined client"):
-            PSEmbeddingBag(self.client, 1, DIM, staleness=2)
         with self.assertRaisesRegex(NotImplementedError, "float32"):
             PSEmbedding(self.client, 1, DIM, wire_dtype=torch.bfloat16)
-        with self.assertRaisesRegex(NotImplementedError, "pipelined client"):
-            PSEmbeddingBagCollection(self.client, {"a": TableConfig(1, DIM)}, staleness=1)
+        with self.assertRaisesRegex(starwire.InvalidArgument, "staleness -1"):
+            PSEmbeddingBag(self.client, 1, DIM, staleness=-1)
+        with self.assertRaisesRegex(starwire.InvalidArgument, "pipelined=False allows only 0"):
+            PSEmbeddingBagCollection(self.client, {"a": TableConfig(1, DIM)}, staleness=1,
+                                     pipelined=False)
+        with self.assertRaisesRegex(starwire.InvalidArgument, "prefetch needs a module"):
+            PSEmbeddingBag(self.client, 1, DIM).prefetch(torch.tensor([[1, 2]]))
         with self.assertRaisesRegex(starwire.InvalidArgument, "mode 'max'"):
             PSEmbeddingBag(self.client, 1, DIM, "max")
         with self.assertRaisesRegex(starwire.InvalidArgument, "give num_embeddings"):
