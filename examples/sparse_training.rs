@@ -23,6 +23,11 @@
 //!   PS tasks and sends one `PULL_ROWS` and one `PUSH_ROWS` frame per PS task and step, each
 //!   carrying its rows as one packed block (an 8-byte id and the row's bytes per row). The
 //!   PS serves them from its shard of the model through the `Table` trait;
+//! - with `--pipeline`, the same frames through the pipelined rows client (`Pipeline`): a
+//!   step pulls the rows its previous step requested, requests the next batch's rows
+//!   before it computes, and pushes without waiting for the answer; `--staleness N` bounds
+//!   how many of the worker's own latest pushes the rows it uses may miss (0: none, the
+//!   synchronous step's rows);
 //! - with `--per-tensor`, as tensors: one fused `PULL` and one fused `PUSH` per PS task and
 //!   step, one tensor (with its own descriptor) per row, served by `Service::pull` and
 //!   `Service::push`;
@@ -31,11 +36,16 @@
 //!
 //! Either way the PS holds its rows and their Adagrad state in starwire's PS table
 //! (`PsTable`), which both paths go through, so the loss and AUC are those of the same
-//! model. Each worker times its steps: communication
-//! (the pull and the push, from the first request to the last answer) beside compute (the
-//! model's forward and backward pass) and data (drawing the batch); the coordinator prints
-//! communication and compute per interval, each worker's summary line, and the means per
-//! step over all workers.
+//! model. Each worker times its steps: communication (the time in the calls that move
+//! rows: what the computation did not overlap) beside compute (the model's forward and
+//! backward pass) and data (drawing the batch), and counts the rows and bytes it moved;
+//! the coordinator prints them per interval, each worker's summary line, the means per
+//! step over all workers, and checks the rows the workers moved against the rows the PS
+//! tables counted. `--compare` runs the job twice, through the synchronous rows client and
+//! then as the other flags say, with the same batches, and sets the two side by side.
+//!
+//! Each field's values are drawn with Zipf exponent `--zipf S` (1.1 by default: a few ids
+//! of each field are in most examples; 0 draws them uniformly).
 //!
 //! The program, one idea per file of `examples/sparse_training/`, in reading order:
 //!
@@ -48,14 +58,20 @@
 //! - `ps.rs`: a PS task, its shard of the model in a `PsTable` (sized for the rows it
 //!   expects: its share of the features), served as a table of rows and as tensors;
 //! - `worker.rs`: a worker task's training loop and the held-out evaluation;
-//! - `transfer.rs`: how a step's rows travel (rows blocks, fused tensors, or a request
-//!   per row);
-//! - `report.rs`: the table per interval, the summary, the communication per PS task.
+//! - `transfer.rs`: how a step's rows travel (rows blocks, pipelined rows blocks, fused
+//!   tensors, or a request per row);
+//! - `report.rs`: the table per interval, the summary, the communication per PS task;
+//! - `compare.rs`: `--compare`, the job twice and the two side by side;
+//! - `cpu.rs`: a task's CPU time, and the time its threads waited for a CPU.
 
 #[path = "sparse_training/args.rs"]
 mod args;
 #[path = "sparse_training/cluster.rs"]
 mod cluster;
+#[path = "sparse_training/compare.rs"]
+mod compare;
+#[path = "sparse_training/cpu.rs"]
+mod cpu;
 #[path = "sparse_training/model.rs"]
 mod model;
 #[path = "sparse_training/ps.rs"]
@@ -87,7 +103,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match &args.role {
-        None => cluster::coordinate(args.clone()),
+        None => compare::run(args.clone()),
         Some(task) if task.job == "ps" => ps::run_ps(&args, task),
         Some(task) => worker::run_worker(&args, task),
     };

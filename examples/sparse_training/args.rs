@@ -22,10 +22,23 @@ options:
   --vocab N         values per field (default 300)
   --dim N           f32 per row (default 16: 64-byte rows)
   --lr X            Adagrad learning rate (default 0.05)
-  --eval N          held-out examples evaluated at the end (default 100000)
+  --steps N         train N steps per worker instead of for --seconds (the same
+                    batches whatever the transport, for comparing runs)
+  --eval N          held-out examples evaluated before and after training
+                    (default 100000)
+  --zipf S          draw each field's values with Zipf exponent S: value k of a field
+                    has weight 1/(k+1)^S, so a few ids are hot and most are rare; 0 is
+                    a uniform draw (default 1.1)
   --per-tensor      pull and push rows as tensors (one fused request per PS task and
                     step, a tensor per row) instead of as packed rows blocks
   --unfused         one request per row (as tensors) instead of one per PS task and step
+  --pipeline        the pipelined rows client: the next batch's rows are requested
+                    while this one computes, pushes are not waited for
+  --staleness N     with --pipeline: the rows a step uses may miss at most N of the
+                    worker's own latest pushes (default 1; 0 = each pull waits for the
+                    last push, the rows of the synchronous step)
+  --compare         run the job twice, the synchronous rows client first and then as
+                    the other options say, and print the two side by side
   --comm-breakdown  print each worker's communication per PS task and operation, from
                     its runtime's metrics (requests, failures, latency percentiles,
                     bytes and rows)
@@ -45,8 +58,15 @@ pub struct Args {
     pub interval: f64,
     pub model: ModelConfig,
     pub eval: usize,
+    /// Train this many steps per worker rather than for `seconds`.
+    pub steps: Option<u64>,
     pub per_tensor: bool,
     pub unfused: bool,
+    /// Through the pipelined rows client, with this staleness bound.
+    pub pipeline: bool,
+    pub staleness: u32,
+    /// Run the synchronous rows client first, then these settings, and compare.
+    pub compare: bool,
     pub check: bool,
     /// Print each worker's per-PS communication from its runtime's metrics.
     pub comm_breakdown: bool,
@@ -59,9 +79,6 @@ pub struct Args {
     /// Cluster spec, for tasks: `ps=HOSTS` and `worker=HOSTS` control addresses.
     pub ps_hosts: String,
     pub worker_hosts: String,
-    /// Wall-clock start of training (ms since the epoch), so that workers' report
-    /// intervals line up.
-    pub start_ms: u64,
 }
 
 impl Args {
@@ -73,8 +90,12 @@ impl Args {
             interval: 5.0,
             model: ModelConfig::default(),
             eval: 100_000,
+            steps: None,
             per_tensor: false,
             unfused: false,
+            pipeline: false,
+            staleness: 1,
+            compare: false,
             check: false,
             comm_breakdown: false,
             trace: None,
@@ -82,8 +103,8 @@ impl Args {
             dir: None,
             ps_hosts: String::new(),
             worker_hosts: String::new(),
-            start_ms: 0,
         };
+        let mut staleness = None;
         while let Some(flag) = argv.next() {
             let mut value = || argv.next().ok_or_else(|| format!("{flag} needs a value"));
             fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
@@ -101,8 +122,13 @@ impl Args {
                 "--dim" => a.model.dim = num(&flag, value()?)?,
                 "--lr" => a.model.learning_rate = num(&flag, value()?)?,
                 "--eval" => a.eval = num(&flag, value()?)?,
+                "--steps" => a.steps = Some(num(&flag, value()?)?),
+                "--zipf" => a.model.zipf = num(&flag, value()?)?,
                 "--per-tensor" => a.per_tensor = true,
                 "--unfused" => a.unfused = true,
+                "--pipeline" => a.pipeline = true,
+                "--staleness" => staleness = Some(num(&flag, value()?)?),
+                "--compare" => a.compare = true,
                 "--check" => a.check = true,
                 "--comm-breakdown" => a.comm_breakdown = true,
                 "--trace" => a.trace = Some(PathBuf::from(value()?)),
@@ -113,7 +139,6 @@ impl Args {
                 "--dir" => a.dir = Some(PathBuf::from(value()?)),
                 "--ps-hosts" => a.ps_hosts = value()?,
                 "--worker-hosts" => a.worker_hosts = value()?,
-                "--start-ms" => a.start_ms = num(&flag, value()?)?,
                 "--help" | "-h" => return Err(String::new()),
                 other => return Err(format!("unknown option {other:?}")),
             }
@@ -127,6 +152,23 @@ impl Args {
         }
         if !(a.seconds > 0.0 && a.interval > 0.0) {
             return Err("--seconds and --interval must be positive".into());
+        }
+        if a.steps == Some(0) {
+            return Err("--steps must be at least 1".into());
+        }
+        if !(m.zipf >= 0.0 && m.zipf.is_finite()) {
+            return Err(format!(
+                "--zipf {}: the exponent must be 0 (uniform) or more",
+                m.zipf
+            ));
+        }
+        if a.pipeline && (a.per_tensor || a.unfused) {
+            return Err("--pipeline moves rows blocks: not with --per-tensor or --unfused".into());
+        }
+        match staleness {
+            Some(_) if !a.pipeline => return Err("--staleness needs --pipeline".into()),
+            Some(s) => a.staleness = s,
+            None => {}
         }
         Ok(a)
     }
@@ -145,11 +187,11 @@ impl Args {
             ("--dim", m.dim.to_string()),
             ("--lr", m.learning_rate.to_string()),
             ("--eval", self.eval.to_string()),
+            ("--zipf", m.zipf.to_string()),
             ("--role", task.to_string()),
             ("--dir", dir.display().to_string()),
             ("--ps-hosts", self.ps_hosts.clone()),
             ("--worker-hosts", self.worker_hosts.clone()),
-            ("--start-ms", self.start_ms.to_string()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
@@ -159,6 +201,13 @@ impl Args {
         }
         if self.unfused {
             v.push("--unfused".into());
+        }
+        if let Some(n) = self.steps {
+            v.extend(["--steps".into(), n.to_string()]);
+        }
+        if self.pipeline {
+            v.extend(["--pipeline".into(), "--staleness".into()]);
+            v.push(self.staleness.to_string());
         }
         if self.comm_breakdown {
             v.push("--comm-breakdown".into());
@@ -170,9 +219,26 @@ impl Args {
         v
     }
 
+    /// The run `--compare` measures first: the same job through the synchronous rows
+    /// client.
+    pub fn synchronous(&self) -> Args {
+        Args {
+            per_tensor: false,
+            unfused: false,
+            pipeline: false,
+            staleness: 1,
+            compare: false,
+            ..self.clone()
+        }
+    }
+
     /// How rows travel: `--unfused` is per tensor too.
     pub fn transfer(&self) -> Transfer {
-        if self.unfused {
+        if self.pipeline {
+            Transfer::Pipelined {
+                staleness: self.staleness,
+            }
+        } else if self.unfused {
             Transfer::Unfused
         } else if self.per_tensor {
             Transfer::PerTensor

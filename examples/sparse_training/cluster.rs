@@ -1,16 +1,17 @@
 //! Where the tasks live and how they are started: the cluster spec and `.endpoint_map` a
 //! task resolves its peers through, as a real job does, and the coordinator that writes
 //! them, starts every task as a process of this program (`--role ps:0`, `--role
-//! worker:1`, ...) and collects their output.
+//! worker:1`, ...), paces the workers through their stdin (`START` once all are ready,
+//! `EVAL` to worker 0 once all have finished) and collects their output.
 
 use crate::args::Args;
-use crate::report::{self, Summary};
+use crate::report::{self, Outcome, Summary};
 use crate::Res;
 use starwire::cluster::{ClusterSpec, TaskId};
 use starwire::Resolver;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -49,10 +50,22 @@ impl Drop for Tasks {
     }
 }
 
+/// What a worker's reader thread sends when the worker's stdout closes.
+const EXITED: &str = "\0exited";
+
+/// Sends `line` to a worker's stdin.
+fn tell(stdin: &mut Option<ChildStdin>, line: &str) -> Res<()> {
+    let w = stdin.as_mut().ok_or("a worker's stdin is closed")?;
+    writeln!(w, "{line}")
+        .and_then(|()| w.flush())
+        .map_err(|e| format!("telling a worker {line:?}: {e}"))
+}
+
 /// Runs the job: writes its `.endpoint_map`, starts the PS tasks and then the workers as
-/// processes of this program, prints what the workers report, stops the PS tasks and
-/// prints the summary.
-pub fn coordinate(mut args: Args) -> Res<ExitCode> {
+/// processes of this program, starts the workers' training together, prints what the
+/// workers report, has worker 0 evaluate once all are done, stops the PS tasks and prints
+/// the summary; returns its figures.
+pub fn coordinate(mut args: Args) -> Res<Outcome> {
     let dir = std::env::temp_dir().join(format!("sparse_training.{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     // Control addresses name the tasks in the cluster spec; the map gives their data
@@ -99,32 +112,59 @@ pub fn coordinate(mut args: Args) -> Res<ExitCode> {
         child.stdout = Some(out.into_inner());
         tasks.0.push((task.to_string(), child));
     }
-    args.start_ms = (SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
-        + Duration::from_millis(200))
-    .as_millis() as u64;
     let (tx, rx) = mpsc::channel::<(usize, String)>();
     let mut workers = Vec::new();
+    let mut inputs = Vec::new();
     for i in 0..args.workers {
         let task = TaskId::new("worker", i as u32);
         let mut child = spawn(task.clone(), &args)?;
+        inputs.push(child.stdin.take());
         let out = child.stdout.take().unwrap();
         let tx = tx.clone();
         workers.push(std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 if tx.send((i, line)).is_err() {
-                    break;
+                    return;
                 }
             }
+            let _ = tx.send((i, EXITED.into()));
         }));
         tasks.0.push((task.to_string(), child));
     }
     drop(tx);
 
-    report::print_header();
     let mut summary = Summary::default();
+    let (mut ready, mut trained) = (0, vec![false; args.workers]);
     for (worker, line) in rx {
+        if line == "READY" {
+            ready += 1;
+            if ready == args.workers {
+                // Every worker connected (and worker 0 evaluated the untrained model):
+                // all start 100 ms from now.
+                let start = SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+                    + Duration::from_millis(100);
+                report::print_header();
+                for input in &mut inputs {
+                    tell(input, &format!("START {}", start.as_millis()))?;
+                }
+            }
+        } else if line.starts_with("TRAINED ") {
+            trained[worker] = true;
+            if trained.iter().all(|&t| t) {
+                // Every worker's pushes answered: the model is final.
+                tell(&mut inputs[0], "EVAL")?;
+            }
+        } else if line == EXITED {
+            if !trained[worker] {
+                // A worker failed: the others would wait for it forever. Their stdin
+                // closes, and they stop.
+                inputs.iter_mut().for_each(|i| drop(i.take()));
+            }
+            continue;
+        }
         summary.line(&args, worker, &line);
     }
+    drop(inputs);
     summary.flush(&args);
     for t in workers {
         let _ = t.join();

@@ -5,6 +5,7 @@
 
 use crate::args::Args;
 use crate::cluster::resolver;
+use crate::cpu::Cpu;
 use crate::model::ModelConfig;
 use crate::Res;
 use starwire::cluster::TaskId;
@@ -115,9 +116,11 @@ pub fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
     };
     let rt = Runtime::start_with(config, options).map_err(|e| format!("listen on {addr}: {e}"))?;
     println!("READY");
+    let cpu = Cpu::now();
     // Serve until the coordinator closes our stdin.
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     let stats = rt.stats();
+    let cpu = Cpu::now().since(cpu);
     rt.shutdown();
     // How the table is laid out, and what it holds now.
     println!("ps:{}: {}", task.index, ps.table.report());
@@ -132,6 +135,15 @@ pub fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
         m.pushed_rows - m.dropped_pushes,
         stats.bytes_in,
         stats.bytes_out
+    );
+    // For the coordinator: the rows read and applied, to check against the workers'
+    // counts, and the CPU time the task took and waited for while serving.
+    println!(
+        "COUNTED {} {} {} {}",
+        m.pulled_rows,
+        m.pushed_rows - m.dropped_pushes,
+        cpu.ran.as_nanos(),
+        cpu.waited.as_nanos()
     );
     Ok(ExitCode::SUCCESS)
 }

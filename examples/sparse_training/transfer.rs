@@ -1,13 +1,15 @@
 //! How rows travel between a worker and the PS tasks: as packed rows blocks through the
-//! sharded rows client (the default), as one tensor per row in a fused request per PS
-//! task (`--per-tensor`), or as a request per row (`--unfused`). [`Worker`] pulls a
-//! step's rows and pushes its gradients whichever way was chosen.
+//! sharded rows client (the default), through the pipelined rows client (`--pipeline`:
+//! the next batch's rows requested while this one computes, pushes not waited for), as one
+//! tensor per row in a fused request per PS task (`--per-tensor`), or as a request per row
+//! (`--unfused`). [`Worker`] pulls a step's rows and pushes its gradients whichever way was
+//! chosen, and counts the rows it moved.
 
 use crate::model;
 use crate::ps::TABLE;
 use crate::Res;
-use starwire::rows::Partition;
-use starwire::{Completion, DType, Handle, Peer, Runtime, Sharded, Status, Tensor};
+use starwire::rows::{Partition, PipelineSettings};
+use starwire::{Completion, DType, Handle, Peer, Pipeline, Runtime, Sharded, Status, Tensor};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +24,10 @@ pub enum Transfer {
     PerTensor,
     /// One `PULL` and one `PUSH` per row.
     Unfused,
+    /// `PULL_ROWS` and `PUSH_ROWS` through the pipelined rows client: the next batch's
+    /// rows requested while this one computes, pushes answered in the background, the
+    /// rows a step uses missing at most `staleness` of the worker's own latest pushes.
+    Pipelined { staleness: u32 },
 }
 
 impl Transfer {
@@ -35,6 +41,20 @@ impl Transfer {
                 "per tensor, fused: one request per PS task and step, a tensor per row"
             }
             Transfer::Unfused => "per tensor, unfused: one request per row",
+            Transfer::Pipelined { .. } => {
+                "pipelined as rows: the next batch's PULL_ROWS sent while this one computes, \
+                 PUSH_ROWS not waited for"
+            }
+        }
+    }
+
+    /// A short name, for the comparison's columns.
+    pub fn name(self) -> String {
+        match self {
+            Transfer::Rows => "synchronous".into(),
+            Transfer::PerTensor => "per tensor".into(),
+            Transfer::Unfused => "unfused".into(),
+            Transfer::Pipelined { staleness } => format!("pipelined s={staleness}"),
         }
     }
 }
@@ -45,8 +65,13 @@ pub struct Worker {
     ps: Vec<SocketAddr>,
     dim: usize,
     transfer: Transfer,
-    /// The rows client (`Transfer::Rows`): the model's table over the PS tasks.
+    /// The rows client (`Transfer::Rows`, and the evaluation): the model's table over the
+    /// PS tasks.
     sharded: Sharded,
+    /// The pipelined rows client (`Transfer::Pipelined`), and whether it has requested
+    /// the rows of a batch whose step has not run.
+    pipeline: Option<Pipeline>,
+    ahead: bool,
     /// A step's rows or gradients as little-endian bytes (`Transfer::Rows`).
     bytes: Vec<u8>,
     /// Per PS task: the ids it owns in this batch, and their positions in `batch.unique`.
@@ -54,9 +79,19 @@ pub struct Worker {
     positions: Vec<Vec<u32>>,
     /// Per PS task: the gradient tensors pushed last step, reused once the push is done.
     grads: Vec<Vec<(u64, Arc<Tensor>)>>,
-    /// Requests sent since the counts were last taken.
+    /// Requests sent since the counts were last taken (not counted here with the
+    /// pipeline: see `report.rs`).
     pub pull_rpcs: u64,
     pub push_rpcs: u64,
+    /// Rows received and gradient rows sent since the counts were last taken, as they
+    /// crossed the wire (distinct ids per PS request).
+    pub rows_pulled: u64,
+    pub rows_pushed: u64,
+    /// With the pipeline: PS parts of pulls whose request a prefetch had sent before the
+    /// pull was called, and those requested again because the rows the prefetch had asked
+    /// for were too stale when used.
+    pub prefetched: u64,
+    pub refetched: u64,
 }
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -86,27 +121,132 @@ impl Worker {
             return Err("at most 64 PS tasks".into());
         }
         let shards = ps.len();
-        let peers = ps.iter().map(|&a| Peer::from(a)).collect();
-        let sharded = Sharded::new(peers, Partition::Hash, TABLE, DType::F32, &[dim as u64])
-            .map_err(|e| e.to_string())?;
+        let peers: Vec<Peer> = ps.iter().map(|&a| Peer::from(a)).collect();
+        let sharded = Sharded::new(
+            peers.clone(),
+            Partition::Hash,
+            TABLE,
+            DType::F32,
+            &[dim as u64],
+        )
+        .map_err(|e| e.to_string())?;
+        let mut in_flight = UNFUSED_WINDOW.max(shards) * 2;
+        let pipeline = match transfer {
+            Transfer::Pipelined { staleness } => {
+                let settings = pipeline_settings(staleness);
+                let pushes = settings.pushes_in_flight_bound() as usize;
+                // The pipeline's requests: its pushes in flight and a pull, per PS task.
+                in_flight = in_flight.max((pushes + 1) * shards);
+                let p = Pipeline::new(
+                    peers,
+                    Partition::Hash,
+                    TABLE,
+                    DType::F32,
+                    &[dim as u64],
+                    settings,
+                );
+                Some(p.map_err(|e| e.to_string())?)
+            }
+            _ => None,
+        };
         Ok(Worker {
-            handle: rt.handle(UNFUSED_WINDOW.max(shards) * 2),
+            handle: rt.handle(in_flight),
             ps,
             dim,
             transfer,
             sharded,
+            pipeline,
+            ahead: false,
             bytes: Vec::new(),
             ids: vec![Vec::new(); shards],
             positions: vec![Vec::new(); shards],
             grads: vec![Vec::new(); shards],
             pull_rpcs: 0,
             push_rpcs: 0,
+            rows_pulled: 0,
+            rows_pushed: 0,
+            prefetched: 0,
+            refetched: 0,
         })
     }
 
-    /// Pulls the rows of `unique` into `rows` (`dim` f32 each, in `unique` order).
+    /// Whether the steps go through the pipelined client.
+    pub fn is_pipelined(&self) -> bool {
+        self.pipeline.is_some()
+    }
+
+    /// A training step's pull of the rows of `unique` into `rows`: the pipeline takes the
+    /// rows its prefetch requested (waiting only for what has not arrived, and for the
+    /// pushes the staleness bound says they must reflect); the other ways pull now.
+    pub fn step_pull(&mut self, unique: &[u64], rows: &mut [f32]) -> Res<()> {
+        let Some(p) = &mut self.pipeline else {
+            return self.pull(unique, rows);
+        };
+        self.ahead = false;
+        let r = p
+            .pull_typed(&mut self.handle, unique, rows)
+            .map_err(|e| format!("pull rows: {e}"))?;
+        if r.missing > 0 {
+            return Err(format!("pull rows: {} rows missing", r.missing));
+        }
+        Ok(())
+    }
+
+    /// With the pipeline: requests the rows of the next step's batch `next` now, if the
+    /// staleness bound allows (else a later call sends them). Nothing otherwise.
+    pub fn step_prefetch(&mut self, next: &[u64]) -> Res<()> {
+        if let Some(p) = &mut self.pipeline {
+            p.prefetch(&mut self.handle, next)
+                .map_err(|e| format!("prefetch rows: {e}"))?;
+            self.ahead = true;
+        }
+        Ok(())
+    }
+
+    /// A training step's push of the gradient rows `grads`: the pipeline returns without
+    /// waiting for the PS tasks to answer; the other ways wait.
+    pub fn step_push(&mut self, unique: &[u64], grads: &[f32]) -> Res<()> {
+        let Some(p) = &mut self.pipeline else {
+            return self.push(unique, grads);
+        };
+        let r = p
+            .push_typed(&mut self.handle, unique, grads)
+            .map_err(|e| format!("push rows: {e}"))?;
+        // The step's report: the rows its pull received and its push sent.
+        self.rows_pulled += r.rows_received as u64;
+        self.rows_pushed += r.rows_sent as u64;
+        self.prefetched += r.prefetched as u64;
+        self.refetched += r.refetched as u64;
+        Ok(())
+    }
+
+    /// Ends training. With the pipeline: waits until every push has been answered, and
+    /// takes the rows requested for `next`, a step that will not run (they crossed the
+    /// wire, so they are counted). Nothing otherwise.
+    pub fn finish(&mut self, next: &[u64], rows: &mut Vec<f32>) -> Res<()> {
+        let Some(p) = &mut self.pipeline else {
+            return Ok(());
+        };
+        p.flush(&mut self.handle)
+            .map_err(|e| format!("flush pushes: {e}"))?;
+        if std::mem::take(&mut self.ahead) {
+            rows.resize(next.len() * self.dim, 0.0);
+            let r = p
+                .pull_typed(&mut self.handle, next, &mut rows[..])
+                .map_err(|e| format!("pull rows: {e}"))?;
+            self.rows_pulled += r.rows_received as u64;
+            self.prefetched += r.prefetched as u64;
+            self.refetched += r.refetched as u64;
+        }
+        Ok(())
+    }
+
+    /// Pulls the rows of `unique` into `rows` (`dim` f32 each, in `unique` order), now
+    /// and synchronously (the evaluation's pulls, and the steps of every way but the
+    /// pipeline's).
     pub fn pull(&mut self, unique: &[u64], rows: &mut [f32]) -> Res<()> {
-        if self.transfer == Transfer::Rows {
+        self.rows_pulled += unique.len() as u64;
+        if matches!(self.transfer, Transfer::Rows | Transfer::Pipelined { .. }) {
             return self.pull_rows(unique, rows);
         }
         for (s, (ids, pos)) in self.ids.iter_mut().zip(&mut self.positions).enumerate() {
@@ -210,9 +350,11 @@ impl Worker {
         Ok(())
     }
 
-    /// Pushes the gradient rows `grads` (`dim` f32 each, in `unique` order).
+    /// Pushes the gradient rows `grads` (`dim` f32 each, in `unique` order), waiting for
+    /// the answers.
     pub fn push(&mut self, unique: &[u64], grads: &[f32]) -> Res<()> {
-        if self.transfer == Transfer::Rows {
+        self.rows_pushed += unique.len() as u64;
+        if matches!(self.transfer, Transfer::Rows | Transfer::Pipelined { .. }) {
             return self.push_rows(unique, grads);
         }
         let deadline = Some(Instant::now() + DEADLINE);
@@ -289,6 +431,17 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// The pipeline's settings for staleness `staleness`: as many pushes in flight as the
+/// bound lets the rows miss (at least 2, so that a push rarely waits at staleness 0 and 1),
+/// each request given [`DEADLINE`].
+pub fn pipeline_settings(staleness: u32) -> PipelineSettings {
+    let max = starwire::rows::MAX_PUSHES_IN_FLIGHT;
+    PipelineSettings::default()
+        .staleness(staleness)
+        .max_pushes_in_flight(staleness.clamp(2, max))
+        .timeout(Some(DEADLINE))
 }
 
 fn copy_row(t: &Tensor, out: &mut [f32]) -> Res<()> {
