@@ -172,6 +172,9 @@ internal!(
 );
 mod error;
 pub(crate) mod event_loop;
+internal!(
+    mod float;
+);
 mod hash;
 mod panic;
 mod pool;
@@ -207,7 +210,7 @@ pub use service::{SaveError, SaveReport, Service, Table};
 pub use stats::Stats;
 pub use tensor::{HeapAllocator, Tensor, TensorAllocator, TensorDesc, TensorMemory};
 pub use upkeep::{CHECKPOINT_FORMAT_VERSION, CHECKPOINT_MANIFEST};
-pub use wire::{DType, Limits, Status};
+pub use wire::{DType, Limits, LossScale, Status, WireFeatures};
 
 /// The README's code, compiled and run as a doctest.
 #[cfg(doctest)]

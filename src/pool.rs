@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use crate::service::Table;
 use crate::service::{Service, SharedService};
 use crate::tensor::Tensor;
-use crate::wire::{DType, Status};
+use crate::wire::{DType, LossScale, Status};
 
 /// Jobs waiting for a handler thread, at most.
 const QUEUE: usize = 4096;
@@ -46,23 +46,28 @@ pub(crate) enum Job {
         tables: Vec<RowsPull>,
     },
     /// A received `PUSH_ROWS`: per table its id, its gradient block (or the status of its
-    /// failure to arrive) and its row ids, `ids[ends[i - 1]..ends[i]]`.
+    /// failure to arrive), its row ids, `ids[ends[i - 1]..ends[i]]`, and its loss scale;
+    /// `convert`: the connection negotiated `ROW_FORMATS`.
     PushRows {
         to: ReplyTo,
         tables: Vec<u64>,
         blocks: Vec<Result<Tensor, Status>>,
         ids: Vec<u64>,
         ends: Vec<usize>,
+        scales: Vec<Option<LossScale>>,
+        convert: bool,
     },
 }
 
 /// One table of a `PULL_ROWS` for a handler thread: the table, the block the requester
-/// expects (`[n, row...]` of `dtype`) and the `n` ids.
+/// expects (`[n, row...]` of `dtype`), the `n` ids, and whether the rows may be converted
+/// into `dtype` (the connection negotiated `ROW_FORMATS`).
 pub(crate) struct RowsPull {
     pub table: u32,
     pub dtype: DType,
     pub dims: Vec<u64>,
     pub ids: Vec<u64>,
+    pub convert: bool,
 }
 
 /// One table's answer from a handler thread: its status, its block when `OK`, and the
@@ -222,15 +227,26 @@ pub(crate) fn run(job: Job, service: &dyn crate::service::Service) -> Answer {
             blocks,
             ids,
             ends,
+            scales,
+            convert,
         } => {
+            let mut wide = Vec::new();
             let statuses = tables
                 .iter()
                 .zip(&blocks)
                 .enumerate()
                 .map(|(i, (&table, block))| {
                     let start = if i == 0 { 0 } else { ends[i - 1] };
+                    let scale = scales.get(i).copied().flatten();
                     match (block, ids.get(start..ends[i])) {
-                        (Ok(b), Some(ids)) => apply_rows(service, table as u32, ids, b),
+                        (Ok(b), Some(ids)) => {
+                            let grads = Grads {
+                                block: b,
+                                scale,
+                                convert,
+                            };
+                            apply_rows(service, table as u32, ids, grads, &mut wide)
+                        }
                         (Ok(_), None) => Status::Internal,
                         (Err(s), _) => *s,
                     }
@@ -248,7 +264,8 @@ fn pull_rows(service: &dyn Service, t: &RowsPull) -> RowsPulled {
         block: None,
         missing: Vec::new(),
     };
-    let table = match table_for(service, t.table, t.dtype, t.dims.iter().copied()) {
+    let dims = t.dims.iter().copied();
+    let table = match table_for(service, t.table, t.dtype, dims, t.convert) {
         Ok(table) => table,
         Err(status) => return failed(status),
     };
@@ -256,10 +273,14 @@ fn pull_rows(service: &dyn Service, t: &RowsPull) -> RowsPulled {
         return failed(Status::ResourceExhausted);
     };
     let mut missing = Vec::new();
-    let status = crate::panic::guarded("Table::pull", || {
-        table.pull(&t.ids, block.bytes_mut(), &mut missing)
-    })
-    .unwrap_or(Status::Internal);
+    let status = pull_as(
+        table,
+        &t.ids,
+        t.dtype,
+        block.bytes_mut(),
+        &mut missing,
+        &mut Vec::new(),
+    );
     if !status.is_ok() {
         return failed(status);
     }
@@ -282,32 +303,109 @@ pub(crate) fn missing_is_ordered(missing: &[u32], n: usize) -> bool {
     missing.windows(2).all(|w| w[0] < w[1]) && missing.iter().all(|&p| (p as usize) < n)
 }
 
+/// Whether a table of `held` rows serves a block of `asked` rows: the same dtype, or, on a
+/// connection that negotiated `ROW_FORMATS` (`convert`), two of f32, bf16 and f16
+/// (`docs/wire-format.md` 4.9).
+pub(crate) fn serves_as(held: DType, asked: DType, convert: bool) -> bool {
+    held == asked || (convert && crate::float::convertible(held, asked))
+}
+
 /// The table `table` names, checked against the block the request expects of it: `dtype`
-/// rows shaped like `dims` after its first (the row count).
+/// rows (or, with `convert`, rows that convert into `dtype`) shaped like `dims` after its
+/// first (the row count).
 pub(crate) fn table_for(
     service: &dyn Service,
     table: u32,
     dtype: DType,
     mut dims: impl Iterator<Item = u64>,
+    convert: bool,
 ) -> Result<&dyn Table, Status> {
     let t = service.table(table).ok_or(Status::NotFound)?;
     let rows = dims.next();
     let dims_match = rows.is_some() && t.row_dims().iter().copied().eq(dims);
-    if t.dtype() != dtype || !dims_match {
+    if !serves_as(t.dtype(), dtype, convert) || !dims_match {
         return Err(Status::InvalidArgument);
     }
     Ok(t)
 }
 
-/// Applies one table's gradient block of a `PUSH_ROWS`.
-pub(crate) fn apply_rows(service: &dyn Service, table: u32, ids: &[u64], block: &Tensor) -> Status {
-    let meta = block.meta();
-    let table = match table_for(service, table, meta.dtype, meta.dims.iter()) {
+/// Pulls the rows of `ids` from `table` into `out`, rows of `wire` elements: straight when
+/// that is the table's dtype, else into `wide` (the table's rows, grown as needed and
+/// kept) and converted, rounded to nearest even. A panic of the table: `INTERNAL`.
+pub(crate) fn pull_as(
+    table: &dyn Table,
+    ids: &[u64],
+    wire: DType,
+    out: &mut [u8],
+    missing: &mut Vec<u32>,
+    wide: &mut Vec<u8>,
+) -> Status {
+    let held = table.dtype();
+    let pull = |out: &mut [u8], missing: &mut Vec<u32>| {
+        crate::panic::guarded("Table::pull", || table.pull(ids, out, missing))
+            .unwrap_or(Status::Internal)
+    };
+    if held == wire {
+        return pull(out, missing);
+    }
+    let Some(n) = ids.len().checked_mul(table.row_bytes()) else {
+        return Status::InvalidArgument;
+    };
+    if wide.len() < n {
+        wide.resize(n, 0);
+    }
+    let status = pull(&mut wide[..n], missing);
+    if !status.is_ok() {
+        return status;
+    }
+    match crate::float::convert(held, &wide[..n], wire, out, None) {
+        Ok(()) => Status::Ok,
+        Err(_) => Status::InvalidArgument,
+    }
+}
+
+/// One table's gradient block of a `PUSH_ROWS` as it arrived: its loss scale, and whether
+/// the connection negotiated `ROW_FORMATS` (`convert`).
+pub(crate) struct Grads<'a> {
+    pub block: &'a Tensor,
+    pub scale: Option<LossScale>,
+    pub convert: bool,
+}
+
+/// Applies one table's gradient block of a `PUSH_ROWS`: straight when it is of the table's
+/// dtype and has no loss scale, else converted into `wide` (the table's dtype, grown as
+/// needed and kept), each element multiplied by the f32 nearest `1 / loss_scale`.
+pub(crate) fn apply_rows(
+    service: &dyn Service,
+    table: u32,
+    ids: &[u64],
+    grads: Grads<'_>,
+    wide: &mut Vec<u8>,
+) -> Status {
+    let meta = grads.block.meta();
+    let table = match table_for(service, table, meta.dtype, meta.dims.iter(), grads.convert) {
         Ok(t) => t,
         Err(status) => return status,
     };
-    crate::panic::guarded("Table::push", || table.push(ids, block.bytes()))
-        .unwrap_or(Status::Internal)
+    let held = table.dtype();
+    let bytes = grads.block.bytes();
+    let push = |g: &[u8]| {
+        crate::panic::guarded("Table::push", || table.push(ids, g)).unwrap_or(Status::Internal)
+    };
+    if held == meta.dtype && grads.scale.is_none() {
+        return push(bytes);
+    }
+    let Some(n) = ids.len().checked_mul(table.row_bytes()) else {
+        return Status::InvalidArgument;
+    };
+    if wide.len() < n {
+        wide.resize(n, 0);
+    }
+    let mul = grads.scale.map(LossScale::reciprocal);
+    match crate::float::convert(meta.dtype, bytes, held, &mut wide[..n], mul) {
+        Ok(()) => push(&wide[..n]),
+        Err(_) => Status::InvalidArgument,
+    }
 }
 
 /// Vectors a push is applied with, kept between pushes so that applying one allocates

@@ -200,7 +200,10 @@ fn stopped(child: &Child) {
     // reports the group stop, which the kernel signals once the last thread has stopped.
     let rc = unsafe { libc::waitpid(child.id() as libc::pid_t, &mut status, libc::WUNTRACED) };
     assert_eq!(rc, child.id() as libc::pid_t);
-    assert!(libc::WIFSTOPPED(status), "the child did not stop: {status:#x}");
+    assert!(
+        libc::WIFSTOPPED(status),
+        "the child did not stop: {status:#x}"
+    );
 }
 
 /// Kills the child server when the test ends, however it ends.

@@ -377,6 +377,7 @@ fn peer_lost_mid_transfer_fails_the_request() {
             },
             job: b"ps",
             token: b"",
+            features: starwire::wire::WireFeatures::NONE,
         };
         enc.hello(&ack, true).unwrap();
         let data = vec![1u8; 64 << 20];
@@ -562,6 +563,7 @@ fn declared_chunked_tensors_get_no_memory_before_their_bytes_arrive() {
         },
         job: b"worker",
         token: b"",
+        features: starwire::wire::WireFeatures::NONE,
     };
     enc.hello(&hello, false).unwrap();
     let dims = [1u64 << 30];
@@ -647,6 +649,7 @@ fn a_peer_reusing_our_handle_for_its_push_cannot_redirect_our_answer() {
             },
             job: b"ps",
             token: b"",
+            features: starwire::wire::WireFeatures::NONE,
         };
         enc.hello(&ack, true).unwrap();
         send(&mut enc, &mut s);

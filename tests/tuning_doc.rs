@@ -112,6 +112,7 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_TABLE_UPKEEP_MS,
         starwire::config::ENV_TRACE,
         starwire::config::ENV_TRACE_EVENTS,
+        starwire::config::ENV_WIRE_FEATURES,
         "`P_ENABLE_POLLING`",
         "`NETWORK_P_CORE_NUMBER`",
         "`P_DISABLE_PIN_CORES`",
@@ -124,5 +125,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 48, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 49, "{table}");
 }

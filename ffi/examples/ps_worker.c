@@ -11,7 +11,9 @@
  * them applied, and asks the PS for a checkpoint: the PS saves both tables into its
  * checkpoint directory (a setting of its runtime) and answers with the manifest. Last, a
  * new table loads table 0 from that directory, as a PS restarted elsewhere would, and the
- * rows are checked; the PS table's metrics and a local save close the story.
+ * rows are checked; the PS table's metrics and a local save close the story. Before that,
+ * an embedded client pulls the rows in one call, and the pipelined sharded client runs a
+ * few steps whose pushes it does not wait for.
  *
  * Build (from the repository root, after `cargo build -p starwire-ffi`):
  *   cc -Wall -Wextra -O2 -Iffi/include ffi/examples/ps_worker.c \
@@ -388,6 +390,47 @@ int main(void) {
          N_ROWS, own.requests_completed);
   sw_client_free(embedded);
 
+  /* The pipelined sharded client over table 0 (one PS here): the next batch's rows are
+   * requested while this one computes, each push returns without waiting for its answer
+   * (staleness 1, at most 2 pushes in flight), and flush waits for what is in flight.
+   * Every row of the 4 batches gets a gradient of 1.0 once: SGD lowers it by 0.5. */
+  pthread_mutex_lock(&arena.lock);
+  uint64_t hook_before = arena.allocated;
+  pthread_mutex_unlock(&arena.lock);
+  enum { STEPS = 4, BATCH = 256 };
+  const char *pipe_peers[1] = {peer};
+  sw_partition mod = {.kind = SW_PARTITION_MOD, .vocab = 0};
+  sw_pipeline *pipe = NULL;
+  CHECK(sw_pipeline_new(client, pipe_peers, 1, mod, 0, F32, dim0, 1,
+                        sw_pipeline_settings_default(), &pipe));
+  sw_pipeline_report rep;
+  size_t most_in_flight = 0;
+  CHECK(sw_pipeline_prefetch(pipe, client, row_ids, BATCH, &rep));
+  for (int t = 0; t < STEPS; t++) {
+    const uint64_t *step_ids = row_ids + t * BATCH;
+    CHECK(sw_pipeline_pull(pipe, client, step_ids, BATCH, emb_again, BATCH * sizeof emb_again[0],
+                           &rep));
+    if (t + 1 < STEPS) CHECK(sw_pipeline_prefetch(pipe, client, step_ids + BATCH, BATCH, &rep));
+    for (int i = 0; i < BATCH; i++) /* the step's computation */
+      EXPECT(memcmp(emb_again[i], emb_after[t * BATCH + i], sizeof emb_again[i]) == 0);
+    CHECK(sw_pipeline_push(pipe, client, step_ids, BATCH, grad_rows, BATCH * sizeof grad_rows[0],
+                           &rep));
+    if (rep.pushes_in_flight > most_in_flight) most_in_flight = rep.pushes_in_flight;
+  }
+  CHECK(sw_pipeline_flush(pipe, client, &rep));
+  EXPECT(sw_pipeline_pushes_in_flight(pipe) == 0 && sw_pipeline_steps(pipe) == STEPS);
+  CHECK(sw_pipeline_pull(pipe, client, row_ids, STEPS * BATCH, emb_again,
+                         STEPS * BATCH * sizeof emb_again[0], &rep));
+  for (int i = 0; i < STEPS * BATCH; i++)
+    for (int k = 0; k < DIM; k++) EXPECT(emb_again[i][k] == emb_after[i][k] - 0.5f);
+  printf("pipeline: %d steps of %d rows, pushes not waited for (up to %zu in flight); after "
+         "flush every row pushed once\n",
+         STEPS, BATCH, most_in_flight);
+  sw_pipeline_free(pipe);
+  pthread_mutex_lock(&arena.lock);
+  uint64_t pipeline_blocks = arena.allocated - hook_before;
+  pthread_mutex_unlock(&arena.lock);
+
   sw_client_free(client);
   sw_runtime_free(worker);
   sw_runtime_free(ps);
@@ -397,7 +440,7 @@ int main(void) {
   sw_hot_id hot[4];
   size_t n_hot = 0;
   CHECK(sw_ps_table_metrics(tables[0], &m, hot, 4, &n_hot));
-  EXPECT(m.rows == N_ROWS && m.pushed_rows == N_ROWS && m.missing == 0);
+  EXPECT(m.rows == N_ROWS && m.pushed_rows == N_ROWS + STEPS * BATCH && m.missing == 0);
   printf("table 0: %" PRIu64 " rows, %" PRIu64 " pulls of %" PRIu64 " rows, %" PRIu64
          " pushes, %" PRIu64 " bytes of memory; %zu hot ids sampled\n",
          m.rows, m.pulls, m.pulled_rows, m.pushes, m.memory_bytes, n_hot);
@@ -436,9 +479,11 @@ int main(void) {
   EXPECT(unlink(file) == 0 && rmdir(dir) == 0);
   printf("allocator hook: %" PRIu64 " allocations, %" PRIu64 " released\n", arena.allocated,
          arena.released);
-  /* Every received tensor came from the hook: the fused recv's, both pulls' rows and the
-   * checkpoint's manifest (the rows pulls wrote into the worker's own arrays instead). */
-  EXPECT(arena.allocated == N_KEYS + 2 * N_VARS + 1 && arena.released == arena.allocated);
+  /* Every received tensor came from the hook: the fused recv's, both pulls' rows, the
+   * checkpoint's manifest and the pipeline's row blocks (the rows pulls wrote into the
+   * worker's own arrays instead). */
+  EXPECT(arena.allocated == N_KEYS + 2 * N_VARS + 1 + pipeline_blocks &&
+         arena.released == arena.allocated);
   printf("ok\n");
   return 0;
 }

@@ -3,10 +3,11 @@
    Conventions: every function returning sw_result writes its outputs only on SW_OK, and
    on failure leaves a message for sw_last_error() (per thread). NULL pointers are
    rejected with SW_ERR_NULL. Handles (sw_runtime, sw_client, sw_tensor, sw_reply,
-   sw_table, sw_ps_table) are created by *_new (or returned by starwire) and released by
-   *_free. A PS serves sw_ps_table_new's table (sw_ps_table_as_table gives the sw_table
-   that sw_runtime_options.tables takes). A sw_client is used by one thread at a time;
-   runtimes, tensors and tables may be shared between threads. Service, allocator and
+   sw_table, sw_ps_table, sw_sharded, sw_pipeline) are created by *_new (or returned by
+   starwire) and released by *_free. A PS serves sw_ps_table_new's table
+   (sw_ps_table_as_table gives the sw_table that sw_runtime_options.tables takes). A
+   sw_client, a sw_sharded and a sw_pipeline are used by one thread at a time; runtimes,
+   tensors and tables may be shared between threads. Service, allocator and
    completion callbacks run on starwire's loop threads (or its handler threads) and must
    be thread-safe. */
 
@@ -360,6 +361,27 @@ typedef uint32_t sw_result;
  (attempt 3)`).
  */
 typedef struct sw_client sw_client;
+
+/*
+ A table of embedding rows partitioned over PS tasks, seen from a worker whose steps do
+ not wait for the network when they need not: `sw_pipeline_prefetch` hands the next
+ step's ids early (their rows are requested while this step computes),
+ `sw_pipeline_pull` takes a step's rows into the caller's memory, `sw_pipeline_push`
+ sends its gradients and returns without waiting for the answers, `sw_pipeline_flush`
+ waits for everything in flight. Batches are planned as `sw_sharded` plans them
+ (duplicates removed, one rows request per PS, duplicates filled; duplicate gradients
+ summed). A step allocates nothing once the pipeline has seen its largest batch and as
+ many pushes as may be in flight.
+
+ A pipeline is bound to the client it was made with (its requests in flight are that
+ client's): every call takes that client, and refuses another. Used by one thread at a
+ time, with its client. Do not take the client's completions with `sw_client_poll` or
+ `sw_client_wait_any` while the pipeline has requests in flight (they would be lost to
+ it, and its waits fail); the client must allow `(max_pushes_in_flight + 1) * PS tasks`
+ requests in flight (`sw_client_new`'s `capacity`). Call `sw_pipeline_flush` before
+ `sw_pipeline_free`: requests left in flight keep their completions in the client.
+ */
+typedef struct sw_pipeline sw_pipeline;
 
 /*
  starwire's PS table: rows and their optimizer state in one slot of a huge-page arena, a
@@ -1061,6 +1083,122 @@ typedef struct sw_step_report {
    */
   size_t first_failed;
 } sw_step_report;
+
+/*
+ How far a pipeline runs ahead of its PS tasks (`sw_pipeline_settings_default` gives the
+ defaults; `sw_pipeline_new` refuses values out of range, naming the field).
+ */
+typedef struct sw_pipeline_settings {
+  /*
+   The staleness bound `s`: the rows a step uses may miss at most `s` of this worker's
+   own most recent pushes (they reflect every earlier one). 0: each pull waits for the
+   pushes before it to be answered, and its rows are those `sw_sharded_pull` would give
+   after `sw_sharded_push` returned. Any value; default 1.
+   */
+  uint32_t staleness;
+  /*
+   The most pushes in flight (sent, not yet answered by every PS they went to): a push
+   waits until the one this many pushes before it has been answered. 1 to 64; default 2.
+   */
+  uint32_t max_pushes_in_flight;
+  /*
+   The time each request is given from when it is sent, in milliseconds, before it fails
+   with `SW_ERR_TIMEOUT`; 0: no limit (a PS that stops answering without closing its
+   connection then holds a wait forever). Default 60000.
+   */
+  uint64_t timeout_ms;
+} sw_pipeline_settings;
+
+/*
+ What a step of a pipeline did so far: a step runs from the `sw_pipeline_pull` that
+ delivers its rows to the next one (its pull, the prefetch of the next batch, the push
+ of its gradients), and each call writes the report of the step so far. Bytes are
+ payload (8 per id, `row_bytes` per row each way; frame headers not counted), counted in
+ the step whose call sent or took them.
+ */
+typedef struct sw_pipeline_report {
+  /*
+   The step, counted from 0: the pulls that delivered rows before it.
+   */
+  uint64_t step;
+  /*
+   Seconds spent in the step's calls: the time the caller's computation could not run
+   because of communication (waiting, and the planning, summing and copying around it).
+   */
+  double visible_seconds;
+  /*
+   The part of `visible_seconds` spent waiting for answers.
+   */
+  double waited_seconds;
+  /*
+   Distinct ids of the step's batch.
+   */
+  size_t unique;
+  /*
+   Positions of the batch whose row no PS had (left zero).
+   */
+  size_t missing;
+  /*
+   Rows received (distinct rows, as the PS tasks sent them).
+   */
+  size_t rows_received;
+  /*
+   Gradient rows sent (distinct rows, duplicates summed).
+   */
+  size_t rows_sent;
+  /*
+   Payload bytes received.
+   */
+  uint64_t bytes_received;
+  /*
+   Payload bytes sent: ids of pulls, ids and gradient rows of pushes.
+   */
+  uint64_t bytes_sent;
+  /*
+   Pushes in flight when the call returned (as far as the pipeline has seen answers).
+   */
+  size_t pushes_in_flight;
+  /*
+   PS parts of the step's pull sent before the pull was called (by a prefetch).
+   */
+  size_t prefetched;
+  /*
+   PS parts of the step's pull sent again at the pull, because more pushes had been
+   sent since the prefetch than the staleness bound lets its rows miss.
+   */
+  size_t refetched;
+  /*
+   The most of this worker's pushes the step's rows may miss; never above the
+   staleness bound.
+   */
+  uint64_t may_miss;
+} sw_pipeline_report;
+
+/*
+ A push whose part at one PS failed after the call that sent it had returned (refused
+ by the PS, timed out, or lost with its connection), as the call that reported it found
+ it (`sw_pipeline_failed_push`).
+ */
+typedef struct sw_push_failure {
+  /*
+   The step whose push it was (the step of the `sw_pipeline_pull` before it).
+   */
+  uint64_t step;
+  /*
+   The PS, by its position in the list the pipeline was made with.
+   */
+  size_t shard;
+  /*
+   What failed it, as a call's result (`SW_ERR_REMOTE`, `SW_ERR_TIMEOUT`,
+   `SW_ERR_CONNECTION_LOST`, ...).
+   */
+  sw_result result;
+  /*
+   For `SW_ERR_REMOTE` (and `SW_ERR_REFUSED`): the wire status the PS answered with
+   (7 `INVALID_ARGUMENT`, ... as in `docs/wire-format.md`); 0 otherwise.
+   */
+  uint32_t status;
+} sw_push_failure;
 
 #ifdef __cplusplus
 extern "C" {
@@ -2275,6 +2413,210 @@ sw_result sw_sharded_push(struct sw_sharded *s,
  `s` is a live handle.
  */
 sw_result sw_sharded_part(const struct sw_sharded *s, size_t i);
+
+/*
+ The default settings: staleness 1, 2 pushes in flight, requests given 60 s.
+ */
+struct sw_pipeline_settings sw_pipeline_settings_default(void);
+
+/*
+ Creates a pipeline of table `table` (rows of `dtype` shaped `row_dims[0..rank]`), PS
+ task `i` at `peers[i]` (`task@host:port` from `sw_resolver_peer`, whose failures then
+ name the task, or `host:port`) holding the ids `partition` gives it, run ahead as
+ `settings` say, bound to client `c` (made by `sw_client_new` or
+ `sw_client_new_embedded`; not one with a callback). On `SW_OK`, `*out` is a new handle
+ the caller frees with `sw_pipeline_free` (before the client).
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
+ unknown partition kind or dtype, rows of no bytes, more than 7 row dimensions, or
+ settings out of range (the message names the field).
+
+ # Safety
+ `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `row_dims` at
+ `rank` values (may be NULL when `rank` is 0); `out` is writable.
+ */
+sw_result sw_pipeline_new(struct sw_client *c,
+                          const char *const *peers,
+                          size_t n_peers,
+                          struct sw_partition partition,
+                          uint32_t table,
+                          uint8_t dtype,
+                          const uint64_t *row_dims,
+                          uint32_t rank,
+                          struct sw_pipeline_settings settings,
+                          struct sw_pipeline **out);
+
+/*
+ Releases a pipeline. NULL is ignored. Call `sw_pipeline_flush` first: requests it leaves
+ in flight keep their completions in its client.
+
+ # Safety
+ `p` is NULL or a handle from `sw_pipeline_new` not freed before.
+ */
+void sw_pipeline_free(struct sw_pipeline *p);
+
+/*
+ Hands the next step's batch `ids[0..n]` (duplicates allowed) early: each PS's part of
+ its pull is sent at once if the staleness bound allows, else by a later call that finds
+ the answers it waits for. Never waits for the network. The rows are taken by the next
+ `sw_pipeline_pull` of the same ids (a prefetch of another batch first replaces this
+ one). On `SW_OK`, `*report` is the step's report so far.
+
+ Fails, doing nothing else, when it finds pushes that failed since the last call:
+ `sw_pipeline_failed_pushes` lists them (see `sw_pipeline_push`); call it again to
+ prefetch.
+
+ # Safety
+ `p` and `c` (the pipeline's client) are live handles used by this thread only; `ids`
+ points at `n` values (may be NULL when `n` is 0); `report` is writable.
+ */
+sw_result sw_pipeline_prefetch(struct sw_pipeline *p,
+                               struct sw_client *c,
+                               const uint64_t *ids,
+                               size_t n,
+                               struct sw_pipeline_report *report);
+
+/*
+ Takes the rows of step `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
+ row_bytes` bytes, row `i` for `ids[i]`: the rows the last prefetch requested when `ids`
+ is its batch (waiting only for what has not arrived), else requested now. Rows no PS
+ has are left zero (`report->missing`). Starts a new step; on `SW_OK`, `*report` is its
+ report so far.
+
+ What the rows reflect: number this worker's pushes 1, 2, ... in the order of the
+ `sw_pipeline_push` calls that sent them, and let `P` be the number sent when the pull
+ returns. Every row reflects each of pushes `1..=P - s` (`s` the staleness bound); it may
+ or may not reflect the `s` most recent ones; pushes of other workers are not ordered
+ against it. With `s = 0` the rows are those `sw_sharded_pull` would give.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for `out` of the wrong length (nothing done); with
+ the failure of pushes found failed since the last call (nothing delivered: see
+ `sw_pipeline_push`); and when a PS's part of this pull failed (the message names the
+ step and the PS; the other parts' rows may have been written, and the step does not
+ count).
+
+ # Safety
+ As `sw_pipeline_prefetch`, with `out` pointing at `byte_len` writable bytes not used by
+ anyone else during the call.
+ */
+sw_result sw_pipeline_pull(struct sw_pipeline *p,
+                           struct sw_client *c,
+                           const uint64_t *ids,
+                           size_t n,
+                           void *out,
+                           uint64_t byte_len,
+                           struct sw_pipeline_report *report);
+
+/*
+ Sends the gradient rows `grads` of `ids[0..n]` (`byte_len == n * row_bytes` bytes, row
+ `i` for `ids[i]`; f32 and f64 rows): duplicates summed (into the pipeline's own blocks:
+ `grads` may change as soon as the call returns), one request per PS, and returns
+ without waiting for the answers, unless the push `max_pushes_in_flight` before it is
+ still unanswered (then it waits for that one). On `SW_OK`, `*report` is the step's
+ report so far (the whole step, in the usual order pull, prefetch, push).
+
+ A push part that fails after its call returned (the PS refused it, it timed out, its
+ connection was lost) is not retried and never dropped: the next call of this pipeline
+ that finds it (`sw_pipeline_pull`, `_prefetch`, `_push` or `_flush`) fails with it and
+ does nothing else. That call's result, `sw_last_error_status`, `sw_last_error_remote`,
+ `sw_last_error_task` and `sw_last_error_os_error` are the first failed part's (the PS's
+ status and its task name, where known); `sw_last_error` names every failed step and PS;
+ `sw_pipeline_failed_pushes` and `sw_pipeline_failed_push` list them until the next call.
+ Call it again to do its work.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for `grads` of the wrong length or rows other than
+ f32 and f64 (nothing sent), and for push failures found (this push not sent).
+
+ # Safety
+ As `sw_pipeline_prefetch`, with `grads` pointing at `byte_len` readable bytes.
+ */
+sw_result sw_pipeline_push(struct sw_pipeline *p,
+                           struct sw_client *c,
+                           const uint64_t *ids,
+                           size_t n,
+                           const void *grads,
+                           uint64_t byte_len,
+                           struct sw_pipeline_report *report);
+
+/*
+ Waits until every push sent has been answered by every PS, and every prefetched request
+ has its answer (kept for the pull of its batch): then nothing of the pipeline is in
+ flight. Fails with the push failures found (see `sw_pipeline_push`). On `SW_OK`,
+ `*report` is the step's report so far.
+
+ # Safety
+ `p` and `c` (the pipeline's client) are live handles used by this thread only; `report`
+ is writable.
+ */
+sw_result sw_pipeline_flush(struct sw_pipeline *p,
+                            struct sw_client *c,
+                            struct sw_pipeline_report *report);
+
+/*
+ The report of the step in progress (what the last call of the pipeline that succeeded
+ wrote, or more).
+
+ # Safety
+ `p` is a live handle; `out` is writable.
+ */
+sw_result sw_pipeline_current_report(const struct sw_pipeline *p, struct sw_pipeline_report *out);
+
+/*
+ Steps whose rows were delivered so far (0 for NULL).
+
+ # Safety
+ `p` is NULL or a live handle.
+ */
+uint64_t sw_pipeline_steps(const struct sw_pipeline *p);
+
+/*
+ Pushes sent so far (0 for NULL).
+
+ # Safety
+ `p` is NULL or a live handle.
+ */
+uint64_t sw_pipeline_pushes(const struct sw_pipeline *p);
+
+/*
+ Pushes in flight: sent and not yet answered by every PS they went to, as far as the
+ pipeline's last call saw (0 for NULL).
+
+ # Safety
+ `p` is NULL or a live handle.
+ */
+size_t sw_pipeline_pushes_in_flight(const struct sw_pipeline *p);
+
+/*
+ The number of push failures the last call of the pipeline failed with (0 when it
+ reported none, and for NULL).
+
+ # Safety
+ `p` is NULL or a live handle.
+ */
+size_t sw_pipeline_failed_pushes(const struct sw_pipeline *p);
+
+/*
+ Push failure `i` (in the order found) of those the last call failed with: its step, its
+ PS and what failed it. `SW_ERR_INVALID_ARGUMENT` when `i` is not below
+ `sw_pipeline_failed_pushes`.
+
+ # Safety
+ `p` is a live handle; `out` is writable.
+ */
+sw_result sw_pipeline_failed_push(const struct sw_pipeline *p,
+                                  size_t i,
+                                  struct sw_push_failure *out);
+
+/*
+ Push failure `i` of those the last call failed with, as a result: its code, with its
+ message for `sw_last_error` (naming the PS) and its status, PS message, task and
+ reason for the other `sw_last_error_*`. `SW_ERR_INVALID_ARGUMENT` when `i` is not below
+ `sw_pipeline_failed_pushes`.
+
+ # Safety
+ `p` is a live handle.
+ */
+sw_result sw_pipeline_failed_push_error(const struct sw_pipeline *p, size_t i);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,7 +1,7 @@
 //! C ABI for starwire: runtimes, PS services as C callbacks, tables of embedding rows (the
 //! PS table, with its checkpoints and metrics, and the small in-memory table) and rows
-//! requests into the caller's memory, per-thread client
-//! handles, tensor allocator hooks, the rendezvous, and stats. The header
+//! requests into the caller's memory, the sharded and the pipelined sharded rows clients,
+//! per-thread client handles, tensor allocator hooks, the rendezvous, and stats. The header
 //! `include/starwire.h` is generated from this crate by cbindgen (see `cbindgen.toml`;
 //! `tests/header.rs` fails when the committed header drifts from the code).
 //!
@@ -19,7 +19,8 @@
 //! `sw_client_*` request goes through its `submit`), `rows` (`sw_rows` and the rows
 //! requests, with `buffers`: the caller's buffers a rows pull receives into), `bench`,
 //! `callback_table`, `checkpoint` (the checkpoint request), `metrics`, `resolver`,
-//! `sharded`. Below them all, `boundary` (the
+//! `sharded`, `pipeline` (the pipelined sharded client, on `sharded`'s partitions and
+//! peers). Below them all, `boundary` (the
 //! panic boundary every exported body runs inside) and `cast` (the typed pointer casts
 //! through which the exported functions, which have no `unsafe` of their own, reach their
 //! arguments). Imports go one way: `boundary` <- `result` <- `cast` <- the C types, which
@@ -65,11 +66,14 @@ pub mod metrics;
 mod resolver;
 mod sharded;
 
+mod pipeline;
+
 pub use allocator::*;
 pub use bench::*;
 pub use callback_table::*;
 pub use checkpoint::*;
 pub use client::*;
+pub use pipeline::*;
 pub use ps_config::*;
 pub use ps_table::*;
 pub use reply::*;

@@ -5,7 +5,7 @@
 use std::ffi::{c_char, c_void};
 
 use starwire::rows::{Partition, MAX_ROW_RANK};
-use starwire::{DType, Sharded};
+use starwire::{DType, Peer, Sharded};
 
 use crate::boundary::boundary;
 use crate::cast::{free_box, to_boxed, try_mut, try_out, try_peer, try_ref, try_slice};
@@ -70,7 +70,8 @@ impl Castable for sw_sharded {
     type RustType = ShardedHandle;
 }
 
-fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
+/// `p` as a [`Partition`], or `SW_ERR_INVALID_ARGUMENT` for an unknown kind.
+pub(crate) fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
     match p.kind {
         k if k == sw_partition_kind::SW_PARTITION_MOD as u32 => Ok(Partition::Mod),
         k if k == sw_partition_kind::SW_PARTITION_DIV as u32 => {
@@ -81,6 +82,31 @@ fn partition_of(p: sw_partition) -> Result<Partition, Failure> {
             "partition.kind {k} is not a sw_partition_kind"
         ))),
     }
+}
+
+/// The PS tasks `peers[0..n]` (`task@host:port` or `host:port`): `SW_ERR_INVALID_ARGUMENT`
+/// for none, or for one that is not an address (naming it).
+pub(crate) fn peers_of(peers: *const *const c_char, n: usize) -> Result<Vec<Peer>, Failure> {
+    let texts = try_slice!(peers, n);
+    if texts.is_empty() {
+        return Err(Failure::invalid("no peers"));
+    }
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| Ok(try_peer!(p, format!("peers[{i}]"))))
+        .collect()
+}
+
+/// The row shape `row_dims[0..rank]` (NULL allowed for rank 0): `SW_ERR_INVALID_ARGUMENT`
+/// for more than `MAX_ROW_RANK` dimensions.
+pub(crate) fn row_dims_of<'a>(row_dims: *const u64, rank: u32) -> Result<&'a [u64], Failure> {
+    if rank as usize > MAX_ROW_RANK {
+        return Err(Failure::invalid(format!(
+            "rank {rank} is above {MAX_ROW_RANK}"
+        )));
+    }
+    Ok(try_slice!(row_dims, rank as usize))
 }
 
 /// Creates a sharded table: table `table` of rows of `dtype` shaped `row_dims[0..rank]`,
@@ -110,21 +136,8 @@ pub extern "C" fn sw_sharded_new(
 ) -> sw_result {
     boundary!({
         let out = try_out!(out);
-        let texts = try_slice!(peers, n_peers);
-        if texts.is_empty() {
-            return Err(Failure::invalid("no peers"));
-        }
-        let peers = texts
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| Ok(try_peer!(p, format!("peers[{i}]"))))
-            .collect::<Result<Vec<_>, Failure>>()?;
-        if rank as usize > MAX_ROW_RANK {
-            return Err(Failure::invalid(format!(
-                "rank {rank} is above {MAX_ROW_RANK}"
-            )));
-        }
-        let row_dims = try_slice!(row_dims, rank as usize);
+        let peers = peers_of(peers, n_peers)?;
+        let row_dims = row_dims_of(row_dims, rank)?;
         let sharded = Sharded::new(
             peers,
             partition_of(partition)?,

@@ -43,7 +43,7 @@ use starwire::proto::{
     CloseReason, ConnEvent, Connection, Decoder, Encoder, EncoderConfig, Flow, Identity, NextRead,
     Owed, Piece, ResponseItem,
 };
-use starwire::wire::{FrameKind, HeaderRepr, HelloRepr, Limits, Side, Status};
+use starwire::wire::{FrameKind, HeaderRepr, HelloRepr, Limits, Side, Status, WireFeatures};
 
 #[path = "common/native.rs"]
 mod native;
@@ -168,6 +168,8 @@ fn server(limits: Limits, capacity: usize) -> Connection {
         job: b"ps".iter().copied().collect(),
         task_index: 0,
         token: None,
+        // The server announces every feature; whether it is used is the peer's HELLO's.
+        features: WireFeatures::ALL,
     };
     let cfg = EncoderConfig {
         chunk_size: 4096,
@@ -405,6 +407,13 @@ fuzz_target!(|data: &[u8]| {
         limits: peer,
         job: b"worker",
         token: b"",
+        // An odd-length input's peer announces ROW_FORMATS (loss scales in rows tables),
+        // an even one's nothing, so both decoders are driven.
+        features: if data.len() % 2 == 1 {
+            WireFeatures::ROW_FORMATS
+        } else {
+            WireFeatures::NONE
+        },
     };
     enc.hello(&hello, false).unwrap();
     let mut stream = Vec::new();

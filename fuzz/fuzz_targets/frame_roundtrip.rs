@@ -24,7 +24,7 @@ use starwire::wire::{
     cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta,
     pull_meta_len, pull_rows_meta_len, recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr,
     FrameKind, Header, HeaderRepr, HelloRepr, Limits, Missing, PushEntry, ResponseEntry, Status,
-    TensorMeta, HEADER_LEN,
+    TensorMeta, WireFeatures, HEADER_LEN,
 };
 
 /// Limits chosen by the first input bytes; `None` when they are not a valid configuration.
@@ -94,6 +94,7 @@ enum NBody {
         limits: Limits,
         job: Vec<u8>,
         token: Vec<u8>,
+        features: u16,
     },
     Ping,
     Pong,
@@ -128,6 +129,7 @@ impl NBody {
             limits: h.limits,
             job: h.job.to_vec(),
             token: h.token.to_vec(),
+            features: h.features.bits(),
         };
         match body {
             Body::Hello(h) => hello(h, false),
@@ -250,6 +252,7 @@ impl NBody {
                 limits,
                 job,
                 token,
+                features,
                 ..
             } => Some(HelloRepr {
                 cluster_id: *cluster_id,
@@ -257,6 +260,7 @@ impl NBody {
                 limits: *limits,
                 job,
                 token,
+                features: WireFeatures::from_bits(*features),
             }),
             _ => None,
         }
@@ -464,6 +468,8 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
                             table: *table,
                             ids,
                             block: out(t, &tensors, i),
+                            // Parsed without features, where the word must be zero.
+                            loss_scale: None,
                         })
                         .collect();
                     enc.push_rows(h.handle, &items)

@@ -44,9 +44,16 @@ impl<M: Mode> Client<M> {
     /// but the blocks (and those come from [`pull_rows_into`](Self::pull_rows_into)'s
     /// allocator when given one).
     ///
+    /// Each table's block arrives in the dtype its rows travel as
+    /// ([`Rows::wire`](crate::rows::Rows::wire): a pull of an f32 table may ask for bf16
+    /// or f16 rows, half the bytes; a PS that did not announce `row_formats` answers in
+    /// the table's dtype instead), and
+    /// [`PulledRows::read_f32`](crate::rows::PulledRows::read_f32) reads either as f32.
+    ///
     /// Fails at once with [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when `tables` is empty or a table
-    /// has no ids, an unknown dtype, zero-byte rows or more than
-    /// [`MAX_ROW_RANK`](crate::session::MAX_ROW_RANK) row dimensions. With no `deadline`, a
+    /// has no ids, an unknown dtype, zero-byte rows, more than
+    /// [`MAX_ROW_RANK`](crate::session::MAX_ROW_RANK) row dimensions, or a wire dtype its
+    /// rows do not convert into. With no `deadline`, a
     /// peer that cannot be reached fails it after the connect-retry schedule (about 2.55 s
     /// with the defaults when nothing listens there, at most 47.55 s; see
     /// [Unreachable peers](Client#unreachable-peers)).
@@ -96,7 +103,7 @@ impl<M: Mode> Client<M> {
         let Some((tables, ids)) = specs(tables, &mut spare) else {
             self.recycle_spare(spare);
             return Err(Error::invalid(
-                "rows: no table, no ids, or an invalid dtype or row shape",
+                "rows: no table, no ids, or an invalid dtype, wire dtype or row shape",
             ));
         };
         let op = RequestOp::PullRows { tables, ids, alloc };
@@ -105,7 +112,10 @@ impl<M: Mode> Client<M> {
 
     /// Pushes gradient rows of one or more tables to `peer` in one request: per table its
     /// ids and `grads`, the gradient rows in the order of the ids (`ids.len() × row_bytes`
-    /// bytes, little-endian elements). The result is one status per table.
+    /// bytes, little-endian elements of the rows' `dtype`; narrowed into
+    /// [`Rows::wire`](crate::rows::Rows::wire) as they are sent, and sent with
+    /// [`Rows::loss_scale`](crate::rows::Rows::loss_scale)). The result is one status per
+    /// table.
     ///
     /// The ids and gradient bytes are copied into vectors this client keeps (allocation-free
     /// in steady state with [`recycle`](Self::recycle)), and blocks that fit one frame are
@@ -142,7 +152,7 @@ impl<M: Mode> Client<M> {
         let mut ok = !tables.is_empty();
         for (r, (_, g)) in rows.zip(tables) {
             match RowsSpec::of(&r) {
-                Some(s) if s.meta().byte_len == g.len() as u64 => specs_v.push(s),
+                Some(s) if s.own_bytes() == g.len() as u64 => specs_v.push(s),
                 _ => {
                     ok = false;
                     break;
@@ -155,7 +165,8 @@ impl<M: Mode> Client<M> {
             (spare.tables, spare.ids, spare.grads) = (specs_v, ids, grads);
             self.recycle_spare(spare);
             return Err(Error::invalid(
-                "rows: no table, no ids, an invalid dtype or row shape, or gradients of another size",
+                "rows: no table, no ids, an invalid dtype, wire dtype or row shape, a loss scale \
+                 on rows that are not f32, bf16 or f16, or gradients of another size",
             ));
         }
         let mut shared = std::mem::take(&mut spare.items);
@@ -211,9 +222,7 @@ impl<M: Mode> Client<M> {
         let mut ok = !tables.is_empty();
         for (i, (r, g)) in tables.iter().enumerate() {
             match RowsSpec::of(r) {
-                Some(s) if s.meta().byte_len == g.byte_len() as u64 && !g.is_dead() => {
-                    specs_v.push(s)
-                }
+                Some(s) if s.own_bytes() == g.byte_len() as u64 && !g.is_dead() => specs_v.push(s),
                 _ => {
                     ok = false;
                     break;

@@ -13,11 +13,11 @@ use std::time::Duration;
 use super::env::Env;
 use super::error::{ConfigError, Origin, Setting};
 use super::types::{
-    BackendSetting, FitsFrame, Flag, Num, Opt, PathSetting, Secret, SettingType, Shown, Time,
-    TimeUnit, ZeroOr,
+    BackendSetting, FeaturesSetting, FitsFrame, Flag, Num, Opt, PathSetting, Secret, SettingType,
+    Shown, Time, TimeUnit, ZeroOr,
 };
 use super::BackendChoice;
-use crate::wire::{self, Limits};
+use crate::wire::{self, Limits, WireFeatures};
 
 settings! {
     /// Both ends of a connection must have the same value, or the handshake fails.
@@ -356,6 +356,21 @@ settings! {
             /// Longest [`Config::cluster_token`], in bytes (the wire format's limit).
             pub const MAX_CLUSTER_TOKEN: usize = wire::MAX_TOKEN;
         }
+    }
+
+    /// The optional wire features this task announces in its handshake; a connection uses
+    /// those both ends announce. `row_formats`: rows pulled and pushed in another float
+    /// format than their table's (f32, bf16, f16), and loss scales on rows pushes. `none`
+    /// announces nothing, as a task of an earlier release does; such a server refuses a
+    /// handshake that announces features, and a worker then connects again announcing
+    /// none (`none` spares it the refused handshake).
+    ///
+    /// See `docs/wire-format.md` (4.1) for how peers of an earlier release are served.
+    wire_features: WireFeatures [] {
+        env: [ENV_WIRE_FEATURES = "STARWIRE_WIRE_FEATURES"],
+        default: [DEFAULT_WIRE_FEATURES = WireFeatures::ALL],
+        kind: FeaturesSetting,
+        setter: plain,
     }
 
     /// Time from connect (or accept) to a finished handshake.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::env::{parse_decimal, Env};
 use super::error::{shown, ConfigError, Origin, Setting};
 use super::BackendChoice;
+use crate::wire::WireFeatures;
 
 /// The behaviour of one kind of setting holding a `T`.
 pub(crate) trait SettingType<T: fmt::Debug> {
@@ -419,6 +420,29 @@ impl SettingType<BackendChoice> for BackendSetting {
 
     fn value_doc(&self, v: &BackendChoice) -> String {
         format!("`{}`", format!("{v:?}").to_ascii_lowercase())
+    }
+}
+
+const FEATURES_EXPECTED: &str = "all, none, or feature names separated by commas (row_formats)";
+
+/// The optional wire features a task announces.
+pub(crate) struct FeaturesSetting;
+
+impl SettingType<WireFeatures> for FeaturesSetting {
+    fn read(&self, env: &Env<'_>, name: &'static str) -> Result<Option<WireFeatures>, ConfigError> {
+        env.parse(name, FEATURES_EXPECTED, WireFeatures::parse)
+    }
+
+    fn range_doc(&self) -> String {
+        "`all`, `none`, or names separated by commas: `row_formats`".into()
+    }
+
+    fn value_doc(&self, v: &WireFeatures) -> String {
+        if *v == WireFeatures::ALL {
+            "`all`".into()
+        } else {
+            format!("`{v}`")
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! decoder and encoder. Requests and answers after the handshake are handed to the caller.
 
 use super::{Decoder, EncodeError, Encoder, EncoderConfig, Error, Event, NextRead};
-use crate::wire::{Body, FrameKind, HelloRepr, Limits, Side, Status, HEADER_LEN};
+use crate::wire::{Body, FrameKind, HelloRepr, Limits, Side, Status, WireFeatures, HEADER_LEN};
 use arrayvec::ArrayVec;
 use core::fmt;
 use std::borrow::Cow;
@@ -18,6 +18,9 @@ pub struct Identity {
     pub task_index: u32,
     /// Token sent in `HELLO` and required from clients when set.
     pub token: Option<ArrayVec<u8, 64>>,
+    /// The optional features this task announces (4.1). A server announces them only to a
+    /// client that announced some.
+    pub features: WireFeatures,
 }
 
 /// The peer's identity, known once the handshake completes.
@@ -29,6 +32,8 @@ pub struct PeerInfo {
     pub task_index: u32,
     /// Every limit the peer announced for what it receives.
     pub limits: Limits,
+    /// The optional features the peer announced, as it sent them.
+    pub features: WireFeatures,
 }
 
 impl PeerInfo {
@@ -159,7 +164,7 @@ impl Connection {
             ping_bytes: 0,
         };
         if side == Side::Client {
-            let hello = conn.hello(false);
+            let hello = conn.hello(false, conn.identity.features);
             if let Err(e) = conn.encoder.hello(&hello.as_repr(), false) {
                 log::error!("cannot encode hello: {e}");
             }
@@ -167,8 +172,9 @@ impl Connection {
         conn
     }
 
-    fn hello(&self, ack: bool) -> OwnedHello {
+    fn hello(&self, ack: bool, features: WireFeatures) -> OwnedHello {
         OwnedHello {
+            features,
             cluster_id: self.identity.cluster_id,
             task_index: self.identity.task_index,
             limits: *self.decoder.limits(),
@@ -204,6 +210,17 @@ impl Connection {
     /// The peer, once the handshake completed.
     pub fn peer(&self) -> Option<&PeerInfo> {
         self.peer.as_ref()
+    }
+
+    /// The optional features this connection uses: those both ends announced (none before
+    /// the handshake completed).
+    pub fn features(&self) -> WireFeatures {
+        self.decoder.features()
+    }
+
+    /// The optional features this end announces (or, a client, announced in its `HELLO`).
+    pub fn announced(&self) -> WireFeatures {
+        self.identity.features
     }
 
     /// The decoder (for the I/O layer: buffers, direct placement, counters).
@@ -387,11 +404,21 @@ impl Connection {
             return false;
         }
         if kind == FrameKind::Hello {
-            let ack = self.hello(true);
+            // A client that announced no feature may be of an earlier release, which
+            // rejects a HELLO_ACK whose `features` are not zero: it is told none.
+            let ours = if hello.features.is_empty() {
+                WireFeatures::NONE
+            } else {
+                self.identity.features
+            };
+            let ack = self.hello(true, ours);
             if let Err(e) = self.encoder.hello(&ack.as_repr(), true) {
                 log::error!("cannot encode hello ack: {e}");
             }
         }
+        let used = self.identity.features.negotiate(hello.features);
+        self.decoder.set_features(used);
+        self.encoder.set_features(used);
         self.encoder.set_peer_limits(Limits {
             max_frame: hello.limits.max_frame.min(Limits::MAX_FRAME),
             ..hello.limits
@@ -400,6 +427,7 @@ impl Connection {
             job: hello.job,
             task_index: hello.task_index,
             limits: hello.limits,
+            features: hello.features,
         });
         self.state = State::Open;
         true
@@ -451,6 +479,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[derive(Debug, Clone)]
 struct OwnedHello {
+    features: WireFeatures,
     cluster_id: u64,
     task_index: u32,
     limits: Limits,
@@ -466,6 +495,7 @@ impl OwnedHello {
         let mut token = ArrayVec::new();
         token.try_extend_from_slice(h.token).ok();
         OwnedHello {
+            features: h.features,
             cluster_id: h.cluster_id,
             task_index: h.task_index,
             limits: h.limits,
@@ -481,6 +511,7 @@ impl OwnedHello {
             limits: self.limits,
             job: &self.job,
             token: &self.token,
+            features: self.features,
         }
     }
 }
@@ -503,6 +534,7 @@ mod tests {
                 v.try_extend_from_slice(t.as_bytes()).unwrap();
                 v
             }),
+            features: WireFeatures::ALL,
         }
     }
 
@@ -660,7 +692,7 @@ mod tests {
         let mut server = conn(Side::Server, identity(7, "ps", None));
         deliver(&mut client, &mut server);
         deliver(&mut server, &mut client);
-        let again = client.hello(false);
+        let again = client.hello(false, WireFeatures::NONE);
         client.encoder().hello(&again.as_repr(), false).unwrap();
         deliver(&mut client, &mut server);
         assert!(matches!(

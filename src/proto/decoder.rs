@@ -1,7 +1,7 @@
 //! Incremental frame decoder.
 
 use super::Error;
-use crate::wire::{Body, Header, HeaderRepr, Limits, HEADER_LEN};
+use crate::wire::{Body, Header, HeaderRepr, Limits, WireFeatures, HEADER_LEN};
 use std::collections::VecDeque;
 
 /// Where a piece of payload belongs.
@@ -106,6 +106,8 @@ struct ChunkState {
 #[derive(Debug)]
 pub struct Decoder {
     limits: Limits,
+    /// The optional features the connection negotiated (none until its handshake).
+    features: WireFeatures,
     /// Capacity to return to once a large meta section has been decoded.
     initial: usize,
     buf: Vec<u8>,
@@ -159,6 +161,7 @@ impl Decoder {
         }
         Decoder {
             limits,
+            features: WireFeatures::NONE,
             initial: buf.len(),
             buf,
             home: Vec::new(),
@@ -182,6 +185,16 @@ impl Decoder {
     /// The limits this decoder enforces.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Frames decoded from now on may use `features` (what the handshake negotiated).
+    pub fn set_features(&mut self, features: WireFeatures) {
+        self.features = features;
+    }
+
+    /// The optional features frames may use.
+    pub fn features(&self) -> WireFeatures {
+        self.features
     }
 
     /// Payload bytes handed out by copy from the receive buffer.
@@ -463,7 +476,7 @@ impl Decoder {
                         return Ok(None);
                     }
                     let meta = &self.buf[self.head..self.head + meta_len];
-                    let body = match Body::parse(&h, meta, &self.limits) {
+                    let body = match Body::parse_with(&h, meta, &self.limits, self.features) {
                         Ok(b) => b,
                         Err(e) => {
                             self.state = State::Failed;

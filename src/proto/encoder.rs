@@ -24,7 +24,6 @@ use crate::wire::{
     recv_meta_len, ChunkRepr, ErrorRepr, Header, HeaderRepr, HelloRepr, FrameKind, Missing,
     ResponseEntry, Status, TensorMeta, HEADER_LEN,
 };
-use core::fmt;
 use std::collections::VecDeque;
 
 use super::items::{is_rows_block, TensorItem};
@@ -58,41 +57,7 @@ impl Default for EncoderConfig {
 
 pub use super::output::{OutPiece, Piece, Segment};
 
-/// Why a frame could not be encoded. Nothing was queued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EncodeError {
-    /// The header and meta section alone exceed the peer's `max_frame`: split the request.
-    FrameTooLarge {
-        /// Bytes the frame would need.
-        len: u64,
-        /// The peer's limit.
-        max: u32,
-    },
-    /// A key is empty or longer than 65,535 bytes.
-    BadKey,
-    /// An item count outside what the kind allows.
-    BadCount,
-    /// A tensor's `bytes` length differs from its meta's `byte_len`, or its meta is invalid.
-    BadTensor,
-    /// A hello with an invalid job name, token or `max_frame`.
-    BadHello,
-}
-
-impl fmt::Display for EncodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EncodeError::FrameTooLarge { len, max } => {
-                write!(f, "frame of {len} bytes exceeds the peer's max_frame {max}")
-            }
-            EncodeError::BadKey => f.write_str("key empty or longer than 65535 bytes"),
-            EncodeError::BadCount => f.write_str("item count not allowed for this frame"),
-            EncodeError::BadTensor => f.write_str("tensor contents do not match its meta"),
-            EncodeError::BadHello => f.write_str("invalid hello"),
-        }
-    }
-}
-
-impl std::error::Error for EncodeError {}
+pub use super::error::EncodeError;
 
 #[derive(Debug)]
 struct Block {
@@ -145,6 +110,8 @@ pub struct Encoder {
     copied_bytes: u64,
     /// The limits the peer announced (the defaults until its hello).
     peer_limits: wire::Limits,
+    /// The optional features the handshake negotiated.
+    features: wire::WireFeatures,
 }
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
@@ -173,6 +140,7 @@ impl Encoder {
             frames_out: 0,
             copied_bytes: 0,
             peer_limits: wire::Limits::default(),
+            features: wire::WireFeatures::NONE,
         };
         e.new_block(cfg.block_size);
         // And the small block frames go into while the first is out with a write: made
@@ -208,6 +176,17 @@ impl Encoder {
     /// The limits the peer announced (the defaults before its hello).
     pub fn peer_limits(&self) -> &wire::Limits {
         &self.peer_limits
+    }
+
+    /// Adopts the optional features the handshake negotiated: frames queued from now on
+    /// may use them.
+    pub fn set_features(&mut self, features: wire::WireFeatures) {
+        self.features = features;
+    }
+
+    /// The optional features frames may use (none before the handshake).
+    pub fn features(&self) -> wire::WireFeatures {
+        self.features
     }
 
     /// Frames queued so far.
@@ -658,6 +637,10 @@ impl Encoder {
             .all(|t| is_rows_block(&t.block.meta, t.ids.len()))
         {
             return Err(EncodeError::BadTensor);
+        }
+        let scales = self.features.contains(wire::WireFeatures::ROW_FORMATS);
+        if !scales && tables.iter().any(|t| t.loss_scale.is_some()) {
+            return Err(EncodeError::NotNegotiated);
         }
         self.tensor_frame(FrameKind::PushRows, handle, false, tables, |pos, _| pos)
     }

@@ -2,7 +2,7 @@
 //! push items, response items and rows tables, each able to write its meta entry.
 
 use crate::wire::{
-    emit_pull_rows_meta, pull_rows_meta_len, Missing, PushEntry, ResponseEntry, Status, TensorMeta,
+    emit_rows_meta, pull_rows_meta_len, LossScale, Missing, PushEntry, ResponseEntry, Status, TensorMeta,
 };
 
 /// A tensor to send.
@@ -91,6 +91,9 @@ pub struct RowsItem<'a> {
     pub ids: &'a [u64],
     /// The block (`[ids, row...]`).
     pub block: OutTensor<'a>,
+    /// The factor the gradients were multiplied by, which the responder divides out
+    /// (only on a connection that negotiated `ROW_FORMATS`; `docs/wire-format.md` 4.9).
+    pub loss_scale: Option<LossScale>,
 }
 
 impl<'a> TensorItem<'a> for RowsItem<'a> {
@@ -105,7 +108,7 @@ impl<'a> TensorItem<'a> for RowsItem<'a> {
             chunked,
             ..self.block.meta
         };
-        emit_pull_rows_meta(self.table, &meta, self.ids, buf);
+        emit_rows_meta(self.table, self.loss_scale, &meta, self.ids, buf);
     }
 }
 

@@ -98,6 +98,7 @@ fn sample_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
         limits: Limits { max_frame: 1 << 20, ..Limits::default() },
         job: b"worker",
         token: b"t",
+        features: crate::wire::WireFeatures::NONE,
     };
     enc.hello(&hello, false).unwrap();
     enc.ping(0x1_0000_0001, b"abc").unwrap();
@@ -874,6 +875,7 @@ fn rows_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
                 bytes: &copied,
                 token: COPY_TOKEN,
             },
+            loss_scale: None,
         },
         RowsItem {
             table: 9,
@@ -883,6 +885,7 @@ fn rows_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
                 bytes: &referenced,
                 token: 5,
             },
+            loss_scale: None,
         },
     ];
     enc.push_rows(0x1_0000_0002, &rows).unwrap();

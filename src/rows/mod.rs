@@ -21,8 +21,10 @@ mod pipeline;
 mod plan;
 mod sharded;
 mod table;
+mod travel;
 
 pub use crate::session::{PulledRows, Rows, MAX_ROW_RANK};
+pub use crate::wire::LossScale;
 pub use element::RowElement;
 pub use pipeline::{Pipeline, PipelineReport, PipelineSettings, PushFailure, MAX_PUSHES_IN_FLIGHT};
 pub use plan::{Partition, Plan, PlanError};

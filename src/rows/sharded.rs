@@ -8,12 +8,13 @@ use arrayvec::ArrayVec;
 
 use super::element::{self, RowElement};
 use super::plan::{Partition, Plan};
+use super::travel::{checked_scale, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
 use crate::session::{Rows, MAX_ROW_RANK};
 use crate::tensor::Tensor;
-use crate::wire::{DType, Status};
+use crate::wire::{DType, LossScale, Status};
 
 /// A table partitioned over PS tasks, seen from a worker: each step's ids are deduplicated,
 /// spread over the PS tasks by a [`Partition`], sent as one rows request per PS (all in
@@ -22,6 +23,19 @@ use crate::wire::{DType, Status};
 ///
 /// After the first steps (once its vectors have grown to the largest batch), a step
 /// allocates nothing in the client but the blocks the answers land in.
+///
+/// # Rows in another float format on the wire
+///
+/// The rows of an f32, bf16 or f16 table may travel as any of the three
+/// ([`set_wire_dtype`](Self::set_wire_dtype); by default as the table's dtype): a pull
+/// asks the PS for rows in that format (it rounds them to nearest even) and they are
+/// widened into the caller's rows; a push's gradients are summed in the table's dtype,
+/// then narrowed as they are sent, with the loss scale they were multiplied by
+/// ([`set_loss_scale`](Self::set_loss_scale)), which the PS divides out. A PS whose
+/// handshake did not announce `row_formats` (an earlier release, or
+/// `STARWIRE_WIRE_FEATURES=none`) is sent and answers rows in the table's dtype instead
+/// (the loss scale divided out before sending): the step is served all the same, the log
+/// says so once per connection, and [`StepReport::fallbacks`] counts such parts of a pull.
 ///
 /// # A PS that cannot be reached
 ///
@@ -49,6 +63,8 @@ use crate::wire::{DType, Status};
 /// # fn step(h: &mut Handle, peers: Vec<Peer>) -> Result<(), starwire::Error> {
 /// const DIM: usize = 16;
 /// let mut table = Sharded::new(peers, Partition::Mod, 7, DType::F32, &[DIM as u64])?;
+/// // Rows travel as bfloat16 both ways (half the bytes of f32); `rows` stays f32.
+/// table.set_wire_dtype(DType::BF16)?;
 /// let ids = [3u64, 9, 3];
 /// let mut rows = vec![0f32; ids.len() * DIM];
 /// let report = table.pull_typed(h, &ids, &mut rows, None)?;
@@ -83,6 +99,11 @@ pub struct Sharded {
     report: StepReport,
     /// The bytes of a typed step's rows (grown to the largest batch, then reused).
     typed: Vec<u8>,
+    /// The dtype rows travel as, and the loss scale pushes are sent with.
+    wire: DType,
+    loss_scale: Option<LossScale>,
+    /// A block that travelled in another dtype, widened into the table's (reused).
+    wide: Vec<u8>,
 }
 
 /// What a sharded step did, per PS.
@@ -94,6 +115,9 @@ pub struct StepReport {
     pub unique: usize,
     /// Rows of the batch that the PS tasks did not have (left zero in the output).
     pub missing: usize,
+    /// PS parts of a pull whose rows travelled in the table's dtype although another wire
+    /// dtype was set: the PS did not announce `row_formats`.
+    pub fallbacks: usize,
 }
 
 impl StepReport {
@@ -163,7 +187,48 @@ impl Sharded {
             merged: Vec::new(),
             report: StepReport::default(),
             typed: Vec::new(),
+            wire: dtype,
+            loss_scale: None,
+            wide: Vec::new(),
         })
+    }
+
+    /// Rows travel as `wire` from now on: the table's dtype, or for an f32, bf16 or f16
+    /// table any of the three (see [Rows in another float format on the
+    /// wire](Self#rows-in-another-float-format-on-the-wire)). The caller's rows stay in
+    /// the table's dtype. [`ErrorKind::InvalidArgument`] for another dtype.
+    pub fn set_wire_dtype(&mut self, wire: DType) -> Result<(), Error> {
+        if wire != self.dtype && !crate::float::convertible(self.dtype, wire) {
+            return Err(Error::invalid(&format!(
+                "rows: table {} holds {} rows, which travel as they are or, for f32, bf16 \
+                 and f16 rows, as one of those; not as {}",
+                self.table,
+                self.dtype.name(),
+                wire.name()
+            )));
+        }
+        self.wire = wire;
+        Ok(())
+    }
+
+    /// The dtype rows travel as.
+    pub fn wire_dtype(&self) -> DType {
+        self.wire
+    }
+
+    /// Pushes from now on say their gradients were multiplied by `scale` (a loss scale,
+    /// [`LossScale::MIN`] to [`LossScale::MAX`]), which the PS divides out (multiplying
+    /// by the f32 nearest `1 / scale`, exact for powers of two) before applying them;
+    /// `None`: no scale. For f32, bf16 and f16 tables; [`ErrorKind::InvalidArgument`]
+    /// otherwise or for a scale out of range.
+    pub fn set_loss_scale(&mut self, scale: Option<f32>) -> Result<(), Error> {
+        self.loss_scale = checked_scale(self.table, self.dtype, scale)?;
+        Ok(())
+    }
+
+    /// The loss scale pushes are sent with.
+    pub fn loss_scale(&self) -> Option<f32> {
+        self.loss_scale.map(LossScale::get)
     }
 
     /// Points the client at a new list of PS tasks (after
@@ -226,7 +291,7 @@ impl Sharded {
             if ids.is_empty() {
                 continue;
             }
-            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids).travel_as(self.wire);
             self.tags[s] = Some(
                 client
                     .pull_rows(self.peers[s], &[rows], deadline)
@@ -238,6 +303,7 @@ impl Sharded {
         report.shards.clear();
         report.unique = self.plan.unique_len();
         report.missing = 0;
+        report.fallbacks = 0;
         for s in 0..self.peers.len() {
             let n = self.plan.ids(s).len();
             let tag = match self.tags[s].take() {
@@ -256,10 +322,15 @@ impl Sharded {
                     Ok(rows) => match rows.block(0) {
                         Ok(block) => {
                             report.missing += missing_positions(&self.plan, s, rows.missing(0));
-                            self.plan
-                                .scatter(s, block.bytes(), self.row_bytes, out)
-                                .map(|()| n)
-                                .map_err(|e| Error::invalid(&e.to_string()))
+                            if self.wire != self.dtype && block.dtype() == self.dtype {
+                                report.fallbacks += 1;
+                            }
+                            let (plan, rb) = (&self.plan, self.row_bytes);
+                            widened(self.dtype, block, &mut self.wide).and_then(|bytes| {
+                                plan.scatter(s, bytes, rb, &mut *out)
+                                    .map(|()| n)
+                                    .map_err(|e| Error::invalid(&e.to_string()))
+                            })
                         }
                         Err(status) => Err(remote(status, self.peers[s])),
                     },
@@ -341,7 +412,9 @@ impl Sharded {
             if ids.is_empty() {
                 continue;
             }
-            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids)
+                .travel_as(self.wire)
+                .scaled_by(self.loss_scale);
             let submitted = match self.placed[s] {
                 None => {
                     let block = self.blocks[s].clone();

@@ -148,6 +148,8 @@ pub(crate) struct Conn {
     pub held: Vec<(u64, Reservation)>,
     /// What of its codec's counts the loop's counters have.
     pub counted: Counted,
+    /// The log has said that its peer takes rows only in their tables' dtype.
+    pub told_fallback: bool,
 }
 
 /// A connection's codec counts as last added to the loop's counters.
@@ -189,6 +191,7 @@ impl Conn {
             last_heard: now,
             lent: None,
             arena_counted: 0,
+            told_fallback: false,
             budget,
             peer,
             paused: false,
@@ -226,6 +229,23 @@ impl Conn {
                 held.retain(|&(h, _)| h != t);
             }
         });
+    }
+
+    /// The peer and lane of an outgoing connection whose peer refused its handshake as a
+    /// protocol violation although the handshake announced features: a peer of a release
+    /// that has the field as reserved (`docs/wire-format.md` 4.1).
+    pub(crate) fn refused_for_features(&self) -> Option<(SocketAddr, u32)> {
+        let refused = matches!(
+            self.proto.close_reason(),
+            Some(CloseReason::Refused {
+                status: Status::Protocol,
+                ..
+            })
+        );
+        let announced = !self.proto.announced().is_empty();
+        (refused && announced && self.proto.peer().is_none())
+            .then_some(self.outgoing)
+            .flatten()
     }
 
     /// What its requests fail with, its protocol having closed: the peer's refusal, or the

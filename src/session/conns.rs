@@ -2,7 +2,7 @@
 //! each peer and lane, which have output to write, and the socket operations the loop must
 //! start for them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use slab::Slab;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, OsError};
 use crate::proto::{Connection, EncoderConfig, Identity, Side};
+use crate::wire::WireFeatures;
 
 use super::budget::{Budget, ConnBudget};
 use super::conn::{Conn, Phase};
@@ -59,6 +60,9 @@ pub(crate) struct Conns {
     identity: Identity,
     /// The task's receive budget, of which each connection has a part.
     budget: Arc<Budget>,
+    /// Peers that refused a handshake announcing features (a release before them):
+    /// connections to them announce none.
+    plain_peers: HashSet<SocketAddr>,
 }
 
 impl Conns {
@@ -72,18 +76,54 @@ impl Conns {
             cfg,
             identity,
             budget,
+            plain_peers: HashSet::new(),
         }
     }
 
-    /// A new connection's state, on `side`, at `now`, for peer `peer` (its metrics index).
-    fn new_conn(&mut self, side: Side, phase: Phase, peer: u32, now: Instant) -> Conn {
+    /// `peer` refused a handshake that announced features: connections to it announce
+    /// none from now on.
+    pub(crate) fn announce_nothing_to(&mut self, peer: SocketAddr) {
+        if self.plain_peers.insert(peer) {
+            log::warn!(
+                "{peer} refused a handshake that announced wire features (a release before \
+                 them): connecting again without; STARWIRE_WIRE_FEATURES=none avoids the \
+                 refused handshake"
+            );
+        }
+    }
+
+    /// Whether connections to `peer` announce no feature.
+    pub(crate) fn is_plain(&self, peer: SocketAddr) -> bool {
+        self.plain_peers.contains(&peer)
+    }
+
+    /// The peer and lane to connect to again without features, when connection `slot`
+    /// was refused for the features it announced (and its peer is known for that).
+    pub(crate) fn to_connect_plainly(&self, slot: u32) -> Option<(SocketAddr, u32)> {
+        let again = self.get(slot).and_then(Conn::refused_for_features)?;
+        self.is_plain(again.0).then_some(again)
+    }
+
+    /// A new connection's state, on `side`, at `now`, for peer `peer` (its metrics index),
+    /// announcing `features`.
+    fn new_conn(
+        &mut self,
+        side: Side,
+        phase: Phase,
+        peer: u32,
+        now: Instant,
+        features: WireFeatures,
+    ) -> Conn {
         let encoder = EncoderConfig {
             chunk_size: self.cfg.chunk_size,
             ..EncoderConfig::default()
         };
         let proto = Connection::new(
             side,
-            self.identity.clone(),
+            Identity {
+                features,
+                ..self.identity.clone()
+            },
             self.cfg.limits,
             self.cfg.recv_buffer,
             encoder,
@@ -196,9 +236,13 @@ impl Conns {
         if let Some(slot) = self.route(peer, lane) {
             return slot;
         }
+        let features = match self.is_plain(peer) {
+            true => WireFeatures::NONE,
+            false => self.identity.features,
+        };
         let conn = Conn {
             outgoing: Some((peer, lane)),
-            ..self.new_conn(Side::Client, Phase::Backoff, index(), now)
+            ..self.new_conn(Side::Client, Phase::Backoff, index(), now, features)
         };
         let slot = self.insert(conn);
         self.connect(slot, timers, now);
@@ -347,7 +391,8 @@ impl Conns {
 
     /// Adds a connection the loop accepted: its handshake must complete in time.
     pub(crate) fn adopt(&mut self, timers: &mut Timers, now: Instant) -> u32 {
-        let conn = self.new_conn(Side::Server, Phase::Handshaking, NO_PEER, now);
+        let features = self.identity.features;
+        let conn = self.new_conn(Side::Server, Phase::Handshaking, NO_PEER, now, features);
         let generation = conn.generation;
         let slot = self.insert(conn);
         let at = now + self.cfg.handshake_timeout;

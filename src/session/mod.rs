@@ -141,6 +141,7 @@ impl Session {
             job,
             task_index: cfg.task_index,
             token,
+            features: cfg.wire_features,
         };
         let stats_task = cfg
             .stats_endpoint
@@ -573,8 +574,12 @@ impl Session {
             // The codec closed it: a malformed frame, or a refused handshake.
             log::warn!("connection {slot}: {reason}; closing");
         }
+        let plain = conn.refused_for_features().filter(|_| !was_closed);
         conn.release_tokens();
         conns.dirty.mark(conn, slot);
+        if let Some((addr, _)) = plain {
+            self.conns.announce_nothing_to(addr);
+        }
         if opened {
             self.opened(slot, now);
         }
@@ -663,13 +668,19 @@ impl Session {
             observer,
             outbox,
             last_now,
+            timers,
             ..
         } = self;
         let peer = conns.peer_addr(slot);
+        // Requests that waited for a handshake a peer of an earlier release refused for its
+        // features go to a connection that announces none.
+        let again = conns.to_connect_plainly(slot);
         let Some(conn) = conns.get_mut(slot) else {
             return Vec::new();
         };
         debug_assert_eq!(conn.phase, Phase::Closing, "released before it was closed");
+        let moved: Vec<u64> = again.map_or_else(Vec::new, |_| conn.waiting.drain(..).collect());
+        let metrics_index = conn.peer;
         let why = conn.failure.clone();
         let now = *last_now;
         let mut ends = Ends {
@@ -686,6 +697,10 @@ impl Session {
             &ends.observer.counters().send_arena_bytes,
             counted.wrapping_neg(),
         );
+        if let (Some((addr, lane)), false) = (again, moved.is_empty()) {
+            let to = conns.outgoing(addr, lane, || metrics_index, timers, now);
+            requests.rehome(conns, &moved, to, &mut ends);
+        }
         conn.proto.decoder().swap_buffer(Vec::new())
     }
 

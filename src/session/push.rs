@@ -9,7 +9,7 @@ use super::arriving::Arriving;
 use super::budget::{ConnBudget, Reservation};
 use crate::stats::RequestKind;
 use crate::tensor::{Tensor, TensorAllocator, TensorMemory};
-use crate::wire::{PushEntries, RowsTables, Status};
+use crate::wire::{LossScale, PushEntries, RowsTables, Status};
 
 /// The peer's requests a connection is serving.
 #[derive(Default)]
@@ -127,11 +127,12 @@ pub(crate) struct IncomingPush {
 }
 
 /// The row ids of a `PUSH_ROWS`, all tables' in one vector: table `i`'s are
-/// `ids[ends[i - 1]..ends[i]]`. Empty for a tensor push.
+/// `ids[ends[i - 1]..ends[i]]`, its loss scale `scales[i]`. Empty for a tensor push.
 #[derive(Default)]
 pub(crate) struct RowIds {
     pub ids: Vec<u64>,
     pub ends: Vec<usize>,
+    pub scales: Vec<Option<LossScale>>,
 }
 
 impl RowIds {
@@ -178,6 +179,7 @@ impl IncomingPush {
         results.clear();
         rows.ids.clear();
         rows.ends.clear();
+        rows.scales.clear();
         let mut arriving = Arriving::default();
         for (i, e) in entries.enumerate() {
             ids.push(e.var_id);
@@ -211,6 +213,7 @@ impl IncomingPush {
             push.ids.push(t.table as u64);
             push.rows.ids.extend(t.ids());
             push.rows.ends.push(push.rows.ids.len());
+            push.rows.scales.push(t.loss_scale);
             let block = push
                 .arriving
                 .announce(i as u32, &t.block, alloc, &mut push.memory);

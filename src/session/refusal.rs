@@ -9,6 +9,7 @@
 
 use std::fmt::Write as _;
 
+use crate::pool::serves_as;
 use crate::proto::{Encoder, ResponseItem};
 use crate::service::Service;
 use crate::tensor::Tensor;
@@ -32,14 +33,16 @@ pub(crate) enum Verb {
 }
 
 /// Why `service` refuses table `table` of a rows request whose block is `dtype` shaped
-/// `dims` (`[rows, row dims...]`); `None` when it takes it. Mirrors
-/// [`table_for`](crate::pool::table_for): the same cases, in words.
+/// `dims` (`[rows, row dims...]`), on a connection that negotiated `ROW_FORMATS` when
+/// `convert`; `None` when it takes it. Mirrors [`table_for`](crate::pool::table_for): the
+/// same cases, in words.
 pub(crate) fn refusal(
     service: &dyn Service,
     verb: Verb,
     table: u32,
     dtype: DType,
     dims: impl Iterator<Item = u64> + Clone,
+    convert: bool,
 ) -> Option<(Status, String)> {
     let Some(t) = service.table(table) else {
         let mut why = format!("no table {table} on this task");
@@ -66,12 +69,13 @@ pub(crate) fn refusal(
     };
     let mut row = dims.clone();
     let rows = row.next();
-    if rows.is_some() && t.dtype() == dtype && t.row_dims().iter().copied().eq(row.clone()) {
+    let same_rows = t.row_dims().iter().copied().eq(row.clone());
+    if rows.is_some() && serves_as(t.dtype(), dtype, convert) && same_rows {
         return None; // no allocation on the way of a request served
     }
     let asked: Vec<u64> = row.collect();
     let held = shape(t.dtype(), t.row_dims());
-    let why = match (rows, verb) {
+    let mut why = match (rows, verb) {
         (None, _) => {
             format!("table {table} holds {held} rows; the request's block has no rows dimension")
         }
@@ -84,6 +88,12 @@ pub(crate) fn refusal(
             shape(dtype, &asked)
         ),
     };
+    if !convert && same_rows && crate::float::convertible(t.dtype(), dtype) {
+        why.push_str(
+            " (rows in another float format than the table's need the row_formats feature, \
+             which this connection did not negotiate)",
+        );
+    }
     Some((Status::InvalidArgument, why))
 }
 
@@ -128,12 +138,14 @@ pub(crate) fn answer_statuses(
 }
 
 /// The tables of a received rows push (`tables`, their blocks `blocks`) that `service`
-/// refuses for a reason it can say, into `out` (emptied first).
+/// refuses for a reason it can say, into `out` (emptied first); `convert` as for
+/// [`refusal`].
 pub(crate) fn push_refusals(
     service: &dyn Service,
     tables: &[u64],
     blocks: &[Result<Tensor, Status>],
     out: &mut Vec<Refusal>,
+    convert: bool,
 ) {
     out.clear();
     for (index, (&table, block)) in tables.iter().zip(blocks).enumerate() {
@@ -142,9 +154,14 @@ pub(crate) fn push_refusals(
         let Ok(table) = u32::try_from(table) else {
             continue;
         };
-        if let Some((status, why)) =
-            refusal(service, Verb::Push, table, meta.dtype, meta.dims.iter())
-        {
+        if let Some((status, why)) = refusal(
+            service,
+            Verb::Push,
+            table,
+            meta.dtype,
+            meta.dims.iter(),
+            convert,
+        ) {
             out.push(Refusal {
                 index: index as u32,
                 status,

@@ -109,6 +109,9 @@ impl PulledRows {
     }
 
     /// Table `t`'s block (`[ids, row...]`, rows in request order), or why there is none.
+    /// Its dtype is the one the rows travelled as: the request's
+    /// [`wire`](crate::rows::Rows::wire) dtype, or the rows' own when the PS did not
+    /// announce `row_formats` ([`read_f32`](Self::read_f32) reads either as f32).
     pub fn block(&self, t: usize) -> Result<&Tensor, Status> {
         match self.blocks.get(t) {
             Some(Ok(b)) => Ok(b),
@@ -131,6 +134,15 @@ impl PulledRows {
         let n = *b.dims().first()? as usize;
         let row = b.byte_len() / n;
         b.bytes().get(i * row..(i + 1) * row)
+    }
+
+    /// Table `t`'s rows as f32 values, into `out` (as many elements as the block has),
+    /// whatever they travelled as: f32 rows copied, bf16 and f16 rows widened (exactly).
+    /// `Err` with the table's status when it failed, [`Status::InvalidArgument`] for rows
+    /// of another dtype or an `out` of another length.
+    pub fn read_f32(&self, t: usize, out: &mut [f32]) -> Result<(), Status> {
+        let b = self.block(t)?;
+        crate::float::widen_into(b.dtype(), b.bytes(), out).map_err(|_| Status::InvalidArgument)
     }
 
     /// Positions (in the request's ids of table `t`) of the rows the PS did not have,

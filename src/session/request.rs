@@ -132,6 +132,21 @@ impl RequestOp {
         }
     }
 
+    /// For a peer without `ROW_FORMATS`: every table of a rows request travels in its
+    /// rows' own dtype, without a loss scale. Whether any table changed.
+    pub(crate) fn fall_back(&mut self) -> bool {
+        let tables = match self {
+            RequestOp::PullRows { tables, .. } | RequestOp::PushRows { tables, .. } => tables,
+            _ => return false,
+        };
+        let mut changed = false;
+        for t in tables.iter_mut().filter(|t| t.needs_row_formats()) {
+            t.fall_back();
+            changed = true;
+        }
+        changed
+    }
+
     /// Gives the vectors of an encoded request back to `spare`, emptied, for its submitter's
     /// next requests (a rows push's shared blocks are held by the connection until written).
     pub(crate) fn recycle_into(self, spare: &mut Spare) {

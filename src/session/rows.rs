@@ -6,13 +6,17 @@ use std::sync::Arc;
 
 use slab::Slab;
 
-use crate::pool::{apply_rows, missing_is_ordered, table_for, RowsPull, RowsPulled};
+use crate::float;
+use crate::pool::{apply_rows, missing_is_ordered, pull_as, table_for, Grads as PushedGrads};
+use crate::pool::{RowsPull, RowsPulled};
 use crate::proto::{
     EncodeError, Encoder, OutTensor, ResponseItem, RowsItem, RowsQuery, COPY_TOKEN,
 };
 use crate::service::Service;
 use crate::tensor::{Tensor, TensorAllocator};
-use crate::wire::{Missing, ResponseEntries, RowsTable, RowsTables, Status, TensorMeta};
+use crate::wire::{
+    Missing, ResponseEntries, RowsTable, RowsTables, Status, TensorMeta, WireFeatures,
+};
 
 use super::assemble::Tensors;
 use super::budget::{ConnBudget, Reservation};
@@ -31,6 +35,8 @@ pub(crate) struct RowsEncodeScratch {
     tokens: Vec<u64>,
     queries: Vec<RowsQuery<'static>>,
     rows: Vec<RowsItem<'static>>,
+    /// A push's gradients converted into the dtypes they travel as.
+    converted: Vec<u8>,
 }
 
 /// Queues a `PULL_ROWS`.
@@ -64,12 +70,71 @@ pub(crate) enum Grads<'a> {
     Shared(&'a [(u64, Arc<Tensor>)]),
 }
 
+impl Grads<'_> {
+    /// Table `i`'s gradients (`len` bytes at `at` when packed).
+    fn block(&self, i: usize, at: usize, len: usize) -> &[u8] {
+        match self {
+            Grads::Packed(g) => g.get(at..at + len).unwrap_or_default(),
+            Grads::Shared(b) => b.get(i).map_or(&[][..], |(_, t)| t.bytes()),
+        }
+    }
+}
+
+/// The gradients of `tables` converted into the dtypes they travel as (multiplied by what
+/// a peer without loss scales needs), one after the other, into `out` (emptied first).
+fn convert_grads(
+    tables: &[RowsSpec],
+    grads: &Grads<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    out.clear();
+    let mut at = 0;
+    for (i, t) in tables.iter().enumerate() {
+        let own = t.own_bytes() as usize;
+        let src = grads.block(i, at, own);
+        let start = out.len();
+        out.resize(start + t.meta().byte_len as usize, 0);
+        let mul = t.conversion().flatten();
+        float::convert(t.dtype, src, t.wire, &mut out[start..], mul)
+            .map_err(|_| EncodeError::BadTensor)?;
+        at += own;
+    }
+    Ok(())
+}
+
 /// Queues a `PUSH_ROWS`. Packed blocks that fit one frame are copied into it; larger ones
 /// are moved into tensors of their own and sent in chunks. Shared blocks are never copied
 /// but by the encoder (up to its `inline_threshold`, 256 bytes by default, where a copy
 /// into the frame is cheaper than one more `iovec`): the connection holds them until
-/// written, and the frame references them, or they travel in chunks.
+/// written, and the frame references them, or they travel in chunks. Gradients that travel
+/// in another dtype than submitted are converted first (and then sent as packed blocks).
 pub(crate) fn encode_push(
+    enc: &mut Encoder,
+    out_tensors: &mut Slab<Arc<Tensor>>,
+    handle: u64,
+    tables: &[RowsSpec],
+    ids: &[u64],
+    grads: Grads<'_>,
+    scratch: &mut RowsEncodeScratch,
+) -> Result<(), EncodeError> {
+    let mut converted = std::mem::take(&mut scratch.converted);
+    let grads = if tables.iter().any(|t| t.conversion().is_some()) {
+        if let Err(e) = convert_grads(tables, &grads, &mut converted) {
+            scratch.converted = converted;
+            return Err(e);
+        }
+        Grads::Packed(&converted)
+    } else {
+        grads
+    };
+    let r = encode_push_blocks(enc, out_tensors, handle, tables, ids, grads, scratch);
+    converted.clear();
+    converted.shrink_to(SCRATCH_KEPT);
+    scratch.converted = converted;
+    r
+}
+
+fn encode_push_blocks(
     enc: &mut Encoder,
     out_tensors: &mut Slab<Arc<Tensor>>,
     handle: u64,
@@ -92,7 +157,7 @@ pub(crate) fn encode_push(
                     COPY_TOKEN
                 } else {
                     let bytes = grads.get(at..at + len).unwrap_or_default();
-                    match Tensor::from_slice(t.dtype, &t.dims, bytes) {
+                    match Tensor::from_slice(t.wire, &t.dims, bytes) {
                         Ok(block) => out_tensors.insert(Arc::new(block)) as u64,
                         Err(_) => COPY_TOKEN,
                     }
@@ -126,6 +191,7 @@ pub(crate) fn encode_push(
                 bytes,
                 token,
             },
+            loss_scale: t.loss_scale,
         });
         (id_at, byte_at) = (id_at + t.len(), byte_at + len);
     }
@@ -207,6 +273,13 @@ impl RowsReply {
         Ok(())
     }
 
+    /// The peer did not negotiate `ROW_FORMATS`: the blocks come in the rows' own dtypes.
+    pub(crate) fn fall_back(&mut self) {
+        for e in self.expected.iter_mut().filter(|e| e.needs_row_formats()) {
+            e.fall_back();
+        }
+    }
+
     /// What the PS said of the tables it refused (its `ERROR`'s message).
     pub(crate) fn refused(&mut self, why: &str) {
         if !why.is_empty() {
@@ -256,6 +329,8 @@ pub(crate) struct RowsScratch {
     missing: Vec<u32>,
     ids: Vec<u64>,
     refusals: Vec<Refusal>,
+    /// Rows in their table's dtype, on their way to or from another one.
+    pub(crate) wide: Vec<u8>,
 }
 
 /// Bytes of room each vector of a [`RowsScratch`] keeps between requests: a pull of more
@@ -269,6 +344,8 @@ impl RowsScratch {
         self.block.clear();
         self.missing.clear();
         self.ids.clear();
+        self.wide.clear();
+        self.wide.shrink_to(SCRATCH_KEPT);
         self.block.shrink_to(SCRATCH_KEPT);
         self.missing.shrink_to(SCRATCH_KEPT / 4);
         self.ids.shrink_to(SCRATCH_KEPT / 8);
@@ -278,7 +355,8 @@ impl RowsScratch {
 /// Answers a `PULL_ROWS` on the loop, one `RESPONSE` frame per table, `END` on the last:
 /// its block of rows in request order, written by the table straight into the frame; when
 /// rows are missing, the block and the report of them; for a block too large for one
-/// frame, a tensor of its own sent in chunks.
+/// frame, a tensor of its own sent in chunks. Rows asked in another float format than
+/// their table's are converted when the connection negotiated `ROW_FORMATS`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve_pull(
     service: &dyn Service,
@@ -294,9 +372,10 @@ pub(crate) fn serve_pull(
     // says it (see `refusal`).
     let mut refusals = std::mem::take(&mut scratch.refusals);
     refusals.clear();
+    let convert = enc.features().contains(WireFeatures::ROW_FORMATS);
     for (index, t) in tables.enumerate() {
-        let dims = t.block.dims.iter();
-        if let Some((status, why)) = refusal(service, Verb::Pull, t.table, t.block.dtype, dims) {
+        let (dtype, dims) = (t.block.dtype, t.block.dims.iter());
+        if let Some((status, why)) = refusal(service, Verb::Pull, t.table, dtype, dims, convert) {
             refusals.push(Refusal {
                 index: index as u32,
                 status,
@@ -378,21 +457,29 @@ pub(crate) fn serve_pull(
     scratch.trim();
 }
 
-/// Whether `service` refuses any table of a rows request for a reason it can say.
-pub(crate) fn any_refused(service: &dyn Service, verb: Verb, tables: RowsTables<'_>) -> bool {
-    tables
-        .into_iter()
-        .any(|t| refusal(service, verb, t.table, t.block.dtype, t.block.dims.iter()).is_some())
+/// Whether `service` refuses any table of a rows request for a reason it can say
+/// (`convert`: the connection negotiated `ROW_FORMATS`).
+pub(crate) fn any_refused(
+    service: &dyn Service,
+    verb: Verb,
+    tables: RowsTables<'_>,
+    convert: bool,
+) -> bool {
+    tables.into_iter().any(|t| {
+        let (dtype, dims) = (t.block.dtype, t.block.dims.iter());
+        refusal(service, verb, t.table, dtype, dims, convert).is_some()
+    })
 }
 
 /// A `PULL_ROWS` as a job for the handler pool.
-pub(crate) fn pull_job(tables: RowsTables<'_>) -> Vec<RowsPull> {
+pub(crate) fn pull_job(tables: RowsTables<'_>, convert: bool) -> Vec<RowsPull> {
     tables
         .map(|t| RowsPull {
             table: t.table,
             dtype: t.block.dtype,
             dims: t.block.dims.iter().collect(),
             ids: t.ids().collect(),
+            convert,
         })
         .collect()
 }
@@ -415,7 +502,9 @@ fn pull_table(
     budget: &ConnBudget,
     held: &mut Vec<(u64, Reservation)>,
 ) -> (Option<Status>, Option<u64>) {
-    let table = match table_for(service, t.table, t.block.dtype, t.block.dims.iter()) {
+    let convert = enc.features().contains(WireFeatures::ROW_FORMATS);
+    let dims = t.block.dims.iter();
+    let table = match table_for(service, t.table, t.block.dtype, dims, convert) {
         Ok(table) => table,
         Err(status) => return (Some(status), None),
     };
@@ -430,11 +519,7 @@ fn pull_table(
     scratch.ids.clear();
     scratch.ids.extend(t.ids());
     scratch.missing.clear();
-    let ids = &scratch.ids;
-    let pull = |out: &mut [u8], missing: &mut Vec<u32>| {
-        crate::panic::guarded("Table::pull", || table.pull(ids, out, missing))
-            .unwrap_or(Status::Internal)
-    };
+    let (ids, wide, wire) = (&scratch.ids, &mut scratch.wide, t.block.dtype);
     let direct = enc.response_block(
         handle,
         end,
@@ -442,7 +527,7 @@ fn pull_table(
         &t.block,
         &mut scratch.missing,
         &mut scratch.block,
-        pull,
+        |out, missing| pull_as(table, ids, wire, out, missing, &mut *wide),
     );
     let (status, token) = match direct {
         Ok(None) => return (None, None),
@@ -466,7 +551,8 @@ fn pull_table(
             let Ok(mut block) = Tensor::zeros(t.block.dtype, &dims) else {
                 return (Some(Status::ResourceExhausted), None);
             };
-            let status = pull(block.bytes_mut(), &mut scratch.missing);
+            let missing = &mut scratch.missing;
+            let status = pull_as(table, ids, wire, block.bytes_mut(), missing, wide);
             let token = status
                 .is_ok()
                 .then(|| out_tensors.insert(Arc::new(block)) as u64);
@@ -507,19 +593,33 @@ pub(crate) fn answer_pulled(
 }
 
 /// Applies a received `PUSH_ROWS` on the loop: per table (`tables`), its gradient block
-/// (`blocks`) to the rows of its ids; one status per table into `statuses` (emptied first).
+/// (`blocks`) to the rows of its ids, converted through `wide` (kept between pushes) when
+/// it is in another dtype than the table's or has a loss scale (`convert`: the connection
+/// negotiated `ROW_FORMATS`); one status per table into `statuses` (emptied first).
 pub(crate) fn apply_push(
     service: &dyn Service,
     tables: &[u64],
     blocks: &[Result<Tensor, Status>],
     rows: &RowIds,
     statuses: &mut Vec<Status>,
+    convert: bool,
+    wide: &mut Vec<u8>,
 ) {
     statuses.clear();
     for (i, (table, block)) in tables.iter().zip(blocks).enumerate() {
+        let scale = rows.scales.get(i).copied().flatten();
         statuses.push(match block {
-            Ok(b) => apply_rows(service, *table as u32, rows.of(i), b),
+            Ok(block) => {
+                let grads = PushedGrads {
+                    block,
+                    scale,
+                    convert,
+                };
+                apply_rows(service, *table as u32, rows.of(i), grads, wide)
+            }
             Err(st) => *st,
         });
     }
+    wide.clear();
+    wide.shrink_to(SCRATCH_KEPT);
 }

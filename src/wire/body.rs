@@ -7,6 +7,7 @@
 use super::bytes::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use super::error::truncated_meta;
 use super::header::CHUNK_META_LEN;
+use super::features::WireFeatures;
 use super::rows::{Missing, RowsTables, ENTRY_HAS_MISSING};
 use super::tensor::TensorMeta;
 use super::{Error, HeaderRepr, FrameKind, Limits, Result, Status};
@@ -63,8 +64,21 @@ pub enum Body<'a> {
 
 impl<'a> Body<'a> {
     /// Validates `meta` (exactly `header.meta_len` bytes) as the meta section of a frame with
-    /// this header, and checks `header.payload_len` against it.
+    /// this header, and checks `header.payload_len` against it, on a connection that
+    /// negotiated no optional feature.
     pub fn parse(header: &HeaderRepr, meta: &'a [u8], limits: &Limits) -> Result<Body<'a>> {
+        Body::parse_with(header, meta, limits, WireFeatures::NONE)
+    }
+
+    /// [`parse`](Self::parse) on a connection that negotiated `features` (4.1): what they
+    /// add to the format is accepted (with [`WireFeatures::ROW_FORMATS`], the `loss_scale`
+    /// of a rows table, 4.9).
+    pub fn parse_with(
+        header: &HeaderRepr,
+        meta: &'a [u8],
+        limits: &Limits,
+        features: WireFeatures,
+    ) -> Result<Body<'a>> {
         if meta.len() < header.meta_len as usize {
             return Err(Error::Truncated);
         }
@@ -92,10 +106,11 @@ impl<'a> Body<'a> {
             FrameKind::Error => Body::Error(ErrorRepr::parse(meta)?),
             FrameKind::Chunk => Body::Chunk(ChunkRepr::parse(meta)?),
             FrameKind::PullRows => {
-                Body::PullRows(RowsTables::parse(meta, header.count, limits, false)?.0)
+                Body::PullRows(RowsTables::parse(meta, header.count, limits, false, features)?.0)
             }
             FrameKind::PushRows => {
-                let (tables, payload) = RowsTables::parse(meta, header.count, limits, true)?;
+                let (tables, payload) =
+                    RowsTables::parse(meta, header.count, limits, true, features)?;
                 check_payload(header, payload)?;
                 Body::PushRows(tables)
             }
@@ -149,6 +164,9 @@ pub struct HelloRepr<'a> {
     pub job: &'a [u8],
     /// Cluster token (empty in `HELLO_ACK`).
     pub token: &'a [u8],
+    /// The optional features the sender understands (bits it does not know included, as
+    /// they travel).
+    pub features: WireFeatures,
 }
 
 impl<'a> HelloRepr<'a> {
@@ -158,7 +176,7 @@ impl<'a> HelloRepr<'a> {
         }
         let job_len = meta[16] as usize;
         let token_len = meta[17] as usize;
-        if meta[19] != 0 || get_u16(meta, 22) != 0 {
+        if meta[19] != 0 {
             return Err(Error::ReservedNotZero);
         }
         if meta.len() != HELLO_FIXED_LEN + job_len + token_len {
@@ -181,6 +199,7 @@ impl<'a> HelloRepr<'a> {
             },
             job,
             token,
+            features: WireFeatures::from_bits(get_u16(meta, 22)),
         };
         if !is_hello && !token.is_empty() {
             return Err(Error::BadString);
@@ -221,7 +240,7 @@ impl<'a> HelloRepr<'a> {
         buf[18] = l.max_rank;
         buf[19] = 0;
         put_u16(buf, 20, l.max_key);
-        put_u16(buf, 22, 0);
+        put_u16(buf, 22, self.features.bits());
         put_u32(buf, 24, l.max_tensors);
         put_u32(buf, 28, l.max_tables);
         put_u32(buf, 32, l.max_rows);

@@ -68,6 +68,9 @@ pub enum Error {
     /// A missing-rows report that is empty, not increasing, out of range, or on an entry
     /// without a block.
     BadMissing,
+    /// A rows table's `loss_scale` that is not 0 or a scale from 2^-126 to 2^126, or one
+    /// on a `PULL_ROWS`.
+    BadLossScale,
 }
 
 impl Error {
@@ -112,6 +115,7 @@ impl fmt::Display for Error {
             Error::TooManyRows => f.write_str("ids of the frame over max_rows"),
             Error::RowTooLarge => f.write_str("row bytes over max_row_bytes"),
             Error::BadMissing => f.write_str("invalid missing-rows report"),
+            Error::BadLossScale => f.write_str("invalid loss scale in a rows table"),
         }
     }
 }

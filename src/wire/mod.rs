@@ -16,6 +16,7 @@
 mod body;
 mod bytes;
 mod error;
+mod features;
 mod header;
 mod limits;
 mod macros;
@@ -32,8 +33,10 @@ pub use body::{
     TensorEntries, TensorEntry, VarIds, ENTRY_HAS_TENSOR, MAX_ERROR_MESSAGE, MAX_JOB_NAME,
     MAX_TOKEN,
 };
+pub use features::{LossScale, WireFeatures};
 pub use rows::{
-    emit_pull_rows_meta, pull_rows_meta_len, Missing, RowsTable, RowsTables, ENTRY_HAS_MISSING,
+    emit_pull_rows_meta, emit_rows_meta, pull_rows_meta_len, Missing, RowsTable, RowsTables,
+    ENTRY_HAS_MISSING,
 };
 pub use header::{Header, HeaderRepr, FrameKind, FLAG_END, HEADER_LEN, MAGIC, VERSION};
 pub use error::{Error, Result};

@@ -7,13 +7,15 @@
 
 use super::bytes::{get_u32, get_u64, put_u32, put_u64};
 use super::error::truncated_meta;
+use super::features::{LossScale, WireFeatures};
 use super::tensor::TensorMeta;
 use super::{Error, Limits, Result};
 
 /// Response entry flag: a missing-rows report follows the tensor meta.
 pub const ENTRY_HAS_MISSING: u16 = 2;
 
-/// Fixed part of a table section: table id and a reserved word.
+/// Fixed part of a table section: table id, and a word that is reserved, or the loss scale
+/// with [`WireFeatures::ROW_FORMATS`].
 const TABLE_FIXED_LEN: usize = 8;
 
 /// One table of a `PULL_ROWS` or `PUSH_ROWS`.
@@ -27,13 +29,22 @@ pub struct RowsTable<'a> {
     pub block: TensorMeta<'a>,
     /// The row ids, as little-endian u64 bytes (`8 × n`).
     ids: &'a [u8],
+    /// In a `PUSH_ROWS` on a connection with [`WireFeatures::ROW_FORMATS`]: the factor the
+    /// gradients were multiplied by, which the responder divides out. `None` travels as 0
+    /// (the reserved word of a connection without the feature).
+    pub loss_scale: Option<LossScale>,
 }
 
 impl<'a> RowsTable<'a> {
     /// A table section for `ids` with block `block` (`block.dims[0]` must equal
-    /// `ids.len() / 8`; the encoder checks).
+    /// `ids.len() / 8`; the encoder checks), without a loss scale.
     pub fn new(table: u32, block: TensorMeta<'a>, ids: &'a [u8]) -> RowsTable<'a> {
-        RowsTable { table, block, ids }
+        RowsTable {
+            table,
+            block,
+            ids,
+            loss_scale: None,
+        }
     }
 
     /// Number of rows (ids).
@@ -77,7 +88,7 @@ impl<'a> RowsTable<'a> {
     /// Writes exactly `buffer_len()` bytes.
     pub fn emit(&self, buf: &mut [u8]) {
         put_u32(buf, 0, self.table);
-        put_u32(buf, 4, 0);
+        put_u32(buf, 4, LossScale::to_wire(self.loss_scale));
         let m = self.block.buffer_len();
         self.block.emit(&mut buf[TABLE_FIXED_LEN..]);
         let at = TABLE_FIXED_LEN + m;
@@ -92,10 +103,23 @@ pub fn pull_rows_meta_len(rank: usize, n: usize) -> usize {
 }
 
 /// Writes a table section (`pull_rows_meta_len(block rank, ids.len())` bytes) from native
-/// ids.
+/// ids, without a loss scale.
 pub fn emit_pull_rows_meta(table: u32, block: &TensorMeta<'_>, ids: &[u64], buf: &mut [u8]) {
+    emit_rows_meta(table, None, block, ids, buf)
+}
+
+/// Writes a table section (`pull_rows_meta_len(block rank, ids.len())` bytes) from native
+/// ids, with `loss_scale` (only on a `PUSH_ROWS` of a connection that negotiated
+/// [`WireFeatures::ROW_FORMATS`]; the encoder does not check).
+pub fn emit_rows_meta(
+    table: u32,
+    loss_scale: Option<LossScale>,
+    block: &TensorMeta<'_>,
+    ids: &[u64],
+    buf: &mut [u8],
+) {
     put_u32(buf, 0, table);
-    put_u32(buf, 4, 0);
+    put_u32(buf, 4, LossScale::to_wire(loss_scale));
     let m = block.buffer_len();
     block.emit(&mut buf[TABLE_FIXED_LEN..]);
     let at = TABLE_FIXED_LEN + m;
@@ -112,22 +136,29 @@ pub struct RowsTables<'a> {
 }
 
 impl<'a> RowsTables<'a> {
-    /// Validates the table sections; returns them and the inline payload bytes they
-    /// declare (always 0 for a pull).
+    /// Validates the table sections on a connection with `features`; returns them and the
+    /// inline payload bytes they declare (always 0 for a pull).
     pub(super) fn parse(
         meta: &'a [u8],
         count: u32,
         limits: &Limits,
         push: bool,
+        features: WireFeatures,
     ) -> Result<(Self, u64)> {
         let (mut at, mut inline, mut rows) = (0usize, 0u64, 0u64);
+        let scales = features.contains(WireFeatures::ROW_FORMATS);
         for _ in 0..count {
             let rest = meta.get(at..).ok_or(Error::BadMetaLen)?;
             if rest.len() < TABLE_FIXED_LEN {
                 return Err(Error::BadMetaLen);
             }
-            if get_u32(rest, 4) != 0 {
-                return Err(Error::ReservedNotZero);
+            match get_u32(rest, 4) {
+                0 => {}
+                _ if !scales => return Err(Error::ReservedNotZero),
+                bits if !push || LossScale::from_wire(bits).is_err() => {
+                    return Err(Error::BadLossScale)
+                }
+                _ => {}
             }
             let (block, len) =
                 TensorMeta::parse(&rest[TABLE_FIXED_LEN..], limits).map_err(truncated_meta)?;
@@ -182,14 +213,22 @@ impl<'a> Iterator for RowsTables<'a> {
         if self.remaining == 0 {
             return None;
         }
-        let table = get_u32(self.bytes.get(..TABLE_FIXED_LEN)?, 0);
+        let fixed = self.bytes.get(..TABLE_FIXED_LEN)?;
+        let table = get_u32(fixed, 0);
+        // Checked by `parse`: 0, or a scale in range.
+        let loss_scale = LossScale::from_wire(get_u32(fixed, 4)).ok().flatten();
         let (block, len) = TensorMeta::parse_validated(self.bytes.get(TABLE_FIXED_LEN..)?)?;
         let at = TABLE_FIXED_LEN + len;
         let n = block.dims.get(0)? as usize;
         let ids = self.bytes.get(at..at + 8 * n)?;
         self.bytes = self.bytes.get(at + 8 * n..)?;
         self.remaining -= 1;
-        Some(RowsTable { table, block, ids })
+        Some(RowsTable {
+            table,
+            block,
+            ids,
+            loss_scale,
+        })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

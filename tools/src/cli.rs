@@ -741,6 +741,16 @@ pub struct BenchArgs {
     )]
     pub table_kind: TableKind,
 
+    /// what pull-rows and push-rows rows travel as: f32, bf16 or f16 (default: f32, the
+    /// table's; a target that does not announce row_formats is sent f32)
+    #[argh(
+        option,
+        default = "starwire::rows::ps::Float::F32",
+        from_str_fn(parse_stored),
+        arg_name = "format"
+    )]
+    pub wire: starwire::rows::ps::Float,
+
     /// how that table stores its elements: f32, bf16 or f16 (default: f32)
     #[argh(
         option,

@@ -5,7 +5,8 @@ what it serves (a `PsTable`, starwire's PS table, saved and loaded as checkpoint
 `RowsTable` kept in Python; a per-tensor `Service`). A
 `Client` per thread sends requests: ping, pull/push of tensors, recv/recv_many of published
 tensors, rows (`Client.pull_rows`, `Client.push_rows`), the sharded rows client
-(`Client.sharded`), and checkpoints of a PS's tables into its own directory
+(`Client.sharded`; `Pipeline`, its pipelined form: the next batch's rows fetched while
+this one computes, pushes not waited for, a staleness bound), and checkpoints of a PS's tables into its own directory
 (`Client.checkpoint`; `Runtime(checkpoint_dir=...)` on the PS). Each request has a blocking form and a submitted one (``submit_*``,
 returning a `Pending`); waiting releases the GIL.
 
@@ -33,6 +34,7 @@ from .errors import (ABORTED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, INVALID_AR
                      InvalidArgument, IoError, NotACheckpoint, ProtocolError, Refused,
                      RemoteError, Shutdown, StarwireError, TableFull, Timeout, status_name)
 from .metrics import Metrics, remote_stats
+from .pipeline import Pipeline, PipelineReport, PipelineSettings, PushFailure
 from .ps_table import (HotId, LoadReport, MaintainReport, PsTable, SaveReport, TableMetrics,
                        checkpoint_file)
 from .runtime import Allocator, MemTable, RowsTable, Runtime, Service
@@ -58,7 +60,8 @@ __all__ = [
     "CheckpointTableError", "CheckpointTruncated", "CheckpointVersionError", "Client",
     "Closed", "ConfigError", "ConnectFailed", "ConnectionLost", "HotId", "InternalError",
     "InvalidArgument", "IoError", "LoadReport", "MaintainReport", "MemTable", "Metrics",
-    "NotACheckpoint", "Pending", "ProtocolError", "PsTable", "Refused", "RemoteError",
+    "NotACheckpoint", "Pending", "Pipeline", "PipelineReport", "PipelineSettings",
+    "ProtocolError", "PsTable", "PushFailure", "Refused", "RemoteError",
     "RowsTable", "Runtime", "SaveReport", "Service", "Sharded", "Shutdown", "StarwireError",
     "Stats", "StepReport", "TableFull", "TableMetrics", "Timeout", "checkpoint_file",
     "library_path", "remote_stats", "status_name", "version",

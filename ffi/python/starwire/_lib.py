@@ -300,3 +300,56 @@ sharded_push = _sig("sw_sharded_push", R, p, p, p, C.c_size_t, p, C.c_uint64, C.
                     C.POINTER(StepReport))
 sharded_part = _sig("sw_sharded_part", R, p, C.c_size_t)
 sharded_free = _sig("sw_sharded_free", None, p)
+
+
+class PipelineSettings(C.Structure):
+    """``sw_pipeline_settings``."""
+
+    _fields_ = [("staleness", C.c_uint32), ("max_pushes_in_flight", C.c_uint32),
+                ("timeout_ms", C.c_uint64)]
+
+
+PIPELINE_REPORT_COUNTS = ("unique", "missing", "rows_received", "rows_sent", "bytes_received",
+                          "bytes_sent", "pushes_in_flight", "prefetched", "refetched",
+                          "may_miss")
+
+
+class PipelineReport(C.Structure):
+    """``sw_pipeline_report``."""
+
+    _fields_ = [
+        ("step", C.c_uint64), ("visible_seconds", C.c_double), ("waited_seconds", C.c_double),
+        ("unique", C.c_size_t), ("missing", C.c_size_t), ("rows_received", C.c_size_t),
+        ("rows_sent", C.c_size_t), ("bytes_received", C.c_uint64), ("bytes_sent", C.c_uint64),
+        ("pushes_in_flight", C.c_size_t), ("prefetched", C.c_size_t),
+        ("refetched", C.c_size_t), ("may_miss", C.c_uint64),
+    ]
+
+
+class PushFailure(C.Structure):
+    """``sw_push_failure``."""
+
+    _fields_ = [("step", C.c_uint64), ("shard", C.c_size_t), ("result", C.c_uint32),
+                ("status", C.c_uint32)]
+
+
+pipeline_settings_default = _sig("sw_pipeline_settings_default", PipelineSettings)
+pipeline_new = _sig("sw_pipeline_new", R, p, C.POINTER(C.c_char_p), C.c_size_t, Partition,
+                    C.c_uint32, C.c_uint8, p, C.c_uint32, PipelineSettings, C.POINTER(p))
+# Arrays as addresses (c_void_p): numpy arrays' data.
+pipeline_prefetch = _sig("sw_pipeline_prefetch", R, p, p, p, C.c_size_t,
+                         C.POINTER(PipelineReport))
+pipeline_pull = _sig("sw_pipeline_pull", R, p, p, p, C.c_size_t, p, C.c_uint64,
+                     C.POINTER(PipelineReport))
+pipeline_push = _sig("sw_pipeline_push", R, p, p, p, C.c_size_t, p, C.c_uint64,
+                     C.POINTER(PipelineReport))
+pipeline_flush = _sig("sw_pipeline_flush", R, p, p, C.POINTER(PipelineReport))
+pipeline_current_report = _sig("sw_pipeline_current_report", R, p, C.POINTER(PipelineReport))
+pipeline_steps = _sig("sw_pipeline_steps", C.c_uint64, p)
+pipeline_pushes = _sig("sw_pipeline_pushes", C.c_uint64, p)
+pipeline_pushes_in_flight = _sig("sw_pipeline_pushes_in_flight", C.c_size_t, p)
+pipeline_failed_pushes = _sig("sw_pipeline_failed_pushes", C.c_size_t, p)
+pipeline_failed_push = _sig("sw_pipeline_failed_push", R, p, C.c_size_t,
+                            C.POINTER(PushFailure))
+pipeline_failed_push_error = _sig("sw_pipeline_failed_push_error", R, p, C.c_size_t)
+pipeline_free = _sig("sw_pipeline_free", None, p)

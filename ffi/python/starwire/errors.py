@@ -8,7 +8,7 @@ keep working.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from . import _lib
 
@@ -56,6 +56,10 @@ class StarwireError(Exception):
     #: For the failure of a sharded step's part: the step's `StepReport` (the other parts'
     #: rows were written). None otherwise.
     report: Any = None
+    #: For the failure of a `Pipeline` call that found pushes which failed after their
+    #: call had returned: those pushes (`starwire.PushFailure`), in the order found; the
+    #: exception is the first one's kind. Empty otherwise.
+    failed_pushes: Sequence[Any] = ()
     task: Optional[str]
     errno: Optional[int]
     strerror: Optional[str]

@@ -9,6 +9,13 @@ import re
 import shutil
 import unittest
 
+try:
+    import torch  # noqa: F401 - the torch example needs it
+except ImportError:
+    HAVE_TORCH = False
+else:
+    HAVE_TORCH = True
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(HERE, "..", "README.md")
 
@@ -47,6 +54,42 @@ class ReadmeTest(unittest.TestCase):
         lines = out.getvalue().splitlines()
         self.assertRegex(lines[0], r"^table 1: 1000 rows, \d+ bytes in .*/table-1\.swrows$")
         self.assertRegex(lines[1], r"^PS restarted at 127\.0\.0\.1:\d+: 1000 rows, as they were$")
+
+    @unittest.skipUnless(os.path.exists(README), "the README is not beside the tests")
+    @unittest.skipUnless(HAVE_TORCH, "torch is not importable here (CI installs it)")
+    def test_the_torch_example_trains(self) -> None:
+        with open(README, encoding="utf-8") as f:
+            blocks = re.findall(r"```python\n(# example: torch\n.*?)```", f.read(), re.S)
+        self.assertEqual(len(blocks), 1)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(blocks[0], README, "exec"), {"__name__": "readme"})
+        lines = out.getvalue().splitlines()
+        losses = [float(m.group(1)) for m in map(re.compile(r"loss (\S+)").search, lines) if m]
+        self.assertEqual(len(losses), 3, out.getvalue())
+        # About 23 % of the bags are positive: 0.54 is the loss of knowing only that.
+        self.assertLess(losses[-1], 0.3, out.getvalue())
+        self.assertRegex(lines[-1], r"^rows on \['127\.0\.0\.1:\d+', '127\.0\.0\.1:\d+'\]$")
+
+    @unittest.skipUnless(os.path.exists(README), "the README is not beside the tests")
+    def test_the_pipeline_example_steps_without_waiting(self) -> None:
+        with open(README, encoding="utf-8") as f:
+            blocks = re.findall(r"```python\n(# example: pipeline\n.*?)```", f.read(), re.S)
+        self.assertEqual(len(blocks), 1)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(blocks[0], README, "exec"), {"__name__": "readme"})
+        lines = out.getvalue().splitlines()
+        m = re.fullmatch(r"20 steps, 20 pushes; last step: (\d+) ids, (\d+) rows in, (\d+) out, "
+                         r"rows missing at most ([01]) of this worker's pushes", lines[0])
+        self.assertIsNotNone(m, out.getvalue())
+        assert m is not None
+        unique, rows_in, rows_out = (int(m.group(i)) for i in (1, 2, 3))
+        self.assertEqual((rows_in, rows_out), (unique, unique))
+        self.assertGreater(unique, 50)
+        after = re.fullmatch(r"largest element after: (\S+) \(at most 0\.05\)", lines[1])
+        assert after is not None, out.getvalue()
+        self.assertLessEqual(float(after.group(1)), 0.05)
 
 
 if __name__ == "__main__":

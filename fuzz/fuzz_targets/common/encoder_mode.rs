@@ -5,7 +5,7 @@
 use starwire::proto::{
     EncodeError, Encoder, EncoderConfig, OutTensor, PayloadTarget, Piece, PushItem, ResponseItem,
 };
-use starwire::wire::{DType, Dims, FrameKind, HelloRepr, Limits, Status, TensorMeta};
+use starwire::wire::{DType, Dims, FrameKind, HelloRepr, Limits, Status, TensorMeta, WireFeatures};
 
 use super::native::{limits_for, target_key, NBody, NTensor, CAPACITIES};
 use super::run_all;
@@ -465,6 +465,7 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                     },
                     job: &job,
                     token: &token,
+                    features: WireFeatures::from_bits(g.input.u16()),
                 };
                 exp.kind = if ack {
                     FrameKind::HelloAck
@@ -478,6 +479,7 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                     limits: hello.limits,
                     job: job.clone(),
                     token: token.clone(),
+                    features: hello.features.bits(),
                 };
                 enc.hello(&hello, ack)
             }

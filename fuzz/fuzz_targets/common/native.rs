@@ -82,6 +82,7 @@ pub enum NBody {
         limits: Limits,
         job: Vec<u8>,
         token: Vec<u8>,
+        features: u16,
     },
     Ping,
     Pong,
@@ -116,6 +117,7 @@ impl NBody {
             limits: h.limits,
             job: h.job.to_vec(),
             token: h.token.to_vec(),
+            features: h.features.bits(),
         };
         match body {
             Body::Hello(h) => hello(h, false),

@@ -229,6 +229,25 @@ fn backend_and_token_reject_bad_values() {
 }
 
 #[test]
+fn wire_features_are_all_none_or_names() {
+    use crate::wire::WireFeatures;
+    assert_eq!(config("ps", &[]).unwrap().wire_features, WireFeatures::ALL);
+    for (text, want) in [
+        ("all", WireFeatures::ALL),
+        ("none", WireFeatures::NONE),
+        ("row_formats", WireFeatures::ROW_FORMATS),
+    ] {
+        let c = config("worker", &[(ENV_WIRE_FEATURES, text)]).unwrap();
+        assert_eq!(c.wire_features, want, "{text}");
+    }
+    for bad in ["", "ALL", "row_formats,", "versions", "row formats"] {
+        assert_rejected("ps", ENV_WIRE_FEATURES, bad);
+    }
+    let err = error("ps", &[(ENV_WIRE_FEATURES, "bf16")]);
+    assert!(err.to_string().contains("row_formats"), "{err}");
+}
+
+#[test]
 fn non_utf8_is_rejected_naming_the_variable() {
     let vars = [
         ENV_CLUSTER_ID,
@@ -277,6 +296,7 @@ fn non_utf8_is_rejected_naming_the_variable() {
         ENV_TABLE_UPKEEP_MS,
         ENV_TRACE,
         ENV_TRACE_EVENTS,
+        ENV_WIRE_FEATURES,
     ];
     // Every variable of the table is in the list.
     let table: Vec<&str> = table::rows()

@@ -16,12 +16,13 @@ use arrayvec::ArrayVec;
 
 use super::element::{self, RowElement};
 use super::plan::{Partition, Plan};
+use super::travel::checked_scale;
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::Error;
 use crate::session::{Completion, Rows, Spare, MAX_ROW_RANK};
 use crate::tensor::Tensor;
-use crate::wire::DType;
+use crate::wire::{DType, LossScale};
 use ledger::Ledger;
 
 /// A table partitioned over PS tasks, seen from a worker whose steps overlap their
@@ -173,6 +174,11 @@ pub struct Pipeline {
     report: PipelineReport,
     /// The bytes of a typed call's rows (grown to the largest batch, then reused).
     typed: Vec<u8>,
+    /// The dtype rows travel as, and the loss scale pushes are sent with.
+    wire: DType,
+    loss_scale: Option<LossScale>,
+    /// A block that travelled in another dtype, widened into the table's (reused).
+    wide: Vec<u8>,
 }
 
 /// One PS's part of the pull of the batch on its way.
@@ -197,7 +203,9 @@ impl Pipeline {
     /// Table `table` (rows of `dtype` and shape `row_dims`) partitioned over `peers` (PS
     /// task `i` holds the ids `partition` maps to `i`), pipelined as `settings` say.
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for no peers, rows
-    /// of no bytes or an unknown dtype, too many row dimensions, or settings out of range.
+    /// of no bytes or an unknown dtype, too many row dimensions, or settings out of range
+    /// (a wire dtype the table's rows do not convert into, a loss scale out of range or
+    /// for rows that are not f32, bf16 or f16).
     pub fn new(
         peers: Vec<Peer>,
         partition: Partition,
@@ -216,6 +224,16 @@ impl Pipeline {
             .row_bytes()
             .filter(|&b| b > 0 && b <= usize::MAX as u64)
             .ok_or_else(|| Error::invalid("rows: unknown dtype or empty row"))?;
+        let wire = settings.wire().unwrap_or(dtype);
+        if wire != dtype && !crate::float::convertible(dtype, wire) {
+            return Err(Error::invalid(&format!(
+                "pipeline: wire_dtype is {}; table {table}'s {} rows travel as they are or, \
+                 for f32, bf16 and f16 rows, as one of those",
+                wire.name(),
+                dtype.name()
+            )));
+        }
+        let loss_scale = checked_scale(table, dtype, settings.scale())?;
         let n = peers.len();
         let slots = settings.pushes_in_flight_bound() as usize;
         Ok(Pipeline {
@@ -240,6 +258,9 @@ impl Pipeline {
             reported: Vec::new(),
             report: PipelineReport::default(),
             typed: Vec::new(),
+            wire,
+            loss_scale,
+            wide: Vec::new(),
             peers,
             table,
             dtype,

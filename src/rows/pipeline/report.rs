@@ -14,8 +14,8 @@ use crate::error::Error;
 /// [`push`](super::Pipeline::push) of its gradients. Each call returns the report of the
 /// step so far, so the one `push` returns covers the whole step in the usual order.
 ///
-/// Bytes are payload: 8 per id sent, `row_bytes` per row each way; frame headers are not
-/// counted. Requests and answers are counted in the step whose call sent or took them: the
+/// Bytes are payload: 8 per id sent, and per row each way its bytes as it travelled
+/// (`row_bytes`, or fewer with a narrower wire dtype); frame headers are not counted. Requests and answers are counted in the step whose call sent or took them: the
 /// rows of step `t + 1` requested by the prefetch of step `t` count as sent in step `t`
 /// and received in step `t + 1`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,6 +49,9 @@ pub struct PipelineReport {
     /// PS parts of the step's pull sent again at the pull because more pushes had been
     /// issued since the prefetch than the staleness bound allows its rows to miss.
     pub refetched: usize,
+    /// PS parts of the step's pull whose rows travelled in the table's dtype although
+    /// another wire dtype was set: the PS did not announce `row_formats`.
+    pub fallbacks: usize,
     /// The most of this worker's pushes the step's rows may miss: pushes issued before
     /// the pull returned that some PS part's request was sent without waiting for. Never
     /// above the staleness bound.

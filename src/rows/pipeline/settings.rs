@@ -4,13 +4,15 @@
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::wire::DType;
 
 /// Most pushes a [`Pipeline`](super::Pipeline) may keep in flight (its gradient blocks are
 /// kept per push in flight and per PS).
 pub const MAX_PUSHES_IN_FLIGHT: u32 = 64;
 
 /// How far a [`Pipeline`](super::Pipeline) runs ahead: its staleness bound, the pushes
-/// it keeps in flight, and the time its requests are given. Fields are private and every
+/// it keeps in flight, and the time its requests are given; and how its rows travel: the
+/// wire dtype and the loss scale of pushes. Fields are private and every
 /// setter checks nothing; [`Pipeline::new`](super::Pipeline::new) refuses settings out of
 /// range, naming the setting.
 ///
@@ -29,15 +31,21 @@ pub struct PipelineSettings {
     staleness: u32,
     max_pushes_in_flight: u32,
     timeout: Option<Duration>,
+    wire: Option<DType>,
+    /// The loss scale's f32 bits (checked by the pipeline).
+    loss_scale: Option<u32>,
 }
 
 impl Default for PipelineSettings {
-    /// Staleness 1, 2 pushes in flight, requests given 60 s.
+    /// Staleness 1, 2 pushes in flight, requests given 60 s, rows travelling as the
+    /// table's dtype, no loss scale.
     fn default() -> PipelineSettings {
         PipelineSettings {
             staleness: 1,
             max_pushes_in_flight: 2,
             timeout: Some(Duration::from_secs(60)),
+            wire: None,
+            loss_scale: None,
         }
     }
 }
@@ -67,6 +75,33 @@ impl PipelineSettings {
     pub fn timeout(mut self, timeout: Option<Duration>) -> PipelineSettings {
         self.timeout = timeout;
         self
+    }
+
+    /// The dtype rows travel as: `None` (the default), the table's; for an f32, bf16 or
+    /// f16 table, any of the three (the caller's rows stay in the table's dtype; see
+    /// [`Sharded`](crate::Sharded#rows-in-another-float-format-on-the-wire), which does the
+    /// same).
+    pub fn wire_dtype(mut self, wire: Option<DType>) -> PipelineSettings {
+        self.wire = wire;
+        self
+    }
+
+    /// The factor pushed gradients were multiplied by (a loss scale, 2^-126 to 2^126),
+    /// which the PS divides out before applying them; `None` (the default): none. For f32,
+    /// bf16 and f16 tables.
+    pub fn loss_scale(mut self, scale: Option<f32>) -> PipelineSettings {
+        self.loss_scale = scale.map(f32::to_bits);
+        self
+    }
+
+    /// The dtype rows travel as, when set.
+    pub fn wire(&self) -> Option<DType> {
+        self.wire
+    }
+
+    /// The loss scale pushes are sent with, when set.
+    pub fn scale(&self) -> Option<f32> {
+        self.loss_scale.map(f32::from_bits)
     }
 
     /// The staleness bound.

@@ -9,6 +9,7 @@ use super::{Part, Pipeline};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
+use crate::rows::travel::widened;
 use crate::rows::Plan;
 use crate::session::{Completion, Rows, Spare};
 use crate::tensor::Tensor;
@@ -202,7 +203,7 @@ impl Pipeline {
             let deadline = *deadline.get_or_insert_with(|| self.deadline());
             let covers = self.ledger.covered(k);
             let ids = self.ahead.ids(k);
-            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids).travel_as(self.wire);
             self.report.bytes_sent += ID_BYTES * ids.len() as u64;
             let spare = std::mem::take(&mut self.pull_spares[k]);
             self.parts[k] = match client.pull_rows_with(self.peers[k], &[rows], deadline, spare) {
@@ -316,10 +317,16 @@ impl Pipeline {
                     let n = self.ahead.ids(k).len();
                     self.report.missing += missing_positions(&self.ahead, k, rows.missing(0));
                     self.report.rows_received += n;
-                    self.report.bytes_received += (n * rb) as u64;
-                    self.ahead
-                        .scatter(k, block.bytes(), rb, out)
-                        .map_err(|e| Error::invalid(&e.to_string()))
+                    self.report.bytes_received += block.byte_len() as u64;
+                    if self.wire != self.dtype && block.dtype() == self.dtype {
+                        self.report.fallbacks += 1;
+                    }
+                    let ahead = &self.ahead;
+                    widened(self.dtype, block, &mut self.wide).and_then(|bytes| {
+                        ahead
+                            .scatter(k, bytes, rb, out)
+                            .map_err(|e| Error::invalid(&e.to_string()))
+                    })
                 }
                 Err(status) => Err(remote(status, self.peers[k])),
             },
@@ -358,6 +365,8 @@ impl Pipeline {
         let deadline = self.deadline();
         let peers = self.peers.len();
         let rb = self.row_bytes;
+        let elem = |d: DType| d.size().unwrap_or(1) as usize;
+        let wire_rb = rb / elem(self.dtype) * elem(self.wire);
         let plan = if use_current {
             &self.current
         } else {
@@ -368,7 +377,9 @@ impl Pipeline {
             if ids.is_empty() {
                 continue;
             }
-            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids);
+            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids)
+                .travel_as(self.wire)
+                .scaled_by(self.loss_scale);
             let peer = self.peers[k];
             let spare: Spare = std::mem::take(&mut self.push_spares[slot * peers + k]);
             let sent = match self.placed[k] {
@@ -394,7 +405,7 @@ impl Pipeline {
                 }),
             }
             self.report.rows_sent += ids.len();
-            self.report.bytes_sent += (ID_BYTES + rb as u64) * ids.len() as u64;
+            self.report.bytes_sent += (ID_BYTES + wire_rb as u64) * ids.len() as u64;
         }
         self.step_pushed = true;
         self.send_allowed(client, self.use_target());

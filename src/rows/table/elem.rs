@@ -8,53 +8,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::wire::DType;
+use crate::float::{bf16_bits, f16_bits, from_bf16_bits, from_f16_bits};
 
-/// A floating-point element format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Float {
-    /// IEEE 754 binary32.
-    F32,
-    /// bfloat16: the top half of a binary32 (8 exponent bits, 7 mantissa bits); rounded to
-    /// nearest, ties to even.
-    Bf16,
-    /// IEEE 754 binary16 (5 exponent bits, 10 mantissa bits); rounded to nearest, ties to
-    /// even; magnitudes beyond 65504 become infinite.
-    F16,
-}
+pub use crate::float::Float;
 
-impl Float {
-    /// Bytes of one element.
-    pub fn size(self) -> usize {
-        match self {
-            Float::F32 => 4,
-            Float::Bf16 | Float::F16 => 2,
-        }
-    }
-
-    /// The wire's name of this format.
-    pub fn dtype(self) -> DType {
-        match self {
-            Float::F32 => DType::F32,
-            Float::Bf16 => DType::BF16,
-            Float::F16 => DType::F16,
-        }
-    }
-
-    /// The format a wire dtype names, if it is one of these.
-    pub fn from_dtype(dtype: DType) -> Option<Float> {
-        match dtype {
-            DType::F32 => Some(Float::F32),
-            DType::BF16 => Some(Float::Bf16),
-            DType::F16 => Some(Float::F16),
-            _ => None,
-        }
-    }
-
-    /// Words of a row of `dim` elements.
-    pub(super) fn words(self, dim: usize) -> usize {
-        (dim * self.size()).div_ceil(8)
-    }
+/// Words of a row of `dim` elements of `format`.
+pub(super) fn words(format: Float, dim: usize) -> usize {
+    (dim * format.size()).div_ceil(8)
 }
 
 /// Elements a push computes together (and the unit of the fixed-size loads below).
@@ -142,10 +102,10 @@ impl Format for Bf16 {
     const PER_WORD: usize = 4;
     const BYTES: usize = 2;
     fn decode(bits: u64) -> f32 {
-        bf16_to_f32(bits as u16)
+        from_bf16_bits(bits as u16)
     }
     fn encode(x: f32) -> u64 {
-        u64::from(f32_to_bf16(x))
+        u64::from(bf16_bits(x))
     }
 }
 
@@ -153,10 +113,10 @@ impl Format for F16 {
     const PER_WORD: usize = 4;
     const BYTES: usize = 2;
     fn decode(bits: u64) -> f32 {
-        f16_to_f32(bits as u16)
+        from_f16_bits(bits as u16)
     }
     fn encode(x: f32) -> u64 {
-        u64::from(f32_to_f16(x))
+        u64::from(f16_bits(x))
     }
 }
 
@@ -228,146 +188,9 @@ pub(super) fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
     }
 }
 
-/// `x` in bfloat16, rounded to nearest with ties to even; a NaN stays a (quiet) NaN.
-pub(super) fn f32_to_bf16(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1));
-    (rounded >> 16) as u16
-}
-
-/// The f32 a bfloat16 stands for (exact).
-pub(super) fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits(u32::from(h) << 16)
-}
-
-/// `x` in binary16, rounded to nearest with ties to even; out of range: infinite; a NaN
-/// stays a (quiet) NaN.
-pub(super) fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        let nan = if man != 0 {
-            0x200 | (man >> 13) as u16
-        } else {
-            0
-        };
-        return sign | 0x7c00 | nan;
-    }
-    // The exponent rebiased for binary16.
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        // A subnormal binary16 (or zero): the mantissa with its implicit bit, shifted.
-        if e < -10 {
-            return sign;
-        }
-        let m = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let rest = m & ((1 << shift) - 1);
-        let mut h = m >> shift;
-        if rest > half || (rest == half && h & 1 == 1) {
-            h += 1;
-        }
-        return sign | h as u16;
-    }
-    let mut h = ((e as u32) << 10) | (man >> 13);
-    let rest = man & 0x1fff;
-    // A carry out of the mantissa raises the exponent, to infinity at the top: correct.
-    if rest > 0x1000 || (rest == 0x1000 && h & 1 == 1) {
-        h += 1;
-    }
-    sign | h as u16
-}
-
-/// The f32 a binary16 stands for (exact).
-pub(super) fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let man = u32::from(h & 0x3ff);
-    match exp {
-        0 => {
-            // Zero or subnormal: man × 2^-24, exact in f32.
-            let v = man as f32 * (1.0 / 16_777_216.0);
-            if sign != 0 {
-                -v
-            } else {
-                v
-            }
-        }
-        0x1f => f32::from_bits(sign | 0x7f80_0000 | (man << 13)),
-        _ => f32::from_bits(sign | ((exp + 112) << 23) | (man << 13)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bf16_rounds_to_nearest_even() {
-        assert_eq!(f32_to_bf16(1.0), 0x3f80);
-        assert_eq!(bf16_to_f32(0x3f80), 1.0);
-        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
-        assert_eq!(f32_to_bf16(1.0 + 1.0 / 256.0), 0x3f80);
-        // 1 + 3 × 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: up.
-        assert_eq!(f32_to_bf16(1.0 + 3.0 / 256.0), 0x3f82);
-        assert_eq!(f32_to_bf16(-2.5), 0xc020);
-        assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
-        assert_eq!(f32_to_bf16(f32::INFINITY), 0x7f80);
-        assert_eq!(f32_to_bf16(f32::MAX), 0x7f80);
-        // Every bfloat16 survives a round trip through f32.
-        for h in 0..=u16::MAX {
-            let x = bf16_to_f32(h);
-            if !x.is_nan() {
-                assert_eq!(f32_to_bf16(x), h, "{h:#x}");
-            }
-        }
-    }
-
-    #[test]
-    fn f16_conversions() {
-        assert_eq!(f32_to_f16(1.0), 0x3c00);
-        assert_eq!(f32_to_f16(-2.0), 0xc000);
-        assert_eq!(f32_to_f16(65504.0), 0x7bff);
-        assert_eq!(f32_to_f16(65520.0), 0x7c00); // rounds up past the largest finite
-        assert_eq!(f32_to_f16(1e9), 0x7c00);
-        assert_eq!(f32_to_f16(f32::NEG_INFINITY), 0xfc00);
-        assert!(f16_to_f32(f32_to_f16(f32::NAN)).is_nan());
-        // The smallest subnormal, 2^-24, and half of it (a tie, to even: zero).
-        assert_eq!(f32_to_f16(5.960_464_5e-8), 0x0001);
-        assert_eq!(f32_to_f16(2.980_232_2e-8), 0x0000);
-        assert_eq!(f32_to_f16(-0.0), 0x8000);
-        // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even.
-        assert_eq!(f32_to_f16(1.0 + 1.0 / 2048.0), 0x3c00);
-        assert_eq!(f32_to_f16(1.0 + 3.0 / 2048.0), 0x3c02);
-        // Every binary16 survives a round trip through f32.
-        for h in 0..=u16::MAX {
-            let x = f16_to_f32(h);
-            if !x.is_nan() {
-                assert_eq!(f32_to_f16(x), h, "{h:#x}");
-            }
-        }
-        // Against the nearest binary16 found by search, for values between grid points.
-        for i in 0..20_000u32 {
-            let x = (i as f32 - 10_000.0) * 0.001_234_5;
-            let h = f32_to_f16(x);
-            let err = (f16_to_f32(h) - x).abs();
-            for n in [h.wrapping_sub(1), h.wrapping_add(1)] {
-                let y = f16_to_f32(n);
-                if y.is_finite() && y.signum() == x.signum() {
-                    assert!(err <= (y - x).abs(), "{x}: {h:#x} vs {n:#x}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn packing_is_little_endian_bytes_in_order() {
@@ -392,7 +215,7 @@ mod tests {
         copy_out(&words, &mut out);
         let want: Vec<u8> = vals
             .iter()
-            .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+            .flat_map(|&v| crate::float::f32_to_bf16(v).to_le_bytes())
             .collect();
         assert_eq!(out[..], want[..]);
         let mut back = [0f32; 5];
@@ -405,9 +228,7 @@ mod tests {
         let mut tail = [0f32; 1];
         load::<Bf16>(&words, 4, &mut tail);
         assert_eq!(tail, [7.0]);
-        assert_eq!(Float::Bf16.words(5), 2);
-        assert_eq!(Float::F32.words(5), 3);
-        assert_eq!(Float::from_dtype(DType::F16), Some(Float::F16));
-        assert_eq!(Float::from_dtype(DType::F64), None);
+        assert_eq!(super::words(Float::Bf16, 5), 2);
+        assert_eq!(super::words(Float::F32, 5), 3);
     }
 }

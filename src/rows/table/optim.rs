@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn sgd_and_adagrad_by_hand() {
         let dim = 3;
-        let w = words(elem::Float::F32.words(dim));
+        let w = words(elem::words(elem::Float::F32, dim));
         elem::store::<F32>(&w, 0, &[1.0, 2.0, 3.0]);
         let sgd = Optimizer::Sgd { lr: 0.5 };
         apply::<F32, F32>(&sgd, dim, &w, &[], &bytes(&[2.0, -2.0, 0.0]));
@@ -355,7 +355,7 @@ mod tests {
             beta2: 0.99,
             epsilon: 1e-8,
         };
-        let w = words(elem::Float::F32.words(dim));
+        let w = words(elem::words(elem::Float::F32, dim));
         let s = words(opt.state_words(dim));
         opt.init_state(dim, &s);
         let g1: Vec<f32> = (0..dim).map(|k| k as f32 - 4.0).collect();
@@ -391,12 +391,12 @@ mod tests {
     fn bf16_rows_computed_in_f32_and_rounded() {
         let dim = 4;
         let opt = Optimizer::Sgd { lr: 1.0 };
-        let w = words(elem::Float::Bf16.words(dim));
+        let w = words(elem::words(elem::Float::Bf16, dim));
         elem::store::<Bf16>(&w, 0, &[1.0, 1.0, 1.0, 1.0]);
         // A bf16 gradient on the wire.
         let g: Vec<u8> = [0.5f32, 0.25, 2.0, -1.0]
             .iter()
-            .flat_map(|&x| elem::f32_to_bf16(x).to_le_bytes())
+            .flat_map(|&x| crate::float::f32_to_bf16(x).to_le_bytes())
             .collect();
         apply::<Bf16, Bf16>(&opt, dim, &w, &[], &g);
         let mut out = [0f32; 4];

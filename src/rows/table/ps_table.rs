@@ -646,8 +646,15 @@ impl PsTableBuilder {
     pub fn build(self) -> Result<PsTable, BuildError> {
         self.check()?;
         let layout = Layout::new(self.dim, self.stored, &self.optimizer);
+        // Address space only (nothing is committed), but sized for `max_rows`: a process
+        // under an address-space limit (`ulimit -v`, valgrind) may refuse it.
         let reserve = |what: &str, e: std::io::Error| BuildError {
-            what: format!("reserving the {what}: {e}"),
+            what: format!(
+                "reserving the {what}: {e} (address space for up to {} rows of {} B is \
+                 reserved at build; set max_rows to the rows the table may hold to reserve less)",
+                self.max_rows,
+                layout.slot_bytes()
+            ),
         };
         let slots =
             Slots::new(layout, self.max_rows, self.huge_pages).map_err(|e| reserve("slots", e))?;

@@ -40,7 +40,7 @@ pub(super) struct Layout {
 
 impl Layout {
     pub(super) fn new(dim: usize, stored: Float, optimizer: &Optimizer) -> Layout {
-        let row_words = stored.words(dim);
+        let row_words = super::elem::words(stored, dim);
         let state_words = optimizer.state_words(dim);
         Layout {
             dim,

@@ -22,6 +22,7 @@ use crate::error::{Error, ErrorKind};
 use crate::proto::{EncodeError, PushItem};
 use crate::stats::{Outcome, RequestKind};
 use crate::tensor::Tensor;
+use crate::wire::WireFeatures;
 
 use super::conn::{Conn, Phase};
 use super::conns::Conns;
@@ -353,12 +354,29 @@ impl Requests {
             return;
         };
         p.sent = Some(now);
-        let Some(op) = p.op.take() else {
+        let Some(mut op) = p.op.take() else {
             return;
         };
         let Some(conn) = conns.get_mut(slot) else {
             return;
         };
+        let formats = conn.proto.features().contains(WireFeatures::ROW_FORMATS);
+        if !formats && op.fall_back() {
+            // Rows asked in another dtype than their table's (or pushed with a loss scale)
+            // of a peer that did not announce the feature: they travel as the table's.
+            if let ReplyState::Rows(r) = &mut p.state {
+                r.fall_back();
+            }
+            if !conn.told_fallback {
+                conn.told_fallback = true;
+                log::warn!(
+                    "{} did not announce row_formats: rows travel to and from it in their \
+                     tables' dtype, and loss scales are divided out before pushes are sent",
+                    conn.outgoing
+                        .map_or_else(|| "a peer".to_string(), |(a, _)| a.to_string())
+                );
+            }
+        }
         let over = conn
             .proto
             .peer()
@@ -474,6 +492,28 @@ impl Requests {
         );
         for h in failed {
             self.fail(h, peer, why.clone(), ends);
+        }
+    }
+
+    /// Requests `handles`, not sent, go out on connection `slot` instead of the one they
+    /// waited for: at once when it is open, else when its handshake completes.
+    pub(crate) fn rehome(
+        &mut self,
+        conns: &mut Conns,
+        handles: &[u64],
+        slot: u32,
+        ends: &mut Ends<'_>,
+    ) {
+        for &h in handles {
+            let Ok(p) = self.ctxs.get_mut(CtxKey::from_raw(h)) else {
+                continue;
+            };
+            p.conn = slot;
+            match conns.get_mut(slot) {
+                Some(c) if c.phase == Phase::Open => self.send(conns, slot, h, ends),
+                Some(c) => c.waiting.push_back(h),
+                None => {}
+            }
         }
     }
 

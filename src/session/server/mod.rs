@@ -18,7 +18,7 @@ use crate::service::{self, SharedService};
 use crate::stats::{Outcome, RequestKind};
 use crate::tensor::{SharedAllocator, Tensor, TensorAllocator};
 use crate::upkeep::Checkpoints;
-use crate::wire::{Body, DType, Status, VarIds};
+use crate::wire::{Body, DType, Status, VarIds, WireFeatures};
 
 use super::budget::{ConnBudget, Reservation};
 use super::conn::Conn;
@@ -189,8 +189,10 @@ impl Server {
                 observer.served(c.peer, RequestKind::PullRows, Outcome::Ok, None);
                 // A request with a table refused for a reason the server can say is served
                 // here, where the words can be sent.
+                let convert = c.enc.features().contains(WireFeatures::ROW_FORMATS);
                 let pooled = self.jobs.as_ref();
-                let pooled = pooled.filter(|_| !rows::any_refused(service, Verb::Pull, tables));
+                let refused = rows::any_refused(service, Verb::Pull, tables, convert);
+                let pooled = pooled.filter(|_| !refused);
                 if let Some(jobs) = pooled {
                     // The blocks are made on the pool: charged before they are.
                     let bytes = tables.map(|t| t.block.byte_len).sum();
@@ -201,7 +203,7 @@ impl Server {
                     };
                     let job = Job::PullRows {
                         to: self.reply_to(c, h),
-                        tables: rows::pull_job(tables),
+                        tables: rows::pull_job(tables, convert),
                     };
                     if refuse_if_unsent(jobs.try_send(job), c.enc, h) {
                         c.served.producing.push((h, reserved));
@@ -391,8 +393,9 @@ impl Server {
             mut memory,
         } = push.into_parts();
         // Tables refused for a reason the server can say: answered here, with the words.
+        let convert = c.enc.features().contains(WireFeatures::ROW_FORMATS);
         if rows.is_rows() {
-            push_refusals(service, &ids, &results, &mut s.refusals);
+            push_refusals(service, &ids, &results, &mut s.refusals, convert);
         } else {
             s.refusals.clear();
         }
@@ -405,6 +408,8 @@ impl Server {
                     blocks: results,
                     ids: rows.ids,
                     ends: rows.ends,
+                    scales: rows.scales,
+                    convert,
                 }
             } else {
                 Job::Push { to, ids, results }
@@ -416,7 +421,16 @@ impl Server {
             return;
         }
         if rows.is_rows() {
-            rows::apply_push(service, &ids, &results, &rows, &mut s.statuses);
+            let wide = &mut s.rows.wide;
+            rows::apply_push(
+                service,
+                &ids,
+                &results,
+                &rows,
+                &mut s.statuses,
+                convert,
+                wide,
+            );
             answer_statuses(c.enc, handle, &s.statuses, &s.refusals, &mut s.items);
             // The blocks were applied: their memory takes the next push's blocks.
             keep_memory(&mut results, &mut memory);

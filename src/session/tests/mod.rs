@@ -845,5 +845,6 @@ mod connect;
 mod liveness;
 mod metrics;
 mod recv_ahead;
+mod row_formats;
 mod rows;
 mod trace;

@@ -40,6 +40,7 @@ fn fixture_hello() {
         limits: Limits::default(),
         job: b"worker",
         token: b"s3cr",
+        features: crate::wire::WireFeatures::NONE,
     };
     assert_eq!(repr.check(), Ok(()));
     assert_eq!(
@@ -70,6 +71,7 @@ fn fixture_hello_ack() {
         limits: SMALLEST,
         job: b"ps",
         token: b"",
+        features: crate::wire::WireFeatures::NONE,
     };
     assert_eq!(
         emit_frame(&want_h, repr.buffer_len(), |b| repr.emit(b), &[]),

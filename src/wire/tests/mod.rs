@@ -587,4 +587,5 @@ fn hdr(
 
 mod fixtures;
 mod rejections;
+mod row_formats;
 mod rows;

@@ -745,7 +745,12 @@ fn reject_bad_hello() {
     rejects(&limit(40, &[0, 0, 0, 0, 0, 0, 0, 0x80]), Error::BadLimits); // max_tensor_bytes
     // Reserved.
     rejects(&patch(HELLO, |v| v[M + 19] = 1), Error::ReservedNotZero);
-    rejects(&patch(HELLO_ACK, |v| v[M + 22] = 1), Error::ReservedNotZero);
+    // Offset 22 is `features` (4.1), no longer reserved: any bits parse, kept as sent.
+    let with_features = patch(HELLO_ACK, |v| v[M + 22] = 0x03);
+    let Body::HelloAck(r) = parse_ok(&with_features).1 else {
+        panic!("not a HELLO_ACK")
+    };
+    assert_eq!(r.features.bits(), 3);
     // HelloRepr::check agrees.
     let r = HelloRepr {
         cluster_id: 1,
@@ -756,6 +761,7 @@ fn reject_bad_hello() {
         },
         job: b"w",
         token: b"",
+        features: crate::wire::WireFeatures::NONE,
     };
     assert_eq!(r.check(), Err(Error::BadLimits));
     assert_eq!(HelloRepr { job: b"", ..r }.check(), Err(Error::BadString));

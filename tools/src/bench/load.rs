@@ -84,6 +84,8 @@ pub(super) struct Load {
     /// sent from this tensor's memory by every request in flight).
     row_ids: Vec<u64>,
     grads: Arc<Tensor>,
+    /// What rows travel as (`--wire`).
+    wire: DType,
 }
 
 /// What one answer moved: tensors or rows, their bytes, the rows the server did not have,
@@ -139,12 +141,13 @@ impl Load {
             drawn: 0,
             row_ids: Vec::with_capacity(if op.rows() { per_request } else { 0 }),
             grads,
+            wire: args.wire.dtype(),
         })
     }
 
-    /// Bytes of one row.
+    /// Bytes of one row as it travels.
     fn row_bytes(&self) -> u64 {
-        self.row_dims[0] * 4
+        self.row_dims[0] * self.wire.size().unwrap_or(4)
     }
 
     /// Draws the next rows request's ids into `row_ids`.
@@ -193,11 +196,13 @@ impl Load {
             Op::PullRows => {
                 self.draw_rows();
                 let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
+                let rows = rows.travel_as(self.wire);
                 h.pull_rows(self.addr, &[rows], deadline).map(|t| t.tag())
             }
             Op::PushRows => {
                 self.draw_rows();
                 let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
+                let rows = rows.travel_as(self.wire);
                 h.push_rows_shared(self.addr, &[(rows, self.grads.clone())], deadline)
                     .map(|t| t.tag())
             }

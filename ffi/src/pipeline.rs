@@ -1,0 +1,552 @@
+//! The pipelined sharded rows client over the C ABI: a table partitioned over PS tasks,
+//! whose steps overlap their communication with the caller's computation. The rows of the
+//! next batch are requested early (`sw_pipeline_prefetch`), gradients are pushed without
+//! waiting for the answers (`sw_pipeline_push`), a staleness bound keeps the rows honest,
+//! and a push that failed after its call had returned fails the next call.
+
+use std::ffi::{c_char, c_void};
+use std::time::Duration;
+
+use starwire::client::{Client, Mode};
+use starwire::rows::{PipelineReport, PipelineSettings, PushFailure};
+use starwire::{DType, Error, ErrorKind, Pipeline};
+
+use crate::boundary::boundary;
+use crate::cast::{free_box, ref_from, to_boxed, try_mut, try_out, try_ref, try_slice};
+use crate::cast::{try_slice_mut, Boxed, Castable};
+use crate::client::{client_mut, sw_client, with_client, ClientHandle};
+use crate::result::{sw_result, Failure};
+use crate::sharded::{partition_of, peers_of, row_dims_of, sw_partition};
+
+/// How far a pipeline runs ahead of its PS tasks (`sw_pipeline_settings_default` gives the
+/// defaults; `sw_pipeline_new` refuses values out of range, naming the field).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct sw_pipeline_settings {
+    /// The staleness bound `s`: the rows a step uses may miss at most `s` of this worker's
+    /// own most recent pushes (they reflect every earlier one). 0: each pull waits for the
+    /// pushes before it to be answered, and its rows are those `sw_sharded_pull` would give
+    /// after `sw_sharded_push` returned. Any value; default 1.
+    pub staleness: u32,
+    /// The most pushes in flight (sent, not yet answered by every PS they went to): a push
+    /// waits until the one this many pushes before it has been answered. 1 to 64; default 2.
+    pub max_pushes_in_flight: u32,
+    /// The time each request is given from when it is sent, in milliseconds, before it fails
+    /// with `SW_ERR_TIMEOUT`; 0: no limit (a PS that stops answering without closing its
+    /// connection then holds a wait forever). Default 60000.
+    pub timeout_ms: u64,
+}
+
+/// What a step of a pipeline did so far: a step runs from the `sw_pipeline_pull` that
+/// delivers its rows to the next one (its pull, the prefetch of the next batch, the push
+/// of its gradients), and each call writes the report of the step so far. Bytes are
+/// payload (8 per id, `row_bytes` per row each way; frame headers not counted), counted in
+/// the step whose call sent or took them.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct sw_pipeline_report {
+    /// The step, counted from 0: the pulls that delivered rows before it.
+    pub step: u64,
+    /// Seconds spent in the step's calls: the time the caller's computation could not run
+    /// because of communication (waiting, and the planning, summing and copying around it).
+    pub visible_seconds: f64,
+    /// The part of `visible_seconds` spent waiting for answers.
+    pub waited_seconds: f64,
+    /// Distinct ids of the step's batch.
+    pub unique: usize,
+    /// Positions of the batch whose row no PS had (left zero).
+    pub missing: usize,
+    /// Rows received (distinct rows, as the PS tasks sent them).
+    pub rows_received: usize,
+    /// Gradient rows sent (distinct rows, duplicates summed).
+    pub rows_sent: usize,
+    /// Payload bytes received.
+    pub bytes_received: u64,
+    /// Payload bytes sent: ids of pulls, ids and gradient rows of pushes.
+    pub bytes_sent: u64,
+    /// Pushes in flight when the call returned (as far as the pipeline has seen answers).
+    pub pushes_in_flight: usize,
+    /// PS parts of the step's pull sent before the pull was called (by a prefetch).
+    pub prefetched: usize,
+    /// PS parts of the step's pull sent again at the pull, because more pushes had been
+    /// sent since the prefetch than the staleness bound lets its rows miss.
+    pub refetched: usize,
+    /// The most of this worker's pushes the step's rows may miss; never above the
+    /// staleness bound.
+    pub may_miss: u64,
+}
+
+/// A push whose part at one PS failed after the call that sent it had returned (refused
+/// by the PS, timed out, or lost with its connection), as the call that reported it found
+/// it (`sw_pipeline_failed_push`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct sw_push_failure {
+    /// The step whose push it was (the step of the `sw_pipeline_pull` before it).
+    pub step: u64,
+    /// The PS, by its position in the list the pipeline was made with.
+    pub shard: usize,
+    /// What failed it, as a call's result (`SW_ERR_REMOTE`, `SW_ERR_TIMEOUT`,
+    /// `SW_ERR_CONNECTION_LOST`, ...).
+    pub result: sw_result,
+    /// For `SW_ERR_REMOTE` (and `SW_ERR_REFUSED`): the wire status the PS answered with
+    /// (7 `INVALID_ARGUMENT`, ... as in `docs/wire-format.md`); 0 otherwise.
+    pub status: u32,
+}
+
+/// A table of embedding rows partitioned over PS tasks, seen from a worker whose steps do
+/// not wait for the network when they need not: `sw_pipeline_prefetch` hands the next
+/// step's ids early (their rows are requested while this step computes),
+/// `sw_pipeline_pull` takes a step's rows into the caller's memory, `sw_pipeline_push`
+/// sends its gradients and returns without waiting for the answers, `sw_pipeline_flush`
+/// waits for everything in flight. Batches are planned as `sw_sharded` plans them
+/// (duplicates removed, one rows request per PS, duplicates filled; duplicate gradients
+/// summed). A step allocates nothing once the pipeline has seen its largest batch and as
+/// many pushes as may be in flight.
+///
+/// A pipeline is bound to the client it was made with (its requests in flight are that
+/// client's): every call takes that client, and refuses another. Used by one thread at a
+/// time, with its client. Do not take the client's completions with `sw_client_poll` or
+/// `sw_client_wait_any` while the pipeline has requests in flight (they would be lost to
+/// it, and its waits fail); the client must allow `(max_pushes_in_flight + 1) * PS tasks`
+/// requests in flight (`sw_client_new`'s `capacity`). Call `sw_pipeline_flush` before
+/// `sw_pipeline_free`: requests left in flight keep their completions in the client.
+pub struct sw_pipeline {
+    _private: [u8; 0],
+}
+
+/// What a `sw_pipeline` handle is.
+pub(crate) struct PipelineHandle {
+    pipeline: Pipeline,
+    /// The address of the client it was made with: its calls accept that client only.
+    /// Compared, never followed.
+    client: usize,
+}
+
+impl Castable for sw_pipeline {
+    type Ownership = Boxed;
+    type RustType = PipelineHandle;
+}
+
+fn settings_of(s: sw_pipeline_settings) -> PipelineSettings {
+    PipelineSettings::default()
+        .staleness(s.staleness)
+        .max_pushes_in_flight(s.max_pushes_in_flight)
+        .timeout((s.timeout_ms > 0).then(|| Duration::from_millis(s.timeout_ms)))
+}
+
+fn default_settings() -> sw_pipeline_settings {
+    let d = PipelineSettings::default();
+    sw_pipeline_settings {
+        staleness: d.staleness_bound(),
+        max_pushes_in_flight: d.pushes_in_flight_bound(),
+        timeout_ms: d
+            .request_timeout()
+            .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+/// The default settings: staleness 1, 2 pushes in flight, requests given 60 s.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_settings_default() -> sw_pipeline_settings {
+    boundary!(default_settings(), { default_settings() })
+}
+
+/// `c` as the client of pipeline handle `h`: `SW_ERR_NULL`, or `SW_ERR_INVALID_ARGUMENT`
+/// for another client than the one it was made with, or for an embedded client of another
+/// thread.
+fn client_of<'a>(h: &PipelineHandle, c: *mut sw_client) -> Result<&'a mut ClientHandle, Failure> {
+    let client = client_mut(c)?;
+    if c as usize != h.client {
+        return Err(Failure::invalid(
+            "this pipeline was made with another client: its requests in flight are that \
+             client's",
+        ));
+    }
+    Ok(client)
+}
+
+/// Creates a pipeline of table `table` (rows of `dtype` shaped `row_dims[0..rank]`), PS
+/// task `i` at `peers[i]` (`task@host:port` from `sw_resolver_peer`, whose failures then
+/// name the task, or `host:port`) holding the ids `partition` gives it, run ahead as
+/// `settings` say, bound to client `c` (made by `sw_client_new` or
+/// `sw_client_new_embedded`; not one with a callback). On `SW_OK`, `*out` is a new handle
+/// the caller frees with `sw_pipeline_free` (before the client).
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
+/// unknown partition kind or dtype, rows of no bytes, more than 7 row dimensions, or
+/// settings out of range (the message names the field).
+///
+/// # Safety
+/// `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `row_dims` at
+/// `rank` values (may be NULL when `rank` is 0); `out` is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_new(
+    c: *mut sw_client,
+    peers: *const *const c_char,
+    n_peers: usize,
+    partition: sw_partition,
+    table: u32,
+    dtype: u8,
+    row_dims: *const u64,
+    rank: u32,
+    settings: sw_pipeline_settings,
+    out: *mut *mut sw_pipeline,
+) -> sw_result {
+    boundary!({
+        let client = client_mut(c)?;
+        if client.callback {
+            return Err(Failure::invalid(
+                "a pipeline waits for its requests: not for a client with a callback",
+            ));
+        }
+        let out = try_out!(out);
+        let peers = peers_of(peers, n_peers)?;
+        let row_dims = row_dims_of(row_dims, rank)?;
+        let pipeline = Pipeline::new(
+            peers,
+            partition_of(partition)?,
+            table,
+            DType::from(dtype),
+            row_dims,
+            settings_of(settings),
+        )?;
+        out.write(to_boxed(PipelineHandle {
+            pipeline,
+            client: c as usize,
+        }));
+        Ok(())
+    })
+}
+
+/// Releases a pipeline. NULL is ignored. Call `sw_pipeline_flush` first: requests it leaves
+/// in flight keep their completions in its client.
+///
+/// # Safety
+/// `p` is NULL or a handle from `sw_pipeline_new` not freed before.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_free(p: *mut sw_pipeline) {
+    boundary!((), { free_box(p) })
+}
+
+/// A call of a step, with its arguments.
+enum Call<'a> {
+    Prefetch(&'a [u64]),
+    Pull(&'a [u64], &'a mut [u8]),
+    Push(&'a [u64], &'a [u8]),
+    Flush,
+}
+
+fn run<M: Mode>(pipe: &mut Pipeline, client: &mut Client<M>, call: Call<'_>) -> Result<(), Error> {
+    match call {
+        Call::Prefetch(ids) => pipe.prefetch(client, ids).map(|_| ()),
+        Call::Pull(ids, out) => pipe.pull(client, ids, out).map(|_| ()),
+        Call::Push(ids, grads) => pipe.push(client, ids, grads).map(|_| ()),
+        Call::Flush => pipe.flush(client).map(|_| ()),
+    }
+}
+
+fn c_report(r: &PipelineReport) -> sw_pipeline_report {
+    sw_pipeline_report {
+        step: r.step,
+        visible_seconds: r.visible.as_secs_f64(),
+        waited_seconds: r.waited.as_secs_f64(),
+        unique: r.unique,
+        missing: r.missing,
+        rows_received: r.rows_received,
+        rows_sent: r.rows_sent,
+        bytes_received: r.bytes_received,
+        bytes_sent: r.bytes_sent,
+        pushes_in_flight: r.pushes_in_flight,
+        prefetched: r.prefetched,
+        refetched: r.refetched,
+        may_miss: r.may_miss,
+    }
+}
+
+/// The failure of one push part: its error's code, message, status and reason, and the
+/// PS's task name (from the error, else from the peer the pipeline was given).
+fn push_failure(f: &PushFailure) -> Failure {
+    let mut failure = Failure::from(f.error.clone());
+    if failure.task.is_none() {
+        failure.task = f.peer.task().map(str::to_owned);
+    }
+    failure
+}
+
+/// The failure of a call that returned `e`. When it reported push failures: the first
+/// one's code, status, PS message, task and reason, with `e`'s message (which names every
+/// failed step and PS).
+fn failure_of(pipe: &Pipeline, e: Error) -> Failure {
+    match pipe.failed_pushes().first() {
+        None => Failure::from(e),
+        Some(first) => Failure {
+            msg: e.to_string(),
+            ..push_failure(first)
+        },
+    }
+}
+
+/// One call of a step: the checks, the call, and the report written on success.
+fn step<'a>(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    report: *mut sw_pipeline_report,
+    call: impl FnOnce() -> Result<Call<'a>, Failure>,
+) -> Result<(), Failure> {
+    let h = try_mut!(p, "pipeline");
+    let client = client_of(h, c)?;
+    let report = try_out!(report);
+    let call = call()?;
+    let pipe = &mut h.pipeline;
+    match with_client!(client, |cl| run(pipe, cl, call)) {
+        Ok(()) => {
+            report.write(c_report(pipe.report()));
+            Ok(())
+        }
+        Err(e) => Err(failure_of(pipe, e)),
+    }
+}
+
+/// Hands the next step's batch `ids[0..n]` (duplicates allowed) early: each PS's part of
+/// its pull is sent at once if the staleness bound allows, else by a later call that finds
+/// the answers it waits for. Never waits for the network. The rows are taken by the next
+/// `sw_pipeline_pull` of the same ids (a prefetch of another batch first replaces this
+/// one). On `SW_OK`, `*report` is the step's report so far.
+///
+/// Fails, doing nothing else, when it finds pushes that failed since the last call:
+/// `sw_pipeline_failed_pushes` lists them (see `sw_pipeline_push`); call it again to
+/// prefetch.
+///
+/// # Safety
+/// `p` and `c` (the pipeline's client) are live handles used by this thread only; `ids`
+/// points at `n` values (may be NULL when `n` is 0); `report` is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_prefetch(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({ step(p, c, report, || Ok(Call::Prefetch(try_slice!(ids, n)))) })
+}
+
+/// Takes the rows of step `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
+/// row_bytes` bytes, row `i` for `ids[i]`: the rows the last prefetch requested when `ids`
+/// is its batch (waiting only for what has not arrived), else requested now. Rows no PS
+/// has are left zero (`report->missing`). Starts a new step; on `SW_OK`, `*report` is its
+/// report so far.
+///
+/// What the rows reflect: number this worker's pushes 1, 2, ... in the order of the
+/// `sw_pipeline_push` calls that sent them, and let `P` be the number sent when the pull
+/// returns. Every row reflects each of pushes `1..=P - s` (`s` the staleness bound); it may
+/// or may not reflect the `s` most recent ones; pushes of other workers are not ordered
+/// against it. With `s = 0` the rows are those `sw_sharded_pull` would give.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT` for `out` of the wrong length (nothing done); with
+/// the failure of pushes found failed since the last call (nothing delivered: see
+/// `sw_pipeline_push`); and when a PS's part of this pull failed (the message names the
+/// step and the PS; the other parts' rows may have been written, and the step does not
+/// count).
+///
+/// # Safety
+/// As `sw_pipeline_prefetch`, with `out` pointing at `byte_len` writable bytes not used by
+/// anyone else during the call.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_pull(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    out: *mut c_void,
+    byte_len: u64,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        step(p, c, report, || {
+            let ids = try_slice!(ids, n);
+            let len = usize::try_from(byte_len)
+                .map_err(|_| Failure::invalid(format!("byte_len {byte_len} too large")))?;
+            Ok(Call::Pull(
+                ids,
+                try_slice_mut!(out.cast::<u8>(), len, "out"),
+            ))
+        })
+    })
+}
+
+/// Sends the gradient rows `grads` of `ids[0..n]` (`byte_len == n * row_bytes` bytes, row
+/// `i` for `ids[i]`; f32 and f64 rows): duplicates summed (into the pipeline's own blocks:
+/// `grads` may change as soon as the call returns), one request per PS, and returns
+/// without waiting for the answers, unless the push `max_pushes_in_flight` before it is
+/// still unanswered (then it waits for that one). On `SW_OK`, `*report` is the step's
+/// report so far (the whole step, in the usual order pull, prefetch, push).
+///
+/// A push part that fails after its call returned (the PS refused it, it timed out, its
+/// connection was lost) is not retried and never dropped: the next call of this pipeline
+/// that finds it (`sw_pipeline_pull`, `_prefetch`, `_push` or `_flush`) fails with it and
+/// does nothing else. That call's result, `sw_last_error_status`, `sw_last_error_remote`,
+/// `sw_last_error_task` and `sw_last_error_os_error` are the first failed part's (the PS's
+/// status and its task name, where known); `sw_last_error` names every failed step and PS;
+/// `sw_pipeline_failed_pushes` and `sw_pipeline_failed_push` list them until the next call.
+/// Call it again to do its work.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT` for `grads` of the wrong length or rows other than
+/// f32 and f64 (nothing sent), and for push failures found (this push not sent).
+///
+/// # Safety
+/// As `sw_pipeline_prefetch`, with `grads` pointing at `byte_len` readable bytes.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_push(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    grads: *const c_void,
+    byte_len: u64,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        step(p, c, report, || {
+            let ids = try_slice!(ids, n);
+            let len = usize::try_from(byte_len)
+                .map_err(|_| Failure::invalid(format!("byte_len {byte_len} too large")))?;
+            Ok(Call::Push(
+                ids,
+                try_slice!(grads.cast::<u8>(), len, "grads"),
+            ))
+        })
+    })
+}
+
+/// Waits until every push sent has been answered by every PS, and every prefetched request
+/// has its answer (kept for the pull of its batch): then nothing of the pipeline is in
+/// flight. Fails with the push failures found (see `sw_pipeline_push`). On `SW_OK`,
+/// `*report` is the step's report so far.
+///
+/// # Safety
+/// `p` and `c` (the pipeline's client) are live handles used by this thread only; `report`
+/// is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_flush(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({ step(p, c, report, || Ok(Call::Flush)) })
+}
+
+/// The report of the step in progress (what the last call of the pipeline that succeeded
+/// wrote, or more).
+///
+/// # Safety
+/// `p` is a live handle; `out` is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_current_report(
+    p: *const sw_pipeline,
+    out: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        let h = try_ref!(p, "pipeline");
+        try_out!(out).write(c_report(h.pipeline.report()));
+        Ok(())
+    })
+}
+
+/// Steps whose rows were delivered so far (0 for NULL).
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_steps(p: *const sw_pipeline) -> u64 {
+    boundary!(0, { ref_from(p).map_or(0, |h| h.pipeline.steps()) })
+}
+
+/// Pushes sent so far (0 for NULL).
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_pushes(p: *const sw_pipeline) -> u64 {
+    boundary!(0, { ref_from(p).map_or(0, |h| h.pipeline.pushes()) })
+}
+
+/// Pushes in flight: sent and not yet answered by every PS they went to, as far as the
+/// pipeline's last call saw (0 for NULL).
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_pushes_in_flight(p: *const sw_pipeline) -> usize {
+    boundary!(0, {
+        ref_from(p).map_or(0, |h| h.pipeline.pushes_in_flight())
+    })
+}
+
+/// The number of push failures the last call of the pipeline failed with (0 when it
+/// reported none, and for NULL).
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_failed_pushes(p: *const sw_pipeline) -> usize {
+    boundary!(0, {
+        ref_from(p).map_or(0, |h| h.pipeline.failed_pushes().len())
+    })
+}
+
+fn failed_at(h: &PipelineHandle, i: usize) -> Result<&PushFailure, Failure> {
+    let failed = h.pipeline.failed_pushes();
+    failed.get(i).ok_or_else(|| {
+        Failure::invalid(format!(
+            "push failure {i}: the last call reported {}",
+            failed.len()
+        ))
+    })
+}
+
+/// Push failure `i` (in the order found) of those the last call failed with: its step, its
+/// PS and what failed it. `SW_ERR_INVALID_ARGUMENT` when `i` is not below
+/// `sw_pipeline_failed_pushes`.
+///
+/// # Safety
+/// `p` is a live handle; `out` is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_failed_push(
+    p: *const sw_pipeline,
+    i: usize,
+    out: *mut sw_push_failure,
+) -> sw_result {
+    boundary!({
+        let h = try_ref!(p, "pipeline");
+        let out = try_out!(out);
+        let f = failed_at(h, i)?;
+        let status = match f.error.kind() {
+            ErrorKind::Remote(s) | ErrorKind::Refused(s) => u32::from(u16::from(s)),
+            _ => 0,
+        };
+        out.write(sw_push_failure {
+            step: f.step,
+            shard: f.shard,
+            result: push_failure(f).code,
+            status,
+        });
+        Ok(())
+    })
+}
+
+/// Push failure `i` of those the last call failed with, as a result: its code, with its
+/// message for `sw_last_error` (naming the PS) and its status, PS message, task and
+/// reason for the other `sw_last_error_*`. `SW_ERR_INVALID_ARGUMENT` when `i` is not below
+/// `sw_pipeline_failed_pushes`.
+///
+/// # Safety
+/// `p` is a live handle.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_failed_push_error(p: *const sw_pipeline, i: usize) -> sw_result {
+    boundary!({
+        let h = try_ref!(p, "pipeline");
+        Err::<(), _>(push_failure(failed_at(h, i)?))
+    })
+}
