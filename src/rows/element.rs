@@ -1,6 +1,7 @@
 //! The element types a typed rows buffer may hold ([`RowElement`]), and their conversion
 //! from and to the little-endian bytes rows travel as.
 
+use crate::error::Error;
 use crate::wire::DType;
 
 mod sealed {
@@ -71,6 +72,35 @@ pub(crate) fn encode<T: RowElement>(values: &[T], out: &mut [u8]) {
     for (v, b) in values.iter().zip(out.chunks_exact_mut(T::SIZE)) {
         v.write_le(b);
     }
+}
+
+/// Checks that `T` is the element type of table `table` (rows of `dtype`, `row_bytes` each)
+/// and that `len` elements are whole rows for `ids`; the bytes they take. `what` names the
+/// caller's slice in the error.
+pub(crate) fn typed_len<T: RowElement>(
+    table: u32,
+    dtype: DType,
+    row_bytes: usize,
+    ids: &[u64],
+    len: usize,
+    what: &str,
+) -> Result<usize, Error> {
+    if T::DTYPE != dtype {
+        return Err(Error::invalid(&format!(
+            "rows: table {table} holds {dtype:?} rows; {what} is of {:?}",
+            T::DTYPE
+        )));
+    }
+    let bytes = len.checked_mul(T::SIZE);
+    if bytes != ids.len().checked_mul(row_bytes) {
+        return Err(Error::invalid(&format!(
+            "rows: {what} holds {len} elements; {} ids need {} ({} per row)",
+            ids.len(),
+            ids.len().saturating_mul(row_bytes / T::SIZE),
+            row_bytes / T::SIZE
+        )));
+    }
+    Ok(len * T::SIZE)
 }
 
 #[cfg(test)]

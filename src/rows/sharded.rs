@@ -456,33 +456,6 @@ impl Sharded {
         self.report = report;
         Ok(&self.report)
     }
-    /// Checks that `T` is the table's element type and that `len` elements are whole rows
-    /// for `ids`; the bytes they take.
-    fn typed_len<T: RowElement>(
-        &self,
-        ids: &[u64],
-        len: usize,
-        what: &str,
-    ) -> Result<usize, Error> {
-        if T::DTYPE != self.dtype {
-            return Err(Error::invalid(&format!(
-                "rows: table {} holds {:?} rows; {what} is of {:?}",
-                self.table,
-                self.dtype,
-                T::DTYPE
-            )));
-        }
-        let bytes = len.checked_mul(T::SIZE);
-        if bytes != ids.len().checked_mul(self.row_bytes) {
-            return Err(Error::invalid(&format!(
-                "rows: {what} holds {len} elements; {} ids need {} ({} per row)",
-                ids.len(),
-                ids.len().saturating_mul(self.row_bytes / T::SIZE),
-                self.row_bytes / T::SIZE
-            )));
-        }
-        Ok(len * T::SIZE)
-    }
 
     /// [`pull`](Self::pull) into rows of elements: `out` holds `ids.len()` rows of the
     /// table's dtype (`T` must be it: `f32` for an `F32` table), row `i` for `ids[i]`.
@@ -497,7 +470,14 @@ impl Sharded {
         out: &mut [T],
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
-        let bytes = self.typed_len::<T>(ids, out.len(), "out")?;
+        let bytes = element::typed_len::<T>(
+            self.table,
+            self.dtype,
+            self.row_bytes,
+            ids,
+            out.len(),
+            "out",
+        )?;
         let mut buf = std::mem::take(&mut self.typed);
         buf.clear();
         buf.resize(bytes, 0);
@@ -521,7 +501,14 @@ impl Sharded {
         grads: &[T],
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
-        let bytes = self.typed_len::<T>(ids, grads.len(), "grads")?;
+        let bytes = element::typed_len::<T>(
+            self.table,
+            self.dtype,
+            self.row_bytes,
+            ids,
+            grads.len(),
+            "grads",
+        )?;
         let mut buf = std::mem::take(&mut self.typed);
         buf.clear();
         buf.resize(bytes, 0);
