@@ -10,42 +10,14 @@ use common::*;
 use starwire::client::Mode;
 use starwire::rows::{Init, MemTable, Optimizer, Partition, PipelineSettings, Tables};
 use starwire::{Client, DType, Embedded, Options, Peer, Pipeline, Runtime};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Counts allocation calls (`alloc`, `alloc_zeroed`, `realloc`) of the whole process.
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; counting has no
-// effect on the memory returned.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.realloc(p, l, new) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(p, l) }
-    }
-}
+#[path = "common/counting.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 /// Allocation-counting tests must not overlap: the count is per process.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -123,9 +95,9 @@ fn steps<M: Mode>(client: &mut Client<M>, peers: Vec<Peer>, s: u32) -> u64 {
         }
     };
     run(0, 200);
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = counting::allocations();
     run(200, 500);
-    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    let n = counting::allocations() - before;
     pipe.flush(client).unwrap();
     assert!(most_in_flight >= 1);
     n

@@ -9,41 +9,13 @@ use common::*;
 use starwire::client::Mode;
 use starwire::{Client, Completion, Embedded, Options, Runtime, Service, Tensor};
 use starwire::{DType, Status};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Counts allocation calls (`alloc`, `alloc_zeroed`, `realloc`) of the whole process.
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; counting has no
-// effect on the memory returned.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.realloc(p, l, new) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(p, l) }
-    }
-}
+#[path = "common/counting.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 /// Allocation-counting tests must not overlap: the count is per process.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -130,11 +102,11 @@ fn allocations_per_request(mut step: impl FnMut()) -> u64 {
     for _ in 0..200 {
         step();
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = counting::allocations();
     for _ in 0..500 {
         step();
     }
-    ALLOCS.load(Ordering::Relaxed) - before
+    counting::allocations() - before
 }
 
 /// Allocations over 500 steady-state pulls and 500 pushes through `client`, whichever
