@@ -243,6 +243,7 @@ impl Decoder {
     }
 
     /// Counts `n` payload bytes of segment `seg` received.
+    #[inline(always)]
     fn count_payload(&mut self, target: PayloadTarget, n: u64) {
         match target {
             PayloadTarget::Chunk { .. } => self.chunk_bytes_in += n,
@@ -452,6 +453,10 @@ impl Decoder {
     /// Decodes what the buffer holds: the next event, `Ok(None)` when more bytes are
     /// needed, or the error that makes the stream undecodable (then the decoder is
     /// poisoned and the connection must be closed).
+    ///
+    /// Inlined into the session's receive loop: it runs three times per small frame, and
+    /// a call would move each event through memory.
+    #[inline(always)]
     pub fn poll(&mut self) -> Result<Option<Event<'_>>, Error> {
         self.apply_consume();
         loop {
@@ -541,6 +546,7 @@ impl Decoder {
 /// Lays out the payload section of a frame whose meta was validated, and applies the
 /// chunked-tensor sequencing rules (specification 4.8). Returns the longest payload piece,
 /// counting a chunked tensor the frame declares with its whole length.
+#[inline(always)]
 fn plan_payload(
     h: &HeaderRepr,
     body: &Body<'_>,
