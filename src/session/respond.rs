@@ -11,6 +11,7 @@ use crate::tensor::Tensor;
 use crate::wire::{Limits, Missing, Status, TensorMeta, HEADER_LEN};
 
 /// The tensor as encoder input: its meta, its bytes, and the caller's `token` for them.
+#[inline]
 pub(crate) fn out_tensor(t: &Tensor, token: u64) -> OutTensor<'_> {
     OutTensor {
         meta: t.meta(),
@@ -178,6 +179,7 @@ pub(crate) fn send_items(
 /// Whether the peer, by the limits it announced (`peer`), accepts an answer item with a
 /// tensor of `meta` and a missing-rows report of `missing` positions: the tensor's rank and
 /// size, and the report's length and room in a frame (4.1, 4.5, 6).
+#[inline]
 pub(crate) fn fits_peer(meta: &TensorMeta<'_>, missing: usize, peer: &Limits) -> bool {
     let report = if missing > 0 {
         4 + 4 * missing as u64
