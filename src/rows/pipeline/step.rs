@@ -11,7 +11,7 @@ use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
 use crate::rows::travel::widened;
-use crate::rows::Plan;
+use crate::rows::{Plan, PlanError};
 use crate::session::{Completion, Rows, Spare};
 use crate::tensor::Tensor;
 use crate::wire::{DType, Status};
@@ -367,6 +367,12 @@ impl Pipeline {
                     widened(self.dtype, block, &mut self.wide).and_then(|bytes| {
                         match split.asked() {
                             None => ahead.scatter(k, bytes, rb, out),
+                            // Each row asked for, and no more, is in the block.
+                            Some(_) if bytes.len() != n * rb => Err(PlanError::Length {
+                                what: "block",
+                                expected: n * rb,
+                                actual: bytes.len(),
+                            }),
                             Some(_) => ahead.scatter_each(k, rb, out, |j| match split.source(j) {
                                 Some(Source::Wire(i)) => bytes.get(i as usize * rb..)?.get(..rb),
                                 _ => None,
