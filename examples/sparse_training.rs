@@ -27,18 +27,25 @@
 //!   step pulls the rows its previous step requested, requests the next batch's rows
 //!   before it computes, and pushes without waiting for the answer; `--staleness N` bounds
 //!   how many of the worker's own latest pushes the rows it uses may miss (0: none, the
-//!   synchronous step's rows);
+//!   synchronous step's rows); `--cache BYTES` (`8M`: 8 MiB) gives the pipeline a row cache
+//!   (`RowCache`), which serves every row of a step that misses at most that many pushes
+//!   without asking the PS (the worker's own pushes do not update it: the bound keeps it
+//!   honest; at staleness 0 it serves nothing);
 //! - with `--per-tensor`, as tensors: one fused `PULL` and one fused `PUSH` per PS task and
 //!   step, one tensor (with its own descriptor) per row, served by `Service::pull` and
 //!   `Service::push`;
 //! - with `--unfused`, every row pulled and pushed by a request of its own (64 in flight),
 //!   to show what fusion saves.
 //!
+//! `--wire bf16` (or `f16`) moves the rows blocks, pulls and pushes, in that format: half
+//! the bytes of each row, while the PS tables stay f32 (the held-out evaluation pulls f32).
+//!
 //! Either way the PS holds its rows and their Adagrad state in starwire's PS table
 //! (`PsTable`), which both paths go through, so the loss and AUC are those of the same
 //! model. Each worker times its steps: communication (the time in the calls that move
 //! rows: what the computation did not overlap) beside compute (the model's forward and
-//! backward pass) and data (drawing the batch), and counts the rows and bytes it moved;
+//! backward pass) and data (drawing the batch), and counts the rows and bytes it moved
+//! and the rows its row cache served;
 //! the coordinator prints them per interval, each worker's summary line, the means per
 //! step over all workers, and checks the rows the workers moved against the rows the PS
 //! tables counted. `--compare` runs the job twice, through the synchronous rows client and

@@ -1,14 +1,15 @@
 //! No heap allocation per step of the pipelined sharded rows client in steady state: pull,
-//! prefetch of the next batch, push not waited for, two PS tasks, counted by this test
-//! binary's global allocator across the whole process (the worker's loops and both PS
-//! tasks' run here too). The rows are checked on every step, so the allocation-free path is
-//! also the correct one.
+//! prefetch of the next batch, push not waited for, two PS tasks, without and with a row
+//! cache (serving rows, and evicting), counted by this test binary's global allocator
+//! across the whole process (the worker's loops and both PS tasks' run here too). The rows
+//! are checked on every step, so the allocation-free path is also the correct one. The
+//! row cache alone allocates nothing after it is made.
 
 mod common;
 
 use common::*;
 use starwire::client::Mode;
-use starwire::rows::{Init, MemTable, Optimizer, Partition, PipelineSettings, Tables};
+use starwire::rows::{Init, MemTable, Optimizer, Partition, PipelineSettings, RowCache, Tables};
 use starwire::{Client, DType, Embedded, Options, Peer, Pipeline, Runtime};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,6 +36,21 @@ fn batch(t: u64, out: &mut [u64; 200]) {
     }
 }
 
+/// Step `t`'s batch with hot ids: 50 distinct ids of `0..50` (the same every step) and 50
+/// that change, each twice.
+fn hot_batch(t: u64, out: &mut [u64; 200]) {
+    batch(t, out);
+    for i in 0..50u64 {
+        out[i as usize] = i;
+        out[199 - i as usize] = i;
+    }
+    for i in 50..100usize {
+        // The changing half, moved out of the hot range.
+        out[i] = 50 + out[i] % (UNIVERSE - 50);
+        out[199 - i] = out[i];
+    }
+}
+
 /// Two PS tasks whose tables hold every id of the universe at zero; SGD with lr 0, so
 /// every row stays zero and each pull can be checked.
 fn cluster() -> (Vec<Runtime>, Vec<Peer>) {
@@ -55,10 +71,23 @@ fn cluster() -> (Vec<Runtime>, Vec<Peer>) {
     (rts, peers)
 }
 
-/// Allocations over 500 steps at staleness `s` (after 200 to warm up), through `client`.
-fn steps<M: Mode>(client: &mut Client<M>, peers: Vec<Peer>, s: u32) -> u64 {
-    let settings = PipelineSettings::default()
-        .staleness(s)
+/// What [`steps`] counted over its measured steps.
+#[derive(Debug)]
+struct Counted {
+    allocations: u64,
+    cache_hits: usize,
+    cache_evictions: u64,
+}
+
+/// Allocations over 500 steps of `batch` with `settings` (after 200 to warm up), through
+/// `client`.
+fn steps<M: Mode>(
+    client: &mut Client<M>,
+    peers: Vec<Peer>,
+    settings: PipelineSettings,
+    batch: fn(u64, &mut [u64; 200]),
+) -> Counted {
+    let settings = settings
         .max_pushes_in_flight(2)
         .timeout(Some(Duration::from_secs(20)));
     let mut pipe = Pipeline::new(
@@ -78,29 +107,38 @@ fn steps<M: Mode>(client: &mut Client<M>, peers: Vec<Peer>, s: u32) -> u64 {
     let grads = vec![0.25f32; 200 * DIM];
     let (mut ids, mut next) = ([0u64; 200], [0u64; 200]);
     let mut most_in_flight = 0;
-    let mut run = |from: u64, n: u64| {
+    let (mut hits, mut evictions) = (0, 0);
+    let mut run = |from: u64, n: u64, hits: &mut usize, evictions: &mut u64| {
         batch(from, &mut ids);
         pipe.prefetch(client, &ids).unwrap();
         for t in from..from + n {
             rows.fill(1.0);
             let r = pipe.pull_typed(client, &ids, &mut rows).unwrap();
             assert_eq!((r.unique, r.missing), (100, 0));
+            assert_eq!(r.cache_hits + r.rows_received, 100);
+            *hits += r.cache_hits;
             assert!(rows.iter().all(|&v| v == 0.0));
             batch(t + 1, &mut next);
             pipe.prefetch(client, &next).unwrap();
             let r = pipe.push_typed(client, &ids, &grads).unwrap();
             assert_eq!(r.rows_sent, 100);
+            *evictions += r.cache_evictions;
             most_in_flight = most_in_flight.max(r.pushes_in_flight);
             ids = next;
         }
     };
-    run(0, 200);
+    let (mut warm_hits, mut warm_evictions) = (0, 0);
+    run(0, 200, &mut warm_hits, &mut warm_evictions);
     let before = counting::allocations();
-    run(200, 500);
+    run(200, 500, &mut hits, &mut evictions);
     let n = counting::allocations() - before;
     pipe.flush(client).unwrap();
     assert!(most_in_flight >= 1);
-    n
+    Counted {
+        allocations: n,
+        cache_hits: hits,
+        cache_evictions: evictions,
+    }
 }
 
 #[test]
@@ -110,8 +148,16 @@ fn handle_steps_allocate_nothing_in_steady_state() {
         let (_rts, peers) = cluster();
         let worker = client(1);
         let mut h = worker.handle(64);
-        let n = steps(&mut h, peers, s);
-        assert_eq!(n, 0, "allocations over 500 steps at staleness {s}");
+        let n = steps(
+            &mut h,
+            peers,
+            PipelineSettings::default().staleness(s),
+            batch,
+        );
+        assert_eq!(
+            n.allocations, 0,
+            "allocations over 500 steps at staleness {s}"
+        );
         assert_eq!(h.outstanding(), 0);
     }
 }
@@ -121,7 +167,65 @@ fn embedded_steps_allocate_nothing_in_steady_state() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let (_rts, peers) = cluster();
     let mut e = Embedded::new(config("worker", 1).build().unwrap(), None).unwrap();
-    let n = steps(&mut e, peers, 1);
-    assert_eq!(n, 0, "allocations over 500 embedded steps");
+    let n = steps(
+        &mut e,
+        peers,
+        PipelineSettings::default().staleness(1),
+        batch,
+    );
+    assert_eq!(n.allocations, 0, "allocations over 500 embedded steps");
     assert_eq!(e.outstanding(), 0);
+}
+
+/// With a row cache: one that holds every row (hot rows served, none evicted), one that
+/// holds about 60 of the 1000 (evicting on every step), and one at staleness 0 (serving
+/// nothing, inserting everything).
+#[test]
+fn steps_with_a_row_cache_allocate_nothing_in_steady_state() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let row = DIM * 4;
+    for (s, cache) in [(3, 1 << 20), (3, 60 * (row + 41)), (0, 1 << 20)] {
+        let (_rts, peers) = cluster();
+        let worker = client(1);
+        let mut h = worker.handle(64);
+        let settings = PipelineSettings::default().staleness(s).cache_bytes(cache);
+        let n = steps(&mut h, peers, settings, hot_batch);
+        eprintln!("staleness {s}, cache of {cache} bytes: {n:?}");
+        assert_eq!(n.allocations, 0, "staleness {s}, cache of {cache} bytes");
+        if s == 0 {
+            assert_eq!(n.cache_hits, 0);
+        } else {
+            assert!(n.cache_hits > 0, "staleness {s}, cache of {cache} bytes");
+        }
+        if cache < 1 << 20 {
+            assert!(n.cache_evictions > 0, "a cache of {cache} bytes");
+        } else {
+            assert_eq!(n.cache_evictions, 0);
+        }
+        assert_eq!(h.outstanding(), 0);
+    }
+}
+
+/// The row cache alone: made once, then 100,000 inserts, refreshes, lookups and
+/// evictions without an allocation.
+#[test]
+fn the_row_cache_allocates_nothing_after_it_is_made() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = RowCache::new(64 << 10, 64).unwrap();
+    let row = [3u8; 64];
+    // This thread's: the harness's own threads allocate when other tests finish.
+    let before = counting::thread_allocations();
+    let mut x = 99u64;
+    for i in 0..100_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let id = x % 4000;
+        if cache.lookup(id, i.saturating_sub(50)).is_none() {
+            cache.insert(id, &row, i, 0);
+        }
+    }
+    assert_eq!(counting::thread_allocations() - before, 0);
+    assert!(cache.evictions() > 0 && cache.hits() > 0 && cache.refreshes() > 0);
+    assert_eq!(cache.len(), cache.capacity());
 }

@@ -199,3 +199,59 @@ fn the_pipelined_step_trains_like_the_synchronous_one_and_its_rows_are_the_ps_ta
     );
     assert!(comparison.contains("held-out loss"), "{comparison}");
 }
+
+/// `--compare --pipeline --staleness 4 --cache 1M --wire bf16`: the pipelined run serves
+/// hot rows from its row cache, so fewer rows are pulled over the wire than by the
+/// synchronous run of the same batches; rows travel as bf16, so fewer bytes per row; every
+/// row on the wire is one the PS tables counted; and the model trains as the synchronous
+/// run's does (the cache's rows may miss up to 4 pushes, bf16 rounds them: the same
+/// tolerance as above).
+#[test]
+fn the_cached_bf16_step_pulls_fewer_rows_and_bytes_and_trains() {
+    let out = run(&[
+        "--compare",
+        "--pipeline",
+        "--staleness",
+        "4",
+        "--cache",
+        "1M",
+        "--wire",
+        "bf16",
+        "--zipf",
+        "1.1",
+        "--steps",
+        "300",
+        "--workers",
+        "2",
+    ]);
+    let (sync, cached) = out
+        .split_once("run 2 of 2: pipelined s=4 cache 1M bf16")
+        .unwrap_or_else(|| panic!("two runs: {out}"));
+    let (cached, comparison) = cached
+        .split_once("comparison:")
+        .unwrap_or_else(|| panic!("a comparison: {out}"));
+    let mut losses = Vec::new();
+    for run in [sync, cached] {
+        let held_out = numbers_after(run, "held-out");
+        let (loss, constant) = (held_out[1], held_out[4]);
+        assert!(loss < constant, "{run}");
+        losses.push(loss);
+        let c = numbers_after(run, "rows counted");
+        assert_eq!((c[0], c[3]), (c[4], c[5]), "{run}");
+    }
+    assert!(
+        cached.contains("rows per step served by the row cache"),
+        "{cached}"
+    );
+    // Figures of the comparison: synchronous, cached, ratio.
+    let served = numbers_after(comparison, "served by the row cache");
+    assert!(served[0] == 0.0 && served[1] > 0.0, "{comparison}");
+    let pulled = numbers_after(comparison, "    pulled ");
+    assert!(pulled[1] < pulled[0], "{comparison}");
+    let pushed = numbers_after(comparison, "    pushed ");
+    assert_eq!(pushed[0], pushed[1], "{comparison}");
+    let per_row = numbers_after(comparison, "bytes on the wire per row moved");
+    assert!(per_row[1] < 0.7 * per_row[0], "{comparison}");
+    let difference = (losses[1] - losses[0]).abs() / losses[0];
+    assert!(difference <= PIPELINED_LOSS_TOLERANCE, "{out}");
+}

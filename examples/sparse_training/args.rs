@@ -4,6 +4,7 @@
 use crate::model::ModelConfig;
 use crate::transfer::Transfer;
 use starwire::cluster::TaskId;
+use starwire::DType;
 use std::path::{Path, PathBuf};
 
 pub const USAGE: &str = "\
@@ -37,6 +38,13 @@ options:
   --staleness N     with --pipeline: the rows a step uses may miss at most N of the
                     worker's own latest pushes (default 1; 0 = each pull waits for the
                     last push, the rows of the synchronous step)
+  --cache BYTES     with --pipeline: a row cache of BYTES (a number, or with K, M or
+                    G: 8M = 8 MiB) on each worker; a row it holds that misses at most
+                    --staleness of the worker's own pushes is served from it, not
+                    pulled (0, the default: no cache)
+  --wire DTYPE      how rows travel: f32 (the default, the table's dtype), bf16 or
+                    f16 (pulls and pushes; the tables stay f32; the held-out
+                    evaluation pulls f32)
   --compare         run the job twice, the synchronous rows client first and then as
                     the other options say, and print the two side by side
   --comm-breakdown  print each worker's communication per PS task and operation, from
@@ -65,6 +73,10 @@ pub struct Args {
     /// Through the pipelined rows client, with this staleness bound.
     pub pipeline: bool,
     pub staleness: u32,
+    /// With the pipeline: the bytes of each worker's row cache (0: none).
+    pub cache: usize,
+    /// The dtype rows travel as, when not the table's f32.
+    pub wire: Option<DType>,
     /// Run the synchronous rows client first, then these settings, and compare.
     pub compare: bool,
     pub check: bool,
@@ -95,6 +107,8 @@ impl Args {
             unfused: false,
             pipeline: false,
             staleness: 1,
+            cache: 0,
+            wire: None,
             compare: false,
             check: false,
             comm_breakdown: false,
@@ -128,6 +142,8 @@ impl Args {
                 "--unfused" => a.unfused = true,
                 "--pipeline" => a.pipeline = true,
                 "--staleness" => staleness = Some(num(&flag, value()?)?),
+                "--cache" => a.cache = bytes(&flag, &value()?)?,
+                "--wire" => a.wire = wire_dtype(&value()?)?,
                 "--compare" => a.compare = true,
                 "--check" => a.check = true,
                 "--comm-breakdown" => a.comm_breakdown = true,
@@ -164,6 +180,14 @@ impl Args {
         }
         if a.pipeline && (a.per_tensor || a.unfused) {
             return Err("--pipeline moves rows blocks: not with --per-tensor or --unfused".into());
+        }
+        if a.cache > 0 && !a.pipeline {
+            return Err("--cache needs --pipeline (the pipelined rows client keeps it)".into());
+        }
+        if a.wire.is_some() && (a.per_tensor || a.unfused) {
+            return Err(
+                "--wire is how rows blocks travel: not with --per-tensor or --unfused".into(),
+            );
         }
         match staleness {
             Some(_) if !a.pipeline => return Err("--staleness needs --pipeline".into()),
@@ -209,6 +233,12 @@ impl Args {
             v.extend(["--pipeline".into(), "--staleness".into()]);
             v.push(self.staleness.to_string());
         }
+        if self.cache > 0 {
+            v.extend(["--cache".into(), self.cache.to_string()]);
+        }
+        if let Some(w) = self.wire {
+            v.extend(["--wire".into(), w.name().to_string()]);
+        }
         if self.comm_breakdown {
             v.push("--comm-breakdown".into());
         }
@@ -227,9 +257,24 @@ impl Args {
             unfused: false,
             pipeline: false,
             staleness: 1,
+            cache: 0,
+            wire: None,
             compare: false,
             ..self.clone()
         }
+    }
+
+    /// The run's short name, for the comparison's columns: the transfer, the cache and
+    /// the wire dtype.
+    pub fn name(&self) -> String {
+        let mut name = self.transfer().name();
+        if self.cache > 0 {
+            name += &format!(" cache {}", show_bytes(self.cache));
+        }
+        if let Some(w) = self.wire {
+            name += &format!(" {}", w.name());
+        }
+        name
     }
 
     /// How rows travel: `--unfused` is per tensor too.
@@ -245,5 +290,45 @@ impl Args {
         } else {
             Transfer::Rows
         }
+    }
+}
+
+/// A byte count: a number, or one with a K, M or G suffix (binary: 8M = 8 MiB).
+fn bytes(flag: &str, v: &str) -> Result<usize, String> {
+    let (digits, unit) = match v.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&v[..i], c.to_ascii_uppercase()),
+        _ => (v, 'B'),
+    };
+    let shift = match unit {
+        'B' => 0,
+        'K' => 10,
+        'M' => 20,
+        'G' => 30,
+        _ => return Err(format!("{flag} {v}: the unit must be K, M or G")),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{flag} {v}: not a byte count (e.g. 8M, 65536)"))
+}
+
+/// `n` bytes as the command line writes them: 8M, 512K, 1000.
+pub fn show_bytes(n: usize) -> String {
+    for (unit, shift) in [("G", 30), ("M", 20), ("K", 10)] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// `--wire`'s dtype: `None` for f32, the table's.
+fn wire_dtype(v: &str) -> Result<Option<DType>, String> {
+    match v {
+        "f32" => Ok(None),
+        "bf16" => Ok(Some(DType::BF16)),
+        "f16" => Ok(Some(DType::F16)),
+        other => Err(format!("--wire {other}: f32, bf16 or f16")),
     }
 }

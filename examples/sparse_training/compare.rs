@@ -14,7 +14,7 @@ pub fn run(args: Args) -> Res<ExitCode> {
         return Ok(exit(cluster::coordinate(args)?.ok));
     }
     let sync = args.synchronous();
-    let names = [sync.transfer().name(), args.transfer().name()];
+    let names = [sync.name(), args.name()];
     println!("run 1 of 2: {}\n", names[0]);
     let a = cluster::coordinate(sync)?;
     println!("\nrun 2 of 2: {}\n", names[1]);
@@ -60,7 +60,7 @@ fn print(args: &Args, names: &[String; 2], a: &Outcome, b: &Outcome) {
             "-".into()
         }
     };
-    let rows: [(&str, f64, f64, usize); 11] = [
+    let rows: [(&str, f64, f64, usize); 15] = [
         ("steps/s", a.steps_per_s, b.steps_per_s, 1),
         ("communication ms/step (visible)", a.comm_ms, b.comm_ms, 3),
         ("  pull (and prefetch) ms/step", a.pull_ms, b.pull_ms, 3),
@@ -75,7 +75,31 @@ fn print(args: &Args, names: &[String; 2], a: &Outcome, b: &Outcome) {
             3,
         ),
         ("rows/step on the wire", a.rows_per_step, b.rows_per_step, 1),
+        (
+            "  pulled",
+            a.rows_pulled_per_step,
+            b.rows_pulled_per_step,
+            1,
+        ),
+        (
+            "  pushed",
+            a.rows_pushed_per_step,
+            b.rows_pushed_per_step,
+            1,
+        ),
+        (
+            "rows/step served by the row cache",
+            a.cache_hits_per_step,
+            b.cache_hits_per_step,
+            1,
+        ),
         ("KB/step on the wire", a.kb_per_step, b.kb_per_step, 1),
+        (
+            "bytes on the wire per row moved",
+            a.bytes_per_row,
+            b.bytes_per_row,
+            1,
+        ),
         ("steps", a.steps as f64, b.steps as f64, 0),
     ];
     for (label, x, y, digits) in rows {

@@ -48,7 +48,7 @@ pub fn print_start(args: &Args, map_path: &Path) {
 /// The header of the table of intervals.
 pub fn print_header() {
     println!(
-        "\n{:>6} {:>8} {:>10} {:>8} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8}",
+        "\n{:>6} {:>8} {:>10} {:>8} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
         "time",
         "steps/s",
         "examples/s",
@@ -62,7 +62,8 @@ pub fn print_header() {
         "comm ms",
         "comp ms",
         "rows/step",
-        "KB/step"
+        "KB/step",
+        "hits/step"
     );
 }
 
@@ -87,6 +88,8 @@ pub struct Interval {
     /// (their prefetched rows too stale).
     pub prefetched: u64,
     pub refetched: u64,
+    /// Pipelined with a row cache: distinct rows served from it, not pulled.
+    pub cache_hits: u64,
     pub failed: u64,
     /// Time the steps spent in the calls that move rows (the pull, with the pipeline
     /// its prefetch of the next batch; the push; the end of training's wait for the last
@@ -130,6 +133,7 @@ impl Interval {
         self.wire_bytes += other.wire_bytes;
         self.prefetched += other.prefetched;
         self.refetched += other.refetched;
+        self.cache_hits += other.cache_hits;
         self.failed += other.failed;
         self.pull_ns += other.pull_ns;
         self.push_ns += other.push_ns;
@@ -153,7 +157,7 @@ impl Interval {
 
     pub fn to_line(&self) -> String {
         format!(
-            "INTERVAL {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+            "INTERVAL {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
             self.index,
             self.steps,
             self.examples,
@@ -172,7 +176,8 @@ impl Interval {
             self.pull_ns,
             self.push_ns,
             self.compute_ns,
-            self.data_ns
+            self.data_ns,
+            self.cache_hits
         )
     }
 
@@ -199,6 +204,7 @@ impl Interval {
             push_ns: n()? as u64,
             compute_ns: n()? as u64,
             data_ns: n()? as u64,
+            cache_hits: n()? as u64,
         })
     }
 }
@@ -242,6 +248,13 @@ pub struct Outcome {
     pub compute_ms: f64,
     pub rows_per_step: f64,
     pub kb_per_step: f64,
+    /// Rows received by pulls and sent by pushes per step, rows the row cache served
+    /// per step, and bytes on the wire per row moved (frames both ways over rows both
+    /// ways: row bytes, ids and headers).
+    pub rows_pulled_per_step: f64,
+    pub rows_pushed_per_step: f64,
+    pub cache_hits_per_step: f64,
+    pub bytes_per_row: f64,
     /// CPU per step, ms: the workers' processes, the PS tasks' (over the whole run,
     /// evaluations included), and the time the threads of all of them waited for a CPU.
     pub worker_cpu_ms: f64,
@@ -381,8 +394,17 @@ impl Summary {
             totals.kb_per_step(),
             if args.pipeline {
                 format!(
-                    "; pull parts: {} requested ahead by a prefetch, {} requested again",
-                    totals.prefetched, totals.refetched
+                    "; pull parts: {} requested ahead by a prefetch, {} requested again{}",
+                    totals.prefetched,
+                    totals.refetched,
+                    if args.cache > 0 {
+                        format!(
+                            "; {:.1} rows per step served by the row cache",
+                            totals.cache_hits as f64 / totals.steps.max(1) as f64
+                        )
+                    } else {
+                        String::new()
+                    }
                 )
             } else {
                 String::new()
@@ -421,6 +443,11 @@ impl Summary {
             compute_ms: totals.compute_ms(),
             rows_per_step: totals.rows_per_step(),
             kb_per_step: totals.kb_per_step(),
+            rows_pulled_per_step: totals.rows_pulled as f64 / totals.steps.max(1) as f64,
+            rows_pushed_per_step: totals.rows_pushed as f64 / totals.steps.max(1) as f64,
+            cache_hits_per_step: totals.cache_hits as f64 / totals.steps.max(1) as f64,
+            bytes_per_row: totals.wire_bytes as f64
+                / (totals.rows_pulled + totals.rows_pushed).max(1) as f64,
             ..Outcome::default()
         };
         for f in &self.failed {
@@ -499,7 +526,7 @@ fn report(group: &[Interval], args: &Args) -> Interval {
     let secs = args.interval;
     println!(
         "{:>5.0}s {:>8.0} {:>10.0} {:>8.4} {:>8.4} {:>6.4} {:>7.4} {:>9} {:>9} {:>9.1} {:>8.3} \
-         {:>8.3} {:>9.1} {:>8.1}",
+         {:>8.3} {:>9.1} {:>8.1} {:>9.1}",
         (s.index + 1) as f64 * secs,
         s.steps as f64 / secs,
         s.examples as f64 / secs,
@@ -513,7 +540,8 @@ fn report(group: &[Interval], args: &Args) -> Interval {
         s.comm_ms(),
         s.compute_ms(),
         s.rows_per_step(),
-        s.kb_per_step()
+        s.kb_per_step(),
+        s.cache_hits as f64 / s.steps.max(1) as f64
     );
     s
 }

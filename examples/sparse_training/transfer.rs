@@ -92,6 +92,17 @@ pub struct Worker {
     /// for were too stale when used.
     pub prefetched: u64,
     pub refetched: u64,
+    /// With the pipeline's row cache: distinct rows of the steps served from it, not
+    /// pulled, since the counts were last taken.
+    pub cache_hits: u64,
+}
+
+/// How a worker's rows blocks travel and what it keeps: the wire dtype (`None`: the
+/// table's f32) and, with the pipeline, the bytes of its row cache (0: none).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowsOptions {
+    pub wire: Option<DType>,
+    pub cache: usize,
 }
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -115,14 +126,21 @@ fn rows_step(report: &starwire::StepReport, what: &str) -> Res<u64> {
 
 impl Worker {
     /// A worker's transport to the PS tasks at `ps` (task 0 first): a handle of `rt` and
-    /// the rows client of table [`TABLE`], rows of `dim` f32.
-    pub fn new(rt: &Runtime, ps: Vec<SocketAddr>, dim: usize, transfer: Transfer) -> Res<Worker> {
+    /// the rows client of table [`TABLE`], rows of `dim` f32, travelling and kept as
+    /// `options` say.
+    pub fn new(
+        rt: &Runtime,
+        ps: Vec<SocketAddr>,
+        dim: usize,
+        transfer: Transfer,
+        options: RowsOptions,
+    ) -> Res<Worker> {
         if ps.len() > 64 {
             return Err("at most 64 PS tasks".into());
         }
         let shards = ps.len();
         let peers: Vec<Peer> = ps.iter().map(|&a| Peer::from(a)).collect();
-        let sharded = Sharded::new(
+        let mut sharded = Sharded::new(
             peers.clone(),
             Partition::Hash,
             TABLE,
@@ -130,10 +148,13 @@ impl Worker {
             &[dim as u64],
         )
         .map_err(|e| e.to_string())?;
+        if let Some(wire) = options.wire {
+            sharded.set_wire_dtype(wire).map_err(|e| e.to_string())?;
+        }
         let mut in_flight = UNFUSED_WINDOW.max(shards) * 2;
         let pipeline = match transfer {
             Transfer::Pipelined { staleness } => {
-                let settings = pipeline_settings(staleness);
+                let settings = pipeline_settings(staleness, options);
                 let pushes = settings.pushes_in_flight_bound() as usize;
                 // The pipeline's requests: its pushes in flight and a pull, per PS task.
                 in_flight = in_flight.max((pushes + 1) * shards);
@@ -167,6 +188,7 @@ impl Worker {
             rows_pushed: 0,
             prefetched: 0,
             refetched: 0,
+            cache_hits: 0,
         })
     }
 
@@ -217,7 +239,16 @@ impl Worker {
         self.rows_pushed += r.rows_sent as u64;
         self.prefetched += r.prefetched as u64;
         self.refetched += r.refetched as u64;
+        self.cache_hits += r.cache_hits as u64;
         Ok(())
+    }
+
+    /// The held-out evaluation reads the model as the PS holds it: rows in f32, whatever
+    /// the training's wire dtype.
+    pub fn evaluate_in_f32(&mut self) -> Res<()> {
+        self.sharded
+            .set_wire_dtype(DType::F32)
+            .map_err(|e| e.to_string())
     }
 
     /// Ends training. With the pipeline: waits until every push has been answered, and
@@ -237,6 +268,7 @@ impl Worker {
             self.rows_pulled += r.rows_received as u64;
             self.prefetched += r.prefetched as u64;
             self.refetched += r.refetched as u64;
+            self.cache_hits += r.cache_hits as u64;
         }
         Ok(())
     }
@@ -435,13 +467,15 @@ impl Worker {
 
 /// The pipeline's settings for staleness `staleness`: as many pushes in flight as the
 /// bound lets the rows miss (at least 2, so that a push rarely waits at staleness 0 and 1),
-/// each request given [`DEADLINE`].
-pub fn pipeline_settings(staleness: u32) -> PipelineSettings {
+/// each request given [`DEADLINE`], rows travelling and cached as `options` say.
+pub fn pipeline_settings(staleness: u32, options: RowsOptions) -> PipelineSettings {
     let max = starwire::rows::MAX_PUSHES_IN_FLIGHT;
     PipelineSettings::default()
         .staleness(staleness)
         .max_pushes_in_flight(staleness.clamp(2, max))
         .timeout(Some(DEADLINE))
+        .wire_dtype(options.wire)
+        .cache_bytes(options.cache)
 }
 
 fn copy_row(t: &Tensor, out: &mut [f32]) -> Res<()> {

@@ -15,7 +15,7 @@ use crate::cluster::resolver;
 use crate::cpu::Cpu;
 use crate::model::{self, Batch, Generator, ModelConfig, Scratch};
 use crate::report::{comm_breakdown, Interval};
-use crate::transfer::{Transfer, Worker};
+use crate::transfer::{RowsOptions, Transfer, Worker};
 use crate::Res;
 use starwire::cluster::TaskId;
 use starwire::config::ConfigBuilder;
@@ -55,7 +55,11 @@ pub fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
         .map_err(|e| e.to_string())?;
     let rt = Runtime::start(config, None).map_err(|e| e.to_string())?;
     let cfg = &args.model;
-    let mut w = Worker::new(&rt, ps_addrs, cfg.dim, args.transfer())?;
+    let options = RowsOptions {
+        wire: args.wire,
+        cache: args.cache,
+    };
+    let mut w = Worker::new(&rt, ps_addrs, cfg.dim, args.transfer(), options)?;
     say(&mut out, "READY")?;
     let start_ms = wait_for(&mut input, "START")?
         .parse::<u64>()
@@ -99,6 +103,7 @@ pub fn run_worker(args: &Args, task: &TaskId) -> Res<ExitCode> {
     if index == 0 {
         // Every worker's pushes have been answered: the model is final.
         wait_for(&mut input, "EVAL")?;
+        w.evaluate_in_f32()?;
         let line = evaluate(args, &mut w)?;
         say(&mut out, &format!("EVAL {line}"))?;
     }
@@ -204,6 +209,7 @@ fn train(
             cur.rows_pushed = std::mem::take(&mut w.rows_pushed);
             cur.prefetched = std::mem::take(&mut w.prefetched);
             cur.refetched = std::mem::take(&mut w.refetched);
+            cur.cache_hits = std::mem::take(&mut w.cache_hits);
             if cur.steps > 0 || stop {
                 say(&cur.to_line())?;
             }
@@ -264,7 +270,8 @@ fn evaluate_untrained(args: &Args, ps: &[SocketAddr], index: u32) -> Res<String>
         .and_then(|b| b.loops(1).build())
         .map_err(|e| e.to_string())?;
     let rt = Runtime::start(config, None).map_err(|e| e.to_string())?;
-    let mut w = Worker::new(&rt, ps.to_vec(), args.model.dim, Transfer::Rows)?;
+    let options = RowsOptions::default();
+    let mut w = Worker::new(&rt, ps.to_vec(), args.model.dim, Transfer::Rows, options)?;
     let line = evaluate(args, &mut w);
     rt.shutdown();
     line

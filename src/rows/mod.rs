@@ -14,8 +14,10 @@
 //! duplicates summed; [`Sharded`] does all of it, with rows as bytes or,
 //! through [`RowElement`], as `f32`, `f64` and the integer types. [`Pipeline`] does it
 //! with a step that does not wait: the next batch's rows requested while this one
-//! computes, pushes not waited for, within a staleness bound.
+//! computes, pushes not waited for, within a staleness bound, and, with a [`RowCache`],
+//! the rows of ids it pulled recently enough served without asking.
 
+mod cache;
 mod element;
 mod pipeline;
 mod plan;
@@ -25,6 +27,7 @@ mod travel;
 
 pub use crate::session::{PulledRows, Rows, MAX_ROW_RANK};
 pub use crate::wire::LossScale;
+pub use cache::RowCache;
 pub use element::RowElement;
 pub use pipeline::{Pipeline, PipelineReport, PipelineSettings, PushFailure, MAX_PUSHES_IN_FLIGHT};
 pub use plan::{Partition, Plan, PlanError};

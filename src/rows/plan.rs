@@ -378,6 +378,35 @@ impl Plan {
         Ok(())
     }
 
+    /// Copies to every batch position of each of `shard`'s ids, in `out` (`batch_len()`
+    /// rows of `row_bytes`), the row `row(j)` gives for it (`j` its index in
+    /// [`ids(shard)`](Self::ids)); positions whose `row(j)` is `None`, and those of other
+    /// shards, are left as they are. A row of another length than `row_bytes` is refused
+    /// (the rows before it were copied).
+    pub(crate) fn scatter_each<'a>(
+        &self,
+        shard: usize,
+        row_bytes: usize,
+        out: &mut [u8],
+        mut row: impl FnMut(usize) -> Option<&'a [u8]>,
+    ) -> Result<(), PlanError> {
+        let members = self.members(shard)?;
+        check_len("out", out, self.batch_len(), row_bytes)?;
+        for m in members {
+            if let Some(src) = row(m.row as usize) {
+                if src.len() != row_bytes {
+                    return Err(PlanError::Length {
+                        what: "block",
+                        expected: row_bytes,
+                        actual: src.len(),
+                    });
+                }
+                out[m.pos as usize * row_bytes..][..row_bytes].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+
     /// Writes into `out` (`ids(shard).len()` rows of `row_bytes`, in the order of
     /// [`ids`](Self::ids)) the sum of the gradient rows of each of `shard`'s ids, from
     /// `grads`: the batch's rows (`batch_len()` rows of `row_bytes`), elements little-endian

@@ -1,9 +1,11 @@
 //! The pipelined sharded rows client: a worker's step that does not wait for the network
 //! when it need not. The user's guide is on [`Pipeline`].
 
+mod cached;
 mod ledger;
 mod report;
 mod settings;
+mod split;
 mod step;
 
 pub use report::{PipelineReport, PushFailure};
@@ -14,6 +16,7 @@ use std::time::Instant;
 
 use arrayvec::ArrayVec;
 
+use super::cache::RowCache;
 use super::element::{self, RowElement};
 use super::plan::{Partition, Plan};
 use super::travel::checked_scale;
@@ -24,6 +27,7 @@ use crate::session::{Completion, Rows, Spare, MAX_ROW_RANK};
 use crate::tensor::Tensor;
 use crate::wire::{DType, LossScale};
 use ledger::Ledger;
+use split::Split;
 
 /// A table partitioned over PS tasks, seen from a worker whose steps overlap their
 /// communication with their computation: the rows of the next batch are requested while
@@ -89,6 +93,32 @@ use ledger::Ledger;
 /// [`pull`](Self::pull) than the bound allows the prefetched rows to miss, the pull asks
 /// for those rows again ([`PipelineReport::refetched`]). The bound is checked when the rows
 /// are used, whatever the order of the calls.
+///
+/// # The row cache
+///
+/// With [`PipelineSettings::cache_bytes`] the pipeline keeps a [`RowCache`] of the rows it
+/// pulled (in the table's dtype, whatever the wire dtype), each with its clock: the
+/// number of this worker's pushes the row is sure to reflect (those its request waited
+/// for, as above). When a step's part for a PS is sent, every id whose cached row would
+/// miss at most `s` of this worker's pushes when the rows are used (clock `≥ P - s`, `P`
+/// counting the step's own push) is served from the cache, as HET's bounded-staleness
+/// read does; only the others are asked for, and inserted into the cache when they
+/// arrive. A part the cache serves whole sends nothing and waits for no push. So:
+///
+/// - the guarantee above holds for cached rows too: a row from the cache reflects each of
+///   this worker's pushes up to `P - s` ([`PipelineReport::may_miss`] counts them);
+/// - this worker's **own pushes do not patch** the cached rows: a cached row stays as the
+///   PS sent it until it is too old and pulled again. The bound is what keeps it honest;
+/// - with `s = 0` the cache serves nothing (every row is pulled, and inserted: it then
+///   only costs its memory);
+/// - when the cache is full a row is evicted (CLOCK: rows used again since the hand last
+///   passed stay); a row evicted is pulled again when next needed. Rows no PS has are not
+///   cached.
+///
+/// [`PipelineReport::cache_hits`] and [`cache_misses`](PipelineReport::cache_misses) count
+/// the step's rows served and pulled; [`rows_received`](PipelineReport::rows_received)
+/// and the bytes count what travelled. [`cache`](Self::cache) gives the cache's counts
+/// over all steps.
 ///
 /// # When requests go out
 ///
@@ -179,6 +209,10 @@ pub struct Pipeline {
     loss_scale: Option<LossScale>,
     /// A block that travelled in another dtype, widened into the table's (reused).
     wide: Vec<u8>,
+    /// The row cache, when its settings give it bytes; per PS, how its part of the batch
+    /// on its way is split between the cache and the request.
+    cache: Option<RowCache>,
+    splits: Vec<Split>,
 }
 
 /// One PS's part of the pull of the batch on its way.
@@ -191,8 +225,12 @@ enum Part {
     Empty,
     /// Not sent yet: the staleness bound holds it back until pushes are answered.
     Deferred,
-    /// Sent once every push numbered `covers` or less had been answered by the PS.
+    /// Sent once every push numbered `covers` or less had been answered by the PS (or
+    /// less: the clock of the oldest row the cache serves of the part).
     Sent { tag: u64, covers: u64 },
+    /// Every row served by the cache, the oldest sure to reflect the pushes up to
+    /// `covers`: nothing sent.
+    Cached { covers: u64 },
     /// Its answer, kept until the pull takes it.
     Done { completion: Completion, covers: u64 },
     /// It could not be sent: reported by the pull.
@@ -234,6 +272,15 @@ impl Pipeline {
             )));
         }
         let loss_scale = checked_scale(table, dtype, settings.scale())?;
+        let cache = match settings.cache_capacity() {
+            0 => None,
+            bytes => Some(RowCache::new(bytes, row_bytes as usize).map_err(|e| {
+                Error::invalid(&format!(
+                    "pipeline: cache_bytes is {bytes}: {}",
+                    e.remote_message().unwrap_or("refused")
+                ))
+            })?),
+        };
         let n = peers.len();
         let slots = settings.pushes_in_flight_bound() as usize;
         Ok(Pipeline {
@@ -261,6 +308,8 @@ impl Pipeline {
             wire,
             loss_scale,
             wide: Vec::new(),
+            cache,
+            splits: (0..n).map(|_| Split::default()).collect(),
             peers,
             table,
             dtype,
@@ -304,6 +353,11 @@ impl Pipeline {
     /// The report of the step in progress (what the last call returned).
     pub fn report(&self) -> &PipelineReport {
         &self.report
+    }
+
+    /// The row cache, when the settings give it bytes: its counts cover every step so far.
+    pub fn cache(&self) -> Option<&RowCache> {
+        self.cache.as_ref()
     }
 
     /// The push failures the last call's error reported, in the order found; empty when
@@ -480,5 +534,6 @@ impl Pipeline {
     fn finish(&mut self, start: Instant) {
         self.report.visible += start.elapsed();
         self.report.pushes_in_flight = self.ledger.in_flight();
+        self.report.cache_bytes = self.cache.as_ref().map_or(0, RowCache::bytes_held);
     }
 }

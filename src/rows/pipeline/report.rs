@@ -53,9 +53,20 @@ pub struct PipelineReport {
     /// another wire dtype was set: the PS did not announce `row_formats`.
     pub fallbacks: usize,
     /// The most of this worker's pushes the step's rows may miss: pushes issued before
-    /// the pull returned that some PS part's request was sent without waiting for. Never
-    /// above the staleness bound.
+    /// the pull returned that some PS part's request was sent without waiting for (or
+    /// that a row served from the cache was fetched before). Never above the staleness
+    /// bound.
     pub may_miss: u64,
+    /// Distinct rows of the step served from the row cache, not pulled (0 without a
+    /// cache).
+    pub cache_hits: usize,
+    /// Distinct rows of the step the row cache could not serve (absent, or too old), so
+    /// pulled: `rows_received` of the step (0 without a cache).
+    pub cache_misses: usize,
+    /// Bytes of the rows the cache held when the step's last call returned.
+    pub cache_bytes: u64,
+    /// Rows the cache evicted during the step's calls.
+    pub cache_evictions: u64,
 }
 
 impl PipelineReport {

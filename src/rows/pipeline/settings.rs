@@ -34,11 +34,12 @@ pub struct PipelineSettings {
     wire: Option<DType>,
     /// The loss scale's f32 bits (checked by the pipeline).
     loss_scale: Option<u32>,
+    cache_bytes: usize,
 }
 
 impl Default for PipelineSettings {
     /// Staleness 1, 2 pushes in flight, requests given 60 s, rows travelling as the
-    /// table's dtype, no loss scale.
+    /// table's dtype, no loss scale, no row cache.
     fn default() -> PipelineSettings {
         PipelineSettings {
             staleness: 1,
@@ -46,6 +47,7 @@ impl Default for PipelineSettings {
             timeout: Some(Duration::from_secs(60)),
             wire: None,
             loss_scale: None,
+            cache_bytes: 0,
         }
     }
 }
@@ -92,6 +94,22 @@ impl PipelineSettings {
     pub fn loss_scale(mut self, scale: Option<f32>) -> PipelineSettings {
         self.loss_scale = scale.map(f32::to_bits);
         self
+    }
+
+    /// The bytes of the worker's row cache ([`RowCache`](crate::rows::RowCache): its rows
+    /// and their index, all allocated when the pipeline is made); 0 (the default): no
+    /// cache, every row of every step pulled. With a staleness bound `s ≥ 1`, a row the
+    /// cache holds that misses at most `s` of this worker's pushes when used is served
+    /// from it, not pulled (see [`Pipeline`](super::Pipeline#the-row-cache)); with `s = 0`
+    /// the cache serves nothing. Not 0: at least the bytes of one row with its entry.
+    pub fn cache_bytes(mut self, bytes: usize) -> PipelineSettings {
+        self.cache_bytes = bytes;
+        self
+    }
+
+    /// The bytes of the row cache; 0: none.
+    pub fn cache_capacity(&self) -> usize {
+        self.cache_bytes
     }
 
     /// The dtype rows travel as, when set.

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::report::{failures_error, PushFailure};
+use super::split::{Decision, Source};
 use super::{Part, Pipeline};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
 use crate::rows::travel::widened;
-use crate::rows::Plan;
+use crate::rows::{Plan, PlanError};
 use crate::session::{Completion, Rows, Spare};
 use crate::tensor::Tensor;
 use crate::wire::{DType, Status};
@@ -187,32 +188,58 @@ impl Pipeline {
             }
             Part::Done { completion, .. } => self.pull_spares[k] = completion.into_spare(),
             Part::Empty => self.parts[k] = Part::Empty,
-            Part::Deferred | Part::Failed(_) => {}
+            Part::Deferred | Part::Cached { .. } | Part::Failed(_) => {}
         }
     }
 
     /// Sends every part held back that the bound now allows, for rows used after `target`
-    /// pushes.
+    /// pushes; a part the row cache serves whole needs no request.
     fn send_allowed<M: Mode>(&mut self, client: &mut Client<M>, target: u64) {
         let s = self.staleness();
         let mut deadline = None;
         for k in 0..self.peers.len() {
-            if !matches!(self.parts[k], Part::Deferred) || !self.ledger.may_send(k, target, s) {
+            if !matches!(self.parts[k], Part::Deferred) {
                 continue;
             }
+            let may = self.ledger.may_send(k, target, s);
+            match self.decide_part(k, target, may) {
+                Decision::Hold => continue,
+                Decision::AllCached { oldest } => {
+                    self.parts[k] = Part::Cached { covers: oldest };
+                    continue;
+                }
+                Decision::Ask => {}
+            }
             let deadline = *deadline.get_or_insert_with(|| self.deadline());
-            let covers = self.ledger.covered(k);
-            let ids = self.ahead.ids(k);
-            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids).travel_as(self.wire);
-            self.report.bytes_sent += ID_BYTES * ids.len() as u64;
-            let spare = std::mem::take(&mut self.pull_spares[k]);
-            self.parts[k] = match client.pull_rows_with(self.peers[k], &[rows], deadline, spare) {
-                Ok(t) => Part::Sent {
-                    tag: t.tag(),
-                    covers,
-                },
-                Err(e) => Part::Failed(e.with_peer(self.peers[k].addr())),
-            };
+            self.parts[k] = self.send_part(client, k, deadline);
+        }
+    }
+
+    /// Asks PS `k` for the rows of its part the cache does not serve (all of them without
+    /// a cache), as [`decide_part`](Pipeline::decide_part) split it: the one request that
+    /// refreshes rows, to become a versioned pull (naming the version of each cached row
+    /// too old to serve, answered without the bytes of those unchanged) once the wire has
+    /// one.
+    fn send_part<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        k: usize,
+        deadline: Option<Instant>,
+    ) -> Part {
+        let asked = self.ledger.covered(k);
+        let split = &self.splits[k];
+        let ids = split.asked().unwrap_or(self.ahead.ids(k));
+        // The rows served from the cache may be older than those asked for.
+        let covers = asked.min(split.oldest_hit());
+        let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids).travel_as(self.wire);
+        self.report.bytes_sent += ID_BYTES * ids.len() as u64;
+        let spare = std::mem::take(&mut self.pull_spares[k]);
+        match client.pull_rows_with(self.peers[k], &[rows], deadline, spare) {
+            Ok(t) => Part::Sent {
+                tag: t.tag(),
+                covers,
+            },
+            Err(e) => Part::Failed(e.with_peer(self.peers[k].addr())),
         }
     }
 
@@ -247,7 +274,9 @@ impl Pipeline {
         let s = self.staleness();
         for k in 0..self.peers.len() {
             let covers = match &self.parts[k] {
-                Part::Sent { covers, .. } | Part::Done { covers, .. } => *covers,
+                Part::Sent { covers, .. } | Part::Done { covers, .. } | Part::Cached { covers } => {
+                    *covers
+                }
                 _ => continue,
             };
             if covers.saturating_add(s) < target {
@@ -274,9 +303,17 @@ impl Pipeline {
         let step = self.steps;
         let mut failed: Option<(usize, Error)> = None;
         let mut may_miss = 0;
+        // The cached rows first: taking the answers inserts rows, which may evict them.
+        if let Err(e) = self.serve_cached(out) {
+            failed = Some(e);
+        }
         for k in 0..self.peers.len() {
             let (answer, covers) = match std::mem::replace(&mut self.parts[k], Part::Empty) {
                 Part::Empty | Part::Deferred => continue,
+                Part::Cached { covers } => {
+                    may_miss = may_miss.max(target.saturating_sub(covers));
+                    continue;
+                }
                 Part::Sent { tag, covers } => (self.wait(client, tag), covers),
                 Part::Done { completion, covers } => (Ok(completion), covers),
                 Part::Failed(e) => (Err(e), target),
@@ -314,18 +351,41 @@ impl Pipeline {
         let r = match c.rows() {
             Ok(rows) => match rows.block(0) {
                 Ok(block) => {
-                    let n = self.ahead.ids(k).len();
-                    self.report.missing += missing_positions(&self.ahead, k, rows.missing(0));
+                    let split = &mut self.splits[k];
+                    let n = split.asked().map_or(self.ahead.ids(k).len(), <[u64]>::len);
+                    let missing = split.missing_in_part(rows.missing(0));
+                    self.report.missing += missing_positions(&self.ahead, k, missing);
                     self.report.rows_received += n;
                     self.report.bytes_received += block.byte_len() as u64;
                     if self.wire != self.dtype && block.dtype() == self.dtype {
                         self.report.fallbacks += 1;
                     }
                     let ahead = &self.ahead;
+                    let split = &self.splits[k];
+                    let cache = &mut self.cache;
+                    let report = &mut self.report;
                     widened(self.dtype, block, &mut self.wide).and_then(|bytes| {
-                        ahead
-                            .scatter(k, bytes, rb, out)
-                            .map_err(|e| Error::invalid(&e.to_string()))
+                        match split.asked() {
+                            None => ahead.scatter(k, bytes, rb, out),
+                            // Each row asked for, and no more, is in the block.
+                            Some(_) if bytes.len() != n * rb => Err(PlanError::Length {
+                                what: "block",
+                                expected: n * rb,
+                                actual: bytes.len(),
+                            }),
+                            Some(_) => ahead.scatter_each(k, rb, out, |j| match split.source(j) {
+                                Some(Source::Wire(i)) => bytes.get(i as usize * rb..)?.get(..rb),
+                                _ => None,
+                            }),
+                        }
+                        .map_err(|e| Error::invalid(&e.to_string()))?;
+                        if let Some(cache) = cache {
+                            let before = cache.evictions();
+                            split.keep(cache, ahead.ids(k), bytes, rb);
+                            report.cache_evictions += cache.evictions() - before;
+                            report.cache_misses += n;
+                        }
+                        Ok(())
                     })
                 }
                 Err(status) => Err(remote(status, self.peers[k])),
