@@ -1082,6 +1082,13 @@ typedef struct sw_step_report {
    The first PS (in the order given) whose part failed; `SIZE_MAX` if none did.
    */
   size_t first_failed;
+  /*
+   PS parts of a pull whose rows came back in the table's dtype although another wire
+   dtype was set (`sw_sharded_set_wire_dtype`): that PS did not announce `row_formats`
+   (an earlier release, or `STARWIRE_WIRE_FEATURES=none`). The rows are right all the
+   same.
+   */
+  size_t fallbacks;
 } sw_step_report;
 
 /*
@@ -1107,6 +1114,18 @@ typedef struct sw_pipeline_settings {
    connection then holds a wait forever). Default 60000.
    */
   uint64_t timeout_ms;
+  /*
+   The wire dtype code rows travel as: 0 (the default) for the table's dtype; for a
+   table of f32 (10), bf16 (7) or f16 (6) rows, any of those three (the caller's rows
+   stay in the table's dtype; see `sw_sharded_set_wire_dtype`, which does the same).
+   */
+  uint8_t wire_dtype;
+  /*
+   The factor pushed gradients were multiplied by (a loss scale, 2^-126 to 2^126),
+   which the PS divides out before applying them; 0 (the default): none. For tables of
+   f32, bf16 and f16 rows.
+   */
+  float loss_scale;
 } sw_pipeline_settings;
 
 /*
@@ -2404,6 +2423,46 @@ sw_result sw_sharded_push(struct sw_sharded *s,
                           struct sw_step_report *report);
 
 /*
+ Rows of `s` travel as `dtype` (a wire dtype code) from the next step on: the table's
+ dtype, or for a table of f32 (10), bf16 (7) or f16 (6) rows any of those three. A pull
+ asks the PS tasks for rows in `dtype` (they round to nearest even) and widens them into
+ the caller's rows, which stay in the table's dtype; a push narrows its summed gradients
+ as it sends them. A PS that did not announce `row_formats` is sent and answers rows in
+ the table's dtype instead: the step is served all the same, and
+ `sw_step_report.fallbacks` counts such parts of a pull.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a dtype the table's rows do
+ not travel as (the message names both).
+
+ # Safety
+ `s` is a live handle used by this thread only.
+ */
+sw_result sw_sharded_set_wire_dtype(struct sw_sharded *s, uint8_t dtype);
+
+/*
+ The wire dtype code rows of `s` travel as (the table's dtype unless
+ `sw_sharded_set_wire_dtype` set another; 0 for NULL).
+
+ # Safety
+ `s` is NULL or a live handle.
+ */
+uint8_t sw_sharded_wire_dtype(const struct sw_sharded *s);
+
+/*
+ Pushes of `s` from the next one on say their gradients were multiplied by `scale` (a
+ loss scale, 2^-126 to 2^126), which the PS divides out (multiplying by the f32 nearest
+ `1 / scale`, exact for powers of two) before applying them in the table's dtype; 0: no
+ scale (the default). For tables of f32, bf16 and f16 rows.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a scale out of range (NaN,
+ negative, infinite, or below 2^-126 or above 2^126) or a table of other rows.
+
+ # Safety
+ `s` is a live handle used by this thread only.
+ */
+sw_result sw_sharded_set_loss_scale(struct sw_sharded *s, float scale);
+
+/*
  The last step's outcome at PS `i` (in the order given to `sw_sharded_new`): `SW_OK`, or
  why its part failed (with its message for `sw_last_error`, naming the PS; a PS that
  answered with an error status: `SW_ERR_REMOTE`, and `sw_last_error_status`).
@@ -2415,7 +2474,8 @@ sw_result sw_sharded_push(struct sw_sharded *s,
 sw_result sw_sharded_part(const struct sw_sharded *s, size_t i);
 
 /*
- The default settings: staleness 1, 2 pushes in flight, requests given 60 s.
+ The default settings: staleness 1, 2 pushes in flight, requests given 60 s, rows
+ travelling in the table's dtype, no loss scale.
  */
 struct sw_pipeline_settings sw_pipeline_settings_default(void);
 
@@ -2429,7 +2489,8 @@ struct sw_pipeline_settings sw_pipeline_settings_default(void);
 
  Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
  unknown partition kind or dtype, rows of no bytes, more than 7 row dimensions, or
- settings out of range (the message names the field).
+ settings out of range (the message names the field: a `wire_dtype` the table's rows do
+ not travel as, a `loss_scale` out of range or for rows other than f32, bf16 and f16).
 
  # Safety
  `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `row_dims` at

@@ -48,6 +48,11 @@ pub struct sw_step_report {
     pub failed: usize,
     /// The first PS (in the order given) whose part failed; `SIZE_MAX` if none did.
     pub first_failed: usize,
+    /// PS parts of a pull whose rows came back in the table's dtype although another wire
+    /// dtype was set (`sw_sharded_set_wire_dtype`): that PS did not announce `row_formats`
+    /// (an earlier release, or `STARWIRE_WIRE_FEATURES=none`). The rows are right all the
+    /// same.
+    pub fallbacks: usize,
 }
 
 /// A table of embedding rows partitioned over PS tasks, seen from a worker: each step's
@@ -225,6 +230,7 @@ fn step(
         missing: done.missing,
         failed: failed.count(),
         first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
+        fallbacks: done.fallbacks,
     };
     report.write(summary);
     match done.first_error() {
@@ -283,6 +289,62 @@ pub extern "C" fn sw_sharded_push(
 ) -> sw_result {
     let grads = Step::Push(grads.cast());
     boundary!({ step(s, c, ids, n, grads, byte_len, timeout_ms, report) })
+}
+
+/// The loss scale `scale` as an option: 0 is none.
+pub(crate) fn scale_of(scale: f32) -> Option<f32> {
+    (scale != 0.0).then_some(scale)
+}
+
+/// Rows of `s` travel as `dtype` (a wire dtype code) from the next step on: the table's
+/// dtype, or for a table of f32 (10), bf16 (7) or f16 (6) rows any of those three. A pull
+/// asks the PS tasks for rows in `dtype` (they round to nearest even) and widens them into
+/// the caller's rows, which stay in the table's dtype; a push narrows its summed gradients
+/// as it sends them. A PS that did not announce `row_formats` is sent and answers rows in
+/// the table's dtype instead: the step is served all the same, and
+/// `sw_step_report.fallbacks` counts such parts of a pull.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a dtype the table's rows do
+/// not travel as (the message names both).
+///
+/// # Safety
+/// `s` is a live handle used by this thread only.
+#[no_mangle]
+pub extern "C" fn sw_sharded_set_wire_dtype(s: *mut sw_sharded, dtype: u8) -> sw_result {
+    boundary!({
+        let s = try_mut!(s, "sharded");
+        Ok(s.sharded.set_wire_dtype(DType::from(dtype))?)
+    })
+}
+
+/// The wire dtype code rows of `s` travel as (the table's dtype unless
+/// `sw_sharded_set_wire_dtype` set another; 0 for NULL).
+///
+/// # Safety
+/// `s` is NULL or a live handle.
+#[no_mangle]
+pub extern "C" fn sw_sharded_wire_dtype(s: *const sw_sharded) -> u8 {
+    boundary!(0, {
+        crate::cast::ref_from(s).map_or(0, |h| u8::from(h.sharded.wire_dtype()))
+    })
+}
+
+/// Pushes of `s` from the next one on say their gradients were multiplied by `scale` (a
+/// loss scale, 2^-126 to 2^126), which the PS divides out (multiplying by the f32 nearest
+/// `1 / scale`, exact for powers of two) before applying them in the table's dtype; 0: no
+/// scale (the default). For tables of f32, bf16 and f16 rows.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a scale out of range (NaN,
+/// negative, infinite, or below 2^-126 or above 2^126) or a table of other rows.
+///
+/// # Safety
+/// `s` is a live handle used by this thread only.
+#[no_mangle]
+pub extern "C" fn sw_sharded_set_loss_scale(s: *mut sw_sharded, scale: f32) -> sw_result {
+    boundary!({
+        let s = try_mut!(s, "sharded");
+        Ok(s.sharded.set_loss_scale(scale_of(scale))?)
+    })
 }
 
 /// The last step's outcome at PS `i` (in the order given to `sw_sharded_new`): `SW_OK`, or

@@ -19,9 +19,10 @@ push. With ``staleness=s`` above 0 (or ``pipelined=True``) the table goes throug
 miss at most this worker's `s` most recent pushes (every earlier one is in them); a push
 that fails after its backward returned raises at a later forward, backward or `flush`,
 never dropped. `PrefetchingLoader` wraps a data loader so that the next batch's rows are
-requested while this batch computes. Rows cross the wire as float32. Pulls and pushes go
-through the calling thread's `Client` (backward of a CPU graph runs on the thread that
-calls ``loss.backward()``); the modules run on the CPU.
+requested while this batch computes. Rows cross the wire as float32, or as bfloat16 or
+float16 with ``wire_dtype`` (half the bytes; the modules still compute in float32). Pulls
+and pushes go through the calling thread's `Client` (backward of a CPU graph runs on the
+thread that calls ``loss.backward()``); the modules run on the CPU.
 
 A module's `state_dict` holds no rows, and is not empty either: it holds a marker naming
 the table and its PS tasks (``_extra_state``), and `load_state_dict` refuses a marker of
@@ -50,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .client import DEFAULT_TIMEOUT, Client, Sharded, StepReport
+from ._arrays import loss_scale_value
 from .errors import Closed, InvalidArgument, StarwireError
 from .pipeline import Pipeline, PipelineReport, PipelineSettings
 
@@ -319,14 +321,29 @@ def _weight(rows: _Rows, lookup: _Lookup) -> Tensor:
 
 # ----- the modules -----
 
-def _checked_options(staleness: int, wire_dtype: Any) -> None:
+#: The dtypes rows may cross the wire as, and their names for `starwire.Sharded`.
+_WIRE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_WIRE_BY_NAME = {"float32": torch.float32, "f32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16,
+                 "half": torch.float16}
+
+
+def _checked_options(staleness: int, wire_dtype: Any, loss_scale: Optional[float]
+                     ) -> torch.dtype:
+    """Checks the options every module shares; the wire dtype as a torch dtype."""
     if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
         raise InvalidArgument(f"staleness {staleness!r} is not an int of 0 or more (the "
                               "most of this worker's recent pushes a pull may miss)")
-    if wire_dtype not in (torch.float32, "float32"):
-        raise NotImplementedError(
-            f"wire_dtype={wire_dtype!r}: rows cross the wire as float32 for now (bfloat16 "
-            "is not bound yet)")
+    wire = (_WIRE_BY_NAME.get(wire_dtype.lower()) if isinstance(wire_dtype, str)
+            else wire_dtype if wire_dtype in _WIRE_DTYPES else None)
+    if wire is None:
+        raise InvalidArgument(
+            f"wire_dtype {wire_dtype!r} is not one rows cross the wire as: torch.float32 "
+            "('float32', 'f32'), torch.bfloat16 ('bfloat16', 'bf16') or torch.float16 "
+            "('float16', 'f16')")
+    loss_scale_value(loss_scale)
+    assert isinstance(wire, torch.dtype)
+    return wire
 
 
 class _PSModule(nn.Module):
@@ -337,9 +354,9 @@ class _PSModule(nn.Module):
                  peers: Optional[Sequence[str]], job: str, partition: str,
                  num_embeddings: Optional[int], staleness: int, wire_dtype: Any,
                  timeout: Optional[float], pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         super().__init__()
-        _checked_options(staleness, wire_dtype)
+        wire = _checked_options(staleness, wire_dtype, loss_scale)
         if not isinstance(client, Client):
             raise InvalidArgument(f"client is a {type(client).__name__}, not a "
                                   "starwire.Client (runtime.client())")
@@ -370,18 +387,20 @@ class _PSModule(nn.Module):
                                   "pipelined=False allows only 0")
         self._rows: _Rows
         if pipelined:
-            settings = PipelineSettings(staleness, max_pushes_in_flight, timeout)
+            settings = PipelineSettings(staleness, max_pushes_in_flight, timeout,
+                                        _WIRE_DTYPES[wire], loss_scale)
             self._rows = _PipelinedRows(Pipeline(
                 client, table, dim, peers=tasks, dtype=np.float32, partition=partition,
                 vocab=num_embeddings or 0, settings=settings))
         else:
             self._rows = _ShardedRows(client.sharded(
                 table, dim, peers=tasks, dtype=np.float32, partition=partition,
-                vocab=num_embeddings or 0), timeout)
+                vocab=num_embeddings or 0, wire_dtype=_WIRE_DTYPES[wire],
+                loss_scale=loss_scale), timeout)
         self.table, self.dim = table, dim
         self.num_embeddings = num_embeddings
         self.tasks, self.partition = tasks, partition
-        self.staleness, self.wire_dtype = staleness, torch.float32
+        self.staleness, self.wire_dtype, self.loss_scale = staleness, wire, loss_scale
         self.pipelined = bool(pipelined)
         self._client = client
         #: The unique ids of the next batch (`PrefetchingLoader`), requested right after
@@ -505,9 +524,15 @@ class PSEmbedding(_PSModule):
     pipeline with staleness 0 too (the synchronous results, exactly; `prefetch` and
     `PrefetchingLoader` need a pipelined module; each pipelined table may have
     ``(max_pushes_in_flight + 1) * len(tasks)`` requests in flight on `client`, whose
-    capacity must cover its tables' sum). `wire_dtype` must be float32
-    (`NotImplementedError` otherwise: bfloat16 rows are not bound yet). `timeout` is the
-    deadline of each pull and push, in seconds (None: none).
+    capacity must cover its tables' sum). `wire_dtype`: how rows cross the wire,
+    ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16`` (or
+    ``"bf16"``, ``"f16"``...): the PS rounds the rows it sends to nearest even, the module
+    computes in float32 on them, and the gradients pushed are narrowed likewise (the table
+    on the PS stays float32 and applies them in float32); a PS that did not announce
+    ``row_formats`` answers float32 rows instead. `loss_scale`: the factor the loss, and so
+    the gradients pushed, were multiplied by (for float16 gradients that would underflow;
+    2^-126 to 2^126, None: none); the PS divides it out before applying them. `timeout` is
+    the deadline of each pull and push, in seconds (None: none).
     """
 
     def __init__(self, client: Client, table: int, dim: int, *,
@@ -515,11 +540,11 @@ class PSEmbedding(_PSModule):
                  partition: str = "mod", num_embeddings: Optional[int] = None,
                  staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
-                         max_pushes_in_flight=max_pushes_in_flight)
+                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale)
 
     def forward(self, input: Tensor) -> Tensor:
         lookup = self._lookup(input, "input")
@@ -541,14 +566,14 @@ class PSEmbeddingBag(_PSModule):
                  include_last_offset: bool = False, staleness: int = 0,
                  wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         if mode not in _MODES:
             raise InvalidArgument(f"mode {mode!r} is not one of {', '.join(_MODES)} (max is "
                                   "not supported)")
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
-                         max_pushes_in_flight=max_pushes_in_flight)
+                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
@@ -627,9 +652,9 @@ class PSEmbeddingBagCollection(nn.Module):
                  peers: Optional[Sequence[str]] = None, job: str = "ps",
                  partition: str = "mod", staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         super().__init__()
-        _checked_options(staleness, wire_dtype)
+        _checked_options(staleness, wire_dtype, loss_scale)
         if not tables:
             raise InvalidArgument("a collection of no tables")
         seen: dict[int, str] = {}
@@ -645,7 +670,8 @@ class PSEmbeddingBagCollection(nn.Module):
                                  partition=partition, num_embeddings=cfg.num_embeddings,
                                  staleness=staleness, wire_dtype=wire_dtype, timeout=timeout,
                                  pipelined=pipelined,
-                                 max_pushes_in_flight=max_pushes_in_flight)
+                                 max_pushes_in_flight=max_pushes_in_flight,
+                                 loss_scale=loss_scale)
             for name, cfg in tables.items()})
 
     def _bag(self, name: str) -> PSEmbeddingBag:

@@ -371,9 +371,9 @@ class ErrorsTest(PsCase):
             ok = torch.from_numpy(np.array([3, 4], dtype=np.uint64))
             torch.testing.assert_close(bag(ok, offsets), bag(torch.tensor([3, 4]), offsets))
 
-    def test_what_is_not_bound_yet_raises_not_implemented(self) -> None:
-        with self.assertRaisesRegex(NotImplementedError, "float32"):
-            PSEmbedding(self.client, 1, DIM, wire_dtype=torch.bfloat16)
+    def test_bad_options_are_refused_naming_them(self) -> None:
+        with self.assertRaisesRegex(starwire.InvalidArgument, "wire_dtype torch.float64"):
+            PSEmbedding(self.client, 1, DIM, wire_dtype=torch.float64)
         with self.assertRaisesRegex(starwire.InvalidArgument, "staleness -1"):
             PSEmbeddingBag(self.client, 1, DIM, staleness=-1)
         with self.assertRaisesRegex(starwire.InvalidArgument, "pipelined=False allows only 0"):
