@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use starwire::rows::{Partition, MAX_ROW_RANK};
+use starwire::rows::{Partition, StepReport, MAX_ROW_RANK};
 use starwire::{DType, Peer, Sharded};
 
 use crate::boundary::boundary;
@@ -66,8 +66,56 @@ pub struct sw_sharded {
 /// What a `sw_sharded` handle is.
 pub(crate) struct ShardedHandle {
     sharded: Sharded,
-    /// The last step's outcome per PS: its result and, when it failed, its message.
-    parts: Vec<Failure>,
+    /// The last step's outcome per PS.
+    parts: Failures,
+}
+
+/// The last step's outcome per PS: its result and, when it failed, its message.
+#[derive(Default)]
+pub(crate) struct Failures(Vec<Failure>);
+
+impl Failures {
+    /// Keeps the outcome of each PS part of `done`.
+    pub(crate) fn keep(&mut self, done: &StepReport) {
+        self.0.clear();
+        self.0.extend(done.shards.iter().map(|part| match part {
+            Ok(_) => Failure::new(sw_result::SW_OK, ""),
+            Err(e) => Failure::from(e.clone()),
+        }));
+    }
+
+    /// `done` as the C ABI reports it.
+    pub(crate) fn report(&self, done: &StepReport) -> sw_step_report {
+        sw_step_report {
+            unique: done.unique,
+            missing: done.missing,
+            failed: self.0.iter().filter(|p| p.code != sw_result::SW_OK).count(),
+            first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
+            fallbacks: done.fallbacks,
+        }
+    }
+
+    /// The first failed part's failure, if one failed.
+    pub(crate) fn first_failure(&self) -> Result<(), Failure> {
+        match self.0.iter().find(|p| p.code != sw_result::SW_OK) {
+            Some(f) => Err(f.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// The outcome at PS `i`; `SW_ERR_INVALID_ARGUMENT` when the last step had no part `i`.
+    pub(crate) fn part(&self, i: usize) -> Result<(), Failure> {
+        let p = self.0.get(i).ok_or_else(|| {
+            Failure::invalid(format!(
+                "part {i}: the last step has {} parts",
+                self.0.len()
+            ))
+        })?;
+        match p.code {
+            sw_result::SW_OK => Ok(()),
+            _ => Err(p.clone()),
+        }
+    }
 }
 
 impl Castable for sw_sharded {
@@ -152,7 +200,7 @@ pub extern "C" fn sw_sharded_new(
         )?;
         out.write(to_boxed(ShardedHandle {
             sharded,
-            parts: Vec::new(),
+            parts: Failures::default(),
         }));
         Ok(())
     })
@@ -216,27 +264,9 @@ fn step(
             with_client!(client, |h| s.sharded.push(h, ids, grads, deadline))?
         }
     };
-    s.parts = done
-        .shards
-        .iter()
-        .map(|part| match part {
-            Ok(_) => Failure::new(sw_result::SW_OK, ""),
-            Err(e) => Failure::from(e.clone()),
-        })
-        .collect();
-    let failed = s.parts.iter().filter(|p| p.code != sw_result::SW_OK);
-    let summary = sw_step_report {
-        unique: done.unique,
-        missing: done.missing,
-        failed: failed.count(),
-        first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
-        fallbacks: done.fallbacks,
-    };
-    report.write(summary);
-    match done.first_error() {
-        Some((i, _)) => Err(s.parts[i].clone()),
-        None => Ok(()),
-    }
+    s.parts.keep(done);
+    report.write(s.parts.report(done));
+    s.parts.first_failure()
 }
 
 /// Pulls the rows of `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
@@ -358,15 +388,6 @@ pub extern "C" fn sw_sharded_set_loss_scale(s: *mut sw_sharded, scale: f32) -> s
 pub extern "C" fn sw_sharded_part(s: *const sw_sharded, i: usize) -> sw_result {
     boundary!({
         let s = try_ref!(s, "sharded");
-        let p = s.parts.get(i).ok_or_else(|| {
-            Failure::invalid(format!(
-                "part {i}: the last step has {} parts",
-                s.parts.len()
-            ))
-        })?;
-        match p.code {
-            sw_result::SW_OK => Ok(()),
-            _ => Err(p.clone()),
-        }
+        s.parts.part(i)
     })
 }

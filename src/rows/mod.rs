@@ -17,6 +17,7 @@
 //! computes, pushes not waited for, within a staleness bound.
 
 mod element;
+mod multi;
 mod pipeline;
 mod plan;
 mod sharded;
@@ -26,6 +27,7 @@ mod travel;
 pub use crate::session::{PulledRows, Rows, MAX_ROW_RANK};
 pub use crate::wire::LossScale;
 pub use element::RowElement;
+pub use multi::{ShardedTables, TableShape, MAX_TABLES};
 pub use pipeline::{Pipeline, PipelineReport, PipelineSettings, PushFailure, MAX_PUSHES_IN_FLIGHT};
 pub use plan::{Partition, Plan, PlanError};
 pub use sharded::{Sharded, StepReport};

@@ -50,10 +50,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .client import DEFAULT_TIMEOUT, Client, Sharded, StepReport
 from ._arrays import loss_scale_value
+from .client import DEFAULT_TIMEOUT, Client, Sharded, StepReport
 from .errors import Closed, InvalidArgument, StarwireError
 from .pipeline import Pipeline, PipelineReport, PipelineSettings
+from .sharded_tables import ShardedTables
 
 __all__ = ["MARKER_FORMAT", "PSEmbedding", "PSEmbeddingBag", "PSEmbeddingBagCollection",
            "PrefetchingLoader", "TableConfig"]
@@ -224,18 +225,21 @@ def _note(e: BaseException, text: str) -> None:
         add(text)
 
 
-def _push_on_backward(block: Tensor, rows: _Rows, ids: npt.NDArray[np.uint64]) -> None:
-    """Makes the pulled block (a leaf that requires grad) push its gradient when backward
-    has accumulated it (``[unique, dim]``, duplicates summed by autograd), and drop it.
-    A hook on the leaf costs less than a custom autograd Function (one Python call in
+_Push = Callable[[npt.NDArray[np.uint64], npt.NDArray[np.float32]], None]
+
+
+def _push_on_backward(block: Tensor, push: _Push, ids: npt.NDArray[np.uint64]) -> None:
+    """Makes the pulled block (a leaf that requires grad) hand its gradient to `push` when
+    backward has accumulated it (``[unique, dim]``, duplicates summed by autograd), and drop
+    it. A hook on the leaf costs less than a custom autograd Function (one Python call in
     backward, none in forward; torch 2.1 or later)."""
 
-    def push(leaf: Tensor) -> None:
+    def hook(leaf: Tensor) -> None:
         grad, leaf.grad = leaf.grad, None
         assert grad is not None
-        rows.push(ids, grad.detach().to(torch.float32).contiguous().numpy())
+        push(ids, grad.detach().to(torch.float32).contiguous().numpy())
 
-    block.register_post_accumulate_grad_hook(push)  # type: ignore[no-untyped-call]
+    block.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
 
 
 # ----- ids -----
@@ -307,15 +311,15 @@ def _dedup(ids: Tensor) -> _Lookup:
                    inverse if flat else inverse.reshape(ids.shape))
 
 
-def _weight(rows: _Rows, lookup: _Lookup) -> Tensor:
+def _weight(push: _Push, lookup: _Lookup) -> Tensor:
     """The pulled block as a tensor over its own memory (``torch.from_numpy`` keeps the
-    array alive), which pushes its gradient in backward when autograd records."""
+    array alive), which hands its gradient to `push` in backward when autograd records."""
     assert lookup.block is not None
     block = torch.from_numpy(lookup.block)
     if not torch.is_grad_enabled():
         return block
     block.requires_grad_(True)
-    _push_on_backward(block, rows, lookup.unique)
+    _push_on_backward(block, push, lookup.unique)
     return block
 
 
@@ -549,7 +553,7 @@ class PSEmbedding(_PSModule):
     def forward(self, input: Tensor) -> Tensor:
         lookup = self._lookup(input, "input")
         self._pull(lookup)
-        return F.embedding(lookup.inverse, _weight(self._rows, lookup))
+        return F.embedding(lookup.inverse, _weight(self._rows.push, lookup))
 
 
 class PSEmbeddingBag(_PSModule):
@@ -604,8 +608,8 @@ class PSEmbeddingBag(_PSModule):
         return self._lookup(input, "input"), offsets
 
     def _reduce(self, lookup: _Lookup, offsets: Optional[Tensor],
-                per_sample_weights: Optional[Tensor]) -> Tensor:
-        weight = _weight(self._rows, lookup)
+                per_sample_weights: Optional[Tensor], push: Optional[_Push] = None) -> Tensor:
+        weight = _weight(push or self._rows.push, lookup)
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(weight.dtype)
         return F.embedding_bag(lookup.inverse, weight, offsets, mode=self.mode,
@@ -633,19 +637,60 @@ class TableConfig:
     num_embeddings: Optional[int] = None
 
 
+class _StepPush:
+    """The gradients of one step of a synchronous collection, pushed together (one request
+    per PS for all the tables) once every block of the step has its gradient. A block that
+    gets none (its output not in the loss) leaves the push to the next forward, `flush` or
+    `close`, which push what came (before the next pull: the rows are those of pushing at
+    once)."""
+
+    def __init__(self, tables: ShardedTables, empty: list[npt.NDArray[np.float32]],
+                 timeout: Optional[float], expected: int) -> None:
+        self.tables, self.timeout = tables, timeout
+        self.ids: list[npt.NDArray[np.uint64]] = [_NO_IDS] * len(empty)
+        self.grads = list(empty)
+        self.waiting = self.expected = expected
+        self.sent = False
+
+    def push_of(self, pos: int) -> _Push:
+        def push(ids: npt.NDArray[np.uint64], grad: npt.NDArray[np.float32]) -> None:
+            self.ids[pos], self.grads[pos] = ids, grad
+            self.waiting -= 1
+            if self.waiting == 0:
+                self.send()
+        return push
+
+    def send(self) -> None:
+        """Pushes what came, once."""
+        if self.sent or self.waiting == self.expected:
+            return
+        self.sent = True
+        try:
+            self.tables.push(self.ids, self.grads, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, "while pushing the gradients of tables "
+                     f"{[t for t, i in zip(self.tables.tables, self.ids) if len(i)]}")
+            raise
+
+
+_NO_IDS: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
+
+
 class PSEmbeddingBagCollection(nn.Module):
     """Several `PSEmbeddingBag` tables in one step, by feature name: ``tables`` maps each
-    feature to its `TableConfig`; the PS tasks, partition, staleness, wire dtype and
-    timeout are as for `PSEmbeddingBag` and shared by all. `forward(inputs, offsets,
-    per_sample_weights)` takes, per feature (any of the collection's), its ids (1-D with
-    ``offsets[name]``, or 2-D) and optional ``per_sample_weights[name]``, and returns a
-    dict of ``[bags, dim]`` tensors.
+    feature to its `TableConfig`; the PS tasks, partition, staleness, wire dtype, loss
+    scale and timeout are as for `PSEmbeddingBag` and shared by all. `forward(inputs,
+    offsets, per_sample_weights)` takes, per feature (any of the collection's), its ids
+    (1-D with ``offsets[name]``, or 2-D) and optional ``per_sample_weights[name]``, and
+    returns a dict of ``[bags, dim]`` tensors.
 
-    Every feature's input is checked and deduplicated before any request is sent. The
-    sharded client serves one table per call, so the step pulls table by table (one request
-    per PS task and table, each table's requests in flight at once) and its backward pushes
-    table by table. The bags are ``self.bags[name]`` (their markers are the collection's
-    `state_dict`). `prefetch`, `flush` and `close` act on every table.
+    Every feature's input is checked and deduplicated before any request is sent.
+    Synchronous (``staleness=0``, not pipelined), a step's pull of all its tables is ONE
+    request per PS task (`starwire.ShardedTables`), and so is its backward's push, sent once
+    every table's block has its gradient (`last_report` is the step's pull's report).
+    Pipelined, each table has its own `starwire.Pipeline`, and a step is one request per
+    PS task and table. The bags are ``self.bags[name]`` (their markers are the
+    collection's `state_dict`). `prefetch`, `flush` and `close` act on every table.
     """
 
     def __init__(self, client: Client, tables: Mapping[str, TableConfig], *,
@@ -673,6 +718,19 @@ class PSEmbeddingBagCollection(nn.Module):
                                  max_pushes_in_flight=max_pushes_in_flight,
                                  loss_scale=loss_scale)
             for name, cfg in tables.items()})
+        self._client, self.timeout = client, timeout
+        #: The last synchronous forward's pull of all its tables.
+        self.last_report: Optional[StepReport] = None
+        self._pos = {name: i for i, name in enumerate(tables)}
+        self._tables: Optional[ShardedTables] = None
+        self._pending: Optional[_StepPush] = None
+        first = self._bag(next(iter(tables)))
+        if not first.pipelined:
+            self._tables = ShardedTables(
+                client, [(cfg.table, cfg.dim) for cfg in tables.values()], peers=first.tasks,
+                partition=partition, vocab=[cfg.num_embeddings or 0 for cfg in tables.values()],
+                wire_dtype=_WIRE_DTYPES[first.wire_dtype], loss_scale=loss_scale)
+            self._empty = [np.zeros((0, cfg.dim), dtype=np.float32) for cfg in tables.values()]
 
     def _bag(self, name: str) -> PSEmbeddingBag:
         if name not in self.bags:
@@ -694,15 +752,51 @@ class PSEmbeddingBagCollection(nn.Module):
         for bag, lookup in lookups:
             bag._prefetch(lookup.unique)
 
+    def _send_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.send()
+
     def flush(self) -> None:
-        """Waits for every table's pushes (`PSEmbeddingBag.flush`)."""
+        """Waits for every table's pushes (`PSEmbeddingBag.flush`); synchronous, pushes the
+        gradients of a step some of whose blocks got none."""
+        self._send_pending()
         for bag in self._each():
             bag.flush()
 
     def close(self) -> None:
         """Waits for and frees every table's client (`PSEmbeddingBag.close`)."""
-        for bag in self._each():
-            bag.close()
+        try:
+            self._send_pending()
+        finally:
+            if self._tables is not None:
+                self._tables.close()
+            for bag in self._each():
+                bag.close()
+
+    def _pull_all(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]],
+                  tables: ShardedTables) -> Optional[_StepPush]:
+        """Pulls every step's rows in one request per PS; the push of the step's gradients
+        when autograd records."""
+        self._send_pending()
+        runtime = self._client.runtime
+        if not runtime._rt:
+            raise Closed(f"cannot pull the rows of tables {tables.tables}: the runtime of "
+                         f"{runtime.job}:{runtime.task_index} is closed")
+        ids = [_NO_IDS] * len(self._pos)
+        for name, _, lookup, _ in steps:
+            ids[self._pos[name]] = lookup.unique
+        try:
+            blocks, self.last_report = tables.pull(ids, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, f"while pulling the rows of tables {tables.tables}")
+            raise
+        for name, _, lookup, _ in steps:
+            lookup.block = blocks[self._pos[name]]
+        if not torch.is_grad_enabled():
+            return None
+        self._pending = _StepPush(tables, self._empty, self.timeout, len(steps))
+        return self._pending
 
     def forward(self, inputs: Mapping[str, Tensor],
                 offsets: Optional[Mapping[str, Tensor]] = None,
@@ -718,6 +812,11 @@ class PSEmbeddingBagCollection(nn.Module):
             bag = self._bag(name)
             lookup, offs = bag._bags(input, offsets.get(name), weights.get(name))
             steps.append((name, bag, lookup, offs))
+        if self._tables is not None and steps:
+            push = self._pull_all(steps, self._tables)
+            return {name: bag._reduce(lookup, offs, weights.get(name),
+                                      push.push_of(self._pos[name]) if push else None)
+                    for name, bag, lookup, offs in steps}
         for _, bag, lookup, _ in steps:
             bag._pull(lookup)
         return {name: bag._reduce(lookup, offs, weights.get(name))
