@@ -876,6 +876,7 @@ class Sharded:
         dims = (C.c_uint64 * len(row_shape))(*row_shape)
         self._s = C.c_void_p()
         self._report = _lib.StepReport()
+        self._report_ref = C.byref(self._report)
         check(_lib.sharded_new(texts, len(raw), _lib.Partition(_PARTITIONS[partition], vocab),
                                table, code, C.addressof(dims), len(row_shape),
                                C.byref(self._s)))
@@ -960,7 +961,7 @@ class Sharded:
             if not out.flags.writeable:
                 raise InvalidArgument("out is read-only")
         code = _lib.sharded_pull(s, c, address(id_arr), len(id_arr), address(out),
-                                 out.nbytes, _ms(timeout), C.byref(self._report))
+                                 out.nbytes, _ms(timeout), self._report_ref)
         return out, self._finish(code)
 
     def push(self, ids: Any, grads: npt.NDArray[Any],
@@ -977,7 +978,7 @@ class Sharded:
                                   f"{self.dtype}{list(shape)}")
         self._report.failed = 0
         code = _lib.sharded_push(s, c, address(id_arr), len(id_arr), address(g),
-                                 g.nbytes, _ms(timeout), C.byref(self._report))
+                                 g.nbytes, _ms(timeout), self._report_ref)
         return self._finish(code)
 
     def close(self) -> None:

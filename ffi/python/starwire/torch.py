@@ -237,7 +237,12 @@ def _push_on_backward(block: Tensor, push: _Push, ids: npt.NDArray[np.uint64]) -
     def hook(leaf: Tensor) -> None:
         grad, leaf.grad = leaf.grad, None
         assert grad is not None
-        push(ids, grad.detach().to(torch.float32).contiguous().numpy())
+        # The gradient of a float32 block is a contiguous float32 tensor: its memory as it
+        # is (one torch call, not three), converted only when it is not.
+        g = grad.detach().numpy()
+        if g.dtype != np.float32 or not g.flags.c_contiguous:
+            g = np.ascontiguousarray(g, dtype=np.float32)
+        push(ids, g)
 
     block.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
 
