@@ -110,6 +110,16 @@ class ShardedTablesTest(TablesCase):
         for out, e in zip(outs, exact):
             self.assertFalse(np.array_equal(out, e))
             np.testing.assert_allclose(out, e, rtol=2 ** -8)
+        # A scaled bf16 push: the scale divided out on the PS, applied to f32 rows.
+        multi.set_loss_scale(64.0)
+        self.assertEqual(multi.loss_scale, 64.0)
+        grads = [np.full((2, d), 0.375 * 64, dtype=np.float32) for _, d in TABLES[:2]]
+        multi.push([[3, 4], [5, 5]], grads)
+        after = [self.rows(t, d) for t, d in TABLES[:2]]
+        step = np.float32(LR) * np.float32(0.375)
+        np.testing.assert_array_equal(after[0][[3, 4]], exact[0][[3, 4]] - step)
+        np.testing.assert_array_equal(after[1][5], exact[1][5] - 2 * step)
+        np.testing.assert_array_equal(after[1][6], exact[1][6])
         with self.assertRaisesRegex(starwire.InvalidArgument, "1 batches of ids for 2 tables"):
             multi.pull([[1]])
         with self.assertRaisesRegex(starwire.InvalidArgument, r"grads\[1\] is float32\[1, 4\]"):
