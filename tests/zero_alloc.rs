@@ -246,6 +246,56 @@ fn a_sharded_rows_step_allocates_nothing() {
     assert_eq!(pushes, 0, "allocations over 500 typed sharded pushes");
 }
 
+#[test]
+fn a_sharded_tables_step_allocates_nothing() {
+    use starwire::rows::{Init, MemTable, Optimizer, Partition, ShardedTables, TableShape, Tables};
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let table = |dim| Arc::new(MemTable::new(dim, Init::Zeros, Optimizer::Sgd { lr: 0.5 }));
+    let options = Options {
+        service: Some(Arc::new(Tables::new().with(1, table(16)).with(2, table(4)))),
+        ..Options::listen("127.0.0.1:0".parse().unwrap())
+    };
+    let ps = [0, 1]
+        .map(|_| Runtime::start_with(config("ps", 1).build().unwrap(), options.clone()).unwrap());
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let peers = ps
+        .iter()
+        .map(|p| starwire::Peer::from(p.local_addr().unwrap()))
+        .collect();
+    let (d1, d2) = ([16u64], [4u64]);
+    let shape = |table, row_dims| TableShape {
+        table,
+        dtype: DType::F32,
+        row_dims,
+        partition: Partition::Mod,
+    };
+    let mut tables = ShardedTables::new(peers, &[shape(1, &d1), shape(2, &d2)]).unwrap();
+    let a: Vec<u64> = (0..100).map(|i| i * 7 % 64).collect();
+    let b: Vec<u64> = (0..30).map(|i| i * 3 % 20).collect();
+    let (mut out_a, mut out_b) = (vec![0u8; a.len() * 64], vec![0u8; b.len() * 16]);
+    let (grads_a, grads_b) = (vec![0u8; a.len() * 64], vec![0u8; b.len() * 16]);
+    let ids = [a.as_slice(), b.as_slice()];
+    let pulls = allocations_per_request(|| {
+        let mut out = [out_a.as_mut_slice(), out_b.as_mut_slice()];
+        let r = tables.pull(&mut h, &ids, &mut out, secs(10)).unwrap();
+        assert!(r.is_ok(), "{r:?}");
+    });
+    let pushes = allocations_per_request(|| {
+        let grads = [grads_a.as_slice(), grads_b.as_slice()];
+        let r = tables.push(&mut h, &ids, &grads, secs(10)).unwrap();
+        assert!(r.is_ok(), "{r:?}");
+    });
+    assert_eq!(
+        pulls, 0,
+        "allocations over 500 pulls of two tables from two PS tasks"
+    );
+    assert_eq!(
+        pushes, 0,
+        "allocations over 500 pushes of two tables to two PS tasks"
+    );
+}
+
 /// `pull_rows` and `push_rows` to one PS, several tables per request, with completions
 /// recycled: no allocation per request in steady state, on either end.
 #[test]

@@ -417,6 +417,17 @@ typedef struct sw_runtime sw_runtime;
 typedef struct sw_sharded sw_sharded;
 
 /*
+ Several tables of embedding rows partitioned over the same PS tasks, seen from a
+ worker: a step takes a batch of ids per table, deduplicates and partitions each as
+ `sw_sharded` does, and sends each PS ONE rows request carrying every table's ids it
+ holds (all PS requests in flight at once), so a step over `T` tables and `P` PS tasks
+ is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
+ gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
+ thread at a time.
+ */
+typedef struct sw_sharded_tables sw_sharded_tables;
+
+/*
  A table of embedding rows a PS task serves (shared: a runtime serving it keeps its own
  reference, and freeing a handle drops one).
  */
@@ -1082,7 +1093,63 @@ typedef struct sw_step_report {
    The first PS (in the order given) whose part failed; `SIZE_MAX` if none did.
    */
   size_t first_failed;
+  /*
+   PS parts of a pull whose rows came back in the table's dtype although another wire
+   dtype was set (`sw_sharded_set_wire_dtype`): that PS did not announce `row_formats`
+   (an earlier release, or `STARWIRE_WIRE_FEATURES=none`). The rows are right all the
+   same.
+   */
+  size_t fallbacks;
 } sw_step_report;
+
+/*
+ One table of a `sw_sharded_tables`.
+ */
+typedef struct sw_table_shape {
+  /*
+   The table, as the PS tasks number their tables.
+   */
+  uint32_t table;
+  /*
+   Element type of the rows (wire dtype code, as for `sw_tensor_new`).
+   */
+  uint8_t dtype;
+  /*
+   Shape of one row, `rank` values; may be NULL when `rank` is 0.
+   */
+  const uint64_t *row_dims;
+  /*
+   Dimensions of one row, at most 7.
+   */
+  uint32_t rank;
+  /*
+   How the table's ids are spread over the PS tasks.
+   */
+  struct sw_partition partition;
+} sw_table_shape;
+
+/*
+ One table's part of a step of a `sw_sharded_tables`: its ids and its rows.
+ */
+typedef struct sw_table_batch {
+  /*
+   The ids (duplicates allowed); may be NULL when `n` is 0.
+   */
+  const uint64_t *ids;
+  /*
+   Number of ids (0: the table takes no part in the step).
+   */
+  size_t n;
+  /*
+   The rows, row `i` for `ids[i]`: a pull writes them here, a push reads the gradient
+   rows from here. May be NULL when `n` is 0.
+   */
+  void *data;
+  /*
+   Bytes at `data`: exactly `n * row_bytes`.
+   */
+  uint64_t byte_len;
+} sw_table_batch;
 
 /*
  How far a pipeline runs ahead of its PS tasks (`sw_pipeline_settings_default` gives the
@@ -1107,6 +1174,18 @@ typedef struct sw_pipeline_settings {
    connection then holds a wait forever). Default 60000.
    */
   uint64_t timeout_ms;
+  /*
+   The wire dtype code rows travel as: 0 (the default) for the table's dtype; for a
+   table of f32 (10), bf16 (7) or f16 (6) rows, any of those three (the caller's rows
+   stay in the table's dtype; see `sw_sharded_set_wire_dtype`, which does the same).
+   */
+  uint8_t wire_dtype;
+  /*
+   The factor pushed gradients were multiplied by (a loss scale, 2^-126 to 2^126),
+   which the PS divides out before applying them; 0 (the default): none. For tables of
+   f32, bf16 and f16 rows.
+   */
+  float loss_scale;
 } sw_pipeline_settings;
 
 /*
@@ -2404,6 +2483,46 @@ sw_result sw_sharded_push(struct sw_sharded *s,
                           struct sw_step_report *report);
 
 /*
+ Rows of `s` travel as `dtype` (a wire dtype code) from the next step on: the table's
+ dtype, or for a table of f32 (10), bf16 (7) or f16 (6) rows any of those three. A pull
+ asks the PS tasks for rows in `dtype` (they round to nearest even) and widens them into
+ the caller's rows, which stay in the table's dtype; a push narrows its summed gradients
+ as it sends them. A PS that did not announce `row_formats` is sent and answers rows in
+ the table's dtype instead: the step is served all the same, and
+ `sw_step_report.fallbacks` counts such parts of a pull.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a dtype the table's rows do
+ not travel as (the message names both).
+
+ # Safety
+ `s` is a live handle used by this thread only.
+ */
+sw_result sw_sharded_set_wire_dtype(struct sw_sharded *s, uint8_t dtype);
+
+/*
+ The wire dtype code rows of `s` travel as (the table's dtype unless
+ `sw_sharded_set_wire_dtype` set another; 0 for NULL).
+
+ # Safety
+ `s` is NULL or a live handle.
+ */
+uint8_t sw_sharded_wire_dtype(const struct sw_sharded *s);
+
+/*
+ Pushes of `s` from the next one on say their gradients were multiplied by `scale` (a
+ loss scale, 2^-126 to 2^126), which the PS divides out (multiplying by the f32 nearest
+ `1 / scale`, exact for powers of two) before applying them in the table's dtype; 0: no
+ scale (the default). For tables of f32, bf16 and f16 rows.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a scale out of range (NaN,
+ negative, infinite, or below 2^-126 or above 2^126) or a table of other rows.
+
+ # Safety
+ `s` is a live handle used by this thread only.
+ */
+sw_result sw_sharded_set_loss_scale(struct sw_sharded *s, float scale);
+
+/*
  The last step's outcome at PS `i` (in the order given to `sw_sharded_new`): `SW_OK`, or
  why its part failed (with its message for `sw_last_error`, naming the PS; a PS that
  answered with an error status: `SW_ERR_REMOTE`, and `sw_last_error_status`).
@@ -2415,7 +2534,115 @@ sw_result sw_sharded_push(struct sw_sharded *s,
 sw_result sw_sharded_part(const struct sw_sharded *s, size_t i);
 
 /*
- The default settings: staleness 1, 2 pushes in flight, requests given 60 s.
+ Creates the tables `shapes[0..n_tables]` (1 to 64, no table twice) partitioned over
+ the PS tasks `peers[0..n_peers]` (`task@host:port` or `host:port`, as for
+ `sw_sharded_new`). On `SW_OK`, `*out` is a new handle the caller frees with
+ `sw_sharded_tables_free`.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, no
+ tables or more than 64, a table named twice, an unknown partition kind or dtype, rows
+ of no bytes, or more than 7 row dimensions.
+
+ # Safety
+ `peers` points at `n_peers` NUL-terminated strings; `shapes` at `n_tables` values, each
+ `row_dims` at `rank` values; `out` is writable.
+ */
+sw_result sw_sharded_tables_new(const char *const *peers,
+                                size_t n_peers,
+                                const struct sw_table_shape *shapes,
+                                size_t n_tables,
+                                struct sw_sharded_tables **out);
+
+/*
+ Releases the tables. NULL is ignored.
+
+ # Safety
+ `s` is NULL or a handle from `sw_sharded_tables_new` not freed before.
+ */
+void sw_sharded_tables_free(struct sw_sharded_tables *s);
+
+/*
+ Every table's rows travel as `dtype` from the next step on, as
+ `sw_sharded_set_wire_dtype` says. `SW_ERR_INVALID_ARGUMENT`, changing nothing, when a
+ table's rows do not travel as `dtype` (naming the table).
+
+ # Safety
+ `s` is a live handle used by this thread only.
+ */
+sw_result sw_sharded_tables_set_wire_dtype(struct sw_sharded_tables *s, uint8_t dtype);
+
+/*
+ Pushes of every table from the next one on are sent with the loss scale `scale` (0:
+ none), as `sw_sharded_set_loss_scale` says. `SW_ERR_INVALID_ARGUMENT`, changing
+ nothing, for a scale out of range or a table of rows other than f32, bf16 and f16.
+
+ # Safety
+ `s` is a live handle used by this thread only.
+ */
+sw_result sw_sharded_tables_set_loss_scale(struct sw_sharded_tables *s, float scale);
+
+/*
+ Number of tables (0 for NULL).
+
+ # Safety
+ `s` is NULL or a live handle.
+ */
+size_t sw_sharded_tables_len(const struct sw_sharded_tables *s);
+
+/*
+ Pulls the rows of each table's batch `batches[t]` (in the order the tables were given;
+ `n_tables` of them) into its `data`: one rows request per PS that holds any of the ids,
+ all in flight at once, waited for through `c` (a client made by `sw_client_new`). Rows
+ a PS does not have are left zero and counted in `report->missing` (over all tables);
+ `report->fallbacks` counts the tables' blocks that came back in the table's dtype
+ although another wire dtype was set.
+
+ A PS that fails fails its part alone (every table's rows at that PS): the rows of the
+ others are written. The result, `*report` and `sw_sharded_tables_part` as for
+ `sw_sharded_pull`. Arguments that are not valid (another number of batches than
+ tables, a `byte_len` other than `n * row_bytes`) fail the call before anything is sent
+ (`SW_ERR_INVALID_ARGUMENT`, `SW_ERR_NULL`), `*report` untouched.
+
+ # Safety
+ `s`, `c` are live handles used by this thread only; `batches` points at `n_tables`
+ values, each `ids` at `n` values and `data` at `byte_len` writable bytes not used by
+ anyone else during the call; `report` is writable.
+ */
+sw_result sw_sharded_tables_pull(struct sw_sharded_tables *s,
+                                 struct sw_client *c,
+                                 const struct sw_table_batch *batches,
+                                 size_t n_tables,
+                                 uint64_t timeout_ms,
+                                 struct sw_step_report *report);
+
+/*
+ Pushes each table's gradient rows `batches[t].data` of its ids: each table's duplicate
+ gradients summed (f32 and f64 rows), then each PS gets one request with every table's
+ distinct ids it holds and their summed rows, all in flight at once. The result and
+ `*report` as for `sw_sharded_tables_pull`.
+
+ # Safety
+ As `sw_sharded_tables_pull`, with each `data` pointing at `byte_len` readable bytes.
+ */
+sw_result sw_sharded_tables_push(struct sw_sharded_tables *s,
+                                 struct sw_client *c,
+                                 const struct sw_table_batch *batches,
+                                 size_t n_tables,
+                                 uint64_t timeout_ms,
+                                 struct sw_step_report *report);
+
+/*
+ The last step's outcome at PS `i` (in the order given to `sw_sharded_tables_new`), as
+ `sw_sharded_part` says.
+
+ # Safety
+ `s` is a live handle.
+ */
+sw_result sw_sharded_tables_part(const struct sw_sharded_tables *s, size_t i);
+
+/*
+ The default settings: staleness 1, 2 pushes in flight, requests given 60 s, rows
+ travelling in the table's dtype, no loss scale.
  */
 struct sw_pipeline_settings sw_pipeline_settings_default(void);
 
@@ -2429,7 +2656,8 @@ struct sw_pipeline_settings sw_pipeline_settings_default(void);
 
  Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
  unknown partition kind or dtype, rows of no bytes, more than 7 row dimensions, or
- settings out of range (the message names the field).
+ settings out of range (the message names the field: a `wire_dtype` the table's rows do
+ not travel as, a `loss_scale` out of range or for rows other than f32, bf16 and f16).
 
  # Safety
  `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `row_dims` at

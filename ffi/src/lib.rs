@@ -65,6 +65,7 @@ mod checkpoint;
 pub mod metrics;
 mod resolver;
 mod sharded;
+mod sharded_tables;
 
 mod pipeline;
 
@@ -83,6 +84,7 @@ pub use rows::*;
 pub use runtime::*;
 pub use service::*;
 pub use sharded::*;
+pub use sharded_tables::*;
 pub use table::*;
 pub use tensor::*;
 pub use version::*;

@@ -16,12 +16,12 @@ use crate::cast::{free_box, ref_from, to_boxed, try_mut, try_out, try_ref, try_s
 use crate::cast::{try_slice_mut, Boxed, Castable};
 use crate::client::{client_mut, sw_client, with_client, ClientHandle};
 use crate::result::{sw_result, Failure};
-use crate::sharded::{partition_of, peers_of, row_dims_of, sw_partition};
+use crate::sharded::{partition_of, peers_of, row_dims_of, scale_of, sw_partition};
 
 /// How far a pipeline runs ahead of its PS tasks (`sw_pipeline_settings_default` gives the
 /// defaults; `sw_pipeline_new` refuses values out of range, naming the field).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct sw_pipeline_settings {
     /// The staleness bound `s`: the rows a step uses may miss at most `s` of this worker's
     /// own most recent pushes (they reflect every earlier one). 0: each pull waits for the
@@ -35,6 +35,14 @@ pub struct sw_pipeline_settings {
     /// with `SW_ERR_TIMEOUT`; 0: no limit (a PS that stops answering without closing its
     /// connection then holds a wait forever). Default 60000.
     pub timeout_ms: u64,
+    /// The wire dtype code rows travel as: 0 (the default) for the table's dtype; for a
+    /// table of f32 (10), bf16 (7) or f16 (6) rows, any of those three (the caller's rows
+    /// stay in the table's dtype; see `sw_sharded_set_wire_dtype`, which does the same).
+    pub wire_dtype: u8,
+    /// The factor pushed gradients were multiplied by (a loss scale, 2^-126 to 2^126),
+    /// which the PS divides out before applying them; 0 (the default): none. For tables of
+    /// f32, bf16 and f16 rows.
+    pub loss_scale: f32,
 }
 
 /// What a step of a pipeline did so far: a step runs from the `sw_pipeline_pull` that
@@ -133,6 +141,8 @@ fn settings_of(s: sw_pipeline_settings) -> PipelineSettings {
         .staleness(s.staleness)
         .max_pushes_in_flight(s.max_pushes_in_flight)
         .timeout((s.timeout_ms > 0).then(|| Duration::from_millis(s.timeout_ms)))
+        .wire_dtype((s.wire_dtype != 0).then(|| DType::from(s.wire_dtype)))
+        .loss_scale(scale_of(s.loss_scale))
 }
 
 fn default_settings() -> sw_pipeline_settings {
@@ -143,10 +153,13 @@ fn default_settings() -> sw_pipeline_settings {
         timeout_ms: d
             .request_timeout()
             .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        wire_dtype: d.wire().map_or(0, u8::from),
+        loss_scale: d.scale().unwrap_or(0.0),
     }
 }
 
-/// The default settings: staleness 1, 2 pushes in flight, requests given 60 s.
+/// The default settings: staleness 1, 2 pushes in flight, requests given 60 s, rows
+/// travelling in the table's dtype, no loss scale.
 #[no_mangle]
 pub extern "C" fn sw_pipeline_settings_default() -> sw_pipeline_settings {
     boundary!(default_settings(), { default_settings() })
@@ -175,7 +188,8 @@ fn client_of<'a>(h: &PipelineHandle, c: *mut sw_client) -> Result<&'a mut Client
 ///
 /// Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
 /// unknown partition kind or dtype, rows of no bytes, more than 7 row dimensions, or
-/// settings out of range (the message names the field).
+/// settings out of range (the message names the field: a `wire_dtype` the table's rows do
+/// not travel as, a `loss_scale` out of range or for rows other than f32, bf16 and f16).
 ///
 /// # Safety
 /// `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `row_dims` at

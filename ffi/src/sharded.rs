@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use starwire::rows::{Partition, MAX_ROW_RANK};
+use starwire::rows::{Partition, StepReport, MAX_ROW_RANK};
 use starwire::{DType, Peer, Sharded};
 
 use crate::boundary::boundary;
@@ -48,6 +48,11 @@ pub struct sw_step_report {
     pub failed: usize,
     /// The first PS (in the order given) whose part failed; `SIZE_MAX` if none did.
     pub first_failed: usize,
+    /// PS parts of a pull whose rows came back in the table's dtype although another wire
+    /// dtype was set (`sw_sharded_set_wire_dtype`): that PS did not announce `row_formats`
+    /// (an earlier release, or `STARWIRE_WIRE_FEATURES=none`). The rows are right all the
+    /// same.
+    pub fallbacks: usize,
 }
 
 /// A table of embedding rows partitioned over PS tasks, seen from a worker: each step's
@@ -61,8 +66,56 @@ pub struct sw_sharded {
 /// What a `sw_sharded` handle is.
 pub(crate) struct ShardedHandle {
     sharded: Sharded,
-    /// The last step's outcome per PS: its result and, when it failed, its message.
-    parts: Vec<Failure>,
+    /// The last step's outcome per PS.
+    parts: Failures,
+}
+
+/// The last step's outcome per PS: its result and, when it failed, its message.
+#[derive(Default)]
+pub(crate) struct Failures(Vec<Failure>);
+
+impl Failures {
+    /// Keeps the outcome of each PS part of `done`.
+    pub(crate) fn keep(&mut self, done: &StepReport) {
+        self.0.clear();
+        self.0.extend(done.shards.iter().map(|part| match part {
+            Ok(_) => Failure::new(sw_result::SW_OK, ""),
+            Err(e) => Failure::from(e.clone()),
+        }));
+    }
+
+    /// `done` as the C ABI reports it.
+    pub(crate) fn report(&self, done: &StepReport) -> sw_step_report {
+        sw_step_report {
+            unique: done.unique,
+            missing: done.missing,
+            failed: self.0.iter().filter(|p| p.code != sw_result::SW_OK).count(),
+            first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
+            fallbacks: done.fallbacks,
+        }
+    }
+
+    /// The first failed part's failure, if one failed.
+    pub(crate) fn first_failure(&self) -> Result<(), Failure> {
+        match self.0.iter().find(|p| p.code != sw_result::SW_OK) {
+            Some(f) => Err(f.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// The outcome at PS `i`; `SW_ERR_INVALID_ARGUMENT` when the last step had no part `i`.
+    pub(crate) fn part(&self, i: usize) -> Result<(), Failure> {
+        let p = self.0.get(i).ok_or_else(|| {
+            Failure::invalid(format!(
+                "part {i}: the last step has {} parts",
+                self.0.len()
+            ))
+        })?;
+        match p.code {
+            sw_result::SW_OK => Ok(()),
+            _ => Err(p.clone()),
+        }
+    }
 }
 
 impl Castable for sw_sharded {
@@ -147,7 +200,7 @@ pub extern "C" fn sw_sharded_new(
         )?;
         out.write(to_boxed(ShardedHandle {
             sharded,
-            parts: Vec::new(),
+            parts: Failures::default(),
         }));
         Ok(())
     })
@@ -211,26 +264,9 @@ fn step(
             with_client!(client, |h| s.sharded.push(h, ids, grads, deadline))?
         }
     };
-    s.parts = done
-        .shards
-        .iter()
-        .map(|part| match part {
-            Ok(_) => Failure::new(sw_result::SW_OK, ""),
-            Err(e) => Failure::from(e.clone()),
-        })
-        .collect();
-    let failed = s.parts.iter().filter(|p| p.code != sw_result::SW_OK);
-    let summary = sw_step_report {
-        unique: done.unique,
-        missing: done.missing,
-        failed: failed.count(),
-        first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
-    };
-    report.write(summary);
-    match done.first_error() {
-        Some((i, _)) => Err(s.parts[i].clone()),
-        None => Ok(()),
-    }
+    s.parts.keep(done);
+    report.write(s.parts.report(done));
+    s.parts.first_failure()
 }
 
 /// Pulls the rows of `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
@@ -285,6 +321,62 @@ pub extern "C" fn sw_sharded_push(
     boundary!({ step(s, c, ids, n, grads, byte_len, timeout_ms, report) })
 }
 
+/// The loss scale `scale` as an option: 0 is none.
+pub(crate) fn scale_of(scale: f32) -> Option<f32> {
+    (scale != 0.0).then_some(scale)
+}
+
+/// Rows of `s` travel as `dtype` (a wire dtype code) from the next step on: the table's
+/// dtype, or for a table of f32 (10), bf16 (7) or f16 (6) rows any of those three. A pull
+/// asks the PS tasks for rows in `dtype` (they round to nearest even) and widens them into
+/// the caller's rows, which stay in the table's dtype; a push narrows its summed gradients
+/// as it sends them. A PS that did not announce `row_formats` is sent and answers rows in
+/// the table's dtype instead: the step is served all the same, and
+/// `sw_step_report.fallbacks` counts such parts of a pull.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a dtype the table's rows do
+/// not travel as (the message names both).
+///
+/// # Safety
+/// `s` is a live handle used by this thread only.
+#[no_mangle]
+pub extern "C" fn sw_sharded_set_wire_dtype(s: *mut sw_sharded, dtype: u8) -> sw_result {
+    boundary!({
+        let s = try_mut!(s, "sharded");
+        Ok(s.sharded.set_wire_dtype(DType::from(dtype))?)
+    })
+}
+
+/// The wire dtype code rows of `s` travel as (the table's dtype unless
+/// `sw_sharded_set_wire_dtype` set another; 0 for NULL).
+///
+/// # Safety
+/// `s` is NULL or a live handle.
+#[no_mangle]
+pub extern "C" fn sw_sharded_wire_dtype(s: *const sw_sharded) -> u8 {
+    boundary!(0, {
+        crate::cast::ref_from(s).map_or(0, |h| u8::from(h.sharded.wire_dtype()))
+    })
+}
+
+/// Pushes of `s` from the next one on say their gradients were multiplied by `scale` (a
+/// loss scale, 2^-126 to 2^126), which the PS divides out (multiplying by the f32 nearest
+/// `1 / scale`, exact for powers of two) before applying them in the table's dtype; 0: no
+/// scale (the default). For tables of f32, bf16 and f16 rows.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT`, changing nothing, for a scale out of range (NaN,
+/// negative, infinite, or below 2^-126 or above 2^126) or a table of other rows.
+///
+/// # Safety
+/// `s` is a live handle used by this thread only.
+#[no_mangle]
+pub extern "C" fn sw_sharded_set_loss_scale(s: *mut sw_sharded, scale: f32) -> sw_result {
+    boundary!({
+        let s = try_mut!(s, "sharded");
+        Ok(s.sharded.set_loss_scale(scale_of(scale))?)
+    })
+}
+
 /// The last step's outcome at PS `i` (in the order given to `sw_sharded_new`): `SW_OK`, or
 /// why its part failed (with its message for `sw_last_error`, naming the PS; a PS that
 /// answered with an error status: `SW_ERR_REMOTE`, and `sw_last_error_status`).
@@ -296,15 +388,6 @@ pub extern "C" fn sw_sharded_push(
 pub extern "C" fn sw_sharded_part(s: *const sw_sharded, i: usize) -> sw_result {
     boundary!({
         let s = try_ref!(s, "sharded");
-        let p = s.parts.get(i).ok_or_else(|| {
-            Failure::invalid(format!(
-                "part {i}: the last step has {} parts",
-                s.parts.len()
-            ))
-        })?;
-        match p.code {
-            sw_result::SW_OK => Ok(()),
-            _ => Err(p.clone()),
-        }
+        s.parts.part(i)
     })
 }

@@ -116,6 +116,7 @@ fn settings(staleness: u32, max_pushes_in_flight: u32, timeout_ms: u64) -> sw_pi
         staleness,
         max_pushes_in_flight,
         timeout_ms,
+        ..sw_pipeline_settings_default()
     }
 }
 

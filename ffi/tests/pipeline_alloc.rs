@@ -125,6 +125,7 @@ fn steps(s: u32) -> u64 {
         staleness: s,
         max_pushes_in_flight: 2,
         timeout_ms: 20_000,
+        ..sw_pipeline_settings_default()
     };
     let part = sw_partition {
         kind: sw_partition_kind::SW_PARTITION_MOD as u32,

@@ -19,6 +19,7 @@
 
 mod cache;
 mod element;
+mod multi;
 mod pipeline;
 mod plan;
 mod sharded;
@@ -29,6 +30,7 @@ pub use crate::session::{PulledRows, Rows, MAX_ROW_RANK};
 pub use crate::wire::LossScale;
 pub use cache::RowCache;
 pub use element::RowElement;
+pub use multi::{ShardedTables, TableShape, MAX_TABLES};
 pub use pipeline::{Pipeline, PipelineReport, PipelineSettings, PushFailure, MAX_PUSHES_IN_FLIGHT};
 pub use plan::{Partition, Plan, PlanError};
 pub use sharded::{Sharded, StepReport};

@@ -6,7 +6,8 @@ what it serves (a `PsTable`, starwire's PS table, saved and loaded as checkpoint
 `Client` per thread sends requests: ping, pull/push of tensors, recv/recv_many of published
 tensors, rows (`Client.pull_rows`, `Client.push_rows`), the sharded rows client
 (`Client.sharded`; `Pipeline`, its pipelined form: the next batch's rows fetched while
-this one computes, pushes not waited for, a staleness bound), and checkpoints of a PS's tables into its own directory
+this one computes, pushes not waited for, a staleness bound; `ShardedTables`, several
+tables in one request per PS), and checkpoints of a PS's tables into its own directory
 (`Client.checkpoint`; `Runtime(checkpoint_dir=...)` on the PS). Each request has a blocking form and a submitted one (``submit_*``,
 returning a `Pending`); waiting releases the GIL.
 
@@ -38,6 +39,7 @@ from .pipeline import Pipeline, PipelineReport, PipelineSettings, PushFailure
 from .ps_table import (HotId, LoadReport, MaintainReport, PsTable, SaveReport, TableMetrics,
                        checkpoint_file)
 from .runtime import Allocator, MemTable, RowsTable, Runtime, Service
+from .sharded_tables import ShardedTables
 
 Stats = _lib.Stats
 
@@ -62,7 +64,8 @@ __all__ = [
     "InvalidArgument", "IoError", "LoadReport", "MaintainReport", "MemTable", "Metrics",
     "NotACheckpoint", "Pending", "Pipeline", "PipelineReport", "PipelineSettings",
     "ProtocolError", "PsTable", "PushFailure", "Refused", "RemoteError",
-    "RowsTable", "Runtime", "SaveReport", "Service", "Sharded", "Shutdown", "StarwireError",
+    "RowsTable", "Runtime", "SaveReport", "Service", "Sharded", "ShardedTables", "Shutdown",
+    "StarwireError",
     "Stats", "StepReport", "TableFull", "TableMetrics", "Timeout", "checkpoint_file",
     "library_path", "remote_stats", "status_name", "version",
 ]

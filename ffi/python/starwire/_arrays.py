@@ -9,6 +9,7 @@ starwire holds no reference to that tensor (`Lender`).
 from __future__ import annotations
 
 import ctypes as C
+import math
 import threading
 from typing import Any, Optional
 
@@ -40,6 +41,53 @@ def code_of(dtype: np.dtype[Any], what: str) -> int:
         raise InvalidArgument(f"{what} has dtype {dtype}, which starwire does not carry "
                               f"(it carries {supported})")
     return code
+
+
+#: The wire dtypes float rows may travel as, by the names `wire_code` takes.
+WIRE_NAMES: dict[str, int] = {
+    "float32": 10, "f32": 10, "bfloat16": 7, "bf16": 7, "float16": 6, "f16": 6, "half": 6,
+}
+#: The name of each wire dtype code float rows may travel as.
+WIRE_NAME_OF: dict[int, str] = {10: "float32", 7: "bfloat16", 6: "float16"}
+
+
+def wire_code(wire_dtype: Any, rows: np.dtype[Any]) -> int:
+    """The wire dtype code rows of `rows` travel as, for `wire_dtype`: None for the rows'
+    own; ``"float32"``/``"f32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``/``"f16"`` (or
+    ``np.float32``, ``np.float16``) for float32, bfloat16 and float16 rows. Anything else is
+    `InvalidArgument`, naming what is accepted (the library checks that the rows convert)."""
+    if wire_dtype is None:
+        return code_of(rows, "the rows")
+    if isinstance(wire_dtype, str):
+        code = WIRE_NAMES.get(wire_dtype.lower())
+    else:
+        try:
+            dt = np.dtype(wire_dtype)
+        except TypeError:
+            code = None
+        else:
+            code = {np.dtype(np.float32): 10, np.dtype(np.float16): 6}.get(dt)
+    if code is None:
+        raise InvalidArgument(f"wire_dtype {wire_dtype!r} is not one rows travel as: "
+                              "'float32' ('f32'), 'bfloat16' ('bf16') or 'float16' ('f16'), "
+                              "or None for the rows' own dtype")
+    return code
+
+
+def loss_scale_value(loss_scale: Any) -> float:
+    """`loss_scale` as the C ABI takes it: 0.0 for None, else a finite positive float
+    (`InvalidArgument` otherwise; the library checks the range, 2^-126 to 2^126)."""
+    if loss_scale is None:
+        return 0.0
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float, np.floating,
+                                                                    np.integer)):
+        raise InvalidArgument(f"loss_scale {loss_scale!r} is not a number (the factor the "
+                              "gradients were multiplied by), or None")
+    value = float(loss_scale)
+    if not math.isfinite(value) or value <= 0.0:
+        raise InvalidArgument(f"loss_scale {loss_scale!r} is not a finite positive number "
+                              "(2^-126 to 2^126), or None")
+    return value
 
 
 def contiguous(array: Any, what: str) -> npt.NDArray[Any]:

@@ -162,7 +162,7 @@ class Rows(C.Structure):
 
 class StepReport(C.Structure):
     _fields_ = [("unique", C.c_size_t), ("missing", C.c_size_t), ("failed", C.c_size_t),
-                ("first_failed", C.c_size_t)]
+                ("first_failed", C.c_size_t), ("fallbacks", C.c_size_t)]
 
 
 class Stats(C.Structure):
@@ -300,13 +300,42 @@ sharded_push = _sig("sw_sharded_push", R, p, p, p, C.c_size_t, p, C.c_uint64, C.
                     C.POINTER(StepReport))
 sharded_part = _sig("sw_sharded_part", R, p, C.c_size_t)
 sharded_free = _sig("sw_sharded_free", None, p)
+sharded_set_wire_dtype = _sig("sw_sharded_set_wire_dtype", R, p, C.c_uint8)
+sharded_wire_dtype = _sig("sw_sharded_wire_dtype", C.c_uint8, p)
+sharded_set_loss_scale = _sig("sw_sharded_set_loss_scale", R, p, C.c_float)
+
+
+class TableShape(C.Structure):
+    """``sw_table_shape``."""
+
+    _fields_ = [("table", C.c_uint32), ("dtype", C.c_uint8), ("row_dims", p),
+                ("rank", C.c_uint32), ("partition", Partition)]
+
+
+class TableBatch(C.Structure):
+    """``sw_table_batch``: arrays as addresses."""
+
+    _fields_ = [("ids", p), ("n", C.c_size_t), ("data", p), ("byte_len", C.c_uint64)]
+
+
+sharded_tables_new = _sig("sw_sharded_tables_new", R, C.POINTER(C.c_char_p), C.c_size_t,
+                          C.POINTER(TableShape), C.c_size_t, C.POINTER(p))
+sharded_tables_free = _sig("sw_sharded_tables_free", None, p)
+sharded_tables_set_wire_dtype = _sig("sw_sharded_tables_set_wire_dtype", R, p, C.c_uint8)
+sharded_tables_set_loss_scale = _sig("sw_sharded_tables_set_loss_scale", R, p, C.c_float)
+sharded_tables_pull = _sig("sw_sharded_tables_pull", R, p, p, C.POINTER(TableBatch),
+                           C.c_size_t, C.c_uint64, C.POINTER(StepReport))
+sharded_tables_push = _sig("sw_sharded_tables_push", R, p, p, C.POINTER(TableBatch),
+                           C.c_size_t, C.c_uint64, C.POINTER(StepReport))
+sharded_tables_part = _sig("sw_sharded_tables_part", R, p, C.c_size_t)
 
 
 class PipelineSettings(C.Structure):
     """``sw_pipeline_settings``."""
 
     _fields_ = [("staleness", C.c_uint32), ("max_pushes_in_flight", C.c_uint32),
-                ("timeout_ms", C.c_uint64)]
+                ("timeout_ms", C.c_uint64), ("wire_dtype", C.c_uint8),
+                ("loss_scale", C.c_float)]
 
 
 PIPELINE_REPORT_COUNTS = ("unique", "missing", "rows_received", "rows_sent", "bytes_received",

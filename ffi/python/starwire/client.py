@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _lib
-from ._arrays import (HookArrays, Lender, _addressof, _from_buffer, address, code_of, contiguous,
-                      received)
+from ._arrays import (WIRE_NAME_OF, HookArrays, Lender, _addressof, _from_buffer, address,
+                      code_of, contiguous, loss_scale_value, received, wire_code)
 from .errors import (NOT_FOUND, OK, Closed, InvalidArgument, StarwireError, check, from_code,
                      remote_status)
 
@@ -225,6 +225,10 @@ class StepReport:
     unique: int
     missing: int
     parts: list[Optional[StarwireError]] = field(default_factory=list)
+    #: PS parts of a pull whose rows came back in the table's dtype although another wire
+    #: dtype was set: that PS did not announce ``row_formats`` (an earlier release, or
+    #: ``STARWIRE_WIRE_FEATURES=none``). The rows are right all the same.
+    fallbacks: int = 0
 
     @property
     def ok(self) -> bool:
@@ -696,14 +700,17 @@ class Client:
     def sharded(self, table: int, row_shape: Union[int, Sequence[int]], *,
                 peers: Optional[Sequence[str]] = None, job: str = "ps",
                 dtype: Any = np.float32, partition: str = "mod",
-                vocab: int = 0) -> Sharded:
+                vocab: int = 0, wire_dtype: Any = None,
+                loss_scale: Optional[float] = None) -> Sharded:
         """The sharded client of `table`, partitioned over `peers` (task names or
         addresses; default: every task of `job` in the cluster spec). `partition`:
         ``"mod"`` (id % tasks), ``"div"`` (contiguous ranges of ``0..vocab``) or
-        ``"hash"``."""
+        ``"hash"``. `wire_dtype` and `loss_scale`: see `Sharded.set_wire_dtype` and
+        `Sharded.set_loss_scale`."""
         names = list(peers) if peers is not None else self.runtime.peers(job)
         return Sharded(self, [self.runtime._peer(p).decode() for p in names], table,
-                       _row_shape(row_shape), np.dtype(dtype), partition, vocab)
+                       _row_shape(row_shape), np.dtype(dtype), partition, vocab,
+                       wire_dtype=wire_dtype, loss_scale=loss_scale)
 
     def close(self) -> None:
         """Frees the client (its rows pulls in flight are waited for first). Closing twice
@@ -840,11 +847,22 @@ class Sharded:
     The parts are in flight at once, so dead PS tasks cost a step the time of one: with
     ``timeout=None``, the connect-retry schedule (about 2.55 s with the defaults when
     nothing listens there, within 47.55 s in any case; see `Client`), every step; the
-    default `timeout` (5 s) or a shorter one bounds it."""
+    default `timeout` (5 s) or a shorter one bounds it.
+
+    Rows of float32, bfloat16 or float16 may travel as any of the three (`wire_dtype`,
+    `set_wire_dtype`; ``"bf16"`` halves a float32 table's bytes): the PS rounds the rows it
+    sends to nearest even, and they are widened into the caller's array, which stays in
+    the table's dtype; pushed gradients are summed in the table's dtype, then narrowed as
+    they are sent, with the `loss_scale` they were multiplied by, which the PS divides out
+    before applying them in the table's dtype. A PS that did not announce ``row_formats``
+    (an earlier release, or ``STARWIRE_WIRE_FEATURES=none``) is sent and answers rows in
+    the table's dtype instead: the step is served all the same, and
+    ``report.fallbacks`` counts such parts of a pull."""
 
     def __init__(self, client: Client, addresses: list[str], table: int,
                  row_shape: tuple[int, ...], dtype: np.dtype[Any], partition: str,
-                 vocab: int) -> None:
+                 vocab: int, *, wire_dtype: Any = None,
+                 loss_scale: Optional[float] = None) -> None:
         # `addresses`: ``host:port``, or ``task@host:port`` so that errors name the task.
         if partition not in _PARTITIONS:
             raise InvalidArgument(f"partition {partition!r} is not one of "
@@ -858,18 +876,56 @@ class Sharded:
         dims = (C.c_uint64 * len(row_shape))(*row_shape)
         self._s = C.c_void_p()
         self._report = _lib.StepReport()
+        self._report_ref = C.byref(self._report)
         check(_lib.sharded_new(texts, len(raw), _lib.Partition(_PARTITIONS[partition], vocab),
                                table, code, C.addressof(dims), len(row_shape),
                                C.byref(self._s)))
+        self._loss_scale: Optional[float] = None
+        try:
+            if wire_dtype is not None:
+                self.set_wire_dtype(wire_dtype)
+            self.set_loss_scale(loss_scale)
+        except BaseException:
+            self.close()
+            raise
 
     def _handle(self) -> C.c_void_p:
         if not self._s:
             raise Closed("the sharded table is closed")
         return self._s
 
+    def set_wire_dtype(self, wire_dtype: Any) -> None:
+        """Rows travel as `wire_dtype` from the next step on: ``"float32"`` (``"f32"``),
+        ``"bfloat16"`` (``"bf16"``) or ``"float16"`` (``"f16"``) for rows of one of those,
+        None for the table's own dtype. `InvalidArgument`, changing nothing, for another
+        name or a dtype the rows do not convert into."""
+        check(_lib.sharded_set_wire_dtype(self._handle(), wire_code(wire_dtype, self.dtype)))
+
+    @property
+    def wire_dtype(self) -> str:
+        """The dtype rows travel as (``"float32"``, ``"bfloat16"``, ``"float16"``, or the
+        table's dtype's name)."""
+        code = int(_lib.sharded_wire_dtype(self._handle()))
+        return WIRE_NAME_OF.get(code) or str(_lib.DTYPES[code])
+
+    def set_loss_scale(self, loss_scale: Optional[float]) -> None:
+        """Pushes from the next one on say their gradients were multiplied by `loss_scale`
+        (2^-126 to 2^126; None: not scaled), which the PS divides out (multiplying by the
+        float32 nearest its inverse: exact for powers of two) before applying them. For
+        float32, bfloat16 and float16 rows. `InvalidArgument`, changing nothing,
+        otherwise."""
+        value = loss_scale_value(loss_scale)
+        check(_lib.sharded_set_loss_scale(self._handle(), value))
+        self._loss_scale = None if loss_scale is None else value
+
+    @property
+    def loss_scale(self) -> Optional[float]:
+        """The loss scale pushes are sent with, or None."""
+        return self._loss_scale
+
     def _finish(self, code: int) -> StepReport:
         r = self._report
-        report = StepReport(r.unique, r.missing, [None] * len(self.peers))
+        report = StepReport(r.unique, r.missing, [None] * len(self.peers), r.fallbacks)
         if code == OK:
             return report
         if r.failed == 0:
@@ -905,7 +961,7 @@ class Sharded:
             if not out.flags.writeable:
                 raise InvalidArgument("out is read-only")
         code = _lib.sharded_pull(s, c, address(id_arr), len(id_arr), address(out),
-                                 out.nbytes, _ms(timeout), C.byref(self._report))
+                                 out.nbytes, _ms(timeout), self._report_ref)
         return out, self._finish(code)
 
     def push(self, ids: Any, grads: npt.NDArray[Any],
@@ -922,7 +978,7 @@ class Sharded:
                                   f"{self.dtype}{list(shape)}")
         self._report.failed = 0
         code = _lib.sharded_push(s, c, address(id_arr), len(id_arr), address(g),
-                                 g.nbytes, _ms(timeout), C.byref(self._report))
+                                 g.nbytes, _ms(timeout), self._report_ref)
         return self._finish(code)
 
     def close(self) -> None:

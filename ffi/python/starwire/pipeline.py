@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _lib
-from ._arrays import address, code_of, contiguous
+from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
 from .client import _PARTITIONS, Client, _ms, _row_ids, _row_shape
 from .errors import OK, Closed, InvalidArgument, StarwireError, check, from_code
 
@@ -25,12 +25,19 @@ class PipelineSettings:
     it, and its rows are `Sharded`'s). `max_pushes_in_flight`: the most pushes sent and
     not yet answered (1 to 64): a push waits while the one that many before it is
     unanswered. `timeout`: seconds each request is given from when it is sent (None: no
-    limit). Checked when the pipeline is made (`InvalidArgument` naming the setting).
+    limit). `wire_dtype`: the dtype rows travel as, for float32, bfloat16 and float16 rows
+    (``"float32"``/``"f32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``/``"f16"``; None: the
+    table's own), as `Sharded.set_wire_dtype`. `loss_scale`: the factor pushed gradients
+    were multiplied by, which the PS divides out (2^-126 to 2^126; None: none), as
+    `Sharded.set_loss_scale`. Checked when the pipeline is made (`InvalidArgument` naming
+    the setting).
     """
 
     staleness: int = 1
     max_pushes_in_flight: int = 2
     timeout: Optional[float] = 60.0
+    wire_dtype: Any = None
+    loss_scale: Optional[float] = None
 
 
 @dataclass
@@ -135,7 +142,10 @@ class Pipeline:
             if not isinstance(value, int) or not 0 <= value < 1 << 32:
                 raise InvalidArgument(f"{name} is {value!r}; it must be an int from 0 to "
                                       "2^32-1 (and max_pushes_in_flight from 1 to 64)")
-        c_settings = _lib.PipelineSettings(s.staleness, s.max_pushes_in_flight, _ms(s.timeout))
+        # 0: the table's dtype, no loss scale.
+        wire = 0 if s.wire_dtype is None else wire_code(s.wire_dtype, self.dtype)
+        c_settings = _lib.PipelineSettings(s.staleness, s.max_pushes_in_flight, _ms(s.timeout),
+                                           wire, loss_scale_value(s.loss_scale))
         code = code_of(self.dtype, "the rows")
         c_texts = (C.c_char_p * max(len(texts), 1))(*texts)
         dims = (C.c_uint64 * len(self.row_shape))(*self.row_shape)

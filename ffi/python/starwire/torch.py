@@ -19,9 +19,10 @@ push. With ``staleness=s`` above 0 (or ``pipelined=True``) the table goes throug
 miss at most this worker's `s` most recent pushes (every earlier one is in them); a push
 that fails after its backward returned raises at a later forward, backward or `flush`,
 never dropped. `PrefetchingLoader` wraps a data loader so that the next batch's rows are
-requested while this batch computes. Rows cross the wire as float32. Pulls and pushes go
-through the calling thread's `Client` (backward of a CPU graph runs on the thread that
-calls ``loss.backward()``); the modules run on the CPU.
+requested while this batch computes. Rows cross the wire as float32, or as bfloat16 or
+float16 with ``wire_dtype`` (half the bytes; the modules still compute in float32). Pulls
+and pushes go through the calling thread's `Client` (backward of a CPU graph runs on the
+thread that calls ``loss.backward()``); the modules run on the CPU.
 
 A module's `state_dict` holds no rows, and is not empty either: it holds a marker naming
 the table and its PS tasks (``_extra_state``), and `load_state_dict` refuses a marker of
@@ -49,9 +50,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._arrays import loss_scale_value
 from .client import DEFAULT_TIMEOUT, Client, Sharded, StepReport
 from .errors import Closed, InvalidArgument, StarwireError
 from .pipeline import Pipeline, PipelineReport, PipelineSettings
+from .sharded_tables import ShardedTables
 
 __all__ = ["MARKER_FORMAT", "PSEmbedding", "PSEmbeddingBag", "PSEmbeddingBagCollection",
            "PrefetchingLoader", "TableConfig"]
@@ -222,18 +225,26 @@ def _note(e: BaseException, text: str) -> None:
         add(text)
 
 
-def _push_on_backward(block: Tensor, rows: _Rows, ids: npt.NDArray[np.uint64]) -> None:
-    """Makes the pulled block (a leaf that requires grad) push its gradient when backward
-    has accumulated it (``[unique, dim]``, duplicates summed by autograd), and drop it.
-    A hook on the leaf costs less than a custom autograd Function (one Python call in
+_Push = Callable[[npt.NDArray[np.uint64], npt.NDArray[np.float32]], None]
+
+
+def _push_on_backward(block: Tensor, push: _Push, ids: npt.NDArray[np.uint64]) -> None:
+    """Makes the pulled block (a leaf that requires grad) hand its gradient to `push` when
+    backward has accumulated it (``[unique, dim]``, duplicates summed by autograd), and drop
+    it. A hook on the leaf costs less than a custom autograd Function (one Python call in
     backward, none in forward; torch 2.1 or later)."""
 
-    def push(leaf: Tensor) -> None:
+    def hook(leaf: Tensor) -> None:
         grad, leaf.grad = leaf.grad, None
         assert grad is not None
-        rows.push(ids, grad.detach().to(torch.float32).contiguous().numpy())
+        # The gradient of a float32 block is a contiguous float32 tensor: its memory as it
+        # is (one torch call, not three), converted only when it is not.
+        g = grad.detach().numpy()
+        if g.dtype != np.float32 or not g.flags.c_contiguous:
+            g = np.ascontiguousarray(g, dtype=np.float32)
+        push(ids, g)
 
-    block.register_post_accumulate_grad_hook(push)  # type: ignore[no-untyped-call]
+    block.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
 
 
 # ----- ids -----
@@ -305,28 +316,43 @@ def _dedup(ids: Tensor) -> _Lookup:
                    inverse if flat else inverse.reshape(ids.shape))
 
 
-def _weight(rows: _Rows, lookup: _Lookup) -> Tensor:
+def _weight(push: _Push, lookup: _Lookup) -> Tensor:
     """The pulled block as a tensor over its own memory (``torch.from_numpy`` keeps the
-    array alive), which pushes its gradient in backward when autograd records."""
+    array alive), which hands its gradient to `push` in backward when autograd records."""
     assert lookup.block is not None
     block = torch.from_numpy(lookup.block)
     if not torch.is_grad_enabled():
         return block
     block.requires_grad_(True)
-    _push_on_backward(block, rows, lookup.unique)
+    _push_on_backward(block, push, lookup.unique)
     return block
 
 
 # ----- the modules -----
 
-def _checked_options(staleness: int, wire_dtype: Any) -> None:
+#: The dtypes rows may cross the wire as, and their names for `starwire.Sharded`.
+_WIRE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_WIRE_BY_NAME = {"float32": torch.float32, "f32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16, "float16": torch.float16, "f16": torch.float16,
+                 "half": torch.float16}
+
+
+def _checked_options(staleness: int, wire_dtype: Any, loss_scale: Optional[float]
+                     ) -> torch.dtype:
+    """Checks the options every module shares; the wire dtype as a torch dtype."""
     if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
         raise InvalidArgument(f"staleness {staleness!r} is not an int of 0 or more (the "
                               "most of this worker's recent pushes a pull may miss)")
-    if wire_dtype not in (torch.float32, "float32"):
-        raise NotImplementedError(
-            f"wire_dtype={wire_dtype!r}: rows cross the wire as float32 for now (bfloat16 "
-            "is not bound yet)")
+    wire = (_WIRE_BY_NAME.get(wire_dtype.lower()) if isinstance(wire_dtype, str)
+            else wire_dtype if wire_dtype in _WIRE_DTYPES else None)
+    if wire is None:
+        raise InvalidArgument(
+            f"wire_dtype {wire_dtype!r} is not one rows cross the wire as: torch.float32 "
+            "('float32', 'f32'), torch.bfloat16 ('bfloat16', 'bf16') or torch.float16 "
+            "('float16', 'f16')")
+    loss_scale_value(loss_scale)
+    assert isinstance(wire, torch.dtype)
+    return wire
 
 
 class _PSModule(nn.Module):
@@ -337,9 +363,9 @@ class _PSModule(nn.Module):
                  peers: Optional[Sequence[str]], job: str, partition: str,
                  num_embeddings: Optional[int], staleness: int, wire_dtype: Any,
                  timeout: Optional[float], pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         super().__init__()
-        _checked_options(staleness, wire_dtype)
+        wire = _checked_options(staleness, wire_dtype, loss_scale)
         if not isinstance(client, Client):
             raise InvalidArgument(f"client is a {type(client).__name__}, not a "
                                   "starwire.Client (runtime.client())")
@@ -370,18 +396,20 @@ class _PSModule(nn.Module):
                                   "pipelined=False allows only 0")
         self._rows: _Rows
         if pipelined:
-            settings = PipelineSettings(staleness, max_pushes_in_flight, timeout)
+            settings = PipelineSettings(staleness, max_pushes_in_flight, timeout,
+                                        _WIRE_DTYPES[wire], loss_scale)
             self._rows = _PipelinedRows(Pipeline(
                 client, table, dim, peers=tasks, dtype=np.float32, partition=partition,
                 vocab=num_embeddings or 0, settings=settings))
         else:
             self._rows = _ShardedRows(client.sharded(
                 table, dim, peers=tasks, dtype=np.float32, partition=partition,
-                vocab=num_embeddings or 0), timeout)
+                vocab=num_embeddings or 0, wire_dtype=_WIRE_DTYPES[wire],
+                loss_scale=loss_scale), timeout)
         self.table, self.dim = table, dim
         self.num_embeddings = num_embeddings
         self.tasks, self.partition = tasks, partition
-        self.staleness, self.wire_dtype = staleness, torch.float32
+        self.staleness, self.wire_dtype, self.loss_scale = staleness, wire, loss_scale
         self.pipelined = bool(pipelined)
         self._client = client
         #: The unique ids of the next batch (`PrefetchingLoader`), requested right after
@@ -505,9 +533,15 @@ class PSEmbedding(_PSModule):
     pipeline with staleness 0 too (the synchronous results, exactly; `prefetch` and
     `PrefetchingLoader` need a pipelined module; each pipelined table may have
     ``(max_pushes_in_flight + 1) * len(tasks)`` requests in flight on `client`, whose
-    capacity must cover its tables' sum). `wire_dtype` must be float32
-    (`NotImplementedError` otherwise: bfloat16 rows are not bound yet). `timeout` is the
-    deadline of each pull and push, in seconds (None: none).
+    capacity must cover its tables' sum). `wire_dtype`: how rows cross the wire,
+    ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16`` (or
+    ``"bf16"``, ``"f16"``...): the PS rounds the rows it sends to nearest even, the module
+    computes in float32 on them, and the gradients pushed are narrowed likewise (the table
+    on the PS stays float32 and applies them in float32); a PS that did not announce
+    ``row_formats`` answers float32 rows instead. `loss_scale`: the factor the loss, and so
+    the gradients pushed, were multiplied by (for float16 gradients that would underflow;
+    2^-126 to 2^126, None: none); the PS divides it out before applying them. `timeout` is
+    the deadline of each pull and push, in seconds (None: none).
     """
 
     def __init__(self, client: Client, table: int, dim: int, *,
@@ -515,16 +549,16 @@ class PSEmbedding(_PSModule):
                  partition: str = "mod", num_embeddings: Optional[int] = None,
                  staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
-                         max_pushes_in_flight=max_pushes_in_flight)
+                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale)
 
     def forward(self, input: Tensor) -> Tensor:
         lookup = self._lookup(input, "input")
         self._pull(lookup)
-        return F.embedding(lookup.inverse, _weight(self._rows, lookup))
+        return F.embedding(lookup.inverse, _weight(self._rows.push, lookup))
 
 
 class PSEmbeddingBag(_PSModule):
@@ -541,14 +575,14 @@ class PSEmbeddingBag(_PSModule):
                  include_last_offset: bool = False, staleness: int = 0,
                  wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         if mode not in _MODES:
             raise InvalidArgument(f"mode {mode!r} is not one of {', '.join(_MODES)} (max is "
                                   "not supported)")
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
-                         max_pushes_in_flight=max_pushes_in_flight)
+                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
@@ -579,8 +613,8 @@ class PSEmbeddingBag(_PSModule):
         return self._lookup(input, "input"), offsets
 
     def _reduce(self, lookup: _Lookup, offsets: Optional[Tensor],
-                per_sample_weights: Optional[Tensor]) -> Tensor:
-        weight = _weight(self._rows, lookup)
+                per_sample_weights: Optional[Tensor], push: Optional[_Push] = None) -> Tensor:
+        weight = _weight(push or self._rows.push, lookup)
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(weight.dtype)
         return F.embedding_bag(lookup.inverse, weight, offsets, mode=self.mode,
@@ -608,28 +642,69 @@ class TableConfig:
     num_embeddings: Optional[int] = None
 
 
+class _StepPush:
+    """The gradients of one step of a synchronous collection, pushed together (one request
+    per PS for all the tables) once every block of the step has its gradient. A block that
+    gets none (its output not in the loss) leaves the push to the next forward, `flush` or
+    `close`, which push what came (before the next pull: the rows are those of pushing at
+    once)."""
+
+    def __init__(self, tables: ShardedTables, empty: list[npt.NDArray[np.float32]],
+                 timeout: Optional[float], expected: int) -> None:
+        self.tables, self.timeout = tables, timeout
+        self.ids: list[npt.NDArray[np.uint64]] = [_NO_IDS] * len(empty)
+        self.grads = list(empty)
+        self.waiting = self.expected = expected
+        self.sent = False
+
+    def push_of(self, pos: int) -> _Push:
+        def push(ids: npt.NDArray[np.uint64], grad: npt.NDArray[np.float32]) -> None:
+            self.ids[pos], self.grads[pos] = ids, grad
+            self.waiting -= 1
+            if self.waiting == 0:
+                self.send()
+        return push
+
+    def send(self) -> None:
+        """Pushes what came, once."""
+        if self.sent or self.waiting == self.expected:
+            return
+        self.sent = True
+        try:
+            self.tables.push(self.ids, self.grads, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, "while pushing the gradients of tables "
+                     f"{[t for t, i in zip(self.tables.tables, self.ids) if len(i)]}")
+            raise
+
+
+_NO_IDS: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
+
+
 class PSEmbeddingBagCollection(nn.Module):
     """Several `PSEmbeddingBag` tables in one step, by feature name: ``tables`` maps each
-    feature to its `TableConfig`; the PS tasks, partition, staleness, wire dtype and
-    timeout are as for `PSEmbeddingBag` and shared by all. `forward(inputs, offsets,
-    per_sample_weights)` takes, per feature (any of the collection's), its ids (1-D with
-    ``offsets[name]``, or 2-D) and optional ``per_sample_weights[name]``, and returns a
-    dict of ``[bags, dim]`` tensors.
+    feature to its `TableConfig`; the PS tasks, partition, staleness, wire dtype, loss
+    scale and timeout are as for `PSEmbeddingBag` and shared by all. `forward(inputs,
+    offsets, per_sample_weights)` takes, per feature (any of the collection's), its ids
+    (1-D with ``offsets[name]``, or 2-D) and optional ``per_sample_weights[name]``, and
+    returns a dict of ``[bags, dim]`` tensors.
 
-    Every feature's input is checked and deduplicated before any request is sent. The
-    sharded client serves one table per call, so the step pulls table by table (one request
-    per PS task and table, each table's requests in flight at once) and its backward pushes
-    table by table. The bags are ``self.bags[name]`` (their markers are the collection's
-    `state_dict`). `prefetch`, `flush` and `close` act on every table.
+    Every feature's input is checked and deduplicated before any request is sent.
+    Synchronous (``staleness=0``, not pipelined), a step's pull of all its tables is ONE
+    request per PS task (`starwire.ShardedTables`), and so is its backward's push, sent once
+    every table's block has its gradient (`last_report` is the step's pull's report).
+    Pipelined, each table has its own `starwire.Pipeline`, and a step is one request per
+    PS task and table. The bags are ``self.bags[name]`` (their markers are the
+    collection's `state_dict`). `prefetch`, `flush` and `close` act on every table.
     """
 
     def __init__(self, client: Client, tables: Mapping[str, TableConfig], *,
                  peers: Optional[Sequence[str]] = None, job: str = "ps",
                  partition: str = "mod", staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
         super().__init__()
-        _checked_options(staleness, wire_dtype)
+        _checked_options(staleness, wire_dtype, loss_scale)
         if not tables:
             raise InvalidArgument("a collection of no tables")
         seen: dict[int, str] = {}
@@ -645,8 +720,22 @@ class PSEmbeddingBagCollection(nn.Module):
                                  partition=partition, num_embeddings=cfg.num_embeddings,
                                  staleness=staleness, wire_dtype=wire_dtype, timeout=timeout,
                                  pipelined=pipelined,
-                                 max_pushes_in_flight=max_pushes_in_flight)
+                                 max_pushes_in_flight=max_pushes_in_flight,
+                                 loss_scale=loss_scale)
             for name, cfg in tables.items()})
+        self._client, self.timeout = client, timeout
+        #: The last synchronous forward's pull of all its tables.
+        self.last_report: Optional[StepReport] = None
+        self._pos = {name: i for i, name in enumerate(tables)}
+        self._tables: Optional[ShardedTables] = None
+        self._pending: Optional[_StepPush] = None
+        first = self._bag(next(iter(tables)))
+        if not first.pipelined:
+            self._tables = ShardedTables(
+                client, [(cfg.table, cfg.dim) for cfg in tables.values()], peers=first.tasks,
+                partition=partition, vocab=[cfg.num_embeddings or 0 for cfg in tables.values()],
+                wire_dtype=_WIRE_DTYPES[first.wire_dtype], loss_scale=loss_scale)
+            self._empty = [np.zeros((0, cfg.dim), dtype=np.float32) for cfg in tables.values()]
 
     def _bag(self, name: str) -> PSEmbeddingBag:
         if name not in self.bags:
@@ -668,15 +757,51 @@ class PSEmbeddingBagCollection(nn.Module):
         for bag, lookup in lookups:
             bag._prefetch(lookup.unique)
 
+    def _send_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.send()
+
     def flush(self) -> None:
-        """Waits for every table's pushes (`PSEmbeddingBag.flush`)."""
+        """Waits for every table's pushes (`PSEmbeddingBag.flush`); synchronous, pushes the
+        gradients of a step some of whose blocks got none."""
+        self._send_pending()
         for bag in self._each():
             bag.flush()
 
     def close(self) -> None:
         """Waits for and frees every table's client (`PSEmbeddingBag.close`)."""
-        for bag in self._each():
-            bag.close()
+        try:
+            self._send_pending()
+        finally:
+            if self._tables is not None:
+                self._tables.close()
+            for bag in self._each():
+                bag.close()
+
+    def _pull_all(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]],
+                  tables: ShardedTables) -> Optional[_StepPush]:
+        """Pulls every step's rows in one request per PS; the push of the step's gradients
+        when autograd records."""
+        self._send_pending()
+        runtime = self._client.runtime
+        if not runtime._rt:
+            raise Closed(f"cannot pull the rows of tables {tables.tables}: the runtime of "
+                         f"{runtime.job}:{runtime.task_index} is closed")
+        ids = [_NO_IDS] * len(self._pos)
+        for name, _, lookup, _ in steps:
+            ids[self._pos[name]] = lookup.unique
+        try:
+            blocks, self.last_report = tables.pull(ids, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, f"while pulling the rows of tables {tables.tables}")
+            raise
+        for name, _, lookup, _ in steps:
+            lookup.block = blocks[self._pos[name]]
+        if not torch.is_grad_enabled():
+            return None
+        self._pending = _StepPush(tables, self._empty, self.timeout, len(steps))
+        return self._pending
 
     def forward(self, inputs: Mapping[str, Tensor],
                 offsets: Optional[Mapping[str, Tensor]] = None,
@@ -692,6 +817,11 @@ class PSEmbeddingBagCollection(nn.Module):
             bag = self._bag(name)
             lookup, offs = bag._bags(input, offsets.get(name), weights.get(name))
             steps.append((name, bag, lookup, offs))
+        if self._tables is not None and steps:
+            push = self._pull_all(steps, self._tables)
+            return {name: bag._reduce(lookup, offs, weights.get(name),
+                                      push.push_of(self._pos[name]) if push else None)
+                    for name, bag, lookup, offs in steps}
         for _, bag, lookup, _ in steps:
             bag._pull(lookup)
         return {name: bag._reduce(lookup, offs, weights.get(name))

@@ -1,0 +1,184 @@
+"""Several tables partitioned over the same PS tasks, pulled and pushed together: a step is
+one rows request per PS for all the tables (``rows::ShardedTables`` in Rust,
+``sw_sharded_tables`` in C)."""
+
+from __future__ import annotations
+
+import ctypes as C
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _lib
+from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
+from .client import _PARTITIONS, DEFAULT_TIMEOUT, Client, StepReport, _ms, _row_ids, _row_shape
+from .errors import OK, Closed, InvalidArgument, check, from_code
+
+__all__ = ["ShardedTables"]
+
+
+class ShardedTables:
+    """Tables partitioned over the same PS tasks, from a worker: `tables` is a sequence of
+    ``(table, row_shape)`` (``row_shape`` an int or a tuple), each of rows of `dtype`; a step
+    takes one batch of ids per table (in that order), deduplicates and partitions each as
+    `Sharded` does, and sends each PS **one** rows request carrying every table's ids it
+    holds, all PS requests in flight at once: a step over T tables and P PS tasks is at
+    most P requests each way, not T × P. `peers`, `job` and `partition` as for
+    `Client.sharded`; `vocab` is the number of ids of each table for ``"div"`` (an int for
+    all, or one per table). `wire_dtype` and `loss_scale` apply to every table, as
+    `Sharded.set_wire_dtype` and `Sharded.set_loss_scale` say.
+
+    A PS that fails fails its part alone (every table's rows at that PS): the exception
+    raised names it and carries the step's report (``e.report``), the other parts' rows
+    being written."""
+
+    def __init__(self, client: Client, tables: Sequence[tuple[int, Union[int, Sequence[int]]]],
+                 *, peers: Optional[Sequence[str]] = None, job: str = "ps",
+                 dtype: Any = np.float32, partition: str = "mod",
+                 vocab: Union[int, Sequence[int]] = 0, wire_dtype: Any = None,
+                 loss_scale: Optional[float] = None) -> None:
+        self._s = C.c_void_p()
+        if partition not in _PARTITIONS:
+            raise InvalidArgument(f"partition {partition!r} is not one of "
+                                  f"{sorted(_PARTITIONS)}")
+        specs = [(int(t), _row_shape(shape)) for t, shape in tables]
+        vocabs = [vocab] * len(specs) if isinstance(vocab, int) else list(vocab)
+        if len(vocabs) != len(specs):
+            raise InvalidArgument(f"vocab has {len(vocabs)} values for {len(specs)} tables")
+        names = list(peers) if peers is not None else client.runtime.peers(job)
+        texts = [client.runtime._peer(p) for p in names]
+        self.client = client
+        #: The tables, and each one's row shape, in the order the batches are given.
+        self.tables = [t for t, _ in specs]
+        self.row_shapes = [shape for _, shape in specs]
+        self.dtype = np.dtype(dtype)
+        #: The PS tasks' addresses, in shard order.
+        self.peers = [t.decode().rpartition("@")[2] for t in texts]
+        code = code_of(self.dtype, "the rows")
+        dims = [(C.c_uint64 * max(len(shape), 1))(*shape) for _, shape in specs]
+        shapes = (_lib.TableShape * max(len(specs), 1))(*[
+            _lib.TableShape(t, code, C.addressof(d), len(shape),
+                            _lib.Partition(_PARTITIONS[partition], v))
+            for (t, shape), d, v in zip(specs, dims, vocabs)])
+        c_texts = (C.c_char_p * max(len(texts), 1))(*texts)
+        check(_lib.sharded_tables_new(c_texts, len(texts), shapes, len(specs),
+                                      C.byref(self._s)))
+        # Reused by every step: the batches' structs and the report.
+        self._batches = (_lib.TableBatch * len(specs))()
+        self._report = _lib.StepReport()
+        self._report_ref = C.byref(self._report)
+        self._loss_scale: Optional[float] = None
+        try:
+            if wire_dtype is not None:
+                self.set_wire_dtype(wire_dtype)
+            self.set_loss_scale(loss_scale)
+        except BaseException:
+            self.close()
+            raise
+
+    def _handle(self) -> C.c_void_p:
+        if not self._s:
+            raise Closed("the sharded tables are closed")
+        return self._s
+
+    def set_wire_dtype(self, wire_dtype: Any) -> None:
+        """Every table's rows travel as `wire_dtype` from the next step on (as
+        `Sharded.set_wire_dtype`)."""
+        check(_lib.sharded_tables_set_wire_dtype(self._handle(),
+                                                 wire_code(wire_dtype, self.dtype)))
+
+    def set_loss_scale(self, loss_scale: Optional[float]) -> None:
+        """Pushes of every table from the next one on are sent with `loss_scale` (as
+        `Sharded.set_loss_scale`)."""
+        value = loss_scale_value(loss_scale)
+        check(_lib.sharded_tables_set_loss_scale(self._handle(), value))
+        self._loss_scale = None if loss_scale is None else value
+
+    @property
+    def loss_scale(self) -> Optional[float]:
+        """The loss scale pushes are sent with, or None."""
+        return self._loss_scale
+
+    def _ids(self, ids: Sequence[Any]) -> list[npt.NDArray[np.uint64]]:
+        if len(ids) != len(self.tables):
+            raise InvalidArgument(f"{len(ids)} batches of ids for {len(self.tables)} tables "
+                                  f"({self.tables})")
+        return [_row_ids(i) for i in ids]
+
+    def _finish(self, code: int) -> StepReport:
+        r = self._report
+        report = StepReport(r.unique, r.missing, [None] * len(self.peers), r.fallbacks)
+        if code == OK:
+            return report
+        if r.failed == 0:
+            raise from_code(code)
+        for i in range(len(self.peers)):
+            part = _lib.sharded_tables_part(self._s, i)
+            if part:
+                report.parts[i] = from_code(part)
+        first = report.parts[r.first_failed] or from_code(code)
+        first.report = report
+        raise first
+
+    def pull(self, ids: Sequence[Any], timeout: Optional[float] = DEFAULT_TIMEOUT
+             ) -> tuple[list[npt.NDArray[Any]], StepReport]:
+        """The rows of each table's batch ``ids[t]`` (duplicates allowed; an empty batch
+        takes no part), as new arrays ``[len(ids[t]), *row_shape]`` of `dtype`, and the
+        step's report (``missing`` over all tables; rows a PS does not have are zero)."""
+        s, c = self._handle(), self.client._handle()
+        arrays = self._ids(ids)
+        outs = []
+        batches = self._batches
+        for i, (a, shape) in enumerate(zip(arrays, self.row_shapes)):
+            out = np.zeros((len(a), *shape), dtype=self.dtype)
+            b = batches[i]
+            n = len(a)
+            b.ids, b.n = (address(a) if n else None), n
+            b.data, b.byte_len = (address(out) if n else None), out.nbytes
+            outs.append(out)
+        self._report.failed = 0
+        code = _lib.sharded_tables_pull(s, c, batches, len(arrays), _ms(timeout),
+                                        self._report_ref)
+        return outs, self._finish(code)
+
+    def push(self, ids: Sequence[Any], grads: Sequence[npt.NDArray[Any]],
+             timeout: Optional[float] = DEFAULT_TIMEOUT) -> StepReport:
+        """Pushes each table's gradient rows ``grads[t]`` (``[len(ids[t]), *row_shape]``,
+        C-contiguous, of `dtype`) of ``ids[t]``: each table's duplicates summed, one request
+        per PS for all tables."""
+        s, c = self._handle(), self.client._handle()
+        arrays = self._ids(ids)
+        if len(grads) != len(arrays):
+            raise InvalidArgument(f"{len(grads)} gradient blocks for {len(arrays)} tables")
+        batches = self._batches
+        for i, (a, g, shape) in enumerate(zip(arrays, grads, self.row_shapes)):
+            g = contiguous(g, f"grads[{i}]")
+            want = (len(a), *shape)
+            if g.dtype != self.dtype or g.shape != want:
+                raise InvalidArgument(f"grads[{i}] is {g.dtype}{list(g.shape)}, not "
+                                      f"{self.dtype}{list(want)} (table {self.tables[i]})")
+            b = batches[i]
+            n = len(a)
+            b.ids, b.n = (address(a) if n else None), n
+            b.data, b.byte_len = (address(g) if n else None), g.nbytes
+        self._report.failed = 0
+        code = _lib.sharded_tables_push(s, c, batches, len(arrays), _ms(timeout),
+                                        self._report_ref)
+        return self._finish(code)
+
+    def close(self) -> None:
+        """Frees the tables' client. Closing twice does nothing."""
+        if self._s:
+            _lib.sharded_tables_free(self._s)
+            self._s = C.c_void_p()
+
+    def __enter__(self) -> ShardedTables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_s", None):
+            self.close()

@@ -1,0 +1,192 @@
+"""Several tables in one request per PS (`starwire.ShardedTables`, and the synchronous
+`PSEmbeddingBagCollection` over it) over real loopback sockets: two PS tasks serving three
+`PsTable`s each; the frames a step sends counted on the PS tasks, and the rows compared
+with the per-table client's."""
+
+from __future__ import annotations
+
+import unittest
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import starwire
+
+try:
+    import torch
+except ImportError:
+    HAVE_TORCH = False
+else:
+    HAVE_TORCH = True
+    from torch import nn
+
+    from starwire.torch import PSEmbeddingBagCollection, TableConfig
+
+NO_TORCH = "torch is not importable here (CI installs it; pip install torch)"
+#: Table id and row size of each table.
+TABLES = [(1, 4), (2, 3), (3, 2)]
+VOCAB, LR = 30, 0.25
+
+
+class TablesCase(unittest.TestCase):
+    def setUp(self) -> None:
+        def table(t: int, dim: int) -> starwire.PsTable:
+            return starwire.PsTable(dim, table_id=t, init="uniform", scale=0.5, seed=5,
+                                    optimizer="sgd", lr=LR, huge_pages=False)
+
+        self.ps = [starwire.Runtime("ps", i, listen="127.0.0.1:0",
+                                    tables={t: table(t, d) for t, d in TABLES},
+                                    NETWORK_PS_CORE_NUMBER=1) for i in range(2)]
+        self.peers = [p.address for p in self.ps]
+        self.worker = starwire.Runtime("worker", NETWORK_WORKER_CORE_NUMBER=1)
+        self.client = self.worker.client()
+        # Connected (the handshake is a frame of its own) and every row made.
+        for t, d in TABLES:
+            self.single(t, d).pull(np.arange(VOCAB, dtype=np.uint64))
+
+    def tearDown(self) -> None:
+        self.worker.close()
+        for p in self.ps:
+            p.close()
+
+    def single(self, table: int, dim: int) -> starwire.Sharded:
+        s = self.client.sharded(table, dim, peers=self.peers)
+        self.addCleanup(s.close)
+        return s
+
+    def frames(self) -> list[int]:
+        """Frames each PS task received so far."""
+        return [int(p.stats().frames_in) for p in self.ps]
+
+    def sent(self, before: list[int]) -> list[int]:
+        return [a - b for a, b in zip(self.frames(), before)]
+
+    def rows(self, table: int, dim: int) -> npt.NDArray[np.float32]:
+        return self.single(table, dim).pull(np.arange(VOCAB, dtype=np.uint64))[0]
+
+
+class ShardedTablesTest(TablesCase):
+    def test_a_step_is_one_frame_per_ps_and_gives_the_per_table_rows(self) -> None:
+        multi = starwire.ShardedTables(self.client, TABLES, peers=self.peers)
+        self.addCleanup(multi.close)
+        ids: list[Any] = [np.array([1, 2, 3, 1, 4], dtype=np.uint64), [7, 7, 10],
+                          np.arange(6)]
+        before = self.frames()
+        outs, report = multi.pull(ids)
+        self.assertEqual(self.sent(before), [1, 1])
+        self.assertTrue(report.ok)
+        self.assertEqual((report.unique, report.missing), (4 + 2 + 6, 0))
+        for (t, d), i, out in zip(TABLES, ids, outs):
+            want, _ = self.single(t, d).pull(i)
+            np.testing.assert_array_equal(out, want)
+        grads = [np.ones((len(i), d), dtype=np.float32) for i, (_, d) in zip(ids, TABLES)]
+        rows_before = [self.rows(t, d) for t, d in TABLES]
+        before = self.frames()
+        multi.push(ids, grads)
+        self.assertEqual(self.sent(before), [1, 1])
+        # Duplicates summed: id 1 of table 1 twice, id 7 of table 2 twice.
+        after = [self.rows(t, d) for t, d in TABLES]
+        np.testing.assert_array_equal(after[0][1], rows_before[0][1] - 2 * np.float32(LR))
+        np.testing.assert_array_equal(after[1][7], rows_before[1][7] - 2 * np.float32(LR))
+        np.testing.assert_array_equal(after[2][5], rows_before[2][5] - np.float32(LR))
+        np.testing.assert_array_equal(after[0][0], rows_before[0][0])
+
+    def test_an_empty_batch_takes_no_part_and_a_ps_with_no_ids_gets_nothing(self) -> None:
+        multi = starwire.ShardedTables(self.client, TABLES, peers=self.peers)
+        self.addCleanup(multi.close)
+        before = self.frames()
+        outs, report = multi.pull([[2, 4], [], [6]])
+        # Even ids only: all at ps 0.
+        self.assertEqual(self.sent(before), [1, 0])
+        self.assertEqual([o.shape for o in outs], [(2, 4), (0, 3), (1, 2)])
+
+    def test_bf16_rows_and_bad_arguments(self) -> None:
+        multi = starwire.ShardedTables(self.client, TABLES[:2], peers=self.peers,
+                                       wire_dtype="bf16")
+        self.addCleanup(multi.close)
+        exact = [self.rows(t, d) for t, d in TABLES[:2]]
+        outs, _ = multi.pull([np.arange(VOCAB), np.arange(VOCAB)])
+        for out, e in zip(outs, exact):
+            self.assertFalse(np.array_equal(out, e))
+            np.testing.assert_allclose(out, e, rtol=2 ** -8)
+        # A scaled bf16 push: the scale divided out on the PS, applied to f32 rows.
+        multi.set_loss_scale(64.0)
+        self.assertEqual(multi.loss_scale, 64.0)
+        grads = [np.full((2, d), 0.375 * 64, dtype=np.float32) for _, d in TABLES[:2]]
+        multi.push([[3, 4], [5, 5]], grads)
+        after = [self.rows(t, d) for t, d in TABLES[:2]]
+        step = np.float32(LR) * np.float32(0.375)
+        np.testing.assert_array_equal(after[0][[3, 4]], exact[0][[3, 4]] - step)
+        np.testing.assert_array_equal(after[1][5], exact[1][5] - 2 * step)
+        np.testing.assert_array_equal(after[1][6], exact[1][6])
+        with self.assertRaisesRegex(starwire.InvalidArgument, "1 batches of ids for 2 tables"):
+            multi.pull([[1]])
+        with self.assertRaisesRegex(starwire.InvalidArgument, r"grads\[1\] is float32\[1, 4\]"):
+            multi.push([[1], [1]], [np.ones((1, 4), np.float32), np.ones((1, 4), np.float32)])
+        with self.assertRaisesRegex(starwire.InvalidArgument, "named twice"):
+            starwire.ShardedTables(self.client, [(1, 4), (1, 4)], peers=self.peers)
+        with self.assertRaisesRegex(starwire.InvalidArgument, "loss_scale"):
+            multi.set_loss_scale(-1)
+        multi.close()
+        with self.assertRaises(starwire.Closed):
+            multi.pull([[1], [1]])
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class CollectionTest(TablesCase):
+    def test_a_synchronous_collection_step_is_one_frame_per_ps_each_way(self) -> None:
+        configs = {"a": TableConfig(1, 4, "sum"), "b": TableConfig(2, 3, "mean"),
+                   "c": TableConfig(3, 2, "sum")}
+        coll = PSEmbeddingBagCollection(self.client, configs, peers=self.peers)
+        refs: dict[str, Any] = {}
+        for name, cfg in configs.items():
+            refs[name] = nn.EmbeddingBag(VOCAB, cfg.dim, mode=cfg.mode)
+            with torch.no_grad():
+                refs[name].weight.copy_(torch.from_numpy(self.rows(cfg.table, cfg.dim)))
+        ref_opt = torch.optim.SGD([p for r in refs.values() for p in r.parameters()], lr=LR)
+        rng = np.random.default_rng(8)
+        for step in range(4):
+            inputs = {name: torch.from_numpy(rng.integers(0, VOCAB, size=(3, 2)))
+                      for name in configs}
+            before = self.frames()
+            out = coll(inputs)
+            self.assertEqual(self.sent(before), [1, 1], f"pull of step {step}")
+            want = {name: refs[name](inputs[name]) for name in configs}
+            for name in configs:
+                torch.testing.assert_close(out[name], want[name], rtol=1e-5, atol=1e-6)
+            before = self.frames()
+            sum((o ** 2).sum() for o in out.values()).backward()
+            self.assertEqual(self.sent(before), [1, 1], f"push of step {step}")
+            sum((w ** 2).sum() for w in want.values()).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        for name, cfg in configs.items():
+            np.testing.assert_allclose(self.rows(cfg.table, cfg.dim),
+                                       refs[name].weight.detach().numpy(), rtol=1e-5,
+                                       atol=1e-6)
+
+    def test_a_block_without_gradient_is_pushed_by_the_next_forward(self) -> None:
+        coll = PSEmbeddingBagCollection(self.client, {"a": TableConfig(1, 4),
+                                                      "b": TableConfig(2, 3)},
+                                        peers=self.peers)
+        a_before = self.rows(1, 4)
+        inputs = {"a": torch.tensor([[5, 6]]), "b": torch.tensor([[5]])}
+        out = coll(inputs)
+        before = self.frames()
+        out["a"].sum().backward()
+        # b's block got no gradient: nothing sent yet.
+        self.assertEqual(self.sent(before), [0, 0])
+        before = self.frames()
+        coll(inputs)
+        # a's gradient pushed, then both pulled: one frame each way per PS.
+        self.assertEqual(self.sent(before), [2, 2])
+        a_after = self.rows(1, 4)
+        np.testing.assert_array_equal(a_after[5], a_before[5] - np.float32(LR))
+        np.testing.assert_array_equal(a_after[7], a_before[7])
+        coll.flush()
+        coll.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

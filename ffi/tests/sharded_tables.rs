@@ -1,0 +1,275 @@
+//! Several tables over the same PS tasks through the C ABI (`sw_sharded_tables_*`): two PS
+//! tasks on loopback serving two tables each, a worker whose step is one rows request per
+//! PS for both tables, and the same rows as the per-table `sw_sharded` gives.
+
+use starwire_ffi::*;
+use std::ffi::{c_char, CStr, CString};
+use std::ptr;
+
+const F32: u8 = 10;
+const BF16: u8 = 7;
+/// Table id and row size of the two tables.
+const TABLES: [(u32, usize); 2] = [(5, 2), (6, 3)];
+
+fn last_error() -> String {
+    // SAFETY: `sw_last_error` returns a NUL-terminated string valid until the next call.
+    unsafe { CStr::from_ptr(sw_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn ok(r: sw_result) {
+    assert_eq!(r, sw_result::SW_OK, "{}", last_error());
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+}
+
+const MOD: sw_partition = sw_partition {
+    kind: sw_partition_kind::SW_PARTITION_MOD as u32,
+    vocab: 0,
+};
+
+/// A PS serving `TABLES` (rows missing until pushed, SGD with rate 1), or a worker.
+fn runtime(ps: bool) -> *mut sw_runtime {
+    let names = [c"STARWIRE_CONNECT_RETRIES".as_ptr()];
+    let values = [c"0".as_ptr()];
+    let init = sw_init {
+        kind: sw_init_kind::SW_INIT_MISSING as u32,
+        scale: 0.0,
+        seed: 0,
+    };
+    let sgd = sw_optimizer {
+        kind: sw_optimizer_kind::SW_OPTIMIZER_SGD as u32,
+        lr: 1.0,
+        initial_accumulator: 0.0,
+    };
+    let tables: Vec<*mut sw_table> = TABLES
+        .iter()
+        .map(|&(_, dim)| {
+            let mut t = ptr::null_mut();
+            ok(sw_mem_table_new(dim, init, sgd, &mut t));
+            t
+        })
+        .collect();
+    let consts: Vec<*const sw_table> = tables.iter().map(|&t| t.cast_const()).collect();
+    let ids: Vec<u32> = TABLES.iter().map(|&(id, _)| id).collect();
+    let o = sw_runtime_options {
+        job: if ps { c"ps" } else { c"worker" }.as_ptr(),
+        task_index: 0,
+        setting_names: names.as_ptr(),
+        setting_values: values.as_ptr(),
+        settings: 1,
+        use_env: true,
+        listen: if ps {
+            c"127.0.0.1:0".as_ptr()
+        } else {
+            ptr::null()
+        },
+        service: ptr::null(),
+        allocator: ptr::null(),
+        handler_threads: 0,
+        table_ids: ids.as_ptr(),
+        tables: consts.as_ptr(),
+        n_tables: if ps { ids.len() } else { 0 },
+    };
+    let mut rt = ptr::null_mut();
+    ok(sw_runtime_new(&o, &mut rt));
+    for t in tables {
+        sw_table_free(t);
+    }
+    rt
+}
+
+fn frames_in(rt: *mut sw_runtime) -> u64 {
+    let mut s = sw_stats::default();
+    ok(sw_runtime_stats(rt, &mut s));
+    s.frames_in
+}
+
+fn batch(ids: &[u64], data: &mut [u8]) -> sw_table_batch {
+    sw_table_batch {
+        ids: ids.as_ptr(),
+        n: ids.len(),
+        data: data.as_mut_ptr().cast(),
+        byte_len: data.len() as u64,
+    }
+}
+
+#[test]
+fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
+    let ps = [runtime(true), runtime(true)];
+    let worker = runtime(false);
+    let mut c = ptr::null_mut();
+    ok(sw_client_new(worker, 16, &mut c));
+    let addrs: Vec<CString> = ps
+        .iter()
+        .map(|&p| CString::new(format!("127.0.0.1:{}", sw_runtime_port(p))).unwrap())
+        .collect();
+    let peers: Vec<*const c_char> = addrs.iter().map(|a| a.as_ptr()).collect();
+    let dims: Vec<[u64; 1]> = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
+    let shapes: Vec<sw_table_shape> = TABLES
+        .iter()
+        .zip(&dims)
+        .map(|(&(table, _), d)| sw_table_shape {
+            table,
+            dtype: F32,
+            row_dims: d.as_ptr(),
+            rank: 1,
+            partition: MOD,
+        })
+        .collect();
+    let mut s = ptr::null_mut();
+    ok(sw_sharded_tables_new(
+        peers.as_ptr(),
+        2,
+        shapes.as_ptr(),
+        2,
+        &mut s,
+    ));
+    assert_eq!(sw_sharded_tables_len(s), 2);
+    let singles: Vec<*mut sw_sharded> = TABLES
+        .iter()
+        .zip(&dims)
+        .map(|(&(table, _), d)| {
+            let mut one = ptr::null_mut();
+            ok(sw_sharded_new(
+                peers.as_ptr(),
+                2,
+                MOD,
+                table,
+                F32,
+                d.as_ptr(),
+                1,
+                &mut one,
+            ));
+            one
+        })
+        .collect();
+
+    let ids: [&[u64]; 2] = [&[1, 2, 1, 4], &[3, 8, 8]];
+    // Position j's gradient: j + 1 + 0.001 in every element (so that bf16 rounds it).
+    let mut grads: Vec<Vec<u8>> = (0..2)
+        .map(|t| {
+            let g: Vec<f32> = (0..ids[t].len())
+                .flat_map(|j| vec![j as f32 + 1.001; TABLES[t].1])
+                .collect();
+            f32_bytes(&g)
+        })
+        .collect();
+    let mut report = sw_step_report::default();
+    let step = |way: &str, batches: &[sw_table_batch], report: &mut sw_step_report| {
+        let before = ps.map(frames_in);
+        let r = if way == "pull" {
+            sw_sharded_tables_pull(s, c, batches.as_ptr(), batches.len(), 10_000, report)
+        } else {
+            sw_sharded_tables_push(s, c, batches.as_ptr(), batches.len(), 10_000, report)
+        };
+        ok(r);
+        let after = ps.map(frames_in);
+        (after[0] - before[0], after[1] - before[1])
+    };
+    let pushes: Vec<sw_table_batch> = (0..2).map(|t| batch(ids[t], &mut grads[t])).collect();
+    // The first step also connects (a handshake frame of its own).
+    step("push", &pushes, &mut report);
+    assert_eq!((report.unique, report.failed), (5, 0));
+    assert_eq!(step("push", &pushes, &mut report), (1, 1));
+
+    let mut outs: Vec<Vec<u8>> = (0..2)
+        .map(|t| vec![0xff; ids[t].len() * TABLES[t].1 * 4])
+        .collect();
+    let pulls: Vec<sw_table_batch> = outs
+        .iter_mut()
+        .enumerate()
+        .map(|(t, o)| batch(ids[t], o))
+        .collect();
+    assert_eq!(step("pull", &pulls, &mut report), (1, 1));
+    assert_eq!((report.unique, report.missing, report.fallbacks), (5, 0, 0));
+    assert_eq!(sw_sharded_tables_part(s, 1), sw_result::SW_OK);
+    // Two pushes of the summed gradients: id 1 of table 5 at positions 0 and 2.
+    assert_eq!(to_f32(&outs[0])[..2], [-2.0 * (1.001 + 3.001); 2]);
+    for (t, &one) in singles.iter().enumerate() {
+        let mut want = vec![0u8; outs[t].len()];
+        ok(sw_sharded_pull(
+            one,
+            c,
+            ids[t].as_ptr(),
+            ids[t].len(),
+            want.as_mut_ptr().cast(),
+            want.len() as u64,
+            10_000,
+            &mut report,
+        ));
+        assert_eq!(to_f32(&outs[t]), to_f32(&want), "table {}", TABLES[t].0);
+    }
+
+    // In bf16 on the wire: the same rows rounded.
+    ok(sw_sharded_tables_set_wire_dtype(s, BF16));
+    let exact: Vec<Vec<f32>> = outs.iter().map(|o| to_f32(o)).collect();
+    let pulls: Vec<sw_table_batch> = outs
+        .iter_mut()
+        .enumerate()
+        .map(|(t, o)| batch(ids[t], o))
+        .collect();
+    assert_eq!(step("pull", &pulls, &mut report), (1, 1));
+    for t in 0..2 {
+        let want: Vec<f32> = exact[t].iter().map(|&x| bf16(x)).collect();
+        assert_eq!(to_f32(&outs[t]), want);
+        assert_ne!(want, exact[t]);
+    }
+
+    // Refusals, naming what is wrong; nothing sent.
+    let before = ps.map(frames_in);
+    let r = sw_sharded_tables_pull(s, c, pulls.as_ptr(), 1, 10_000, &mut report);
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("1 batches for 2 tables"),
+        "{}",
+        last_error()
+    );
+    let mut short = pulls.clone();
+    short[1].byte_len -= 1;
+    let r = sw_sharded_tables_pull(s, c, short.as_ptr(), 2, 10_000, &mut report);
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("table 6"), "{}", last_error());
+    assert_eq!(ps.map(frames_in), before);
+    assert_eq!(
+        sw_sharded_tables_set_wire_dtype(s, 2),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        sw_sharded_tables_set_loss_scale(s, -1.0),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        sw_sharded_tables_part(s, 2),
+        sw_result::SW_ERR_INVALID_ARGUMENT
+    );
+    let twice = [shapes[0], shapes[0]];
+    let mut bad = ptr::null_mut();
+    let r = sw_sharded_tables_new(peers.as_ptr(), 2, twice.as_ptr(), 2, &mut bad);
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("named twice"), "{}", last_error());
+
+    for one in singles {
+        sw_sharded_free(one);
+    }
+    sw_sharded_tables_free(s);
+    sw_client_free(c);
+    sw_runtime_free(worker);
+    for p in ps {
+        sw_runtime_free(p);
+    }
+}
