@@ -1,7 +1,8 @@
 //! The PS table in one process, one pinned thread: `PsTable` against the old `MemTable`
 //! measured in the same run, per pulled and pushed row (Adagrad), 1,000 random ids per call,
 //! at tables of 100 k, 4 M and 16 M rows of 16 f32 (64 B) after a warm-up that creates
-//! every row; memory per row against the bytes of rows and optimizer state; and a
+//! every row; row-versioned pulls (`Table::pull_versioned`) holding no row and holding
+//! every row unchanged; memory per row against the bytes of rows and optimizer state; and a
 //! checkpoint of the largest table, its speed and the longest call a concurrent puller sees
 //! during it.
 //!
@@ -210,6 +211,36 @@ fn pull_run(t: &dyn Table, batches: &[Vec<u64>]) -> PerRow {
     per_row
 }
 
+/// One run of versioned pulls over `batches`, holding `held` (per batch, a version per id;
+/// the current ones: every row unchanged, or zeros: every row sent).
+fn versioned_run(t: &dyn Table, batches: &[Vec<u64>], held: &[Vec<u64>]) -> PerRow {
+    let mut out = vec![0u8; IDS_PER_CALL * ROW_BYTES];
+    let mut versions = vec![0u64; IDS_PER_CALL];
+    let mut missing = Vec::with_capacity(IDS_PER_CALL);
+    let per_row = timed(batches.len() * IDS_PER_CALL, || {
+        for (ids, held) in batches.iter().zip(held) {
+            t.pull_versioned(ids, held, &mut out, &mut versions, &mut missing);
+        }
+    });
+    assert!(missing.is_empty());
+    std::hint::black_box(&out);
+    per_row
+}
+
+/// The current version of every id of `batches`.
+fn versions_of(t: &dyn Table, batches: &[Vec<u64>]) -> Vec<Vec<u64>> {
+    let mut out = vec![0u8; IDS_PER_CALL * ROW_BYTES];
+    let mut missing = Vec::new();
+    batches
+        .iter()
+        .map(|ids| {
+            let mut v = vec![0u64; ids.len()];
+            t.pull_versioned(ids, &vec![0; ids.len()], &mut out, &mut v, &mut missing);
+            v
+        })
+        .collect()
+}
+
 /// One run of pushes over `batches`.
 fn push_run(t: &dyn Table, batches: &[Vec<u64>], grads: &[u8]) -> PerRow {
     timed(batches.len() * IDS_PER_CALL, || {
@@ -317,10 +348,17 @@ fn main() {
         // Runs alternate between the tables, each on batches of its own draw.
         let (mut new_pull, mut new_push, mut old_pull, mut old_push) =
             (vec![], vec![], vec![], vec![]);
+        let (mut held_none, mut held_all) = (vec![], vec![]);
         for run in 0..args.runs {
             let batches = random_batches(rows, args.calls, 0x9e37 + run as u64 * 7919);
             new_pull.push(pull_run(&new, &batches));
             new_push.push(push_run(&new, &batches, &grads));
+            // Row versions: a pull holding no row (every row sent, with its version) and
+            // one holding every row at its version (none sent).
+            let zeros: Vec<Vec<u64>> = batches.iter().map(|b| vec![0; b.len()]).collect();
+            held_none.push(versioned_run(&new, &batches, &zeros));
+            let current = versions_of(&new, &batches);
+            held_all.push(versioned_run(&new, &batches, &current));
             if let Some((old, _)) = &old {
                 old_pull.push(pull_run(old, &batches));
                 old_push.push(push_run(old, &batches, &grads));
@@ -333,6 +371,12 @@ fn main() {
             used_per_row: Some(metrics.memory_bytes as f64 / rows as f64),
         };
         print_row(rows, data, in_cache, "PsTable", &figures);
+        let (none, all) = (medians(&held_none), medians(&held_all));
+        println!(
+            "| {rows} | | | PsTable versioned pull: held none / all unchanged | {:.1} ({:.1}) / \
+             {:.1} ({:.1}) | | | | |",
+            none.cpu, none.wall, all.cpu, all.wall
+        );
         if let Some((_, old_rss)) = &old {
             let old_figures = Figures {
                 pull: medians(&old_pull),

@@ -151,6 +151,37 @@ def rows_response(handle):
 
 
 H = 0x0000000500000007  # a handle
+BF16 = 7
+
+
+def pull_rows_held(handle, tables):
+    """PULL_ROWS with ROW_VERSIONS (4.9): tables (table, dtype, block dims, ids, held
+    versions); pull_flags HELD_VERSIONS, the held versions after the ids."""
+    meta = b"".join(struct.pack("<II", t, 1) + tensor_meta(d, dims)
+                    + b"".join(struct.pack("<Q", i) for i in ids)
+                    + b"".join(struct.pack("<Q", v) for v in held)
+                    for t, d, dims, ids, held in tables)
+    return header(PULL_ROWS, meta, count=len(tables), handle=handle)
+
+
+def versions_report(n, unchanged, versions):
+    """Row-versions report (4.9): n, the bitmap of the unchanged positions, the versions of
+    the others."""
+    bitmap = bytearray((n + 7) // 8)
+    for p in unchanged:
+        bitmap[p // 8] |= 1 << (p % 8)
+    return struct.pack("<I", n) + bytes(bitmap) + b"".join(struct.pack("<Q", v) for v in versions)
+
+
+def versioned_response(handle):
+    """The answer to a pull of 4 bf16 rows of 4 with held versions: positions 0 and 2
+    unchanged, 1 sent (version 0x1001), 3 missing (version 0); then a table where every row
+    came unchanged (an empty block)."""
+    meta = (struct.pack("<IHH", 0, 0, 7) + tensor_meta(BF16, [2, 4])
+            + versions_report(4, [0, 2], [0x1001, 0]) + struct.pack("<II", 1, 3)
+            + struct.pack("<IHH", 1, 0, 5) + tensor_meta(BF16, [0, 4])
+            + versions_report(9, range(9), []))
+    return header(RESPONSE, meta, tbytes(16, 9), count=2, handle=handle, flags=END)
 
 
 def push_mixed():
@@ -209,6 +240,10 @@ def frame_seeds():
         "push_rows": d + push_rows(H, [(1, tensor_meta(F32, [2, 4]), [7, 8], tbytes(32)),
                                        (2, tensor_meta(U8, [1, 300], chunked=True), [9], None)]),
         "response_missing": d + rows_response(H),
+        # ROW_VERSIONS (parsed on a connection with every feature).
+        "pull_rows_held": d + pull_rows_held(H, [(1, BF16, [3, 4], [5, 6, 5], [0x10, 0, 0x10]),
+                                                 (2, F32, [1, 2], [9], [7])]),
+        "response_versions": d + versioned_response(H),
         "small_limits_push": small + push(H, [(1, tensor_meta(U8, [], dead=True), None)]),
         "mid_limits_push": mid + push(H, [(1, tensor_meta(F32, [2, 3, 4, 5], chunked=True), None),
                                           (2, tensor_meta(U8, [10]), tbytes(10))]),

@@ -141,6 +141,35 @@ pub trait Table: Send + Sync {
     /// the rows of `ids`. [`Status::InvalidArgument`] for `grads` of the wrong length.
     fn push(&self, ids: &[u64], grads: &[u8]) -> Status;
 
+    /// [`pull`](Self::pull) for a requester that holds some of the rows already (row
+    /// versions, `docs/wire-format.md` 4.9): `held[i]` is the version of `ids[i]`'s row the
+    /// requester holds (0: none). Writes into `versions[i]` the row's current version —
+    /// a value that changes with every push applied to the row and that no other contents
+    /// of the row ever had, also across the table's restarts, rebuilds and evictions — and
+    /// 0 for a missing row or a table that keeps no versions. A row whose version is
+    /// nonzero and equal to `held[i]` is answered *unchanged*: the server does not send it,
+    /// and the table need not write it (its bytes in `out` are then unspecified); every
+    /// other row is written as by [`pull`](Self::pull). `held` and `versions` have
+    /// `ids.len()` elements ([`Status::InvalidArgument`] otherwise).
+    ///
+    /// The default keeps no versions: every version 0, every row pulled (so answered
+    /// changed). [`PsTable`](crate::rows::PsTable) and [`MemTable`](crate::rows::MemTable)
+    /// keep versions.
+    fn pull_versioned(
+        &self,
+        ids: &[u64],
+        held: &[u64],
+        out: &mut [u8],
+        versions: &mut [u64],
+        missing: &mut Vec<u32>,
+    ) -> Status {
+        if held.len() != ids.len() || versions.len() != ids.len() {
+            return Status::InvalidArgument;
+        }
+        versions.fill(0);
+        self.pull(ids, out, missing)
+    }
+
     /// Bytes of one row: the element size times the product of [`row_dims`](Self::row_dims).
     /// Saturates at `usize::MAX` (an unknown dtype, an overflowing shape), a length no
     /// buffer has.

@@ -408,6 +408,7 @@ fn peer_lost_mid_transfer_fails_the_request() {
         s.read_exact(&mut meta).unwrap();
         let dims = [64u64 << 20];
         let item = ResponseItem {
+            versions: Default::default(),
             index: 0,
             status: Status::Ok,
             tensor: Some(OutTensor {
@@ -667,6 +668,7 @@ fn a_peer_reusing_our_handle_for_its_push_cannot_redirect_our_answer() {
         enc.push(pull.handle, &[push]).unwrap();
         // The real answer to H, inline, sent before the push's chunks.
         let item = ResponseItem {
+            versions: Default::default(),
             index: 0,
             status: Status::Ok,
             tensor: Some(OutTensor {

@@ -368,3 +368,62 @@ fn rows_pulls_and_pushes_allocate_nothing_in_steady_state() {
         "allocations over 500 pushes of shared blocks"
     );
 }
+
+/// Versioned rows pulls (`pull_rows_versioned`) to one PS, with completions recycled: a
+/// step pushes 10 of 100 rows, then pulls the 100 with the versions held, 10 rows sent
+/// and 90 unchanged, written into the caller's rows; and a pull of rows that all came
+/// unchanged. No allocation per request in steady state, on either end.
+#[test]
+fn versioned_rows_pulls_allocate_nothing_in_steady_state() {
+    use starwire::rows::Rows;
+    use starwire::rows::{Init, MemTable, Optimizer, Tables};
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let table = Arc::new(MemTable::new(16, Init::Zeros, Optimizer::Sgd { lr: 0.5 }));
+    let options = Options {
+        service: Some(Arc::new(Tables::new().with(1, table))),
+        ..Options::listen("127.0.0.1:0".parse().unwrap())
+    };
+    let ps = Runtime::start_with(config("ps", 1).build().unwrap(), options).unwrap();
+    let addr = ps.local_addr().unwrap();
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let ids: Vec<u64> = (0..100).collect();
+    let pushed: Vec<u64> = (0..10).collect();
+    let grads = vec![0u8; 10 * 64];
+    let rows = [Rows::new(1, DType::F32, &[16], &ids)];
+    let pushed_rows = [(Rows::new(1, DType::F32, &[16], &pushed), &grads[..])];
+    let mut held = vec![0u64; 100];
+    let mut cache = vec![0u8; 100 * 64];
+    // Every row held at its version.
+    let t = h.pull_rows_versioned(addr, &rows, &held, secs(10)).unwrap();
+    let done = h.wait_tag(t.tag()).unwrap();
+    held.copy_from_slice(done.rows().unwrap().versions(0));
+    h.recycle(done);
+    let pulls = allocations_per_request(|| {
+        let t = h.push_rows(addr, &pushed_rows, secs(10)).unwrap();
+        let done = h.wait_tag(t.tag()).unwrap();
+        h.recycle(done);
+        let t = h.pull_rows_versioned(addr, &rows, &held, secs(10)).unwrap();
+        let done = h.wait_tag(t.tag()).unwrap();
+        let got = done.rows().unwrap();
+        assert_eq!(got.unchanged_count(0), 90);
+        assert_eq!(got.write_changed(0, &mut cache), Ok(10));
+        held.copy_from_slice(got.versions(0));
+        h.recycle(done);
+    });
+    let unchanged = allocations_per_request(|| {
+        let t = h.pull_rows_versioned(addr, &rows, &held, secs(10)).unwrap();
+        let done = h.wait_tag(t.tag()).unwrap();
+        assert_eq!(done.rows().unwrap().unchanged_count(0), 100);
+        h.recycle(done);
+    });
+    eprintln!(
+        "500 versioned steps: {pulls} allocations (push and pull); 500 pulls all unchanged: \
+         {unchanged}"
+    );
+    assert_eq!(pulls, 0, "allocations over 500 pushes and versioned pulls");
+    assert_eq!(
+        unchanged, 0,
+        "allocations over 500 versioned pulls, nothing sent"
+    );
+}

@@ -129,6 +129,7 @@ fn answer(enc: &mut Encoder, h: &HeaderRepr) {
                 status: Status::NotFound,
                 tensor: None,
                 missing: Default::default(),
+                versions: Default::default(),
             })
             .collect();
         // As the session does: no more entries in a frame than the peer takes (4.5).

@@ -14,6 +14,11 @@
 //! bytes (the encoding is canonical), and must parse to the same header, body and native
 //! values. Frames the `Encoder` can produce are also encoded with it and must come out
 //! byte-identical.
+//!
+//! Each input is parsed twice: on a connection that negotiated no optional feature, and on
+//! one that negotiated every feature (`ROW_FORMATS`: loss scales of rows pushes;
+//! `ROW_VERSIONS`: held versions of rows pulls, row-versions reports of answers); each
+//! accepted parse is checked as above, the encoder set to the same features.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -21,11 +26,20 @@ use starwire::proto::{
     Encoder, EncoderConfig, OutTensor, Piece, PushItem, ResponseItem, RowsItem, RowsQuery,
 };
 use starwire::wire::{
-    cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta,
-    pull_meta_len, pull_rows_meta_len, recv_meta_len, Body, ChunkRepr, DType, Dims, ErrorRepr,
-    FrameKind, Header, HeaderRepr, HelloRepr, Limits, Missing, PushEntry, ResponseEntry, Status,
-    TensorMeta, WireFeatures, HEADER_LEN,
+    cancel_meta_len, emit_cancel_meta, emit_pull_meta, emit_pull_rows_versioned_meta,
+    emit_recv_meta, emit_rows_meta, pull_meta_len, pull_rows_versioned_meta_len, recv_meta_len,
+    Body, ChunkRepr, DType, Dims, ErrorRepr, FrameKind, Header, HeaderRepr, HelloRepr, Limits,
+    LossScale, Missing, PushEntry, ResponseEntry, Status, TensorMeta, Versions, WireFeatures,
+    HEADER_LEN,
 };
+
+/// A row-versions report as plain values: `n`, the bitmap, the versions sent.
+type NVersions = (u32, Vec<u8>, Vec<u64>);
+
+/// The loss scale whose bits travel as `bits` (0: none); the bits were accepted.
+fn scale_of(bits: u32) -> Option<LossScale> {
+    (bits != 0).then(|| LossScale::new(f32::from_bits(bits)).expect("parsed scale in range"))
+}
 
 /// Limits chosen by the first input bytes; `None` when they are not a valid configuration.
 fn limits_from(data: &[u8]) -> Option<(Limits, &[u8])> {
@@ -107,10 +121,12 @@ enum NBody {
     },
     Pull(Vec<u64>),
     Push(Vec<(u64, NTensor)>),
-    Response(Vec<(u32, u16, Option<NTensor>, Vec<u32>)>),
+    Response(Vec<(u32, u16, Option<NTensor>, Vec<u32>, Option<NVersions>)>),
     Rows {
         push: bool,
-        tables: Vec<(u32, NTensor, Vec<u64>)>,
+        /// Per table: its number, block, ids, held versions (a pull's; may be empty) and
+        /// loss scale bits (a push's; 0 for none).
+        tables: Vec<(u32, NTensor, Vec<u64>, Vec<u64>, u32)>,
     },
     Error(Vec<u8>),
     Chunk {
@@ -176,7 +192,18 @@ impl NBody {
                         let missing: Vec<u32> = e.missing.iter().collect();
                         assert_eq!(missing.len(), e.missing.len());
                         let t = e.tensor.as_ref().map(NTensor::of);
-                        (e.index, e.status.into(), t, missing)
+                        let v = &e.versions;
+                        let versions = (!v.is_empty()).then(|| {
+                            let sent: Vec<u64> =
+                                (0..v.sent()).map(|k| v.sent_version(k).unwrap()).collect();
+                            assert_eq!(v.sent_version(v.sent()), None);
+                            assert_eq!(v.sent() + v.unchanged_count(), v.rows());
+                            (v.rows() as u32, v.unchanged_bitmap().to_vec(), sent)
+                        });
+                        if let (Some((_, _, sent)), Some(t)) = (&versions, &t) {
+                            assert_eq!(t.dims.first(), Some(&(sent.len() as u64)));
+                        }
+                        (e.index, e.status.into(), t, missing, versions)
                     })
                     .collect(),
                 )
@@ -188,7 +215,11 @@ impl NBody {
                         let ids: Vec<u64> = t.ids().collect();
                         assert_eq!(ids.len(), t.len());
                         assert_eq!(t.block.dims.get(0), Some(ids.len() as u64));
-                        (t.table, NTensor::of(&t.block), ids)
+                        let held: Vec<u64> = t.held().collect();
+                        assert_eq!(held.is_empty(), !t.has_held());
+                        assert!(held.is_empty() || held.len() == ids.len());
+                        let scale = t.loss_scale.map_or(0, |s| s.get().to_bits());
+                        (t.table, NTensor::of(&t.block), ids, held, scale)
                     })
                     .collect();
                 NBody::Rows {
@@ -270,8 +301,8 @@ impl NBody {
     fn inline_bytes(&self) -> Option<u64> {
         let sizes: Vec<&NTensor> = match self {
             NBody::Push(e) => e.iter().map(|(_, t)| t).collect(),
-            NBody::Response(e) => e.iter().filter_map(|(_, _, t, _)| t.as_ref()).collect(),
-            NBody::Rows { push: true, tables } => tables.iter().map(|(_, t, _)| t).collect(),
+            NBody::Response(e) => e.iter().filter_map(|(_, _, t, ..)| t.as_ref()).collect(),
+            NBody::Rows { push: true, tables } => tables.iter().map(|(_, t, ..)| t).collect(),
             NBody::Rows { push: false, .. } => Vec::new(),
             _ => return None,
         };
@@ -318,22 +349,29 @@ impl NBody {
                 }
             }
             NBody::Response(entries) => {
-                for (index, status, t, missing) in entries {
+                for (index, status, t, missing, versions) in entries {
                     let e = ResponseEntry {
                         index: *index,
                         status: Status::from(*status),
                         tensor: t.as_ref().map(NTensor::meta),
                         missing: Missing::Native(missing),
+                        versions: versions.as_ref().map_or(Versions::default(), |(n, b, v)| {
+                            Versions::new(*n, b, v).expect("a parsed report adds up")
+                        }),
                     };
                     put(&mut out, fill, e.buffer_len(), |b| e.emit(b));
                 }
             }
             NBody::Rows { tables, .. } => {
-                for (table, t, ids) in tables {
+                for (table, t, ids, held, scale) in tables {
                     let meta = t.meta();
-                    let len = pull_rows_meta_len(t.dims.len(), ids.len());
+                    let len = pull_rows_versioned_meta_len(t.dims.len(), ids.len(), !held.is_empty());
                     put(&mut out, fill, len, |b| {
-                        emit_pull_rows_meta(*table, &meta, ids, b)
+                        if held.is_empty() {
+                            emit_rows_meta(*table, scale_of(*scale), &meta, ids, b)
+                        } else {
+                            emit_pull_rows_versioned_meta(*table, &meta, ids, held, b)
+                        }
                     });
                 }
             }
@@ -358,25 +396,35 @@ impl NBody {
 }
 
 /// Parses one frame at the start of `frame`; `None` when rejected or truncated.
-fn parse<'a>(frame: &'a [u8], limits: &Limits) -> Option<(HeaderRepr, Body<'a>, &'a [u8])> {
+fn parse<'a>(
+    frame: &'a [u8],
+    limits: &Limits,
+    features: WireFeatures,
+) -> Option<(HeaderRepr, Body<'a>, &'a [u8])> {
     let header = Header::new_checked(frame).ok()?;
     let repr = HeaderRepr::parse(&header, limits).ok()?;
     assert!(repr.frame_len() <= limits.max_frame as u64);
     let meta_end = HEADER_LEN + repr.meta_len as usize;
     let meta = frame.get(HEADER_LEN..meta_end)?;
-    let body = Body::parse(&repr, meta, limits).ok()?;
+    let body = Body::parse_with(&repr, meta, limits, features).ok()?;
     let payload = frame.get(meta_end..meta_end + repr.payload_len as usize)?;
     Some((repr, body, payload))
 }
 
 /// The frame the `Encoder` produces for these values, when it can produce it.
-fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> {
+fn encoder_frame(
+    h: &HeaderRepr,
+    nb: &NBody,
+    payload: &[u8],
+    features: WireFeatures,
+) -> Option<Vec<u8>> {
     let mut enc = Encoder::new(EncoderConfig {
         max_frame: u32::MAX,
         chunk_size: u32::MAX,
         inline_threshold: 64,
         block_size: 512,
     });
+    enc.set_features(features);
     let mut tensors: Vec<&[u8]> = Vec::new();
     // Written into request headers only.
     enc.set_request_timeout(h.timeout_ms);
@@ -400,10 +448,11 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
         } => {
             let queries: Vec<RowsQuery<'_>> = tables
                 .iter()
-                .map(|(table, t, ids)| RowsQuery {
+                .map(|(table, t, ids, held, _)| RowsQuery {
                     table: *table,
                     block: t.meta(),
                     ids,
+                    held,
                 })
                 .collect();
             enc.pull_rows(h.handle, &queries)
@@ -411,8 +460,8 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
         NBody::Push(_) | NBody::Response(_) | NBody::Rows { push: true, .. } => {
             let metas: Vec<&NTensor> = match nb {
                 NBody::Push(e) => e.iter().map(|(_, t)| t).collect(),
-                NBody::Response(e) => e.iter().filter_map(|(_, _, t, _)| t.as_ref()).collect(),
-                NBody::Rows { tables, .. } => tables.iter().map(|(_, t, _)| t).collect(),
+                NBody::Response(e) => e.iter().filter_map(|(_, _, t, _, _)| t.as_ref()).collect(),
+                NBody::Rows { tables, .. } => tables.iter().map(|(_, t, ..)| t).collect(),
                 _ => unreachable!(),
             };
             // The encoder decides chunking itself and never chunks here.
@@ -448,7 +497,7 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
                     let mut i = 0;
                     let items: Vec<ResponseItem<'_>> = e
                         .iter()
-                        .map(|(index, status, t, missing)| ResponseItem {
+                        .map(|(index, status, t, missing, versions)| ResponseItem {
                             index: *index,
                             status: Status::from(*status),
                             tensor: t.as_ref().map(|t| {
@@ -456,6 +505,9 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
                                 out(t, &tensors, i - 1)
                             }),
                             missing: Missing::Native(missing),
+                            versions: versions.as_ref().map_or(Versions::default(), |(n, b, v)| {
+                                Versions::new(*n, b, v).unwrap()
+                            }),
                         })
                         .collect();
                     enc.response(h.handle, h.end, &items)
@@ -464,12 +516,11 @@ fn encoder_frame(h: &HeaderRepr, nb: &NBody, payload: &[u8]) -> Option<Vec<u8>> 
                     let items: Vec<RowsItem<'_>> = tables
                         .iter()
                         .enumerate()
-                        .map(|(i, (table, t, ids))| RowsItem {
+                        .map(|(i, (table, t, ids, _, scale))| RowsItem {
                             table: *table,
                             ids,
                             block: out(t, &tensors, i),
-                            // Parsed without features, where the word must be zero.
-                            loss_scale: None,
+                            loss_scale: scale_of(*scale),
                         })
                         .collect();
                     enc.push_rows(h.handle, &items)
@@ -500,7 +551,16 @@ fuzz_target!(|data: &[u8]| {
     let Some((limits, input)) = limits_from(data) else {
         return;
     };
-    let Some((repr, body, payload)) = parse(input, &limits) else {
+    for features in [WireFeatures::NONE, WireFeatures::ALL] {
+        check(input, &limits, features);
+    }
+});
+
+/// The checks of the module documentation for `input` parsed on a connection with
+/// `features`.
+fn check(input: &[u8], limits: &Limits, features: WireFeatures) {
+    let limits = *limits;
+    let Some((repr, body, payload)) = parse(input, &limits, features) else {
         return;
     };
     let frame = &input[..repr.frame_len() as usize];
@@ -525,12 +585,12 @@ fuzz_target!(|data: &[u8]| {
             .collect(),
         NBody::Response(e) => e
             .iter()
-            .filter_map(|(i, _, t, _)| t.clone().map(|t| (*i, t)))
+            .filter_map(|(i, _, t, ..)| t.clone().map(|t| (*i, t)))
             .collect(),
         NBody::Rows { push: true, tables } => tables
             .iter()
             .enumerate()
-            .map(|(i, (_, t, _))| (i as u32, t.clone()))
+            .map(|(i, (_, t, ..))| (i as u32, t.clone()))
             .collect(),
         _ => Vec::new(),
     };
@@ -566,16 +626,17 @@ fuzz_target!(|data: &[u8]| {
         out == frame,
         "re-emitted frame differs:\n in  {frame:02x?}\n out {out:02x?}"
     );
-    let (repr2, body2, payload2) = parse(&out, &limits).expect("re-emitted frame rejected");
+    let (repr2, body2, payload2) =
+        parse(&out, &limits, features).expect("re-emitted frame rejected");
     assert_eq!(repr2, repr);
     assert_eq!(body2, body);
     assert_eq!(NBody::of(&body2), nb);
     assert_eq!(payload2, payload);
 
-    if let Some(enc) = encoder_frame(&repr, &nb, payload) {
+    if let Some(enc) = encoder_frame(&repr, &nb, payload, features) {
         assert!(
             enc == frame,
             "encoder frame differs:\n in  {frame:02x?}\n enc {enc:02x?}"
         );
     }
-});
+}

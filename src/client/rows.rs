@@ -64,7 +64,92 @@ impl<M: Mode> Client<M> {
         deadline: Option<Instant>,
     ) -> Result<Ticket<PullRows>, Error> {
         let spare = self.spare();
-        self.rows_pull(peer.into(), tables, None, deadline, spare)
+        self.rows_pull(peer.into(), tables, &[], None, deadline, spare)
+    }
+
+    /// Pulls rows as [`pull_rows`](Self::pull_rows) does, for a caller that holds some of
+    /// them already (a cache of rows): `held` has one entry per id, all tables' in order
+    /// (as the ids of `tables` follow each other), the version of the row the caller
+    /// holds, or 0 for none. The answer carries each row's current version
+    /// ([`PulledRows::versions`](crate::rows::PulledRows::versions)) and only the rows
+    /// whose version is not the one held: those are
+    /// [`unchanged`](crate::rows::PulledRows::unchanged) and their bytes do not travel.
+    /// Each table's [`block`](crate::rows::PulledRows::block) holds the other rows, in the
+    /// order of their positions; [`changed_rows`](crate::rows::PulledRows::changed_rows)
+    /// names their positions and
+    /// [`write_changed`](crate::rows::PulledRows::write_changed) writes them into the
+    /// caller's rows, leaving the unchanged ones as they are.
+    ///
+    /// A version is a number the PS's table gives a row each time a push changes it (and
+    /// when it creates or loads it), never twice and never again after the PS restarts,
+    /// so a held version that matches is the row as the PS has it. Rows pulled with a
+    /// version of 0 are sent; a table that keeps no versions answers every row changed,
+    /// with version 0 (unknown).
+    ///
+    /// With a peer that did not announce `row_versions` (an earlier release, or
+    /// `STARWIRE_WIRE_FEATURES` without it on either end) the call works all the same: a
+    /// plain pull goes out, and every row comes back changed, with version 0 (unknown).
+    ///
+    /// Fails at once as [`pull_rows`](Self::pull_rows) does, and when `held` does not have
+    /// one entry per id. The vectors are reused as for `pull_rows`: no allocation per call
+    /// in steady state with [`recycle`](Self::recycle).
+    pub fn pull_rows_versioned(
+        &mut self,
+        peer: impl Into<Peer>,
+        tables: &[Rows<'_>],
+        held: &[u64],
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<PullRows>, Error> {
+        let spare = self.spare();
+        self.rows_pull_versioned(peer.into(), tables, held, None, deadline, spare)
+    }
+
+    /// Like [`pull_rows_versioned`](Self::pull_rows_versioned), with each table's block (the
+    /// rows sent) in memory from `alloc`, as [`pull_rows_into`](Self::pull_rows_into).
+    pub fn pull_rows_versioned_into(
+        &mut self,
+        peer: impl Into<Peer>,
+        tables: &[Rows<'_>],
+        held: &[u64],
+        alloc: SharedAllocator,
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<PullRows>, Error> {
+        let spare = self.spare();
+        self.rows_pull_versioned(peer.into(), tables, held, Some(alloc), deadline, spare)
+    }
+
+    /// [`pull_rows_versioned`](Self::pull_rows_versioned) with the vectors of `spare`, as
+    /// [`pull_rows_with`](Self::pull_rows_with).
+    #[allow(dead_code)] // for the worker's row cache
+    pub(crate) fn pull_rows_versioned_with(
+        &mut self,
+        peer: Peer,
+        tables: &[Rows<'_>],
+        held: &[u64],
+        deadline: Option<Instant>,
+        spare: Spare,
+    ) -> Result<Ticket<PullRows>, Error> {
+        self.rows_pull_versioned(peer, tables, held, None, deadline, spare)
+    }
+
+    fn rows_pull_versioned(
+        &mut self,
+        peer: Peer,
+        tables: &[Rows<'_>],
+        held: &[u64],
+        alloc: Option<SharedAllocator>,
+        deadline: Option<Instant>,
+        spare: Spare,
+    ) -> Result<Ticket<PullRows>, Error> {
+        let ids: usize = tables.iter().map(|t| t.ids.len()).sum();
+        if held.len() != ids || held.is_empty() {
+            self.recycle_spare(spare);
+            return Err(Error::invalid(&format!(
+                "rows: {} held versions for {ids} ids (one per id)",
+                held.len()
+            )));
+        }
+        self.rows_pull(peer, tables, held, alloc, deadline, spare)
     }
 
     /// [`pull_rows`](Self::pull_rows) with the vectors of `spare` (a caller that keeps its
@@ -76,7 +161,7 @@ impl<M: Mode> Client<M> {
         deadline: Option<Instant>,
         spare: Spare,
     ) -> Result<Ticket<PullRows>, Error> {
-        self.rows_pull(peer, tables, None, deadline, spare)
+        self.rows_pull(peer, tables, &[], None, deadline, spare)
     }
 
     /// Like [`pull_rows`](Self::pull_rows), with each table's block in memory from
@@ -89,13 +174,14 @@ impl<M: Mode> Client<M> {
         deadline: Option<Instant>,
     ) -> Result<Ticket<PullRows>, Error> {
         let spare = self.spare();
-        self.rows_pull(peer.into(), tables, Some(alloc), deadline, spare)
+        self.rows_pull(peer.into(), tables, &[], Some(alloc), deadline, spare)
     }
 
     fn rows_pull(
         &mut self,
         peer: Peer,
         tables: &[Rows<'_>],
+        held: &[u64],
         alloc: Option<SharedAllocator>,
         deadline: Option<Instant>,
         mut spare: Spare,
@@ -106,7 +192,15 @@ impl<M: Mode> Client<M> {
                 "rows: no table, no ids, or an invalid dtype, wire dtype or row shape",
             ));
         };
-        let op = RequestOp::PullRows { tables, ids, alloc };
+        let mut held_v = std::mem::take(&mut spare.held);
+        held_v.clear();
+        held_v.extend_from_slice(held);
+        let op = RequestOp::PullRows {
+            tables,
+            ids,
+            alloc,
+            held: held_v,
+        };
         self.submit_with(op, peer, deadline, spare)
     }
 

@@ -360,7 +360,9 @@ settings! {
 
     /// The optional wire features this task announces in its handshake; a connection uses
     /// those both ends announce. `row_formats`: rows pulled and pushed in another float
-    /// format than their table's (f32, bf16, f16), and loss scales on rows pushes. `none`
+    /// format than their table's (f32, bf16, f16), and loss scales on rows pushes.
+    /// `row_versions`: rows pulls that name the versions the worker holds, answered with
+    /// the rows' versions and only the rows that changed. `none`
     /// announces nothing, as a task of an earlier release does; such a server refuses a
     /// handshake that announces features, and a worker then connects again announcing
     /// none (`none` spares it the refused handshake).

@@ -423,7 +423,8 @@ impl SettingType<BackendChoice> for BackendSetting {
     }
 }
 
-const FEATURES_EXPECTED: &str = "all, none, or feature names separated by commas (row_formats)";
+const FEATURES_EXPECTED: &str =
+    "all, none, or feature names separated by commas (row_formats, row_versions)";
 
 /// The optional wire features a task announces.
 pub(crate) struct FeaturesSetting;
@@ -434,7 +435,7 @@ impl SettingType<WireFeatures> for FeaturesSetting {
     }
 
     fn range_doc(&self) -> String {
-        "`all`, `none`, or names separated by commas: `row_formats`".into()
+        "`all`, `none`, or names separated by commas: `row_formats`, `row_versions`".into()
     }
 
     fn value_doc(&self, v: &WireFeatures) -> String {

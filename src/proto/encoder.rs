@@ -20,9 +20,10 @@
 //! are written between its chunks.
 
 use crate::wire::{
-    self, emit_pull_meta, emit_pull_rows_meta, emit_recv_meta, pull_meta_len, pull_rows_meta_len,
-    recv_meta_len, ChunkRepr, ErrorRepr, Header, HeaderRepr, HelloRepr, FrameKind, Missing,
-    ResponseEntry, Status, TensorMeta, HEADER_LEN,
+    self, emit_pull_meta, emit_pull_rows_meta, emit_pull_rows_versioned_meta, emit_recv_meta,
+    pull_meta_len, pull_rows_versioned_meta_len, recv_meta_len, ChunkRepr, ErrorRepr, Header,
+    HeaderRepr, HelloRepr, FrameKind, Missing, ResponseEntry, Status, TensorMeta, Versions,
+    HEADER_LEN,
 };
 use std::collections::VecDeque;
 
@@ -552,6 +553,7 @@ impl Encoder {
             status: Status::Ok,
             tensor: Some(block),
             missing: Missing::default(),
+            versions: Versions::default(),
         };
         let meta_len = entry.buffer_len();
         self.check_size(meta_len, block.byte_len)?;
@@ -597,11 +599,13 @@ impl Encoder {
         Ok(None)
     }
 
-    /// Queues a `PULL_ROWS` of `tables`.
+    /// Queues a `PULL_ROWS` of `tables`. Held versions need `ROW_VERSIONS` negotiated
+    /// ([`EncodeError::NotNegotiated`] otherwise), as many as the ids.
     pub fn pull_rows(&mut self, handle: u64, tables: &[RowsQuery<'_>]) -> Result<(), EncodeError> {
         if tables.is_empty() || tables.len() > u32::MAX as usize {
             return Err(EncodeError::BadCount);
         }
+        let versions = self.features.contains(wire::WireFeatures::ROW_VERSIONS);
         let mut len = 0;
         for t in tables {
             let block = TensorMeta {
@@ -611,7 +615,14 @@ impl Encoder {
             if !is_rows_block(&block, t.ids.len()) || block.check(&UNLIMITED).is_err() {
                 return Err(EncodeError::BadTensor);
             }
-            len += pull_rows_meta_len(block.dims.len(), t.ids.len());
+            let held = !t.held.is_empty();
+            if held && !versions {
+                return Err(EncodeError::NotNegotiated);
+            }
+            if held && t.held.len() != t.ids.len() {
+                return Err(EncodeError::BadCount);
+            }
+            len += pull_rows_versioned_meta_len(block.dims.len(), t.ids.len(), held);
         }
         let header = self.header(FrameKind::PullRows, handle, tables.len() as u32, len, 0)?;
         self.simple(header, &[], |b| {
@@ -621,8 +632,13 @@ impl Encoder {
                     chunked: false,
                     ..t.block
                 };
-                emit_pull_rows_meta(t.table, &block, t.ids, &mut b[at..]);
-                at += pull_rows_meta_len(block.dims.len(), t.ids.len());
+                let held = !t.held.is_empty();
+                if held {
+                    emit_pull_rows_versioned_meta(t.table, &block, t.ids, t.held, &mut b[at..]);
+                } else {
+                    emit_pull_rows_meta(t.table, &block, t.ids, &mut b[at..]);
+                }
+                at += pull_rows_versioned_meta_len(block.dims.len(), t.ids.len(), held);
             }
         })
     }

@@ -2,7 +2,8 @@
 //! push items, response items and rows tables, each able to write its meta entry.
 
 use crate::wire::{
-    emit_rows_meta, pull_rows_meta_len, LossScale, Missing, PushEntry, ResponseEntry, Status, TensorMeta,
+    emit_rows_meta, pull_rows_meta_len, LossScale, Missing, PushEntry, ResponseEntry, Status,
+    TensorMeta, Versions,
 };
 
 /// A tensor to send.
@@ -69,6 +70,9 @@ pub struct ResponseItem<'a> {
     pub tensor: Option<OutTensor<'a>>,
     /// For a rows pull: the positions of the rows not found.
     pub missing: Missing<'a>,
+    /// For a rows pull that carried held versions: the rows' versions and the positions
+    /// answered unchanged (the block holds the other rows only).
+    pub versions: Versions<'a>,
 }
 
 /// One table of a `PULL_ROWS`: the block asked for (`[ids, row...]`) and the ids.
@@ -80,6 +84,9 @@ pub struct RowsQuery<'a> {
     pub block: TensorMeta<'a>,
     /// The row ids.
     pub ids: &'a [u64],
+    /// The version of each id the requester holds (0: none), as many as the ids; empty:
+    /// the section carries none (only on a connection that negotiated `ROW_VERSIONS`).
+    pub held: &'a [u64],
 }
 
 /// One table of a `PUSH_ROWS`: the ids and their gradient rows as one block.
@@ -122,7 +129,9 @@ impl<'a> TensorItem<'a> for ResponseItem<'a> {
         self.tensor.as_ref()
     }
     fn meta_len(&self) -> usize {
-        8 + self.tensor.map_or(0, |t| t.meta.buffer_len()) + self.missing.buffer_len()
+        8 + self.tensor.map_or(0, |t| t.meta.buffer_len())
+            + self.missing.buffer_len()
+            + self.versions.buffer_len()
     }
     fn emit(&self, buf: &mut [u8], chunked: bool) {
         let tensor = self.tensor.map(|t| TensorMeta { chunked, ..t.meta });
@@ -131,6 +140,7 @@ impl<'a> TensorItem<'a> for ResponseItem<'a> {
             status: self.status,
             tensor,
             missing: self.missing,
+            versions: self.versions,
         }
         .emit(buf);
     }

@@ -138,18 +138,21 @@ fn sample_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
         true,
         &[
             ResponseItem {
+                versions: Default::default(),
                 index: 1,
                 status: Status::Ok,
                 tensor: Some(t_big),
                 missing: crate::wire::Missing::default(),
             },
             ResponseItem {
+                versions: Default::default(),
                 index: 0,
                 status: Status::NotFound,
                 tensor: None,
                 missing: crate::wire::Missing::default(),
             },
             ResponseItem {
+                versions: Default::default(),
                 index: 2,
                 status: Status::Ok,
                 tensor: Some(OutTensor {
@@ -298,6 +301,7 @@ fn large_tensor_is_chunked_and_small_frames_interleave() {
         0x1_0000_0001,
         true,
         &[ResponseItem {
+            versions: Default::default(),
             index: 0,
             status: Status::Ok,
             tensor: Some(t),
@@ -852,11 +856,13 @@ fn rows_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
     let meta_b = TensorMeta::new(DType::F32, &dims_b).unwrap();
     let queries = [
         RowsQuery {
+            held: &[],
             table: 7,
             block: meta_a,
             ids: &a,
         },
         RowsQuery {
+            held: &[],
             table: 9,
             block: meta_b,
             ids: &b,
@@ -910,6 +916,7 @@ fn rows_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
         0x1_0000_0001,
         false,
         &[ResponseItem {
+            versions: Default::default(),
             index: 0,
             status,
             tensor: Some(OutTensor {
@@ -928,6 +935,7 @@ fn rows_stream() -> (Vec<u8>, HashMap<u64, Vec<u8>>) {
         0x1_0000_0001,
         true,
         &[ResponseItem {
+            versions: Default::default(),
             index: 1,
             status: Status::Ok,
             tensor: Some(OutTensor {

@@ -49,6 +49,7 @@ mod rows;
 mod server;
 mod spec;
 mod timer;
+mod versioned;
 mod violation;
 
 #[cfg(test)]

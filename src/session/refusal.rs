@@ -124,6 +124,7 @@ pub(crate) fn answer_statuses(
             .enumerate()
             .filter(|(index, _)| !refusals.iter().any(|r| r.index as usize == *index))
             .map(|(index, &status)| ResponseItem {
+                versions: Default::default(),
                 index: index as u32,
                 status,
                 tensor: None,
@@ -182,6 +183,7 @@ pub(crate) fn send_refusals(enc: &mut Encoder, handle: u64, refusals: &[Refusal]
         .iter()
         .filter(|r| r.status != first.status)
         .map(|r| ResponseItem {
+            versions: Default::default(),
             index: r.index,
             status: r.status,
             tensor: None,

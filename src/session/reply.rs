@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::tensor::{Tensor, TensorMemory};
-use crate::wire::Status;
+use crate::wire::{Status, Versions};
 
 use super::spec::RowsSpec;
 
@@ -86,6 +86,9 @@ pub struct PulledRows {
     pub(crate) spans: Vec<(u32, u32)>,
     /// What the PS said about the tables it refused, if it said anything.
     pub(crate) refusal: Option<Arc<str>>,
+    /// The rows' versions, for a pull that held some (see
+    /// [`versions`](PulledRows::versions)).
+    pub(crate) versions: RowVersions,
 }
 
 impl PulledRows {
@@ -108,7 +111,10 @@ impl PulledRows {
         self.blocks.is_empty()
     }
 
-    /// Table `t`'s block (`[ids, row...]`, rows in request order), or why there is none.
+    /// Table `t`'s block (`[ids, row...]`, rows in request order; for a
+    /// [versioned pull](crate::Client::pull_rows_versioned), `[rows sent, row...]`, the rows
+    /// not [`unchanged`](Self::unchanged) in the order of their positions), or why there is
+    /// none.
     /// Its dtype is the one the rows travelled as: the request's
     /// [`wire`](crate::rows::Rows::wire) dtype, or the rows' own when the PS did not
     /// announce `row_formats` ([`read_f32`](Self::read_f32) reads either as f32).
@@ -128,11 +134,15 @@ impl PulledRows {
         }
     }
 
-    /// Row `i` of table `t`'s block; `None` when the table failed or `i` is out of range.
+    /// Row `i` of table `t`'s block (for a versioned pull, the `i`-th row sent: see
+    /// [`changed_rows`](Self::changed_rows)); `None` when the table failed or `i` is out of
+    /// range.
     pub fn row(&self, t: usize, i: usize) -> Option<&[u8]> {
         let b = self.block(t).ok()?;
-        let n = *b.dims().first()? as usize;
-        let row = b.byte_len() / n;
+        let row = row_bytes_of(b);
+        if i >= *b.dims().first()? as usize {
+            return None;
+        }
         b.bytes().get(i * row..(i + 1) * row)
     }
 
@@ -151,6 +161,147 @@ impl PulledRows {
         match self.spans.get(t) {
             Some(&(start, len)) => &self.missing[start as usize..(start + len) as usize],
             None => &[],
+        }
+    }
+
+    /// For a [versioned pull](crate::Client::pull_rows_versioned): the version of each row
+    /// of table `t`, in the order of its ids — the one held for the rows that came
+    /// [`unchanged`](Self::unchanged), 0 for a missing row and for every row of a table or a
+    /// peer that keeps or speaks no versions (unknown: hold such rows as version 0, so the
+    /// next pull asks for them again). Empty for a plain pull.
+    pub fn versions(&self, t: usize) -> &[u64] {
+        match self.versions.spans.get(t) {
+            Some(&(start, len)) => &self.versions.versions[start as usize..(start + len) as usize],
+            None => &[],
+        }
+    }
+
+    /// Whether row `i` of table `t` came unchanged: its version is the one the pull held,
+    /// and its bytes were not sent (the block leaves it out). Never for a plain pull.
+    pub fn unchanged(&self, t: usize, i: usize) -> bool {
+        self.versions
+            .spans
+            .get(t)
+            .filter(|&&(_, len)| i < len as usize)
+            .is_some_and(|&(start, _)| self.versions.unchanged[start as usize + i])
+    }
+
+    /// How many rows of table `t` came unchanged.
+    pub fn unchanged_count(&self, t: usize) -> usize {
+        match self.versions.spans.get(t) {
+            Some(&(start, len)) => self.versions.unchanged[start as usize..(start + len) as usize]
+                .iter()
+                .filter(|&&u| u)
+                .count(),
+            None => 0,
+        }
+    }
+
+    /// The rows of table `t` that were sent, with their positions in the table's ids:
+    /// every row for a plain pull, the rows not [`unchanged`](Self::unchanged) for a
+    /// versioned one (missing rows included, as zeros); in position order. Empty when the
+    /// table failed.
+    pub fn changed_rows(&self, t: usize) -> impl Iterator<Item = (usize, &[u8])> + '_ {
+        let block = self.block(t).ok();
+        let row = block.map_or(0, row_bytes_of);
+        let n = match self.versions.spans.get(t) {
+            Some(&(_, len)) => len as usize,
+            None => block
+                .and_then(|b| b.dims().first())
+                .map_or(0, |&n| n as usize),
+        };
+        let bytes = block.map_or(&[][..], |b| b.bytes());
+        (0..n)
+            .filter(move |&i| !self.unchanged(t, i))
+            .zip(bytes.chunks_exact(row.max(1)))
+            .filter(move |_| row > 0)
+    }
+
+    /// Writes the rows of table `t` that were sent (see [`changed_rows`](Self::changed_rows))
+    /// into `dest`, the table's rows in the order of its ids (`ids × row bytes` of the
+    /// block's dtype, the same layout as a block), each at its position; the rows that came
+    /// unchanged are left as they are, so `dest` can be the caller's copy of the rows
+    /// (a cache's). Returns the rows written. `Err` with the table's status when it failed,
+    /// [`Status::InvalidArgument`] for a `dest` of another length.
+    pub fn write_changed(&self, t: usize, dest: &mut [u8]) -> Result<usize, Status> {
+        let block = self.block(t)?;
+        let row = row_bytes_of(block);
+        let n = match self.versions.spans.get(t) {
+            Some(&(_, len)) => len as usize,
+            None => block.dims().first().map_or(0, |&n| n as usize),
+        };
+        if n.checked_mul(row) != Some(dest.len()) {
+            return Err(Status::InvalidArgument);
+        }
+        let mut written = 0;
+        for (i, bytes) in self.changed_rows(t) {
+            dest[i * row..(i + 1) * row].copy_from_slice(bytes);
+            written += 1;
+        }
+        Ok(written)
+    }
+}
+
+/// Bytes of one row of a rows block (`[rows, row...]`), whatever its row count (0 too).
+fn row_bytes_of(block: &Tensor) -> usize {
+    let elem = block.dtype().size().unwrap_or(0) as usize;
+    block
+        .dims()
+        .iter()
+        .skip(1)
+        .fold(elem, |acc, &d| acc.saturating_mul(d as usize))
+}
+
+/// The row versions of a rows pull's answer, all tables' in the order of the ids, reused
+/// from answer to answer.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct RowVersions {
+    /// The versions the request held, then each id's version.
+    pub(crate) held: Vec<u64>,
+    pub(crate) versions: Vec<u64>,
+    /// Whether each id came unchanged (its bytes not sent).
+    pub(crate) unchanged: Vec<bool>,
+    /// Per table: where its ids are in the vectors, and how many (0: no versions).
+    pub(crate) spans: Vec<(u32, u32)>,
+}
+
+impl RowVersions {
+    /// The vectors, emptied, for `tables`: with `held` (as many as their ids), one entry
+    /// per id, every version 0 and none unchanged until the answer says otherwise.
+    pub(crate) fn reset(&mut self, tables: &[RowsSpec], held: &[u64]) {
+        self.held.clear();
+        self.versions.clear();
+        self.unchanged.clear();
+        self.spans.clear();
+        if held.is_empty() {
+            return;
+        }
+        self.held.extend_from_slice(held);
+        self.versions.resize(held.len(), 0);
+        self.unchanged.resize(held.len(), false);
+        let mut at = 0u32;
+        for t in tables {
+            self.spans.push((at, t.len() as u32));
+            at += t.len() as u32;
+        }
+    }
+
+    /// Takes table `index`'s report: the versions sent, and the held ones of the rows
+    /// that came unchanged.
+    pub(crate) fn take(&mut self, index: usize, report: &Versions<'_>) {
+        let Some(&(start, len)) = self.spans.get(index) else {
+            return;
+        };
+        let mut k = 0;
+        for i in 0..len as usize {
+            let at = start as usize + i;
+            if report.is_unchanged(i) {
+                self.versions[at] = self.held[at];
+                self.unchanged[at] = true;
+            } else {
+                self.versions[at] = report.sent_version(k).unwrap_or(0);
+                k += 1;
+            }
         }
     }
 }
@@ -178,6 +329,10 @@ pub(crate) struct Spare {
     pub spans: Vec<(u32, u32)>,
     /// A rows pull's expected blocks, while its answer is assembled.
     pub expected: Vec<RowsSpec>,
+    /// A versioned rows pull's held versions, back once encoded.
+    pub held: Vec<u64>,
+    /// A versioned rows pull's answer's versions.
+    pub versions: RowVersions,
     /// The memory of blocks of recycled rows answers, for the next ones (at most
     /// [`MEMORY_KEPT`]).
     pub memory: Vec<Box<dyn TensorMemory>>,
@@ -250,7 +405,9 @@ impl Spare {
                     mut missing,
                     mut spans,
                     refusal: _,
+                    versions,
                 } = rows;
+                self.versions = versions;
                 if self.runtime_memory {
                     keep_memory(&mut blocks, &mut self.memory);
                 }

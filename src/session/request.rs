@@ -26,11 +26,14 @@ pub(crate) enum RequestOp {
     /// Rendezvous keys of a step (one key: `RECV`; more: `FUSED_RECV`).
     Recv { step: u64, keys: Vec<Vec<u8>> },
     /// Rows of tables, all tables' ids in one vector in table order; blocks get memory from
-    /// `alloc` (or the runtime's).
+    /// `alloc` (or the runtime's). `held`: empty, or the version of each id the submitter
+    /// holds (0: none), in the order of `ids`: the answer then carries the rows' versions
+    /// and leaves out the rows whose version is the one held (`ROW_VERSIONS`).
     PullRows {
         tables: Vec<RowsSpec>,
         ids: Vec<u64>,
         alloc: Option<SharedAllocator>,
+        held: Vec<u64>,
     },
     /// Gradient rows of tables: ids as for a pull; the blocks either one after the other
     /// in `grads` (copied), or, when `shared` is not empty, one shared tensor per table
@@ -147,6 +150,18 @@ impl RequestOp {
         changed
     }
 
+    /// For a peer without `ROW_VERSIONS`: a rows pull goes without the versions held.
+    /// Whether it carried any.
+    pub(crate) fn drop_held(&mut self) -> bool {
+        match self {
+            RequestOp::PullRows { held, .. } if !held.is_empty() => {
+                held.clear();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Gives the vectors of an encoded request back to `spare`, emptied, for its submitter's
     /// next requests (a rows push's shared blocks are held by the connection until written).
     pub(crate) fn recycle_into(self, spare: &mut Spare) {
@@ -162,11 +177,13 @@ impl RequestOp {
             RequestOp::PullRows {
                 mut tables,
                 mut ids,
+                mut held,
                 ..
             } => {
                 tables.clear();
                 ids.clear();
-                (spare.tables, spare.ids) = (tables, ids);
+                held.clear();
+                (spare.tables, spare.ids, spare.held) = (tables, ids, held);
             }
             RequestOp::PushRows {
                 mut tables,

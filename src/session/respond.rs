@@ -23,6 +23,7 @@ pub(crate) fn out_tensor(t: &Tensor, token: u64) -> OutTensor<'_> {
 /// An item of an answer with `status` and no tensor.
 pub(crate) fn status_item(index: u32, status: Status) -> ResponseItem<'static> {
     ResponseItem {
+        versions: Default::default(),
         index,
         status,
         tensor: None,
@@ -67,12 +68,14 @@ pub(crate) fn answer_by_reference<'a>(
     out.extend(items.zip(tokens.iter()).enumerate().map(
         |(index, ((status, t, missing), token))| match (t, token) {
             (Some(t), Some(token)) => ResponseItem {
+                versions: Default::default(),
                 index: index as u32,
                 status: Status::Ok,
                 tensor: Some(out_tensor(t, *token)),
                 missing: Missing::Native(missing),
             },
             _ => ResponseItem {
+                versions: Default::default(),
                 index: index as u32,
                 status: if status.is_ok() {
                     Status::Internal
@@ -119,6 +122,7 @@ pub(crate) fn answer_push(
             .iter()
             .enumerate()
             .map(|(index, &status)| ResponseItem {
+                versions: Default::default(),
                 index: index as u32,
                 status,
                 tensor: None,
@@ -156,7 +160,10 @@ pub(crate) fn send_items(
         let mut size = 0;
         while stop < items.len() && stop - start < most {
             let item = &items[stop];
-            let len = 8 + item.tensor.map_or(0, |t| t.meta.buffer_len()) + 4 * item.missing.len();
+            let len = 8
+                + item.tensor.map_or(0, |t| t.meta.buffer_len())
+                + 4 * item.missing.len()
+                + item.versions.buffer_len();
             if stop > start && size + len > budget {
                 break;
             }
@@ -181,15 +188,29 @@ pub(crate) fn send_items(
 /// size, and the report's length and room in a frame (4.1, 4.5, 6).
 #[inline]
 pub(crate) fn fits_peer(meta: &TensorMeta<'_>, missing: usize, peer: &Limits) -> bool {
+    fits_peer_with(meta, missing, 0, 0, peer)
+}
+
+/// [`fits_peer`] for an item that also carries a row-versions report of `versions_len`
+/// bytes over `rows` positions (4.9), which must fit beside the rest and list at most the
+/// peer's `max_rows` positions.
+pub(crate) fn fits_peer_with(
+    meta: &TensorMeta<'_>,
+    missing: usize,
+    versions_len: u64,
+    rows: usize,
+    peer: &Limits,
+) -> bool {
     let report = if missing > 0 {
         4 + 4 * missing as u64
     } else {
         0
     };
-    let head = (HEADER_LEN + 8 + meta.buffer_len()) as u64 + report;
+    let head = (HEADER_LEN + 8 + meta.buffer_len()) as u64 + report + versions_len;
     meta.dims.len() <= peer.max_rank as usize
         && meta.byte_len <= peer.max_tensor_bytes
         && missing <= peer.max_rows as usize
+        && rows <= peer.max_rows as usize
         && head <= u64::from(peer.max_frame)
 }
 
@@ -228,6 +249,7 @@ mod tests {
     fn recast_keeps_the_allocation_of_borrowing_items() {
         let mut v: Vec<ResponseItem<'static>> = Vec::with_capacity(100);
         v.push(ResponseItem {
+            versions: Default::default(),
             index: 1,
             status: Status::Ok,
             tensor: None,
@@ -239,6 +261,7 @@ mod tests {
         assert!(w.is_empty());
         assert_eq!((w.as_ptr() as usize, w.capacity()), (ptr, 100));
         w.push(ResponseItem {
+            versions: Default::default(),
             index: 0,
             status: Status::Ok,
             tensor: Some(crate::proto::OutTensor {

@@ -22,9 +22,10 @@ use super::assemble::Tensors;
 use super::budget::{ConnBudget, Reservation};
 use super::push::RowIds;
 use super::refusal::{refusal, send_refusals, Refusal, Verb};
-use super::reply::{PulledRows, Spare};
+use super::reply::{PulledRows, RowVersions, Spare};
 use super::respond::{answer_by_reference, fits_peer, recast, release_unsent, send_items};
 use super::spec::RowsSpec;
+use super::versioned::{serve_versioned, Served, VersionsScratch};
 use super::violation::Violation;
 
 // ----- the client: encoding requests, assembling answers -----
@@ -39,12 +40,13 @@ pub(crate) struct RowsEncodeScratch {
     converted: Vec<u8>,
 }
 
-/// Queues a `PULL_ROWS`.
+/// Queues a `PULL_ROWS`, with the versions held of its ids when `held` is not empty.
 pub(crate) fn encode_pull(
     enc: &mut Encoder,
     handle: u64,
     tables: &[RowsSpec],
     ids: &[u64],
+    held: &[u64],
     scratch: &mut RowsEncodeScratch,
 ) -> Result<(), EncodeError> {
     let mut queries: Vec<RowsQuery<'_>> = recast(std::mem::take(&mut scratch.queries));
@@ -54,6 +56,7 @@ pub(crate) fn encode_pull(
             table: t.table,
             block: t.meta(),
             ids: &ids[at..at + t.len()],
+            held: held.get(at..at + t.len()).unwrap_or_default(),
         });
         at += t.len();
     }
@@ -220,13 +223,35 @@ pub(crate) struct RowsReply {
     spans: Vec<(u32, u32)>,
     /// What the PS said of the tables it refused.
     refusal: Option<Arc<str>>,
+    /// Row versions: what the request asked for, the versions it held (all tables', in
+    /// the order of the ids) and, per id, its version and whether it came unchanged.
+    versioning: Versioning,
+    versions: RowVersions,
+}
+
+/// Whether a rows pull's answer carries row versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Versioning {
+    /// A plain pull.
+    Plain,
+    /// The pull carried held versions: every block comes with its versions report.
+    Asked,
+    /// The pull would have, but the peer did not announce `ROW_VERSIONS`: every row comes
+    /// as changed, of version 0 (unknown).
+    Unknown,
 }
 
 impl RowsReply {
-    /// The answer to a pull of `tables`, in `spare`'s vectors; with `reuse` (the request
-    /// uses the runtime's allocator), its blocks land in the memory `spare` kept from
-    /// earlier answers when it fits.
-    pub(crate) fn new(tables: &[RowsSpec], spare: &mut Spare, reuse: bool) -> RowsReply {
+    /// The answer to a pull of `tables` (with `held`, the versions held of their ids, or
+    /// none), in `spare`'s vectors; with `reuse` (the request uses the runtime's
+    /// allocator), its blocks land in the memory `spare` kept from earlier answers when it
+    /// fits.
+    pub(crate) fn new(
+        tables: &[RowsSpec],
+        held: &[u64],
+        spare: &mut Spare,
+        reuse: bool,
+    ) -> RowsReply {
         spare.runtime_memory = reuse;
         let blocks = Tensors::new(tables.len(), spare, reuse);
         let mut expected = std::mem::take(&mut spare.expected);
@@ -237,12 +262,28 @@ impl RowsReply {
         let mut spans = std::mem::take(&mut spare.spans);
         spans.clear();
         spans.resize(tables.len(), (0, 0));
+        let mut versions = std::mem::take(&mut spare.versions);
+        versions.reset(tables, held);
         RowsReply {
             blocks,
             expected,
             missing,
             spans,
             refusal: None,
+            versioning: if held.is_empty() {
+                Versioning::Plain
+            } else {
+                Versioning::Asked
+            },
+            versions,
+        }
+    }
+
+    /// The peer did not negotiate `ROW_VERSIONS`: the pull goes without the versions held
+    /// and every row comes as changed, of version 0.
+    pub(crate) fn unversioned(&mut self) {
+        if self.versioning == Versioning::Asked {
+            self.versioning = Versioning::Unknown;
         }
     }
 
@@ -259,10 +300,35 @@ impl RowsReply {
             let index = entry.index;
             self.blocks.answer(handle, index)?;
             let spec = &self.expected[index as usize];
+            let asked = self.versioning == Versioning::Asked;
             if let Some(meta) = &entry.tensor {
                 let want = spec.meta();
-                if meta.dtype != want.dtype || meta.dims != want.dims {
+                let report = &entry.versions;
+                let why = match (asked, report.is_empty()) {
+                    (true, true) => Some("no row versions, which the request asked for"),
+                    (false, false) => Some("row versions the request did not ask for"),
+                    (true, false) if report.rows() != spec.len() => {
+                        Some("row versions of another row count than the request's")
+                    }
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    return Err(Violation::BadItem { handle, index, why });
+                }
+                // With versions, the block holds the rows not unchanged.
+                let rows = if asked {
+                    report.sent() as u64
+                } else {
+                    want.dims.get(0).unwrap_or(0)
+                };
+                let shape_ok = meta.dims.len() == want.dims.len()
+                    && meta.dims.get(0) == Some(rows)
+                    && meta.dims.iter().skip(1).eq(want.dims.iter().skip(1));
+                if meta.dtype != want.dtype || !shape_ok {
                     return Err(Violation::RowsShape { handle, index });
+                }
+                if asked {
+                    self.versions.take(index as usize, report);
                 }
             }
             self.spans[index as usize] = (self.missing.len() as u32, entry.missing.len() as u32);
@@ -315,6 +381,7 @@ impl RowsReply {
             missing: self.missing,
             spans: self.spans,
             refusal: self.refusal,
+            versions: self.versions,
         }
     }
 }
@@ -331,6 +398,8 @@ pub(crate) struct RowsScratch {
     refusals: Vec<Refusal>,
     /// Rows in their table's dtype, on their way to or from another one.
     pub(crate) wide: Vec<u8>,
+    /// For the tables whose requester holds versions of their rows.
+    versions: VersionsScratch,
 }
 
 /// Bytes of room each vector of a [`RowsScratch`] keeps between requests: a pull of more
@@ -349,6 +418,7 @@ impl RowsScratch {
         self.block.shrink_to(SCRATCH_KEPT);
         self.missing.shrink_to(SCRATCH_KEPT / 4);
         self.ids.shrink_to(SCRATCH_KEPT / 8);
+        self.versions.trim();
     }
 }
 
@@ -390,6 +460,24 @@ pub(crate) fn serve_pull(
             continue;
         }
         let end = refusals.is_empty() && Some(index) == last;
+        if t.has_held() {
+            let (s, index) = (&mut scratch.versions, index as u32);
+            match serve_versioned(
+                service,
+                &t,
+                enc,
+                out_tensors,
+                handle,
+                end,
+                index,
+                s,
+                budget,
+                held,
+            ) {
+                Served::Answered => continue,
+                Served::Failed => break,
+            }
+        }
         let (status, mut token) = pull_table(
             service,
             &t,
@@ -438,6 +526,7 @@ pub(crate) fn serve_pull(
             }),
         };
         let item = ResponseItem {
+            versions: Default::default(),
             index: index as u32,
             status,
             tensor,

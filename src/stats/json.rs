@@ -90,7 +90,7 @@ fn table(out: &mut String, id: u32, m: &TableMetrics) {
         out,
         "{{\"table\":{id},\"rows\":{},\"data_bytes\":{},\"memory_bytes\":{},\
          \"committed_bytes\":{},\"index_capacity\":{},\"pulls\":{},\"pushes\":{},\
-         \"pulled_rows\":{},\"missing\":{},\"pushed_rows\":{},\"dropped_pushes\":{},\
+         \"pulled_rows\":{},\"missing\":{},\"unchanged_rows\":{},\"pushed_rows\":{},\"dropped_pushes\":{},\
          \"created\":{},\"loaded\":{},\"not_admitted\":{},\"refused\":{},\
          \"evicted_untouched\":{},\"evicted_over_cap\":{},\"index_builds\":{},\"clock\":{},\
          \"hot_sample_every\":{},\"hot\":[",
@@ -103,6 +103,7 @@ fn table(out: &mut String, id: u32, m: &TableMetrics) {
         m.pushes,
         m.pulled_rows,
         m.missing,
+        m.unchanged_rows,
         m.pushed_rows,
         m.dropped_pushes,
         m.created,

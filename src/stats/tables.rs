@@ -41,6 +41,9 @@ pub struct TableMetrics {
     pub pulled_rows: u64,
     /// Rows pulled that the table does not have (answered missing).
     pub missing: u64,
+    /// Rows pulled whose version was the one the requester held: answered unchanged, their
+    /// bytes not sent (row versions; the rows sent are `pulled_rows - unchanged_rows`).
+    pub unchanged_rows: u64,
     /// Rows pushed (applied or dropped).
     pub pushed_rows: u64,
     /// Pushed rows dropped because their row does not exist and was not created (not

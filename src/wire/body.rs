@@ -8,7 +8,7 @@ use super::bytes::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use super::error::truncated_meta;
 use super::header::CHUNK_META_LEN;
 use super::features::WireFeatures;
-use super::rows::{Missing, RowsTables, ENTRY_HAS_MISSING};
+use super::rows::{Missing, RowsTables, Versions, ENTRY_HAS_MISSING, ENTRY_HAS_VERSIONS};
 use super::tensor::TensorMeta;
 use super::{Error, HeaderRepr, FrameKind, Limits, Result, Status};
 
@@ -72,7 +72,8 @@ impl<'a> Body<'a> {
 
     /// [`parse`](Self::parse) on a connection that negotiated `features` (4.1): what they
     /// add to the format is accepted (with [`WireFeatures::ROW_FORMATS`], the `loss_scale`
-    /// of a rows table, 4.9).
+    /// of a rows table; with [`WireFeatures::ROW_VERSIONS`], a rows pull's held versions and
+    /// an answer's versions report; 4.9).
     pub fn parse_with(
         header: &HeaderRepr,
         meta: &'a [u8],
@@ -99,7 +100,8 @@ impl<'a> Body<'a> {
                 Body::Push(entries)
             }
             FrameKind::Response => {
-                let (entries, payload) = ResponseEntries::parse(meta, header.count, limits)?;
+                let (entries, payload) =
+                    ResponseEntries::parse(meta, header.count, limits, features)?;
                 check_payload(header, payload)?;
                 Body::Response(entries)
             }
@@ -518,6 +520,9 @@ pub struct ResponseEntry<'a> {
     pub tensor: Option<TensorMeta<'a>>,
     /// For a rows pull: the rows not found (empty when all were). Only with a tensor.
     pub missing: Missing<'a>,
+    /// For a rows pull that carried held versions: the rows' versions and the positions
+    /// answered unchanged (empty otherwise). Only with a tensor.
+    pub versions: Versions<'a>,
 }
 
 impl ResponseEntry<'_> {
@@ -525,6 +530,7 @@ impl ResponseEntry<'_> {
     pub fn buffer_len(&self) -> usize {
         RESPONSE_ENTRY_FIXED_LEN
             + self.tensor.map_or(0, |t| t.buffer_len())
+            + self.versions.buffer_len()
             + self.missing.buffer_len()
     }
 
@@ -539,12 +545,17 @@ impl ResponseEntry<'_> {
         if !self.missing.is_empty() {
             flags |= ENTRY_HAS_MISSING;
         }
+        if !self.versions.is_empty() {
+            flags |= ENTRY_HAS_VERSIONS;
+        }
         put_u16(buf, 6, flags);
         let mut at = RESPONSE_ENTRY_FIXED_LEN;
         if let Some(t) = self.tensor {
             t.emit(&mut buf[at..]);
             at += t.buffer_len();
         }
+        self.versions.emit(&mut buf[at..]);
+        at += self.versions.buffer_len();
         self.missing.emit(&mut buf[at..]);
     }
 }
@@ -557,8 +568,17 @@ pub struct ResponseEntries<'a> {
 }
 
 impl<'a> ResponseEntries<'a> {
-    fn parse(meta: &'a [u8], count: u32, limits: &Limits) -> Result<(Self, u64)> {
+    fn parse(
+        meta: &'a [u8],
+        count: u32,
+        limits: &Limits,
+        features: WireFeatures,
+    ) -> Result<(Self, u64)> {
         let (mut at, mut inline) = (0usize, 0u64);
+        let mut known = ENTRY_HAS_TENSOR | ENTRY_HAS_MISSING;
+        if features.contains(WireFeatures::ROW_VERSIONS) {
+            known |= ENTRY_HAS_VERSIONS;
+        }
         for _ in 0..count {
             let rest = meta.get(at..).ok_or(Error::BadMetaLen)?;
             if rest.len() < RESPONSE_ENTRY_FIXED_LEN {
@@ -566,7 +586,7 @@ impl<'a> ResponseEntries<'a> {
             }
             let status = Status::from(get_u16(rest, 4));
             let flags = get_u16(rest, 6);
-            if flags & !(ENTRY_HAS_TENSOR | ENTRY_HAS_MISSING) != 0 {
+            if flags & !known != 0 {
                 return Err(Error::BadFlags);
             }
             at += RESPONSE_ENTRY_FIXED_LEN;
@@ -578,13 +598,32 @@ impl<'a> ResponseEntries<'a> {
                     .map_err(truncated_meta)?;
                 note_tensor(&tensor, &mut inline)?;
                 at += len;
-                if flags & ENTRY_HAS_MISSING != 0 {
-                    let rows = tensor.dims.get(0).ok_or(Error::BadMissing)?;
-                    let (_, len) = Missing::parse(&meta[at..], rows, limits)?;
+                let block_rows = tensor.dims.get(0);
+                let mut versions = Versions::default();
+                if flags & ENTRY_HAS_VERSIONS != 0 {
+                    let rows = block_rows.ok_or(Error::BadVersions)?;
+                    let (v, len) = Versions::parse(&meta[at..], rows, limits)?;
+                    versions = v;
                     at += len;
                 }
-            } else if flags & ENTRY_HAS_MISSING != 0 {
-                return Err(Error::BadMissing);
+                if flags & ENTRY_HAS_MISSING != 0 {
+                    // Positions in the request's rows: with versions, all of them.
+                    let rows = match versions.is_empty() {
+                        true => block_rows.ok_or(Error::BadMissing)?,
+                        false => versions.rows() as u64,
+                    };
+                    let (missing, len) = Missing::parse(&meta[at..], rows, limits)?;
+                    if !versions.is_empty() && !missing_rows_unversioned(&versions, &missing) {
+                        return Err(Error::BadVersions);
+                    }
+                    at += len;
+                }
+            } else if flags & (ENTRY_HAS_MISSING | ENTRY_HAS_VERSIONS) != 0 {
+                return Err(if flags & ENTRY_HAS_MISSING != 0 {
+                    Error::BadMissing
+                } else {
+                    Error::BadVersions
+                });
             }
         }
         if at != meta.len() {
@@ -617,6 +656,12 @@ impl<'a> Iterator for ResponseEntries<'a> {
         } else {
             None
         };
+        let mut versions = Versions::default();
+        if flags & ENTRY_HAS_VERSIONS != 0 {
+            let (v, l) = Versions::parse_validated(self.bytes.get(len..)?)?;
+            versions = v;
+            len += l;
+        }
         let mut missing = Missing::default();
         if flags & ENTRY_HAS_MISSING != 0 {
             let (m, l) = Missing::parse_validated(self.bytes.get(len..)?)?;
@@ -630,12 +675,37 @@ impl<'a> Iterator for ResponseEntries<'a> {
             status,
             tensor,
             missing,
+            versions,
         })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         (self.remaining as usize, Some(self.remaining as usize))
     }
+}
+
+/// Whether every missing position of a versioned answer is sent (not unchanged) with
+/// version 0: one pass over the bitmap and the (increasing) positions.
+fn missing_rows_unversioned(versions: &Versions<'_>, missing: &Missing<'_>) -> bool {
+    let bitmap = versions.unchanged_bitmap();
+    // Unchanged positions before byte `byte` of the bitmap, counted as the bytes pass.
+    let (mut byte, mut unchanged_before) = (0usize, 0usize);
+    for p in missing.iter() {
+        let p = p as usize;
+        while byte < p / 8 {
+            unchanged_before += bitmap[byte].count_ones() as usize;
+            byte += 1;
+        }
+        let low = bitmap[p / 8] & ((1u8 << (p % 8)) - 1);
+        if versions.is_unchanged(p) {
+            return false;
+        }
+        let k = p - unchanged_before - low.count_ones() as usize;
+        if versions.sent_version(k) != Some(0) {
+            return false;
+        }
+    }
+    true
 }
 
 /// A tensor declared by a `PUSH` or `RESPONSE`, with the item index it belongs to.

@@ -71,6 +71,11 @@ pub enum Error {
     /// A rows table's `loss_scale` that is not 0 or a scale from 2^-126 to 2^126, or one
     /// on a `PULL_ROWS`.
     BadLossScale,
+    /// A rows pull's flags word with an undefined bit, or a row-versions report that does
+    /// not add up: a row count of 0 or above `max_rows`, bitmap bits
+    /// past the rows, a block whose rows are not the rows left out of the bitmap, or a
+    /// missing row reported unchanged or with a version (`docs/wire-format.md` 4.9).
+    BadVersions,
 }
 
 impl Error {
@@ -116,6 +121,7 @@ impl fmt::Display for Error {
             Error::RowTooLarge => f.write_str("row bytes over max_row_bytes"),
             Error::BadMissing => f.write_str("invalid missing-rows report"),
             Error::BadLossScale => f.write_str("invalid loss scale in a rows table"),
+            Error::BadVersions => f.write_str("invalid row versions"),
         }
     }
 }

@@ -15,11 +15,17 @@ impl WireFeatures {
     /// Bit 0: rows in another float format than their table's, and a loss scale on rows
     /// pushes (4.9).
     pub const ROW_FORMATS: WireFeatures = WireFeatures(1);
+    /// Bit 1: a rows pull names the version of each row the requester holds, and the
+    /// answer carries the rows' versions and leaves out the rows that did not change (4.9).
+    pub const ROW_VERSIONS: WireFeatures = WireFeatures(2);
     /// Every feature this version implements.
-    pub const ALL: WireFeatures = WireFeatures::ROW_FORMATS;
+    pub const ALL: WireFeatures = WireFeatures(1 | 2);
 
     /// The names of the features this version implements, with their bits.
-    const NAMES: [(&'static str, WireFeatures); 1] = [("row_formats", WireFeatures::ROW_FORMATS)];
+    const NAMES: [(&'static str, WireFeatures); 2] = [
+        ("row_formats", WireFeatures::ROW_FORMATS),
+        ("row_versions", WireFeatures::ROW_VERSIONS),
+    ];
 
     /// The set of the bits `bits`, unknown ones included.
     pub const fn from_bits(bits: u16) -> WireFeatures {
@@ -58,7 +64,7 @@ impl WireFeatures {
     }
 
     /// Reads a setting's text: `all`, `none`, or feature names separated by commas
-    /// (`row_formats`); `None` for anything else (an unknown name, blanks, an empty item).
+    /// (`row_formats`, `row_versions`); `None` for anything else (an unknown name, blanks, an empty item).
     pub fn parse(text: &str) -> Option<WireFeatures> {
         match text {
             "all" => return Some(WireFeatures::ALL),
@@ -173,20 +179,34 @@ mod tests {
 
     #[test]
     fn features_negotiate_to_what_both_announced_and_this_version_knows() {
-        let peer = WireFeatures::from_bits(0b1011);
+        let peer = WireFeatures::from_bits(0b1001);
         assert_eq!(WireFeatures::ALL.negotiate(peer), WireFeatures::ROW_FORMATS);
         assert_eq!(WireFeatures::NONE.negotiate(peer), WireFeatures::NONE);
         assert_eq!(
-            WireFeatures::ALL.negotiate(WireFeatures::from_bits(0b10)),
+            WireFeatures::ROW_FORMATS.negotiate(WireFeatures::from_bits(0b10)),
             WireFeatures::NONE
         );
-        assert_eq!(peer.to_string(), "row_formats,bit 1,bit 3");
+        assert_eq!(
+            WireFeatures::ALL.negotiate(WireFeatures::from_bits(0b1110)),
+            WireFeatures::ROW_VERSIONS
+        );
+        assert_eq!(WireFeatures::ALL.bits(), 0b11);
+        assert_eq!(peer.to_string(), "row_formats,bit 3");
+        assert_eq!(WireFeatures::ALL.to_string(), "row_formats,row_versions");
         assert_eq!(WireFeatures::NONE.to_string(), "none");
         assert_eq!(WireFeatures::parse("all"), Some(WireFeatures::ALL));
         assert_eq!(WireFeatures::parse("none"), Some(WireFeatures::NONE));
         assert_eq!(
             WireFeatures::parse("row_formats"),
             Some(WireFeatures::ROW_FORMATS)
+        );
+        assert_eq!(
+            WireFeatures::parse("row_versions"),
+            Some(WireFeatures::ROW_VERSIONS)
+        );
+        assert_eq!(
+            WireFeatures::parse("row_versions,row_formats"),
+            Some(WireFeatures::ALL)
         );
         for bad in ["", "row_formats,", " row_formats", "ROW_FORMATS", "versions"] {
             assert_eq!(WireFeatures::parse(bad), None, "{bad:?}");

@@ -35,8 +35,9 @@ pub use body::{
 };
 pub use features::{LossScale, WireFeatures};
 pub use rows::{
-    emit_pull_rows_meta, emit_rows_meta, pull_rows_meta_len, Missing, RowsTable, RowsTables,
-    ENTRY_HAS_MISSING,
+    emit_pull_rows_meta, emit_pull_rows_versioned_meta, emit_rows_meta, pull_rows_meta_len,
+    pull_rows_versioned_meta_len, versions_bitmap_len, Missing, RowsTable, RowsTables,
+    Versions, ENTRY_HAS_MISSING, ENTRY_HAS_VERSIONS, PULL_HELD_VERSIONS,
 };
 pub use header::{Header, HeaderRepr, FrameKind, FLAG_END, HEADER_LEN, MAGIC, VERSION};
 pub use error::{Error, Result};

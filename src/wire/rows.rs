@@ -11,8 +11,18 @@ use super::features::{LossScale, WireFeatures};
 use super::tensor::TensorMeta;
 use super::{Error, Limits, Result};
 
-/// Response entry flag: a missing-rows report follows the tensor meta.
+/// Response entry flag: a missing-rows report follows the tensor meta (and the versions
+/// report, when there is one).
 pub const ENTRY_HAS_MISSING: u16 = 2;
+
+/// Response entry flag (with [`WireFeatures::ROW_VERSIONS`]): a row-versions report
+/// follows the tensor meta.
+pub const ENTRY_HAS_VERSIONS: u16 = 4;
+
+/// Flag of a `PULL_ROWS` table section's second word (with
+/// [`WireFeatures::ROW_VERSIONS`]): the held version of each id follows the ids, and the
+/// answer carries the rows' versions.
+pub const PULL_HELD_VERSIONS: u32 = 1;
 
 /// Fixed part of a table section: table id, and a word that is reserved, or the loss scale
 /// with [`WireFeatures::ROW_FORMATS`].
@@ -33,6 +43,10 @@ pub struct RowsTable<'a> {
     /// gradients were multiplied by, which the responder divides out. `None` travels as 0
     /// (the reserved word of a connection without the feature).
     pub loss_scale: Option<LossScale>,
+    /// In a `PULL_ROWS` on a connection with [`WireFeatures::ROW_VERSIONS`]: the version
+    /// of each id the requester holds (0: none), little-endian u64 bytes (`8 × n`), or
+    /// empty when the section carries none (the answer then carries no versions).
+    held: &'a [u8],
 }
 
 impl<'a> RowsTable<'a> {
@@ -44,7 +58,24 @@ impl<'a> RowsTable<'a> {
             block,
             ids,
             loss_scale: None,
+            held: &[],
         }
+    }
+
+    /// The same section (a pull's) carrying `held`, the held version of each id as
+    /// little-endian u64 bytes (`8 × n`).
+    pub fn with_held(self, held: &'a [u8]) -> RowsTable<'a> {
+        RowsTable { held, ..self }
+    }
+
+    /// Whether the section carries held versions (and so asks for the rows' versions).
+    pub fn has_held(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// The held versions, in row order (none when the section carries none).
+    pub fn held(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
+        self.held.chunks_exact(8).map(|b| get_u64(b, 0))
     }
 
     /// Number of rows (ids).
@@ -82,17 +113,24 @@ impl<'a> RowsTable<'a> {
 
     /// Bytes needed to emit.
     pub fn buffer_len(&self) -> usize {
-        TABLE_FIXED_LEN + self.block.buffer_len() + self.ids.len()
+        TABLE_FIXED_LEN + self.block.buffer_len() + self.ids.len() + self.held.len()
     }
 
     /// Writes exactly `buffer_len()` bytes.
     pub fn emit(&self, buf: &mut [u8]) {
         put_u32(buf, 0, self.table);
-        put_u32(buf, 4, LossScale::to_wire(self.loss_scale));
+        let word = if self.has_held() {
+            PULL_HELD_VERSIONS
+        } else {
+            LossScale::to_wire(self.loss_scale)
+        };
+        put_u32(buf, 4, word);
         let m = self.block.buffer_len();
         self.block.emit(&mut buf[TABLE_FIXED_LEN..]);
         let at = TABLE_FIXED_LEN + m;
         buf[at..at + self.ids.len()].copy_from_slice(self.ids);
+        let at = at + self.ids.len();
+        buf[at..at + self.held.len()].copy_from_slice(self.held);
     }
 }
 
@@ -106,6 +144,31 @@ pub fn pull_rows_meta_len(rank: usize, n: usize) -> usize {
 /// ids, without a loss scale.
 pub fn emit_pull_rows_meta(table: u32, block: &TensorMeta<'_>, ids: &[u64], buf: &mut [u8]) {
     emit_rows_meta(table, None, block, ids, buf)
+}
+
+/// Meta length of a `PULL_ROWS` table section for a block of rank `rank`, `n` ids and,
+/// when `held`, their held versions.
+pub fn pull_rows_versioned_meta_len(rank: usize, n: usize, held: bool) -> usize {
+    pull_rows_meta_len(rank, n) + if held { 8 * n } else { 0 }
+}
+
+/// Writes a `PULL_ROWS` table section with the held version of each id (`held`, as many
+/// as `ids`; only on a connection that negotiated [`WireFeatures::ROW_VERSIONS`], the
+/// encoder does not check): `pull_rows_versioned_meta_len(block rank, ids.len(), true)`
+/// bytes.
+pub fn emit_pull_rows_versioned_meta(
+    table: u32,
+    block: &TensorMeta<'_>,
+    ids: &[u64],
+    held: &[u64],
+    buf: &mut [u8],
+) {
+    emit_rows_meta(table, None, block, ids, buf);
+    put_u32(buf, 4, PULL_HELD_VERSIONS);
+    let at = pull_rows_meta_len(block.dims.len(), ids.len());
+    for (i, v) in held.iter().enumerate() {
+        put_u64(buf, at + 8 * i, *v);
+    }
 }
 
 /// Writes a table section (`pull_rows_meta_len(block rank, ids.len())` bytes) from native
@@ -133,6 +196,8 @@ pub fn emit_rows_meta(
 pub struct RowsTables<'a> {
     bytes: &'a [u8],
     remaining: u32,
+    /// The tables of a `PULL_ROWS` (their second word is flags, not a loss scale).
+    pull: bool,
 }
 
 impl<'a> RowsTables<'a> {
@@ -147,19 +212,23 @@ impl<'a> RowsTables<'a> {
     ) -> Result<(Self, u64)> {
         let (mut at, mut inline, mut rows) = (0usize, 0u64, 0u64);
         let scales = features.contains(WireFeatures::ROW_FORMATS);
+        let versions = features.contains(WireFeatures::ROW_VERSIONS);
         for _ in 0..count {
             let rest = meta.get(at..).ok_or(Error::BadMetaLen)?;
             if rest.len() < TABLE_FIXED_LEN {
                 return Err(Error::BadMetaLen);
             }
-            match get_u32(rest, 4) {
-                0 => {}
+            let held = match get_u32(rest, 4) {
+                0 => false,
+                // A pull's word is its flags with the feature, reserved without it.
+                PULL_HELD_VERSIONS if !push && versions => true,
+                _ if !push && versions => return Err(Error::BadVersions),
                 _ if !scales => return Err(Error::ReservedNotZero),
                 bits if !push || LossScale::from_wire(bits).is_err() => {
                     return Err(Error::BadLossScale)
                 }
-                _ => {}
-            }
+                _ => false,
+            };
             let (block, len) =
                 TensorMeta::parse(&rest[TABLE_FIXED_LEN..], limits).map_err(truncated_meta)?;
             let n = block.dims.get(0).ok_or(Error::BadRows)?;
@@ -174,7 +243,8 @@ impl<'a> RowsTables<'a> {
                 return Err(Error::RowTooLarge);
             }
             at += TABLE_FIXED_LEN + len;
-            let ids_len = 8 * n as usize; // n <= max_rows <= 2^26: no overflow
+            // n <= max_rows <= 2^26: no overflow; held versions as many as the ids.
+            let ids_len = if held { 16 } else { 8 } * n as usize;
             if meta.len() - at.min(meta.len()) < ids_len {
                 return Err(Error::BadMetaLen);
             }
@@ -191,6 +261,7 @@ impl<'a> RowsTables<'a> {
         let tables = RowsTables {
             bytes: meta,
             remaining: count,
+            pull: !push,
         };
         Ok((tables, inline))
     }
@@ -215,19 +286,26 @@ impl<'a> Iterator for RowsTables<'a> {
         }
         let fixed = self.bytes.get(..TABLE_FIXED_LEN)?;
         let table = get_u32(fixed, 0);
-        // Checked by `parse`: 0, or a scale in range.
-        let loss_scale = LossScale::from_wire(get_u32(fixed, 4)).ok().flatten();
+        // Checked by `parse`: 0, a scale in range (a push), or the pull's flags.
+        let word = get_u32(fixed, 4);
+        let (loss_scale, held) = match self.pull {
+            true => (None, word == PULL_HELD_VERSIONS),
+            false => (LossScale::from_wire(word).ok().flatten(), false),
+        };
         let (block, len) = TensorMeta::parse_validated(self.bytes.get(TABLE_FIXED_LEN..)?)?;
         let at = TABLE_FIXED_LEN + len;
         let n = block.dims.get(0)? as usize;
         let ids = self.bytes.get(at..at + 8 * n)?;
-        self.bytes = self.bytes.get(at + 8 * n..)?;
+        let held_len = if held { 8 * n } else { 0 };
+        let held = self.bytes.get(at + 8 * n..at + 8 * n + held_len)?;
+        self.bytes = self.bytes.get(at + 8 * n + held_len..)?;
         self.remaining -= 1;
         Some(RowsTable {
             table,
             block,
             ids,
             loss_scale,
+            held,
         })
     }
 
@@ -327,5 +405,182 @@ impl<'a> Missing<'a> {
         for (i, p) in self.iter().enumerate() {
             put_u32(buf, 4 + 4 * i, p);
         }
+    }
+}
+
+/// The row-versions report of a `RESPONSE` entry answering a `PULL_ROWS` table that carried
+/// held versions (with [`WireFeatures::ROW_VERSIONS`], 4.9): the request's row count `n`,
+/// a bitmap of the positions answered *unchanged* (the row's version is the one held; its
+/// bytes are not in the block), and the current version of every other position, in
+/// position order (0: the table keeps no versions, or the row is missing). The block holds
+/// the rows of the positions not unchanged, in position order.
+///
+/// Wire layout: `n` (u32), `⌈n / 8⌉` bytes of bitmap (position `i` is bit `i % 8` of byte
+/// `i / 8`; bits from `n` on are zero), then `8 × (n − unchanged)` bytes of versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Versions<'a> {
+    /// Rows of the request's table; 0: no report.
+    n: u32,
+    /// The bitmap, `⌈n / 8⌉` bytes.
+    unchanged: &'a [u8],
+    /// The versions of the positions not unchanged.
+    versions: VersionWords<'a>,
+}
+
+/// The versions of a [`Versions`] report, as on the wire or native.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VersionWords<'a> {
+    Wire(&'a [u8]),
+    Native(&'a [u64]),
+}
+
+impl Default for VersionWords<'_> {
+    fn default() -> Self {
+        VersionWords::Native(&[])
+    }
+}
+
+/// Bytes of the bitmap of a report of `n` rows.
+pub fn versions_bitmap_len(n: usize) -> usize {
+    n.div_ceil(8)
+}
+
+impl<'a> Versions<'a> {
+    /// A report for emitting: `unchanged`, the bitmap of `n` positions
+    /// ([`versions_bitmap_len`] bytes), and `versions`, one per position whose bit is clear.
+    /// `None` when the lengths do not add up.
+    pub fn new(n: u32, unchanged: &'a [u8], versions: &'a [u64]) -> Option<Versions<'a>> {
+        let ok = n > 0
+            && unchanged.len() == versions_bitmap_len(n as usize)
+            && bits_past(unchanged, n) == 0
+            && popcount(unchanged) as usize + versions.len() == n as usize;
+        ok.then_some(Versions {
+            n,
+            unchanged,
+            versions: VersionWords::Native(versions),
+        })
+    }
+
+    /// Validates the report at the start of `buf` for a block of `block_rows` rows; returns
+    /// it and its length.
+    pub(super) fn parse(buf: &'a [u8], block_rows: u64, limits: &Limits) -> Result<(Self, usize)> {
+        if buf.len() < 4 {
+            return Err(Error::BadMetaLen);
+        }
+        let n = get_u32(buf, 0);
+        if n == 0 || n > limits.max_rows {
+            return Err(Error::BadVersions);
+        }
+        let bitmap_end = 4 + versions_bitmap_len(n as usize);
+        let unchanged = buf.get(4..bitmap_end).ok_or(Error::BadMetaLen)?;
+        if bits_past(unchanged, n) != 0 {
+            return Err(Error::BadVersions);
+        }
+        let sent = n as u64 - popcount(unchanged);
+        if sent != block_rows {
+            return Err(Error::BadVersions);
+        }
+        let end = bitmap_end + 8 * sent as usize;
+        let versions = buf.get(bitmap_end..end).ok_or(Error::BadMetaLen)?;
+        let report = Versions {
+            n,
+            unchanged,
+            versions: VersionWords::Wire(versions),
+        };
+        Ok((report, end))
+    }
+
+    /// Re-reads a report that [`parse`](Self::parse) accepted.
+    pub(super) fn parse_validated(buf: &'a [u8]) -> Option<(Self, usize)> {
+        let n = get_u32(buf.get(..4)?, 0);
+        let bitmap_end = 4 + versions_bitmap_len(n as usize);
+        let unchanged = buf.get(4..bitmap_end)?;
+        let sent = n as usize - popcount(unchanged) as usize;
+        let end = bitmap_end + 8 * sent;
+        let versions = buf.get(bitmap_end..end)?;
+        let report = Versions {
+            n,
+            unchanged,
+            versions: VersionWords::Wire(versions),
+        };
+        Some((report, end))
+    }
+
+    /// Whether there is no report (an entry without `HAS_VERSIONS`).
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Rows of the request's table (0: no report).
+    pub fn rows(&self) -> usize {
+        self.n as usize
+    }
+
+    /// Whether position `i` was answered unchanged.
+    pub fn is_unchanged(&self, i: usize) -> bool {
+        i < self.n as usize && self.unchanged[i / 8] & (1 << (i % 8)) != 0
+    }
+
+    /// The bitmap of unchanged positions, as on the wire.
+    pub fn unchanged_bitmap(&self) -> &'a [u8] {
+        self.unchanged
+    }
+
+    /// Number of positions answered unchanged.
+    pub fn unchanged_count(&self) -> usize {
+        popcount(self.unchanged) as usize
+    }
+
+    /// Number of versions carried: the positions not unchanged (the block's rows).
+    pub fn sent(&self) -> usize {
+        self.n as usize - self.unchanged_count()
+    }
+
+    /// Version `k` of the positions not unchanged (in position order).
+    pub fn sent_version(&self, k: usize) -> Option<u64> {
+        match self.versions {
+            VersionWords::Wire(b) => b.get(8 * k..8 * k + 8).map(|b| get_u64(b, 0)),
+            VersionWords::Native(v) => v.get(k).copied(),
+        }
+    }
+
+    /// Bytes needed to emit (nothing when empty).
+    pub fn buffer_len(&self) -> usize {
+        if self.is_empty() {
+            0
+        } else {
+            4 + self.unchanged.len() + 8 * self.sent()
+        }
+    }
+
+    /// Writes exactly `buffer_len()` bytes.
+    pub fn emit(&self, buf: &mut [u8]) {
+        if self.is_empty() {
+            return;
+        }
+        put_u32(buf, 0, self.n);
+        let at = 4 + self.unchanged.len();
+        buf[4..at].copy_from_slice(self.unchanged);
+        match self.versions {
+            VersionWords::Wire(b) => buf[at..at + b.len()].copy_from_slice(b),
+            VersionWords::Native(v) => {
+                for (k, version) in v.iter().enumerate() {
+                    put_u64(buf, at + 8 * k, *version);
+                }
+            }
+        }
+    }
+}
+
+/// Set bits of a bitmap.
+fn popcount(bits: &[u8]) -> u64 {
+    bits.iter().map(|b| u64::from(b.count_ones())).sum()
+}
+
+/// The bits of the last byte of an `n`-position bitmap from position `n` on.
+fn bits_past(bits: &[u8], n: u32) -> u8 {
+    match (n % 8, bits.last()) {
+        (0, _) | (_, None) => 0,
+        (r, Some(last)) => last & !((1u8 << r) - 1),
     }
 }

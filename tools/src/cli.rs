@@ -250,8 +250,9 @@ impl PingArgs {
             request) and shows the answer: per peer (its task name from the handshake, and\n\
             its address for requests the task sent) and operation, requests by outcome,\n\
             bytes, and latency percentiles; then, for a task that serves tables, per table\n\
-            its rows and memory, calls, rows pulled and pushed, rows missing, created and\n\
-            evicted, and its hottest ids (how often each was sampled).\n\
+            its rows and memory, calls, rows pulled and pushed, rows missing, rows answered\n\
+            unchanged (row versions), created and evicted, and its hottest ids (how often\n\
+            each was sampled).\n\
             `sent` rows are requests the task sent to a peer, `served` rows requests a peer\n\
             sent to it. A task with\n\
             STARWIRE_STATS_ENDPOINT=0 refuses (exit status 6). docs/deploying.md explains\n\

@@ -60,6 +60,8 @@ pub struct TableDoc {
     pub pulled_rows: u64,
     /// Of which it had no row for.
     pub missing: u64,
+    /// Of which were answered unchanged (row versions: the version held was the row's).
+    pub unchanged_rows: u64,
     /// Gradient rows pushes brought.
     pub pushed_rows: u64,
     /// Of which were dropped (a row not created, or refused).
@@ -388,14 +390,15 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
 const HOT_SHOWN: usize = 5;
 
 /// The tables' lines of the human table: per table its rows and memory, calls and rows
-/// pulled and pushed, rows missing, created and evicted, and its hottest ids; with
+/// pulled and pushed, rows missing, answered unchanged, created and evicted, and its hottest
+/// ids; with
 /// `rates`, rows pulled and pushed per second.
 fn tables(s: &mut String, doc: &Doc, rates: Option<(&Doc, Duration)>) {
     if doc.tables.is_empty() {
         return;
     }
     let mut header = format!(
-        "\n{:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>9}",
+        "\n{:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
         "TABLE",
         "ROWS",
         "MEMORY",
@@ -404,6 +407,7 @@ fn tables(s: &mut String, doc: &Doc, rates: Option<(&Doc, Duration)>) {
         "ROWS PULLED",
         "ROWS PUSHED",
         "MISSING",
+        "UNCHANGED",
         "CREATED",
         "EVICTED"
     );
@@ -416,7 +420,7 @@ fn tables(s: &mut String, doc: &Doc, rates: Option<(&Doc, Duration)>) {
     for t in &doc.tables {
         let _ = write!(
             s,
-            "{:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>9}",
+            "{:>6} {:>11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
             t.table,
             t.rows,
             fmt_bytes(t.memory_bytes as f64),
@@ -425,6 +429,7 @@ fn tables(s: &mut String, doc: &Doc, rates: Option<(&Doc, Duration)>) {
             t.pulled_rows,
             t.pushed_rows,
             t.missing,
+            t.unchanged_rows,
             t.created,
             t.evicted()
         );
@@ -633,7 +638,7 @@ type TableFamily = (
 
 /// The tables' metrics in the Prometheus text format, labelled `table`.
 fn table_families(s: &mut String, doc: &Doc) {
-    let families: [TableFamily; 9] = [
+    let families: [TableFamily; 10] = [
         (
             "starwire_table_rows",
             "gauge",
@@ -657,6 +662,12 @@ fn table_families(s: &mut String, doc: &Doc) {
             "counter",
             "Rows pulled that the table had no row for.",
             |t| t.missing,
+        ),
+        (
+            "starwire_table_unchanged_rows_total",
+            "counter",
+            "Rows pulled with the version held: answered unchanged, not sent.",
+            |t| t.unchanged_rows,
         ),
         (
             "starwire_table_pushed_rows_total",
@@ -733,7 +744,7 @@ mod tests {
             r#""truncated":false}"#,
             r#""truncated":false,"tables":[{"table":7,"rows":1200,"data_bytes":76800,
             "memory_bytes":3000000,"committed_bytes":2097152,"index_capacity":2048,
-            "pulls":10,"pushes":4,"pulled_rows":5000,"missing":30,"pushed_rows":800,
+            "pulls":10,"pushes":4,"pulled_rows":5000,"missing":30,"unchanged_rows":700,"pushed_rows":800,
             "dropped_pushes":0,"created":1200,"loaded":0,"not_admitted":0,"refused":0,
             "evicted_untouched":2,"evicted_over_cap":3,"index_builds":1,"clock":0,
             "hot_sample_every":128,"hot":[[42,9],[7,5],[1,4],[2,3],[3,2],[4,1]]}]}"#,
@@ -748,11 +759,11 @@ mod tests {
         assert!(header.ends_with("HOT IDS (sampled)"), "{header}");
         let line = t.lines().last().unwrap();
         let cells: Vec<&str> = line.split_whitespace().collect();
-        // Table, rows, memory, pulls, pushes, rows pulled, pushed, missing, created,
-        // evicted (2 + 3), then five hot ids of six, hottest first.
+        // Table, rows, memory, pulls, pushes, rows pulled, pushed, missing, unchanged,
+        // created, evicted (2 + 3), then five hot ids of six, hottest first.
         assert_eq!(
-            cells[..10],
-            ["7", "1200", "3.0MB", "10", "4", "5000", "800", "30", "1200", "5"],
+            cells[..11],
+            ["7", "1200", "3.0MB", "10", "4", "5000", "800", "30", "700", "1200", "5"],
             "{line}"
         );
         assert!(line.ends_with("42 (9) 7 (5) 1 (4) 2 (3) 3 (2)"), "{line}");
@@ -763,7 +774,7 @@ mod tests {
         let t = table(&doc, "ps:0", Some((&before, Duration::from_secs(2))));
         let line = t.lines().last().unwrap();
         let cells: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(cells[10..13], ["2000", "400", "42"], "{line}");
+        assert_eq!(cells[11..14], ["2000", "400", "42"], "{line}");
         // A document without tables shows none.
         assert!(!table(&parse(DOC).unwrap(), "ps:0", None).contains("ROWS PULLED"));
         // Prometheus: one family per counter, labelled by table.
@@ -773,6 +784,9 @@ mod tests {
             "{p}"
         );
         assert!(p.contains("starwire_table_evicted_rows_total{responder=\"ps:0\",table=\"7\"} 5\n"));
+        assert!(
+            p.contains("starwire_table_unchanged_rows_total{responder=\"ps:0\",table=\"7\"} 700\n")
+        );
     }
 
     #[test]

@@ -664,13 +664,14 @@ mod tests {
         assert!(mem(|s| s.checkpoint_dir = Some("/tmp".into()))
             .unwrap_err()
             .contains("--checkpoint-dir"));
-        // 16 f32 with SGD: a 72-byte slot and 10 bytes of index; bf16 halves the row.
-        assert_eq!(TableSpec::default().bytes_per_row(), 82);
+        // 16 f32 with SGD: an 80-byte slot (id, version, row) and 10 bytes of index; bf16
+        // halves the row.
+        assert_eq!(TableSpec::default().bytes_per_row(), 90);
         let half = TableSpec {
             stored: Float::Bf16,
             ..TableSpec::default()
         };
-        assert_eq!(half.bytes_per_row(), 50);
+        assert_eq!(half.bytes_per_row(), 58);
     }
 
     #[test]

@@ -304,8 +304,13 @@ fn stats_shows_the_tables_a_task_serves() {
         .last()
         .unwrap_or_else(|| panic!("{}", r.stdout));
     let cells: Vec<&str> = line.split_whitespace().collect();
-    // Table, rows, memory, pulls, pushes, rows pulled, pushed, missing, created, evicted.
+    // Table, rows, memory, pulls, pushes, rows pulled, pushed, missing, unchanged,
+    // created, evicted.
     assert_eq!(cells[0], "1", "{line}");
     assert_eq!(cells[1], "1001", "{line}");
-    assert_eq!(cells[3..10], ["1", "1", "40", "3", "0", "1", "0"], "{line}");
+    assert_eq!(
+        cells[3..11],
+        ["1", "1", "40", "3", "0", "0", "1", "0"],
+        "{line}"
+    );
 }

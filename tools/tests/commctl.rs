@@ -1153,7 +1153,7 @@ fn serve_makes_its_rows_at_start_and_bench_pulls_them() {
     for words in [
         "(table 1, ids in 0..2000, zipf 1.1)",
         "working set  2000 rows, ",
-        "as a PsTable of f32 rows with sgd (82 B a row): ",
+        "as a PsTable of f32 rows with sgd (90 B a row): ",
         "with skewed ids most requests touch far fewer rows",
     ] {
         assert!(r.stdout.contains(words), "{words}: {}", r.stdout);

@@ -426,6 +426,7 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
                         status: Status::from(*status),
                         tensor: t.as_ref().map(|t| out_tensor(&g.store, t)),
                         missing: Default::default(),
+                        versions: Default::default(),
                     })
                     .collect();
                 enc.response(exp.handle, exp.end, &items)

@@ -126,8 +126,11 @@ impl PsTable {
                     Some((_, true)) => report.created += 1,
                     Some((slot, false)) => {
                         let s = self.layout.slot(self.slots.words(), slot);
-                        let (row, st) = s[1..].split_at(self.layout.row_words);
-                        self.write_row(id, || write(row, st, false));
+                        let (row, st) = self.layout.row_and_state(s);
+                        self.write_row(id, || {
+                            write(row, st, false);
+                            self.renew_version(s);
+                        });
                         report.overwritten += 1;
                     }
                     None => {
@@ -177,7 +180,7 @@ impl PsTable {
                 continue;
             };
             let s = self.layout.slot(self.slots.words(), hit.slot());
-            let (row, state_words) = s[1..].split_at(self.layout.row_words);
+            let (row, state_words) = self.layout.row_and_state(s);
             self.read_row(id, || {
                 self.load_values(row, vals);
                 if let Some(st) = st.as_deref_mut() {
@@ -195,6 +198,19 @@ impl PsTable {
         self.export_rows(&[id], &mut values, None, &mut missing)
             .ok()?;
         missing.is_empty().then_some(values)
+    }
+
+    /// The version of `id`'s row (see the [module documentation](super::ps)'s row
+    /// versions), if it has a row. Creates nothing.
+    pub fn version(&self, id: u64) -> Option<u64> {
+        let _guard = self.epoch.enter();
+        let view = self.index.view();
+        let key_of = |s| self.key_of(s);
+        let hit = self
+            .index
+            .find(&view, id, super::index::hash(id), &key_of)?;
+        let s = self.layout.slot(self.slots.words(), hit.slot());
+        Some(s[super::slots::VERSION_WORD].load(Ordering::Acquire))
     }
 
     /// The optimizer state of `id`'s row ([`state_len`](Self::state_len) f32), if it has a
@@ -216,7 +232,7 @@ impl PsTable {
         let mut values = vec![0f32; dim];
         let mut state = vec![0f32; self.state_len()];
         self.walk_slots(|id, s| {
-            let (row, state_words) = s[1..].split_at(self.layout.row_words);
+            let (row, state_words) = self.layout.row_and_state(s);
             self.read_row(id, || {
                 self.load_values(row, &mut values);
                 optimizer.state_out(dim, state_words, &mut state);

@@ -33,7 +33,7 @@
 //! | 24 | stored format: the wire dtype code (10 f32, 7 bf16, 6 f16) |
 //! | 25 | optimizer state: 0 none (SGD), 1 Adagrad, 2 Adam |
 //! | 26–27 | zero |
-//! | 28–31 | record length `R`: `8 × (1 + row_words + state_words)` |
+//! | 28–31 | record length `R`: `8 × (1 + row_words + state_words)` (the slot without its version) |
 //! | 32–39 | rows |
 //! | 40–47 | blocks |
 //! | 48–55 | the table's clock |
@@ -43,7 +43,9 @@
 //!
 //! Then `blocks` blocks, each a 16-byte header — rows in the block (`u32`), zero (`u32`),
 //! XXH64 of the payload (`u64`) — and a payload of that many records of `R` bytes: the
-//! slot's words as the table holds them (see [`PsTable`](super::ps)'s slots): the id (`u64`), the
+//! slot's words as the table holds them (see [`PsTable`](super::ps)'s slots) but the row's
+//! version, which is not saved (a loaded row gets a version of the loading table's, so no
+//! version a worker holds matches it): the id (`u64`), the
 //! row's elements packed into 64-bit words in the stored format, the optimizer state's f32
 //! packed two to a word (Adagrad: the sums; Adam: `beta1^t` and `beta2^t`, the first
 //! moments, the second moments; each list padded to a whole word with zero).
@@ -69,6 +71,7 @@ use nix::libc;
 use super::config::{BuildError, PsTableBuilder};
 use super::elem::Float;
 use super::ps_table::{Origin, PsTable, Tally};
+use super::slots::{ROW_WORD, VERSION_WORD};
 use super::xxh64::xxh64;
 use crate::service::SaveReport;
 use crate::sys::arena::Arena;
@@ -265,11 +268,11 @@ fn shape_of(s: &PsTableBuilder) -> Header {
         dim: s.dim as u32,
         stored: s.stored.dtype().into(),
         optimizer: s.optimizer.code(),
-        record: layout.slot_bytes() as u32,
+        record: layout.record_bytes() as u32,
         rows: 0,
         blocks: 0,
         clock: 0,
-        block_rows: (BLOCK_BYTES / layout.slot_bytes()).max(1) as u32,
+        block_rows: (BLOCK_BYTES / layout.record_bytes()).max(1) as u32,
     }
 }
 
@@ -357,8 +360,14 @@ impl PsTable {
             }
             let at = sink.len;
             let stage = sink.stage();
+            // The id and the row's words; not its version (a restored table gives its rows
+            // versions of its own, see `PsTable`'s row versions).
+            let words = slot[..VERSION_WORD].iter().chain(&slot[VERSION_WORD + 1..]);
             self.read_row(id, || {
-                for (word, b) in slot.iter().zip(stage[at..at + record].chunks_exact_mut(8)) {
+                for (word, b) in words
+                    .clone()
+                    .zip(stage[at..at + record].chunks_exact_mut(8))
+                {
                     b.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
                 }
             });
@@ -719,7 +728,7 @@ fn check_shape(file: &Header, table: &Header) -> Result<(), CheckpointErrorKind>
 impl PsTable {
     /// Writes checkpoint records (see the module documentation) into the table.
     fn load_records(&self, payload: &[u8]) -> Result<(), String> {
-        let record = self.layout.slot_bytes();
+        let record = self.layout.record_bytes();
         let mut tally = Tally::default();
         let _guard = self.epoch.enter();
         let mut view = self.index.view();
@@ -741,7 +750,10 @@ impl PsTable {
                 Some((slot, false)) => {
                     // The same id twice: the later record wins.
                     let s = self.layout.slot(self.slots.words(), slot);
-                    self.write_row(id, || store(&s[1..], data));
+                    self.write_row(id, || {
+                        store(&s[ROW_WORD..], data);
+                        self.renew_version(s);
+                    });
                 }
                 None => return Err(format!("the table refused row {id} (out of memory?)")),
             }

@@ -25,7 +25,10 @@
 //! ```
 
 use core::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::version::version_clock_start;
 
 use crate::error::Error;
 use crate::hash::{splitmix64, IdMap};
@@ -111,6 +114,8 @@ struct ShardRows {
     values: Vec<f32>,
     /// Adagrad's sums, laid out as `values`; empty under SGD.
     accumulators: Vec<f32>,
+    /// Row `i`'s version at `versions[i]`.
+    versions: Vec<u64>,
 }
 
 /// The reference in-memory table: rows of `dim` f32, created on first pull (unless
@@ -125,6 +130,8 @@ pub struct MemTable {
     init: Init,
     optimizer: Optimizer,
     shards: Box<[Mutex<ShardRows>]>,
+    /// The row versions' clock: the version of the next change of a row.
+    clock: AtomicU64,
 }
 
 impl Optimizer {
@@ -180,6 +187,7 @@ impl MemTable {
             init,
             optimizer,
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            clock: AtomicU64::new(version_clock_start()),
         })
     }
 
@@ -199,6 +207,7 @@ impl MemTable {
         let mut rows = self.rows(id);
         let at = self.row_or_insert(&mut rows, id);
         rows.values[at * self.dim..][..self.dim].copy_from_slice(values);
+        rows.versions[at] = self.next_version();
         Ok(())
     }
 
@@ -240,6 +249,18 @@ impl MemTable {
         lock(&self.shards[shard])
     }
 
+    /// A version no row of this table had (see [`Table::pull_versioned`]).
+    fn next_version(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The version of `id`'s row, `None` if it has none yet.
+    pub fn version(&self, id: u64) -> Option<u64> {
+        let rows = self.rows(id);
+        let at = *rows.index.get(&id)?;
+        Some(rows.versions[at])
+    }
+
     /// Index of `id`'s row in `rows`, created with the initial values if absent.
     fn row_or_insert(&self, rows: &mut ShardRows, id: u64) -> usize {
         if let Some(&at) = rows.index.get(&id) {
@@ -247,6 +268,7 @@ impl MemTable {
         }
         let at = rows.index.len();
         rows.index.insert(id, at);
+        rows.versions.push(self.next_version());
         let init = self.init;
         rows.values.extend((0..self.dim).map(|k| init.value(id, k)));
         if let Optimizer::Adagrad {
@@ -314,6 +336,48 @@ impl Table for MemTable {
         Status::Ok
     }
 
+    fn pull_versioned(
+        &self,
+        ids: &[u64],
+        held: &[u64],
+        out: &mut [u8],
+        versions: &mut [u64],
+        missing: &mut Vec<u32>,
+    ) -> Status {
+        let (dim, row_bytes) = (self.dim, self.row_bytes());
+        if !is_rows_len(out.len(), ids.len(), row_bytes)
+            || held.len() != ids.len()
+            || versions.len() != ids.len()
+            || u32::try_from(ids.len()).is_err()
+        {
+            return Status::InvalidArgument;
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            let dst = &mut out[i * row_bytes..][..row_bytes];
+            let mut rows = self.rows(id);
+            let at = match (rows.index.get(&id), self.init) {
+                (Some(&at), _) => at,
+                (None, Init::Missing) => {
+                    drop(rows);
+                    dst.fill(0);
+                    missing.push(i as u32);
+                    versions[i] = 0;
+                    continue;
+                }
+                (None, _) => self.row_or_insert(&mut rows, id),
+            };
+            versions[i] = rows.versions[at];
+            if versions[i] == held[i] {
+                continue; // unchanged: the requester has these bytes
+            }
+            let row = &rows.values[at * dim..][..dim];
+            for (d, v) in dst.chunks_exact_mut(4).zip(row) {
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        Status::Ok
+    }
+
     fn push(&self, ids: &[u64], grads: &[u8]) -> Status {
         let (dim, row_bytes) = (self.dim, self.row_bytes());
         if !is_rows_len(grads.len(), ids.len(), row_bytes) {
@@ -324,6 +388,7 @@ impl Table for MemTable {
             let mut guard = self.rows(id);
             let at = self.row_or_insert(&mut guard, id);
             let rows = &mut *guard;
+            rows.versions[at] = self.next_version();
             let w = &mut rows.values[at * dim..][..dim];
             match self.optimizer {
                 Optimizer::Sgd { lr } => {

@@ -27,6 +27,7 @@ pub(super) struct Counters {
     pub(super) pulled_rows: AtomicU64,
     pub(super) pushed_rows: AtomicU64,
     pub(super) missing: AtomicU64,
+    pub(super) unchanged_rows: AtomicU64,
     pub(super) created: AtomicU64,
     pub(super) loaded: AtomicU64,
     pub(super) not_admitted: AtomicU64,

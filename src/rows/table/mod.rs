@@ -23,6 +23,7 @@ mod ps_table;
 mod registry;
 mod slots;
 mod upkeep;
+mod version;
 mod xxh64;
 
 pub use config::PsTableBuilder;
@@ -77,9 +78,9 @@ pub mod ps {
     //! ```
     //!
     //! **A slot** holds a row and its optimizer state together: the id (8 bytes), the row's
-    //! elements packed into 64-bit words ([`Float`]: f32, or bf16/f16 to halve them), the
-    //! optimizer's state (f32; Adagrad's sums, Adam's moments and step powers). 16 f32 with
-    //! Adagrad: 136 bytes. Slots sit end to end in one arena: address space reserved once
+    //! version (8 bytes, see below), the row's elements packed into 64-bit words
+    //! ([`Float`]: f32, or bf16/f16 to halve them), the optimizer's state (f32; Adagrad's
+    //! sums, Adam's moments and step powers). 16 f32 with Adagrad: 144 bytes. Slots sit end to end in one arena: address space reserved once
     //! (nothing is charged for it), committed as rows are added, advised `MADV_HUGEPAGE` (a
     //! random row costs about 29 ns with transparent huge pages and 72 ns without on the
     //! machines measured; [`PsTable::report`] says whether the advice was taken). Slots never
@@ -92,9 +93,25 @@ pub mod ps {
     //! writes the row and its state. A call looks its ids up sixteen at a time, loading every
     //! index line of the group, then every slot, before it uses any, so the memory latencies
     //! of a group overlap. About 10 bytes of index per row (built 2/5 full, grown at
-    //! 4/5): 16 f32 with Adagrad take about 146 bytes per row, 1.14 times the 128 bytes of row
+    //! 4/5): 16 f32 with Adagrad take about 154 bytes per row, 1.2 times the 128 bytes of row
     //! and state, when the table was built with the rows expected
     //! ([`capacity`](PsTableBuilder::capacity)).
+    //!
+    //! **Row versions**: every row has a version, a number from the table's clock that
+    //! changes with each push applied to the row and is given when a pull, a push or a load
+    //! creates or overwrites it; a worker that caches rows pulls with the versions it holds
+    //! ([`Client::pull_rows_versioned`](crate::Client::pull_rows_versioned)) and the rows
+    //! whose version is unchanged are not sent ([`Table::pull_versioned`](crate::Table)).
+    //! The clock is one counter per table, advanced once per push call (not per row), and
+    //! starts at 4 × the Unix time in nanoseconds when the table is built or loaded: a
+    //! version never repeats in a table's life, and a table built later (restarted from a
+    //! checkpoint or from empty) starts above every version an earlier one gave, so an
+    //! evicted and re-created row, or a row of a restarted PS, never matches a version a
+    //! worker holds. Checkpoints do not store versions; a loaded row takes a new one. A push
+    //! writes the version after the row and a pull reads it before the row, so a row read
+    //! at a version holds at least what that version names (under `Hogwild` a pull that
+    //! crosses a push may read part of it; the next push's version makes the next pull
+    //! send the row again).
     //!
     //! **Growth** never stops a loop for long: when the index level is 4/5 full, the next
     //! (sized for the rows at 2/5) is faulted in 8 MiB at a time, then made current, and the

@@ -19,7 +19,8 @@ use super::init::Init;
 use super::level::Hit;
 use super::metrics::{self, Counters, HotIds};
 use super::optim::{self, Optimizer};
-use super::slots::{Layout, Slots};
+use super::slots::{Layout, Slots, VERSION_WORD};
+use super::version::version_clock_start;
 use crate::service::{SaveError, SaveReport, Table};
 use crate::stats::{HotId, TableMetrics};
 use crate::sys::arena::{thp_mode, HugePages};
@@ -51,6 +52,9 @@ pub struct PsTable {
     pub(super) counters: CachePadded<Counters>,
     pub(super) hot: Option<HotIds>,
     pub(super) clock: CachePadded<AtomicU64>,
+    /// The row versions' clock: the version the next change of a row takes (see
+    /// [`version_clock_start`]).
+    versions: CachePadded<AtomicU64>,
     /// Whether touches are stamped (eviction is on).
     pub(super) stamps: bool,
     /// Slots of evicted rows with the epoch they left the index in, waiting for the grace
@@ -281,6 +285,7 @@ impl PsTable {
             pushes: load(&c.pushes),
             pulled_rows: load(&c.pulled_rows),
             missing: load(&c.missing),
+            unchanged_rows: load(&c.unchanged_rows),
             pushed_rows: load(&c.pushed_rows),
             dropped_pushes: load(&c.dropped_pushes),
             created: load(&c.created),
@@ -365,7 +370,8 @@ impl PsTable {
         };
         let words = self.layout.slot(self.slots.words(), slot);
         words[0].store(id, Ordering::Relaxed);
-        let (row, state) = words[1..].split_at(self.layout.row_words);
+        words[VERSION_WORD].store(self.next_versions(1), Ordering::Relaxed);
+        let (row, state) = self.layout.row_and_state(words);
         fill(row, state);
         let stamp = self.clock.load(Ordering::Relaxed) as u16;
         for _ in 0..FULL_TRIES {
@@ -396,6 +402,19 @@ impl PsTable {
         self.slots.free(slot);
         tally.refused += 1;
         None
+    }
+
+    /// The first of `n` versions no row of this table had (the next `n` values of its
+    /// version clock).
+    #[inline]
+    pub(super) fn next_versions(&self, n: u64) -> u64 {
+        self.versions.fetch_add(n, Ordering::Relaxed)
+    }
+
+    /// Gives the row in slot words `s` a new version, after its contents changed outside a
+    /// push (a load over it).
+    pub(super) fn renew_version(&self, s: &[AtomicU64]) {
+        s[VERSION_WORD].store(self.next_versions(1), Ordering::Release);
     }
 
     /// Writes a new row's initial values and optimizer state.
@@ -563,14 +582,26 @@ impl PsTable {
         }
     }
 
-    fn pull_rows<R: ReadRow>(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) {
+    /// Pulls `ids` into `out`. With `V`, also their versions into `versions`, and a row
+    /// whose version is the one in `held` is not copied (counted unchanged).
+    fn pull_rows<R: ReadRow, const V: bool>(
+        &self,
+        ids: &[u64],
+        held: &[u64],
+        versions: &mut [u64],
+        out: &mut [u8],
+        missing: &mut Vec<u32>,
+    ) {
         let rb = self.row_bytes;
         let (dim, row_words) = (self.layout.dim, self.layout.row_words);
         let mut tally = Tally::default();
+        let mut unchanged = 0u64;
         {
             let _guard = self.epoch.enter();
             let mut view = self.index.view();
-            self.resolve(&mut view, ids, row_words, false, |view, k, id, found| {
+            // The version word is read too: the slot up to the row's last word.
+            let tail = VERSION_WORD + row_words;
+            self.resolve(&mut view, ids, tail, false, |view, k, id, found| {
                 let dst = &mut out[k * rb..(k + 1) * rb];
                 let slot = match found {
                     Some(slot) => slot,
@@ -582,18 +613,38 @@ impl PsTable {
                                 dst.fill(0);
                                 missing.push(k as u32);
                                 tally.missing += 1;
+                                if V {
+                                    versions[k] = 0;
+                                }
                                 return;
                             }
                         }
                     }
                 };
                 let s = self.layout.slot(self.slots.words(), slot);
-                let row = &s[1..1 + row_words];
-                self.read_row(id, || R::read(row, dim, dst));
+                let (row, _) = self.layout.row_and_state(s);
+                if !V {
+                    return self.read_row(id, || R::read(row, dim, dst));
+                }
+                // The version before the row (a push writes it after), so the row read is
+                // at least as new as the version: a row changed meanwhile reads newer, and
+                // its next pull sees the newer version.
+                let (held, mut version) = (held[k], 0);
+                self.read_row(id, || {
+                    version = s[VERSION_WORD].load(Ordering::Acquire);
+                    if version != held {
+                        R::read(row, dim, dst);
+                    }
+                });
+                versions[k] = version;
+                unchanged += u64::from(version == held);
             });
         }
         let call = self.counters.pulls.fetch_add(1, Ordering::Relaxed);
         metrics::add(&self.counters.pulled_rows, ids.len() as u64);
+        if V {
+            metrics::add(&self.counters.unchanged_rows, unchanged);
+        }
         self.count(&tally);
         if let Some(hot) = &self.hot {
             hot.sample(ids, call);
@@ -603,9 +654,11 @@ impl PsTable {
 
     fn push_rows<S: Format, G: Format>(&self, ids: &[u64], grads: &[u8]) {
         let rb = self.row_bytes;
-        let (dim, row_words) = (self.layout.dim, self.layout.row_words);
+        let dim = self.layout.dim;
         let optimizer = &self.settings.optimizer;
         let mut tally = Tally::default();
+        // One version per position: a row pushed twice in the call ends with the later.
+        let first = self.next_versions(ids.len() as u64);
         {
             let _guard = self.epoch.enter();
             let mut view = self.index.view();
@@ -626,8 +679,13 @@ impl PsTable {
                     }
                 };
                 let s = self.layout.slot(self.slots.words(), slot);
-                let (row, state) = s[1..].split_at(row_words);
-                self.write_row(id, || optim::apply::<S, G>(optimizer, dim, row, state, g));
+                let (row, state) = self.layout.row_and_state(s);
+                self.write_row(id, || {
+                    optim::apply::<S, G>(optimizer, dim, row, state, g);
+                    // After the row: a pull that reads this version reads the row with
+                    // this push applied.
+                    s[VERSION_WORD].store(first + k as u64, Ordering::Release);
+                });
             });
         }
         let call = self.counters.pushes.fetch_add(1, Ordering::Relaxed);
@@ -680,6 +738,7 @@ impl PsTableBuilder {
             counters: CachePadded::default(),
             hot: (self.hot_sample_every > 0).then(|| HotIds::new(self.hot_sample_every)),
             clock: CachePadded::default(),
+            versions: CachePadded::new(AtomicU64::new(version_clock_start())),
             stamps: self.evict_untouched.is_some() || self.capped(),
             limbo: Mutex::default(),
             settings: self,
@@ -751,9 +810,42 @@ impl Table for PsTable {
             return Status::Ok;
         }
         match (self.layout.stored, self.settings.served) {
-            (Float::Bf16, Float::F32) => self.pull_rows::<Widen<Bf16>>(ids, out, missing),
-            (Float::F16, Float::F32) => self.pull_rows::<Widen<F16>>(ids, out, missing),
-            _ => self.pull_rows::<Same>(ids, out, missing),
+            (Float::Bf16, Float::F32) => {
+                self.pull_rows::<Widen<Bf16>, false>(ids, &[], &mut [], out, missing)
+            }
+            (Float::F16, Float::F32) => {
+                self.pull_rows::<Widen<F16>, false>(ids, &[], &mut [], out, missing)
+            }
+            _ => self.pull_rows::<Same, false>(ids, &[], &mut [], out, missing),
+        }
+        Status::Ok
+    }
+
+    fn pull_versioned(
+        &self,
+        ids: &[u64],
+        held: &[u64],
+        out: &mut [u8],
+        versions: &mut [u64],
+        missing: &mut Vec<u32>,
+    ) -> Status {
+        if ids.len().checked_mul(self.row_bytes) != Some(out.len())
+            || held.len() != ids.len()
+            || versions.len() != ids.len()
+            || u32::try_from(ids.len()).is_err()
+        {
+            return Status::InvalidArgument;
+        }
+        if ids.is_empty() {
+            return Status::Ok;
+        }
+        let (h, v) = (held, versions);
+        match (self.layout.stored, self.settings.served) {
+            (Float::Bf16, Float::F32) => {
+                self.pull_rows::<Widen<Bf16>, true>(ids, h, v, out, missing)
+            }
+            (Float::F16, Float::F32) => self.pull_rows::<Widen<F16>, true>(ids, h, v, out, missing),
+            _ => self.pull_rows::<Same, true>(ids, h, v, out, missing),
         }
         Status::Ok
     }

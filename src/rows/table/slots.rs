@@ -2,8 +2,10 @@
 //! elements and its optimizer state, side by side in one arena, so a pull reads one place
 //! and a push updates one place.
 //!
-//! A slot is `1 + row_words + state_words` 64-bit words, without padding: word 0 the id,
-//! then the row (see [`elem`](super::elem)), then the state (see [`optim`](super::optim)).
+//! A slot is `2 + row_words + state_words` 64-bit words, without padding: word 0 the id,
+//! word 1 the row's version (see [`PsTable`](super::PsTable)'s row versions), then the row
+//! (see [`elem`](super::elem)), then the state (see [`optim`](super::optim)). The version
+//! sits beside the id, on the line a pull reads anyway.
 //! Slots never move: the index maps an id to a slot number for the slot's life. New slots
 //! come from the end of the arena (committed as it fills) or from the free list of slots of
 //! evicted rows. A bitmap, one bit per slot, says which slots hold a row, so a checkpoint
@@ -34,9 +36,14 @@ pub(super) struct Layout {
     pub(super) row_words: usize,
     /// Words of optimizer state.
     pub(super) state_words: usize,
-    /// Words of a slot: the id, the row, the state.
+    /// Words of a slot: the id, the version, the row, the state.
     pub(super) stride: usize,
 }
+
+/// Word of a slot holding the row's version.
+pub(super) const VERSION_WORD: usize = 1;
+/// Word of a slot where the row starts.
+pub(super) const ROW_WORD: usize = 2;
 
 impl Layout {
     pub(super) fn new(dim: usize, stored: Float, optimizer: &Optimizer) -> Layout {
@@ -47,8 +54,23 @@ impl Layout {
             stored,
             row_words,
             state_words,
-            stride: 1 + row_words + state_words,
+            stride: ROW_WORD + row_words + state_words,
         }
+    }
+
+    /// Bytes of a checkpoint record: the slot without its version (see
+    /// [`checkpoint`](super::checkpoint)).
+    pub(super) fn record_bytes(&self) -> usize {
+        (self.stride - 1) * 8
+    }
+
+    /// The row's words and the state's words of slot words `s`.
+    #[inline]
+    pub(super) fn row_and_state<'a>(
+        &self,
+        s: &'a [AtomicU64],
+    ) -> (&'a [AtomicU64], &'a [AtomicU64]) {
+        s[ROW_WORD..].split_at(self.row_words)
     }
 
     /// Bytes of a slot.
@@ -249,11 +271,12 @@ mod tests {
             initial_accumulator: 0.1,
         };
         let l = Layout::new(16, Float::F32, &adagrad);
-        assert_eq!((l.row_words, l.state_words, l.stride), (8, 8, 17));
-        assert_eq!(l.slot_bytes(), 136);
+        assert_eq!((l.row_words, l.state_words, l.stride), (8, 8, 18));
+        assert_eq!(l.slot_bytes(), 144);
+        assert_eq!(l.record_bytes(), 136);
         assert_eq!(l.data_bytes(&adagrad), 128);
         let l = Layout::new(5, Float::Bf16, &Optimizer::adam(1.0));
-        assert_eq!((l.row_words, l.state_words, l.stride), (2, 7, 10));
+        assert_eq!((l.row_words, l.state_words, l.stride), (2, 7, 11));
     }
 
     #[test]

@@ -89,9 +89,12 @@ impl ReplyState {
             }
             // Memory kept from earlier answers serves only requests that use the runtime's
             // allocator: one that brings its own gets its blocks from it.
-            RequestOp::PullRows { tables, alloc, .. } => {
-                ReplyState::Rows(RowsReply::new(tables, spare, alloc.is_none()))
-            }
+            RequestOp::PullRows {
+                tables,
+                alloc,
+                held,
+                ..
+            } => ReplyState::Rows(RowsReply::new(tables, held, spare, alloc.is_none())),
         }
     }
 

@@ -377,6 +377,13 @@ impl Requests {
                 );
             }
         }
+        if !conn.proto.features().contains(WireFeatures::ROW_VERSIONS) && op.drop_held() {
+            // A peer that did not announce row versions: a plain pull, every row answered
+            // as changed, of version 0 (unknown).
+            if let ReplyState::Rows(r) = &mut p.state {
+                r.unversioned();
+            }
+        }
         let over = conn
             .proto
             .peer()
@@ -412,9 +419,9 @@ impl Requests {
                 encode_push(enc, out_tensors, handle, items, &mut s.tokens, &mut s.items)
             }
             RequestOp::Recv { step, keys } => enc.recv(handle, *step, keys, keys.len() != 1),
-            RequestOp::PullRows { tables, ids, .. } => {
-                rows::encode_pull(enc, handle, tables, ids, &mut s.rows)
-            }
+            RequestOp::PullRows {
+                tables, ids, held, ..
+            } => rows::encode_pull(enc, handle, tables, ids, held, &mut s.rows),
             RequestOp::PushRows {
                 tables,
                 ids,

@@ -192,7 +192,9 @@ impl Server {
                 let convert = c.enc.features().contains(WireFeatures::ROW_FORMATS);
                 let pooled = self.jobs.as_ref();
                 let refused = rows::any_refused(service, Verb::Pull, tables, convert);
-                let pooled = pooled.filter(|_| !refused);
+                // Tables whose requester holds versions are served here too.
+                let versioned = tables.into_iter().any(|t| t.has_held());
+                let pooled = pooled.filter(|_| !refused && !versioned);
                 if let Some(jobs) = pooled {
                     // The blocks are made on the pool: charged before they are.
                     let bytes = tables.map(|t| t.block.byte_len).sum();

@@ -84,6 +84,7 @@ impl Server {
             .iter()
             .zip(&tokens)
             .map(|((index, t), &token)| ResponseItem {
+                versions: Default::default(),
                 index: *index,
                 status: Status::Ok,
                 tensor: Some(out_tensor(t, token.unwrap_or(COPY_TOKEN))),
@@ -200,6 +201,7 @@ impl Server {
             Ok(t) => {
                 let token = conn.out_tensors.insert(t.clone()) as u64;
                 let item = ResponseItem {
+                    versions: Default::default(),
                     index,
                     status: Status::Ok,
                     tensor: Some(out_tensor(t, token)),

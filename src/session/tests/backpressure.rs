@@ -17,6 +17,7 @@ fn rows_service() -> SharedService {
 fn pull_rows(table: u32, dim: u64, ids: Vec<u64>) -> RequestOp {
     let spec = RowsSpec::of(&Rows::new(table, DType::F32, &[dim], &ids)).unwrap();
     RequestOp::PullRows {
+        held: Vec::new(),
         tables: vec![spec],
         ids,
         alloc: None,
@@ -234,6 +235,7 @@ fn a_report_of_missing_rows_over_the_requester_s_limit_fails_its_table_alone() {
     let spec = |ids: &[u64]| RowsSpec::of(&Rows::new(1, DType::F32, &[4], ids)).unwrap();
     p.submit(
         RequestOp::PullRows {
+            held: Vec::new(),
             tables: vec![spec(&[1]), spec(&[2, 3, 4])],
             ids: vec![1, 2, 3, 4],
             alloc: None,

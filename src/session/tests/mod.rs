@@ -846,5 +846,6 @@ mod liveness;
 mod metrics;
 mod recv_ahead;
 mod row_formats;
+mod row_versions;
 mod rows;
 mod trace;

@@ -25,6 +25,7 @@ fn spec(table: u32, dim: u64, ids: &[u64]) -> RowsSpec {
 /// A pull of `tables` (table, row length, ids).
 fn pull_rows(tables: &[(u32, u64, &[u64])]) -> RequestOp {
     RequestOp::PullRows {
+        held: Vec::new(),
         tables: tables.iter().map(|&(t, d, ids)| spec(t, d, ids)).collect(),
         ids: tables.iter().flat_map(|t| t.2.iter().copied()).collect(),
         alloc: None,

@@ -361,18 +361,21 @@ fn fixture_response() {
 
     let es = [
         ResponseEntry {
+            versions: Default::default(),
             index: 0,
             status: Status::Ok,
             tensor: TensorMeta::new(DType::I32, &[2]),
             missing: Missing::default(),
         },
         ResponseEntry {
+            versions: Default::default(),
             index: 1,
             status: Status::NotFound,
             tensor: None,
             missing: Missing::default(),
         },
         ResponseEntry {
+            versions: Default::default(),
             index: 2,
             status: Status::Ok,
             tensor: None,
@@ -437,6 +440,7 @@ fn fixture_response_empty_and_chunked() {
     assert!(t.chunked);
     assert_eq!((t.dtype, t.byte_len), (DType::U8, 100_000));
     let want_e = ResponseEntry {
+        versions: Default::default(),
         index: 2,
         status: Status::Ok,
         tensor: Some(TensorMeta {

@@ -588,4 +588,5 @@ fn hdr(
 mod fixtures;
 mod rejections;
 mod row_formats;
+mod row_versions;
 mod rows;

@@ -198,8 +198,9 @@ fn fixture_hello_announcing_row_formats() {
         panic!("not a HELLO")
     };
     assert_eq!(r.features.bits(), 0x8003);
+    assert_eq!(WireFeatures::ALL.negotiate(r.features), WireFeatures::ALL);
     assert_eq!(
-        WireFeatures::ALL.negotiate(r.features),
+        WireFeatures::ROW_FORMATS.negotiate(r.features),
         WireFeatures::ROW_FORMATS
     );
 }
@@ -240,6 +241,7 @@ fn fixture_pull_rows_bf16_and_its_answers() {
         float::convert(DType::F32, &f32_bytes, dtype, &mut converted, None).unwrap();
         assert_eq!(converted, payload, "{dtype:?}");
         let entry = ResponseEntry {
+            versions: Default::default(),
             index: 0,
             status: Status::Ok,
             tensor: Some(block),

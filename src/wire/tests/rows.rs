@@ -129,6 +129,7 @@ fn fixture_rows_answer_with_a_missing_row() {
     assert_eq!(e.missing.iter().collect::<Vec<_>>(), [1]);
     let missing = [1u32];
     let entry = ResponseEntry {
+        versions: Default::default(),
         index: 0,
         status: Status::Ok,
         tensor: Some(TensorMeta::new(DType::F32, &[2, 4]).unwrap()),
