@@ -115,7 +115,7 @@ fn steps<M: Mode>(
             rows.fill(1.0);
             let r = pipe.pull_typed(client, &ids, &mut rows).unwrap();
             assert_eq!((r.unique, r.missing), (100, 0));
-            assert_eq!(r.cache_hits + r.rows_received, 100);
+            assert_eq!(r.cache_hits + r.rows_received + r.rows_unchanged, 100);
             *hits += r.cache_hits;
             assert!(rows.iter().all(|&v| v == 0.0));
             batch(t + 1, &mut next);

@@ -9,8 +9,10 @@ impl Pipeline {
     /// Splits PS `k`'s part of the batch on its way, for rows used after `target` pushes,
     /// between the row cache and a request (`may_ask`: the staleness bound lets a request
     /// go now). A cached row is served when it misses at most `s` of the pushes: when it
-    /// was fetched sure to reflect the pushes up to `target - s`. Without a cache, or with
-    /// `s = 0`, the part is asked for whole.
+    /// was fetched sure to reflect the pushes up to `target - s`. With `s = 0` the cache
+    /// serves nothing, but the rows it holds are named with their versions (a PS with
+    /// `row_versions` answers those unchanged without their bytes). Without a cache the
+    /// part is asked for whole.
     pub(super) fn decide_part(&mut self, k: usize, target: u64, may_ask: bool) -> Decision {
         let s = u64::from(self.settings.staleness_bound());
         let clock = self.ledger.covered(k);
@@ -23,6 +25,9 @@ impl Pipeline {
                 may_ask,
                 clock,
             ),
+            // No row is fresh enough without asking: every id is asked for, each cached
+            // one with the version held.
+            Some(cache) if may_ask => split.split(cache, self.ahead.ids(k), u64::MAX, true, clock),
             _ if may_ask => {
                 split.whole(clock);
                 Decision::Ask

@@ -109,14 +109,20 @@ use split::Split;
 ///   this worker's pushes up to `P - s` ([`PipelineReport::may_miss`] counts them);
 /// - this worker's **own pushes do not patch** the cached rows: a cached row stays as the
 ///   PS sent it until it is too old and pulled again. The bound is what keeps it honest;
-/// - with `s = 0` the cache serves nothing (every row is pulled, and inserted: it then
-///   only costs its memory);
+/// - the rows asked for that the cache holds too old are **named with their versions**
+///   (a versioned pull, when the rows travel in the table's dtype): a PS that announced
+///   `row_versions` answers those nobody pushed since as unchanged, without their bytes,
+///   and the cache's copy is used (its clock renewed). With `s = 0` the cache serves
+///   nothing without asking, but every row it holds is named this way: the rows are
+///   exactly those of a plain pull, and only the changed ones travel
+///   ([`PipelineReport::rows_unchanged`] counts the others). A PS without the feature, or
+///   a table that keeps no versions, sends every row;
 /// - when the cache is full a row is evicted (CLOCK: rows used again since the hand last
 ///   passed stay); a row evicted is pulled again when next needed. Rows no PS has are not
 ///   cached.
 ///
 /// [`PipelineReport::cache_hits`] and [`cache_misses`](PipelineReport::cache_misses) count
-/// the step's rows served and pulled; [`rows_received`](PipelineReport::rows_received)
+/// the step's rows served and asked for (those answered unchanged included); [`rows_received`](PipelineReport::rows_received)
 /// and the bytes count what travelled. [`cache`](Self::cache) gives the cache's counts
 /// over all steps.
 ///
@@ -213,6 +219,10 @@ pub struct Pipeline {
     /// on its way is split between the cache and the request.
     cache: Option<RowCache>,
     splits: Vec<Split>,
+    /// Per PS, for a versioned pull of its part: the cache's rows of the ids it names, in
+    /// the order asked, copied when it was sent (the rows answered unchanged are taken from
+    /// here; the others are written over). Grown to the largest part, then reused.
+    held_rows: Vec<Vec<u8>>,
 }
 
 /// One PS's part of the pull of the batch on its way.
@@ -310,6 +320,7 @@ impl Pipeline {
             wide: Vec::new(),
             cache,
             splits: (0..n).map(|_| Split::default()).collect(),
+            held_rows: (0..n).map(|_| Vec::new()).collect(),
             peers,
             table,
             dtype,

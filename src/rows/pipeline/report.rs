@@ -67,6 +67,11 @@ pub struct PipelineReport {
     pub cache_bytes: u64,
     /// Rows the cache evicted during the step's calls.
     pub cache_evictions: u64,
+    /// Distinct rows of the step the cache held too old to serve, which a versioned pull
+    /// named and the PS answered unchanged: their bytes did not travel, the cache's copy
+    /// was used and its clock renewed (0 without a cache, or when a PS does not announce
+    /// `row_versions`). Counted in `cache_misses`, not in `rows_received`.
+    pub rows_unchanged: usize,
 }
 
 impl PipelineReport {

@@ -101,7 +101,9 @@ impl PipelineSettings {
     /// cache, every row of every step pulled. With a staleness bound `s ≥ 1`, a row the
     /// cache holds that misses at most `s` of this worker's pushes when used is served
     /// from it, not pulled (see [`Pipeline`](super::Pipeline#the-row-cache)); with `s = 0`
-    /// the cache serves nothing. Not 0: at least the bytes of one row with its entry.
+    /// the cache serves nothing without asking. Either way the rows it holds too old are
+    /// named in the pull with their versions, and a PS with `row_versions` sends only
+    /// those that changed. Not 0: at least the bytes of one row with its entry.
     pub fn cache_bytes(mut self, bytes: usize) -> PipelineSettings {
         self.cache_bytes = bytes;
         self

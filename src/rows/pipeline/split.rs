@@ -34,6 +34,11 @@ pub(crate) struct Split {
     /// The ids asked for, in the part's order, and each one's index in the part.
     asked: Vec<u64>,
     at: Vec<u32>,
+    /// Per id asked for: the version of the row the cache holds for it (too old to serve),
+    /// 0 when it holds none; `versioned` says the split was made by the cache (a pull
+    /// then names these, so that its answer brings the versions of the rows cached).
+    held: Vec<u64>,
+    versioned: bool,
     hits: usize,
     oldest_hit: u64,
     /// The clock of the rows asked for: the pushes the answer is sure to reflect.
@@ -57,6 +62,7 @@ impl Split {
         clock: u64,
     ) -> Decision {
         self.reset(clock);
+        self.versioned = true;
         let fresh = |c: &RowCache, id: u64| {
             c.find(id)
                 .and_then(|slot| c.entry(slot))
@@ -81,8 +87,13 @@ impl Split {
                     if !self.sources.is_empty() {
                         self.sources.push(Source::Wire(self.asked.len() as u32));
                     }
+                    let held = cache
+                        .find(id)
+                        .and_then(|slot| cache.entry(slot))
+                        .map_or(0, |(_, _, version)| version);
                     self.asked.push(id);
                     self.at.push(j as u32);
+                    self.held.push(held);
                 }
             }
         }
@@ -104,6 +115,8 @@ impl Split {
         self.sources.clear();
         self.asked.clear();
         self.at.clear();
+        self.held.clear();
+        self.versioned = false;
         self.hits = 0;
         self.oldest_hit = u64::MAX;
         self.clock = clock;
@@ -123,6 +136,13 @@ impl Split {
     #[cfg(test)]
     pub(crate) fn clock(&self) -> u64 {
         self.clock
+    }
+
+    /// Per id asked for (in the order of [`asked`](Self::asked), or of the part when it is
+    /// asked for whole): the version of the row the cache holds, too old to serve (0:
+    /// none). `None` when the split was not the cache's (no cache): a plain pull.
+    pub(crate) fn held(&self) -> Option<&[u64]> {
+        self.versioned.then_some(&self.held[..])
     }
 
     /// The ids to ask for when some rows come from the cache; `None`: the whole part.
@@ -147,9 +167,17 @@ impl Split {
 
     /// Inserts into `cache` the rows asked for, from `bytes` (the answer in the table's
     /// dtype, `row_bytes` per row), `ids` being the whole part's: each at the clock of the
-    /// request, version 0 (unknown), except those the PS did not have (as last given to
+    /// request, with its version from `versions` (one per row asked for; 0, unknown, when
+    /// empty), except those the PS did not have (as last given to
     /// [`missing_in_part`](Self::missing_in_part)).
-    pub(crate) fn keep(&self, cache: &mut RowCache, ids: &[u64], bytes: &[u8], row_bytes: usize) {
+    pub(crate) fn keep(
+        &self,
+        cache: &mut RowCache,
+        ids: &[u64],
+        bytes: &[u8],
+        row_bytes: usize,
+        versions: &[u64],
+    ) {
         let mut missing = self.missing.iter().peekable();
         for (i, row) in bytes.chunks_exact(row_bytes).enumerate() {
             let j = self.part_index(i);
@@ -158,7 +186,8 @@ impl Split {
                 continue;
             }
             if let Some(&id) = ids.get(j) {
-                cache.insert(id, row, self.clock, 0);
+                let version = versions.get(i).copied().unwrap_or(0);
+                cache.insert(id, row, self.clock, version);
             }
         }
     }
@@ -205,6 +234,32 @@ mod tests {
         assert_eq!((s.part_index(0), s.part_index(1)), (1, 2));
         assert_eq!(s.missing_in_part(&[1]), &[2]);
         assert_eq!((c.hits(), c.misses()), (2, 2));
+    }
+
+    #[test]
+    fn rows_held_too_old_are_named_with_their_versions() {
+        let mut c = RowCache::new(1 << 16, 4).unwrap();
+        c.insert(1, &[1; 4], 5, 11);
+        c.insert(2, &[2; 4], 3, 77);
+        let mut s = Split::default();
+        // 1 is fresh (served), 2 is too old (asked, named with version 77), 3 absent.
+        assert_eq!(s.split(&mut c, &[1, 2, 3], 4, true, 7), Decision::Ask);
+        assert_eq!(s.asked(), Some(&[2u64, 3][..]));
+        assert_eq!(s.held(), Some(&[77u64, 0][..]));
+        // Nothing served (staleness 0): every id asked for, the cached ones named.
+        assert_eq!(
+            s.split(&mut c, &[3, 1, 2], u64::MAX, true, 7),
+            Decision::Ask
+        );
+        assert_eq!((s.asked(), s.hits()), (None, 0));
+        assert_eq!(s.held(), Some(&[0u64, 11, 77][..]));
+        // Kept with the versions of the answer: 3 now cached with its version.
+        s.keep(&mut c, &[3, 1, 2], &[9; 12], 4, &[40, 11, 78]);
+        let slot = c.find(3).unwrap();
+        assert_eq!(c.entry(slot), Some((3, 7, 40)));
+        // Without a cache's split, nothing is named.
+        s.whole(8);
+        assert_eq!(s.held(), None);
     }
 
     #[test]

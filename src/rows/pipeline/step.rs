@@ -234,7 +234,28 @@ impl Pipeline {
         let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids).travel_as(self.wire);
         self.report.bytes_sent += ID_BYTES * ids.len() as u64;
         let spare = std::mem::take(&mut self.pull_spares[k]);
-        match client.pull_rows_with(self.peers[k], &[rows], deadline, spare) {
+        // Rows the cache holds too old are named with their versions, when they travel in
+        // the table's dtype (the cache's copy is what an unchanged row is taken from).
+        let held = split.held().filter(|_| self.wire == self.dtype);
+        let sent = match (held, &self.cache) {
+            (Some(held), Some(cache)) => {
+                let rb = self.row_bytes;
+                let stage = &mut self.held_rows[k];
+                stage.clear();
+                stage.resize(ids.len() * rb, 0);
+                for ((&id, &version), row) in ids.iter().zip(held).zip(stage.chunks_exact_mut(rb)) {
+                    if version != 0 {
+                        if let Some(slot) = cache.find(id) {
+                            row.copy_from_slice(cache.row(slot));
+                        }
+                    }
+                }
+                self.report.bytes_sent += ID_BYTES * ids.len() as u64;
+                client.pull_rows_versioned_with(self.peers[k], &[rows], held, deadline, spare)
+            }
+            _ => client.pull_rows_with(self.peers[k], &[rows], deadline, spare),
+        };
+        match sent {
             Ok(t) => Part::Sent {
                 tag: t.tag(),
                 covers,
@@ -355,7 +376,10 @@ impl Pipeline {
                     let n = split.asked().map_or(self.ahead.ids(k).len(), <[u64]>::len);
                     let missing = split.missing_in_part(rows.missing(0));
                     self.report.missing += missing_positions(&self.ahead, k, missing);
-                    self.report.rows_received += n;
+                    let versions = rows.versions(0);
+                    let unchanged = rows.unchanged_count(0);
+                    self.report.rows_received += n - unchanged;
+                    self.report.rows_unchanged += unchanged;
                     self.report.bytes_received += block.byte_len() as u64;
                     if self.wire != self.dtype && block.dtype() == self.dtype {
                         self.report.fallbacks += 1;
@@ -364,7 +388,18 @@ impl Pipeline {
                     let split = &self.splits[k];
                     let cache = &mut self.cache;
                     let report = &mut self.report;
-                    widened(self.dtype, block, &mut self.wide).and_then(|bytes| {
+                    let stage = &mut self.held_rows[k];
+                    // A versioned answer's block holds the rows sent: they go over the
+                    // cache's copies of the rows named, and the rows answered unchanged
+                    // keep those.
+                    let whole = if versions.is_empty() {
+                        widened(self.dtype, block, &mut self.wide)
+                    } else {
+                        rows.write_changed(0, stage)
+                            .map(|_| &stage[..])
+                            .map_err(|status| remote(status, self.peers[k]))
+                    };
+                    whole.and_then(|bytes| {
                         match split.asked() {
                             None => ahead.scatter(k, bytes, rb, out),
                             // Each row asked for, and no more, is in the block.
@@ -381,7 +416,7 @@ impl Pipeline {
                         .map_err(|e| Error::invalid(&e.to_string()))?;
                         if let Some(cache) = cache {
                             let before = cache.evictions();
-                            split.keep(cache, ahead.ids(k), bytes, rb);
+                            split.keep(cache, ahead.ids(k), bytes, rb, versions);
                             report.cache_evictions += cache.evictions() - before;
                             report.cache_misses += n;
                         }
