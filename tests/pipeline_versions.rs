@@ -27,7 +27,12 @@ fn ps() -> Runtime {
         service: Some(Arc::new(Tables::new().with(TABLE, table))),
         ..Options::listen("127.0.0.1:0".parse().unwrap())
     };
-    Runtime::start_with(config("ps", 1).build().unwrap(), options).expect("ps starts")
+    // Announces every feature whatever STARWIRE_WIRE_FEATURES says: the workers choose.
+    let cfg = config("ps", 1)
+        .wire_features(WireFeatures::ALL)
+        .build()
+        .unwrap();
+    Runtime::start_with(cfg, options).expect("ps starts")
 }
 
 fn worker(features: WireFeatures) -> Runtime {

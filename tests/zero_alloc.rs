@@ -383,9 +383,13 @@ fn versioned_rows_pulls_allocate_nothing_in_steady_state() {
         service: Some(Arc::new(Tables::new().with(1, table))),
         ..Options::listen("127.0.0.1:0".parse().unwrap())
     };
-    let ps = Runtime::start_with(config("ps", 1).build().unwrap(), options).unwrap();
+    // Both ends announce row versions whatever STARWIRE_WIRE_FEATURES says.
+    let all = starwire::WireFeatures::ALL;
+    let ps_cfg = config("ps", 1).wire_features(all).build().unwrap();
+    let ps = Runtime::start_with(ps_cfg, options).unwrap();
     let addr = ps.local_addr().unwrap();
-    let worker = client(1);
+    let worker_cfg = config("worker", 1).wire_features(all).build().unwrap();
+    let worker = Runtime::start(worker_cfg, None).unwrap();
     let mut h = worker.handle(16);
     let ids: Vec<u64> = (0..100).collect();
     let pushed: Vec<u64> = (0..10).collect();

@@ -48,7 +48,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use starwire::proto::{Decoder, Error, Event, NextRead, Owed, PayloadTarget};
-use starwire::wire::{Body, FrameKind, Header, HeaderRepr, Limits, HEADER_LEN};
+use starwire::wire::{Body, FrameKind, Header, HeaderRepr, Limits, WireFeatures, HEADER_LEN};
 use std::collections::VecDeque;
 
 #[path = "common/encoder_mode.rs"]
@@ -293,8 +293,15 @@ enum Mode<'a> {
     },
 }
 
-fn run(stream: &[u8], limits: Limits, capacity: usize, mode: Mode<'_>) -> Outcome {
+fn run(
+    stream: &[u8],
+    limits: Limits,
+    features: WireFeatures,
+    capacity: usize,
+    mode: Mode<'_>,
+) -> Outcome {
     let mut dec = Decoder::new(limits, capacity);
+    dec.set_features(features);
     assert_eq!(dec.limits(), &limits);
     let mut rec = Recorder::new(stream, limits, capacity);
     let (mut pos, mut step) = (0usize, 0usize);
@@ -396,6 +403,7 @@ fn run(stream: &[u8], limits: Limits, capacity: usize, mode: Mode<'_>) -> Outcom
 fn run_all(
     stream: &[u8],
     limits: Limits,
+    features: WireFeatures,
     capacity: usize,
     k: u8,
     pieces: &[usize],
@@ -403,12 +411,13 @@ fn run_all(
 ) -> Outcome {
     let pieces: Vec<usize> = pieces.iter().map(|p| p * scale).collect();
     let pieces = &pieces[..];
-    let whole = run(stream, limits, capacity, Mode::Whole);
-    let split = run(stream, limits, capacity, Mode::Pieces(pieces));
+    let whole = run(stream, limits, features, capacity, Mode::Whole);
+    let split = run(stream, limits, features, capacity, Mode::Pieces(pieces));
     assert_eq!(whole, split, "whole vs split feeding");
     let direct = run(
         stream,
         limits,
+        features,
         capacity,
         Mode::Direct {
             k: (1 + (k as usize & 0x0f) * (k as usize & 0x0f) * 37) * scale,
@@ -431,6 +440,14 @@ fuzz_target!(|data: &[u8]| {
         encoder_mode(cfg, k, &pieces, rest);
     } else {
         let limits = limits_for(cfg >> 3);
-        run_all(rest, limits, CAPACITIES[cfg as usize & 7], k, &pieces, 1);
+        // Streams of odd length are decoded with every optional feature negotiated (rows
+        // in other float formats, loss scales, held versions and versions reports), the
+        // others with none.
+        let features = if rest.len() % 2 == 1 {
+            WireFeatures::ALL
+        } else {
+            WireFeatures::NONE
+        };
+        run_all(rest, limits, features, CAPACITIES[cfg as usize & 7], k, &pieces, 1);
     }
 });

@@ -536,6 +536,7 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
     let out = run_all(
         &stream,
         limits,
+        starwire::wire::WireFeatures::NONE,
         capacity,
         k,
         pieces,
