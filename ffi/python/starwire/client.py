@@ -834,6 +834,25 @@ _NO_ROWS: npt.NDArray[np.uint32] = np.empty(0, dtype=np.uint32)
 _NO_ROWS.flags.writeable = False
 
 
+
+def _step_outcome(code: int, r: Any, peers: int, part: Callable[[int], int]) -> StepReport:
+    """The report of a sharded step that returned `code`, from the C report `r`; raises
+    the first failed PS part's error (with the report attached) when the step failed, or
+    the refusal when it did not run. `part(i)` is PS `i`'s outcome code."""
+    report = StepReport(r.unique, r.missing, [None] * peers, r.fallbacks)
+    if code == OK:
+        return report
+    if r.failed == 0:
+        # The step did not run: an argument was refused.
+        raise from_code(code)
+    for i in range(peers):
+        failed = part(i)
+        if failed:
+            report.parts[i] = from_code(failed)
+    first = report.parts[r.first_failed] or from_code(code)
+    first.report = report
+    raise first
+
 class Sharded:
     """One table partitioned over PS tasks, from a worker (`Client.sharded`): each step's
     ids are deduplicated, spread over the PS tasks, sent as one rows request per PS (all in
@@ -924,20 +943,8 @@ class Sharded:
         return self._loss_scale
 
     def _finish(self, code: int) -> StepReport:
-        r = self._report
-        report = StepReport(r.unique, r.missing, [None] * len(self.peers), r.fallbacks)
-        if code == OK:
-            return report
-        if r.failed == 0:
-            # The step did not run: an argument was refused.
-            raise from_code(code)
-        for i in range(len(self.peers)):
-            part = _lib.sharded_part(self._s, i)
-            if part:
-                report.parts[i] = from_code(part)
-        first = report.parts[r.first_failed] or from_code(code)
-        first.report = report
-        raise first
+        return _step_outcome(code, self._report, len(self.peers),
+                             lambda i: _lib.sharded_part(self._s, i))
 
     def pull(self, ids: Any, out: Optional[npt.NDArray[Any]] = None,
              timeout: Optional[float] = DEFAULT_TIMEOUT

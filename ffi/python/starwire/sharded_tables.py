@@ -12,8 +12,9 @@ import numpy.typing as npt
 
 from . import _lib
 from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
-from .client import _PARTITIONS, DEFAULT_TIMEOUT, Client, StepReport, _ms, _row_ids, _row_shape
-from .errors import OK, Closed, InvalidArgument, check, from_code
+from .client import (_PARTITIONS, DEFAULT_TIMEOUT, Client, StepReport, _ms, _row_ids, _row_shape,
+                     _step_outcome)
+from .errors import Closed, InvalidArgument, check
 
 __all__ = ["ShardedTables"]
 
@@ -107,19 +108,8 @@ class ShardedTables:
         return [_row_ids(i) for i in ids]
 
     def _finish(self, code: int) -> StepReport:
-        r = self._report
-        report = StepReport(r.unique, r.missing, [None] * len(self.peers), r.fallbacks)
-        if code == OK:
-            return report
-        if r.failed == 0:
-            raise from_code(code)
-        for i in range(len(self.peers)):
-            part = _lib.sharded_tables_part(self._s, i)
-            if part:
-                report.parts[i] = from_code(part)
-        first = report.parts[r.first_failed] or from_code(code)
-        first.report = report
-        raise first
+        return _step_outcome(code, self._report, len(self.peers),
+                             lambda i: _lib.sharded_tables_part(self._s, i))
 
     def pull(self, ids: Sequence[Any], timeout: Optional[float] = DEFAULT_TIMEOUT
              ) -> tuple[list[npt.NDArray[Any]], StepReport]:
