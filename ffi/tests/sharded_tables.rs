@@ -2,40 +2,17 @@
 //! tasks on loopback serving two tables each, a worker whose step is one rows request per
 //! PS for both tables, and the same rows as the per-table `sw_sharded` gives.
 
+mod common;
+
+use common::*;
 use starwire_ffi::*;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, CString};
 use std::ptr;
 
 const F32: u8 = 10;
 const BF16: u8 = 7;
 /// Table id and row size of the two tables.
 const TABLES: [(u32, usize); 2] = [(5, 2), (6, 3)];
-
-fn last_error() -> String {
-    // SAFETY: `sw_last_error` returns a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(sw_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn ok(r: sw_result) {
-    assert_eq!(r, sw_result::SW_OK, "{}", last_error());
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn bf16(x: f32) -> f32 {
-    let bits = x.to_bits();
-    f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
-}
 
 const MOD: sw_partition = sw_partition {
     kind: sw_partition_kind::SW_PARTITION_MOD as u32,

@@ -3,6 +3,9 @@
 //! `sw_pipeline_settings`): a PS on loopback with an f32 table, a worker asking for
 //! narrower rows, and a PS whose handshake does not announce `row_formats`.
 
+mod common;
+
+use common::*;
 use starwire_ffi::*;
 use std::ffi::{c_char, CStr, CString};
 use std::ptr;
@@ -11,33 +14,6 @@ const F32: u8 = 10;
 const F16: u8 = 6;
 const BF16: u8 = 7;
 const TABLE: u32 = 5;
-
-fn last_error() -> String {
-    // SAFETY: `sw_last_error` returns a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(sw_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn ok(r: sw_result) {
-    assert_eq!(r, sw_result::SW_OK, "{}", last_error());
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-/// `x` rounded to the nearest bfloat16 (ties to even).
-fn bf16(x: f32) -> f32 {
-    let bits = x.to_bits();
-    f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
-}
 
 /// A PS serving an f32 reference table of rows of 2 (missing until pushed, SGD with rate
 /// 1) with `settings` on top, or a worker.
