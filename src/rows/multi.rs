@@ -7,10 +7,12 @@ use arrayvec::ArrayVec;
 
 use super::plan::{Partition, Plan};
 use super::sharded::StepReport;
-use super::travel::{checked_scale, widened};
+use super::travel::{checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
+#[cfg(doc)]
+use crate::error::ErrorKind;
 use crate::session::{Rows, MAX_ROW_RANK};
 use crate::wire::{DType, LossScale, Status};
 
@@ -72,27 +74,6 @@ pub struct ShardedTables {
     report: StepReport,
     /// A block that travelled in another dtype, widened into the table's (reused).
     wide: Vec<u8>,
-}
-
-fn remote(status: Status, peer: Peer) -> Error {
-    let e = Error::new(ErrorKind::Remote(status)).with_peer(peer.addr());
-    match peer.task() {
-        Some(task) => e.with_task(task),
-        None => e,
-    }
-}
-
-/// Batch positions of `plan` whose ids are among `missing` (positions in shard `s`'s ids).
-fn missing_positions(plan: &Plan, s: usize, missing: &[u32]) -> usize {
-    if missing.is_empty() {
-        return 0;
-    }
-    (0..plan.batch_len())
-        .filter(|&p| {
-            plan.slot(p)
-                .is_some_and(|(shard, j)| shard == s && missing.binary_search(&(j as u32)).is_ok())
-        })
-        .count()
 }
 
 impl ShardedTables {
@@ -321,7 +302,7 @@ impl ShardedTables {
                     for (k, &i) in sent.iter().enumerate() {
                         let t = &tables[i as usize];
                         let block = rows.block(k).map_err(|status| remote(status, peer))?;
-                        report.missing += missing_positions(&t.plan, s, rows.missing(k));
+                        report.missing += t.plan.missing_positions(s, rows.missing(k));
                         if t.wire != t.dtype && block.dtype() == t.dtype {
                             report.fallbacks += 1;
                         }

@@ -329,6 +329,21 @@ impl Plan {
         self.partition
     }
 
+    /// Batch positions whose ids are among `missing` (sorted positions in shard `s`'s
+    /// ids): the positions a pull left without a row.
+    pub(crate) fn missing_positions(&self, s: usize, missing: &[u32]) -> usize {
+        if missing.is_empty() {
+            return 0;
+        }
+        (0..self.batch_len())
+            .filter(|&p| {
+                self.slot(p).is_some_and(|(shard, j)| {
+                    shard == s && missing.binary_search(&(j as u32)).is_ok()
+                })
+            })
+            .count()
+    }
+
     /// Ids of the planned batch, repeats included.
     pub fn batch_len(&self) -> usize {
         self.slots.len()

@@ -8,7 +8,7 @@ use arrayvec::ArrayVec;
 
 use super::element::{self, RowElement};
 use super::plan::{Partition, Plan};
-use super::travel::{checked_scale, widened};
+use super::travel::{checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
@@ -132,27 +132,6 @@ impl StepReport {
     /// Whether every PS part succeeded.
     pub fn is_ok(&self) -> bool {
         self.shards.iter().all(Result::is_ok)
-    }
-}
-
-/// Batch positions whose ids are among `missing` (positions in shard `s`'s ids).
-fn missing_positions(plan: &Plan, s: usize, missing: &[u32]) -> usize {
-    if missing.is_empty() {
-        return 0;
-    }
-    (0..plan.batch_len())
-        .filter(|&p| {
-            plan.slot(p)
-                .is_some_and(|(shard, j)| shard == s && missing.binary_search(&(j as u32)).is_ok())
-        })
-        .count()
-}
-
-fn remote(status: Status, peer: Peer) -> Error {
-    let e = Error::new(ErrorKind::Remote(status)).with_peer(peer.addr());
-    match peer.task() {
-        Some(task) => e.with_task(task),
-        None => e,
     }
 }
 
@@ -321,7 +300,7 @@ impl Sharded {
                 let r = match c.rows() {
                     Ok(rows) => match rows.block(0) {
                         Ok(block) => {
-                            report.missing += missing_positions(&self.plan, s, rows.missing(0));
+                            report.missing += self.plan.missing_positions(s, rows.missing(0));
                             if self.wire != self.dtype && block.dtype() == self.dtype {
                                 report.fallbacks += 1;
                             }

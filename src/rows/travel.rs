@@ -1,9 +1,10 @@
 //! How rows travel when the wire dtype differs from the table's: the checks of the
 //! settings that choose it, and an answer's block brought back to the table's dtype.
 
+use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::Tensor;
-use crate::wire::{DType, LossScale};
+use crate::wire::{DType, LossScale, Status};
 
 /// The bytes of `block` in `dtype`: its own when it travelled as `dtype`, else widened
 /// or narrowed into `wide` (grown as needed, kept).
@@ -48,4 +49,13 @@ pub(crate) fn checked_scale(
             "rows: loss scale {s:e} out of range: it must be from 2^-126 to 2^126"
         ))
     })
+}
+
+/// The error of a part PS `peer` refused with `status`, naming the peer and its task.
+pub(crate) fn remote(status: Status, peer: Peer) -> Error {
+    let e = Error::new(ErrorKind::Remote(status)).with_peer(peer.addr());
+    match peer.task() {
+        Some(task) => e.with_task(task),
+        None => e,
+    }
 }

@@ -30,19 +30,6 @@ fn is_plan_of(plan: &Plan, ids: &[u64]) -> bool {
         })
 }
 
-/// Batch positions whose ids are among `missing` (positions in shard `s`'s ids).
-fn missing_positions(plan: &Plan, s: usize, missing: &[u32]) -> usize {
-    if missing.is_empty() {
-        return 0;
-    }
-    (0..plan.batch_len())
-        .filter(|&p| {
-            plan.slot(p)
-                .is_some_and(|(shard, j)| shard == s && missing.binary_search(&(j as u32)).is_ok())
-        })
-        .count()
-}
-
 fn remote(status: Status, peer: Peer) -> Error {
     Error::new(ErrorKind::Remote(status)).with_peer(peer.addr())
 }
@@ -375,7 +362,7 @@ impl Pipeline {
                     let split = &mut self.splits[k];
                     let n = split.asked().map_or(self.ahead.ids(k).len(), <[u64]>::len);
                     let missing = split.missing_in_part(rows.missing(0));
-                    self.report.missing += missing_positions(&self.ahead, k, missing);
+                    self.report.missing += self.ahead.missing_positions(k, missing);
                     let versions = rows.versions(0);
                     let unchanged = rows.unchanged_count(0);
                     self.report.rows_received += n - unchanged;
