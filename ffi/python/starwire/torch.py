@@ -11,7 +11,10 @@ over that block and the inverse indices. Autograd then gives the gradient of the
 ``[unique, dim]`` with the gradients of duplicate ids already summed, and the backward
 pushes it to the PS tasks, whose optimizer applies it (a `PsTable` with
 ``optimizer="sgd"`` does ``w -= lr * g``). The rows are therefore not parameters: the
-trainer's ``torch.optim`` optimizer sees only the dense parameters.
+trainer's ``torch.optim`` optimizer sees only the dense parameters. With
+``push_in_backward=False`` backward runs no Python for the rows (the gradient only
+accumulates on the block) and the gradients go at ``push_gradients()``, which the trainer
+calls after ``loss.backward()`` (or, at the latest, the next forward, before its pull).
 
 With ``staleness=0`` (the default) a forward waits for its pull and a backward for its
 push. With ``staleness=s`` above 0 (or ``pipelined=True``) the table goes through a
@@ -41,8 +44,8 @@ another table. The rows are saved by the PS tasks themselves (`checkpoint`, or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import (Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, Protocol,
-                    Sequence, TypeVar, Union)
+from typing import (Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, Sequence,
+                    TypeVar, Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -51,7 +54,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._arrays import loss_scale_value
-from .client import DEFAULT_TIMEOUT, Client, Sharded, StepReport
+from ._embedding_rows import _note, _PipelinedRows, _Rows, _ShardedRows
+from .client import DEFAULT_TIMEOUT, Client, StepReport
 from .errors import Closed, InvalidArgument, StarwireError
 from .pipeline import Pipeline, PipelineReport, PipelineSettings
 from .sharded_tables import ShardedTables
@@ -63,185 +67,42 @@ __all__ = ["MARKER_FORMAT", "PSEmbedding", "PSEmbeddingBag", "PSEmbeddingBagColl
 MARKER_FORMAT = "starwire.torch/ps-rows"
 _MARKER_VERSION = 1
 _MODES = ("sum", "mean")
+#: The most blocks without a gradient a forward keeps for a later push
+#: (``push_in_backward=False``): gradients accumulated over this many forwards before one
+#: backward are all pushed.
+_KEPT_WITHOUT_GRAD = 16
 _IDS_ARE = ("ids are an integer tensor of values 0 to 2^63-1 (int64 without negative "
             "values; uint8, int8, int16, int32 and uint64 are converted)")
 
 
-# ----- where rows come from and gradients go -----
-
-class _Rows(Protocol):
-    """The one interface the modules pull rows from and push gradients to: the unique ids
-    of a step (uint64, 1-D, no duplicates) in, their ``[len(ids), dim]`` float32 block out
-    (a new array the module keeps: the tensor it wraps uses its memory); gradients of the
-    same shape back; the next pull's unique ids handed early (`prefetch`); everything in
-    flight waited for (`flush`). `_ShardedRows` is the synchronous form, `_PipelinedRows`
-    the pipelined one (`starwire.Pipeline`: pulls ahead, pushes in the background)."""
-
-    @property
-    def table(self) -> int: ...
-
-    @property
-    def dim(self) -> int: ...
-
-    @property
-    def last_report(self) -> Optional[Union[StepReport, PipelineReport]]: ...
-
-    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
-
-    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None: ...
-
-    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class _ShardedRows:
-    """A table's rows through the sharded rows client, synchronously: `pull` and `push`
-    return when every PS task answered. Failures raise starwire's exceptions, with a note
-    naming the table."""
-
-    def __init__(self, sharded: Sharded, timeout: Optional[float]) -> None:
-        self.sharded = sharded
-        self.timeout = timeout
-        #: The last pull's report (distinct ids, rows the PS tasks did not have).
-        self.last_report: Optional[StepReport] = None
-
-    @property
-    def table(self) -> int:
-        return self.sharded.table
-
-    @property
-    def dim(self) -> int:
-        return self.sharded.row_shape[0]
-
-    def _check_open(self, doing: str) -> None:
-        runtime = self.sharded.client.runtime
-        if not runtime._rt:
-            raise Closed(f"cannot {doing} table {self.table}: the runtime of "
-                         f"{runtime.job}:{runtime.task_index} is closed")
-
-    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        if len(ids) == 0:
-            self.last_report = StepReport(0, 0, [None] * len(self.sharded.peers))
-            return np.zeros((0, self.dim), dtype=np.float32)
-        self._check_open("pull the rows of")
-        try:
-            rows, self.last_report = self.sharded.pull(ids, timeout=self.timeout)
-        except StarwireError as e:
-            _note(e, f"while pulling {len(ids)} rows of table {self.table}")
-            raise
-        return rows
-
-    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
-        if len(ids) == 0:
-            return
-        self._check_open("push gradients to")
-        try:
-            self.sharded.push(ids, grads, timeout=self.timeout)
-        except StarwireError as e:
-            _note(e, f"while pushing the gradients of {len(ids)} rows of table {self.table}")
-            raise
-
-    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
-        """Nothing to do: a synchronous pull asks when it is made."""
-
-    def flush(self) -> None:
-        """Nothing in flight: every push was answered before its backward returned."""
-
-    def close(self) -> None:
-        self.sharded.close()
-
-
-class _PipelinedRows:
-    """A table's rows through a `Pipeline`: `pull` takes the rows `prefetch` requested
-    (or requests them), `push` sends and returns, a push that failed after its call
-    returned raises at the next call that finds it (with ``e.failed_pushes``). Failures
-    raise starwire's exceptions, with a note naming the table."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        #: The report of the last pull's step (visible seconds, bytes, prefetched parts).
-        self.last_report: Optional[PipelineReport] = None
-
-    @property
-    def table(self) -> int:
-        return self.pipeline.table
-
-    @property
-    def dim(self) -> int:
-        return self.pipeline.row_shape[0]
-
-    def _check_open(self, doing: str) -> None:
-        runtime = self.pipeline.client.runtime
-        if not runtime._rt:
-            raise Closed(f"cannot {doing} table {self.table}: the runtime of "
-                         f"{runtime.job}:{runtime.task_index} is closed")
-
-    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        # An empty batch goes through the pipeline too: it is a step (the steps and pushes
-        # of the staleness bound stay counted alike) and sends nothing.
-        self._check_open("pull the rows of")
-        try:
-            rows, self.last_report = self.pipeline.pull(ids)
-        except StarwireError as e:
-            _note(e, f"while pulling {len(ids)} rows of table {self.table}")
-            raise
-        return rows
-
-    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
-        self._check_open("push gradients to")
-        try:
-            self.last_report = self.pipeline.push(ids, grads)
-        except StarwireError as e:
-            _note(e, f"while pushing the gradients of {len(ids)} rows of table {self.table}")
-            raise
-
-    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
-        self._check_open("prefetch the rows of")
-        try:
-            self.pipeline.prefetch(ids)
-        except StarwireError as e:
-            _note(e, f"while prefetching {len(ids)} rows of table {self.table}")
-            raise
-
-    def flush(self) -> None:
-        self._check_open("flush the pushes to")
-        try:
-            self.pipeline.flush()
-        except StarwireError as e:
-            _note(e, f"while flushing the pushes to table {self.table}")
-            raise
-
-    def close(self) -> None:
-        self.pipeline.close()
-
-
-def _note(e: BaseException, text: str) -> None:
-    """Adds `text` to the traceback of `e` (Python 3.11 and later)."""
-    add = getattr(e, "add_note", None)
-    if add is not None:
-        add(text)
-
-
 _Push = Callable[[npt.NDArray[np.uint64], npt.NDArray[np.float32]], None]
+#: What a forward hands the block it pulled (with its unique ids) when autograd records:
+#: a hook that pushes its gradient in backward, or a list that keeps it for a later push.
+_Sink = Callable[[npt.NDArray[np.uint64], Tensor], None]
+
+
+def _take_grad(block: Tensor) -> Optional[npt.NDArray[np.float32]]:
+    """The gradient backward accumulated on the pulled block (``[unique, dim]``, duplicates
+    summed by autograd), taken off it; None when it has none."""
+    grad, block.grad = block.grad, None
+    if grad is None:
+        return None
+    # The gradient of a float32 block is a contiguous float32 tensor: its memory as it is
+    # (one torch call, not three), converted only when it is not.
+    g = grad.detach().numpy()
+    if g.dtype != np.float32 or not g.flags.c_contiguous:
+        g = np.ascontiguousarray(g, dtype=np.float32)
+    return g
 
 
 def _push_on_backward(block: Tensor, push: _Push, ids: npt.NDArray[np.uint64]) -> None:
     """Makes the pulled block (a leaf that requires grad) hand its gradient to `push` when
-    backward has accumulated it (``[unique, dim]``, duplicates summed by autograd), and drop
-    it. A hook on the leaf costs less than a custom autograd Function (one Python call in
-    backward, none in forward; torch 2.1 or later)."""
+    backward has accumulated it. A hook on the leaf costs less than a custom autograd
+    Function (one Python call in backward, none in forward; torch 2.1 or later)."""
 
     def hook(leaf: Tensor) -> None:
-        grad, leaf.grad = leaf.grad, None
-        assert grad is not None
-        # The gradient of a float32 block is a contiguous float32 tensor: its memory as it
-        # is (one torch call, not three), converted only when it is not.
-        g = grad.detach().numpy()
-        if g.dtype != np.float32 or not g.flags.c_contiguous:
-            g = np.ascontiguousarray(g, dtype=np.float32)
+        g = _take_grad(leaf)
+        assert g is not None
         push(ids, g)
 
     block.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
@@ -316,15 +177,15 @@ def _dedup(ids: Tensor) -> _Lookup:
                    inverse if flat else inverse.reshape(ids.shape))
 
 
-def _weight(push: _Push, lookup: _Lookup) -> Tensor:
+def _weight(sink: _Sink, lookup: _Lookup) -> Tensor:
     """The pulled block as a tensor over its own memory (``torch.from_numpy`` keeps the
-    array alive), which hands its gradient to `push` in backward when autograd records."""
+    array alive), a leaf handed to `sink` when autograd records."""
     assert lookup.block is not None
     block = torch.from_numpy(lookup.block)
     if not torch.is_grad_enabled():
         return block
     block.requires_grad_(True)
-    _push_on_backward(block, push, lookup.unique)
+    sink(lookup.unique, block)
     return block
 
 
@@ -337,9 +198,11 @@ _WIRE_BY_NAME = {"float32": torch.float32, "f32": torch.float32, "bfloat16": tor
                  "half": torch.float16}
 
 
-def _checked_options(staleness: int, wire_dtype: Any, loss_scale: Optional[float]
-                     ) -> torch.dtype:
+def _checked_options(staleness: int, wire_dtype: Any, loss_scale: Optional[float],
+                     push_in_backward: bool) -> torch.dtype:
     """Checks the options every module shares; the wire dtype as a torch dtype."""
+    if not isinstance(push_in_backward, bool):
+        raise InvalidArgument(f"push_in_backward {push_in_backward!r} is not a bool")
     if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
         raise InvalidArgument(f"staleness {staleness!r} is not an int of 0 or more (the "
                               "most of this worker's recent pushes a pull may miss)")
@@ -363,9 +226,10 @@ class _PSModule(nn.Module):
                  peers: Optional[Sequence[str]], job: str, partition: str,
                  num_embeddings: Optional[int], staleness: int, wire_dtype: Any,
                  timeout: Optional[float], pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
+                 push_in_backward: bool = True) -> None:
         super().__init__()
-        wire = _checked_options(staleness, wire_dtype, loss_scale)
+        wire = _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
         if not isinstance(client, Client):
             raise InvalidArgument(f"client is a {type(client).__name__}, not a "
                                   "starwire.Client (runtime.client())")
@@ -415,6 +279,45 @@ class _PSModule(nn.Module):
         #: The unique ids of the next batch (`PrefetchingLoader`), requested right after
         #: the next pull.
         self._next: Optional[npt.NDArray[np.uint64]] = None
+        self.push_in_backward = push_in_backward
+        #: Without a push in backward: the blocks pulled since the last push, with their
+        #: ids, whose gradients `push_gradients` sends.
+        self._deferred: list[tuple[npt.NDArray[np.uint64], Tensor]] = []
+        self._sink: _Sink = self._hook if push_in_backward else self._keep
+
+    def _hook(self, ids: npt.NDArray[np.uint64], block: Tensor) -> None:
+        _push_on_backward(block, self._rows.push, ids)
+
+    def _keep(self, ids: npt.NDArray[np.uint64], block: Tensor) -> None:
+        self._deferred.append((ids, block))
+
+    def push_gradients(self) -> None:
+        """Pushes the gradients that backward accumulated on the blocks the forwards since
+        the last push pulled (in the order of the forwards; pipelined, without waiting), for
+        a module made with ``push_in_backward=False``; with the default, backward pushed
+        them already and this does nothing. A block without a gradient (no backward reached
+        its output) is forgotten, as backward would push nothing for it. Call it after
+        ``loss.backward()``; `flush`, `close`, `checkpoint` and a `PrefetchingLoader`
+        moving to the next batch call it. The next forward pushes what has a gradient
+        and keeps the rest (its backward may come later) up to `_KEPT_WITHOUT_GRAD`
+        blocks, forgetting the oldest beyond that."""
+        self._push_deferred(forget=True)
+
+    def _push_deferred(self, forget: bool) -> None:
+        deferred = self._deferred
+        kept: list[tuple[npt.NDArray[np.uint64], Tensor]] = []
+        while deferred:
+            ids, block = deferred.pop(0)
+            g = _take_grad(block)
+            if g is not None:
+                try:
+                    self._rows.push(ids, g)
+                except BaseException:
+                    deferred[:0] = kept
+                    raise
+            elif not forget:
+                kept.append((ids, block))
+        deferred.extend(kept[-_KEPT_WITHOUT_GRAD:])
 
     @property
     def last_report(self) -> Optional[Union[StepReport, PipelineReport]]:
@@ -426,13 +329,19 @@ class _PSModule(nn.Module):
     def flush(self) -> None:
         """Waits until every push sent has been answered (pipelined; synchronous, nothing
         is in flight), raising a push failure it finds. Call it before reading the rows
-        elsewhere, before a checkpoint, and at the end of training."""
+        elsewhere, before a checkpoint, and at the end of training. Pushes the
+        gradients not pushed yet first (`push_gradients`)."""
+        self.push_gradients()
         self._rows.flush()
 
     def close(self) -> None:
-        """Waits for what is in flight (as `flush`) and frees the table's client. The
-        module is unusable afterwards."""
-        self._rows.close()
+        """Pushes the gradients not pushed yet, waits for what is in flight (as `flush`)
+        and frees the table's client. The module is unusable afterwards."""
+        try:
+            self.push_gradients()
+        finally:
+            self._deferred.clear()
+            self._rows.close()
 
     def prefetch(self, input: Any) -> None:
         """Requests the rows of `input` (the ids a later forward will take) now, when the
@@ -459,6 +368,9 @@ class _PSModule(nn.Module):
         return lookup
 
     def _pull(self, lookup: _Lookup) -> None:
+        # The last step's gradients go first: the rows are those of pushing in backward.
+        if self._deferred:
+            self._push_deferred(forget=False)
         lookup.block = self._rows.pull(lookup.unique)
         # The next batch's rows are requested now that this step's are taken: a prefetch
         # made before the pull would replace this step's.
@@ -507,7 +419,9 @@ class _PSModule(nn.Module):
     def checkpoint(self, timeout: Optional[float] = None) -> list[dict[str, Any]]:
         """Asks each PS task of the table to save the tables it serves into its own
         checkpoint directory (`Client.checkpoint`; all at once) and returns their
-        manifests, in the order of `tasks`."""
+        manifests, in the order of `tasks`. The gradients not pushed yet are pushed and
+        every push answered first (`flush`)."""
+        self.flush()
         pending = [self._client.submit_checkpoint(t, timeout) for t in self.tasks]
         return [p.wait() for p in pending]
 
@@ -533,7 +447,14 @@ class PSEmbedding(_PSModule):
     pipeline with staleness 0 too (the synchronous results, exactly; `prefetch` and
     `PrefetchingLoader` need a pipelined module; each pipelined table may have
     ``(max_pushes_in_flight + 1) * len(tasks)`` requests in flight on `client`, whose
-    capacity must cover its tables' sum). `wire_dtype`: how rows cross the wire,
+    capacity must cover its tables' sum). `push_in_backward`: True (the default), backward
+    pushes the gradient of the rows (a hook on the pulled block calls into Python); False,
+    backward only accumulates it on the block, and `push_gradients` pushes it, called by
+    the trainer after ``loss.backward()`` or, at the latest, by the next forward (before
+    its pull, so the rows are the same), `flush`, `close`, `checkpoint` or a
+    `PrefetchingLoader` moving on. That saves the hook's cost per step. A forward keeps the
+    blocks still without a gradient (accumulating over up to 16 forwards before one
+    backward works); `push_gradients` forgets them, as backward would push nothing. `wire_dtype`: how rows cross the wire,
     ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16`` (or
     ``"bf16"``, ``"f16"``...): the PS rounds the rows it sends to nearest even, the module
     computes in float32 on them, and the gradients pushed are narrowed likewise (the table
@@ -549,16 +470,18 @@ class PSEmbedding(_PSModule):
                  partition: str = "mod", num_embeddings: Optional[int] = None,
                  staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
+                 push_in_backward: bool = True) -> None:
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
-                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale)
+                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale,
+                         push_in_backward=push_in_backward)
 
     def forward(self, input: Tensor) -> Tensor:
         lookup = self._lookup(input, "input")
         self._pull(lookup)
-        return F.embedding(lookup.inverse, _weight(self._rows.push, lookup))
+        return F.embedding(lookup.inverse, _weight(self._sink, lookup))
 
 
 class PSEmbeddingBag(_PSModule):
@@ -575,14 +498,16 @@ class PSEmbeddingBag(_PSModule):
                  include_last_offset: bool = False, staleness: int = 0,
                  wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
+                 push_in_backward: bool = True) -> None:
         if mode not in _MODES:
             raise InvalidArgument(f"mode {mode!r} is not one of {', '.join(_MODES)} (max is "
                                   "not supported)")
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
-                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale)
+                         max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale,
+                         push_in_backward=push_in_backward)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
@@ -613,8 +538,8 @@ class PSEmbeddingBag(_PSModule):
         return self._lookup(input, "input"), offsets
 
     def _reduce(self, lookup: _Lookup, offsets: Optional[Tensor],
-                per_sample_weights: Optional[Tensor], push: Optional[_Push] = None) -> Tensor:
-        weight = _weight(push or self._rows.push, lookup)
+                per_sample_weights: Optional[Tensor], sink: Optional[_Sink] = None) -> Tensor:
+        weight = _weight(sink or self._sink, lookup)
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(weight.dtype)
         return F.embedding_bag(lookup.inverse, weight, offsets, mode=self.mode,
@@ -644,30 +569,53 @@ class TableConfig:
 
 class _StepPush:
     """The gradients of one step of a synchronous collection, pushed together (one request
-    per PS for all the tables) once every block of the step has its gradient. A block that
-    gets none (its output not in the loss) leaves the push to the next forward, `flush` or
-    `close`, which push what came (before the next pull: the rows are those of pushing at
-    once)."""
+    per PS for all the tables). Pushing in backward, they go once every block of the step
+    has its gradient; a block that gets none (its output not in the loss) leaves the push
+    to the next forward, `push_gradients`, `flush` or `close`, which push what came (before
+    the next pull: the rows are those of pushing at once). Without a push in backward the
+    blocks are kept, and those calls push the gradients backward accumulated on them."""
 
     def __init__(self, tables: ShardedTables, empty: list[npt.NDArray[np.float32]],
-                 timeout: Optional[float], expected: int) -> None:
+                 timeout: Optional[float], expected: int, in_backward: bool) -> None:
         self.tables, self.timeout = tables, timeout
         self.ids: list[npt.NDArray[np.uint64]] = [_NO_IDS] * len(empty)
         self.grads = list(empty)
+        self.blocks: list[Optional[Tensor]] = [None] * len(empty)
         self.waiting = self.expected = expected
+        self.in_backward = in_backward
         self.sent = False
 
-    def push_of(self, pos: int) -> _Push:
-        def push(ids: npt.NDArray[np.uint64], grad: npt.NDArray[np.float32]) -> None:
+    def sink_of(self, pos: int) -> _Sink:
+        """Where the forward hands table `pos`'s block."""
+        def keep(ids: npt.NDArray[np.uint64], block: Tensor) -> None:
+            self.ids[pos], self.blocks[pos] = ids, block
+
+        def hook(ids: npt.NDArray[np.uint64], block: Tensor) -> None:
+            _push_on_backward(block, arrived, ids)
+
+        def arrived(ids: npt.NDArray[np.uint64], grad: npt.NDArray[np.float32]) -> None:
             self.ids[pos], self.grads[pos] = ids, grad
             self.waiting -= 1
             if self.waiting == 0:
                 self.send()
-        return push
+        return hook if self.in_backward else keep
 
     def send(self) -> None:
         """Pushes what came, once."""
-        if self.sent or self.waiting == self.expected:
+        if self.sent:
+            return
+        if not self.in_backward:
+            for pos, block in enumerate(self.blocks):
+                if block is None:
+                    continue
+                self.blocks[pos] = None
+                g = _take_grad(block)
+                if g is None:
+                    self.ids[pos] = _NO_IDS
+                else:
+                    self.grads[pos] = g
+                    self.waiting -= 1
+        if self.waiting == self.expected:
             return
         self.sent = True
         try:
@@ -694,7 +642,9 @@ class PSEmbeddingBagCollection(nn.Module):
     request per PS task (`starwire.ShardedTables`), and so is its backward's push, sent once
     every table's block has its gradient (`last_report` is the step's pull's report).
     Pipelined, each table has its own `starwire.Pipeline`, and a step is one request per
-    PS task and table. The bags are ``self.bags[name]`` (their markers are the
+    PS task and table. With ``push_in_backward=False`` backward only accumulates the
+    gradients and `push_gradients` (or the next forward) pushes them, synchronous in one
+    request per PS task. The bags are ``self.bags[name]`` (their markers are the
     collection's `state_dict`). `prefetch`, `flush` and `close` act on every table.
     """
 
@@ -702,9 +652,10 @@ class PSEmbeddingBagCollection(nn.Module):
                  peers: Optional[Sequence[str]] = None, job: str = "ps",
                  partition: str = "mod", staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
-                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None) -> None:
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
+                 push_in_backward: bool = True) -> None:
         super().__init__()
-        _checked_options(staleness, wire_dtype, loss_scale)
+        _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
         if not tables:
             raise InvalidArgument("a collection of no tables")
         seen: dict[int, str] = {}
@@ -721,9 +672,10 @@ class PSEmbeddingBagCollection(nn.Module):
                                  staleness=staleness, wire_dtype=wire_dtype, timeout=timeout,
                                  pipelined=pipelined,
                                  max_pushes_in_flight=max_pushes_in_flight,
-                                 loss_scale=loss_scale)
+                                 loss_scale=loss_scale, push_in_backward=push_in_backward)
             for name, cfg in tables.items()})
         self._client, self.timeout = client, timeout
+        self._in_backward = push_in_backward
         #: The last synchronous forward's pull of all its tables.
         self.last_report: Optional[StepReport] = None
         self._pos = {name: i for i, name in enumerate(tables)}
@@ -762,9 +714,18 @@ class PSEmbeddingBagCollection(nn.Module):
         if pending is not None:
             pending.send()
 
+    def push_gradients(self) -> None:
+        """Pushes the gradients of the last forward's tables not pushed yet
+        (`PSEmbeddingBag.push_gradients`): with ``push_in_backward=False``, call it after
+        ``loss.backward()`` (synchronous, one request per PS for all the tables); pushing
+        in backward, it pushes those of a step some of whose blocks got no gradient."""
+        self._send_pending()
+        for bag in self._each():
+            bag.push_gradients()
+
     def flush(self) -> None:
-        """Waits for every table's pushes (`PSEmbeddingBag.flush`); synchronous, pushes the
-        gradients of a step some of whose blocks got none."""
+        """Pushes the gradients not pushed yet (`push_gradients`) and waits for every
+        table's pushes (`PSEmbeddingBag.flush`)."""
         self._send_pending()
         for bag in self._each():
             bag.flush()
@@ -800,7 +761,8 @@ class PSEmbeddingBagCollection(nn.Module):
             lookup.block = blocks[self._pos[name]]
         if not torch.is_grad_enabled():
             return None
-        self._pending = _StepPush(tables, self._empty, self.timeout, len(steps))
+        self._pending = _StepPush(tables, self._empty, self.timeout, len(steps),
+                                  self._in_backward)
         return self._pending
 
     def forward(self, inputs: Mapping[str, Tensor],
@@ -820,7 +782,7 @@ class PSEmbeddingBagCollection(nn.Module):
         if self._tables is not None and steps:
             push = self._pull_all(steps, self._tables)
             return {name: bag._reduce(lookup, offs, weights.get(name),
-                                      push.push_of(self._pos[name]) if push else None)
+                                      push.sink_of(self._pos[name]) if push else None)
                     for name, bag, lookup, offs in steps}
         for _, bag, lookup, _ in steps:
             bag._pull(lookup)
@@ -829,7 +791,9 @@ class PSEmbeddingBagCollection(nn.Module):
 
     def checkpoint(self, timeout: Optional[float] = None) -> list[dict[str, Any]]:
         """Asks each PS task of the collection's tables, once each, to save the tables it
-        serves (`Client.checkpoint`; all at once) and returns their manifests."""
+        serves (`Client.checkpoint`; all at once) and returns their manifests. The
+        gradients not pushed yet are pushed and every push answered first (`flush`)."""
+        self.flush()
         first = self._bag(next(iter(self.bags.keys())))
         tasks = list(dict.fromkeys(t for b in self.bags.values()
                                    for t in getattr(b, "tasks")))
@@ -878,6 +842,7 @@ class PrefetchingLoader(Generic[B]):
                                       "needs modules made with staleness >= 1 or "
                                       "pipelined=True")
         self.loader, self.embeddings, self.ids = loader, embeddings, ids
+        self._modules = [m for m in bags if isinstance(m, _PSModule)]
 
     def _lookups(self, batch: B) -> list[tuple[_PSModule, npt.NDArray[np.uint64]]]:
         """Each table's unique ids of `batch`, checked as its forward checks them."""
@@ -919,6 +884,10 @@ class PrefetchingLoader(Generic[B]):
                 for m, _ in ahead:
                     m._next = None
                 raise
+            # The step is over: gradients a module keeps for a later push go now (before
+            # the prefetch, which the staleness bound orders after them).
+            for m in self._modules:
+                m.push_gradients()
             # A table this batch's forward did not pull prefetches now.
             for m, unique in ahead:
                 if m._next is not None:

@@ -281,6 +281,112 @@ class TrainingTest(PsCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class DeferredPushTest(PsCase):
+    """``push_in_backward=False``: backward sends nothing, `push_gradients` (or the next
+    forward) pushes what backward accumulated, and the rows are those of the default."""
+
+    def reference(self) -> tuple[Any, Any]:
+        ref = nn.EmbeddingBag(VOCAB, DIM, mode="sum")
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(self.rows(1, DIM).copy()))
+        return ref, torch.optim.SGD(ref.parameters(), lr=LR)
+
+    def test_backward_sends_nothing_and_push_gradients_one_request_per_ps(self) -> None:
+        ref, ref_opt = self.reference()
+        bag = PSEmbeddingBag(self.client, 1, DIM, "sum", push_in_backward=False)
+        rng = np.random.default_rng(8)
+        for step in range(STEPS):
+            ids, offsets = _bags(rng, 5)
+            w = torch.from_numpy(rng.random(len(ids), dtype=np.float32))
+            out = bag(ids, offsets, per_sample_weights=w)
+            want = ref(ids, offsets, per_sample_weights=w)
+            torch.testing.assert_close(out, want, **TOL)
+            before = self.requests()
+            (out ** 2).sum().backward()
+            self.assertEqual(self.requests(), before, f"step {step}: backward sent")
+            # Explicitly on even steps; on odd ones the next forward (or the end) pushes.
+            if step % 2 == 0 or step == STEPS - 1:
+                bag.push_gradients()
+                self.assertEqual(self.requests() - before, 2, f"step {step}")
+                bag.push_gradients()  # nothing left: nothing sent
+                self.assertEqual(self.requests() - before, 2)
+            (want ** 2).sum().backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        np.testing.assert_allclose(self.rows(1, DIM), ref.weight.detach().numpy(), **TOL)
+
+    def test_gradients_of_forwards_before_one_backward_are_all_pushed(self) -> None:
+        ref, ref_opt = self.reference()
+        bag = PSEmbeddingBag(self.client, 1, DIM, "sum", push_in_backward=False)
+        a, a_off = torch.tensor([1, 2, 2, 5]), torch.tensor([0, 1])
+        b, b_off = torch.tensor([2, 7, 9]), torch.tensor([0, 2])
+        # Two forwards, then one backward of both (gradient accumulation).
+        loss = bag(a, a_off).sum() + (bag(b, b_off) ** 2).sum()
+        loss.backward()
+        (ref(a, a_off).sum() + (ref(b, b_off) ** 2).sum()).backward()
+        ref_opt.step()
+        # The next forward pushes both (in order), then pulls.
+        before = self.requests()
+        out = bag(a, a_off)
+        self.assertEqual(self.requests() - before, 2 * 2 + 2)
+        torch.testing.assert_close(out, ref(a, a_off), **TOL)
+        np.testing.assert_allclose(self.rows(1, DIM), ref.weight.detach().numpy(), **TOL)
+
+    def test_forwards_without_backward_keep_a_bounded_number_of_blocks(self) -> None:
+        bag = PSEmbeddingBag(self.client, 1, DIM, "sum", push_in_backward=False)
+        ids, offsets = torch.tensor([3, 4]), torch.tensor([0])
+        before = self.rows(1, DIM)
+        for _ in range(40):
+            bag(ids, offsets)  # grad enabled, no backward
+        self.assertEqual(len(bag._deferred), 16 + 1)
+        requests = self.requests()
+        bag.push_gradients()  # no block has a gradient: nothing sent, all forgotten
+        self.assertEqual(self.requests(), requests)
+        self.assertEqual(len(bag._deferred), 0)
+        np.testing.assert_array_equal(self.rows(1, DIM), before)
+        with torch.no_grad():
+            bag(ids, offsets)
+        self.assertEqual(len(bag._deferred), 0)
+
+    def test_collection_pushes_every_table_in_one_request_per_ps(self) -> None:
+        coll = PSEmbeddingBagCollection(self.client, {
+            "user": TableConfig(1, DIM, "sum"), "item": TableConfig(2, DIM2, "mean")},
+            push_in_backward=False)
+        refs = {"user": nn.EmbeddingBag(VOCAB, DIM, mode="sum"),
+                "item": nn.EmbeddingBag(VOCAB, DIM2, mode="mean")}
+        with torch.no_grad():
+            refs["user"].weight.copy_(torch.from_numpy(self.rows(1, DIM).copy()))
+            refs["item"].weight.copy_(torch.from_numpy(self.rows(2, DIM2).copy()))
+        ref_opt = torch.optim.SGD([p for r in refs.values() for p in r.parameters()], lr=LR)
+        rng = np.random.default_rng(9)
+        for step in range(STEPS):
+            user, user_offsets = _bags(rng, 4)
+            item = torch.from_numpy(rng.integers(0, VOCAB, size=(4, 2)))
+            out = coll({"user": user, "item": item}, offsets={"user": user_offsets})
+            want = {"user": refs["user"](user, user_offsets), "item": refs["item"](item)}
+            for name in out:
+                torch.testing.assert_close(out[name], want[name], **TOL)
+            before = self.requests()
+            (out["user"].sum() + (out["item"] ** 2).sum()).backward()
+            self.assertEqual(self.requests(), before)
+            if step % 2:
+                coll.push_gradients()
+                self.assertEqual(self.requests() - before, 2)
+            (want["user"].sum() + (want["item"] ** 2).sum()).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        coll.flush()
+        np.testing.assert_allclose(self.rows(1, DIM), refs["user"].weight.detach().numpy(),
+                                   **TOL)
+        np.testing.assert_allclose(self.rows(2, DIM2), refs["item"].weight.detach().numpy(),
+                                   **TOL)
+
+    def test_push_in_backward_must_be_a_bool(self) -> None:
+        with self.assertRaisesRegex(starwire.InvalidArgument, "push_in_backward 1 is not a"):
+            PSEmbeddingBag(self.client, 1, DIM, push_in_backward=1)  # type: ignore[arg-type]
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
 class StateTest(PsCase):
     def test_the_state_dict_names_the_table_and_its_tasks(self) -> None:
         bag = PSEmbeddingBag(self.client, 1, DIM, "sum")

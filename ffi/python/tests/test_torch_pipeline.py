@@ -94,15 +94,17 @@ class PipelinedTest(unittest.TestCase):
                         "y": torch.from_numpy(rng.standard_normal((5, 1), dtype=np.float32))})
         return out
 
-    def train(self, how: str) -> tuple[list[Any], npt.NDArray[Any], npt.NDArray[Any], Any]:
+    def train(self, how: str, in_backward: bool = True
+              ) -> tuple[list[Any], npt.NDArray[Any], npt.NDArray[Any], Any]:
         """Trains a collection of two tables and an MLP with Adam on a fresh cluster:
         `how` is "sync", "pipelined" (staleness 0) or "prefetch" (staleness 0, through a
-        `PrefetchingLoader`). Returns each step's outputs, both tables' rows and the dense
+        `PrefetchingLoader`); `in_backward`: push in backward, else at the next forward (or
+        the loader moving on). Returns each step's outputs, both tables' rows and the dense
         weights after."""
         client, _, _ = self.cluster()
         coll = PSEmbeddingBagCollection(
             client, {"user": TableConfig(1, DIM, "sum"), "item": TableConfig(2, DIM2, "mean")},
-            pipelined=how != "sync")
+            pipelined=how != "sync", push_in_backward=in_backward)
         torch.manual_seed(5)
         mlp = nn.Sequential(nn.Linear(DIM + DIM2, 8), nn.ReLU(), nn.Linear(8, 1))
         opt = torch.optim.Adam(mlp.parameters(), lr=0.05)
@@ -128,8 +130,10 @@ class PipelinedTest(unittest.TestCase):
     def test_staleness_0_through_the_pipeline_is_the_synchronous_result_bit_for_bit(self
                                                                                      ) -> None:
         want = self.train("sync")
-        for how in ("pipelined", "prefetch"):
-            got = self.train(how)
+        for how, in_backward in (("pipelined", True), ("prefetch", True), ("sync", False),
+                                 ("pipelined", False), ("prefetch", False)):
+            how = f"{how}, push in backward: {in_backward}"
+            got = self.train(how.split(",")[0], in_backward)
             for t, (a, b) in enumerate(zip(got[0], want[0])):
                 self.assertTrue(torch.equal(a, b), f"{how}: step {t}: {a} != {b}")
             np.testing.assert_array_equal(got[1], want[1], err_msg=how)

@@ -1,0 +1,171 @@
+"""Where the rows of `starwire.torch`'s modules come from and their gradients go: the one
+interface they pull from and push to (`_Rows`), over the sharded rows client
+(`_ShardedRows`, synchronous) or a `Pipeline` (`_PipelinedRows`). It needs no torch: the
+modules hand it numpy arrays."""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from .client import Sharded, StepReport
+from .errors import Closed, StarwireError
+from .pipeline import Pipeline, PipelineReport
+
+
+class _Rows(Protocol):
+    """The one interface the modules pull rows from and push gradients to: the unique ids
+    of a step (uint64, 1-D, no duplicates) in, their ``[len(ids), dim]`` float32 block out
+    (a new array the module keeps: the tensor it wraps uses its memory); gradients of the
+    same shape back; the next pull's unique ids handed early (`prefetch`); everything in
+    flight waited for (`flush`). `_ShardedRows` is the synchronous form, `_PipelinedRows`
+    the pipelined one (`starwire.Pipeline`: pulls ahead, pushes in the background)."""
+
+    @property
+    def table(self) -> int: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def last_report(self) -> Optional[Union[StepReport, PipelineReport]]: ...
+
+    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
+
+    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None: ...
+
+    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _ShardedRows:
+    """A table's rows through the sharded rows client, synchronously: `pull` and `push`
+    return when every PS task answered. Failures raise starwire's exceptions, with a note
+    naming the table."""
+
+    def __init__(self, sharded: Sharded, timeout: Optional[float]) -> None:
+        self.sharded = sharded
+        self.timeout = timeout
+        #: The last pull's report (distinct ids, rows the PS tasks did not have).
+        self.last_report: Optional[StepReport] = None
+
+    @property
+    def table(self) -> int:
+        return self.sharded.table
+
+    @property
+    def dim(self) -> int:
+        return self.sharded.row_shape[0]
+
+    def _check_open(self, doing: str) -> None:
+        runtime = self.sharded.client.runtime
+        if not runtime._rt:
+            raise Closed(f"cannot {doing} table {self.table}: the runtime of "
+                         f"{runtime.job}:{runtime.task_index} is closed")
+
+    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        if len(ids) == 0:
+            self.last_report = StepReport(0, 0, [None] * len(self.sharded.peers))
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self._check_open("pull the rows of")
+        try:
+            rows, self.last_report = self.sharded.pull(ids, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, f"while pulling {len(ids)} rows of table {self.table}")
+            raise
+        return rows
+
+    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
+        if len(ids) == 0:
+            return
+        self._check_open("push gradients to")
+        try:
+            self.sharded.push(ids, grads, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, f"while pushing the gradients of {len(ids)} rows of table {self.table}")
+            raise
+
+    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
+        """Nothing to do: a synchronous pull asks when it is made."""
+
+    def flush(self) -> None:
+        """Nothing in flight: every push was answered before its backward returned."""
+
+    def close(self) -> None:
+        self.sharded.close()
+
+
+class _PipelinedRows:
+    """A table's rows through a `Pipeline`: `pull` takes the rows `prefetch` requested
+    (or requests them), `push` sends and returns, a push that failed after its call
+    returned raises at the next call that finds it (with ``e.failed_pushes``). Failures
+    raise starwire's exceptions, with a note naming the table."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        #: The report of the last pull's step (visible seconds, bytes, prefetched parts).
+        self.last_report: Optional[PipelineReport] = None
+
+    @property
+    def table(self) -> int:
+        return self.pipeline.table
+
+    @property
+    def dim(self) -> int:
+        return self.pipeline.row_shape[0]
+
+    def _check_open(self, doing: str) -> None:
+        runtime = self.pipeline.client.runtime
+        if not runtime._rt:
+            raise Closed(f"cannot {doing} table {self.table}: the runtime of "
+                         f"{runtime.job}:{runtime.task_index} is closed")
+
+    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        # An empty batch goes through the pipeline too: it is a step (the steps and pushes
+        # of the staleness bound stay counted alike) and sends nothing.
+        self._check_open("pull the rows of")
+        try:
+            rows, self.last_report = self.pipeline.pull(ids)
+        except StarwireError as e:
+            _note(e, f"while pulling {len(ids)} rows of table {self.table}")
+            raise
+        return rows
+
+    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
+        self._check_open("push gradients to")
+        try:
+            self.last_report = self.pipeline.push(ids, grads)
+        except StarwireError as e:
+            _note(e, f"while pushing the gradients of {len(ids)} rows of table {self.table}")
+            raise
+
+    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
+        self._check_open("prefetch the rows of")
+        try:
+            self.pipeline.prefetch(ids)
+        except StarwireError as e:
+            _note(e, f"while prefetching {len(ids)} rows of table {self.table}")
+            raise
+
+    def flush(self) -> None:
+        self._check_open("flush the pushes to")
+        try:
+            self.pipeline.flush()
+        except StarwireError as e:
+            _note(e, f"while flushing the pushes to table {self.table}")
+            raise
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+
+def _note(e: BaseException, text: str) -> None:
+    """Adds `text` to the traceback of `e` (Python 3.11 and later)."""
+    add = getattr(e, "add_note", None)
+    if add is not None:
+        add(text)
