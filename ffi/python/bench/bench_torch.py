@@ -16,6 +16,8 @@ own client, with the same batch:
   inverse, `Sharded.pull`, ``torch.from_numpy`` as a leaf that requires grad,
   ``F.embedding_bag``, ``backward``, `Sharded.push` of the leaf's gradient.
 - **module**: ``bag(ids, offsets).sum().backward()`` on a `PSEmbeddingBag`.
+- **module, push after backward**: the same on a `PSEmbeddingBag` made with
+  ``push_in_backward=False``, then ``bag.push_gradients()``.
 
 A figure is the median over rounds of each round's median paired difference per step
 (module − by hand: the module's own overhead; module − raw: everything torch adds).
@@ -80,9 +82,11 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
     raw_s = worker.client().sharded(1, DIM)
     hand_s = worker.client().sharded(1, DIM)
     module = PSEmbeddingBag(worker.client(), 1, DIM, "sum")
+    deferred = PSEmbeddingBag(worker.client(), 1, DIM, "sum", push_in_backward=False)
     rng = np.random.default_rng(3)
-    out: dict[str, list[float]] = {k: [] for k in ("module-hand", "module-raw", "raw",
-                                                   "hand", "module", "unique")}
+    out: dict[str, list[float]] = {k: [] for k in (
+        "module-hand", "module-raw", "deferred-hand", "raw", "hand", "module", "deferred",
+        "unique")}
 
     def batch() -> tuple[Any, Any, Any, Any, Any]:
         ids = torch.from_numpy(rng.integers(0, args.rows, size=bags * args.bag))
@@ -111,7 +115,12 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
     def mod(b: Any) -> None:
         module(b[0], b[1]).sum().backward()
 
-    forms: dict[str, Callable[[Any], None]] = {"raw": raw, "hand": hand, "module": mod}
+    def mod_deferred(b: Any) -> None:
+        deferred(b[0], b[1]).sum().backward()
+        deferred.push_gradients()
+
+    forms: dict[str, Callable[[Any], None]] = {"raw": raw, "hand": hand, "module": mod,
+                                               "deferred": mod_deferred}
     for _ in range(args.rounds):
         times: dict[str, list[float]] = {k: [] for k in forms}
         for step in range(args.steps + 20):
@@ -126,10 +135,12 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
         us = {k: np.array(v) * 1e6 for k, v in times.items()}
         out["module-hand"].append(float(np.median(us["module"] - us["hand"])))
         out["module-raw"].append(float(np.median(us["module"] - us["raw"])))
+        out["deferred-hand"].append(float(np.median(us["deferred"] - us["hand"])))
         for k in forms:
             out[k].append(float(np.median(us[k])))
         out["unique"].append(float(len(b[2])))
     module.close()
+    deferred.close()
     return out
 
 
@@ -229,6 +240,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512, help="examples per training step")
     ap.add_argument("--zipf", type=float, default=1.05)
     ap.add_argument("--sizes", default="64,1024", help="bags per overhead step")
+    ap.add_argument("--skip-training", action="store_true", help="the overhead only")
     args = ap.parse_args()
     torch.set_num_threads(1)
     random.seed(1)
@@ -246,11 +258,20 @@ def main() -> None:
               f"{med['module']:.1f} µs; module - by hand {med['module-hand']:+.1f} µs "
               f"(rounds {', '.join(f'{x:+.1f}' for x in o['module-hand'])}); module - raw "
               f"{med['module-raw']:+.1f} µs")
+        print(f"  push_in_backward=False (push_gradients after backward): module "
+              f"{med['deferred']:.1f} µs; module - by hand {med['deferred-hand']:+.1f} µs "
+              f"(rounds {', '.join(f'{x:+.1f}' for x in o['deferred-hand'])})")
+    if args.skip_training:
+        return close(worker, ps)
     t = training(worker, args)
     for name, r in t.items():
         print(f"training, {name}: step {statistics.median(r['step']):.2f} ms, visible "
               f"communication {statistics.median(r['visible']):.2f} ms "
               f"(rounds {', '.join(f'{x:.2f}' for x in r['step'])})")
+    close(worker, ps)
+
+
+def close(worker: starwire.Runtime, ps: list[starwire.Runtime]) -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     worker.close()
     for p in ps:

@@ -81,15 +81,18 @@ _Push = Callable[[npt.NDArray[np.uint64], npt.NDArray[np.float32]], None]
 _Sink = Callable[[npt.NDArray[np.uint64], Tensor], None]
 
 
-def _take_grad(block: Tensor) -> Optional[npt.NDArray[np.float32]]:
+def _take_grad(block: Tensor, clear: bool = True) -> Optional[npt.NDArray[np.float32]]:
     """The gradient backward accumulated on the pulled block (``[unique, dim]``, duplicates
-    summed by autograd), taken off it; None when it has none."""
-    grad, block.grad = block.grad, None
+    summed by autograd), taken off it (`clear`: a block that stays in the graph), or None
+    when it has none."""
+    grad = block.grad
     if grad is None:
         return None
-    # The gradient of a float32 block is a contiguous float32 tensor: its memory as it is
-    # (one torch call, not three), converted only when it is not.
-    g = grad.detach().numpy()
+    if clear:
+        block.grad = None
+    # The gradient of a float32 block is a contiguous float32 tensor (that does not require
+    # grad): its memory as it is (one torch call), converted only when it is not.
+    g = grad.numpy()
     if g.dtype != np.float32 or not g.flags.c_contiguous:
         g = np.ascontiguousarray(g, dtype=np.float32)
     return g
@@ -116,7 +119,7 @@ def _ids(input: Any, what: str, sign_later: bool = False) -> Tensor:
     `sign_later`: an int64 tensor, the usual case, is returned unchecked for sign, the
     caller checking its sorted unique ids (`_PSModule._lookup`)."""
     if isinstance(input, Tensor) and input.dtype is torch.int64 and input.is_cpu:
-        ids = input.detach()
+        ids = input  # an integer tensor: never part of a graph
         if sign_later or ids.numel() == 0 or int(ids.min()) >= 0:
             return ids
     if not isinstance(input, Tensor):
@@ -158,19 +161,36 @@ def _in_vocab(ids: Tensor, num_embeddings: Optional[int], what: str) -> None:
                               f"num_embeddings ({num_embeddings})")
 
 
-@dataclass
 class _Lookup:
     """One table's part of a step: its unique ids and where each input id's row is among
     them, then the pulled block."""
 
-    unique: npt.NDArray[np.uint64]
+    __slots__ = ("unique", "inverse", "block")
+
+    def __init__(self, unique: npt.NDArray[np.uint64], inverse: Tensor) -> None:
+        self.unique, self.inverse = unique, inverse
+        self.block: Optional[npt.NDArray[np.float32]] = None
+
+
+# The operator torch.unique calls, without its Python dispatch (a few µs per call);
+# torch.unique where the operator is not there.
+_UNIQUE2 = getattr(torch, "_unique2", None)
+
+
+def _unique_of(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.unique(ids, return_inverse=True)`` (sorted)."""
+    unique: Tensor
     inverse: Tensor
-    block: Optional[npt.NDArray[np.float32]] = None
+    if _UNIQUE2 is not None:
+        unique, inverse, _ = _UNIQUE2(ids, sorted=True, return_inverse=True)
+    else:
+        unique, inverse = torch.unique(ids, return_inverse=True)
+    return unique, inverse
 
 
 def _dedup(ids: Tensor) -> _Lookup:
     flat = ids.dim() == 1
-    unique, inverse = torch.unique(ids if flat else ids.reshape(-1), return_inverse=True)
+    unique, inverse = _unique_of(ids if flat else ids.reshape(-1))
     # A new contiguous int64 tensor (of non-negative values, as the caller checks): its
     # memory seen as uint64.
     return _Lookup(unique.numpy().view(np.uint64),
@@ -308,7 +328,7 @@ class _PSModule(nn.Module):
         kept: list[tuple[npt.NDArray[np.uint64], Tensor]] = []
         while deferred:
             ids, block = deferred.pop(0)
-            g = _take_grad(block)
+            g = _take_grad(block, clear=False)
             if g is not None:
                 try:
                     self._rows.push(ids, g)
@@ -373,9 +393,10 @@ class _PSModule(nn.Module):
             self._push_deferred(forget=False)
         lookup.block = self._rows.pull(lookup.unique)
         # The next batch's rows are requested now that this step's are taken: a prefetch
-        # made before the pull would replace this step's.
-        next_ids, self._next = self._next, None
-        if next_ids is not None:
+        # made before the pull would replace this step's. (`nn.Module` attributes are
+        # slow to set: only when there is one.)
+        if self._next is not None:
+            next_ids, self._next = self._next, None
             self._rows.prefetch(next_ids)
 
     # ----- state -----
@@ -609,7 +630,7 @@ class _StepPush:
                 if block is None:
                     continue
                 self.blocks[pos] = None
-                g = _take_grad(block)
+                g = _take_grad(block, clear=False)
                 if g is None:
                     self.ids[pos] = _NO_IDS
                 else:
