@@ -25,11 +25,15 @@ impl Requests {
         slot: u32,
         now: Instant,
     ) -> Result<Option<&mut InFlight>, Violation> {
-        if self.abandoned.contains(&(handle, slot)) {
+        let key = CtxKey::from_raw(handle);
+        let live = matches!(self.ctxs.get(key), Ok(p) if p.conn == slot && p.sent.is_some());
+        // A handle given up is no live one (its slot's generation moved on): the given-up
+        // ones are searched only for an answer to no request in flight, not for every one.
+        if !live && self.abandoned.contains(&(handle, slot)) {
             return Ok(None);
         }
-        match self.ctxs.get_mut(CtxKey::from_raw(handle)) {
-            Ok(p) if p.conn == slot && p.sent.is_some() => {
+        match self.ctxs.get_mut(key) {
+            Ok(p) if live => {
                 p.marks.answered.get_or_insert(now);
                 Ok(Some(p))
             }

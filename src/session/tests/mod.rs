@@ -319,6 +319,51 @@ fn a_ping_measures_simulated_time() {
 }
 
 #[test]
+fn a_late_answer_to_a_request_given_up_is_dropped_while_its_slot_serves_another() {
+    let mut p = Pair::new();
+    p.submit(RequestOp::Ping { payload: 0 }, None);
+    p.drain();
+    p.pump();
+    assert_eq!(p.completions().len(), 1, "the connection is open");
+    // A ping reaches the server, whose answer is held back past the ping's deadline.
+    p.submit(
+        RequestOp::Ping { payload: 8 },
+        Some(Duration::from_millis(5)),
+    );
+    p.drain();
+    let up = Pair::output(&mut p.client, &mut p.dirty, p.c);
+    Pair::input(&mut p.server, p.s, &up, p.now);
+    let late = Pair::output(&mut p.server, &mut p.dirty, p.s);
+    assert!(!late.is_empty());
+    p.advance(Duration::from_millis(10));
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        done[0].result.as_ref().err().map(|e| e.kind()),
+        Some(ErrorKind::Timeout)
+    );
+    // Another ping takes the freed request slot (another generation) and is in flight when
+    // the late answer comes: the late one is recognised as given up, not taken for it.
+    let tag = p.submit(RequestOp::Ping { payload: 24 }, None);
+    p.drain();
+    Pair::input(&mut p.client, p.c, &late, p.now);
+    assert!(
+        p.completions().is_empty(),
+        "the late answer completes nothing"
+    );
+    p.pump();
+    let done = p.completions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, tag);
+    assert!(
+        matches!(done[0].result, Ok(Reply::Pong { payload: 24, .. })),
+        "{:?}",
+        done[0].result
+    );
+    assert!(p.c.is_some(), "the same connection");
+}
+
+#[test]
 fn a_pull_gets_each_id_or_its_status() {
     let mut p = Pair::new();
     p.submit(pull(&[3, 0, 1]), None);
