@@ -199,3 +199,58 @@ fn a_table_of_another_shape_and_bad_buffers_are_errors() {
     assert!(Sharded::new(vec![], Partition::Mod, 3, DType::F32, &[4]).is_err());
     assert_eq!(h.outstanding(), 0);
 }
+
+#[test]
+fn a_unique_pull_gives_each_distinct_row_once_and_where_each_position_s_id_is() {
+    let (_rts, _tables, peers) = cluster();
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let mut sharded = Sharded::new(peers, Partition::Mod, 3, DType::F32, &[DIM as u64]).unwrap();
+    let ids = [1u64, 2, 3, 1, 4, 1, 9, 2];
+    // Each id's row made distinct: -(position + 1) summed over its positions.
+    let grads: Vec<f32> = (0..ids.len()).flat_map(|i| [i as f32 + 1.0; DIM]).collect();
+    assert!(sharded
+        .push(&mut h, &ids, &bytes(&grads), secs(10))
+        .unwrap()
+        .is_ok());
+    let mut plain = vec![0u8; ids.len() * 16];
+    h_pull(&mut sharded, &mut h, &ids, &mut plain);
+    let plain = f32s(&plain);
+
+    let mut inverse = vec![-1i64; ids.len()];
+    let mut unique = vec![0u64; ids.len()];
+    let mut out = vec![0xffu8; ids.len() * 16];
+    let report = sharded
+        .pull_unique(&mut h, &ids, &mut inverse, &mut unique, &mut out, secs(10))
+        .unwrap()
+        .clone();
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!((report.unique, report.missing), (5, 0));
+    // By PS (id mod 3), each PS's ids in the order first seen.
+    assert_eq!(&unique[..5], &[3, 9, 1, 4, 2]);
+    let rows = f32s(&out);
+    for (pos, &id) in ids.iter().enumerate() {
+        let j = inverse[pos] as usize;
+        assert_eq!(unique[j], id, "position {pos}");
+        assert_eq!(
+            &rows[j * DIM..(j + 1) * DIM],
+            &plain[pos * DIM..(pos + 1) * DIM],
+            "position {pos}"
+        );
+    }
+    // Past the distinct rows, `out` is as it was.
+    assert!(out[5 * 16..].iter().all(|&b| b == 0xff));
+
+    // Buffers of the wrong size are refused before anything is sent.
+    let frames = worker.stats().frames_out;
+    for (inv, uniq, bytes) in [(7, 8, 8 * 16), (8, 7, 8 * 16), (8, 8, 8 * 16 - 1)] {
+        let (mut inverse, mut unique, mut out) =
+            (vec![0i64; inv], vec![0u64; uniq], vec![0u8; bytes]);
+        let e = sharded
+            .pull_unique(&mut h, &ids, &mut inverse, &mut unique, &mut out, secs(10))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    }
+    assert_eq!(worker.stats().frames_out, frames);
+    assert_eq!(h.outstanding(), 0);
+}

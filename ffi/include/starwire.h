@@ -2465,6 +2465,32 @@ sw_result sw_sharded_pull(struct sw_sharded *s,
                           struct sw_step_report *report);
 
 /*
+ Pulls each distinct id of `ids[0..n]` (duplicates allowed) once, for a caller that builds
+ its batch from the distinct rows itself: writes the distinct ids into `unique`, their
+ rows into `out` (row `j` for `unique[j]`) and, for each position `i` of the batch, the
+ index of `ids[i]` in `unique` into `inverse[i]`. `unique` and `out` have room for `n`
+ ids and rows (`byte_len >= n * row_bytes`; what is past the distinct ones is left as it
+ was); `report->unique` says how many were written. The distinct ids are grouped by PS
+ task (in the order of the tasks), each task's in the order first seen. The requests,
+ the failures and `*report` are as for `sw_sharded_pull` (`missing` counts batch
+ positions).
+
+ # Safety
+ As `sw_sharded_pull`, with `inverse` pointing at `n` writable int64 values and `unique`
+ at `n` writable uint64 values; `inverse`, `unique` and `out` do not overlap.
+ */
+sw_result sw_sharded_pull_unique(struct sw_sharded *s,
+                                 struct sw_client *c,
+                                 const uint64_t *ids,
+                                 size_t n,
+                                 int64_t *inverse,
+                                 uint64_t *unique,
+                                 void *out,
+                                 uint64_t byte_len,
+                                 uint64_t timeout_ms,
+                                 struct sw_step_report *report);
+
+/*
  Pushes the gradient rows `grads` (`byte_len == n * row_bytes` bytes, row `i` for
  `ids[i]`): the gradients of duplicate ids are summed (f32 and f64 rows), then each PS
  gets its distinct ids and their summed rows in one request, all in flight at once. The

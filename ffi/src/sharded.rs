@@ -299,6 +299,64 @@ pub extern "C" fn sw_sharded_pull(
     boundary!({ step(s, c, ids, n, out, byte_len, timeout_ms, report) })
 }
 
+/// Pulls each distinct id of `ids[0..n]` (duplicates allowed) once, for a caller that builds
+/// its batch from the distinct rows itself: writes the distinct ids into `unique`, their
+/// rows into `out` (row `j` for `unique[j]`) and, for each position `i` of the batch, the
+/// index of `ids[i]` in `unique` into `inverse[i]`. `unique` and `out` have room for `n`
+/// ids and rows (`byte_len >= n * row_bytes`; what is past the distinct ones is left as it
+/// was); `report->unique` says how many were written. The distinct ids are grouped by PS
+/// task (in the order of the tasks), each task's in the order first seen. The requests,
+/// the failures and `*report` are as for `sw_sharded_pull` (`missing` counts batch
+/// positions).
+///
+/// # Safety
+/// As `sw_sharded_pull`, with `inverse` pointing at `n` writable int64 values and `unique`
+/// at `n` writable uint64 values; `inverse`, `unique` and `out` do not overlap.
+#[no_mangle]
+pub extern "C" fn sw_sharded_pull_unique(
+    s: *mut sw_sharded,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    inverse: *mut i64,
+    unique: *mut u64,
+    out: *mut c_void,
+    byte_len: u64,
+    timeout_ms: u64,
+    report: *mut sw_step_report,
+) -> sw_result {
+    boundary!({
+        let s = try_mut!(s, "sharded");
+        let client = client_mut(c)?;
+        let report = try_out!(report);
+        if client.callback {
+            return Err(Failure::invalid(
+                "a sharded step waits for its requests: not for a client with a callback",
+            ));
+        }
+        let ids = try_slice!(ids, n);
+        let inverse = try_slice_mut!(inverse, n);
+        let unique = try_slice_mut!(unique, n);
+        let len = usize::try_from(byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
+        let want = ids.len().saturating_mul(s.sharded.row_bytes());
+        if len < want {
+            return Err(Failure::invalid(format!(
+                "{byte_len} bytes of out for {} ids of {} bytes (at least {want})",
+                ids.len(),
+                s.sharded.row_bytes()
+            )));
+        }
+        let out = try_slice_mut!(out.cast::<u8>(), len, "out");
+        let deadline = deadline(timeout_ms);
+        let done = with_client!(client, |h| s
+            .sharded
+            .pull_unique(h, ids, inverse, unique, out, deadline))?;
+        s.parts.keep(done);
+        report.write(s.parts.report(done));
+        s.parts.first_failure()
+    })
+}
+
 /// Pushes the gradient rows `grads` (`byte_len == n * row_bytes` bytes, row `i` for
 /// `ids[i]`): the gradients of duplicate ids are summed (f32 and f64 rows), then each PS
 /// gets its distinct ids and their summed rows in one request, all in flight at once. The

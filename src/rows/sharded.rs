@@ -7,7 +7,7 @@ use std::time::Instant;
 use arrayvec::ArrayVec;
 
 use super::element::{self, RowElement};
-use super::plan::{Partition, Plan};
+use super::plan::{Partition, Plan, PlanError};
 use super::travel::{checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
@@ -104,6 +104,17 @@ pub struct Sharded {
     loss_scale: Option<LossScale>,
     /// A block that travelled in another dtype, widened into the table's (reused).
     wide: Vec<u8>,
+    /// Per PS, in a unique pull: where its distinct ids start among all (reused).
+    starts: Vec<usize>,
+}
+
+/// Checks that a PS's block is `n` rows of `row_bytes`: what its request asked for.
+fn check_rows(bytes: &[u8], n: usize, row_bytes: usize) -> Result<(), Error> {
+    if bytes.len() == n * row_bytes {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::Protocol))
+    }
 }
 
 /// What a sharded step did, per PS.
@@ -169,6 +180,7 @@ impl Sharded {
             wire: dtype,
             loss_scale: None,
             wide: Vec::new(),
+            starts: Vec::new(),
         })
     }
 
@@ -263,6 +275,89 @@ impl Sharded {
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
         self.check(ids, out, "rows: out is not ids.len() x row_bytes bytes")?;
+        self.pull_planned(client, deadline, |plan, s, rows, rb| {
+            plan.scatter(s, rows, rb, &mut *out)
+        })
+    }
+
+    /// Pulls the rows of the distinct ids of `ids` (duplicates allowed) once each, for a
+    /// caller that builds its batch from them itself (an embedding lookup over `[unique,
+    /// row]`): writes the distinct ids into `unique` and their rows into `out` (row `j`
+    /// for `unique[j]`), and for each position `i` of the batch the index of its id in
+    /// `unique` into `inverse[i]`. `unique` and `out` have room for `ids.len()` ids and
+    /// rows (as many as there may be distinct ones); the report's
+    /// [`unique`](StepReport::unique) says how many were written. The distinct ids are in
+    /// the order of their PS tasks, each PS's in the order first seen in `ids`. Rows a PS
+    /// does not have are left zero and counted in the report (by batch position, as
+    /// [`pull`](Self::pull) counts them); a failed PS fails its part alone, as in `pull`.
+    ///
+    /// The deduplication is the one every step does (a hash of the batch's ids), so this
+    /// costs no more than `pull`, and copies each distinct row once (one copy per PS).
+    /// `Err` only for invalid arguments (nothing sent).
+    pub fn pull_unique<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        inverse: &mut [i64],
+        unique: &mut [u64],
+        out: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> Result<&StepReport, Error> {
+        let rb = self.row_bytes;
+        if inverse.len() != ids.len() || unique.len() < ids.len() {
+            return Err(Error::invalid(&format!(
+                "rows: a unique pull of {} ids needs inverse of {0} (is {}) and unique of at \
+                 least {0} (is {})",
+                ids.len(),
+                inverse.len(),
+                unique.len()
+            )));
+        }
+        if out.len() < ids.len() * rb {
+            return Err(Error::invalid(&format!(
+                "rows: a unique pull of {} ids needs out of at least {} bytes (is {})",
+                ids.len(),
+                ids.len() * rb,
+                out.len()
+            )));
+        }
+        self.plan
+            .build(ids)
+            .map_err(|e| Error::invalid(&e.to_string()))?;
+        // Where each PS's distinct ids start among all of them.
+        let mut starts = std::mem::take(&mut self.starts);
+        starts.clear();
+        let mut at = 0;
+        for s in 0..self.peers.len() {
+            let part = self.plan.ids(s);
+            unique[at..at + part.len()].copy_from_slice(part);
+            starts.push(at);
+            at += part.len();
+        }
+        for (pos, inv) in inverse.iter_mut().enumerate() {
+            let (s, row) = self.plan.slot(pos).unwrap_or((0, 0));
+            *inv = (starts[s] + row) as i64;
+        }
+        let done = self
+            .pull_planned(client, deadline, |_, s, rows, rb| {
+                let start = starts[s] * rb;
+                out[start..start + rows.len()].copy_from_slice(rows);
+                Ok(())
+            })
+            .map(|_| ());
+        self.starts = starts;
+        done?;
+        Ok(&self.report)
+    }
+
+    /// Sends the planned batch's requests and lands each PS's rows (its block, in the
+    /// order of its ids, in the table's dtype) with `land`.
+    fn pull_planned<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        deadline: Option<Instant>,
+        mut land: impl FnMut(&Plan, usize, &[u8], usize) -> Result<(), PlanError>,
+    ) -> Result<&StepReport, Error> {
         client.begin_step();
         for s in 0..self.peers.len() {
             let ids = self.plan.ids(s);
@@ -306,7 +401,8 @@ impl Sharded {
                             }
                             let (plan, rb) = (&self.plan, self.row_bytes);
                             widened(self.dtype, block, &mut self.wide).and_then(|bytes| {
-                                plan.scatter(s, bytes, rb, &mut *out)
+                                check_rows(bytes, n, rb)?;
+                                land(plan, s, bytes, rb)
                                     .map(|()| n)
                                     .map_err(|e| Error::invalid(&e.to_string()))
                             })
