@@ -335,7 +335,7 @@ class PipelineSettings(C.Structure):
 
     _fields_ = [("staleness", C.c_uint32), ("max_pushes_in_flight", C.c_uint32),
                 ("timeout_ms", C.c_uint64), ("wire_dtype", C.c_uint8),
-                ("loss_scale", C.c_float)]
+                ("loss_scale", C.c_float), ("cache_bytes", C.c_uint64)]
 
 
 PIPELINE_REPORT_COUNTS = ("unique", "missing", "rows_received", "rows_sent", "bytes_received",
@@ -351,7 +351,9 @@ class PipelineReport(C.Structure):
         ("unique", C.c_size_t), ("missing", C.c_size_t), ("rows_received", C.c_size_t),
         ("rows_sent", C.c_size_t), ("bytes_received", C.c_uint64), ("bytes_sent", C.c_uint64),
         ("pushes_in_flight", C.c_size_t), ("prefetched", C.c_size_t),
-        ("refetched", C.c_size_t), ("may_miss", C.c_uint64),
+        ("refetched", C.c_size_t), ("may_miss", C.c_uint64), ("fallbacks", C.c_size_t),
+        ("cache_hits", C.c_size_t), ("cache_misses", C.c_size_t), ("cache_bytes", C.c_uint64),
+        ("cache_evictions", C.c_uint64), ("rows_unchanged", C.c_size_t),
     ]
 
 
