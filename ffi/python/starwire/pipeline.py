@@ -12,7 +12,8 @@ import numpy.typing as npt
 
 from . import _lib
 from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
-from .client import _PARTITIONS, Client, _ms, _row_ids, _row_shape
+from ._ids import _row_ids, _row_shape
+from .client import _PARTITIONS, Client, _ms
 from .errors import OK, Closed, InvalidArgument, StarwireError, check, from_code
 
 
