@@ -106,3 +106,27 @@ def _row_shape(row_shape: Union[int, Sequence[int]]) -> tuple[int, ...]:
     if any(d <= 0 for d in shape) or len(shape) > 7:
         raise InvalidArgument(f"row shape {list(shape)}: up to 7 dimensions, each at least 1")
     return shape
+
+
+def _held_versions(held: Any, n: int) -> npt.NDArray[np.uint64]:
+    """The row versions a versioned pull holds, one per id (0: none held), as a 1-D
+    C-contiguous uint64 array (`held` itself when it is one), checked: integers in
+    0..2^64-1, exactly `n` of them; `InvalidArgument` naming `held` otherwise."""
+    if isinstance(held, np.ndarray) and held.dtype == np.uint64 and held.flags.c_contiguous:
+        a = held
+    else:
+        raw = np.asarray(held)
+        if raw.dtype.kind == "i":
+            if raw.size and raw.min() < 0:
+                raise InvalidArgument(f"held has a negative version ({int(raw.min())}); "
+                                      "versions are 0 (none held) to 2^64-1")
+            a = np.ascontiguousarray(raw, dtype=np.uint64)
+        elif raw.dtype.kind == "u":
+            a = np.ascontiguousarray(raw, dtype=np.uint64)
+        else:
+            raise InvalidArgument(f"held has dtype {raw.dtype}, not integers: versions are "
+                                  "0 (none held) to 2^64-1, one per id")
+    if a.ndim != 1 or len(a) != n:
+        raise InvalidArgument(f"held has shape {list(a.shape)}: one version per id, "
+                              f"[{n}]")
+    return a

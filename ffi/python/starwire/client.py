@@ -9,8 +9,8 @@ import math
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import (Any, Callable, Generic, Iterable, Mapping, Optional, Protocol, Sequence,
-                    TypeVar, Union)
+from typing import (Any, Callable, Generic, Iterable, Mapping, NamedTuple, Optional, Protocol,
+                    Sequence, TypeVar, Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +18,7 @@ import numpy.typing as npt
 from . import _lib
 from ._arrays import (WIRE_NAME_OF, HookArrays, Lender, _addressof, _from_buffer, address,
                       code_of, contiguous, loss_scale_value, received, wire_code)
-from ._ids import _id, _row_ids, _row_shape
+from ._ids import _held_versions, _id, _row_ids, _row_shape
 from .errors import (NOT_FOUND, OK, Closed, InvalidArgument, StarwireError, check, from_code,
                      remote_status)
 
@@ -137,6 +137,20 @@ class StepReport:
     def ok(self) -> bool:
         """Whether every PS part succeeded."""
         return all(p is None for p in self.parts)
+
+
+class VersionedRows(NamedTuple):
+    """What `Client.pull_rows_versioned` returns: `rows` (``[len(ids), *row_shape]``, the
+    caller's rows with the rows that were sent written in), `versions` (uint64, per id the
+    row's version as the PS has it; 0 unknown), `unchanged` (bool, per id whether the row
+    came unchanged: its bytes did not travel), `missing` (uint32, the positions of the ids
+    the PS has no row for, increasing) and `changed` (the rows written)."""
+
+    rows: npt.NDArray[Any]
+    versions: npt.NDArray[np.uint64]
+    unchanged: npt.NDArray[np.bool_]
+    missing: npt.NDArray[np.uint32]
+    changed: int
 
 
 class Client:
@@ -528,6 +542,49 @@ class Client:
                 self._plans.clear()
             self._plans[key] = plan
         return id_arr, target, plan
+
+    def pull_rows_versioned(self, peer: str, table: int, ids: Any, held: Any,
+                            row_shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+                            out: Optional[npt.NDArray[Any]] = None,
+                            timeout: Optional[float] = DEFAULT_TIMEOUT) -> VersionedRows:
+        """`pull_rows` for a caller that holds some of the rows already (a cache of rows):
+        `held` has per id the version of the row the caller holds in `out` (row `i` for
+        ``ids[i]``), or 0 for none, and only the rows whose version is not the one held are
+        sent. Returns a `VersionedRows`: `rows` is `out` with the rows sent written at their
+        positions and the others left as they were, `versions` each row's current version
+        (the held one for the rows that came unchanged; 0 for a missing row and for every
+        row from a PS or table that keeps or speaks no versions: hold those as 0, so the
+        next pull asks again), `unchanged` which rows came unchanged, `missing` as for
+        `pull_rows`, `changed` how many rows were written.
+
+        `out` (C-contiguous, writable, of `dtype` and shape ``[len(ids), *row_shape]``) is
+        the caller's copy of the rows; it may be None only when nothing is held (every
+        entry of `held` 0), and is then a new array. A PS that did not announce
+        ``row_versions`` (an earlier release, or ``STARWIRE_WIRE_FEATURES`` without it)
+        sends every row, with version 0. Raises as `pull_rows` does, and `InvalidArgument`
+        for `held` of another length or not of integers 0 to 2^64-1. One foreign call
+        (``sw_client_pull_rows_versioned_wait``), waiting with the GIL released."""
+        c, addr = self._handle(), self.runtime._peer(peer)
+        ms = _ms(timeout)
+        id_arr = _row_ids(ids)
+        versions_held = _held_versions(held, len(id_arr))
+        if out is None and versions_held.any():
+            raise InvalidArgument("out is None but held names versions: the rows held are "
+                                  "read from out (pass the array they are in)")
+        id_arr, code, target = self._pull_rows_args(id_arr, row_shape, dtype, out)
+        if out is None:
+            target.fill(0)
+        n = len(id_arr)
+        versions = np.empty(n, dtype=np.uint64)
+        unchanged = np.empty(n, dtype=np.bool_)
+        missing = np.empty(n, dtype=np.uint32)
+        changed, count = C.c_size_t(), C.c_size_t()
+        rows = self._fill_rows(table, id_arr, code, target.shape[1:], target)
+        check(_lib.client_pull_rows_versioned_wait(
+            c, addr, rows, address(versions_held), ms, address(versions), address(unchanged),
+            C.byref(changed), missing.ctypes.data_as(_lib.u32p), C.byref(count)))
+        return VersionedRows(target, versions, unchanged, missing[:count.value].copy(),
+                             int(changed.value))
 
     def submit_push_rows(self, peer: str, table: int, ids: Any, grads: npt.NDArray[Any],
                          timeout: Optional[float] = DEFAULT_TIMEOUT) -> Pending[None]:
