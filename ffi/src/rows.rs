@@ -1,6 +1,7 @@
 //! `sw_rows`: one table of a rows request, checked into `RowsArg`; and the rows requests of
 //! a `sw_client`: pulls into the caller's buffers (submitted, or submitted and waited for in
-//! one call) and pushes from the caller's buffers or tensors.
+//! one call, plain or naming the versions of the rows the caller holds) and pushes from the
+//! caller's buffers or tensors.
 
 use std::ffi::{c_char, c_void};
 use std::mem::MaybeUninit;

@@ -3,14 +3,14 @@
 //! `k` of `n` rows, a pull holding all `n` versions gets exactly those `k` rows and leaves
 //! the others as the caller holds them, the rows then equal to a plain pull's; a pull
 //! holding every current version writes nothing; a missing row comes back at zero with
-//! version 0; a PS that does not announce `row_versions` sends every row; bad arguments
-//! are refused, naming them, with nothing written.
+//! version 0; a PS that does not announce `row_versions` sends every row; bad arguments,
+//! and a client with a callback, are refused, naming them, with nothing written.
 
 mod common;
 
 use common::*;
 use starwire_ffi::*;
-use std::ffi::{CStr, CString};
+use std::ffi::{c_void, CStr, CString};
 use std::ptr;
 
 const F32: u8 = 10;
@@ -330,4 +330,42 @@ fn bad_arguments_are_refused_naming_them_and_nothing_is_written() {
     );
     assert_eq!(missing, [7; 2]);
     assert!(data.iter().all(|&b| b == 0xab));
+}
+
+unsafe extern "C" fn ignore(_: *mut c_void, _: u64, _: sw_result, reply: *mut sw_reply) {
+    sw_reply_free(reply);
+}
+
+#[test]
+fn a_client_with_a_callback_is_refused() {
+    let t = Setup::new(&[]);
+    let mut c = ptr::null_mut();
+    ok(sw_client_new_with_callback(
+        t.worker,
+        4,
+        Some(ignore),
+        ptr::null_mut(),
+        &mut c,
+    ));
+    let ids = [1u64];
+    let mut data = vec![0xabu8; ROW_BYTES];
+    let rows = Setup::rows(&ids, &mut data);
+    let (mut versions, mut unchanged, mut changed) = ([7u64], [true], 7usize);
+    let (mut missing, mut count) = ([7u32], 7usize);
+    let r = sw_client_pull_rows_versioned_wait(
+        c,
+        t.peer.as_ptr(),
+        &rows,
+        [0u64].as_ptr(),
+        TIMEOUT_MS,
+        versions.as_mut_ptr(),
+        unchanged.as_mut_ptr(),
+        &mut changed,
+        missing.as_mut_ptr(),
+        &mut count,
+    );
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("callback"), "{}", last_error());
+    assert_eq!((versions, unchanged, changed, count), ([7], [true], 7, 7));
+    sw_client_free(c);
 }
