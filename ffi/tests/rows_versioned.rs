@@ -3,8 +3,11 @@
 //! `k` of `n` rows, a pull holding all `n` versions gets exactly those `k` rows and leaves
 //! the others as the caller holds them, the rows then equal to a plain pull's; a pull
 //! holding every current version writes nothing; a missing row comes back at zero with
-//! version 0; a PS that does not announce `row_versions` sends every row; bad arguments,
-//! and a client with a callback, are refused, naming them, with nothing written.
+//! version 0; a large block is received straight from the socket (no copy out of the
+//! receive buffer) and a few changed rows of a large pull land at their positions; a
+//! refused table fails with the PS's status; a PS that does not announce `row_versions`
+//! sends every row; bad arguments, and a client with a callback, are refused, naming
+//! them, with nothing written.
 
 mod common;
 
@@ -329,6 +332,72 @@ fn bad_arguments_are_refused_naming_them_and_nothing_is_written() {
         ([7; 2], [true; 2], 7, 7)
     );
     assert_eq!(missing, [7; 2]);
+    assert!(data.iter().all(|&b| b == 0xab));
+}
+
+#[test]
+fn a_large_pull_is_received_directly_and_a_few_changed_rows_are_put_in_place() {
+    let t = Setup::new(&[]);
+    let ids: Vec<u64> = (0..40_000).collect();
+    let n = ids.len();
+    t.push(&ids, &vec![0.5; n * DIM]);
+    let direct = || {
+        let mut s = sw_stats::default();
+        ok(sw_runtime_stats(t.worker, &mut s));
+        s.payload_direct
+    };
+    let before = direct();
+    let mut cache = vec![0xabu8; n * ROW_BYTES];
+    let first = t.versioned(&ids, &vec![0; n], &mut cache).unwrap();
+    assert_eq!(first.changed, n);
+    // Every row sent: the block is the caller's rows, received from the socket.
+    assert!(direct() - before >= cache.len() as u64 / 2);
+    assert!(to_f32(&cache).iter().all(|&x| x == -0.5));
+    // Three rows changed: they arrive elsewhere and are copied into place.
+    t.push(&[7, 70, 7_000], &[1.0; 3 * DIM]);
+    let second = t.versioned(&ids, &first.versions, &mut cache).unwrap();
+    assert_eq!(second.changed, 3);
+    let rows = to_f32(&cache);
+    for (i, x) in rows.chunks(DIM).enumerate() {
+        let want = if [7, 70, 7_000].contains(&i) {
+            -1.5
+        } else {
+            -0.5
+        };
+        assert!(x.iter().all(|&v| v == want), "row {i}: {x:?}");
+    }
+}
+
+#[test]
+fn a_table_the_ps_refuses_fails_with_its_status_and_leaves_the_rows_alone() {
+    let t = Setup::new(&[]);
+    let ids = [1u64, 2];
+    let mut data = vec![0xabu8; 2 * ROW_BYTES];
+    let rows = sw_rows {
+        table: 77,
+        ..Setup::rows(&ids, &mut data)
+    };
+    let (mut versions, mut unchanged, mut changed) = ([7u64; 2], [true; 2], 7usize);
+    let (mut missing, mut count) = ([7u32; 2], 7usize);
+    let r = sw_client_pull_rows_versioned_wait(
+        t.client,
+        t.peer.as_ptr(),
+        &rows,
+        [0u64, 0].as_ptr(),
+        TIMEOUT_MS,
+        versions.as_mut_ptr(),
+        unchanged.as_mut_ptr(),
+        &mut changed,
+        missing.as_mut_ptr(),
+        &mut count,
+    );
+    assert_eq!(r, sw_result::SW_ERR_REMOTE);
+    assert_eq!(sw_last_error_status(), 1, "NOT_FOUND");
+    assert!(last_error().contains("77"), "{}", last_error());
+    assert_eq!(
+        (versions, unchanged, changed, count),
+        ([7; 2], [true; 2], 7, 7)
+    );
     assert!(data.iter().all(|&b| b == 0xab));
 }
 
