@@ -116,6 +116,8 @@ def _held_versions(held: Any, n: int) -> npt.NDArray[np.uint64]:
         a = held
     else:
         raw = np.asarray(held)
+        if raw.size == 0:
+            raw = raw.astype(np.uint64)
         if raw.dtype.kind == "i":
             if raw.size and raw.min() < 0:
                 raise InvalidArgument(f"held has a negative version ({int(raw.min())}); "

@@ -111,6 +111,9 @@ class VersionedPullTest(VersionedPullCase):
         with self.assertRaises(starwire.InvalidArgument) as e:
             self.versioned(ids, [0, 0], out=np.zeros((3, DIM), dtype=np.float32))
         self.assertIn("out", str(e.exception))
+        with self.assertRaises(starwire.InvalidArgument) as e:
+            self.versioned([], [])
+        self.assertIn("no ids", str(e.exception))
 
 
 class OlderPsVersionedPullTest(VersionedPullCase):
