@@ -1186,6 +1186,20 @@ typedef struct sw_pipeline_settings {
    f32, bf16 and f16 rows.
    */
   float loss_scale;
+  /*
+   The bytes of the worker's row cache (its rows and their index, all allocated when
+   the pipeline is made); 0 (the default): no cache, every row of every step pulled.
+   Not 0: at least the bytes of one row with its id, clock, version and index cells,
+   `row_bytes + 33`. Each row costs `row_bytes + 25` bytes, and 8 to 16 of index. With a
+   staleness bound `s >= 1`, a cached row that misses at most `s` of this worker's
+   pushes when used is served from the cache, not pulled (`cache_hits` of the report);
+   with `s = 0` the cache serves nothing without asking. Either way the cached rows
+   too old to serve are named in the pull with their versions, and a PS that keeps
+   row versions (and announces `row_versions`) answers those nobody changed
+   unchanged, without their bytes
+   (`rows_unchanged`). This worker's own pushes do not patch cached rows.
+   */
+  uint64_t cache_bytes;
 } sw_pipeline_settings;
 
 /*
@@ -1251,6 +1265,35 @@ typedef struct sw_pipeline_report {
    staleness bound.
    */
   uint64_t may_miss;
+  /*
+   PS parts of the step's pull whose rows travelled in the table's dtype although
+   another `wire_dtype` was set: that PS did not announce `row_formats`.
+   */
+  size_t fallbacks;
+  /*
+   Distinct rows of the step served from the row cache, not pulled (0 without one).
+   */
+  size_t cache_hits;
+  /*
+   Distinct rows of the step the row cache could not serve (absent, or too old), so
+   asked for (0 without a cache).
+   */
+  size_t cache_misses;
+  /*
+   Bytes of the rows the cache held when the step's last call returned.
+   */
+  uint64_t cache_bytes;
+  /*
+   Rows the cache evicted during the step's calls.
+   */
+  uint64_t cache_evictions;
+  /*
+   Distinct rows of the step the cache held too old to serve, which the pull named
+   with their versions and the PS answered unchanged: their bytes did not travel, the
+   cache's copy was used. Counted in `cache_misses`, not in `rows_received` (0 without
+   a cache, or from a PS that does not keep or announce row versions).
+   */
+  size_t rows_unchanged;
 } sw_pipeline_report;
 
 /*
@@ -2144,6 +2187,51 @@ sw_result sw_client_pull_rows_wait(struct sw_client *c,
                                    size_t *missing_count);
 
 /*
+ A rows pull of one table for a caller that holds some of its rows already (a cache of
+ rows), submitted and waited for in one call: `sw_client_pull_rows_wait` that names, per
+ id, the version of the row the caller holds, and gets back only the rows whose version
+ changed. `held[i]` is the version of the row of `rows->ids[i]` the caller holds in
+ `rows->data` (row `i` there), or 0 for none (such a row is always sent).
+
+ On `SW_OK`: each row that was sent (changed, or not held) is written at its position in
+ `rows->data`, and the rows that came unchanged are left as they are there (the caller's
+ copy is the PS's row); `versions[i]` is the version of row `i` as the PS has it (the held
+ one when it came unchanged; 0, unknown, for a missing row and for every row from a PS
+ or table that keeps or speaks no versions: hold such rows as version 0, so that the next
+ pull asks for them again); `unchanged[i]` says whether row `i` came unchanged (its bytes
+ did not travel); `*changed` is the number of rows written; and the missing rows (zero
+ in `rows->data`) are in `missing`, `*missing_count` of them, as for
+ `sw_client_pull_rows_wait`. A version is a number the PS's table gives a row each time
+ a push changes it (and when it creates or loads it), never twice, so a held version
+ that matches is the row as the PS has it.
+
+ A PS that did not announce `row_versions` (an earlier release, or
+ `STARWIRE_WIRE_FEATURES` without it on either end) is sent a plain pull: every row comes
+ back changed, with version 0. When every row is sent they are received straight into
+ `rows->data`, as `sw_client_pull_rows_wait` receives them; when only some are, they
+ arrive in memory of starwire's and are copied into place.
+
+ Fails as `sw_client_pull_rows_wait` does (`rows->data` is then as the pull left it:
+ rows received into it may have been written), and with `SW_ERR_NULL` naming `held`,
+ `versions`, `unchanged` or `changed` when NULL. Not for clients made with a callback.
+
+ # Safety
+ As `sw_client_pull_rows_wait`; `rows->data` holds the caller's rows (any bytes where
+ none is held); `held` points at `rows->n` values; `versions` and `unchanged` have room
+ for `rows->n` values; `changed` is writable.
+ */
+sw_result sw_client_pull_rows_versioned_wait(struct sw_client *c,
+                                             const char *peer,
+                                             const struct sw_rows *rows,
+                                             const uint64_t *held,
+                                             uint64_t timeout_ms,
+                                             uint64_t *versions,
+                                             bool *unchanged,
+                                             size_t *changed,
+                                             uint32_t *missing,
+                                             size_t *missing_count);
+
+/*
  Pushes gradient rows of `n_tables` tables to `peer` in one request: per table, the rows
  at `tables[t].data` (`n * row_bytes` bytes, in the order of the ids) for its ids. The
  ids and rows are copied before this returns: the caller may reuse its buffers at once.
@@ -2668,7 +2756,7 @@ sw_result sw_sharded_tables_part(const struct sw_sharded_tables *s, size_t i);
 
 /*
  The default settings: staleness 1, 2 pushes in flight, requests given 60 s, rows
- travelling in the table's dtype, no loss scale.
+ travelling in the table's dtype, no loss scale, no row cache.
  */
 struct sw_pipeline_settings sw_pipeline_settings_default(void);
 
@@ -2683,7 +2771,8 @@ struct sw_pipeline_settings sw_pipeline_settings_default(void);
  Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
  unknown partition kind or dtype, rows of no bytes, more than 7 row dimensions, or
  settings out of range (the message names the field: a `wire_dtype` the table's rows do
- not travel as, a `loss_scale` out of range or for rows other than f32, bf16 and f16).
+ not travel as, a `loss_scale` out of range or for rows other than f32, bf16 and f16, a
+ `cache_bytes` too small for one row or more than can be allocated).
 
  # Safety
  `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `row_dims` at

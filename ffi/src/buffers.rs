@@ -115,6 +115,39 @@ impl RowsTargets {
             (0..rows.len()).map(|t| rows.block(t).map(|b| b.bytes())),
         )
     }
+
+    /// Puts the rows of a one-table versioned pull's answer in the table's buffer, which
+    /// holds the caller's copy of the rows: a block received into the buffer (every row
+    /// sent, in order) is in place; another (the rows that changed, in position order) has
+    /// each row written at its position, the rows that came unchanged left as they are.
+    /// The table's status (as `place` gives it) and the rows written.
+    pub(crate) fn place_changed(&self, rows: &PulledRows) -> (u32, usize) {
+        let (Some(target), 1) = (self.targets.first(), rows.len()) else {
+            return (u16::from(Status::Internal) as u32, 0);
+        };
+        let block = match rows.block(0) {
+            Ok(b) => b,
+            Err(s) => return (status_code::<()>(Err(s)), 0),
+        };
+        if block.bytes().as_ptr() == target.ptr.cast_const() {
+            let n = target.dims.first().map_or(0, |&n| n as usize);
+            return if block.byte_len() == target.len {
+                (0, n)
+            } else {
+                (u16::from(Status::Internal) as u32, 0)
+            };
+        }
+        // SAFETY: `len` bytes at `ptr`, the caller's buffer of the one table (not NULL:
+        // `rows_args` checked), which `sw_client_pull_rows_versioned_wait`'s contract keeps
+        // valid and unused by the caller during the call; the block is elsewhere (its
+        // pointer is not the buffer's, and the allocator hands out the buffer whole or not
+        // at all), and nothing else writes the buffer once the answer is in.
+        let dest = unsafe { std::slice::from_raw_parts_mut(target.ptr, target.len) };
+        match rows.write_changed(0, dest) {
+            Ok(n) => (0, n),
+            Err(_) => (u16::from(Status::Internal) as u32, 0),
+        }
+    }
 }
 
 /// Puts `blocks[t]` in `targets[t]`: nothing to do for a block received into it (the rule),

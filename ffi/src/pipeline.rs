@@ -43,6 +43,18 @@ pub struct sw_pipeline_settings {
     /// which the PS divides out before applying them; 0 (the default): none. For tables of
     /// f32, bf16 and f16 rows.
     pub loss_scale: f32,
+    /// The bytes of the worker's row cache (its rows and their index, all allocated when
+    /// the pipeline is made); 0 (the default): no cache, every row of every step pulled.
+    /// Not 0: at least the bytes of one row with its id, clock, version and index cells,
+    /// `row_bytes + 33`. Each row costs `row_bytes + 25` bytes, and 8 to 16 of index. With a
+    /// staleness bound `s >= 1`, a cached row that misses at most `s` of this worker's
+    /// pushes when used is served from the cache, not pulled (`cache_hits` of the report);
+    /// with `s = 0` the cache serves nothing without asking. Either way the cached rows
+    /// too old to serve are named in the pull with their versions, and a PS that keeps
+    /// row versions (and announces `row_versions`) answers those nobody changed
+    /// unchanged, without their bytes
+    /// (`rows_unchanged`). This worker's own pushes do not patch cached rows.
+    pub cache_bytes: u64,
 }
 
 /// What a step of a pipeline did so far: a step runs from the `sw_pipeline_pull` that
@@ -82,6 +94,23 @@ pub struct sw_pipeline_report {
     /// The most of this worker's pushes the step's rows may miss; never above the
     /// staleness bound.
     pub may_miss: u64,
+    /// PS parts of the step's pull whose rows travelled in the table's dtype although
+    /// another `wire_dtype` was set: that PS did not announce `row_formats`.
+    pub fallbacks: usize,
+    /// Distinct rows of the step served from the row cache, not pulled (0 without one).
+    pub cache_hits: usize,
+    /// Distinct rows of the step the row cache could not serve (absent, or too old), so
+    /// asked for (0 without a cache).
+    pub cache_misses: usize,
+    /// Bytes of the rows the cache held when the step's last call returned.
+    pub cache_bytes: u64,
+    /// Rows the cache evicted during the step's calls.
+    pub cache_evictions: u64,
+    /// Distinct rows of the step the cache held too old to serve, which the pull named
+    /// with their versions and the PS answered unchanged: their bytes did not travel, the
+    /// cache's copy was used. Counted in `cache_misses`, not in `rows_received` (0 without
+    /// a cache, or from a PS that does not keep or announce row versions).
+    pub rows_unchanged: usize,
 }
 
 /// A push whose part at one PS failed after the call that sent it had returned (refused
@@ -136,13 +165,20 @@ impl Castable for sw_pipeline {
     type RustType = PipelineHandle;
 }
 
-fn settings_of(s: sw_pipeline_settings) -> PipelineSettings {
-    PipelineSettings::default()
+fn settings_of(s: sw_pipeline_settings) -> Result<PipelineSettings, Failure> {
+    let cache_bytes = usize::try_from(s.cache_bytes).map_err(|_| {
+        Failure::invalid(format!(
+            "settings.cache_bytes {} is more than this machine can address",
+            s.cache_bytes
+        ))
+    })?;
+    Ok(PipelineSettings::default()
         .staleness(s.staleness)
         .max_pushes_in_flight(s.max_pushes_in_flight)
         .timeout((s.timeout_ms > 0).then(|| Duration::from_millis(s.timeout_ms)))
         .wire_dtype((s.wire_dtype != 0).then(|| DType::from(s.wire_dtype)))
         .loss_scale(scale_of(s.loss_scale))
+        .cache_bytes(cache_bytes))
 }
 
 fn default_settings() -> sw_pipeline_settings {
@@ -155,11 +191,12 @@ fn default_settings() -> sw_pipeline_settings {
             .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         wire_dtype: d.wire().map_or(0, u8::from),
         loss_scale: d.scale().unwrap_or(0.0),
+        cache_bytes: d.cache_capacity() as u64,
     }
 }
 
 /// The default settings: staleness 1, 2 pushes in flight, requests given 60 s, rows
-/// travelling in the table's dtype, no loss scale.
+/// travelling in the table's dtype, no loss scale, no row cache.
 #[no_mangle]
 pub extern "C" fn sw_pipeline_settings_default() -> sw_pipeline_settings {
     boundary!(default_settings(), { default_settings() })
@@ -189,7 +226,8 @@ fn client_of<'a>(h: &PipelineHandle, c: *mut sw_client) -> Result<&'a mut Client
 /// Fails with `SW_ERR_INVALID_ARGUMENT` for no peers, a peer that is not an address, an
 /// unknown partition kind or dtype, rows of no bytes, more than 7 row dimensions, or
 /// settings out of range (the message names the field: a `wire_dtype` the table's rows do
-/// not travel as, a `loss_scale` out of range or for rows other than f32, bf16 and f16).
+/// not travel as, a `loss_scale` out of range or for rows other than f32, bf16 and f16, a
+/// `cache_bytes` too small for one row or more than can be allocated).
 ///
 /// # Safety
 /// `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `row_dims` at
@@ -223,7 +261,7 @@ pub extern "C" fn sw_pipeline_new(
             table,
             DType::from(dtype),
             row_dims,
-            settings_of(settings),
+            settings_of(settings)?,
         )?;
         out.write(to_boxed(PipelineHandle {
             pipeline,
@@ -275,6 +313,12 @@ fn c_report(r: &PipelineReport) -> sw_pipeline_report {
         prefetched: r.prefetched,
         refetched: r.refetched,
         may_miss: r.may_miss,
+        fallbacks: r.fallbacks,
+        cache_hits: r.cache_hits,
+        cache_misses: r.cache_misses,
+        cache_bytes: r.cache_bytes,
+        cache_evictions: r.cache_evictions,
+        rows_unchanged: r.rows_unchanged,
     }
 }
 

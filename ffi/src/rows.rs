@@ -1,8 +1,10 @@
 //! `sw_rows`: one table of a rows request, checked into `RowsArg`; and the rows requests of
 //! a `sw_client`: pulls into the caller's buffers (submitted, or submitted and waited for in
-//! one call) and pushes from the caller's buffers or tensors.
+//! one call, plain or naming the versions of the rows the caller holds) and pushes from the
+//! caller's buffers or tensors.
 
 use std::ffi::{c_char, c_void};
+use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -290,10 +292,20 @@ fn one_table(
     missing: *mut u32,
 ) -> Result<usize, Failure> {
     let status = targets.place(rows).first().copied().unwrap_or(u32::MAX);
-    let m = rows.missing(0);
     if status != 0 {
         return Err(table_failure(arg.rows.table, status));
     }
+    one_table_missing(rows, arg, missing)
+}
+
+/// The positions of a one-table rows pull's missing rows written to `missing` (room for
+/// `arg`'s ids); their count.
+fn one_table_missing(
+    rows: &PulledRows,
+    arg: &RowsArg<'_>,
+    missing: *mut u32,
+) -> Result<usize, Failure> {
+    let m = rows.missing(0);
     if m.len() > arg.rows.ids.len() {
         return Err(Failure::new(
             SW_ERR_PROTOCOL,
@@ -308,6 +320,140 @@ fn one_table(
         }
     }
     Ok(m.len())
+}
+
+/// A rows pull of one table for a caller that holds some of its rows already (a cache of
+/// rows), submitted and waited for in one call: `sw_client_pull_rows_wait` that names, per
+/// id, the version of the row the caller holds, and gets back only the rows whose version
+/// changed. `held[i]` is the version of the row of `rows->ids[i]` the caller holds in
+/// `rows->data` (row `i` there), or 0 for none (such a row is always sent).
+///
+/// On `SW_OK`: each row that was sent (changed, or not held) is written at its position in
+/// `rows->data`, and the rows that came unchanged are left as they are there (the caller's
+/// copy is the PS's row); `versions[i]` is the version of row `i` as the PS has it (the held
+/// one when it came unchanged; 0, unknown, for a missing row and for every row from a PS
+/// or table that keeps or speaks no versions: hold such rows as version 0, so that the next
+/// pull asks for them again); `unchanged[i]` says whether row `i` came unchanged (its bytes
+/// did not travel); `*changed` is the number of rows written; and the missing rows (zero
+/// in `rows->data`) are in `missing`, `*missing_count` of them, as for
+/// `sw_client_pull_rows_wait`. A version is a number the PS's table gives a row each time
+/// a push changes it (and when it creates or loads it), never twice, so a held version
+/// that matches is the row as the PS has it.
+///
+/// A PS that did not announce `row_versions` (an earlier release, or
+/// `STARWIRE_WIRE_FEATURES` without it on either end) is sent a plain pull: every row comes
+/// back changed, with version 0. When every row is sent they are received straight into
+/// `rows->data`, as `sw_client_pull_rows_wait` receives them; when only some are, they
+/// arrive in memory of starwire's and are copied into place.
+///
+/// Fails as `sw_client_pull_rows_wait` does (`rows->data` is then as the pull left it:
+/// rows received into it may have been written), and with `SW_ERR_NULL` naming `held`,
+/// `versions`, `unchanged` or `changed` when NULL. Not for clients made with a callback.
+///
+/// # Safety
+/// As `sw_client_pull_rows_wait`; `rows->data` holds the caller's rows (any bytes where
+/// none is held); `held` points at `rows->n` values; `versions` and `unchanged` have room
+/// for `rows->n` values; `changed` is writable.
+#[no_mangle]
+pub extern "C" fn sw_client_pull_rows_versioned_wait(
+    c: *mut sw_client,
+    peer: *const c_char,
+    rows: *const sw_rows,
+    held: *const u64,
+    timeout_ms: u64,
+    versions: *mut u64,
+    unchanged: *mut bool,
+    changed: *mut usize,
+    missing: *mut u32,
+    missing_count: *mut usize,
+) -> sw_result {
+    boundary!({
+        let client = client_mut(c)?;
+        let peer = try_peer!(peer);
+        let changed = try_out!(changed);
+        let missing_count = try_out!(missing_count);
+        if client.callback {
+            return Err(Failure::invalid(
+                "a rows pull is waited for with sw_client_wait: not for a client with a callback",
+            ));
+        }
+        let args = rows_args(rows, 1)?;
+        let n = args[0].rows.ids.len();
+        let held = try_slice!(held, n);
+        let out = Versioned {
+            versions: try_out_slice!(versions, n),
+            unchanged: try_out_slice!(unchanged, n),
+            missing,
+        };
+        let targets = targets_of(&args);
+        let alloc = Arc::new(RowsAllocator(targets.clone()));
+        let request = [args[0].rows];
+        let completion = match with_client!(client, |h| h
+            .pull_rows_versioned_into(peer, &request, held, alloc, deadline(timeout_ms))
+            .and_then(|t| h.wait_tag(t.tag())))
+        {
+            Ok(c) => c,
+            Err(e) => {
+                client.wait_released(&targets);
+                return Err(Failure::from(e));
+            }
+        };
+        let answer = match &completion.result {
+            Ok(Reply::Rows(rows)) => versioned_table(&targets, rows, &args[0], out),
+            Ok(_) => Err(Failure::new(
+                SW_ERR_PROTOCOL,
+                "not an answer to a rows pull",
+            )),
+            Err(e) => Err(Failure::from(e.clone())),
+        };
+        with_client!(client, |h| h.recycle(completion));
+        client.wait_released(&targets);
+        let (written, missed) = answer?;
+        changed.write(written);
+        missing_count.write(missed);
+        Ok(())
+    })
+}
+
+/// Where a versioned pull's per-row answer goes.
+struct Versioned<'a> {
+    versions: &'a mut [MaybeUninit<u64>],
+    unchanged: &'a mut [MaybeUninit<bool>],
+    missing: *mut u32,
+}
+
+/// A one-table versioned pull's answer put in place: the rows sent written into the
+/// caller's rows, the versions and unchanged flags and the missing rows' positions
+/// written; the rows written and the missing count.
+fn versioned_table(
+    targets: &RowsTargets,
+    rows: &PulledRows,
+    arg: &RowsArg<'_>,
+    out: Versioned<'_>,
+) -> Result<(usize, usize), Failure> {
+    let n = arg.rows.ids.len();
+    let versions = rows.versions(0);
+    if !versions.is_empty() && versions.len() != n {
+        return Err(Failure::new(
+            SW_ERR_PROTOCOL,
+            format!("{} row versions for {n} ids", versions.len()),
+        ));
+    }
+    let (status, written) = targets.place_changed(rows);
+    if status != 0 {
+        return Err(table_failure(arg.rows.table, status));
+    }
+    let missed = one_table_missing(rows, arg, out.missing)?;
+    for (i, (v, u)) in out
+        .versions
+        .iter_mut()
+        .zip(out.unchanged.iter_mut())
+        .enumerate()
+    {
+        v.write(versions.get(i).copied().unwrap_or(0));
+        u.write(rows.unchanged(0, i));
+    }
+    Ok((written, missed))
 }
 
 /// The failure of a rows table the peer answered with wire status `status`.

@@ -18,49 +18,7 @@ const TABLE: u32 = 5;
 /// A PS serving an f32 reference table of rows of 2 (missing until pushed, SGD with rate
 /// 1) with `settings` on top, or a worker.
 fn runtime(ps: bool, settings: &[(&CStr, &CStr)]) -> *mut sw_runtime {
-    let mut names = vec![c"STARWIRE_CONNECT_RETRIES".as_ptr()];
-    let mut values = vec![c"0".as_ptr()];
-    for (n, v) in settings {
-        names.push(n.as_ptr());
-        values.push(v.as_ptr());
-    }
-    let mut table = ptr::null_mut();
-    let init = sw_init {
-        kind: sw_init_kind::SW_INIT_MISSING as u32,
-        scale: 0.0,
-        seed: 0,
-    };
-    let sgd = sw_optimizer {
-        kind: sw_optimizer_kind::SW_OPTIMIZER_SGD as u32,
-        lr: 1.0,
-        initial_accumulator: 0.0,
-    };
-    ok(sw_mem_table_new(2, init, sgd, &mut table));
-    let tables = [table.cast_const()];
-    let ids = [TABLE];
-    let o = sw_runtime_options {
-        job: if ps { c"ps" } else { c"worker" }.as_ptr(),
-        task_index: 0,
-        setting_names: names.as_ptr(),
-        setting_values: values.as_ptr(),
-        settings: names.len(),
-        use_env: true,
-        listen: if ps {
-            c"127.0.0.1:0".as_ptr()
-        } else {
-            ptr::null()
-        },
-        service: ptr::null(),
-        allocator: ptr::null(),
-        handler_threads: 0,
-        table_ids: ids.as_ptr(),
-        tables: tables.as_ptr(),
-        n_tables: if ps { 1 } else { 0 },
-    };
-    let mut rt = ptr::null_mut();
-    ok(sw_runtime_new(&o, &mut rt));
-    sw_table_free(table);
-    rt
+    mem_table_runtime(ps, TABLE, 2, INIT_MISSING, 1.0, settings)
 }
 
 /// A PS (with `settings`), a worker, its client, and a sharded table over the PS.

@@ -25,7 +25,7 @@ own memory. Failures raise `StarwireError` subclasses (see `starwire.errors`).
 """
 
 from . import _lib
-from .client import DEFAULT_TIMEOUT, Client, Pending, Sharded, StepReport
+from .client import DEFAULT_TIMEOUT, Client, Pending, Sharded, StepReport, VersionedRows
 from .errors import (ABORTED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, INVALID_ARGUMENT,
                      NOT_FOUND, OK, PROTOCOL, RESOURCE_EXHAUSTED, SHUTDOWN, UNAVAILABLE,
                      UNIMPLEMENTED, AlreadyPublished, Backpressure, CheckpointCorrupted,
@@ -66,6 +66,7 @@ __all__ = [
     "ProtocolError", "PsTable", "PushFailure", "Refused", "RemoteError",
     "RowsTable", "Runtime", "SaveReport", "Service", "Sharded", "ShardedTables", "Shutdown",
     "StarwireError",
-    "Stats", "StepReport", "TableFull", "TableMetrics", "Timeout", "checkpoint_file",
+    "Stats", "StepReport", "TableFull", "TableMetrics", "Timeout", "VersionedRows",
+    "checkpoint_file",
     "library_path", "remote_stats", "status_name", "version",
 ]

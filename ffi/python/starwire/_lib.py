@@ -268,6 +268,10 @@ client_pull_rows = _sig("sw_client_pull_rows", R, p, C.c_char_p, C.POINTER(Rows)
                         C.c_uint64, u64p)
 client_pull_rows_wait = _sig("sw_client_pull_rows_wait", R, p, C.c_char_p, C.POINTER(Rows),
                              C.c_uint64, u32p, sizep)
+# Arrays as addresses (c_void_p): `held` (uint64), `versions` (uint64), `unchanged` (bool).
+client_pull_rows_versioned_wait = _sig("sw_client_pull_rows_versioned_wait", R, p, C.c_char_p,
+                                       C.POINTER(Rows), p, C.c_uint64, p, p, sizep, u32p,
+                                       sizep)
 # The same function without argument conversion, for `Client.pull_rows`' planned calls,
 # which pass only ctypes values of the exact types (c_void_p, c_char_p, a reference to a
 # Rows, c_uint64, a c_uint32 array, a reference to a c_size_t): converting arguments
@@ -335,12 +339,13 @@ class PipelineSettings(C.Structure):
 
     _fields_ = [("staleness", C.c_uint32), ("max_pushes_in_flight", C.c_uint32),
                 ("timeout_ms", C.c_uint64), ("wire_dtype", C.c_uint8),
-                ("loss_scale", C.c_float)]
+                ("loss_scale", C.c_float), ("cache_bytes", C.c_uint64)]
 
 
 PIPELINE_REPORT_COUNTS = ("unique", "missing", "rows_received", "rows_sent", "bytes_received",
                           "bytes_sent", "pushes_in_flight", "prefetched", "refetched",
-                          "may_miss")
+                          "may_miss", "fallbacks", "cache_hits", "cache_misses", "cache_bytes",
+                          "cache_evictions", "rows_unchanged")
 
 
 class PipelineReport(C.Structure):
@@ -351,7 +356,9 @@ class PipelineReport(C.Structure):
         ("unique", C.c_size_t), ("missing", C.c_size_t), ("rows_received", C.c_size_t),
         ("rows_sent", C.c_size_t), ("bytes_received", C.c_uint64), ("bytes_sent", C.c_uint64),
         ("pushes_in_flight", C.c_size_t), ("prefetched", C.c_size_t),
-        ("refetched", C.c_size_t), ("may_miss", C.c_uint64),
+        ("refetched", C.c_size_t), ("may_miss", C.c_uint64), ("fallbacks", C.c_size_t),
+        ("cache_hits", C.c_size_t), ("cache_misses", C.c_size_t), ("cache_bytes", C.c_uint64),
+        ("cache_evictions", C.c_uint64), ("rows_unchanged", C.c_size_t),
     ]
 
 

@@ -9,8 +9,8 @@ import math
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import (Any, Callable, Generic, Iterable, Mapping, Optional, Protocol, Sequence,
-                    TypeVar, Union)
+from typing import (Any, Callable, Generic, Iterable, Mapping, NamedTuple, Optional, Protocol,
+                    Sequence, TypeVar, Union)
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +18,7 @@ import numpy.typing as npt
 from . import _lib
 from ._arrays import (WIRE_NAME_OF, HookArrays, Lender, _addressof, _from_buffer, address,
                       code_of, contiguous, loss_scale_value, received, wire_code)
+from ._ids import _held_versions, _id, _row_ids, _row_shape
 from .errors import (NOT_FOUND, OK, Closed, InvalidArgument, StarwireError, check, from_code,
                      remote_status)
 
@@ -75,104 +76,6 @@ def _ms(timeout: Optional[float]) -> int:
 
 def _key(k: Key) -> bytes:
     return k.encode() if isinstance(k, str) else bytes(k)
-
-
-_U64_LIMIT = 1 << 64
-_IDS_ARE = ("ids are u64 on the wire: Python ints or an integer array, 0 to 2^64-1 (uint64 "
-            "as it is, int64 with no negative value)")
-
-
-def _bad_id(where: str, value: Any, why: str) -> InvalidArgument:
-    return InvalidArgument(f"{where} is {value!r}: {why}; {_IDS_ARE}")
-
-
-def _id(value: Any, where: str) -> int:
-    """One id, checked: a Python int (or numpy integer) in 0..2^64-1; floats, bools and
-    anything else raise `InvalidArgument`."""
-    if isinstance(value, (bool, np.bool_)):
-        raise _bad_id(where, value, "a bool, not an id")
-    if not isinstance(value, (int, np.integer)):
-        raise _bad_id(where, value, f"a {type(value).__name__}, not an integer")
-    v = int(value)
-    if v < 0:
-        raise _bad_id(where, value, "negative")
-    if v >= _U64_LIMIT:
-        raise _bad_id(where, value, "2^64 or more")
-    return v
-
-
-def _checked_array(a: npt.NDArray[Any]) -> npt.NDArray[np.uint64]:
-    """An integer array of ids as a C-contiguous uint64 array, checked with whole-array
-    operations (no Python loop per id)."""
-    kind = a.dtype.kind
-    if kind == "u":
-        return np.ascontiguousarray(a, dtype=np.uint64)
-    if kind == "i":
-        if a.size and a.min() < 0:
-            i = int(np.flatnonzero(a.reshape(-1) < 0)[0])
-            raise _bad_id(f"ids[{i}]", int(a.reshape(-1)[i]), "negative")
-        return np.ascontiguousarray(a, dtype=np.uint64)
-    if kind == "O":
-        return _object_ids(a)
-    raise InvalidArgument(f"ids have dtype {a.dtype}, not an integer dtype: {_IDS_ARE}; "
-                          "convert explicitly (ids.astype(np.uint64)) if these are ids")
-
-
-def _object_ids(raw: npt.NDArray[Any]) -> npt.NDArray[np.uint64]:
-    """Ids numpy could not give one integer dtype (ints past int64 beside negative ones,
-    or past 2^64, or not ints at all): checked one by one, only for such unusual input."""
-    flat = raw.reshape(-1)
-    for i, x in enumerate(flat):
-        _id(x, f"ids[{i}]")
-    return np.array([int(x) for x in flat], dtype=np.uint64).reshape(raw.shape)
-
-
-def _row_ids(ids: Any) -> npt.NDArray[np.uint64]:
-    """`ids` as a 1-D C-contiguous uint64 array, checked before anything is sent: itself
-    when it already is one (no copy, nothing to check), else converted from an integer
-    array (a negative id refused) or a sequence of Python ints (floats, bools, negatives
-    and values of 2^64 or more refused), each raising `InvalidArgument`."""
-    if isinstance(ids, np.ndarray):
-        if ids.dtype == np.uint64 and ids.flags.c_contiguous:
-            a = ids
-        else:
-            a = _checked_array(ids)
-    else:
-        if isinstance(ids, (list, tuple)):
-            # Each type looked at once (the scan of types runs in C), a position found only
-            # for a bad one: numpy would take True beside ints as 1 without a word.
-            kinds = set(map(type, ids))
-            for k in kinds:
-                if issubclass(k, (bool, np.bool_)) or not issubclass(k, (int, np.integer)):
-                    i, bad = next((i, x) for i, x in enumerate(ids) if type(x) is k)
-                    _id(bad, f"ids[{i}]")
-            # Into int64 when they fit (exact, then checked as an array); numpy would
-            # otherwise make floats of ints past 2^63 beside others.
-            raw: Optional[npt.NDArray[Any]] = None
-            if all(k is int or issubclass(k, np.signedinteger) for k in kinds):
-                try:
-                    raw = np.array(ids, dtype=np.int64)
-                except OverflowError:
-                    pass
-            if raw is None:
-                raw = np.array(ids, dtype=object)
-        else:
-            # Another sequence (a range, an array-like): numpy's own conversion.
-            raw = np.asarray(ids)
-        a = _checked_array(raw)
-    if a.ndim != 1:
-        raise InvalidArgument(f"ids must be 1-D, not of shape {list(a.shape)}")
-    return a
-
-
-def _row_shape(row_shape: Union[int, Sequence[int]]) -> tuple[int, ...]:
-    if type(row_shape) is int and 0 < row_shape:
-        return (row_shape,)
-    shape = (int(row_shape),) if isinstance(row_shape, (int, np.integer)) else tuple(
-        int(d) for d in row_shape)
-    if any(d <= 0 for d in shape) or len(shape) > 7:
-        raise InvalidArgument(f"row shape {list(shape)}: up to 7 dimensions, each at least 1")
-    return shape
 
 
 class Pending(Generic[T]):
@@ -234,6 +137,20 @@ class StepReport:
     def ok(self) -> bool:
         """Whether every PS part succeeded."""
         return all(p is None for p in self.parts)
+
+
+class VersionedRows(NamedTuple):
+    """What `Client.pull_rows_versioned` returns: `rows` (``[len(ids), *row_shape]``, the
+    caller's rows with the rows that were sent written in), `versions` (uint64, per id the
+    row's version as the PS has it; 0 unknown), `unchanged` (bool, per id whether the row
+    came unchanged: its bytes did not travel), `missing` (uint32, the positions of the ids
+    the PS has no row for, increasing) and `changed` (the rows written)."""
+
+    rows: npt.NDArray[Any]
+    versions: npt.NDArray[np.uint64]
+    unchanged: npt.NDArray[np.bool_]
+    missing: npt.NDArray[np.uint32]
+    changed: int
 
 
 class Client:
@@ -625,6 +542,49 @@ class Client:
                 self._plans.clear()
             self._plans[key] = plan
         return id_arr, target, plan
+
+    def pull_rows_versioned(self, peer: str, table: int, ids: Any, held: Any,
+                            row_shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+                            out: Optional[npt.NDArray[Any]] = None,
+                            timeout: Optional[float] = DEFAULT_TIMEOUT) -> VersionedRows:
+        """`pull_rows` for a caller that holds some of the rows already (a cache of rows):
+        `held` has per id the version of the row the caller holds in `out` (row `i` for
+        ``ids[i]``), or 0 for none, and only the rows whose version is not the one held are
+        sent. Returns a `VersionedRows`: `rows` is `out` with the rows sent written at their
+        positions and the others left as they were, `versions` each row's current version
+        (the held one for the rows that came unchanged; 0 for a missing row and for every
+        row from a PS or table that keeps or speaks no versions: hold those as 0, so the
+        next pull asks again), `unchanged` which rows came unchanged, `missing` as for
+        `pull_rows`, `changed` how many rows were written.
+
+        `out` (C-contiguous, writable, of `dtype` and shape ``[len(ids), *row_shape]``) is
+        the caller's copy of the rows; it may be None only when nothing is held (every
+        entry of `held` 0), and is then a new array. A PS that did not announce
+        ``row_versions`` (an earlier release, or ``STARWIRE_WIRE_FEATURES`` without it)
+        sends every row, with version 0. Raises as `pull_rows` does, and `InvalidArgument`
+        for `held` of another length or not of integers 0 to 2^64-1. One foreign call
+        (``sw_client_pull_rows_versioned_wait``), waiting with the GIL released."""
+        c, addr = self._handle(), self.runtime._peer(peer)
+        ms = _ms(timeout)
+        id_arr = _row_ids(ids)
+        versions_held = _held_versions(held, len(id_arr))
+        if out is None and versions_held.any():
+            raise InvalidArgument("out is None but held names versions: the rows held are "
+                                  "read from out (pass the array they are in)")
+        id_arr, code, target = self._pull_rows_args(id_arr, row_shape, dtype, out)
+        if out is None:
+            target.fill(0)
+        n = len(id_arr)
+        versions = np.empty(n, dtype=np.uint64)
+        unchanged = np.empty(n, dtype=np.bool_)
+        missing = np.empty(n, dtype=np.uint32)
+        changed, count = C.c_size_t(), C.c_size_t()
+        rows = self._fill_rows(table, id_arr, code, target.shape[1:], target)
+        check(_lib.client_pull_rows_versioned_wait(
+            c, addr, rows, address(versions_held), ms, address(versions), address(unchanged),
+            C.byref(changed), missing.ctypes.data_as(_lib.u32p), C.byref(count)))
+        return VersionedRows(target, versions, unchanged, missing[:count.value].copy(),
+                             int(changed.value))
 
     def submit_push_rows(self, peer: str, table: int, ids: Any, grads: npt.NDArray[Any],
                          timeout: Optional[float] = DEFAULT_TIMEOUT) -> Pending[None]:

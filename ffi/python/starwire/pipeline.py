@@ -12,7 +12,8 @@ import numpy.typing as npt
 
 from . import _lib
 from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
-from .client import _PARTITIONS, Client, _ms, _row_ids, _row_shape
+from ._ids import _row_ids, _row_shape
+from .client import _PARTITIONS, Client, _ms
 from .errors import OK, Closed, InvalidArgument, StarwireError, check, from_code
 
 
@@ -29,8 +30,16 @@ class PipelineSettings:
     (``"float32"``/``"f32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``/``"f16"``; None: the
     table's own), as `Sharded.set_wire_dtype`. `loss_scale`: the factor pushed gradients
     were multiplied by, which the PS divides out (2^-126 to 2^126; None: none), as
-    `Sharded.set_loss_scale`. Checked when the pipeline is made (`InvalidArgument` naming
-    the setting).
+    `Sharded.set_loss_scale`. `cache_bytes`: the bytes of the worker's row cache (its
+    rows and their index, all allocated when the pipeline is made; 0, the default: no
+    cache). With staleness s >= 1 a cached row that misses at most s of this worker's
+    pushes is served from the cache, not pulled (``report.cache_hits``); with s = 0 the
+    cache serves nothing without asking. Either way the cached rows too old to serve are
+    named in the pull with their versions, and a PS that keeps row versions answers those
+    nobody changed without their bytes (``report.rows_unchanged``). This worker's own
+    pushes do not patch cached rows. At least ``row_bytes + 33`` (one row with its id,
+    clock, version and index cells) when not 0. Checked when the pipeline is made
+    (`InvalidArgument` naming the setting).
     """
 
     staleness: int = 1
@@ -38,6 +47,7 @@ class PipelineSettings:
     timeout: Optional[float] = 60.0
     wire_dtype: Any = None
     loss_scale: Optional[float] = None
+    cache_bytes: int = 0
 
 
 @dataclass
@@ -53,7 +63,15 @@ class PipelineReport:
     sent or took them. `may_miss` is the most of this worker's pushes the step's rows may
     miss (never above the staleness bound); `prefetched` and `refetched` count PS parts of
     the pull sent before it, and sent again at it because more pushes had gone out since
-    than the bound lets its rows miss."""
+    than the bound lets its rows miss; `fallbacks` the parts whose rows came in the table's
+    dtype although another wire dtype was set (that PS did not announce ``row_formats``).
+
+    With a row cache (``PipelineSettings.cache_bytes``): `cache_hits` counts the step's
+    distinct rows served from the cache, `cache_misses` those it could not serve (absent or
+    too old: asked for), `cache_bytes` the bytes of rows it held when the step's last call
+    returned, `cache_evictions` the rows it evicted during the step, and `rows_unchanged`
+    the rows it held too old that the PS answered unchanged (their bytes did not travel;
+    counted in `cache_misses`, not in `rows_received`). All 0 without a cache."""
 
     step: int = 0
     visible: float = 0.0
@@ -68,6 +86,12 @@ class PipelineReport:
     prefetched: int = 0
     refetched: int = 0
     may_miss: int = 0
+    fallbacks: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes: int = 0
+    cache_evictions: int = 0
+    rows_unchanged: int = 0
 
 
 @dataclass
@@ -142,10 +166,15 @@ class Pipeline:
             if not isinstance(value, int) or not 0 <= value < 1 << 32:
                 raise InvalidArgument(f"{name} is {value!r}; it must be an int from 0 to "
                                       "2^32-1 (and max_pushes_in_flight from 1 to 64)")
+        if (type(s.cache_bytes) is not int and not isinstance(s.cache_bytes, np.integer)
+                or not 0 <= s.cache_bytes < 1 << 64):
+            raise InvalidArgument(f"cache_bytes is {s.cache_bytes!r}; it must be an int, 0 "
+                                  "(no cache) or at least the bytes of one row with its entry")
         # 0: the table's dtype, no loss scale.
         wire = 0 if s.wire_dtype is None else wire_code(s.wire_dtype, self.dtype)
         c_settings = _lib.PipelineSettings(s.staleness, s.max_pushes_in_flight, _ms(s.timeout),
-                                           wire, loss_scale_value(s.loss_scale))
+                                           wire, loss_scale_value(s.loss_scale),
+                                           int(s.cache_bytes))
         code = code_of(self.dtype, "the rows")
         c_texts = (C.c_char_p * max(len(texts), 1))(*texts)
         dims = (C.c_uint64 * len(self.row_shape))(*self.row_shape)

@@ -12,8 +12,8 @@ import numpy.typing as npt
 
 from . import _lib
 from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
-from .client import (_PARTITIONS, DEFAULT_TIMEOUT, Client, StepReport, _ms, _row_ids, _row_shape,
-                     _step_outcome)
+from ._ids import _row_ids, _row_shape
+from .client import _PARTITIONS, DEFAULT_TIMEOUT, Client, StepReport, _ms, _step_outcome
 from .errors import Closed, InvalidArgument, check
 
 __all__ = ["ShardedTables"]
