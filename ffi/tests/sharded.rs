@@ -149,6 +149,58 @@ fn sharded_steps_dedup_partition_scatter_and_merge() {
     assert_eq!(sw_sharded_part(s, 0), sw_result::SW_OK);
     assert_eq!(sw_sharded_part(s, 2), sw_result::SW_ERR_INVALID_ARGUMENT);
 
+    // Each distinct id once: ids by PS (id mod 2: 4 and 6 at PS 0, then 5), in the order
+    // first seen, and each position's index among them.
+    let mut inverse = vec![-1i64; ids.len()];
+    let mut unique = vec![0u64; ids.len()];
+    let mut rows = vec![0xffu8; ids.len() * 8];
+    ok(sw_sharded_pull_unique(
+        s,
+        client,
+        ids.as_ptr(),
+        ids.len(),
+        inverse.as_mut_ptr(),
+        unique.as_mut_ptr(),
+        rows.as_mut_ptr().cast(),
+        rows.len() as u64,
+        0,
+        &mut report,
+    ));
+    assert_eq!((report.unique, report.missing, report.failed), (3, 0, 0));
+    assert_eq!(&unique[..3], &[4, 6, 5]);
+    assert_eq!(inverse, [0, 2, 0, 1, 2, 0]);
+    assert_eq!(to_f32(&rows[..3 * 8]), [w4, w4, w6, w6, w5, w5]);
+    assert!(rows[3 * 8..].iter().all(|&b| b == 0xff));
+    // Too little room for the rows, or no inverse: refused, nothing written.
+    let r = sw_sharded_pull_unique(
+        s,
+        client,
+        ids.as_ptr(),
+        ids.len(),
+        inverse.as_mut_ptr(),
+        unique.as_mut_ptr(),
+        rows.as_mut_ptr().cast(),
+        ids.len() as u64 * 8 - 1,
+        0,
+        &mut report,
+    );
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("at least 48"), "{}", last_error());
+    let r = sw_sharded_pull_unique(
+        s,
+        client,
+        ids.as_ptr(),
+        ids.len(),
+        ptr::null_mut(),
+        unique.as_mut_ptr(),
+        rows.as_mut_ptr().cast(),
+        rows.len() as u64,
+        0,
+        &mut report,
+    );
+    assert_eq!(r, sw_result::SW_ERR_NULL);
+    assert!(last_error().contains("inverse"), "{}", last_error());
+
     // A wrong length fails at once, nothing sent, the report untouched.
     let mut report2 = sw_step_report {
         unique: 77,

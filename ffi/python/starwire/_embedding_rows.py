@@ -80,6 +80,21 @@ class _ShardedRows:
             raise
         return rows
 
+    def pull_unique(self, ids: npt.NDArray[np.uint64]
+                    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
+                               npt.NDArray[np.int64]]:
+        """The distinct ids of `ids` (duplicates allowed), their ``[unique, dim]`` block
+        and where each position's id is among them: the deduplication done in Rust by the
+        pull itself."""
+        self._check_open("pull the rows of")
+        try:
+            unique, rows, inverse, self.last_report = self.sharded.pull_unique(
+                ids, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, f"while pulling the rows of {len(ids)} ids of table {self.table}")
+            raise
+        return unique, rows, inverse
+
     def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
         if len(ids) == 0:
             return

@@ -300,6 +300,8 @@ sharded_new = _sig("sw_sharded_new", R, C.POINTER(C.c_char_p), C.c_size_t, Parti
                    C.c_uint32, C.c_uint8, p, C.c_uint32, C.POINTER(p))
 sharded_pull = _sig("sw_sharded_pull", R, p, p, p, C.c_size_t, p, C.c_uint64, C.c_uint64,
                     C.POINTER(StepReport))
+sharded_pull_unique = _sig("sw_sharded_pull_unique", R, p, p, p, C.c_size_t, p, p, p,
+                           C.c_uint64, C.c_uint64, C.POINTER(StepReport))
 sharded_push = _sig("sw_sharded_push", R, p, p, p, C.c_size_t, p, C.c_uint64, C.c_uint64,
                     C.POINTER(StepReport))
 sharded_part = _sig("sw_sharded_part", R, p, C.c_size_t)

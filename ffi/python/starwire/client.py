@@ -931,6 +931,30 @@ class Sharded:
                                  out.nbytes, _ms(timeout), self._report_ref)
         return out, self._finish(code)
 
+    def pull_unique(self, ids: Any, timeout: Optional[float] = DEFAULT_TIMEOUT
+                    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[Any],
+                               npt.NDArray[np.int64], StepReport]:
+        """Each distinct id of `ids` (duplicates allowed) pulled once, for a caller that
+        builds its batch from the distinct rows (an embedding lookup): ``(unique, rows,
+        inverse, report)``, the distinct ids (grouped by PS task, each task's in the order
+        first seen), their rows (``[len(unique), *row_shape]``, row `j` for ``unique[j]``)
+        and, per position `i` of `ids`, the index of its id in `unique` (int64), so that
+        ``rows[inverse]`` is what `pull` gives. The deduplication is the one every step
+        does, in Rust. Rows a PS does not have are zero (``report.missing`` counts
+        positions); a failed PS raises as for `pull`."""
+        s, c = self._handle(), self.client._handle()
+        id_arr = _row_ids(ids)
+        n = len(id_arr)
+        inverse = np.empty(n, dtype=np.int64)
+        unique = np.empty(n, dtype=np.uint64)
+        out = np.zeros((n, *self.row_shape), dtype=self.dtype)
+        self._report.failed = 0
+        code = _lib.sharded_pull_unique(s, c, address(id_arr), n, address(inverse),
+                                        address(unique), address(out), out.nbytes,
+                                        _ms(timeout), self._report_ref)
+        report = self._finish(code)
+        return unique[:report.unique], out[:report.unique], inverse, report
+
     def push(self, ids: Any, grads: npt.NDArray[Any],
              timeout: Optional[float] = DEFAULT_TIMEOUT) -> StepReport:
         """Pushes the gradient rows `grads` (``[len(ids), *row_shape]``, C-contiguous)

@@ -163,12 +163,14 @@ def _in_vocab(ids: Tensor, num_embeddings: Optional[int], what: str) -> None:
 
 class _Lookup:
     """One table's part of a step: its unique ids and where each input id's row is among
-    them, then the pulled block."""
+    them, then the pulled block. When the pull deduplicates (`ids` set: the checked input
+    ids), `unique` and `inverse` are the pull's to fill."""
 
-    __slots__ = ("unique", "inverse", "block")
+    __slots__ = ("unique", "inverse", "block", "ids")
 
-    def __init__(self, unique: npt.NDArray[np.uint64], inverse: Tensor) -> None:
-        self.unique, self.inverse = unique, inverse
+    def __init__(self, unique: npt.NDArray[np.uint64], inverse: Tensor,
+                 ids: Optional[Tensor] = None) -> None:
+        self.unique, self.inverse, self.ids = unique, inverse, ids
         self.block: Optional[npt.NDArray[np.float32]] = None
 
 
@@ -300,6 +302,9 @@ class _PSModule(nn.Module):
         #: the next pull.
         self._next: Optional[npt.NDArray[np.uint64]] = None
         self.push_in_backward = push_in_backward
+        #: A synchronous module's pull deduplicates the batch (in Rust, `Sharded.pull_unique`);
+        #: a collection that pulls its tables together turns it off for its bags.
+        self._dedup_in_pull = isinstance(self._rows, _ShardedRows)
         #: Without a push in backward: the blocks pulled since the last push, with their
         #: ids, whose gradients `push_gradients` sends.
         self._deferred: list[tuple[npt.NDArray[np.uint64], Tensor]] = []
@@ -376,6 +381,11 @@ class _PSModule(nn.Module):
         self._rows.prefetch(unique)
 
     def _lookup(self, input: Any, what: str) -> _Lookup:
+        if self._dedup_in_pull:
+            # Checked whole (a reduction each), deduplicated by the pull in Rust.
+            ids = _ids(input, what)
+            _in_vocab(ids, self.num_embeddings, what)
+            return _Lookup(_NO_IDS, ids, ids)
         ids = _ids(input, what, sign_later=True)
         lookup = _dedup(ids)
         # The unique ids are sorted: the first and last bound them all, with no reduction.
@@ -391,7 +401,16 @@ class _PSModule(nn.Module):
         # The last step's gradients go first: the rows are those of pushing in backward.
         if self._deferred:
             self._push_deferred(forget=False)
-        lookup.block = self._rows.pull(lookup.unique)
+        ids = lookup.ids
+        if ids is None:
+            lookup.block = self._rows.pull(lookup.unique)
+        else:
+            assert isinstance(self._rows, _ShardedRows)
+            # Non-negative int64 ids (checked): their memory seen as uint64.
+            flat = ids.reshape(-1).numpy().view(np.uint64)
+            lookup.unique, lookup.block, inverse = self._rows.pull_unique(flat)
+            lookup.inverse = (torch.from_numpy(inverse) if ids.dim() == 1
+                              else torch.from_numpy(inverse).reshape(ids.shape))
         # The next batch's rows are requested now that this step's are taken: a prefetch
         # made before the pull would replace this step's. (`nn.Module` attributes are
         # slow to set: only when there is one.)
@@ -702,6 +721,8 @@ class PSEmbeddingBagCollection(nn.Module):
         self._pos = {name: i for i, name in enumerate(tables)}
         self._tables: Optional[ShardedTables] = None
         self._pending: Optional[_StepPush] = None
+        for bag in self._each():
+            bag._dedup_in_pull = False  # the collection's pull takes the unique ids
         first = self._bag(next(iter(tables)))
         if not first.pipelined:
             self._tables = ShardedTables(

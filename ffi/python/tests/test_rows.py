@@ -265,6 +265,27 @@ class ShardedTest(unittest.TestCase):
         self.assertEqual(report.missing, 3)
         np.testing.assert_array_equal(rows[1:], 0)
 
+    def test_a_unique_pull_gives_each_distinct_row_once_and_the_inverse(self) -> None:
+        ids = np.array([4, 5, 4, 6, 5, 4, 101], dtype=np.uint64)
+        grads = np.ones((7, 4), dtype=np.float32) * np.arange(1, 8, dtype=np.float32)[:, None]
+        self.sharded.push(ids[:6], grads[:6])
+        unique, rows, inverse, report = self.sharded.pull_unique(ids)
+        # By PS (even ids on ps:0, odd on ps:1), each in the order first seen.
+        self.assertEqual(unique.tolist(), [4, 6, 5, 101])
+        self.assertEqual(inverse.dtype, np.int64)
+        self.assertEqual(inverse.tolist(), [0, 2, 0, 1, 2, 0, 3])
+        self.assertEqual(rows.shape, (4, 4))
+        self.assertEqual((report.unique, report.missing), (4, 1))
+        # rows[inverse] is the plain pull.
+        plain, _ = self.sharded.pull(ids)
+        np.testing.assert_array_equal(rows[inverse], plain)
+        np.testing.assert_array_equal(rows[3], 0)
+        # No ids: nothing sent.
+        before = self.worker.stats().requests_completed
+        unique, rows, inverse, report = self.sharded.pull_unique([])
+        self.assertEqual((len(unique), rows.shape, len(inverse)), (0, (0, 4), 0))
+        self.assertEqual(self.worker.stats().requests_completed, before)
+
     def test_a_failed_ps_fails_its_part_alone(self) -> None:
         self.sharded.push([4, 5], np.ones((2, 4), dtype=np.float32))
         self.ps[1].close()

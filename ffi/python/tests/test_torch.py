@@ -188,25 +188,28 @@ class TrainingTest(PsCase):
 
     def test_the_output_is_computed_over_the_array_the_rows_were_pulled_into(self) -> None:
         bag = PSEmbeddingBag(self.client, 1, DIM, "sum")
-        blocks: list[npt.NDArray[np.float32]] = []
-        pull = bag._rows.pull
+        pulled: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
+        pull_unique = bag._rows.pull_unique  # type: ignore[attr-defined]
 
-        def recording(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-            blocks.append(pull(ids))
-            return blocks[-1]
+        def recording(ids: npt.NDArray[np.uint64]) -> Any:
+            unique, block, inverse = pull_unique(ids)
+            pulled.append((unique, block))
+            return unique, block, inverse
 
-        setattr(bag._rows, "pull", recording)
+        setattr(bag._rows, "pull_unique", recording)
         ids = torch.tensor([6, 1, 6])
         w = torch.ones(3, requires_grad=True)
         out = bag(ids, torch.tensor([0, 2]), per_sample_weights=w)
-        [block] = blocks
-        self.assertEqual(block.shape, (2, DIM))  # ids 1 and 6
+        [(unique, block)] = pulled
+        self.assertEqual(sorted(unique.tolist()), [1, 6])
+        self.assertEqual(block.shape, (2, DIM))
         # The gradient of a weight is its row: read from the block's memory in backward, so
-        # a change to the pulled array shows there (no copy was made of it).
-        block[:] = np.array([[1.0], [2.0]], dtype=np.float32)
+        # a change to the pulled array shows there (no copy was made of it). Each row is
+        # set to its id.
+        block[:] = unique.astype(np.float32)[:, None]
         out.sum().backward()
         assert w.grad is not None
-        torch.testing.assert_close(w.grad, torch.tensor([2.0 * DIM, 1.0 * DIM, 2.0 * DIM]))
+        torch.testing.assert_close(w.grad, torch.tensor([6.0 * DIM, 1.0 * DIM, 6.0 * DIM]))
 
     def test_under_no_grad_a_forward_pushes_nothing(self) -> None:
         bag = PSEmbeddingBag(self.client, 1, DIM, "sum")
