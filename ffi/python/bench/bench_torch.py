@@ -16,6 +16,8 @@ own client, with the same batch:
   inverse, `Sharded.pull`, ``torch.from_numpy`` as a leaf that requires grad,
   ``F.embedding_bag``, ``backward``, `Sharded.push` of the leaf's gradient.
 - **module**: ``bag(ids, offsets).sum().backward()`` on a `PSEmbeddingBag`.
+- **by hand, unique pull**: the same with `Sharded.pull_unique` (the deduplication in
+  Rust, as the module does it) in place of ``torch.unique`` and `Sharded.pull`.
 - **module, push after backward**: the same on a `PSEmbeddingBag` made with
   ``push_in_backward=False``, then ``bag.push_gradients()``.
 
@@ -81,12 +83,13 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
     """Per round, the median paired differences (µs) and the forms' medians."""
     raw_s = worker.client().sharded(1, DIM)
     hand_s = worker.client().sharded(1, DIM)
+    hand_u_s = worker.client().sharded(1, DIM)
     module = PSEmbeddingBag(worker.client(), 1, DIM, "sum")
     deferred = PSEmbeddingBag(worker.client(), 1, DIM, "sum", push_in_backward=False)
     rng = np.random.default_rng(3)
     out: dict[str, list[float]] = {k: [] for k in (
-        "module-hand", "module-raw", "deferred-hand", "raw", "hand", "module", "deferred",
-        "unique")}
+        "module-hand", "module-raw", "deferred-hand", "module-hand_u", "deferred-hand_u", "raw",
+        "hand", "hand_u", "module", "deferred", "unique")}
 
     def batch() -> tuple[Any, Any, Any, Any, Any]:
         ids = torch.from_numpy(rng.integers(0, args.rows, size=bags * args.bag))
@@ -112,6 +115,16 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
         assert w.grad is not None
         hand_s.push(uids, w.grad.numpy())
 
+    def hand_unique(b: Any) -> None:
+        ids, offsets = b[0], b[1]
+        uids, rows, inverse, _ = hand_u_s.pull_unique(ids.numpy().view(np.uint64))
+        w = torch.from_numpy(rows).requires_grad_(True)
+        pooled: torch.Tensor = F.embedding_bag(torch.from_numpy(inverse), w, offsets,
+                                               mode="sum")
+        pooled.sum().backward()  # type: ignore[no-untyped-call]
+        assert w.grad is not None
+        hand_u_s.push(uids, w.grad.numpy())
+
     def mod(b: Any) -> None:
         module(b[0], b[1]).sum().backward()
 
@@ -119,7 +132,8 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
         deferred(b[0], b[1]).sum().backward()
         deferred.push_gradients()
 
-    forms: dict[str, Callable[[Any], None]] = {"raw": raw, "hand": hand, "module": mod,
+    forms: dict[str, Callable[[Any], None]] = {"raw": raw, "hand": hand,
+                                               "hand_u": hand_unique, "module": mod,
                                                "deferred": mod_deferred}
     for _ in range(args.rounds):
         times: dict[str, list[float]] = {k: [] for k in forms}
@@ -136,6 +150,8 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
         out["module-hand"].append(float(np.median(us["module"] - us["hand"])))
         out["module-raw"].append(float(np.median(us["module"] - us["raw"])))
         out["deferred-hand"].append(float(np.median(us["deferred"] - us["hand"])))
+        out["module-hand_u"].append(float(np.median(us["module"] - us["hand_u"])))
+        out["deferred-hand_u"].append(float(np.median(us["deferred"] - us["hand_u"])))
         for k in forms:
             out[k].append(float(np.median(us[k])))
         out["unique"].append(float(len(b[2])))
@@ -261,6 +277,11 @@ def main() -> None:
         print(f"  push_in_backward=False (push_gradients after backward): module "
               f"{med['deferred']:.1f} µs; module - by hand {med['deferred-hand']:+.1f} µs "
               f"(rounds {', '.join(f'{x:+.1f}' for x in o['deferred-hand'])})")
+        print(f"  by hand with Sharded.pull_unique (no torch.unique): {med['hand_u']:.1f} µs; "
+              f"module - it {med['module-hand_u']:+.1f} µs (rounds "
+              f"{', '.join(f'{x:+.1f}' for x in o['module-hand_u'])}); push_in_backward=False "
+              f"- it {med['deferred-hand_u']:+.1f} µs (rounds "
+              f"{', '.join(f'{x:+.1f}' for x in o['deferred-hand_u'])})")
     if args.skip_training:
         return close(worker, ps)
     t = training(worker, args)
