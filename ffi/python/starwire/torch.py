@@ -3,10 +3,11 @@
 ``nn.EmbeddingBag`` in a trainer's model. (Only ``import starwire.torch`` imports torch; the
 rest of the package does not need it.)
 
-Each forward deduplicates the batch's ids (``torch.unique`` with the inverse), pulls the
-unique rows through the sharded rows client (one request per PS task, all in flight at
-once), wraps the ``[unique, dim]`` block it was received into as a tensor without a copy
-(``torch.from_numpy``), and builds the output with ``F.embedding`` / ``F.embedding_bag``
+Each forward deduplicates the batch's ids, pulls the unique rows through the sharded rows
+client (one request per PS task, all in flight at once; a synchronous module's pull
+deduplicates in Rust, `starwire.Sharded.pull_unique`, the others use ``torch.unique`` with
+the inverse), wraps the ``[unique, dim]`` block it was received into as a tensor without a
+copy (``torch.from_numpy``), and builds the output with ``F.embedding`` / ``F.embedding_bag``
 over that block and the inverse indices. Autograd then gives the gradient of the block,
 ``[unique, dim]`` with the gradients of duplicate ids already summed, and the backward
 pushes it to the PS tasks, whose optimizer applies it (a `PsTable` with
