@@ -250,7 +250,7 @@ class _PSModule(nn.Module):
                  num_embeddings: Optional[int], staleness: int, wire_dtype: Any,
                  timeout: Optional[float], pipelined: Optional[bool] = None,
                  max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
-                 push_in_backward: bool = True) -> None:
+                 push_in_backward: bool = True, cache_bytes: int = 0) -> None:
         super().__init__()
         wire = _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
         if not isinstance(client, Client):
@@ -281,10 +281,14 @@ class _PSModule(nn.Module):
         elif not pipelined and staleness > 0:
             raise InvalidArgument(f"staleness={staleness} needs the pipelined client: "
                                   "pipelined=False allows only 0")
+        if cache_bytes and not pipelined:
+            raise InvalidArgument(f"cache_bytes={cache_bytes!r}: the row cache is the "
+                                  "pipelined client's; give staleness >= 1 or "
+                                  "pipelined=True")
         self._rows: _Rows
         if pipelined:
             settings = PipelineSettings(staleness, max_pushes_in_flight, timeout,
-                                        _WIRE_DTYPES[wire], loss_scale)
+                                        _WIRE_DTYPES[wire], loss_scale, cache_bytes)
             self._rows = _PipelinedRows(Pipeline(
                 client, table, dim, peers=tasks, dtype=np.float32, partition=partition,
                 vocab=num_embeddings or 0, settings=settings))
@@ -495,8 +499,14 @@ class PSEmbedding(_PSModule):
     its pull, so the rows are the same), `flush`, `close`, `checkpoint` or a
     `PrefetchingLoader` moving on. That saves the hook's cost per step. A forward keeps the
     blocks still without a gradient (accumulating over up to 16 forwards before one
-    backward works); `push_gradients` forgets them, as backward would push nothing. `wire_dtype`: how rows cross the wire,
-    ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16`` (or
+    backward works); `push_gradients` forgets them, as backward would push nothing.
+    `cache_bytes` (pipelined modules; 0, the default: none): a row cache of that many bytes
+    on the worker (`starwire.PipelineSettings.cache_bytes`): a row that misses at most
+    `staleness` of this worker's pushes is served from it without asking, and the cached
+    rows too old to serve are pulled with their versions, the PS answering those nobody
+    changed without their bytes; ``last_report`` counts ``cache_hits`` and
+    ``rows_unchanged``. In a collection each table has a cache of `cache_bytes`.
+    `wire_dtype`: how rows cross the wire, ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16`` (or
     ``"bf16"``, ``"f16"``...): the PS rounds the rows it sends to nearest even, the module
     computes in float32 on them, and the gradients pushed are narrowed likewise (the table
     on the PS stays float32 and applies them in float32); a PS that did not announce
@@ -512,12 +522,12 @@ class PSEmbedding(_PSModule):
                  staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
                  max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
-                 push_in_backward: bool = True) -> None:
+                 push_in_backward: bool = True, cache_bytes: int = 0) -> None:
         super().__init__(client, table, dim, peers=peers, job=job, partition=partition,
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
                          max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale,
-                         push_in_backward=push_in_backward)
+                         push_in_backward=push_in_backward, cache_bytes=cache_bytes)
 
     def forward(self, input: Tensor) -> Tensor:
         lookup = self._lookup(input, "input")
@@ -540,7 +550,7 @@ class PSEmbeddingBag(_PSModule):
                  wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
                  max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
-                 push_in_backward: bool = True) -> None:
+                 push_in_backward: bool = True, cache_bytes: int = 0) -> None:
         if mode not in _MODES:
             raise InvalidArgument(f"mode {mode!r} is not one of {', '.join(_MODES)} (max is "
                                   "not supported)")
@@ -548,7 +558,7 @@ class PSEmbeddingBag(_PSModule):
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
                          max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale,
-                         push_in_backward=push_in_backward)
+                         push_in_backward=push_in_backward, cache_bytes=cache_bytes)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
@@ -694,7 +704,7 @@ class PSEmbeddingBagCollection(nn.Module):
                  partition: str = "mod", staleness: int = 0, wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
                  max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
-                 push_in_backward: bool = True) -> None:
+                 push_in_backward: bool = True, cache_bytes: int = 0) -> None:
         super().__init__()
         _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
         if not tables:
@@ -713,7 +723,8 @@ class PSEmbeddingBagCollection(nn.Module):
                                  staleness=staleness, wire_dtype=wire_dtype, timeout=timeout,
                                  pipelined=pipelined,
                                  max_pushes_in_flight=max_pushes_in_flight,
-                                 loss_scale=loss_scale, push_in_backward=push_in_backward)
+                                 loss_scale=loss_scale, push_in_backward=push_in_backward,
+                                 cache_bytes=cache_bytes)
             for name, cfg in tables.items()})
         self._client, self.timeout = client, timeout
         self._in_backward = push_in_backward

@@ -210,6 +210,37 @@ class PipelinedTest(unittest.TestCase):
         self.assertEqual(worker.stats().requests_completed, 3 * 2)
         bag.close()
 
+    def test_a_row_cache_serves_hits_and_refreshes_unchanged_rows(self) -> None:
+        client, _, _ = self.cluster()
+        with self.assertRaisesRegex(starwire.InvalidArgument, "cache_bytes=65536"):
+            PSEmbeddingBag(client, 1, DIM, "sum", cache_bytes=1 << 16)
+        # Staleness 2: the same ids again within the bound come from the cache.
+        bag = PSEmbeddingBag(client, 1, DIM, "sum", staleness=2, cache_bytes=1 << 16)
+        ids, offsets = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 2])
+        first = bag(ids, offsets)
+        again = bag(ids, offsets)
+        report = bag.last_report
+        assert isinstance(report, starwire.PipelineReport)
+        self.assertEqual((report.cache_hits, report.cache_misses, report.rows_received),
+                         (4, 0, 0))
+        torch.testing.assert_close(again, first)
+        bag.close()
+        # Staleness 0: every cached row is asked again with its version; a push of two of
+        # four rows leaves the other two unchanged, which travel without their bytes.
+        bag = PSEmbeddingBag(client, 2, DIM2, "sum", pipelined=True, cache_bytes=1 << 16)
+        bag(ids, offsets)
+        bag(torch.tensor([0, 2]), torch.tensor([0])).sum().backward()
+        out = bag(ids, offsets)
+        report = bag.last_report
+        assert isinstance(report, starwire.PipelineReport)
+        self.assertEqual((report.cache_hits, report.rows_unchanged, report.rows_received),
+                         (0, 2, 2))
+        bag.flush()
+        every = np.arange(4, dtype=np.uint64)
+        rows = client.sharded(2, DIM2).pull(every)[0]
+        torch.testing.assert_close(out, torch.from_numpy(rows[[0, 2]] + rows[[1, 3]]))
+        bag.close()
+
     def test_a_refused_push_raises_at_the_next_forward(self) -> None:
         tables = [RefusingTable(), RefusingTable()]
         client, _, _ = self.cluster([{1: t} for t in tables])
