@@ -221,3 +221,91 @@ fn bad_arguments_are_refused_naming_what_is_wrong() {
     assert!(e.to_string().contains("loss scale"), "{e}");
     assert_eq!(multi.wire_dtype(0), Some(DType::F32));
 }
+
+#[test]
+fn a_unique_pull_of_every_table_is_one_request_per_ps_and_gives_each_distinct_row_once() {
+    let (rts, peers) = cluster();
+    let worker = client(1);
+    let mut h = worker.handle(16);
+    let dims: Vec<[u64; 1]> = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
+    let shapes: Vec<TableShape<'_>> = TABLES
+        .iter()
+        .zip(&dims)
+        .map(|(&(table, _), row_dims)| TableShape {
+            table,
+            dtype: DType::F32,
+            row_dims,
+            partition: Partition::Mod,
+        })
+        .collect();
+    let mut multi = ShardedTables::new(peers, &shapes).unwrap();
+    let ids: [&[u64]; 3] = [&[1, 2, 3, 1, 4], &[7, 7, 10], &[5, 2, 6, 9, 2]];
+    let row_bytes = |i: usize| TABLES[i].1 * 4;
+    // The plain pull of the same batches, to compare with.
+    let mut plain: Vec<Vec<u8>> = (0..3)
+        .map(|i| vec![0; ids[i].len() * row_bytes(i)])
+        .collect();
+    let mut views: Vec<&mut [u8]> = plain.iter_mut().map(|o| o.as_mut_slice()).collect();
+    assert!(multi
+        .pull(&mut h, &ids, &mut views, secs(10))
+        .unwrap()
+        .is_ok());
+
+    let mut inverse: Vec<Vec<i64>> = (0..3).map(|i| vec![-1; ids[i].len()]).collect();
+    let mut unique: Vec<Vec<u64>> = (0..3).map(|i| vec![0; ids[i].len()]).collect();
+    let mut outs: Vec<Vec<u8>> = (0..3)
+        .map(|i| vec![0xff; ids[i].len() * row_bytes(i)])
+        .collect();
+    let before = frames_in(&rts);
+    {
+        let mut inv: Vec<&mut [i64]> = inverse.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let mut uniq: Vec<&mut [u64]> = unique.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let mut out: Vec<&mut [u8]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let report = multi
+            .pull_unique(&mut h, &ids, &mut inv, &mut uniq, &mut out, secs(10))
+            .unwrap();
+        assert!(report.is_ok(), "{report:?}");
+        assert_eq!(report.unique, 4 + 2 + 4);
+    }
+    assert_eq!(
+        frames_in(&rts) - before,
+        2,
+        "one request per PS for all tables"
+    );
+    assert_eq!(
+        (0..3).map(|i| multi.unique_len(i)).collect::<Vec<_>>(),
+        [4, 2, 4]
+    );
+    // By PS (id mod 2: even ids at PS 0), each PS's in the order first seen.
+    assert_eq!(&unique[0][..4], &[2, 4, 1, 3]);
+    assert_eq!(&unique[1][..2], &[10, 7]);
+    assert_eq!(&unique[2][..4], &[2, 6, 5, 9]);
+    for i in 0..3 {
+        let rb = row_bytes(i);
+        for (pos, &id) in ids[i].iter().enumerate() {
+            let j = inverse[i][pos] as usize;
+            assert_eq!(unique[i][j], id, "table {i} position {pos}");
+            assert_eq!(
+                f32s(&outs[i][j * rb..(j + 1) * rb]),
+                f32s(&plain[i][pos * rb..(pos + 1) * rb]),
+                "table {i} position {pos}"
+            );
+        }
+        let n = multi.unique_len(i);
+        assert!(outs[i][n * rb..].iter().all(|&b| b == 0xff), "table {i}");
+    }
+
+    // One table's buffers too small: refused before anything is sent.
+    let before = frames_in(&rts);
+    let mut short = vec![0i64; 2];
+    let mut inv: Vec<&mut [i64]> = inverse.iter_mut().map(|v| v.as_mut_slice()).collect();
+    inv[1] = &mut short;
+    let mut uniq: Vec<&mut [u64]> = unique.iter_mut().map(|v| v.as_mut_slice()).collect();
+    let mut out: Vec<&mut [u8]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+    let e = multi
+        .pull_unique(&mut h, &ids, &mut inv, &mut uniq, &mut out, secs(10))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("inverse of 3 (is 2)"), "{e}");
+    assert_eq!(frames_in(&rts), before);
+}

@@ -416,15 +416,6 @@ typedef struct sw_runtime sw_runtime;
  */
 typedef struct sw_sharded sw_sharded;
 
-/*
- Several tables of embedding rows partitioned over the same PS tasks, seen from a
- worker: a step takes a batch of ids per table, deduplicates and partitions each as
- `sw_sharded` does, and sends each PS ONE rows request carrying every table's ids it
- holds (all PS requests in flight at once), so a step over `T` tables and `P` PS tasks
- is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
- gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
- thread at a time.
- */
 typedef struct sw_sharded_tables sw_sharded_tables;
 
 /*
@@ -1150,6 +1141,50 @@ typedef struct sw_table_batch {
    */
   uint64_t byte_len;
 } sw_table_batch;
+
+/*
+ Several tables of embedding rows partitioned over the same PS tasks, seen from a
+ worker: a step takes a batch of ids per table, deduplicates and partitions each as
+ `sw_sharded` does, and sends each PS ONE rows request carrying every table's ids it
+ holds (all PS requests in flight at once), so a step over `T` tables and `P` PS tasks
+ is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
+ gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
+ thread at a time.
+ One table's part of a unique pull (`sw_sharded_tables_pull_unique`): its batch of ids
+ in, its distinct ids, their rows and each position's index among them out.
+ */
+typedef struct sw_unique_batch {
+  /*
+   The ids (duplicates allowed); may be NULL when `n` is 0.
+   */
+  const uint64_t *ids;
+  /*
+   Number of ids (0: the table takes no part in the step).
+   */
+  size_t n;
+  /*
+   Room for `n` int64 values: for each position `i`, the index of `ids[i]` in
+   `unique`.
+   */
+  int64_t *inverse;
+  /*
+   Room for `n` ids: the distinct ids (grouped by PS task, each task's in the order
+   first seen), `unique_len` of them.
+   */
+  uint64_t *unique;
+  /*
+   Room for `n` rows (`byte_len >= n * row_bytes`): row `j` for `unique[j]`.
+   */
+  void *data;
+  /*
+   Bytes at `data`.
+   */
+  uint64_t byte_len;
+  /*
+   Written by the call: the number of distinct ids.
+   */
+  size_t unique_len;
+} sw_unique_batch;
 
 /*
  How far a pipeline runs ahead of its PS tasks (`sw_pipeline_settings_default` gives the
@@ -2744,6 +2779,29 @@ sw_result sw_sharded_tables_push(struct sw_sharded_tables *s,
                                  size_t n_tables,
                                  uint64_t timeout_ms,
                                  struct sw_step_report *report);
+
+/*
+ Pulls each distinct id of each table's batch once, with one rows request per PS for all
+ the tables (as `sw_sharded_tables_pull`), for a caller that builds its batches from the
+ distinct rows: for each table `t`, writes its distinct ids into `batches[t].unique`,
+ their rows into `batches[t].data`, each position's index among them into
+ `batches[t].inverse` and their number into `batches[t].unique_len` (what is past them in
+ `unique` and `data` is left as it was). The result, `*report` and
+ `sw_sharded_tables_part` as for `sw_sharded_tables_pull`; arguments that are not valid
+ fail the call before anything is sent, `*report` and the batches untouched.
+
+ # Safety
+ `s`, `c` are live handles used by this thread only; `batches` points at `n_tables`
+ writable values, each with `ids` at `n` values, `inverse` at `n` writable int64 values,
+ `unique` at `n` writable uint64 values and `data` at `byte_len` writable bytes, none of
+ them overlapping or used by anyone else during the call; `report` is writable.
+ */
+sw_result sw_sharded_tables_pull_unique(struct sw_sharded_tables *s,
+                                        struct sw_client *c,
+                                        struct sw_unique_batch *batches,
+                                        size_t n_tables,
+                                        uint64_t timeout_ms,
+                                        struct sw_step_report *report);
 
 /*
  The last step's outcome at PS `i` (in the order given to `sw_sharded_tables_new`), as

@@ -53,6 +53,29 @@ pub struct sw_table_batch {
 /// is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
 /// gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
 /// thread at a time.
+/// One table's part of a unique pull (`sw_sharded_tables_pull_unique`): its batch of ids
+/// in, its distinct ids, their rows and each position's index among them out.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct sw_unique_batch {
+    /// The ids (duplicates allowed); may be NULL when `n` is 0.
+    pub ids: *const u64,
+    /// Number of ids (0: the table takes no part in the step).
+    pub n: usize,
+    /// Room for `n` int64 values: for each position `i`, the index of `ids[i]` in
+    /// `unique`.
+    pub inverse: *mut i64,
+    /// Room for `n` ids: the distinct ids (grouped by PS task, each task's in the order
+    /// first seen), `unique_len` of them.
+    pub unique: *mut u64,
+    /// Room for `n` rows (`byte_len >= n * row_bytes`): row `j` for `unique[j]`.
+    pub data: *mut c_void,
+    /// Bytes at `data`.
+    pub byte_len: u64,
+    /// Written by the call: the number of distinct ids.
+    pub unique_len: usize,
+}
+
 pub struct sw_sharded_tables {
     _private: [u8; 0],
 }
@@ -283,6 +306,89 @@ pub extern "C" fn sw_sharded_tables_push(
     report: *mut sw_step_report,
 ) -> sw_result {
     boundary!({ step(s, c, batches, n_tables, Way::Push, timeout_ms, report) })
+}
+
+/// Pulls each distinct id of each table's batch once, with one rows request per PS for all
+/// the tables (as `sw_sharded_tables_pull`), for a caller that builds its batches from the
+/// distinct rows: for each table `t`, writes its distinct ids into `batches[t].unique`,
+/// their rows into `batches[t].data`, each position's index among them into
+/// `batches[t].inverse` and their number into `batches[t].unique_len` (what is past them in
+/// `unique` and `data` is left as it was). The result, `*report` and
+/// `sw_sharded_tables_part` as for `sw_sharded_tables_pull`; arguments that are not valid
+/// fail the call before anything is sent, `*report` and the batches untouched.
+///
+/// # Safety
+/// `s`, `c` are live handles used by this thread only; `batches` points at `n_tables`
+/// writable values, each with `ids` at `n` values, `inverse` at `n` writable int64 values,
+/// `unique` at `n` writable uint64 values and `data` at `byte_len` writable bytes, none of
+/// them overlapping or used by anyone else during the call; `report` is writable.
+#[no_mangle]
+pub extern "C" fn sw_sharded_tables_pull_unique(
+    s: *mut sw_sharded_tables,
+    c: *mut sw_client,
+    batches: *mut sw_unique_batch,
+    n_tables: usize,
+    timeout_ms: u64,
+    report: *mut sw_step_report,
+) -> sw_result {
+    boundary!({
+        let s = try_mut!(s, "sharded tables");
+        let client = client_mut(c)?;
+        let report = try_out!(report);
+        if client.callback {
+            return Err(Failure::invalid(
+                "a sharded step waits for its requests: not for a client with a callback",
+            ));
+        }
+        let batches = try_slice_mut!(batches, n_tables);
+        if batches.len() != s.tables.len() {
+            return Err(Failure::invalid(format!(
+                "{} batches for {} tables",
+                batches.len(),
+                s.tables.len()
+            )));
+        }
+        let mut ids = ArrayVec::<&[u64], MAX_TABLES>::new();
+        let mut inverse = ArrayVec::<&mut [i64], MAX_TABLES>::new();
+        let mut unique = ArrayVec::<&mut [u64], MAX_TABLES>::new();
+        let mut outs = ArrayVec::<&mut [u8], MAX_TABLES>::new();
+        for (i, b) in batches.iter().enumerate() {
+            ids.push(try_slice!(b.ids, b.n, format!("batches[{i}].ids")));
+            inverse.push(try_slice_mut!(
+                b.inverse,
+                b.n,
+                format!("batches[{i}].inverse")
+            ));
+            unique.push(try_slice_mut!(
+                b.unique,
+                b.n,
+                format!("batches[{i}].unique")
+            ));
+            let len = usize::try_from(b.byte_len).map_err(|_| {
+                Failure::invalid(format!("batches[{i}].byte_len {} too large", b.byte_len))
+            })?;
+            outs.push(try_slice_mut!(
+                b.data.cast::<u8>(),
+                len,
+                format!("batches[{i}].data")
+            ));
+        }
+        let deadline = deadline(timeout_ms);
+        let done = with_client!(client, |h| s.tables.pull_unique(
+            h,
+            &ids,
+            &mut inverse,
+            &mut unique,
+            &mut outs,
+            deadline
+        ))?;
+        s.parts.keep(done);
+        report.write(s.parts.report(done));
+        for (i, b) in batches.iter_mut().enumerate() {
+            b.unique_len = s.tables.unique_len(i);
+        }
+        s.parts.first_failure()
+    })
 }
 
 /// The last step's outcome at PS `i` (in the order given to `sw_sharded_tables_new`), as

@@ -192,6 +192,65 @@ fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
         assert_eq!(to_f32(&outs[t]), to_f32(&want), "table {}", TABLES[t].0);
     }
 
+    // Each distinct id once, both tables in one request per PS: ids by PS (even ids at
+    // PS 0), each PS's in the order first seen; rows[inverse] is the plain pull.
+    let mut inverse: Vec<Vec<i64>> = (0..2).map(|t| vec![-1; ids[t].len()]).collect();
+    let mut unique: Vec<Vec<u64>> = (0..2).map(|t| vec![0; ids[t].len()]).collect();
+    let mut rows: Vec<Vec<u8>> = (0..2)
+        .map(|t| vec![0xff; ids[t].len() * TABLES[t].1 * 4])
+        .collect();
+    let mut uniques: Vec<sw_unique_batch> = (0..2)
+        .map(|t| sw_unique_batch {
+            ids: ids[t].as_ptr(),
+            n: ids[t].len(),
+            inverse: inverse[t].as_mut_ptr(),
+            unique: unique[t].as_mut_ptr(),
+            data: rows[t].as_mut_ptr().cast(),
+            byte_len: rows[t].len() as u64,
+            unique_len: 99,
+        })
+        .collect();
+    let before = ps.map(frames_in);
+    ok(sw_sharded_tables_pull_unique(
+        s,
+        c,
+        uniques.as_mut_ptr(),
+        2,
+        10_000,
+        &mut report,
+    ));
+    let after = ps.map(frames_in);
+    assert_eq!((after[0] - before[0], after[1] - before[1]), (1, 1));
+    assert_eq!((uniques[0].unique_len, uniques[1].unique_len), (3, 2));
+    assert_eq!((report.unique, report.missing), (5, 0));
+    assert_eq!(&unique[0][..3], &[2, 4, 1]);
+    assert_eq!(inverse[0], [2, 0, 2, 1]);
+    assert_eq!(&unique[1][..2], &[8, 3]);
+    assert_eq!(inverse[1], [1, 0, 0]);
+    for t in 0..2 {
+        let (dim, plain, got) = (TABLES[t].1, to_f32(&outs[t]), to_f32(&rows[t]));
+        for (pos, &j) in inverse[t].iter().enumerate() {
+            let j = j as usize;
+            assert_eq!(
+                got[j * dim..(j + 1) * dim],
+                plain[pos * dim..(pos + 1) * dim]
+            );
+        }
+    }
+    // A table's inverse missing: refused, naming it; nothing sent or written.
+    uniques[1].inverse = ptr::null_mut();
+    uniques[0].unique_len = 77;
+    let before = ps.map(frames_in);
+    let r = sw_sharded_tables_pull_unique(s, c, uniques.as_mut_ptr(), 2, 10_000, &mut report);
+    assert_eq!(r, sw_result::SW_ERR_NULL);
+    assert!(
+        last_error().contains("batches[1].inverse"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(ps.map(frames_in), before);
+    assert_eq!(uniques[0].unique_len, 77);
+
     // In bf16 on the wire: the same rows rounded.
     ok(sw_sharded_tables_set_wire_dtype(s, BF16));
     let exact: Vec<Vec<f32>> = outs.iter().map(|o| to_f32(o)).collect();

@@ -5,14 +5,12 @@ use std::time::Instant;
 
 use arrayvec::ArrayVec;
 
-use super::plan::{Partition, Plan};
+use super::plan::{Partition, Plan, PlanError};
 use super::sharded::StepReport;
 use super::travel::{checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
-use crate::error::Error;
-#[cfg(doc)]
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind};
 use crate::session::{Rows, MAX_ROW_RANK};
 use crate::wire::{DType, LossScale, Status};
 
@@ -74,6 +72,9 @@ pub struct ShardedTables {
     report: StepReport,
     /// A block that travelled in another dtype, widened into the table's (reused).
     wide: Vec<u8>,
+    /// Per table and PS, in a unique pull: where the PS's distinct ids start among the
+    /// table's (reused).
+    starts: Vec<usize>,
 }
 
 impl ShardedTables {
@@ -131,6 +132,7 @@ impl ShardedTables {
             merged: Vec::new(),
             report: StepReport::default(),
             wide: Vec::new(),
+            starts: Vec::new(),
         })
     }
 
@@ -258,6 +260,102 @@ impl ShardedTables {
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
         self.plan(ids, out.iter().map(|o| o.len()))?;
+        self.pull_planned(client, deadline, |i, t, s, bytes| {
+            t.plan.scatter(s, bytes, t.row_bytes, &mut *out[i])
+        })
+    }
+
+    /// Pulls each distinct id of each table's batch once, as
+    /// [`Sharded::pull_unique`](crate::Sharded::pull_unique) does for one table: for table
+    /// `i`, its distinct ids into `unique[i]` (grouped by PS, each PS's in the order first
+    /// seen), their rows into `out[i]` (row `j` for `unique[i][j]`) and the index in
+    /// `unique[i]` of the id at each position of `ids[i]` into `inverse[i]`. `unique[i]`
+    /// and `out[i]` have room for `ids[i].len()` ids and rows; the number of distinct ids
+    /// of table `i` is [`unique_len(i)`](Self::unique_len) afterwards (the report's
+    /// `unique` is the sum). One request per PS for all the tables, as [`pull`](Self::pull);
+    /// `Err` only for invalid arguments (nothing sent).
+    pub fn pull_unique<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[&[u64]],
+        inverse: &mut [&mut [i64]],
+        unique: &mut [&mut [u64]],
+        out: &mut [&mut [u8]],
+        deadline: Option<Instant>,
+    ) -> Result<&StepReport, Error> {
+        let n = self.tables.len();
+        if ids.len() != n || inverse.len() != n || unique.len() != n || out.len() != n {
+            return Err(Error::invalid(&format!(
+                "rows: a unique pull of {n} tables takes {n} batches of ids, inverses, \
+                 unique ids and row buffers ({}, {}, {}, {} given)",
+                ids.len(),
+                inverse.len(),
+                unique.len(),
+                out.len()
+            )));
+        }
+        for (i, t) in self.tables.iter().enumerate() {
+            let m = ids[i].len();
+            if inverse[i].len() != m || unique[i].len() < m || out[i].len() < m * t.row_bytes {
+                return Err(Error::invalid(&format!(
+                    "rows: table {}: a unique pull of {m} ids needs an inverse of {m} (is \
+                     {}), room for {m} unique ids (is {}) and {} bytes of rows (is {})",
+                    t.table,
+                    inverse[i].len(),
+                    unique[i].len(),
+                    m * t.row_bytes,
+                    out[i].len()
+                )));
+            }
+        }
+        for (t, ids) in self.tables.iter_mut().zip(ids) {
+            t.plan
+                .build(ids)
+                .map_err(|e| Error::invalid(&e.to_string()))?;
+        }
+        // Per table and PS, where the PS's distinct ids start among the table's.
+        let peers = self.peers.len();
+        let mut starts = std::mem::take(&mut self.starts);
+        starts.clear();
+        for (i, t) in self.tables.iter().enumerate() {
+            let mut at = 0;
+            for s in 0..peers {
+                let part = t.plan.ids(s);
+                unique[i][at..at + part.len()].copy_from_slice(part);
+                starts.push(at);
+                at += part.len();
+            }
+            for (pos, inv) in inverse[i].iter_mut().enumerate() {
+                let (s, row) = t.plan.slot(pos).unwrap_or((0, 0));
+                *inv = (starts[i * peers + s] + row) as i64;
+            }
+        }
+        let done = self
+            .pull_planned(client, deadline, |i, t, s, bytes| {
+                let start = starts[i * peers + s] * t.row_bytes;
+                out[i][start..start + bytes.len()].copy_from_slice(bytes);
+                Ok(())
+            })
+            .map(|_| ());
+        self.starts = starts;
+        done?;
+        Ok(&self.report)
+    }
+
+    /// Distinct ids of table `i`'s batch in the last step (0 for a table out of range).
+    pub fn unique_len(&self, i: usize) -> usize {
+        self.tables.get(i).map_or(0, |t| t.plan.unique_len())
+    }
+
+    /// Sends the planned batches' requests, one per PS, and lands each table's rows from
+    /// each PS (its block in the order of its ids, in the table's dtype, checked to be
+    /// those rows) with `land(i, table, ps, bytes)`.
+    fn pull_planned<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        deadline: Option<Instant>,
+        mut land: impl FnMut(usize, &Table, usize, &[u8]) -> Result<(), PlanError>,
+    ) -> Result<&StepReport, Error> {
         client.begin_step();
         for s in 0..self.peers.len() {
             self.tags[s] = None;
@@ -307,10 +405,13 @@ impl ShardedTables {
                             report.fallbacks += 1;
                         }
                         let bytes = widened(t.dtype, block, wide)?;
-                        t.plan
-                            .scatter(s, bytes, t.row_bytes, &mut *out[i as usize])
+                        let rows_here = t.plan.ids(s).len();
+                        if bytes.len() != rows_here * t.row_bytes {
+                            return Err(Error::new(ErrorKind::Protocol).with_peer(peer.addr()));
+                        }
+                        land(i as usize, t, s, bytes)
                             .map_err(|e| Error::invalid(&e.to_string()))?;
-                        n += t.plan.ids(s).len();
+                        n += rows_here;
                     }
                     Ok(n)
                 });
