@@ -324,6 +324,13 @@ class TableBatch(C.Structure):
     _fields_ = [("ids", p), ("n", C.c_size_t), ("data", p), ("byte_len", C.c_uint64)]
 
 
+class UniqueBatch(C.Structure):
+    """``sw_unique_batch``: arrays as addresses; `unique_len` written by the call."""
+
+    _fields_ = [("ids", p), ("n", C.c_size_t), ("inverse", p), ("unique", p), ("data", p),
+                ("byte_len", C.c_uint64), ("unique_len", C.c_size_t)]
+
+
 sharded_tables_new = _sig("sw_sharded_tables_new", R, C.POINTER(C.c_char_p), C.c_size_t,
                           C.POINTER(TableShape), C.c_size_t, C.POINTER(p))
 sharded_tables_free = _sig("sw_sharded_tables_free", None, p)
@@ -333,6 +340,9 @@ sharded_tables_pull = _sig("sw_sharded_tables_pull", R, p, p, C.POINTER(TableBat
                            C.c_size_t, C.c_uint64, C.POINTER(StepReport))
 sharded_tables_push = _sig("sw_sharded_tables_push", R, p, p, C.POINTER(TableBatch),
                            C.c_size_t, C.c_uint64, C.POINTER(StepReport))
+sharded_tables_pull_unique = _sig("sw_sharded_tables_pull_unique", R, p, p,
+                                  C.POINTER(UniqueBatch), C.c_size_t, C.c_uint64,
+                                  C.POINTER(StepReport))
 sharded_tables_part = _sig("sw_sharded_tables_part", R, p, C.c_size_t)
 
 

@@ -67,6 +67,7 @@ class ShardedTables:
                                       C.byref(self._s)))
         # Reused by every step: the batches' structs and the report.
         self._batches = (_lib.TableBatch * len(specs))()
+        self._unique_batches = (_lib.UniqueBatch * len(specs))()
         self._report = _lib.StepReport()
         self._report_ref = C.byref(self._report)
         self._loss_scale: Optional[float] = None
@@ -131,6 +132,38 @@ class ShardedTables:
         code = _lib.sharded_tables_pull(s, c, batches, len(arrays), _ms(timeout),
                                         self._report_ref)
         return outs, self._finish(code)
+
+    def pull_unique(self, ids: Sequence[Any], timeout: Optional[float] = DEFAULT_TIMEOUT
+                    ) -> tuple[list[tuple[npt.NDArray[np.uint64], npt.NDArray[Any],
+                                          npt.NDArray[np.int64]]], StepReport]:
+        """Each distinct id of each table's batch ``ids[t]`` pulled once, one request per
+        PS for all the tables (as `Sharded.pull_unique` for one): per table ``(unique,
+        rows, inverse)``, its distinct ids (grouped by PS task, each task's in the order
+        first seen), their rows ``[len(unique), *row_shape]`` and, per position of
+        ``ids[t]``, the index of its id in `unique` (int64), so that ``rows[inverse]`` is
+        what `pull` gives; and the step's report."""
+        s, c = self._handle(), self.client._handle()
+        arrays = self._ids(ids)
+        made = []
+        batches = self._unique_batches
+        for i, (a, shape) in enumerate(zip(arrays, self.row_shapes)):
+            n = len(a)
+            inverse = np.empty(n, dtype=np.int64)
+            unique = np.empty(n, dtype=np.uint64)
+            out = np.zeros((n, *shape), dtype=self.dtype)
+            b = batches[i]
+            b.ids, b.n = (address(a) if n else None), n
+            b.inverse = address(inverse) if n else None
+            b.unique = address(unique) if n else None
+            b.data, b.byte_len = (address(out) if n else None), out.nbytes
+            b.unique_len = 0
+            made.append((unique, out, inverse))
+        self._report.failed = 0
+        code = _lib.sharded_tables_pull_unique(s, c, batches, len(arrays), _ms(timeout),
+                                               self._report_ref)
+        report = self._finish(code)
+        return [(u[:b.unique_len], o[:b.unique_len], inv)
+                for (u, o, inv), b in zip(made, batches)], report
 
     def push(self, ids: Sequence[Any], grads: Sequence[npt.NDArray[Any]],
              timeout: Optional[float] = DEFAULT_TIMEOUT) -> StepReport:

@@ -4,9 +4,10 @@
 rest of the package does not need it.)
 
 Each forward deduplicates the batch's ids, pulls the unique rows through the sharded rows
-client (one request per PS task, all in flight at once; a synchronous module's pull
-deduplicates in Rust, `starwire.Sharded.pull_unique`, the others use ``torch.unique`` with
-the inverse), wraps the ``[unique, dim]`` block it was received into as a tensor without a
+client (one request per PS task, all in flight at once; a synchronous module's or
+collection's pull deduplicates in Rust, `starwire.Sharded.pull_unique` or
+`starwire.ShardedTables.pull_unique`, pipelined ones use ``torch.unique`` with the
+inverse), wraps the ``[unique, dim]`` block it was received into as a tensor without a
 copy (``torch.from_numpy``), and builds the output with ``F.embedding`` / ``F.embedding_bag``
 over that block and the inverse indices. Autograd then gives the gradient of the block,
 ``[unique, dim]`` with the gradients of duplicate ids already summed, and the backward
@@ -200,6 +201,20 @@ def _dedup(ids: Tensor) -> _Lookup:
                    inverse if flat else inverse.reshape(ids.shape))
 
 
+def _flat_ids(ids: Tensor) -> npt.NDArray[np.uint64]:
+    """Checked (non-negative) int64 ids as a 1-D uint64 array over their memory."""
+    return (ids if ids.dim() == 1 else ids.reshape(-1)).numpy().view(np.uint64)
+
+
+def _fill(lookup: _Lookup, unique: npt.NDArray[np.uint64], block: npt.NDArray[np.float32],
+          inverse: npt.NDArray[np.int64]) -> None:
+    """Completes a lookup whose pull deduplicated its ids."""
+    assert lookup.ids is not None
+    lookup.unique, lookup.block = unique, block
+    lookup.inverse = (torch.from_numpy(inverse) if lookup.ids.dim() == 1
+                      else torch.from_numpy(inverse).reshape(lookup.ids.shape))
+
+
 def _weight(sink: _Sink, lookup: _Lookup) -> Tensor:
     """The pulled block as a tensor over its own memory (``torch.from_numpy`` keeps the
     array alive), a leaf handed to `sink` when autograd records."""
@@ -307,8 +322,8 @@ class _PSModule(nn.Module):
         #: the next pull.
         self._next: Optional[npt.NDArray[np.uint64]] = None
         self.push_in_backward = push_in_backward
-        #: A synchronous module's pull deduplicates the batch (in Rust, `Sharded.pull_unique`);
-        #: a collection that pulls its tables together turns it off for its bags.
+        #: A synchronous module's pull deduplicates the batch (in Rust, `Sharded.pull_unique`,
+        #: or `ShardedTables.pull_unique` for a collection's).
         self._dedup_in_pull = isinstance(self._rows, _ShardedRows)
         #: Without a push in backward: the blocks pulled since the last push, with their
         #: ids, whose gradients `push_gradients` sends.
@@ -406,16 +421,11 @@ class _PSModule(nn.Module):
         # The last step's gradients go first: the rows are those of pushing in backward.
         if self._deferred:
             self._push_deferred(forget=False)
-        ids = lookup.ids
-        if ids is None:
+        if lookup.ids is None:
             lookup.block = self._rows.pull(lookup.unique)
         else:
             assert isinstance(self._rows, _ShardedRows)
-            # Non-negative int64 ids (checked): their memory seen as uint64.
-            flat = ids.reshape(-1).numpy().view(np.uint64)
-            lookup.unique, lookup.block, inverse = self._rows.pull_unique(flat)
-            lookup.inverse = (torch.from_numpy(inverse) if ids.dim() == 1
-                              else torch.from_numpy(inverse).reshape(ids.shape))
+            _fill(lookup, *self._rows.pull_unique(_flat_ids(lookup.ids)))
         # The next batch's rows are requested now that this step's are taken: a prefetch
         # made before the pull would replace this step's. (`nn.Module` attributes are
         # slow to set: only when there is one.)
@@ -733,8 +743,6 @@ class PSEmbeddingBagCollection(nn.Module):
         self._pos = {name: i for i, name in enumerate(tables)}
         self._tables: Optional[ShardedTables] = None
         self._pending: Optional[_StepPush] = None
-        for bag in self._each():
-            bag._dedup_in_pull = False  # the collection's pull takes the unique ids
         first = self._bag(next(iter(tables)))
         if not first.pipelined:
             self._tables = ShardedTables(
@@ -803,16 +811,18 @@ class PSEmbeddingBagCollection(nn.Module):
         if not runtime._rt:
             raise Closed(f"cannot pull the rows of tables {tables.tables}: the runtime of "
                          f"{runtime.job}:{runtime.task_index} is closed")
+        # Each table's checked ids, deduplicated by the pull (in Rust).
         ids = [_NO_IDS] * len(self._pos)
         for name, _, lookup, _ in steps:
-            ids[self._pos[name]] = lookup.unique
+            assert lookup.ids is not None
+            ids[self._pos[name]] = _flat_ids(lookup.ids)
         try:
-            blocks, self.last_report = tables.pull(ids, timeout=self.timeout)
+            parts, self.last_report = tables.pull_unique(ids, timeout=self.timeout)
         except StarwireError as e:
             _note(e, f"while pulling the rows of tables {tables.tables}")
             raise
         for name, _, lookup, _ in steps:
-            lookup.block = blocks[self._pos[name]]
+            _fill(lookup, *parts[self._pos[name]])
         if not torch.is_grad_enabled():
             return None
         self._pending = _StepPush(tables, self._empty, self.timeout, len(steps),

@@ -92,6 +92,22 @@ class ShardedTablesTest(TablesCase):
         np.testing.assert_array_equal(after[2][5], rows_before[2][5] - np.float32(LR))
         np.testing.assert_array_equal(after[0][0], rows_before[0][0])
 
+    def test_a_unique_pull_is_one_frame_per_ps_with_each_distinct_row_once(self) -> None:
+        multi = starwire.ShardedTables(self.client, TABLES, peers=self.peers)
+        self.addCleanup(multi.close)
+        ids: list[Any] = [np.array([1, 2, 3, 1, 4], dtype=np.uint64), [7, 7, 10], []]
+        plain, _ = multi.pull(ids)
+        before = self.frames()
+        parts, report = multi.pull_unique(ids)
+        self.assertEqual(self.sent(before), [1, 1])
+        self.assertEqual((report.unique, report.missing), (4 + 2, 0))
+        # By PS (even ids at ps 0), each PS's in the order first seen.
+        self.assertEqual([u.tolist() for u, _, _ in parts], [[2, 4, 1, 3], [10, 7], []])
+        self.assertEqual(parts[0][2].tolist(), [2, 0, 3, 2, 1])
+        for (unique, rows, inverse), want, (_, d) in zip(parts, plain, TABLES):
+            self.assertEqual(rows.shape, (len(unique), d))
+            np.testing.assert_array_equal(rows[inverse], want)
+
     def test_an_empty_batch_takes_no_part_and_a_ps_with_no_ids_gets_nothing(self) -> None:
         multi = starwire.ShardedTables(self.client, TABLES, peers=self.peers)
         self.addCleanup(multi.close)
