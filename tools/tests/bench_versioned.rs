@@ -117,9 +117,8 @@ fn versioned_pulls_send_only_the_rows_pushed_since() {
 }
 
 #[test]
-fn a_table_without_versions_sends_every_row_and_says_so() {
-    // A MemTable keeps no versions: every row comes back changed, with version 0.
-    let server = Server::start(
+fn a_mem_table_keeps_versions_too() {
+    let mut server = Server::start(
         &[
             "--listen",
             "127.0.0.1:0",
@@ -131,6 +130,31 @@ fn a_table_without_versions_sends_every_row_and_says_so() {
             "1000",
         ],
         &[],
+    );
+    let v = bench(
+        &server,
+        &["-k", "100", "--rows", "1000", "-n", "10", "--versioned"],
+    );
+    assert_eq!(int(&v, "rows_with_versions"), 1000, "{v}");
+    assert_eq!(int(&v, "rows_unchanged"), int(&v, "rows"), "{v}");
+    assert_eq!(int(&v, "bytes"), 0, "{v}");
+    // Its counters saw the versioned pulls: the 10 pulls of 100 rows and the 1000 rows
+    // pulled to learn the versions.
+    let (code, stderr) = server.signal("TERM");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("table 1: 2000 rows pulled (0 missing)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_server_without_row_versions_sends_every_row_and_bench_says_so() {
+    // A server that does not announce row_versions: every pull goes out plain, and every
+    // row comes back changed, with version 0.
+    let server = Server::start(
+        &["--listen", "127.0.0.1:0", "--loops", "1", "--rows", "1000"],
+        &[("STARWIRE_WIRE_FEATURES", "none")],
     );
     let v = bench(
         &server,
