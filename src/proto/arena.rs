@@ -113,7 +113,7 @@ impl Arena {
     /// The bytes kept at most above the floor: the most in use recently, and one block of
     /// headroom (the small blocks taken during writes, a turn one block larger).
     fn keep_target(&self) -> usize {
-        self.peak.max(self.peak_before) + self.block_size
+        self.peak.max(self.peak_before).saturating_add(self.block_size)
     }
 
     fn new_block(&mut self, size: usize) -> usize {
