@@ -9,20 +9,23 @@
 //!   freed at once;
 //! - up to [`FREE_BLOCKS_KEPT`] idle blocks are always kept;
 //! - above that, idle blocks are kept while the arena holds no more bytes than recent
-//!   output needed at once plus one standard block (the most bytes of blocks in use during
-//!   the current and the previous [`DRAINS_PER_PERIOD`] times the output was written out
-//!   completely) and no more than the encoder's `keep_bytes`.
+//!   output needed at once plus one standard block, and no more than the encoder's
+//!   `keep_bytes`. "Recent" is the current period and the one before, a period being
+//!   [`DRAINS_PER_PERIOD`] drains (the times the output was written out completely); what
+//!   it needed is the most bytes of blocks some queued segment referred to at once.
 //!
 //! So a connection whose every loop turn fills several blocks (a PS answering 64 pulls of
 //! 100 small tensors fills 4 or 5) reuses them turn after turn and allocates nothing in
 //! steady state, while the memory of a burst (a peer slow to read, a one-off large answer)
-//! is given back once the output has drained that many times with less in use.
+//! is given back, at a drain, once the output has drained 16 to 32 times with less in use.
+//! An idle connection drains only when it sends something (a heartbeat); until then the
+//! cap bounds what it keeps.
 
 /// Idle arena blocks always kept for the next frames, whatever recent output needed.
 pub(crate) const FREE_BLOCKS_KEPT: usize = 2;
 
 /// The times the output drains completely that make one period of the keep rule: the most
-/// blocks in use is remembered for one to two periods.
+/// bytes in use is remembered for one to two periods.
 pub(crate) const DRAINS_PER_PERIOD: u32 = 16;
 
 /// Size of a block taken while the current one is lent to a write in flight, when the frame
