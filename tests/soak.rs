@@ -438,11 +438,13 @@ fn mixed_load_over_400_connections_keeps_memory_and_descriptors_flat() {
         fds1.abs_diff(fds0) * 100 <= fds0.max(100),
         "fds {fds0} -> {fds1}"
     );
-    // The send arenas keep idle blocks for the next frames, up to three of 128 KiB per
-    // connection with nothing queued (`Stats::send_arena_bytes`): which connections have
-    // met a burst that needed them by a given time is chance, so they are held to that
-    // bound, and the rest of the heap to 1 %.
-    let arena_bound = conns() as u64 * 3 * (128 << 10);
+    // The send arenas keep idle blocks for the next frames (`Stats::send_arena_bytes`): per
+    // connection with nothing queued, the block it writes into and two idle ones of 128 KiB,
+    // or more, as much as its recent output needed, up to `STARWIRE_SEND_ARENA_KEEP`. Which
+    // connections have met a burst that needed them by a given time is chance, so they are
+    // held to that bound, and the rest of the heap to 1 %.
+    let per_conn = (3 * (128 << 10)).max(starwire::config::DEFAULT_SEND_ARENA_KEEP);
+    let arena_bound = conns() as u64 * per_conn;
     for a in [arenas0, arenas1] {
         assert!(
             a <= arena_bound,

@@ -86,6 +86,7 @@ fn every_variable_is_in_the_table_once() {
         starwire::config::ENV_CLUSTER_ID,
         starwire::config::ENV_SPIN_US,
         starwire::config::ENV_CHUNK_SIZE,
+        starwire::config::ENV_SEND_ARENA_KEEP,
         starwire::config::ENV_MAX_FRAME,
         starwire::config::ENV_MAX_TENSOR_BYTES,
         starwire::config::ENV_MAX_TABLES,
@@ -125,5 +126,5 @@ fn every_variable_is_in_the_table_once() {
         assert_eq!(table.matches(&cell).count(), 1, "{cell} in\n{table}");
     }
     // The header, the separator, job and task index, and one line per setting.
-    assert_eq!(table.lines().count(), 2 + 2 + 49, "{table}");
+    assert_eq!(table.lines().count(), 2 + 2 + 50, "{table}");
 }

@@ -423,6 +423,7 @@ fn encoder_frame(
         chunk_size: u32::MAX,
         inline_threshold: 64,
         block_size: 512,
+        keep_bytes: EncoderConfig::default().keep_bytes,
     });
     enc.set_features(features);
     let mut tensors: Vec<&[u8]> = Vec::new();

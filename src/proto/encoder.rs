@@ -9,11 +9,13 @@
 //! Arena blocks never move or shrink while a segment refers to them, so an `iovec` built
 //! from [`Encoder::pieces`] stays valid while more frames are encoded — as an io_uring
 //! write in flight requires. A block returns to the free list when its last segment has
-//! been written; after warm-up, encoding allocates nothing. An encoder keeps at most
-//! [`FREE_BLOCKS_KEPT`] idle blocks of the standard size, and no idle larger one: the memory
-//! of a burst of output (a peer slow to read, a frame with a very large meta section) is
-//! returned once it is written, so a task with many connections does not hold each one's
-//! largest backlog for its whole life.
+//! been written; after warm-up, encoding allocates nothing. An encoder keeps as many idle
+//! blocks as its recent output needed at once, within
+//! [`keep_bytes`](EncoderConfig::keep_bytes), and no idle block larger than the standard
+//! size: the memory of a burst of output (a peer slow to read, a frame with a very large
+//! meta section) is returned once it is written and the output has drained a few times
+//! with less in use, so a task with many connections does not hold each one's largest
+//! backlog for its whole life (the rule is in `arena.rs`).
 //!
 //! Large tensors are cut into `CHUNK` frames (specification 4.8). Chunks are added to the
 //! output only as it drains ([`Encoder::fill`]), so frames encoded during a large transfer
@@ -27,6 +29,7 @@ use crate::wire::{
 };
 use std::collections::VecDeque;
 
+use super::arena::Arena;
 use super::items::{is_rows_block, TensorItem};
 pub use super::items::{OutTensor, PushItem, ResponseItem, RowsItem, RowsQuery, COPY_TOKEN};
 
@@ -43,7 +46,13 @@ pub struct EncoderConfig {
     /// Size of an arena block; a frame whose header and meta are larger gets a block of
     /// its own.
     pub block_size: usize,
+    /// Most bytes of arena blocks kept once the output that needed them is written, beyond
+    /// the two idle blocks always kept: up to what recent output needed at once.
+    pub keep_bytes: usize,
 }
+
+/// Default [`EncoderConfig::keep_bytes`]: eight blocks of the standard size.
+pub const DEFAULT_KEEP_BYTES: usize = 1 << 20;
 
 impl Default for EncoderConfig {
     fn default() -> Self {
@@ -52,6 +61,7 @@ impl Default for EncoderConfig {
             chunk_size: 4 << 20,
             inline_threshold: 256,
             block_size: 128 << 10,
+            keep_bytes: DEFAULT_KEEP_BYTES,
         }
     }
 }
@@ -59,16 +69,6 @@ impl Default for EncoderConfig {
 pub use super::output::{OutPiece, Piece, Segment};
 
 pub use super::error::EncodeError;
-
-#[derive(Debug)]
-struct Block {
-    buf: Box<[u8]>,
-    used: usize,
-    refs: usize,
-    /// `buf` is lent out to a write in flight ([`Encoder::lend_block`]): nothing is written
-    /// into the block until it is back.
-    lent: bool,
-}
 
 #[derive(Debug, Clone, Copy)]
 struct ChunkJob {
@@ -93,8 +93,7 @@ enum Placement {
 #[derive(Debug)]
 pub struct Encoder {
     cfg: EncoderConfig,
-    blocks: Vec<Block>,
-    current: usize,
+    arena: Arena,
     ready: VecDeque<Segment>,
     ready_bytes: u64,
     front_done: u64,
@@ -103,8 +102,6 @@ pub struct Encoder {
     released: Vec<u64>,
     /// `timeout_ms` of the requests queued next (see [`Encoder::set_request_timeout`]).
     request_timeout_ms: u32,
-    /// Bytes of the blocks allocated and not freed, lent ones included.
-    arena_bytes: usize,
     /// Frames queued so far.
     frames_out: u64,
     /// Bytes of arena segments queued and not written: what the queued frames copied.
@@ -117,37 +114,24 @@ pub struct Encoder {
 
 const CHUNK_FRAME_OVERHEAD: u32 = (HEADER_LEN + 16) as u32;
 
-/// Size of a block taken while the current one is lent to a write in flight (see
-/// [`Encoder::lend_block`]), when the frame fits it.
-const SIDE_BLOCK: usize = 16 << 10;
-
-/// Idle arena blocks an encoder keeps for the next frames; more are freed.
-pub const FREE_BLOCKS_KEPT: usize = 2;
-
 impl Encoder {
-    /// An encoder with one arena block.
+    /// An encoder with one arena block (and a small one for frames queued while the
+    /// first is out with a write).
     pub fn new(cfg: EncoderConfig) -> Encoder {
-        let mut e = Encoder {
+        Encoder {
             cfg,
-            blocks: Vec::new(),
-            current: 0,
+            arena: Arena::new(cfg.block_size, cfg.keep_bytes),
             ready: VecDeque::new(),
             ready_bytes: 0,
             front_done: 0,
             jobs: VecDeque::new(),
             released: Vec::new(),
             request_timeout_ms: 0,
-            arena_bytes: 0,
             frames_out: 0,
             copied_bytes: 0,
             peer_limits: wire::Limits::default(),
             features: wire::WireFeatures::NONE,
-        };
-        e.new_block(cfg.block_size);
-        // And the small block frames go into while the first is out with a write: made
-        // now, so a connection's memory is set from its start (see `alloc`).
-        e.new_block(SIDE_BLOCK.min(cfg.block_size));
-        e
+        }
     }
 
     /// The settings in force.
@@ -236,97 +220,24 @@ impl Encoder {
 
     /// Arena blocks holding memory (in use, or idle and kept for reuse).
     pub fn block_count(&self) -> usize {
-        self.blocks
-            .iter()
-            .filter(|b| !b.buf.is_empty() || b.lent)
-            .count()
+        self.arena.block_count()
+    }
+
+    /// Arena blocks allocated since the encoder was made (its first two included): after
+    /// warm-up, a steady load allocates none.
+    pub fn blocks_allocated(&self) -> u64 {
+        self.arena.allocated()
     }
 
     /// Bytes of the arena blocks this encoder holds: in use, lent to a write, or idle and
     /// kept. Changes only when a block is allocated or freed.
     pub fn arena_bytes(&self) -> usize {
-        self.arena_bytes
+        self.arena.bytes()
     }
 
     /// Chunked tensors whose chunks are not all queued yet.
     pub fn chunks_pending(&self) -> usize {
         self.jobs.len()
-    }
-
-    fn new_block(&mut self, size: usize) -> usize {
-        let block = Block {
-            buf: vec![0; size].into_boxed_slice(),
-            used: 0,
-            refs: 0,
-            lent: false,
-        };
-        self.arena_bytes += size;
-        // The slot of a freed block, if any: segments name blocks by index.
-        match self.blocks.iter().position(|b| b.buf.is_empty() && !b.lent) {
-            Some(i) => {
-                self.blocks[i] = block;
-                i
-            }
-            None => {
-                self.blocks.push(block);
-                self.blocks.len() - 1
-            }
-        }
-    }
-
-    /// Frees idle block `i` when it is larger than standard or more than
-    /// [`FREE_BLOCKS_KEPT`] idle blocks would be kept.
-    fn trim(&mut self, i: usize) {
-        if i == self.current {
-            return;
-        }
-        let standard = self.cfg.block_size;
-        let oversized = self.blocks[i].buf.len() > standard;
-        let idle = self
-            .blocks
-            .iter()
-            .enumerate()
-            .filter(|&(j, b)| j != self.current && b.refs == 0 && !b.buf.is_empty())
-            .count();
-        if oversized || idle > FREE_BLOCKS_KEPT {
-            self.arena_bytes -= self.blocks[i].buf.len();
-            self.blocks[i].buf = Box::default();
-            self.blocks[i].used = 0;
-        }
-    }
-
-    /// Reserves `len` contiguous arena bytes; returns block and start.
-    fn alloc(&mut self, len: usize) -> (usize, usize) {
-        let cur = &mut self.blocks[self.current];
-        if cur.refs == 0 {
-            cur.used = 0;
-        }
-        let cur_lent = cur.lent;
-        if cur_lent || cur.buf.len() - cur.used < len {
-            let free = self
-                .blocks
-                .iter()
-                .position(|b| b.refs == 0 && !b.lent && b.buf.len() >= len);
-            // A block wanted while blocks are out with a write gets the small size when the
-            // frame fits: frames queued during a write then take 16 KiB blocks, and a
-            // connection holds one standard block and a few small ones, not several
-            // standard ones.
-            let lent = cur_lent || self.blocks.iter().any(|b| b.lent);
-            let size = if lent && len <= SIDE_BLOCK {
-                SIDE_BLOCK
-            } else {
-                len.max(self.cfg.block_size)
-            };
-            self.current = match free {
-                Some(i) => i,
-                None => self.new_block(size),
-            };
-            self.blocks[self.current].used = 0;
-        }
-        let b = &mut self.blocks[self.current];
-        let start = b.used;
-        b.used += len;
-        (self.current, start)
     }
 
     fn queue(&mut self, seg: Segment) {
@@ -348,7 +259,7 @@ impl Encoder {
                     return;
                 }
             }
-            self.blocks[block as usize].refs += 1;
+            self.arena.hold(block as usize);
             self.copied_bytes += len as u64;
         }
         self.ready_bytes += seg.len();
@@ -358,8 +269,8 @@ impl Encoder {
     /// Writes a header plus `body_len` arena bytes (meta and copied payload) and returns
     /// the block, its start and the body region to fill.
     fn frame(&mut self, header: HeaderRepr, body_len: usize) -> (usize, usize, &mut [u8]) {
-        let (block, start) = self.alloc(HEADER_LEN + body_len);
-        let region = &mut self.blocks[block].buf[start..start + HEADER_LEN + body_len];
+        let (block, start) = self.arena.alloc(HEADER_LEN + body_len);
+        let region = &mut self.arena.buf_mut(block)[start..start + HEADER_LEN + body_len];
         let (h, body) = region.split_at_mut(HEADER_LEN);
         header.emit(&mut Header::new_unchecked(h));
         self.frames_out += 1;
@@ -481,7 +392,7 @@ impl Encoder {
             len: (HEADER_LEN + len) as u32,
         });
         let at = start + HEADER_LEN;
-        Ok(&mut self.blocks[block].buf[at..at + len])
+        Ok(&mut self.arena.buf_mut(block)[at..at + len])
     }
 
     /// Queues a `RECV` (one key) or `FUSED_RECV` (`fused`, one or more keys).
@@ -564,16 +475,16 @@ impl Encoder {
             });
         }
         let body = meta_len + block.byte_len as usize;
-        let (b, start) = self.alloc(HEADER_LEN + body);
+        let (b, start) = self.arena.alloc(HEADER_LEN + body);
         let at = start + HEADER_LEN + meta_len;
-        let out = &mut self.blocks[b].buf[at..at + block.byte_len as usize];
+        let out = &mut self.arena.buf_mut(b)[at..at + block.byte_len as usize];
         let from = missing.len();
         let status = fill(out, missing);
         if !status.is_ok() || missing.len() > from {
             spill.clear();
             spill.extend_from_slice(out);
             // Nothing after this frame was reserved in the block: take it back.
-            self.blocks[b].used = start;
+            self.arena.unreserve(b, start);
             return Ok(Some(status));
         }
         let header = HeaderRepr {
@@ -586,7 +497,7 @@ impl Encoder {
             meta_len: meta_len as u32,
             payload_len: block.byte_len as u32,
         };
-        let region = &mut self.blocks[b].buf[start..start + HEADER_LEN + meta_len];
+        let region = &mut self.arena.buf_mut(b)[start..start + HEADER_LEN + meta_len];
         let (h, meta) = region.split_at_mut(HEADER_LEN);
         header.emit(&mut Header::new_unchecked(h));
         entry.emit(meta);
@@ -774,7 +685,7 @@ impl Encoder {
             match placement {
                 Placement::Copy => {
                     let n = t.meta.byte_len as usize;
-                    self.blocks[block].buf[copy_at..copy_at + n].copy_from_slice(&t.bytes[..n]);
+                    self.arena.buf_mut(block)[copy_at..copy_at + n].copy_from_slice(&t.bytes[..n]);
                     if t.token != COPY_TOKEN {
                         self.released.push(t.token);
                     }
@@ -854,7 +765,7 @@ impl Encoder {
         (0..self.ready.len()).filter_map(move |i| {
             Some(match self.out_piece(i)? {
                 OutPiece::Arena { block, start, len } => {
-                    Piece::Bytes(&self.blocks[block as usize].buf[start..start + len])
+                    Piece::Bytes(&self.arena.buf(block as usize)[start..start + len])
                 }
                 OutPiece::Tensor { token, offset, len } => Piece::Tensor { token, offset, len },
             })
@@ -888,25 +799,13 @@ impl Encoder {
     /// [`restore_block`](Self::restore_block) brings it back; later frames go into other
     /// blocks.
     pub fn lend_block(&mut self, block: u32) -> Option<Box<[u8]>> {
-        let b = self.blocks.get_mut(block as usize)?;
-        if b.lent {
-            return None;
-        }
-        b.lent = true;
-        Some(std::mem::take(&mut b.buf))
+        self.arena.lend(block as usize)
     }
 
     /// Takes back a block [`lend_block`](Self::lend_block) gave out. Call before
     /// [`advance`](Self::advance) for the write that read it.
     pub fn restore_block(&mut self, block: u32, buf: Box<[u8]>) {
-        if let Some(b) = self.blocks.get_mut(block as usize).filter(|b| b.lent) {
-            b.buf = buf;
-            b.lent = false;
-            if b.refs == 0 {
-                b.used = 0;
-                self.trim(block as usize);
-            }
-        }
+        self.arena.restore(block as usize, buf);
     }
 
     /// Records that the first `n` bytes of [`pieces`](Self::pieces) were written.
@@ -928,18 +827,15 @@ impl Encoder {
                 self.copied_bytes -= u64::from(len);
             }
             match seg {
-                Segment::Arena { block, .. } => {
-                    let b = &mut self.blocks[block as usize];
-                    b.refs -= 1;
-                    if b.refs == 0 && !b.lent {
-                        b.used = 0;
-                        self.trim(block as usize);
-                    }
-                }
+                Segment::Arena { block, .. } => self.arena.release(block as usize),
                 Segment::Tensor {
                     token, last: true, ..
                 } => self.released.push(token),
                 Segment::Tensor { .. } => {}
+            }
+            if self.is_empty() {
+                // Everything encoded is written: a drain, for the arena's keep rule.
+                self.arena.drained();
             }
         }
     }

@@ -8,6 +8,7 @@
 //! tensor bytes by reference — from which the I/O layer builds `iovec`s, so tensor bytes
 //! are never copied on the way out.
 
+mod arena;
 mod conn;
 mod decoder;
 mod encoder;

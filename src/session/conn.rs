@@ -159,6 +159,7 @@ pub(crate) struct Counted {
     pub frames_out: u64,
     pub pings: u64,
     pub ping_bytes: u64,
+    pub blocks_allocated: u64,
 }
 
 impl Conn {

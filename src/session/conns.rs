@@ -116,6 +116,7 @@ impl Conns {
     ) -> Conn {
         let encoder = EncoderConfig {
             chunk_size: self.cfg.chunk_size,
+            keep_bytes: usize::try_from(self.cfg.send_arena_keep).unwrap_or(usize::MAX),
             ..EncoderConfig::default()
         };
         let proto = Connection::new(

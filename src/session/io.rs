@@ -262,13 +262,21 @@ pub(crate) fn transmit(
     Transmitted::Gave(any)
 }
 
-/// Brings the loop's `send_arena_bytes` and `frames_out` up to date with connection
-/// `conn`'s encoder.
+/// Brings the loop's `send_arena_bytes`, `send_blocks_allocated` and `frames_out` up to
+/// date with connection `conn`'s encoder.
 pub(crate) fn count_arena(counters: &Counters, conn: &mut Conn) {
     let frames = conn.proto.encoder().frames_out();
     if frames != conn.counted.frames_out {
         add(&counters.frames_out, frames - conn.counted.frames_out);
         conn.counted.frames_out = frames;
+    }
+    let blocks = conn.proto.encoder().blocks_allocated();
+    if blocks != conn.counted.blocks_allocated {
+        add(
+            &counters.send_blocks_allocated,
+            blocks - conn.counted.blocks_allocated,
+        );
+        conn.counted.blocks_allocated = blocks;
     }
     let now = conn.proto.encoder().arena_bytes();
     if now != conn.arena_counted {

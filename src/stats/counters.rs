@@ -43,6 +43,8 @@ pub(crate) struct Counters {
     pub heartbeat_losses: AtomicU64,
     /// A gauge: bytes of the loop's connections' send arenas.
     pub send_arena_bytes: AtomicU64,
+    /// Blocks the loop's connections' send arenas allocated.
+    pub send_blocks_allocated: AtomicU64,
     /// The loop's per-peer metric blocks.
     pub peers: PeerRegistry,
     /// Where the loop hands its request trace over to a dump.
@@ -178,10 +180,14 @@ pub struct Stats {
     pub heartbeat_losses: u64,
     /// Bytes held now by the connections' send arenas, the blocks frames are encoded into:
     /// blocks in use, out with a write, or idle and kept for the next frames. With nothing
-    /// queued a connection holds at most three blocks of the standard 128 KiB (the one it
-    /// writes into and two idle ones); while output waits for the socket, what that output
-    /// needs.
+    /// queued a connection holds the block it writes into, two idle ones, and up to what its
+    /// recent output needed at once within `STARWIRE_SEND_ARENA_KEEP` (1 MiB by default);
+    /// while output waits for the socket, what that output needs.
     pub send_arena_bytes: u64,
+    /// Blocks the connections' send arenas allocated (two per connection when it opens):
+    /// after warm-up a steady load allocates none, so a count that keeps growing under a
+    /// steady load says the arenas give back blocks they need again.
+    pub send_blocks_allocated: u64,
 }
 
 impl Stats {
@@ -223,5 +229,6 @@ impl Stats {
         self.heartbeats_sent += l(&c.heartbeats_sent);
         self.heartbeat_losses += l(&c.heartbeat_losses);
         self.send_arena_bytes = self.send_arena_bytes.wrapping_add(l(&c.send_arena_bytes));
+        self.send_blocks_allocated += l(&c.send_blocks_allocated);
     }
 }

@@ -151,7 +151,7 @@ impl Metrics {
             ",\"totals\":{{\"frames_in\":{},\"frames_out\":{},\"bytes_in\":{},\"bytes_out\":{},\
              \"connections_accepted\":{},\"connections_opened\":{},\"connections_lost\":{},\
              \"connections_closed\":{},\"reconnects\":{},\"busy_ns\":{},\"spin_ns\":{},\"parked_ns\":{},\"parks\":{},\
-             \"send_arena_bytes\":{},\"recv_ring_exhausted\":{}}},\
+             \"send_arena_bytes\":{},\"send_blocks_allocated\":{},\"recv_ring_exhausted\":{}}},\
              \"peers\":[",
             t.frames_in,
             t.frames_out,
@@ -167,6 +167,7 @@ impl Metrics {
             t.parked.as_nanos() as u64,
             t.parks,
             t.send_arena_bytes,
+            t.send_blocks_allocated,
             t.recv_ring_exhausted,
         );
         for (i, p) in self.peers.iter().take(MAX_PEERS_IN_DOCUMENT).enumerate() {

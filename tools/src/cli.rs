@@ -732,6 +732,17 @@ pub struct BenchArgs {
     #[argh(option, arg_name = "s")]
     pub zipf: Option<f64>,
 
+    /// pull-rows as a worker's row cache pulls: holding each row's version, so that rows
+    /// unchanged since bench last pulled them come back without their bytes (every row of
+    /// --rows is pulled once before the clock starts, to learn the versions)
+    #[argh(switch)]
+    pub versioned: bool,
+
+    /// with --versioned: the share of each pull's rows, 0 to 1, that bench pushes a
+    /// gradient to just before the pull, so that they come back changed (default: 0)
+    #[argh(option, arg_name = "fraction")]
+    pub changed: Option<f64>,
+
     /// the table of the server bench starts, and what the working set's size is reckoned
     /// for: ps or mem (default: ps)
     #[argh(

@@ -318,11 +318,13 @@ pub fn table(doc: &Doc, label: &str, rates: Option<(&Doc, Duration)>) -> String 
     let _ = writeln!(
         s,
         "connections accepted {}, opened {} (handshake completed), lost or closed for an \
-         error {}; send arenas hold {} now; receive ring nearly empty {} times",
+         error {}; send arenas hold {} now, {} blocks allocated; receive ring nearly empty \
+         {} times",
         t("connections_accepted"),
         t("connections_opened"),
         t("connections_lost"),
         fmt_bytes(t("send_arena_bytes") as f64),
+        t("send_blocks_allocated"),
         t("recv_ring_exhausted"),
     );
     let mut header = format!(

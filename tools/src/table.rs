@@ -396,13 +396,21 @@ impl Table for CountedMem {
     fn pull(&self, ids: &[u64], out: &mut [u8], missing: &mut Vec<u32>) -> Status {
         let before = missing.len();
         let status = self.table.pull(ids, out, missing);
-        if status == Status::Ok {
-            self.pulled.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            let new = (missing.len() - before) as u64;
-            if new > 0 {
-                self.missing.fetch_add(new, Ordering::Relaxed);
-            }
-        }
+        self.count_pull(status, ids.len(), missing.len() - before);
+        status
+    }
+
+    fn pull_versioned(
+        &self,
+        ids: &[u64],
+        held: &[u64],
+        out: &mut [u8],
+        versions: &mut [u64],
+        missing: &mut Vec<u32>,
+    ) -> Status {
+        let before = missing.len();
+        let status = self.table.pull_versioned(ids, held, out, versions, missing);
+        self.count_pull(status, ids.len(), missing.len() - before);
         status
     }
 
@@ -412,6 +420,18 @@ impl Table for CountedMem {
             self.pushed.fetch_add(ids.len() as u64, Ordering::Relaxed);
         }
         status
+    }
+}
+
+impl CountedMem {
+    /// Counts a pull of `rows` rows, `missing` of them missing, that ended with `status`.
+    fn count_pull(&self, status: Status, rows: usize, missing: usize) {
+        if status == Status::Ok {
+            self.pulled.fetch_add(rows as u64, Ordering::Relaxed);
+            if missing > 0 {
+                self.missing.fetch_add(missing as u64, Ordering::Relaxed);
+            }
+        }
     }
 }
 

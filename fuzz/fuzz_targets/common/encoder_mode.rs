@@ -241,7 +241,11 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
     let chunk_size = [1, 16, 100, 1000, 4096, 30_000, 65_000, u32::MAX][input.byte() as usize % 8];
     let inline_threshold = [0, 1, 8, 256, 4096][input.byte() as usize % 5];
     let block_size = [64, 300, 4096, 65_536][input.byte() as usize % 4];
-    let coalesce = [1, 100, 4096, 1 << 20][input.byte() as usize % 4];
+    let coalesce_pick = input.byte() as usize % 4;
+    let coalesce = [1, 100, 4096, 1 << 20][coalesce_pick];
+    // The arena's keep cap varies with it (no byte of its own, so the seeds keep their
+    // meaning): none kept beyond the floor, the default, a few small blocks, no cap.
+    let keep_bytes = [0, 1 << 20, 4096, usize::MAX][coalesce_pick];
     // Before the peer's hello a connection's encoder keeps to the smallest frame; then it
     // adopts the limits the peer announced (bits 3–4 of byte 0 pick the others).
     let cfg = EncoderConfig {
@@ -249,6 +253,7 @@ pub fn encoder_mode(cfg_byte: u8, k: u8, pieces: &[usize], script: &[u8]) {
         chunk_size,
         inline_threshold,
         block_size,
+        keep_bytes,
     };
     let mut enc = Encoder::new(cfg);
     assert_eq!(enc.peer_limits(), &Limits::default());

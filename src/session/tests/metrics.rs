@@ -228,3 +228,64 @@ fn send_arena_bytes_follow_the_encoders_and_return_to_zero_when_the_connection_g
     assert_eq!(p.s, None);
     assert_eq!(arena_gauge(&p.server), 0);
 }
+
+/// The loop's `send_blocks_allocated`, read as `Stats` sums it.
+fn blocks_allocated(s: &Session) -> u64 {
+    let mut st = crate::stats::Stats::default();
+    st.add_loop(s.counters());
+    st.send_blocks_allocated
+}
+
+#[test]
+fn a_steady_load_of_bursts_allocates_send_blocks_only_while_warming_up() {
+    let mut p = Pair::new();
+    p.submit(RequestOp::Ping { payload: 16 }, None);
+    p.drain();
+    p.pump();
+    assert_eq!(p.completions().len(), 1, "the ping");
+    let ids: Vec<u64> = (1..=64).collect();
+    // Rounds of 64 pulls of 64 tensors copied into the arena (700 KB of answers, more
+    // than the block written into and the two idle ones), each sent in one go.
+    let round = |p: &mut Pair| {
+        for _ in 0..64 {
+            p.submit(pull(&ids), None);
+        }
+        p.drain();
+        let up = Pair::output(&mut p.client, &mut p.dirty, p.c);
+        Pair::input(&mut p.server, p.s, &up, p.now);
+        p.server.take_dirty(&mut p.dirty);
+        let s = p.s.unwrap();
+        let mut sink = Collect::default();
+        p.server.transmit(s, 1 << 30, &mut sink);
+        for (block, buf) in sink.blocks.drain(..) {
+            p.server.restore_block(s, block, buf);
+        }
+        p.server.sent(s, sink.bytes.len(), p.now);
+        Pair::input(&mut p.client, p.c, &sink.bytes, p.now);
+        p.pump();
+        assert_eq!(p.completions().len(), 64);
+    };
+    for _ in 0..3 {
+        round(&mut p);
+    }
+    let warm = blocks_allocated(&p.server);
+    let s = p.s.unwrap();
+    let encoder = p.server.conns.get_mut(s).unwrap().proto.encoder();
+    assert_eq!(
+        warm,
+        encoder.blocks_allocated(),
+        "the counter is the encoder's"
+    );
+    assert!(
+        warm > 2,
+        "the answers took more than the first two blocks: {warm}"
+    );
+    for _ in 0..50 {
+        round(&mut p);
+    }
+    assert_eq!(
+        blocks_allocated(&p.server),
+        warm,
+        "none allocated in steady state"
+    );
+}

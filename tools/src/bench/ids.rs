@@ -47,6 +47,14 @@ impl Ids {
         }
     }
 
+    /// The rows ids are drawn from: `0..rows`.
+    pub(super) fn rows(&self) -> u64 {
+        match self {
+            Ids::Uniform { rows } => *rows,
+            Ids::Zipf(z) => z.rows,
+        }
+    }
+
     /// The `k`-th id of a run.
     pub(super) fn id(&self, k: u64) -> u64 {
         match self {

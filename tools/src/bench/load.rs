@@ -3,13 +3,14 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use starwire::rows::Rows;
 use starwire::{DType, Status};
 use starwire::{Error, ErrorKind, Handle, Reply, Tensor};
 
 use super::ids::Ids;
+use super::versions::{changed_rows, Versions};
 use crate::cli::BenchArgs;
 use crate::exit::Failure;
 use crate::serve::recv_key;
@@ -86,6 +87,8 @@ pub(super) struct Load {
     grads: Arc<Tensor>,
     /// What rows travel as (`--wire`).
     wire: DType,
+    /// `--versioned` pulls: the versions held, and the pushes that change rows.
+    versions: Option<Versions>,
 }
 
 /// What one answer moved: tensors or rows, their bytes, the rows the server did not have,
@@ -95,6 +98,8 @@ pub(super) struct Tally {
     pub items: u64,
     pub bytes: u64,
     pub missing: u64,
+    /// Rows that came unchanged (`--versioned`): not sent.
+    pub unchanged: u64,
     pub failure: Option<Error>,
 }
 
@@ -127,7 +132,16 @@ impl Load {
             Tensor::from_bytes(DType::U8, &[grads.len() as u64], grads)
                 .map_err(|e| Failure::usage(format!("gradients: {e}")))?,
         );
+        let versions = match (op, args.versioned) {
+            (Op::PullRows, true) => {
+                let changed = changed_rows(args.changed.unwrap_or(0.0), per_request);
+                let v = Versions::new(ids.rows(), per_request, dim, changed, args.inflight)?;
+                Some(v)
+            }
+            _ => None,
+        };
         Ok(Load {
+            versions,
             op,
             addr,
             ping_size: args.size,
@@ -194,10 +208,27 @@ impl Load {
                 h.recv_many(self.addr, 0, keys, deadline).map(|t| t.tag())
             }
             Op::PullRows => {
+                let first = self.drawn;
                 self.draw_rows();
                 let rows = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
                 let rows = rows.travel_as(self.wire);
-                h.pull_rows(self.addr, &[rows], deadline).map(|t| t.tag())
+                let Some(v) = &mut self.versions else {
+                    return h.pull_rows(self.addr, &[rows], deadline).map(|t| t.tag());
+                };
+                if v.changed_rows > 0 {
+                    // The rows to come back changed: pushed to first, on the same connection.
+                    let ids = &self.row_ids[..v.changed_rows];
+                    let pushed = Rows::new(self.table, DType::F32, &self.row_dims, ids);
+                    let pushed = [(pushed.travel_as(self.wire), v.grads.clone())];
+                    let tag = h.push_rows_shared(self.addr, &pushed, deadline)?.tag();
+                    v.pushed(tag);
+                }
+                let held = v.held_of(&self.row_ids);
+                let tag = h
+                    .pull_rows_versioned(self.addr, &[rows], held, deadline)?
+                    .tag();
+                v.pulled(tag, first);
+                Ok(tag)
             }
             Op::PushRows => {
                 self.draw_rows();
@@ -209,8 +240,78 @@ impl Load {
         }
     }
 
-    /// What an answer moved.
-    pub(super) fn tally(&self, reply: &Reply) -> Tally {
+    /// `--versioned`: pulls every row of the table once, holding the versions they come
+    /// with, before the clock starts. Returns how many rows have a version (0: the target
+    /// keeps or speaks no versions, and every row will be sent).
+    pub(super) fn learn_versions(
+        &mut self,
+        h: &mut Handle,
+        timeout: Duration,
+    ) -> Result<u64, Error> {
+        let Some(v) = &mut self.versions else {
+            return Ok(0);
+        };
+        let (rows, k) = (self.ids.rows(), self.per_request as u64);
+        let mut known = 0u64;
+        let mut start = 0;
+        while start < rows {
+            let n = k.min(rows - start);
+            self.row_ids.clear();
+            self.row_ids.extend(start..start + n);
+            let r = Rows::new(self.table, DType::F32, &self.row_dims, &self.row_ids);
+            let zeros = vec![0u64; n as usize];
+            let deadline = Some(Instant::now() + timeout);
+            let t =
+                h.pull_rows_versioned(self.addr, &[r.travel_as(self.wire)], &zeros, deadline)?;
+            let pulled = h.wait(t)?;
+            if let Err(s) = pulled.block(0) {
+                return Err(Error::new(ErrorKind::Remote(s)));
+            }
+            known += v.learn_range(start, &pulled) as u64;
+            start += n;
+        }
+        Ok(known)
+    }
+
+    /// Whether `tag` is a push `--changed` made (no longer in flight), and if so whether it
+    /// failed.
+    pub(super) fn push_outcome(
+        &mut self,
+        tag: u64,
+        result: &Result<Reply, Error>,
+    ) -> Option<Option<Error>> {
+        if !self.versions.as_mut()?.push_done(tag) {
+            return None;
+        }
+        Some(match result {
+            Ok(Reply::Pushed(s)) if s[..] == [Status::Ok] => None,
+            Ok(Reply::Pushed(s)) => Some(Error::new(ErrorKind::Remote(
+                s.first().copied().unwrap_or(Status::Internal),
+            ))),
+            Ok(_) => Some(Error::new(ErrorKind::Protocol)),
+            Err(e) => Some(e.clone()),
+        })
+    }
+
+    /// Pushes `--changed` has in flight.
+    pub(super) fn pushes_in_flight(&self) -> usize {
+        self.versions.as_ref().map_or(0, Versions::pushes_in_flight)
+    }
+
+    /// Rows each `--changed` push sends.
+    pub(super) fn rows_per_push(&self) -> u64 {
+        self.versions.as_ref().map_or(0, |v| v.changed_rows as u64)
+    }
+
+    /// Request `tag` failed: nothing of it is kept.
+    pub(super) fn failed(&mut self, tag: u64) {
+        if let Some(v) = &mut self.versions {
+            v.forget(tag);
+        }
+    }
+
+    /// What answer `reply` to request `tag` moved.
+    pub(super) fn tally(&mut self, tag: u64, reply: &Reply) -> Tally {
         let mut t = Tally::default();
         let remote = |s: Status| Some(Error::new(ErrorKind::Remote(s)));
         match (self.op, reply) {
@@ -243,6 +344,9 @@ impl Load {
                     t.items = self.per_request as u64;
                     t.bytes = block.byte_len() as u64;
                     t.missing = rows.missing(0).len() as u64;
+                    if let Some(v) = &mut self.versions {
+                        t.unchanged = v.answered(tag, &self.ids, rows);
+                    }
                 }
                 Ok(_) => t.failure = Some(Error::new(ErrorKind::Protocol)),
                 Err(s) => t.failure = remote(s),
@@ -259,6 +363,9 @@ impl Load {
                 log::warn!("unexpected reply: {other:?}");
                 t.failure = Some(Error::new(ErrorKind::Protocol));
             }
+        }
+        if t.failure.is_some() {
+            self.failed(tag);
         }
         t
     }

@@ -7,12 +7,16 @@
 //! rows table (`--table`) and `-k` row ids each, drawn from `0..--rows` by a fixed hash of
 //! a counter ([`row_id`]), or Zipf-distributed (`--zipf S`); a rows push sends one block of
 //! gradient rows. The report's header gives the working set: the table's bytes for
-//! `--rows` rows, against the CPU's caches.
+//! `--rows` rows, against the CPU's caches. `--versioned` rows pulls hold each row's
+//! version (learned by pulling every row once before the clock starts), so unchanged rows
+//! come back without their bytes; `--changed F` pushes to that share of each pull's rows
+//! just before it (`versions.rs`).
 
 mod ids;
 mod load;
 mod report;
 mod spawned;
+mod versions;
 
 pub use ids::row_id;
 
@@ -25,8 +29,9 @@ use starwire::ErrorKind;
 use self::ids::Ids;
 use self::load::{Load, Op, OPERATIONS};
 use self::report::{json, latency_histogram, quantile, record, table, LoopTime, Outcome};
-use self::report::{Run, WorkingSet};
+use self::report::{Run, Versioned, WorkingSet};
 use self::spawned::Spawned;
+use self::versions::MAX_VERSIONED_ROWS;
 use crate::cli::BenchArgs;
 use crate::cpu;
 use crate::exit::{self, Failure};
@@ -116,6 +121,31 @@ fn check_args(args: &BenchArgs) -> Result<(Op, usize, u64), Failure> {
                 "--zipf {s}: expected an exponent more than 0 (leave --zipf out for uniform ids)"
             )));
         }
+    }
+    if args.versioned && op != Op::PullRows {
+        return Err(Failure::usage(format!(
+            "--versioned: pulls of rows only (-o pull-rows, not {})",
+            args.operation
+        )));
+    }
+    if args.versioned && rows > MAX_VERSIONED_ROWS {
+        return Err(Failure::usage(format!(
+            "--versioned --rows {rows}: bench holds a version of each row; expected at most \
+             {MAX_VERSIONED_ROWS} rows"
+        )));
+    }
+    match args.changed {
+        Some(_) if !args.versioned => {
+            return Err(Failure::usage(
+                "--changed: the share of rows a --versioned pull finds changed; give --versioned",
+            ))
+        }
+        Some(f) if !(0.0..=1.0).contains(&f) => {
+            return Err(Failure::usage(format!(
+                "--changed {f}: expected a share of the rows from 0 to 1"
+            )))
+        }
+        _ => {}
     }
     if op == Op::Recv && args.tensors != 1 {
         return Err(Failure::usage(format!(
@@ -227,7 +257,9 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
     let cfg = client_config("bench", args.loops, args.connections, 2)?;
     let rt = start_client(cfg)?;
     let watcher = Watcher::start(signals, std::thread::current());
-    let mut h = rt.handle(args.inflight.max(args.connections));
+    // A --changed push goes out before each pull: room for both.
+    let pushes = args.changed.is_some_and(|f| f > 0.0);
+    let mut h = rt.handle(args.inflight.max(args.connections) * if pushes { 2 } else { 1 });
     let mut load = Load::new(op, addr, args, dim, Ids::new(rows, args.zipf))?;
 
     // Open every connection before the clock starts: one ping per lane.
@@ -245,6 +277,17 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
             });
         }
     }
+
+    let versioned = match args.versioned {
+        true => Some(Versioned {
+            changed: args.changed.unwrap_or(0.0),
+            rows_per_push: load.rows_per_push(),
+            known: load
+                .learn_versions(&mut h, timeout)
+                .map_err(|e| fatal(&e, &label, addr, timeout))?,
+        }),
+        false => None,
+    };
 
     let duration = match (args.duration, args.requests) {
         (None, None) => Some(DEFAULT_DURATION),
@@ -264,6 +307,8 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         items: 0,
         bytes: 0,
         missing: 0,
+        unchanged: 0,
+        pushes: 0,
         errors: Vec::new(),
         elapsed: Duration::ZERO,
         latency: latency_histogram(),
@@ -297,7 +342,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
                 }
             }
         }
-        if inflight.is_empty() {
+        if inflight.is_empty() && load.pushes_in_flight() == 0 {
             if stopping || o.fatal.is_some() {
                 break;
             }
@@ -306,18 +351,38 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         // Something is in flight, so this waits (an empty table cannot get here).
         let Ok(c) = h.wait_any() else { break };
         let done = Instant::now();
+        if let Some(failure) = load.push_outcome(c.tag, &c.result) {
+            // A push --changed made: counted apart from the pulls it serves, but a failed
+            // one fails the run as a failed pull would.
+            h.recycle(c);
+            match failure {
+                None => o.pushes += 1,
+                Some(e) => {
+                    o.failed += 1;
+                    match o.errors.iter_mut().find(|(k, _)| *k == e) {
+                        Some((_, n)) => *n += 1,
+                        None => o.errors.push((e, 1)),
+                    }
+                }
+            }
+            continue;
+        }
         let Some(sent) = inflight.remove(&c.tag) else {
             continue;
         };
         let failure = match &c.result {
             Ok(reply) => {
-                let t = load.tally(reply);
+                let t = load.tally(c.tag, reply);
                 o.items += t.items;
                 o.bytes += t.bytes;
                 o.missing += t.missing;
+                o.unchanged += t.unchanged;
                 t.failure
             }
-            Err(e) => Some(e.clone()),
+            Err(e) => {
+                load.failed(c.tag);
+                Some(e.clone())
+            }
         };
         // Its vectors serve the next requests: a steady run allocates only what answers
         // bring in.
@@ -389,6 +454,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, Failure> {
         op,
         dim,
         working_set: op.rows().then(|| working_set(args, dim, rows)),
+        versioned,
     };
     let text = if args.json {
         json(args, &run, &label, &o) + "\n"

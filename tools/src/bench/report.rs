@@ -23,6 +23,16 @@ pub(super) struct Run {
     pub op: Op,
     pub dim: usize,
     pub working_set: Option<WorkingSet>,
+    /// A `--versioned` pull-rows run.
+    pub versioned: Option<Versioned>,
+}
+
+/// How a `--versioned` run pulled: the share of each pull's rows pushed to first, the rows
+/// each push sent, and the rows whose version bench learned before the clock started.
+pub(super) struct Versioned {
+    pub changed: f64,
+    pub rows_per_push: u64,
+    pub known: u64,
 }
 
 /// The rows a rows run drew its ids from, the table's bytes for them, and where those fit
@@ -60,6 +70,10 @@ pub(super) struct Outcome {
     pub bytes: u64,
     /// Rows the server did not have (pull-rows).
     pub missing: u64,
+    /// Rows that came unchanged, their bytes not sent (`--versioned`).
+    pub unchanged: u64,
+    /// Pushes made so that rows come back changed (`--changed`), not counted in `ok`.
+    pub pushes: u64,
     pub errors: Vec<(Error, u64)>,
     pub elapsed: Duration,
     pub latency: Histogram<u64>,
@@ -153,8 +167,15 @@ pub(super) fn table(
                 .working_set
                 .as_ref()
                 .map_or((0, String::new()), |w| (w.rows, w.draw()));
+            let versioned = match &run.versioned {
+                Some(v) => format!(
+                    ", versioned, {:.0} % of each pull's rows pushed to just before it",
+                    v.changed * 100.0
+                ),
+                None => String::new(),
+            };
             format!(
-                "{} of {} B per request (table {}, ids in 0..{rows}, {draw})",
+                "{} of {} B per request (table {}, ids in 0..{rows}, {draw}){versioned}",
                 plural(args.tensors, "row"),
                 dim * 4,
                 args.table,
@@ -250,6 +271,25 @@ pub(super) fn table(
                 o.bytes
             ),
         );
+        if let Some(v) = &run.versioned {
+            let sent = o.items.saturating_sub(o.unchanged);
+            let none = if v.known == 0 {
+                "; the target gave no row a version, so every row is sent"
+            } else {
+                ""
+            };
+            row(
+                "versions",
+                format!(
+                    "{} rows came unchanged (not sent), {sent} sent ({:.1} % of the rows \
+                     pulled); {} pushes of {} rows between pulls{none}",
+                    o.unchanged,
+                    sent as f64 * 100.0 / o.items.max(1) as f64,
+                    o.pushes,
+                    v.rows_per_push
+                ),
+            );
+        }
         row(
             "bandwidth",
             format!("{:.3} GB/s of row bytes {dir}", gbps(o)),
@@ -321,8 +361,10 @@ pub(super) fn table(
 /// `id_range` and `table_rows` (both the rows ids are drawn from), `zipf` (`null` for
 /// uniform ids), `working_set_bytes`, `fits_in` (`l2`, `llc`, `memory` or `unknown`),
 /// `rows`, `missing`, `rows_per_second` and CPU nanoseconds per row where the tensor
-/// operations have their `tensors...` members; pings have neither. Members in this
-/// order; the ones a report does not have are left out. `latency_ms` is `null` when no
+/// operations have their `tensors...` members; pings have neither. `--versioned` runs
+/// also have `changed_fraction`, `rows_with_versions` (learned before the clock started),
+/// `rows_unchanged`, `rows_sent` and `pushes` (of `rows_per_push` rows each). Members in
+/// this order; the ones a report does not have are left out. `latency_ms` is `null` when no
 /// request succeeded.
 #[derive(Serialize)]
 struct Report<'a> {
@@ -362,6 +404,18 @@ struct Report<'a> {
     rows: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     missing: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    changed_fraction: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows_with_versions: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows_unchanged: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows_sent: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pushes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows_per_push: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tensors: Option<u64>,
     bytes: u64,
@@ -408,6 +462,7 @@ struct LatencyMs {
 pub(super) fn json(args: &BenchArgs, run: &Run, label: &str, o: &Outcome) -> String {
     let (op, dim) = (run.op, run.dim);
     let ws = run.working_set.as_ref();
+    let v = run.versioned.as_ref();
     // Nanosecond precision is all there is; more digits are float noise.
     let r6 = |x: f64| (x * 1e6).round() / 1e6;
     let r1 = |x: f64| (x * 10.0).round() / 10.0;
@@ -445,6 +500,12 @@ pub(super) fn json(args: &BenchArgs, run: &Run, label: &str, o: &Outcome) -> Str
         failed: o.failed,
         rows: rows.then_some(o.items),
         missing: rows.then_some(o.missing),
+        changed_fraction: v.map(|v| v.changed),
+        rows_with_versions: v.map(|v| v.known),
+        rows_unchanged: v.map(|_| o.unchanged),
+        rows_sent: v.map(|_| o.items.saturating_sub(o.unchanged)),
+        pushes: v.map(|_| o.pushes),
+        rows_per_push: v.map(|v| v.rows_per_push),
         tensors: tensors.then_some(o.items),
         bytes: o.bytes,
         errors: o

@@ -4,6 +4,8 @@ use super::*;
 use crate::wire::{DType, FrameKind, Limits, Status, TensorMeta, HEADER_LEN};
 use std::collections::HashMap;
 
+mod arena;
+
 /// Serializes everything the encoder holds, resolving tensor tokens from `store`,
 /// writing at most `max_write` bytes per "syscall".
 fn drain(enc: &mut Encoder, store: &HashMap<u64, Vec<u8>>, max_write: u64) -> Vec<u8> {
@@ -542,53 +544,6 @@ fn frame_over_limit_is_rejected_from_the_header() {
 }
 
 #[test]
-fn encoder_arena_is_reused_in_steady_state() {
-    let mut enc = Encoder::new(EncoderConfig::default());
-    let store = HashMap::new();
-    let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("key-{i}").into_bytes()).collect();
-    for round in 0..1000u64 {
-        enc.recv(round + 1, round, &keys, true).unwrap();
-        enc.ping(round + 1, &[0u8; 64]).unwrap();
-        let _ = drain(&mut enc, &store, 1500);
-    }
-    assert!(enc.is_empty());
-    assert!(enc.block_count() <= 2, "blocks: {}", enc.block_count());
-}
-
-#[test]
-fn encoder_returns_the_memory_of_a_backlog_once_written() {
-    let mut enc = Encoder::new(EncoderConfig::default());
-    let store = HashMap::new();
-    let keys: Vec<Vec<u8>> = (0..1000)
-        .map(|i| format!("key-{i:06}").into_bytes())
-        .collect();
-    // About 12 KB of meta per frame, 200 frames queued before anything is written: a
-    // backlog of dozens of blocks. One frame with a meta section larger than a block.
-    for round in 0..200u64 {
-        enc.recv(round + 1, round, &keys, true).unwrap();
-    }
-    let many: Vec<Vec<u8>> = (0..20_000)
-        .map(|i| format!("key-{i:06}").into_bytes())
-        .collect();
-    enc.recv(1000, 0, &many, true).unwrap();
-    let backlog = enc.block_count();
-    assert!(backlog > 20, "blocks: {backlog}");
-    let _ = drain(&mut enc, &store, u64::MAX);
-    assert!(enc.is_empty());
-    assert!(
-        enc.block_count() <= 1 + super::encoder::FREE_BLOCKS_KEPT,
-        "blocks after the backlog: {} (was {backlog})",
-        enc.block_count()
-    );
-    // Encoding goes on normally in the slots of the freed blocks.
-    for round in 0..100u64 {
-        enc.recv(round + 1, round, &keys, true).unwrap();
-        let _ = drain(&mut enc, &store, 1500);
-    }
-    assert!(enc.is_empty());
-}
-
-#[test]
 fn encoder_rejects_what_the_peer_cannot_take() {
     let mut enc = Encoder::new(EncoderConfig {
         max_frame: Limits::MIN_FRAME,
@@ -836,7 +791,7 @@ fn partial_writes_from_lent_blocks_deliver_every_byte_once() {
     }
     let want = drain(&mut plain, &HashMap::new(), 777);
     assert_eq!(drain_lent(&mut lent, 777), want);
-    assert!(lent.block_count() <= 1 + super::encoder::FREE_BLOCKS_KEPT);
+    assert!(lent.block_count() <= 1 + super::arena::FREE_BLOCKS_KEPT);
 }
 
 /// A stream of rows frames: a `PULL_ROWS` of two tables, a `PUSH_ROWS` of two tables (one
