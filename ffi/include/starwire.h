@@ -966,6 +966,11 @@ typedef struct sw_stats {
    Connections their peer closed cleanly (between frames, nothing in flight).
    */
   uint64_t connections_closed;
+  /*
+   Blocks the send arenas allocated (flat in steady state: blocks are kept for the
+   next turns, up to `STARWIRE_SEND_ARENA_KEEP` per connection).
+   */
+  uint64_t send_blocks_allocated;
 } sw_stats;
 
 /*

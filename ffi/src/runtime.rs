@@ -268,6 +268,9 @@ pub struct sw_stats {
     pub payload_copied: u64,
     /// Connections their peer closed cleanly (between frames, nothing in flight).
     pub connections_closed: u64,
+    /// Blocks the send arenas allocated (flat in steady state: blocks are kept for the
+    /// next turns, up to `STARWIRE_SEND_ARENA_KEEP` per connection).
+    pub send_blocks_allocated: u64,
 }
 
 /// Writes a snapshot of the runtime's counters to `*out`.
@@ -299,6 +302,7 @@ impl sw_stats {
             payload_direct: s.payload_direct,
             payload_copied: s.payload_copied,
             connections_closed: s.connections_closed,
+            send_blocks_allocated: s.send_blocks_allocated,
         }
     }
 }

@@ -274,9 +274,13 @@ fn an_embedded_client_runs_on_its_own_thread_only() {
     let mut own = sw_stats::default();
     assert_eq!(sw_client_loop_stats(c, &mut own), sw_result::SW_OK);
     assert_eq!((own.connections_opened, own.requests_completed), (1, 1));
+    // Its ping went out of a send block of its connection's own.
+    assert!(own.send_blocks_allocated >= 1, "{own:?}");
     let mut runtime = sw_stats::default();
     assert_eq!(sw_runtime_stats(rt, &mut runtime), sw_result::SW_OK);
     assert_eq!(runtime.connections_opened, 0);
+    // The runtime's loops answered the ping from blocks of their own.
+    assert!(runtime.send_blocks_allocated >= 1, "{runtime:?}");
 
     // Another thread is refused, with a message, and the client goes on.
     let other = SendPtr(c);

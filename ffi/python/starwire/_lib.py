@@ -171,7 +171,7 @@ class Stats(C.Structure):
     _fields_ = [(name, C.c_uint64) for name in (
         "frames_in", "frames_out", "bytes_in", "bytes_out", "requests_completed",
         "requests_failed", "connections_accepted", "connections_opened", "connections_lost",
-        "payload_direct", "payload_copied", "connections_closed")]
+        "payload_direct", "payload_copied", "connections_closed", "send_blocks_allocated")]
 
 
 def _sig(name: str, res: Any, *args: Any) -> Callable[..., Any]:
