@@ -114,6 +114,18 @@ pub(crate) fn client_mut<'a>(c: *mut sw_client) -> Result<&'a mut ClientHandle, 
     Ok(client)
 }
 
+/// `c` for a sharded step, which waits for its requests: refused for a client whose
+/// completions go to a callback.
+pub(crate) fn stepping_client<'a>(c: *mut sw_client) -> Result<&'a mut ClientHandle, Failure> {
+    let client = client_mut(c)?;
+    if client.callback {
+        return Err(Failure::invalid(
+            "a sharded step waits for its requests: not for a client with a callback",
+        ));
+    }
+    Ok(client)
+}
+
 impl ClientHandle {
     fn new(driven: Driven, callback: bool) -> ClientHandle {
         ClientHandle {

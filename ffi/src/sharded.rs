@@ -10,7 +10,7 @@ use starwire::{DType, Peer, Sharded};
 use crate::boundary::boundary;
 use crate::cast::{free_box, to_boxed, try_mut, try_out, try_peer, try_ref, try_slice};
 use crate::cast::{try_slice_mut, Boxed, Castable};
-use crate::client::{client_mut, deadline, sw_client, with_client};
+use crate::client::{deadline, stepping_client, sw_client, with_client};
 use crate::result::{sw_result, Failure};
 
 /// How ids are spread over the PS tasks: the `kind` of `sw_partition`.
@@ -236,13 +236,8 @@ fn step(
     report: *mut sw_step_report,
 ) -> Result<(), Failure> {
     let s = try_mut!(s, "sharded");
-    let client = client_mut(c)?;
+    let client = stepping_client(c)?;
     let report = try_out!(report);
-    if client.callback {
-        return Err(Failure::invalid(
-            "a sharded step waits for its requests: not for a client with a callback",
-        ));
-    }
     let ids = try_slice!(ids, n);
     let len = usize::try_from(byte_len).map_err(|_| Failure::invalid("byte_len too large"))?;
     let want = ids.len().checked_mul(s.sharded.row_bytes());
@@ -327,13 +322,8 @@ pub extern "C" fn sw_sharded_pull_unique(
 ) -> sw_result {
     boundary!({
         let s = try_mut!(s, "sharded");
-        let client = client_mut(c)?;
+        let client = stepping_client(c)?;
         let report = try_out!(report);
-        if client.callback {
-            return Err(Failure::invalid(
-                "a sharded step waits for its requests: not for a client with a callback",
-            ));
-        }
         let ids = try_slice!(ids, n);
         let inverse = try_slice_mut!(inverse, n);
         let unique = try_slice_mut!(unique, n);

@@ -10,7 +10,7 @@ use starwire::DType;
 use crate::boundary::boundary;
 use crate::cast::{free_box, ref_from, to_boxed, try_mut, try_out, try_ref, try_slice};
 use crate::cast::{try_slice_mut, Boxed, Castable};
-use crate::client::{client_mut, deadline, sw_client, with_client};
+use crate::client::{deadline, stepping_client, sw_client, with_client};
 use crate::result::{sw_result, Failure};
 use crate::sharded::{partition_of, peers_of, row_dims_of, scale_of, sw_partition};
 use crate::sharded::{sw_step_report, Failures};
@@ -210,13 +210,8 @@ fn step(
     report: *mut sw_step_report,
 ) -> Result<(), Failure> {
     let s = try_mut!(s, "sharded tables");
-    let client = client_mut(c)?;
+    let client = stepping_client(c)?;
     let report = try_out!(report);
-    if client.callback {
-        return Err(Failure::invalid(
-            "a sharded step waits for its requests: not for a client with a callback",
-        ));
-    }
     let batches = try_slice!(batches, n_tables);
     if batches.len() != s.tables.len() {
         return Err(Failure::invalid(format!(
@@ -333,13 +328,8 @@ pub extern "C" fn sw_sharded_tables_pull_unique(
 ) -> sw_result {
     boundary!({
         let s = try_mut!(s, "sharded tables");
-        let client = client_mut(c)?;
+        let client = stepping_client(c)?;
         let report = try_out!(report);
-        if client.callback {
-            return Err(Failure::invalid(
-                "a sharded step waits for its requests: not for a client with a callback",
-            ));
-        }
         let batches = try_slice_mut!(batches, n_tables);
         if batches.len() != s.tables.len() {
             return Err(Failure::invalid(format!(
