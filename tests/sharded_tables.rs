@@ -71,6 +71,20 @@ fn connect(sharded: &mut Sharded, h: &mut starwire::Handle) {
     assert!(report.is_ok(), "{report:?}");
 }
 
+/// The shapes of `TABLES` (f32 rows of `dims`, split by id mod the PS tasks).
+fn shapes(dims: &[[u64; 1]]) -> Vec<TableShape<'_>> {
+    TABLES
+        .iter()
+        .zip(dims)
+        .map(|(&(table, _), row_dims)| TableShape {
+            table,
+            dtype: DType::F32,
+            row_dims,
+            partition: Partition::Mod,
+        })
+        .collect()
+}
+
 /// Frames the PS tasks received.
 fn frames_in(rts: &[Runtime]) -> u64 {
     rts.iter().map(|r| r.stats().frames_in).sum()
@@ -82,16 +96,7 @@ fn a_step_is_one_request_per_ps_and_gives_what_the_per_table_client_gives() {
     let worker = client(1);
     let mut h = worker.handle(16);
     let dims: Vec<[u64; 1]> = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
-    let shapes: Vec<TableShape<'_>> = TABLES
-        .iter()
-        .zip(&dims)
-        .map(|(&(table, _), row_dims)| TableShape {
-            table,
-            dtype: DType::F32,
-            row_dims,
-            partition: Partition::Mod,
-        })
-        .collect();
+    let shapes = shapes(&dims);
     let mut multi = ShardedTables::new(peers.clone(), &shapes).unwrap();
     let mut single: Vec<Sharded> = TABLES
         .iter()
@@ -228,16 +233,7 @@ fn a_unique_pull_of_every_table_is_one_request_per_ps_and_gives_each_distinct_ro
     let worker = client(1);
     let mut h = worker.handle(16);
     let dims: Vec<[u64; 1]> = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
-    let shapes: Vec<TableShape<'_>> = TABLES
-        .iter()
-        .zip(&dims)
-        .map(|(&(table, _), row_dims)| TableShape {
-            table,
-            dtype: DType::F32,
-            row_dims,
-            partition: Partition::Mod,
-        })
-        .collect();
+    let shapes = shapes(&dims);
     let mut multi = ShardedTables::new(peers, &shapes).unwrap();
     let ids: [&[u64]; 3] = [&[1, 2, 3, 1, 4], &[7, 7, 10], &[5, 2, 6, 9, 2]];
     let row_bytes = |i: usize| TABLES[i].1 * 4;
