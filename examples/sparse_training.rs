@@ -30,7 +30,10 @@
 //!   synchronous step's rows); `--cache BYTES` (`8M`: 8 MiB) gives the pipeline a row cache
 //!   (`RowCache`), which serves every row of a step that misses at most that many pushes
 //!   without asking the PS (the worker's own pushes do not update it: the bound keeps it
-//!   honest; at staleness 0 it serves nothing);
+//!   honest). The rows it holds too old to serve are named in the pull with their
+//!   versions, and the PS sends only those that changed: at staleness 0 the cache serves
+//!   nothing without asking, but every row it holds is refreshed this way. Rows in another
+//!   wire format (`--wire`) are pulled whole;
 //! - with `--per-tensor`, as tensors: one fused `PULL` and one fused `PUSH` per PS task and
 //!   step, one tensor (with its own descriptor) per row, served by `Service::pull` and
 //!   `Service::push`;
@@ -45,7 +48,7 @@
 //! model. Each worker times its steps: communication (the time in the calls that move
 //! rows: what the computation did not overlap) beside compute (the model's forward and
 //! backward pass) and data (drawing the batch), and counts the rows and bytes it moved
-//! and the rows its row cache served;
+//! and the rows its row cache served (and those a versioned pull had answered unchanged);
 //! the coordinator prints them per interval, each worker's summary line, the means per
 //! step over all workers, and checks the rows the workers moved against the rows the PS
 //! tables counted. `--compare` runs the job twice, through the synchronous rows client and

@@ -238,20 +238,81 @@ fn the_cached_bf16_step_pulls_fewer_rows_and_bytes_and_trains() {
         losses.push(loss);
         let c = numbers_after(run, "rows counted");
         assert_eq!((c[0], c[3]), (c[4], c[5]), "{run}");
+        // Rows answered unchanged, by the workers' count and the PS tables'.
+        assert_eq!(c[6], c[7], "{run}");
     }
     assert!(
         cached.contains("rows per step served by the row cache"),
         "{cached}"
     );
+    assert!(cached.contains("answered unchanged"), "{cached}");
     // Figures of the comparison: synchronous, cached, ratio.
     let served = numbers_after(comparison, "served by the row cache");
     assert!(served[0] == 0.0 && served[1] > 0.0, "{comparison}");
+    // A count per step for each run (the synchronous client has no cache: none).
+    let unchanged = numbers_after(comparison, "rows/step answered unchanged");
+    assert!(unchanged.len() >= 2 && unchanged[0] == 0.0, "{comparison}");
     let pulled = numbers_after(comparison, "    pulled ");
     assert!(pulled[1] < pulled[0], "{comparison}");
     let pushed = numbers_after(comparison, "    pushed ");
     assert_eq!(pushed[0], pushed[1], "{comparison}");
     let per_row = numbers_after(comparison, "bytes on the wire per row moved");
     assert!(per_row[1] < 0.7 * per_row[0], "{comparison}");
+    let difference = (losses[1] - losses[0]).abs() / losses[0];
+    assert!(difference <= PIPELINED_LOSS_TOLERANCE, "{out}");
+}
+
+/// `--compare --pipeline --staleness 0 --cache 1M`: at staleness 0 the row cache serves
+/// nothing without asking; it names the rows it holds in the pull with their versions, and
+/// the PS sends only the rows pushed since. Here every worker pushes a gradient row for
+/// every row it pulled, so by the time a worker asks for a row again its own push has
+/// changed it: none comes back unchanged, and the pipelined run pulls over the wire exactly
+/// the rows the synchronous run of the same batches pulls. The workers' count of rows
+/// answered unchanged is the PS table's, and the model trains as the synchronous run's does.
+#[test]
+fn at_staleness_0_the_cache_refreshes_every_row_it_holds_and_pulls_the_changed_ones() {
+    let out = run(&[
+        "--compare",
+        "--pipeline",
+        "--staleness",
+        "0",
+        "--cache",
+        "1M",
+        "--zipf",
+        "1.1",
+        "--steps",
+        "300",
+        "--workers",
+        "2",
+    ]);
+    let (sync, cached) = out
+        .split_once("run 2 of 2: pipelined s=0 cache 1M")
+        .unwrap_or_else(|| panic!("two runs: {out}"));
+    let (cached, comparison) = cached
+        .split_once("comparison:")
+        .unwrap_or_else(|| panic!("a comparison: {out}"));
+    let mut losses = Vec::new();
+    let mut counted = Vec::new();
+    for run in [sync, cached] {
+        let held_out = numbers_after(run, "held-out");
+        let (loss, constant) = (held_out[1], held_out[4]);
+        assert!(loss < constant, "{run}");
+        losses.push(loss);
+        // Workers: pulled (training, evaluations), pushed; PS tables: sent, applied;
+        // answered unchanged: workers, PS tables.
+        let c = numbers_after(run, "rows counted");
+        assert_eq!((c[0], c[3], c[6]), (c[4], c[5], c[7]), "{run}");
+        counted.push(c);
+    }
+    // Training rows pulled over the wire, and rows answered unchanged: the same as the
+    // synchronous run's, and none.
+    assert_eq!(counted[1][1], counted[0][1], "{out}");
+    assert_eq!((counted[0][6], counted[1][6]), (0.0, 0.0), "{out}");
+    // Figures of the comparison: synchronous, cached, ratio.
+    let served = numbers_after(comparison, "served by the row cache");
+    assert_eq!((served[0], served[1]), (0.0, 0.0), "{comparison}");
+    let per_step = numbers_after(comparison, "rows/step answered unchanged");
+    assert_eq!((per_step[0], per_step[1]), (0.0, 0.0), "{comparison}");
     let difference = (losses[1] - losses[0]).abs() / losses[0];
     assert!(difference <= PIPELINED_LOSS_TOLERANCE, "{out}");
 }

@@ -41,7 +41,9 @@ options:
   --cache BYTES     with --pipeline: a row cache of BYTES (a number, or with K, M or
                     G: 8M = 8 MiB) on each worker; a row it holds that misses at most
                     --staleness of the worker's own pushes is served from it, not
-                    pulled (0, the default: no cache)
+                    pulled; those it holds too old are named in the pull with their
+                    versions and sent only if changed (f32 rows) (0, the default:
+                    no cache)
   --wire DTYPE      how rows travel: f32 (the default, the table's dtype), bf16 or
                     f16 (pulls and pushes; the tables stay f32; the held-out
                     evaluation pulls f32)

@@ -60,7 +60,7 @@ fn print(args: &Args, names: &[String; 2], a: &Outcome, b: &Outcome) {
             "-".into()
         }
     };
-    let rows: [(&str, f64, f64, usize); 15] = [
+    let rows: [(&str, f64, f64, usize); 16] = [
         ("steps/s", a.steps_per_s, b.steps_per_s, 1),
         ("communication ms/step (visible)", a.comm_ms, b.comm_ms, 3),
         ("  pull (and prefetch) ms/step", a.pull_ms, b.pull_ms, 3),
@@ -91,6 +91,12 @@ fn print(args: &Args, names: &[String; 2], a: &Outcome, b: &Outcome) {
             "rows/step served by the row cache",
             a.cache_hits_per_step,
             b.cache_hits_per_step,
+            1,
+        ),
+        (
+            "rows/step answered unchanged",
+            a.rows_unchanged_per_step,
+            b.rows_unchanged_per_step,
             1,
         ),
         ("KB/step on the wire", a.kb_per_step, b.kb_per_step, 1),

@@ -126,22 +126,25 @@ pub fn run_ps(args: &Args, task: &TaskId) -> Res<ExitCode> {
     println!("ps:{}: {}", task.index, ps.table.report());
     let m = ps.table.metrics();
     println!(
-        "ps:{}: {} rows stored ({:.1} MB), {} rows read by pulls, {} gradient rows applied; \
-         {} bytes in, {} out",
+        "ps:{}: {} rows stored ({:.1} MB), {} rows read by pulls ({} of them answered \
+         unchanged, not sent), {} gradient rows applied; {} bytes in, {} out",
         task.index,
         m.rows,
         m.memory_bytes as f64 / 1e6,
         m.pulled_rows,
+        m.unchanged_rows,
         m.pushed_rows - m.dropped_pushes,
         stats.bytes_in,
         stats.bytes_out
     );
-    // For the coordinator: the rows read and applied, to check against the workers'
-    // counts, and the CPU time the task took and waited for while serving.
+    // For the coordinator: the rows read, applied and answered unchanged, to check
+    // against the workers' counts, and the CPU time the task took and waited for while
+    // serving.
     println!(
-        "COUNTED {} {} {} {}",
+        "COUNTED {} {} {} {} {}",
         m.pulled_rows,
         m.pushed_rows - m.dropped_pushes,
+        m.unchanged_rows,
         cpu.ran.as_nanos(),
         cpu.waited.as_nanos()
     );

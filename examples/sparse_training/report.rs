@@ -3,7 +3,8 @@
 //! CPU time and wait for a CPU),
 //! `COMM` lines (its communication per PS task, from its runtime's metrics) and, from worker
 //! 0, the held-out `EVAL0` (before training) and `EVAL` lines; each PS task a `COUNTED`
-//! line (the rows its table served and applied, its CPU time and wait for a CPU). The coordinator prints a table row per
+//! line (the rows its table read for pulls, applied, and answered unchanged, its CPU time
+//! and wait for a CPU). The coordinator prints a table row per
 //! interval as soon as every worker reported it, then the summary ([`Summary`]), whose
 //! figures it returns ([`Outcome`]) for `--compare`.
 
@@ -48,7 +49,7 @@ pub fn print_start(args: &Args, map_path: &Path) {
 /// The header of the table of intervals.
 pub fn print_header() {
     println!(
-        "\n{:>6} {:>8} {:>10} {:>8} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
+        "\n{:>6} {:>8} {:>10} {:>8} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>9}",
         "time",
         "steps/s",
         "examples/s",
@@ -63,7 +64,8 @@ pub fn print_header() {
         "comp ms",
         "rows/step",
         "KB/step",
-        "hits/step"
+        "hits/step",
+        "unchanged"
     );
 }
 
@@ -88,8 +90,11 @@ pub struct Interval {
     /// (their prefetched rows too stale).
     pub prefetched: u64,
     pub refetched: u64,
-    /// Pipelined with a row cache: distinct rows served from it, not pulled.
+    /// Pipelined with a row cache: distinct rows served from it, not pulled; and distinct
+    /// rows it held too old to serve that a versioned pull named and the PS answered
+    /// unchanged (their bytes did not travel: not in `rows_pulled`).
     pub cache_hits: u64,
+    pub rows_unchanged: u64,
     pub failed: u64,
     /// Time the steps spent in the calls that move rows (the pull, with the pipeline
     /// its prefetch of the next batch; the push; the end of training's wait for the last
@@ -134,6 +139,7 @@ impl Interval {
         self.prefetched += other.prefetched;
         self.refetched += other.refetched;
         self.cache_hits += other.cache_hits;
+        self.rows_unchanged += other.rows_unchanged;
         self.failed += other.failed;
         self.pull_ns += other.pull_ns;
         self.push_ns += other.push_ns;
@@ -157,7 +163,7 @@ impl Interval {
 
     pub fn to_line(&self) -> String {
         format!(
-            "INTERVAL {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+            "INTERVAL {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
             self.index,
             self.steps,
             self.examples,
@@ -177,7 +183,8 @@ impl Interval {
             self.push_ns,
             self.compute_ns,
             self.data_ns,
-            self.cache_hits
+            self.cache_hits,
+            self.rows_unchanged
         )
     }
 
@@ -205,6 +212,7 @@ impl Interval {
             compute_ns: n()? as u64,
             data_ns: n()? as u64,
             cache_hits: n()? as u64,
+            rows_unchanged: n()? as u64,
         })
     }
 }
@@ -249,11 +257,13 @@ pub struct Outcome {
     pub rows_per_step: f64,
     pub kb_per_step: f64,
     /// Rows received by pulls and sent by pushes per step, rows the row cache served
-    /// per step, and bytes on the wire per row moved (frames both ways over rows both
-    /// ways: row bytes, ids and headers).
+    /// per step, rows a versioned pull had answered unchanged per step, and bytes on the
+    /// wire per row moved (frames both ways over rows both ways: row bytes, ids and
+    /// headers).
     pub rows_pulled_per_step: f64,
     pub rows_pushed_per_step: f64,
     pub cache_hits_per_step: f64,
+    pub rows_unchanged_per_step: f64,
     pub bytes_per_row: f64,
     /// CPU per step, ms: the workers' processes, the PS tasks' (over the whole run,
     /// evaluations included), and the time the threads of all of them waited for a CPU.
@@ -316,14 +326,15 @@ impl Summary {
         }
     }
 
-    /// What the PS tasks counted (`COUNTED pulled applied ran waited` lines): rows read by
-    /// pulls, gradient rows applied, CPU time and wait for a CPU (nanoseconds).
-    fn ps_counted(&self) -> [u64; 4] {
-        let mut sum = [0; 4];
+    /// What the PS tasks counted (`COUNTED pulled applied unchanged ran waited` lines):
+    /// rows read by pulls, gradient rows applied, rows of pulls answered unchanged (read,
+    /// their bytes not sent), CPU time and wait for a CPU (nanoseconds).
+    fn ps_counted(&self) -> [u64; 5] {
+        let mut sum = [0; 5];
         for line in &self.ps_lines {
             if let Some(rest) = line.strip_prefix("COUNTED ") {
                 let v: Vec<u64> = rest.split(' ').filter_map(|x| x.parse().ok()).collect();
-                if v.len() == 4 {
+                if v.len() == 5 {
                     sum.iter_mut().zip(v).for_each(|(s, v)| *s += v);
                 }
             }
@@ -399,8 +410,10 @@ impl Summary {
                     totals.refetched,
                     if args.cache > 0 {
                         format!(
-                            "; {:.1} rows per step served by the row cache",
-                            totals.cache_hits as f64 / totals.steps.max(1) as f64
+                            "; {:.1} rows per step served by the row cache, {:.1} named by a \
+                             versioned pull and answered unchanged",
+                            totals.cache_hits as f64 / totals.steps.max(1) as f64,
+                            totals.rows_unchanged as f64 / totals.steps.max(1) as f64
                         )
                     } else {
                         String::new()
@@ -446,6 +459,7 @@ impl Summary {
             rows_pulled_per_step: totals.rows_pulled as f64 / totals.steps.max(1) as f64,
             rows_pushed_per_step: totals.rows_pushed as f64 / totals.steps.max(1) as f64,
             cache_hits_per_step: totals.cache_hits as f64 / totals.steps.max(1) as f64,
+            rows_unchanged_per_step: totals.rows_unchanged as f64 / totals.steps.max(1) as f64,
             bytes_per_row: totals.wire_bytes as f64
                 / (totals.rows_pulled + totals.rows_pushed).max(1) as f64,
             ..Outcome::default()
@@ -478,15 +492,22 @@ impl Summary {
              the best constant",
             100.0 * share
         );
-        let [ps_pulled, ps_applied, ..] = self.ps_counted();
+        // A row a versioned pull named and the PS answered unchanged was read by the PS
+        // but not sent: the rows sent are those read less those.
+        let [ps_read, ps_applied, ps_unchanged, ..] = self.ps_counted();
+        let ps_sent = ps_read.saturating_sub(ps_unchanged);
         let pulled = totals.rows_pulled + e0[6] as u64 + eval_rows as u64;
-        let rows_agree = ps_pulled == pulled && ps_applied == totals.rows_pushed;
+        let rows_agree = ps_sent == pulled
+            && ps_applied == totals.rows_pushed
+            && ps_unchanged == totals.rows_unchanged;
         println!(
             "  rows counted   workers: {pulled} pulled ({} training, {} evaluations), {} pushed; \
-             PS tables: {ps_pulled} read by pulls, {ps_applied} applied: {}",
+             PS tables: {ps_sent} sent by pulls, {ps_applied} applied; answered unchanged: \
+             workers {}, PS tables {ps_unchanged}: {}",
             totals.rows_pulled,
             e0[6] as u64 + eval_rows as u64,
             totals.rows_pushed,
+            totals.rows_unchanged,
             if rows_agree { "the same" } else { "DIFFERENT" }
         );
         if args.check && !(loss < constant && auc > 0.6 && loss < e0[1]) {
@@ -526,7 +547,7 @@ fn report(group: &[Interval], args: &Args) -> Interval {
     let secs = args.interval;
     println!(
         "{:>5.0}s {:>8.0} {:>10.0} {:>8.4} {:>8.4} {:>6.4} {:>7.4} {:>9} {:>9} {:>9.1} {:>8.3} \
-         {:>8.3} {:>9.1} {:>8.1} {:>9.1}",
+         {:>8.3} {:>9.1} {:>8.1} {:>9.1} {:>9.1}",
         (s.index + 1) as f64 * secs,
         s.steps as f64 / secs,
         s.examples as f64 / secs,
@@ -541,7 +562,8 @@ fn report(group: &[Interval], args: &Args) -> Interval {
         s.compute_ms(),
         s.rows_per_step(),
         s.kb_per_step(),
-        s.cache_hits as f64 / s.steps.max(1) as f64
+        s.cache_hits as f64 / s.steps.max(1) as f64,
+        s.rows_unchanged as f64 / s.steps.max(1) as f64
     );
     s
 }

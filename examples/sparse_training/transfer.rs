@@ -93,8 +93,11 @@ pub struct Worker {
     pub prefetched: u64,
     pub refetched: u64,
     /// With the pipeline's row cache: distinct rows of the steps served from it, not
-    /// pulled, since the counts were last taken.
+    /// pulled, since the counts were last taken; and distinct rows it held too old to
+    /// serve, named in a versioned pull and answered unchanged by the PS (their bytes did
+    /// not travel: not in `rows_pulled`).
     pub cache_hits: u64,
+    pub rows_unchanged: u64,
 }
 
 /// How a worker's rows blocks travel and what it keeps: the wire dtype (`None`: the
@@ -189,6 +192,7 @@ impl Worker {
             prefetched: 0,
             refetched: 0,
             cache_hits: 0,
+            rows_unchanged: 0,
         })
     }
 
@@ -240,6 +244,7 @@ impl Worker {
         self.prefetched += r.prefetched as u64;
         self.refetched += r.refetched as u64;
         self.cache_hits += r.cache_hits as u64;
+        self.rows_unchanged += r.rows_unchanged as u64;
         Ok(())
     }
 
@@ -269,6 +274,7 @@ impl Worker {
             self.prefetched += r.prefetched as u64;
             self.refetched += r.refetched as u64;
             self.cache_hits += r.cache_hits as u64;
+            self.rows_unchanged += r.rows_unchanged as u64;
         }
         Ok(())
     }

@@ -210,6 +210,7 @@ fn train(
             cur.prefetched = std::mem::take(&mut w.prefetched);
             cur.refetched = std::mem::take(&mut w.refetched);
             cur.cache_hits = std::mem::take(&mut w.cache_hits);
+            cur.rows_unchanged = std::mem::take(&mut w.rows_unchanged);
             if cur.steps > 0 || stop {
                 say(&cur.to_line())?;
             }
