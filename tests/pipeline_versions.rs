@@ -107,3 +107,74 @@ fn a_worker_without_row_versions_gets_every_row_sent() {
         assert_eq!(s, (40, 0, 40), "step {step}");
     }
 }
+
+#[test]
+fn versions_that_save_nothing_are_paused_and_tried_again_the_rows_unchanged() {
+    let rts = [ps(), ps()];
+    let peers: Vec<Peer> = rts
+        .iter()
+        .map(|r| Peer::from(r.local_addr().unwrap()))
+        .collect();
+    let worker = worker(WireFeatures::ALL);
+    let mut h = worker.handle(64);
+    let settings = PipelineSettings::default()
+        .staleness(0)
+        .cache_bytes(1 << 20)
+        .timeout(Some(Duration::from_secs(20)));
+    let mut pipe = Pipeline::new(
+        peers.clone(),
+        Partition::Mod,
+        TABLE,
+        DType::F32,
+        &[DIM as u64],
+        settings,
+    )
+    .unwrap();
+    let mut plain = Sharded::new(peers, Partition::Mod, TABLE, DType::F32, &[DIM as u64]).unwrap();
+    // As a trainer does: every row pulled is pushed, so no cached row is ever unchanged.
+    let ids: Vec<u64> = (0..1024).collect();
+    let grads = vec![0u8; ids.len() * ROW_BYTES];
+    let grads: Vec<u8> = grads
+        .chunks(4)
+        .flat_map(|_| 0.01f32.to_le_bytes())
+        .collect();
+    // Pull bytes sent per step: 8 per id, 8 more per id when versions are named.
+    let mut pull_bytes = Vec::new();
+    let mut pauses = Vec::new();
+    for step in 0..80 {
+        let mut got = vec![0u8; ids.len() * ROW_BYTES];
+        let r = pipe.pull(&mut h, &ids, &mut got).unwrap().clone();
+        assert_eq!(r.rows_unchanged, 0, "step {step}");
+        assert_eq!(r.rows_received, ids.len(), "step {step}");
+        pull_bytes.push(r.bytes_sent);
+        if step % 16 == 0 {
+            let mut want = vec![0u8; got.len()];
+            assert!(plain
+                .pull(&mut h, &ids, &mut want, secs(10))
+                .unwrap()
+                .is_ok());
+            assert_eq!(got, want, "step {step}: rows differ from a plain pull");
+        }
+        pipe.push(&mut h, &ids, &grads).unwrap();
+        pipe.flush(&mut h).unwrap();
+        pauses.push(pipe.versioned_pauses());
+    }
+    let (versioned, plain_pull) = (16 * ids.len() as u64, 8 * ids.len() as u64);
+    // Step 0 names nothing yet but asks for versions; from step 1 every id is named. The
+    // window of 4,096 named rows closes at step 4; plain pulls follow for 64 steps.
+    assert_eq!(&pull_bytes[..5], &[versioned; 5]);
+    assert_eq!(pauses[3], 0);
+    assert_eq!(pauses[4], 1);
+    assert!(
+        pull_bytes[5..69].iter().all(|&b| b == plain_pull),
+        "{pull_bytes:?}"
+    );
+    // Then versions are tried again (the rows fetched plain hold none: named after one
+    // more step), and paused once more.
+    assert_eq!(pull_bytes[69], versioned);
+    assert_eq!(pipe.versioned_pauses(), 2);
+    assert!(
+        pull_bytes[75..].iter().all(|&b| b == plain_pull),
+        "{pull_bytes:?}"
+    );
+}

@@ -3,6 +3,7 @@
 
 mod cached;
 mod ledger;
+mod refresh;
 mod report;
 mod settings;
 mod split;
@@ -27,6 +28,7 @@ use crate::session::{Completion, Rows, Spare, MAX_ROW_RANK};
 use crate::tensor::Tensor;
 use crate::wire::{DType, LossScale};
 use ledger::Ledger;
+use refresh::Refresh;
 use split::Split;
 
 /// A table partitioned over PS tasks, seen from a worker whose steps overlap their
@@ -116,7 +118,13 @@ use split::Split;
 ///   nothing without asking, but every row it holds is named this way: the rows are
 ///   exactly those of a plain pull, and only the changed ones travel
 ///   ([`PipelineReport::rows_unchanged`] counts the others). A PS without the feature, or
-///   a table that keeps no versions, sends every row;
+///   a table that keeps no versions, sends every row. The versions cost 8 bytes per id
+///   asked for and 8 per row sent: a worker that pushes every row it pulls finds its
+///   cached rows changed by its own pushes, and gains nothing. So the pulls are judged
+///   over windows of 4,096 rows named: after a window in which the rows answered
+///   unchanged saved fewer bytes than the versions cost, 64 steps of plain pulls follow
+///   (the rows are the same; only the bytes differ), then versions are tried again
+///   ([`versioned_pauses`](Self::versioned_pauses) counts the pauses);
 /// - when the cache is full a row is evicted (CLOCK: rows used again since the hand last
 ///   passed stay); a row evicted is pulled again when next needed. Rows no PS has are not
 ///   cached.
@@ -223,6 +231,8 @@ pub struct Pipeline {
     /// the order asked, copied when it was sent (the rows answered unchanged are taken from
     /// here; the others are written over). Grown to the largest part, then reused.
     held_rows: Vec<Vec<u8>>,
+    /// Whether the versioned pulls pay for their versions.
+    refresh: Refresh,
 }
 
 /// One PS's part of the pull of the batch on its way.
@@ -321,6 +331,7 @@ impl Pipeline {
             cache,
             splits: (0..n).map(|_| Split::default()).collect(),
             held_rows: (0..n).map(|_| Vec::new()).collect(),
+            refresh: Refresh::default(),
             peers,
             table,
             dtype,
@@ -364,6 +375,12 @@ impl Pipeline {
     /// The report of the step in progress (what the last call returned).
     pub fn report(&self) -> &PipelineReport {
         &self.report
+    }
+
+    /// Times the versioned pulls were paused because their versions cost more bytes than
+    /// the rows answered unchanged saved (see [the row cache](Self#the-row-cache)).
+    pub fn versioned_pauses(&self) -> u64 {
+        self.refresh.pauses()
     }
 
     /// The row cache, when the settings give it bytes: its counts cover every step so far.

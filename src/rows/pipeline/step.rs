@@ -222,8 +222,11 @@ impl Pipeline {
         self.report.bytes_sent += ID_BYTES * ids.len() as u64;
         let spare = std::mem::take(&mut self.pull_spares[k]);
         // Rows the cache holds too old are named with their versions, when they travel in
-        // the table's dtype (the cache's copy is what an unchanged row is taken from).
-        let held = split.held().filter(|_| self.wire == self.dtype);
+        // the table's dtype (the cache's copy is what an unchanged row is taken from) and
+        // the versions have been paying for themselves.
+        let held = split
+            .held()
+            .filter(|_| self.wire == self.dtype && self.refresh.names_versions(self.steps));
         let sent = match (held, &self.cache) {
             (Some(held), Some(cache)) => {
                 let rb = self.row_bytes;
@@ -365,6 +368,13 @@ impl Pipeline {
                     self.report.missing += self.ahead.missing_positions(k, missing);
                     let versions = rows.versions(0);
                     let unchanged = rows.unchanged_count(0);
+                    if !versions.is_empty() {
+                        let named = split
+                            .held()
+                            .map_or(0, |h| h.iter().filter(|&&v| v != 0).count());
+                        self.refresh
+                            .record(self.steps, n, named, n - unchanged, unchanged, rb);
+                    }
                     self.report.rows_received += n - unchanged;
                     self.report.rows_unchanged += unchanged;
                     self.report.bytes_received += block.byte_len() as u64;
