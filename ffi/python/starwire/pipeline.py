@@ -36,8 +36,9 @@ class PipelineSettings:
     pushes is served from the cache, not pulled (``report.cache_hits``); with s = 0 the
     cache serves nothing without asking. Either way the cached rows too old to serve are
     named in the pull with their versions, and a PS that keeps row versions answers those
-    nobody changed without their bytes (``report.rows_unchanged``). This worker's own
-    pushes do not patch cached rows. At least ``row_bytes + 33`` (one row with its id,
+    nobody changed without their bytes (``report.rows_unchanged``); when those save fewer
+    bytes than the versions cost (a trainer's own pushes change the rows it caches), plain
+    pulls follow for 64 steps at a time. This worker's own pushes do not patch cached rows. At least ``row_bytes + 33`` (one row with its id,
     clock, version and index cells) when not 0. Checked when the pipeline is made
     (`InvalidArgument` naming the setting).
     """
