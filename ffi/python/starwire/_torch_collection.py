@@ -1,0 +1,264 @@
+"""`starwire.torch`'s `PSEmbeddingBagCollection`: several tables in one step (see
+`starwire.torch`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor, nn
+
+from ._embedding_rows import _note
+from ._torch_modules import (_NO_IDS, _WIRE_DTYPES, PSEmbeddingBag, _checked_options, _fill,
+                             _flat_ids, _Lookup, _push_on_backward, _Sink, _take_grad)
+from .client import DEFAULT_TIMEOUT, Client, StepReport
+from .errors import Closed, InvalidArgument, StarwireError
+from .sharded_tables import ShardedTables
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One table of a `PSEmbeddingBagCollection`: its id on the PS tasks, its row size,
+    how bags reduce, and optionally the bound of its ids."""
+
+    table: int
+    dim: int
+    mode: str = "sum"
+    num_embeddings: Optional[int] = None
+
+
+class _StepPush:
+    """The gradients of one step of a synchronous collection, pushed together (one request
+    per PS for all the tables). Pushing in backward, they go once every block of the step
+    has its gradient; a block that gets none (its output not in the loss) leaves the push
+    to the next forward, `push_gradients`, `flush` or `close`, which push what came (before
+    the next pull: the rows are those of pushing at once). Without a push in backward the
+    blocks are kept, and those calls push the gradients backward accumulated on them."""
+
+    def __init__(self, tables: ShardedTables, empty: list[npt.NDArray[np.float32]],
+                 timeout: Optional[float], expected: int, in_backward: bool) -> None:
+        self.tables, self.timeout = tables, timeout
+        self.ids: list[npt.NDArray[np.uint64]] = [_NO_IDS] * len(empty)
+        self.grads = list(empty)
+        self.blocks: list[Optional[Tensor]] = [None] * len(empty)
+        self.waiting = self.expected = expected
+        self.in_backward = in_backward
+        self.sent = False
+
+    def sink_of(self, pos: int) -> _Sink:
+        """Where the forward hands table `pos`'s block."""
+        def keep(ids: npt.NDArray[np.uint64], block: Tensor) -> None:
+            self.ids[pos], self.blocks[pos] = ids, block
+
+        def hook(ids: npt.NDArray[np.uint64], block: Tensor) -> None:
+            _push_on_backward(block, arrived, ids)
+
+        def arrived(ids: npt.NDArray[np.uint64], grad: npt.NDArray[np.float32]) -> None:
+            self.ids[pos], self.grads[pos] = ids, grad
+            self.waiting -= 1
+            if self.waiting == 0:
+                self.send()
+        return hook if self.in_backward else keep
+
+    def send(self) -> None:
+        """Pushes what came, once."""
+        if self.sent:
+            return
+        if not self.in_backward:
+            for pos, block in enumerate(self.blocks):
+                if block is None:
+                    continue
+                self.blocks[pos] = None
+                g = _take_grad(block, clear=False)
+                if g is None:
+                    self.ids[pos] = _NO_IDS
+                else:
+                    self.grads[pos] = g
+                    self.waiting -= 1
+        if self.waiting == self.expected:
+            return
+        self.sent = True
+        try:
+            self.tables.push(self.ids, self.grads, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, "while pushing the gradients of tables "
+                     f"{[t for t, i in zip(self.tables.tables, self.ids) if len(i)]}")
+            raise
+
+
+class PSEmbeddingBagCollection(nn.Module):
+    """Several `PSEmbeddingBag` tables in one step, by feature name: ``tables`` maps each
+    feature to its `TableConfig`; the PS tasks, partition, staleness, wire dtype, loss
+    scale and timeout are as for `PSEmbeddingBag` and shared by all. `forward(inputs,
+    offsets, per_sample_weights)` takes, per feature (any of the collection's), its ids
+    (1-D with ``offsets[name]``, or 2-D) and optional ``per_sample_weights[name]``, and
+    returns a dict of ``[bags, dim]`` tensors.
+
+    Every feature's input is checked and deduplicated before any request is sent.
+    Synchronous (``staleness=0``, not pipelined), a step's pull of all its tables is ONE
+    request per PS task (`starwire.ShardedTables`), and so is its backward's push, sent once
+    every table's block has its gradient (`last_report` is the step's pull's report).
+    Pipelined, each table has its own `starwire.Pipeline`, and a step is one request per
+    PS task and table. With ``push_in_backward=False`` backward only accumulates the
+    gradients and `push_gradients` (or the next forward) pushes them, synchronous in one
+    request per PS task. The bags are ``self.bags[name]`` (their markers are the
+    collection's `state_dict`). `prefetch`, `flush` and `close` act on every table.
+    """
+
+    def __init__(self, client: Client, tables: Mapping[str, TableConfig], *,
+                 peers: Optional[Sequence[str]] = None, job: str = "ps",
+                 partition: str = "mod", staleness: int = 0, wire_dtype: Any = torch.float32,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
+                 max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
+                 push_in_backward: bool = True, cache_bytes: int = 0) -> None:
+        super().__init__()
+        _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
+        if not tables:
+            raise InvalidArgument("a collection of no tables")
+        seen: dict[int, str] = {}
+        for name, cfg in tables.items():
+            if not isinstance(cfg, TableConfig):
+                raise InvalidArgument(f"feature {name!r}: {cfg!r} is not a TableConfig")
+            if cfg.table in seen:
+                raise InvalidArgument(f"features {seen[cfg.table]!r} and {name!r} both name "
+                                      f"table {cfg.table}")
+            seen[cfg.table] = name
+        self.bags = nn.ModuleDict({
+            name: PSEmbeddingBag(client, cfg.table, cfg.dim, cfg.mode, peers=peers, job=job,
+                                 partition=partition, num_embeddings=cfg.num_embeddings,
+                                 staleness=staleness, wire_dtype=wire_dtype, timeout=timeout,
+                                 pipelined=pipelined,
+                                 max_pushes_in_flight=max_pushes_in_flight,
+                                 loss_scale=loss_scale, push_in_backward=push_in_backward,
+                                 cache_bytes=cache_bytes)
+            for name, cfg in tables.items()})
+        self._client, self.timeout = client, timeout
+        self._in_backward = push_in_backward
+        #: The last synchronous forward's pull of all its tables.
+        self.last_report: Optional[StepReport] = None
+        self._pos = {name: i for i, name in enumerate(tables)}
+        self._tables: Optional[ShardedTables] = None
+        self._pending: Optional[_StepPush] = None
+        first = self._bag(next(iter(tables)))
+        if not first.pipelined:
+            self._tables = ShardedTables(
+                client, [(cfg.table, cfg.dim) for cfg in tables.values()], peers=first.tasks,
+                partition=partition, vocab=[cfg.num_embeddings or 0 for cfg in tables.values()],
+                wire_dtype=_WIRE_DTYPES[first.wire_dtype], loss_scale=loss_scale)
+            self._empty = [np.zeros((0, cfg.dim), dtype=np.float32) for cfg in tables.values()]
+
+    def _bag(self, name: str) -> PSEmbeddingBag:
+        if name not in self.bags:
+            raise InvalidArgument(f"feature {name!r} is not one of the collection's "
+                                  f"({', '.join(self.bags.keys())})")
+        bag = self.bags[name]
+        assert isinstance(bag, PSEmbeddingBag)
+        return bag
+
+    def _each(self) -> Iterator[PSEmbeddingBag]:
+        for name in self.bags.keys():
+            yield self._bag(name)
+
+    def prefetch(self, inputs: Mapping[str, Tensor]) -> None:
+        """Requests the rows of the features' ids `inputs` (as a later forward takes them)
+        now, table by table (`PSEmbeddingBag.prefetch`)."""
+        lookups = [(self._bag(name), self._bag(name)._lookup(input, f"inputs[{name!r}]"))
+                   for name, input in inputs.items()]
+        for bag, lookup in lookups:
+            bag._prefetch(lookup.unique)
+
+    def _send_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.send()
+
+    def push_gradients(self) -> None:
+        """Pushes the gradients of the last forward's tables not pushed yet
+        (`PSEmbeddingBag.push_gradients`): with ``push_in_backward=False``, call it after
+        ``loss.backward()`` (synchronous, one request per PS for all the tables); pushing
+        in backward, it pushes those of a step some of whose blocks got no gradient."""
+        self._send_pending()
+        for bag in self._each():
+            bag.push_gradients()
+
+    def flush(self) -> None:
+        """Pushes the gradients not pushed yet (`push_gradients`) and waits for every
+        table's pushes (`PSEmbeddingBag.flush`)."""
+        self._send_pending()
+        for bag in self._each():
+            bag.flush()
+
+    def close(self) -> None:
+        """Waits for and frees every table's client (`PSEmbeddingBag.close`)."""
+        try:
+            self._send_pending()
+        finally:
+            if self._tables is not None:
+                self._tables.close()
+            for bag in self._each():
+                bag.close()
+
+    def _pull_all(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]],
+                  tables: ShardedTables) -> Optional[_StepPush]:
+        """Pulls every step's rows in one request per PS; the push of the step's gradients
+        when autograd records."""
+        self._send_pending()
+        runtime = self._client.runtime
+        if not runtime._rt:
+            raise Closed(f"cannot pull the rows of tables {tables.tables}: the runtime of "
+                         f"{runtime.job}:{runtime.task_index} is closed")
+        # Each table's checked ids, deduplicated by the pull (in Rust).
+        ids = [_NO_IDS] * len(self._pos)
+        for name, _, lookup, _ in steps:
+            assert lookup.ids is not None
+            ids[self._pos[name]] = _flat_ids(lookup.ids)
+        try:
+            parts, self.last_report = tables.pull_unique(ids, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, f"while pulling the rows of tables {tables.tables}")
+            raise
+        for name, _, lookup, _ in steps:
+            _fill(lookup, *parts[self._pos[name]])
+        if not torch.is_grad_enabled():
+            return None
+        self._pending = _StepPush(tables, self._empty, self.timeout, len(steps),
+                                  self._in_backward)
+        return self._pending
+
+    def forward(self, inputs: Mapping[str, Tensor],
+                offsets: Optional[Mapping[str, Tensor]] = None,
+                per_sample_weights: Optional[Mapping[str, Tensor]] = None
+                ) -> dict[str, Tensor]:
+        offsets = offsets or {}
+        weights = per_sample_weights or {}
+        for name in (*offsets, *weights):
+            if name not in inputs:
+                raise InvalidArgument(f"feature {name!r} has offsets or weights but no input")
+        steps = []
+        for name, input in inputs.items():
+            bag = self._bag(name)
+            lookup, offs = bag._bags(input, offsets.get(name), weights.get(name))
+            steps.append((name, bag, lookup, offs))
+        if self._tables is not None and steps:
+            push = self._pull_all(steps, self._tables)
+            return {name: bag._reduce(lookup, offs, weights.get(name),
+                                      push.sink_of(self._pos[name]) if push else None)
+                    for name, bag, lookup, offs in steps}
+        for _, bag, lookup, _ in steps:
+            bag._pull(lookup)
+        return {name: bag._reduce(lookup, offs, weights.get(name))
+                for name, bag, lookup, offs in steps}
+
+    def checkpoint(self, timeout: Optional[float] = None) -> list[dict[str, Any]]:
+        """Asks each PS task of the collection's tables, once each, to save the tables it
+        serves (`Client.checkpoint`; all at once) and returns their manifests. The
+        gradients not pushed yet are pushed and every push answered first (`flush`)."""
+        self.flush()
+        first = self._bag(next(iter(self.bags.keys())))
+        tasks = list(dict.fromkeys(t for b in self.bags.values()
+                                   for t in getattr(b, "tasks")))
+        pending = [first._client.submit_checkpoint(t, timeout) for t in tasks]
+        return [p.wait() for p in pending]
