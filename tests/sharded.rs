@@ -202,7 +202,7 @@ fn a_table_of_another_shape_and_bad_buffers_are_errors() {
 
 #[test]
 fn a_unique_pull_gives_each_distinct_row_once_and_where_each_position_s_id_is() {
-    let (_rts, _tables, peers) = cluster();
+    let (mut rts, _tables, peers) = cluster();
     let worker = client(1);
     let mut h = worker.handle(16);
     let mut sharded = Sharded::new(peers, Partition::Mod, 3, DType::F32, &[DIM as u64]).unwrap();
@@ -253,4 +253,29 @@ fn a_unique_pull_gives_each_distinct_row_once_and_where_each_position_s_id_is() 
     }
     assert_eq!(worker.stats().frames_out, frames);
     assert_eq!(h.outstanding(), 0);
+
+    // PS 2 gone: its part fails alone, and its row (id 2, the last distinct one) is zero,
+    // not the buffer's old bytes; the others are written.
+    drop(rts.pop());
+    let mut out = vec![0xffu8; ids.len() * 16];
+    let report = sharded
+        .pull_unique(&mut h, &ids, &mut inverse, &mut unique, &mut out, secs(10))
+        .unwrap()
+        .clone();
+    assert!(report.shards[2].is_err(), "{report:?}");
+    assert!(
+        report.shards[0].is_ok() && report.shards[1].is_ok(),
+        "{report:?}"
+    );
+    assert_eq!(&unique[..5], &[3, 9, 1, 4, 2]);
+    assert!(out[4 * 16..5 * 16].iter().all(|&b| b == 0));
+    let rows = f32s(&out);
+    for (pos, &id) in ids.iter().enumerate().filter(|&(_, &id)| id != 2) {
+        let j = inverse[pos] as usize;
+        assert_eq!(unique[j], id);
+        assert_eq!(
+            &rows[j * DIM..(j + 1) * DIM],
+            &plain[pos * DIM..(pos + 1) * DIM]
+        );
+    }
 }

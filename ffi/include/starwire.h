@@ -416,6 +416,15 @@ typedef struct sw_runtime sw_runtime;
  */
 typedef struct sw_sharded sw_sharded;
 
+/*
+ Several tables of embedding rows partitioned over the same PS tasks, seen from a
+ worker: a step takes a batch of ids per table, deduplicates and partitions each as
+ `sw_sharded` does, and sends each PS ONE rows request carrying every table's ids it
+ holds (all PS requests in flight at once), so a step over `T` tables and `P` PS tasks
+ is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
+ gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
+ thread at a time.
+ */
 typedef struct sw_sharded_tables sw_sharded_tables;
 
 /*
@@ -1148,13 +1157,6 @@ typedef struct sw_table_batch {
 } sw_table_batch;
 
 /*
- Several tables of embedding rows partitioned over the same PS tasks, seen from a
- worker: a step takes a batch of ids per table, deduplicates and partitions each as
- `sw_sharded` does, and sends each PS ONE rows request carrying every table's ids it
- holds (all PS requests in flight at once), so a step over `T` tables and `P` PS tasks
- is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
- gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
- thread at a time.
  One table's part of a unique pull (`sw_sharded_tables_pull_unique`): its batch of ids
  in, its distinct ids, their rows and each position's index among them out.
  */
@@ -2605,7 +2607,7 @@ sw_result sw_sharded_pull(struct sw_sharded *s,
 
  # Safety
  As `sw_sharded_pull`, with `inverse` pointing at `n` writable int64 values and `unique`
- at `n` writable uint64 values; `inverse`, `unique` and `out` do not overlap.
+ at `n` writable uint64 values; `ids`, `inverse`, `unique` and `out` do not overlap.
  */
 sw_result sw_sharded_pull_unique(struct sw_sharded *s,
                                  struct sw_client *c,

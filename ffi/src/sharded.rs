@@ -306,7 +306,7 @@ pub extern "C" fn sw_sharded_pull(
 ///
 /// # Safety
 /// As `sw_sharded_pull`, with `inverse` pointing at `n` writable int64 values and `unique`
-/// at `n` writable uint64 values; `inverse`, `unique` and `out` do not overlap.
+/// at `n` writable uint64 values; `ids`, `inverse`, `unique` and `out` do not overlap.
 #[no_mangle]
 pub extern "C" fn sw_sharded_pull_unique(
     s: *mut sw_sharded,

@@ -46,13 +46,6 @@ pub struct sw_table_batch {
     pub byte_len: u64,
 }
 
-/// Several tables of embedding rows partitioned over the same PS tasks, seen from a
-/// worker: a step takes a batch of ids per table, deduplicates and partitions each as
-/// `sw_sharded` does, and sends each PS ONE rows request carrying every table's ids it
-/// holds (all PS requests in flight at once), so a step over `T` tables and `P` PS tasks
-/// is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
-/// gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
-/// thread at a time.
 /// One table's part of a unique pull (`sw_sharded_tables_pull_unique`): its batch of ids
 /// in, its distinct ids, their rows and each position's index among them out.
 #[repr(C)]
@@ -76,6 +69,13 @@ pub struct sw_unique_batch {
     pub unique_len: usize,
 }
 
+/// Several tables of embedding rows partitioned over the same PS tasks, seen from a
+/// worker: a step takes a batch of ids per table, deduplicates and partitions each as
+/// `sw_sharded` does, and sends each PS ONE rows request carrying every table's ids it
+/// holds (all PS requests in flight at once), so a step over `T` tables and `P` PS tasks
+/// is at most `P` requests each way, not `T * P`. A push sums each table's duplicate
+/// gradients (f32 and f64 rows) and sends each PS one request likewise. Used by one
+/// thread at a time.
 pub struct sw_sharded_tables {
     _private: [u8; 0],
 }

@@ -273,7 +273,8 @@ impl ShardedTables {
     /// and `out[i]` have room for `ids[i].len()` ids and rows; the number of distinct ids
     /// of table `i` is [`unique_len(i)`](Self::unique_len) afterwards (the report's
     /// `unique` is the sum). One request per PS for all the tables, as [`pull`](Self::pull);
-    /// `Err` only for invalid arguments (nothing sent).
+    /// a failed PS fails its part alone, its rows in `out` zero. `Err` only for invalid
+    /// arguments (nothing sent).
     pub fn pull_unique<M: Mode>(
         &mut self,
         client: &mut Client<M>,
@@ -296,7 +297,10 @@ impl ShardedTables {
         }
         for (i, t) in self.tables.iter().enumerate() {
             let m = ids[i].len();
-            if inverse[i].len() != m || unique[i].len() < m || out[i].len() < m * t.row_bytes {
+            if inverse[i].len() != m
+                || unique[i].len() < m
+                || out[i].len() < m.saturating_mul(t.row_bytes)
+            {
                 return Err(Error::invalid(&format!(
                     "rows: table {}: a unique pull of {m} ids needs an inverse of {m} (is \
                      {}), room for {m} unique ids (is {}) and {} bytes of rows (is {})",
@@ -337,6 +341,16 @@ impl ShardedTables {
                 Ok(())
             })
             .map(|_| ());
+        // A failed PS's rows are zeroed: the buffers' old bytes would be rows of other ids.
+        for (s, part) in self.report.shards.iter().enumerate() {
+            if part.is_err() {
+                for (i, t) in self.tables.iter().enumerate() {
+                    let rb = t.row_bytes;
+                    let (a, n) = (starts[i * peers + s] * rb, t.plan.ids(s).len() * rb);
+                    out[i][a..a + n].fill(0);
+                }
+            }
+        }
         self.starts = starts;
         done?;
         Ok(&self.report)

@@ -289,7 +289,8 @@ impl Sharded {
     /// [`unique`](StepReport::unique) says how many were written. The distinct ids are in
     /// the order of their PS tasks, each PS's in the order first seen in `ids`. Rows a PS
     /// does not have are left zero and counted in the report (by batch position, as
-    /// [`pull`](Self::pull) counts them); a failed PS fails its part alone, as in `pull`.
+    /// [`pull`](Self::pull) counts them); a failed PS fails its part alone, as in `pull`,
+    /// its ids in `unique` and `inverse` all the same and its rows in `out` zero.
     ///
     /// The deduplication is the one every step does (a hash of the batch's ids), so this
     /// costs no more than `pull`, and copies each distinct row once (one copy per PS).
@@ -313,7 +314,7 @@ impl Sharded {
                 unique.len()
             )));
         }
-        if out.len() < ids.len() * rb {
+        if out.len() < ids.len().saturating_mul(rb) {
             return Err(Error::invalid(&format!(
                 "rows: a unique pull of {} ids needs out of at least {} bytes (is {})",
                 ids.len(),
@@ -345,6 +346,14 @@ impl Sharded {
                 Ok(())
             })
             .map(|_| ());
+        // A failed PS's rows are zeroed: the buffer's old bytes would be rows of other ids
+        // (the distinct ids' places change every step).
+        for (s, part) in self.report.shards.iter().enumerate() {
+            if part.is_err() {
+                let (a, n) = (starts[s] * rb, self.plan.ids(s).len() * rb);
+                out[a..a + n].fill(0);
+            }
+        }
         self.starts = starts;
         done?;
         Ok(&self.report)
