@@ -18,6 +18,9 @@ from .client import DEFAULT_TIMEOUT, Client, StepReport
 from .errors import Closed, InvalidArgument, StarwireError
 from .sharded_tables import ShardedTables
 
+#: The most forwards of a synchronous collection whose gradients are awaited at once
+#: (gradients accumulated over that many forwards before one backward are all pushed).
+_STEPS_KEPT = 16
 
 @dataclass(frozen=True)
 class TableConfig:
@@ -31,62 +34,77 @@ class TableConfig:
 
 
 class _StepPush:
-    """The gradients of one step of a synchronous collection, pushed together (one request
-    per PS for all the tables). Pushing in backward, they go once every block of the step
-    has its gradient; a block that gets none (its output not in the loss) leaves the push
-    to the next forward, `push_gradients`, `flush` or `close`, which push what came (before
-    the next pull: the rows are those of pushing at once). Without a push in backward the
-    blocks are kept, and those calls push the gradients backward accumulated on them."""
+    """The gradients of one forward of a synchronous collection, pushed together (one
+    request per PS for the tables whose gradients are there). Pushing in backward, they go
+    once every block of the step has its gradient; a block that gets none by the next
+    forward, `push_gradients`, `flush` or `close` leaves the others to be pushed by that
+    call, and its own (if backward brings it later) by itself when it comes. Without a push
+    in backward the blocks are kept, and those calls push the gradients backward
+    accumulated on them; the next forward keeps the blocks with no gradient yet (their
+    backward may come later), the others forget them."""
 
     def __init__(self, tables: ShardedTables, empty: list[npt.NDArray[np.float32]],
-                 timeout: Optional[float], expected: int, in_backward: bool) -> None:
-        self.tables, self.timeout = tables, timeout
+                 timeout: Optional[float], in_backward: bool) -> None:
+        self.tables, self.timeout, self.empty = tables, timeout, empty
         self.ids: list[npt.NDArray[np.uint64]] = [_NO_IDS] * len(empty)
         self.grads = list(empty)
         self.blocks: list[Optional[Tensor]] = [None] * len(empty)
-        self.waiting = self.expected = expected
+        #: Tables whose gradient is still to come, and those whose gradient came and is
+        #: not pushed yet.
+        self.waiting: set[int] = set()
+        self.ready: set[int] = set()
         self.in_backward = in_backward
-        self.sent = False
 
     def sink_of(self, pos: int) -> _Sink:
         """Where the forward hands table `pos`'s block."""
+        self.waiting.add(pos)
+
         def keep(ids: npt.NDArray[np.uint64], block: Tensor) -> None:
             self.ids[pos], self.blocks[pos] = ids, block
 
         def hook(ids: npt.NDArray[np.uint64], block: Tensor) -> None:
+            self.ids[pos] = ids
             _push_on_backward(block, arrived, ids)
 
         def arrived(ids: npt.NDArray[np.uint64], grad: npt.NDArray[np.float32]) -> None:
-            self.ids[pos], self.grads[pos] = ids, grad
-            self.waiting -= 1
-            if self.waiting == 0:
-                self.send()
+            self.grads[pos] = grad
+            self.waiting.discard(pos)
+            self.ready.add(pos)
+            if not self.waiting:
+                self.send(forget=False)
         return hook if self.in_backward else keep
 
-    def send(self) -> None:
-        """Pushes what came, once."""
-        if self.sent:
-            return
+    def send(self, forget: bool) -> bool:
+        """Pushes the gradients that are there, in one request per PS; `forget`: the tables
+        whose gradient has not come are given up (without a push in backward; with one,
+        a gradient that comes later is pushed when it comes). Returns whether some are
+        still to come."""
         if not self.in_backward:
-            for pos, block in enumerate(self.blocks):
-                if block is None:
-                    continue
-                self.blocks[pos] = None
-                g = _take_grad(block, clear=False)
-                if g is None:
-                    self.ids[pos] = _NO_IDS
-                else:
+            for pos in sorted(self.waiting):
+                block = self.blocks[pos]
+                g = None if block is None else _take_grad(block, clear=False)
+                if g is not None:
                     self.grads[pos] = g
-                    self.waiting -= 1
-        if self.waiting == self.expected:
-            return
-        self.sent = True
-        try:
-            self.tables.push(self.ids, self.grads, timeout=self.timeout)
-        except StarwireError as e:
-            _note(e, "while pushing the gradients of tables "
-                     f"{[t for t, i in zip(self.tables.tables, self.ids) if len(i)]}")
-            raise
+                    self.blocks[pos] = None
+                    self.waiting.discard(pos)
+                    self.ready.add(pos)
+            if forget:
+                self.blocks = [None] * len(self.blocks)
+                self.waiting.clear()
+        if self.ready:
+            ready, self.ready = self.ready, set()
+            ids = [i if pos in ready else _NO_IDS for pos, i in enumerate(self.ids)]
+            grads = [g if pos in ready else e
+                     for pos, (g, e) in enumerate(zip(self.grads, self.empty))]
+            for pos in ready:
+                self.grads[pos] = self.empty[pos]
+            try:
+                self.tables.push(ids, grads, timeout=self.timeout)
+            except StarwireError as e:
+                _note(e, "while pushing the gradients of tables "
+                         f"{[t for t, i in zip(self.tables.tables, ids) if len(i)]}")
+                raise
+        return bool(self.waiting)
 
 
 class PSEmbeddingBagCollection(nn.Module):
@@ -141,7 +159,8 @@ class PSEmbeddingBagCollection(nn.Module):
         self.last_report: Optional[StepReport] = None
         self._pos = {name: i for i, name in enumerate(tables)}
         self._tables: Optional[ShardedTables] = None
-        self._pending: Optional[_StepPush] = None
+        #: The forwards whose gradients are not all pushed (at most `_STEPS_KEPT`).
+        self._pending: list[_StepPush] = []
         first = self._bag(next(iter(tables)))
         if not first.pipelined:
             self._tables = ShardedTables(
@@ -170,10 +189,18 @@ class PSEmbeddingBagCollection(nn.Module):
         for bag, lookup in lookups:
             bag._prefetch(lookup.unique)
 
-    def _send_pending(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.send()
+    def _send_pending(self, forget: bool = True) -> None:
+        """Pushes the gradients of earlier forwards that are there; keeps (unless `forget`)
+        the forwards some of whose gradients are still to come, the last `_STEPS_KEPT`."""
+        pending, self._pending = self._pending, []
+        for i, p in enumerate(pending):
+            try:
+                if p.send(forget) and not forget:
+                    self._pending.append(p)
+            except BaseException:
+                self._pending.extend(pending[i + 1:])
+                raise
+        del self._pending[:-_STEPS_KEPT]
 
     def push_gradients(self) -> None:
         """Pushes the gradients of the last forward's tables not pushed yet
@@ -205,7 +232,8 @@ class PSEmbeddingBagCollection(nn.Module):
                   tables: ShardedTables) -> Optional[_StepPush]:
         """Pulls every step's rows in one request per PS; the push of the step's gradients
         when autograd records."""
-        self._send_pending()
+        # The earlier forwards' gradients go first: the rows are those of pushing at once.
+        self._send_pending(forget=False)
         runtime = self._client.runtime
         if not runtime._rt:
             raise Closed(f"cannot pull the rows of tables {tables.tables}: the runtime of "
@@ -224,9 +252,9 @@ class PSEmbeddingBagCollection(nn.Module):
             _fill(lookup, *parts[self._pos[name]])
         if not torch.is_grad_enabled():
             return None
-        self._pending = _StepPush(tables, self._empty, self.timeout, len(steps),
-                                  self._in_backward)
-        return self._pending
+        step = _StepPush(tables, self._empty, self.timeout, self._in_backward)
+        self._pending.append(step)
+        return step
 
     def forward(self, inputs: Mapping[str, Tensor],
                 offsets: Optional[Mapping[str, Tensor]] = None,

@@ -95,9 +95,10 @@ class PrefetchingLoader(Generic[B]):
                     m._next = None
                 raise
             # The step is over: gradients a module keeps for a later push go now (before
-            # the prefetch, which the staleness bound orders after them).
+            # the prefetch, which the staleness bound orders after them); blocks whose
+            # backward has not come stay (a loss over several batches).
             for m in self._modules:
-                m.push_gradients()
+                m._push_deferred(forget=False)
             # A table this batch's forward did not pull prefetches now.
             for m, unique in ahead:
                 if m._next is not None:

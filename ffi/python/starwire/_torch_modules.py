@@ -15,16 +15,16 @@ from torch import Tensor, nn
 from ._arrays import loss_scale_value
 from ._embedding_rows import _PipelinedRows, _Rows, _ShardedRows
 from .client import DEFAULT_TIMEOUT, Client, StepReport
-from .errors import InvalidArgument
+from .errors import Closed, InvalidArgument, StarwireError
 from .pipeline import Pipeline, PipelineReport, PipelineSettings
 
 #: The ``format`` of the marker a module's `state_dict` holds in place of its rows.
 MARKER_FORMAT = "starwire.torch/ps-rows"
 _MARKER_VERSION = 1
 _MODES = ("sum", "mean")
-#: The most blocks without a gradient a forward keeps for a later push
-#: (``push_in_backward=False``): gradients accumulated over this many forwards before one
-#: backward are all pushed.
+#: The most blocks without a gradient a forward keeps for a later push, besides its own
+#: (``push_in_backward=False``): gradients accumulated over this many forwards and one more
+#: before one backward are all pushed.
 _KEPT_WITHOUT_GRAD = 16
 #: No ids.
 _NO_IDS: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
@@ -47,9 +47,10 @@ def _take_grad(block: Tensor, clear: bool = True) -> Optional[npt.NDArray[np.flo
         return None
     if clear:
         block.grad = None
-    # The gradient of a float32 block is a contiguous float32 tensor (that does not require
-    # grad): its memory as it is (one torch call), converted only when it is not.
-    g = grad.numpy()
+    # The gradient of a float32 block is a contiguous float32 tensor: its memory as it is
+    # (detached when it is part of a graph: ``backward(create_graph=True)``), converted
+    # only when it is not.
+    g = (grad.detach() if grad.requires_grad else grad).numpy()
     if g.dtype != np.float32 or not g.flags.c_contiguous:
         g = np.ascontiguousarray(g, dtype=np.float32)
     return g
@@ -251,6 +252,9 @@ class _PSModule(nn.Module):
         elif not pipelined and staleness > 0:
             raise InvalidArgument(f"staleness={staleness} needs the pipelined client: "
                                   "pipelined=False allows only 0")
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise InvalidArgument(f"cache_bytes {cache_bytes!r} is not an int of 0 or more (the "
+                                  "bytes of the worker's row cache; 0: none)")
         if cache_bytes and not pipelined:
             raise InvalidArgument(f"cache_bytes={cache_bytes!r}: the row cache is the "
                                   "pipelined client's; give staleness >= 1 or "
@@ -295,12 +299,12 @@ class _PSModule(nn.Module):
         """Pushes the gradients that backward accumulated on the blocks the forwards since
         the last push pulled (in the order of the forwards; pipelined, without waiting), for
         a module made with ``push_in_backward=False``; with the default, backward pushed
-        them already and this does nothing. A block without a gradient (no backward reached
-        its output) is forgotten, as backward would push nothing for it. Call it after
-        ``loss.backward()``; `flush`, `close`, `checkpoint` and a `PrefetchingLoader`
-        moving to the next batch call it. The next forward pushes what has a gradient
-        and keeps the rest (its backward may come later) up to `_KEPT_WITHOUT_GRAD`
-        blocks, forgetting the oldest beyond that."""
+        them already and this does nothing. A block without a gradient is forgotten: call
+        it after the ``loss.backward()`` that covers the forwards (a backward that comes
+        later finds nothing of them to push); `flush`, `close` and `checkpoint` call it.
+        The next forward, and a `PrefetchingLoader` moving to the next batch, push what
+        has a gradient and keep the rest (its backward may come later), up to
+        `_KEPT_WITHOUT_GRAD` blocks besides the forward's own, forgetting the oldest."""
         self._push_deferred(forget=True)
 
     def _push_deferred(self, forget: bool) -> None:
@@ -312,8 +316,16 @@ class _PSModule(nn.Module):
             if g is not None:
                 try:
                     self._rows.push(ids, g)
+                except StarwireError as e:
+                    # A push refused before it was sent (the runtime closed, or an earlier
+                    # push's failure reported first) stays to be pushed; one a PS may have
+                    # applied is not sent again.
+                    unsent = isinstance(e, (Closed, InvalidArgument)) or bool(
+                        getattr(e, "failed_pushes", None))
+                    deferred[:0] = kept + ([(ids, block)] if unsent else [])
+                    raise
                 except BaseException:
-                    deferred[:0] = kept
+                    deferred[:0] = kept + [(ids, block)]
                     raise
             elif not forget:
                 kept.append((ids, block))
@@ -462,9 +474,10 @@ class PSEmbedding(_PSModule):
     backward only accumulates it on the block, and `push_gradients` pushes it, called by
     the trainer after ``loss.backward()`` or, at the latest, by the next forward (before
     its pull, so the rows are the same), `flush`, `close`, `checkpoint` or a
-    `PrefetchingLoader` moving on. That saves the hook's cost per step. A forward keeps the
-    blocks still without a gradient (accumulating over up to 16 forwards before one
-    backward works); `push_gradients` forgets them, as backward would push nothing.
+    `PrefetchingLoader` moving on. That saves the hook's cost per step. A forward, and the
+    loader, keep the blocks still without a gradient (accumulating over up to 17 forwards
+    before one backward works); `push_gradients` forgets them, so call it after the
+    backward that covers them.
     `cache_bytes` (pipelined modules; 0, the default: none): a row cache of that many bytes
     on the worker (`starwire.PipelineSettings.cache_bytes`): a row that misses at most
     `staleness` of this worker's pushes is served from it without asking, and the cached

@@ -947,7 +947,8 @@ class Sharded:
         n = len(id_arr)
         inverse = np.empty(n, dtype=np.int64)
         unique = np.empty(n, dtype=np.uint64)
-        out = np.zeros((n, *self.row_shape), dtype=self.dtype)
+        # Every distinct row is written (a failed PS's zeroed): no need to clear it first.
+        out = np.empty((n, *self.row_shape), dtype=self.dtype)
         self._report.failed = 0
         code = _lib.sharded_pull_unique(s, c, address(id_arr), n, address(inverse),
                                         address(unique), address(out), out.nbytes,

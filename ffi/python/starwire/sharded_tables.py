@@ -150,7 +150,8 @@ class ShardedTables:
             n = len(a)
             inverse = np.empty(n, dtype=np.int64)
             unique = np.empty(n, dtype=np.uint64)
-            out = np.zeros((n, *shape), dtype=self.dtype)
+            # Every distinct row is written (a failed PS's zeroed).
+            out = np.empty((n, *shape), dtype=self.dtype)
             b = batches[i]
             b.ids, b.n = (address(a) if n else None), n
             b.inverse = address(inverse) if n else None

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import warnings
 from typing import Any, Optional
 
 import numpy as np
@@ -383,6 +384,50 @@ class DeferredPushTest(PsCase):
                                    **TOL)
         np.testing.assert_allclose(self.rows(2, DIM2), refs["item"].weight.detach().numpy(),
                                    **TOL)
+
+    def test_collection_gradients_of_two_forwards_before_one_backward_are_pushed(self) -> None:
+        rows_before = self.rows(1, DIM)
+        for in_backward in (False, True):
+            coll = PSEmbeddingBagCollection(self.client, {
+                "user": TableConfig(1, DIM, "sum"), "item": TableConfig(2, DIM2, "sum")},
+                push_in_backward=in_backward)
+            a = coll({"user": torch.tensor([[1], [3]]), "item": torch.tensor([[1]])})
+            b = coll({"user": torch.tensor([[5], [7]]), "item": torch.tensor([[2]])})
+            # One loss over both forwards, leaving out the first forward's "item" table.
+            (a["user"].sum() + b["user"].sum() + b["item"].sum()).backward()
+            coll.push_gradients()
+            coll.close()
+            after = self.rows(1, DIM)
+            # Every id of both forwards moved by LR (SGD, gradient 1), each pushed once.
+            moved = [i for i in range(VOCAB) if not np.allclose(after[i], rows_before[i])]
+            self.assertEqual(moved, [1, 3, 5, 7], f"push in backward: {in_backward}")
+            np.testing.assert_allclose(after[[1, 3, 5, 7]], rows_before[[1, 3, 5, 7]] - LR,
+                                       **TOL)
+            rows_before = after
+
+    def test_a_backward_that_keeps_its_graph_pushes(self) -> None:
+        for in_backward in (True, False):
+            bag = PSEmbeddingBag(self.client, 1, DIM, "sum", push_in_backward=in_backward)
+            before = self.rows(1, DIM)
+            # One id per bag: each row's gradient is twice itself (a bag of both would sum
+            # to zero after one SGD step of this rate, and the second round push nothing).
+            with warnings.catch_warnings():  # torch's note on the graph it keeps
+                warnings.simplefilter("ignore", UserWarning)
+                (bag(torch.tensor([[2], [4]])) ** 2).sum().backward(create_graph=True)
+            bag.push_gradients()
+            after = self.rows(1, DIM)
+            moved = [i for i in range(VOCAB) if not np.allclose(after[i], before[i])]
+            self.assertEqual(moved, [2, 4], f"push in backward: {in_backward}")
+            np.testing.assert_allclose(after[[2, 4]], before[[2, 4]] * (1 - 2 * LR), **TOL)
+            bag.close()
+
+    def test_a_push_refused_before_it_is_sent_stays_to_be_pushed(self) -> None:
+        bag = PSEmbeddingBag(self.client, 1, DIM, "sum", push_in_backward=False)
+        bag(torch.tensor([[2, 4]])).sum().backward()
+        self.worker.close()
+        with self.assertRaises(starwire.Closed):
+            bag.push_gradients()
+        self.assertEqual(len(bag._deferred), 1)
 
     def test_push_in_backward_must_be_a_bool(self) -> None:
         with self.assertRaisesRegex(starwire.InvalidArgument, "push_in_backward 1 is not a"):

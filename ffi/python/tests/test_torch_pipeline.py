@@ -210,6 +210,26 @@ class PipelinedTest(unittest.TestCase):
         self.assertEqual(worker.stats().requests_completed, 3 * 2)
         bag.close()
 
+    def test_a_loss_over_two_loader_batches_pushes_both(self) -> None:
+        client, _, _ = self.cluster()
+        bag = PSEmbeddingBag(client, 1, DIM, "sum", pipelined=True, push_in_backward=False)
+        every = np.arange(VOCAB, dtype=np.uint64)
+        before = client.sharded(1, DIM).pull(every)[0]
+        batches = [torch.tensor([[1, 2]]), torch.tensor([[3, 4]]), torch.tensor([[5, 6]]),
+                   torch.tensor([[7, 8]])]
+        loss = None
+        for i, b in enumerate(PrefetchingLoader(batches, bag, lambda b: b)):
+            out = bag(b).sum()
+            loss = out if loss is None else loss + out
+            if i % 2 == 1:  # one backward every two batches
+                loss.backward()
+                loss = None
+        bag.flush()
+        after = client.sharded(1, DIM).pull(every)[0]
+        moved = [i for i in range(VOCAB) if not np.allclose(after[i], before[i])]
+        self.assertEqual(moved, list(range(1, 9)))
+        bag.close()
+
     def test_a_row_cache_serves_hits_and_refreshes_unchanged_rows(self) -> None:
         client, _, _ = self.cluster()
         with self.assertRaisesRegex(starwire.InvalidArgument, "cache_bytes=65536"):
