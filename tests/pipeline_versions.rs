@@ -40,6 +40,27 @@ fn worker(features: WireFeatures) -> Runtime {
     Runtime::start(cfg, None).expect("worker starts")
 }
 
+/// A pipeline at staleness 0 with a row cache of `cache_bytes`, and a plain sharded
+/// client to compare with, over `peers`.
+fn clients(peers: &[Peer], cache_bytes: usize) -> (Pipeline, Sharded) {
+    let settings = PipelineSettings::default()
+        .staleness(0)
+        .cache_bytes(cache_bytes)
+        .timeout(Some(Duration::from_secs(20)));
+    let dims = [DIM as u64];
+    let pipe = Pipeline::new(
+        peers.to_vec(),
+        Partition::Mod,
+        TABLE,
+        DType::F32,
+        &dims,
+        settings,
+    )
+    .unwrap();
+    let plain = Sharded::new(peers.to_vec(), Partition::Mod, TABLE, DType::F32, &dims).unwrap();
+    (pipe, plain)
+}
+
 /// Runs six steps of pull, check against `Sharded`, push of a few ids; returns per step
 /// the report's (rows received, rows unchanged, cache misses).
 fn steps(features: WireFeatures) -> Vec<(usize, usize, usize)> {
@@ -50,20 +71,7 @@ fn steps(features: WireFeatures) -> Vec<(usize, usize, usize)> {
         .collect();
     let worker = worker(features);
     let mut h = worker.handle(64);
-    let settings = PipelineSettings::default()
-        .staleness(0)
-        .cache_bytes(1 << 16)
-        .timeout(Some(Duration::from_secs(20)));
-    let mut pipe = Pipeline::new(
-        peers.clone(),
-        Partition::Mod,
-        TABLE,
-        DType::F32,
-        &[DIM as u64],
-        settings,
-    )
-    .unwrap();
-    let mut plain = Sharded::new(peers, Partition::Mod, TABLE, DType::F32, &[DIM as u64]).unwrap();
+    let (mut pipe, mut plain) = clients(&peers, 1 << 16);
     // 40 ids, 8 of them twice; the pushes touch ids 3, 10 and 21 (on both PS tasks).
     let ids: Vec<u64> = (0..40).chain(0..8).collect();
     let pushed = [3u64, 10, 21];
@@ -117,20 +125,7 @@ fn versions_that_save_nothing_are_paused_and_tried_again_the_rows_unchanged() {
         .collect();
     let worker = worker(WireFeatures::ALL);
     let mut h = worker.handle(64);
-    let settings = PipelineSettings::default()
-        .staleness(0)
-        .cache_bytes(1 << 20)
-        .timeout(Some(Duration::from_secs(20)));
-    let mut pipe = Pipeline::new(
-        peers.clone(),
-        Partition::Mod,
-        TABLE,
-        DType::F32,
-        &[DIM as u64],
-        settings,
-    )
-    .unwrap();
-    let mut plain = Sharded::new(peers, Partition::Mod, TABLE, DType::F32, &[DIM as u64]).unwrap();
+    let (mut pipe, mut plain) = clients(&peers, 1 << 20);
     // As a trainer does: every row pulled is pushed, so no cached row is ever unchanged.
     let ids: Vec<u64> = (0..1024).collect();
     let grads = vec![0u8; ids.len() * ROW_BYTES];
