@@ -3,6 +3,7 @@
 //! all in flight at once.
 
 use std::ffi::{c_char, c_void};
+use std::mem::MaybeUninit;
 
 use starwire::rows::{Partition, StepReport, MAX_ROW_RANK};
 use starwire::{DType, Peer, Sharded};
@@ -93,6 +94,18 @@ impl Failures {
             first_failed: done.first_error().map_or(usize::MAX, |(i, _)| i),
             fallbacks: done.fallbacks,
         }
+    }
+
+    /// Keeps the outcome of each PS part of `done`, writes `done` to `report` as the C ABI
+    /// reports it, and returns the first failed part's failure, if one failed.
+    pub(crate) fn settle(
+        &mut self,
+        done: &StepReport,
+        report: &mut MaybeUninit<sw_step_report>,
+    ) -> Result<(), Failure> {
+        self.keep(done);
+        report.write(self.report(done));
+        self.first_failure()
     }
 
     /// The first failed part's failure, if one failed.
@@ -259,9 +272,7 @@ fn step(
             with_client!(client, |h| s.sharded.push(h, ids, grads, deadline))?
         }
     };
-    s.parts.keep(done);
-    report.write(s.parts.report(done));
-    s.parts.first_failure()
+    s.parts.settle(done, report)
 }
 
 /// Pulls the rows of `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
@@ -341,9 +352,7 @@ pub extern "C" fn sw_sharded_pull_unique(
         let done = with_client!(client, |h| s
             .sharded
             .pull_unique(h, ids, inverse, unique, out, deadline))?;
-        s.parts.keep(done);
-        report.write(s.parts.report(done));
-        s.parts.first_failure()
+        s.parts.settle(done, report)
     })
 }
 

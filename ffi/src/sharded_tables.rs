@@ -199,6 +199,16 @@ enum Way {
     Push,
 }
 
+/// Refuses another number of batches than tables.
+fn one_batch_per_table(batches: usize, tables: usize) -> Result<(), Failure> {
+    if batches != tables {
+        return Err(Failure::invalid(format!(
+            "{batches} batches for {tables} tables"
+        )));
+    }
+    Ok(())
+}
+
 /// One step: checks, runs, keeps the parts' outcomes and writes the report.
 fn step(
     s: *mut sw_sharded_tables,
@@ -213,13 +223,7 @@ fn step(
     let client = stepping_client(c)?;
     let report = try_out!(report);
     let batches = try_slice!(batches, n_tables);
-    if batches.len() != s.tables.len() {
-        return Err(Failure::invalid(format!(
-            "{} batches for {} tables",
-            batches.len(),
-            s.tables.len()
-        )));
-    }
+    one_batch_per_table(batches.len(), s.tables.len())?;
     let mut ids = ArrayVec::<&[u64], MAX_TABLES>::new();
     let mut lens = ArrayVec::<usize, MAX_TABLES>::new();
     for (i, b) in batches.iter().enumerate() {
@@ -250,9 +254,7 @@ fn step(
         }
         with_client!(client, |h| s.tables.push(h, &ids, &grads, deadline))?
     };
-    s.parts.keep(done);
-    report.write(s.parts.report(done));
-    s.parts.first_failure()
+    s.parts.settle(done, report)
 }
 
 /// Pulls the rows of each table's batch `batches[t]` (in the order the tables were given;
@@ -331,13 +333,7 @@ pub extern "C" fn sw_sharded_tables_pull_unique(
         let client = stepping_client(c)?;
         let report = try_out!(report);
         let batches = try_slice_mut!(batches, n_tables);
-        if batches.len() != s.tables.len() {
-            return Err(Failure::invalid(format!(
-                "{} batches for {} tables",
-                batches.len(),
-                s.tables.len()
-            )));
-        }
+        one_batch_per_table(batches.len(), s.tables.len())?;
         let mut ids = ArrayVec::<&[u64], MAX_TABLES>::new();
         let mut inverse = ArrayVec::<&mut [i64], MAX_TABLES>::new();
         let mut unique = ArrayVec::<&mut [u64], MAX_TABLES>::new();
@@ -372,12 +368,11 @@ pub extern "C" fn sw_sharded_tables_pull_unique(
             &mut outs,
             deadline
         ))?;
-        s.parts.keep(done);
-        report.write(s.parts.report(done));
+        let settled = s.parts.settle(done, report);
         for (i, b) in batches.iter_mut().enumerate() {
             b.unique_len = s.tables.unique_len(i);
         }
-        s.parts.first_failure()
+        settled
     })
 }
 

@@ -7,10 +7,12 @@ use arrayvec::ArrayVec;
 
 use super::plan::{Partition, Plan, PlanError};
 use super::sharded::StepReport;
-use super::travel::{checked_scale, remote, widened};
+use super::travel::{check_block, checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
+#[cfg(doc)]
+use crate::error::ErrorKind;
 use crate::session::{Rows, MAX_ROW_RANK};
 use crate::wire::{DType, LossScale, Status};
 
@@ -420,9 +422,8 @@ impl ShardedTables {
                         }
                         let bytes = widened(t.dtype, block, wide)?;
                         let rows_here = t.plan.ids(s).len();
-                        if bytes.len() != rows_here * t.row_bytes {
-                            return Err(Error::new(ErrorKind::Protocol).with_peer(peer.addr()));
-                        }
+                        check_block(bytes, rows_here, t.row_bytes)
+                            .map_err(|e| e.with_peer(peer.addr()))?;
                         land(i as usize, t, s, bytes)
                             .map_err(|e| Error::invalid(&e.to_string()))?;
                         n += rows_here;

@@ -8,7 +8,7 @@ use arrayvec::ArrayVec;
 
 use super::element::{self, RowElement};
 use super::plan::{Partition, Plan, PlanError};
-use super::travel::{checked_scale, remote, widened};
+use super::travel::{check_block, checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
@@ -106,15 +106,6 @@ pub struct Sharded {
     wide: Vec<u8>,
     /// Per PS, in a unique pull: where its distinct ids start among all (reused).
     starts: Vec<usize>,
-}
-
-/// Checks that a PS's block is `n` rows of `row_bytes`: what its request asked for.
-fn check_rows(bytes: &[u8], n: usize, row_bytes: usize) -> Result<(), Error> {
-    if bytes.len() == n * row_bytes {
-        Ok(())
-    } else {
-        Err(Error::new(ErrorKind::Protocol))
-    }
 }
 
 /// What a sharded step did, per PS.
@@ -410,7 +401,7 @@ impl Sharded {
                             }
                             let (plan, rb) = (&self.plan, self.row_bytes);
                             widened(self.dtype, block, &mut self.wide).and_then(|bytes| {
-                                check_rows(bytes, n, rb)?;
+                                check_block(bytes, n, rb)?;
                                 land(plan, s, bytes, rb)
                                     .map(|()| n)
                                     .map_err(|e| Error::invalid(&e.to_string()))

@@ -6,6 +6,16 @@ use crate::error::{Error, ErrorKind};
 use crate::tensor::Tensor;
 use crate::wire::{DType, LossScale, Status};
 
+/// Checks that a PS's block (in the table's dtype) is `n` rows of `row_bytes`: what its
+/// request asked for.
+pub(crate) fn check_block(bytes: &[u8], n: usize, row_bytes: usize) -> Result<(), Error> {
+    if bytes.len() == n * row_bytes {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::Protocol))
+    }
+}
+
 /// The bytes of `block` in `dtype`: its own when it travelled as `dtype`, else widened
 /// or narrowed into `wide` (grown as needed, kept).
 pub(crate) fn widened<'a>(
