@@ -341,28 +341,38 @@ pub(crate) struct Spare {
     pub runtime_memory: bool,
 }
 
-/// Blocks' memories a [`Spare`] or a push's vectors keep for reuse.
-pub(crate) const MEMORY_KEPT: usize = 2;
+/// Blocks' memories a [`Spare`] or a push's vectors keep for reuse: one per table of a
+/// rows request (at most 64 tables), within [`MEMORY_KEPT_TOTAL`] bytes.
+pub(crate) const MEMORY_KEPT: usize = 64;
 
 /// Largest block whose memory is kept: larger ones are rare and cost their allocation
 /// little next to their transfer.
 pub(crate) const MEMORY_KEPT_BYTES: usize = 1 << 20;
 
+/// Most bytes of blocks' memories kept together: two of the largest kept.
+pub(crate) const MEMORY_KEPT_TOTAL: usize = 2 * MEMORY_KEPT_BYTES;
+
 /// Keeps the memory of the blocks in `blocks` (emptied) in `memory`, up to
-/// [`MEMORY_KEPT`] blocks of at most [`MEMORY_KEPT_BYTES`].
+/// [`MEMORY_KEPT`] blocks of at most [`MEMORY_KEPT_BYTES`], [`MEMORY_KEPT_TOTAL`] in all.
 pub(crate) fn keep_memory(
     blocks: &mut Vec<Result<Tensor, Status>>,
     memory: &mut Vec<Box<dyn TensorMemory>>,
 ) {
+    let mut total: usize = memory.iter().map(|m| m.bytes().len()).sum();
     for b in blocks.drain(..) {
         if memory.len() == MEMORY_KEPT {
             continue;
         }
         let m = b.ok().and_then(Tensor::into_memory);
-        if let Some(m) = m.filter(|m| m.bytes().len() <= MEMORY_KEPT_BYTES) {
+        if let Some(m) = m.filter(|m| {
+            let len = m.bytes().len();
+            len <= MEMORY_KEPT_BYTES && total + len <= MEMORY_KEPT_TOTAL
+        }) {
             if memory.capacity() == 0 {
-                memory.reserve_exact(MEMORY_KEPT);
+                // Room for a few tables' blocks at once; a request of more grows it once.
+                memory.reserve_exact(4);
             }
+            total += m.bytes().len();
             memory.push(m);
         }
     }

@@ -19,6 +19,7 @@ use arrayvec::ArrayVec;
 
 use super::cache::RowCache;
 use super::element::{self, RowElement};
+use super::multi::{TableShape, MAX_TABLES};
 use super::plan::{Partition, Plan};
 use super::travel::checked_scale;
 use crate::client::{Client, Mode};
@@ -160,6 +161,19 @@ use split::Split;
 /// call. A call that reports push failures delivers no rows and sends no gradients: call
 /// it again to do so. Nothing is retried and nothing is dropped silently.
 ///
+/// # Several tables
+///
+/// A model with several tables partitioned over the same PS tasks pipelines them together
+/// ([`new_tables`](Self::new_tables)): a step hands every table's batch at once
+/// ([`pull_tables`](Self::pull_tables), [`prefetch_tables`](Self::prefetch_tables),
+/// [`push_tables`](Self::push_tables)), and each PS gets **one** request for the rows of
+/// all its tables and one with all their gradients, as
+/// [`ShardedTables`](crate::rows::ShardedTables) sends them: `P` requests each way per
+/// step over `P` PS tasks, not `T × P`. Each table is planned, cached and scattered on its
+/// own; the pushes, the staleness bound and the report are the pipeline's: one push per
+/// step covers every table, and the report sums the tables' counts. What a pulled row
+/// reflects is as above, for the rows of every table.
+///
 /// # Use
 ///
 /// Use one [`Client`] with a pipeline, and do not take its completions with
@@ -175,11 +189,9 @@ use split::Split;
 #[derive(Debug)]
 pub struct Pipeline {
     peers: Vec<Peer>,
-    table: u32,
-    dtype: DType,
-    row_dims: ArrayVec<u64, MAX_ROW_RANK>,
-    row_bytes: usize,
     settings: PipelineSettings,
+    /// The tables, each with its plans, blocks and cache.
+    lanes: Vec<Lane>,
     /// The pushes in flight and what each PS has answered.
     ledger: Ledger,
     /// Per push slot and PS (`slot * peers + k`): the tag of that part while pending.
@@ -189,25 +201,17 @@ pub struct Pipeline {
     /// size class, so once every slot has been used, no request allocates.
     push_spares: Vec<Spare>,
     pull_spares: Vec<Spare>,
-    /// Per push slot and PS: the block its summed gradients are sent from, by reference
-    /// (written again once the connection has let go of it).
-    blocks: Vec<Arc<Tensor>>,
-    /// Per PS, in this push: `None` when its rows are in its block, else where they are in
-    /// `merged`.
-    placed: Vec<Option<usize>>,
-    /// Summed gradients of the PS tasks whose block a connection still held, copied when
-    /// sent (room for all is kept).
-    merged: Vec<u8>,
-    /// The batch whose rows are on their way (planned by `prefetch`, or by `pull` when
-    /// none was), and each PS's part of its pull.
-    ahead: Plan,
+    /// Per PS, in this push: its tables' summed gradients were copied into the lanes'
+    /// `merged` (a connection still held one of its blocks) rather than written into the
+    /// blocks.
+    copied: Vec<bool>,
+    /// The batch on its way is planned (by `prefetch`, or by `pull` when none was), and
+    /// each PS's part of its pull (every table's rows at that PS: one request).
     ahead_planned: bool,
     parts: Vec<Part>,
-    /// The batch of the step in progress, by which `push` sums gradients.
-    current: Plan,
+    /// The lanes' `current` plans are the batch of the step in progress, by which `push`
+    /// sums gradients.
     current_planned: bool,
-    /// A push of ids other than the step's batch is planned here.
-    other: Plan,
     /// Steps whose rows were delivered.
     steps: u64,
     /// The step in progress has sent its push.
@@ -218,12 +222,39 @@ pub struct Pipeline {
     report: PipelineReport,
     /// The bytes of a typed call's rows (grown to the largest batch, then reused).
     typed: Vec<u8>,
+    /// The versions a versioned pull names, every table's of a PS one after the other
+    /// (grown to the largest part, then reused).
+    held: Vec<u64>,
+    /// Whether the versioned pulls pay for their versions.
+    refresh: Refresh,
+}
+
+/// One table of a [`Pipeline`]: its shape, how its rows travel, the plans of its batches,
+/// the blocks its gradients are sent from and its row cache.
+#[derive(Debug)]
+struct Lane {
+    table: u32,
+    dtype: DType,
+    row_dims: ArrayVec<u64, MAX_ROW_RANK>,
+    row_bytes: usize,
     /// The dtype rows travel as, and the loss scale pushes are sent with.
     wire: DType,
     loss_scale: Option<LossScale>,
+    /// The batch on its way, the step's in progress, and a push of other ids.
+    ahead: Plan,
+    current: Plan,
+    other: Plan,
+    /// Per push slot and PS: the block its summed gradients are sent from, by reference
+    /// (written again once the connection has let go of it).
+    blocks: Vec<Arc<Tensor>>,
+    /// Per PS, in a push whose gradients were copied: where this table's rows are in
+    /// `merged`.
+    placed: Vec<usize>,
+    /// Summed gradients copied when sent (room for every PS's is kept).
+    merged: Vec<u8>,
     /// A block that travelled in another dtype, widened into the table's (reused).
     wide: Vec<u8>,
-    /// The row cache, when its settings give it bytes; per PS, how its part of the batch
+    /// The row cache, when the settings give it bytes; per PS, how its part of the batch
     /// on its way is split between the cache and the request.
     cache: Option<RowCache>,
     splits: Vec<Split>,
@@ -231,8 +262,75 @@ pub struct Pipeline {
     /// the order asked, copied when it was sent (the rows answered unchanged are taken from
     /// here; the others are written over). Grown to the largest part, then reused.
     held_rows: Vec<Vec<u8>>,
-    /// Whether the versioned pulls pay for their versions.
-    refresh: Refresh,
+}
+
+impl Lane {
+    fn new(
+        peers: usize,
+        shape: &TableShape<'_>,
+        settings: &PipelineSettings,
+    ) -> Result<Lane, Error> {
+        let (table, dtype) = (shape.table, shape.dtype);
+        let plan = || Plan::new(peers, shape.partition).map_err(|e| Error::invalid(&e.to_string()));
+        let (ahead, current, other) = (plan()?, plan()?, plan()?);
+        let mut row_dims = ArrayVec::new();
+        row_dims
+            .try_extend_from_slice(shape.row_dims)
+            .map_err(|_| Error::invalid("rows: too many row dimensions"))?;
+        let row_bytes = Rows::new(table, dtype, shape.row_dims, &[])
+            .row_bytes()
+            .filter(|&b| b > 0 && b <= usize::MAX as u64)
+            .ok_or_else(|| {
+                Error::invalid(&format!("rows: table {table}: unknown dtype or empty row"))
+            })?;
+        let wire = settings.wire().unwrap_or(dtype);
+        if wire != dtype && !crate::float::convertible(dtype, wire) {
+            return Err(Error::invalid(&format!(
+                "pipeline: wire_dtype is {}; table {table}'s {} rows travel as they are or, \
+                 for f32, bf16 and f16 rows, as one of those",
+                wire.name(),
+                dtype.name()
+            )));
+        }
+        let loss_scale = checked_scale(table, dtype, settings.scale())?;
+        let cache = match settings.cache_capacity() {
+            0 => None,
+            bytes => Some(RowCache::new(bytes, row_bytes as usize).map_err(|e| {
+                Error::invalid(&format!(
+                    "pipeline: cache_bytes is {bytes}: {}",
+                    e.remote_message().unwrap_or("refused")
+                ))
+            })?),
+        };
+        let slots = settings.pushes_in_flight_bound() as usize;
+        Ok(Lane {
+            table,
+            dtype,
+            row_dims,
+            row_bytes: row_bytes as usize,
+            wire,
+            loss_scale,
+            ahead,
+            current,
+            other,
+            blocks: (0..slots * peers)
+                .map(|_| Arc::new(Tensor::dead(DType::U8)))
+                .collect(),
+            placed: vec![0; peers],
+            merged: Vec::new(),
+            wide: Vec::new(),
+            cache,
+            splits: (0..peers).map(|_| Split::default()).collect(),
+            held_rows: (0..peers).map(|_| Vec::new()).collect(),
+        })
+    }
+
+    /// The ids of this table's part at PS `k` that its request asks for: those the cache
+    /// does not serve (all of them without a cache). Empty: this table is not in the
+    /// request.
+    fn asked(&self, k: usize) -> &[u64] {
+        self.splits[k].asked().unwrap_or(self.ahead.ids(k))
+    }
 }
 
 /// One PS's part of the pull of the batch on its way.
@@ -272,78 +370,85 @@ impl Pipeline {
         row_dims: &[u64],
         settings: PipelineSettings,
     ) -> Result<Pipeline, Error> {
+        let shape = TableShape {
+            table,
+            dtype,
+            row_dims,
+            partition,
+        };
+        Pipeline::new_tables(peers, &[shape], settings)
+    }
+
+    /// Several tables partitioned over the same `peers`, pipelined together as `settings`
+    /// say (each table gets its own row cache of `cache_bytes`; the wire dtype and loss
+    /// scale apply to every table): a step's pull sends each PS **one** request for every
+    /// table's rows it holds, and its push one request with every table's gradients (see
+    /// [several tables](Self#several-tables)). The calls are [`pull_tables`](Self::pull_tables),
+    /// [`prefetch_tables`](Self::prefetch_tables) and [`push_tables`](Self::push_tables).
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) as for
+    /// [`new`](Self::new), naming the table, and for no tables, more than
+    /// [`MAX_TABLES`], or a table named twice.
+    pub fn new_tables(
+        peers: Vec<Peer>,
+        tables: &[TableShape<'_>],
+        settings: PipelineSettings,
+    ) -> Result<Pipeline, Error> {
         settings.check()?;
-        let plan = || Plan::new(peers.len(), partition).map_err(|e| Error::invalid(&e.to_string()));
-        let (ahead, current, other) = (plan()?, plan()?, plan()?);
-        let mut dims = ArrayVec::new();
-        dims.try_extend_from_slice(row_dims)
-            .map_err(|_| Error::invalid("rows: too many row dimensions"))?;
-        let row_bytes = Rows::new(table, dtype, row_dims, &[])
-            .row_bytes()
-            .filter(|&b| b > 0 && b <= usize::MAX as u64)
-            .ok_or_else(|| Error::invalid("rows: unknown dtype or empty row"))?;
-        let wire = settings.wire().unwrap_or(dtype);
-        if wire != dtype && !crate::float::convertible(dtype, wire) {
+        if tables.is_empty() || tables.len() > MAX_TABLES {
             return Err(Error::invalid(&format!(
-                "pipeline: wire_dtype is {}; table {table}'s {} rows travel as they are or, \
-                 for f32, bf16 and f16 rows, as one of those",
-                wire.name(),
-                dtype.name()
+                "pipeline: {} tables; a pipeline holds 1 to {MAX_TABLES}",
+                tables.len()
             )));
         }
-        let loss_scale = checked_scale(table, dtype, settings.scale())?;
-        let cache = match settings.cache_capacity() {
-            0 => None,
-            bytes => Some(RowCache::new(bytes, row_bytes as usize).map_err(|e| {
-                Error::invalid(&format!(
-                    "pipeline: cache_bytes is {bytes}: {}",
-                    e.remote_message().unwrap_or("refused")
-                ))
-            })?),
-        };
         let n = peers.len();
+        let mut lanes = Vec::with_capacity(tables.len());
+        for (i, shape) in tables.iter().enumerate() {
+            if tables[..i].iter().any(|o| o.table == shape.table) {
+                return Err(Error::invalid(&format!(
+                    "pipeline: table {} is named twice",
+                    shape.table
+                )));
+            }
+            lanes.push(Lane::new(n, shape, &settings)?);
+        }
         let slots = settings.pushes_in_flight_bound() as usize;
         Ok(Pipeline {
             ledger: Ledger::new(n, slots),
             push_tags: vec![0; slots * n],
             push_spares: (0..slots * n).map(|_| Spare::default()).collect(),
             pull_spares: (0..n).map(|_| Spare::default()).collect(),
-            blocks: (0..slots * n)
-                .map(|_| Arc::new(Tensor::dead(DType::U8)))
-                .collect(),
-            placed: vec![None; n],
-            merged: Vec::new(),
-            ahead,
+            copied: vec![false; n],
             ahead_planned: false,
             parts: (0..n).map(|_| Part::Empty).collect(),
-            current,
             current_planned: false,
-            other,
             steps: 0,
             step_pushed: false,
             failures: Vec::new(),
             reported: Vec::new(),
             report: PipelineReport::default(),
             typed: Vec::new(),
-            wire,
-            loss_scale,
-            wide: Vec::new(),
-            cache,
-            splits: (0..n).map(|_| Split::default()).collect(),
-            held_rows: (0..n).map(|_| Vec::new()).collect(),
+            held: Vec::new(),
             refresh: Refresh::default(),
+            lanes,
             peers,
-            table,
-            dtype,
-            row_dims: dims,
-            row_bytes: row_bytes as usize,
             settings,
         })
     }
 
-    /// Bytes of one row.
+    /// Bytes of one row (of the first table, with several).
     pub fn row_bytes(&self) -> usize {
-        self.row_bytes
+        self.lanes[0].row_bytes
+    }
+
+    /// The number of tables.
+    pub fn tables(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Bytes of one row of the `i`-th table (in the order given to
+    /// [`new_tables`](Self::new_tables)); `None` past the last.
+    pub fn table_row_bytes(&self, i: usize) -> Option<usize> {
+        self.lanes.get(i).map(|l| l.row_bytes)
     }
 
     /// The PS tasks, in shard order.
@@ -383,9 +488,15 @@ impl Pipeline {
         self.refresh.pauses()
     }
 
-    /// The row cache, when the settings give it bytes: its counts cover every step so far.
+    /// The row cache (of the first table, with several), when the settings give it
+    /// bytes: its counts cover every step so far.
     pub fn cache(&self) -> Option<&RowCache> {
-        self.cache.as_ref()
+        self.table_cache(0)
+    }
+
+    /// The row cache of the `i`-th table, when the settings give it bytes.
+    pub fn table_cache(&self, i: usize) -> Option<&RowCache> {
+        self.lanes.get(i).and_then(|l| l.cache.as_ref())
     }
 
     /// The push failures the last call's error reported, in the order found; empty when
@@ -401,20 +512,38 @@ impl Pipeline {
     /// zero and counted in [`PipelineReport::missing`]. What the rows reflect: see
     /// [the type's docs](Self#what-a-pulled-row-reflects).
     ///
-    /// `Err` for an `out` of the wrong length (nothing done), for push failures found
-    /// (nothing delivered), and when a PS's part failed: then the error names the step and
-    /// the PS, the other parts' rows may have been written, and the step does not count.
+    /// `Err` for an `out` of the wrong length, or a pipeline of several tables (nothing
+    /// done), for push failures found (nothing delivered), and when a PS's part failed:
+    /// then the error names the step and the PS, the other parts' rows may have been
+    /// written, and the step does not count.
     pub fn pull<M: Mode>(
         &mut self,
         client: &mut Client<M>,
         ids: &[u64],
         out: &mut [u8],
     ) -> Result<&PipelineReport, Error> {
-        self.check_len(ids, out.len(), "out")?;
+        self.pull_tables(client, &[ids], &mut [out])
+    }
+
+    /// [`pull`](Self::pull) of every table's batch at once: `ids[i]` and `outs[i]` are the
+    /// `i`-th table's (in the order given to [`new_tables`](Self::new_tables); a table
+    /// with no ids this step has an empty batch). Each PS gets one request for all its
+    /// tables' rows. `Err` as for `pull`, and for a number of batches or buffers other
+    /// than the number of tables.
+    pub fn pull_tables<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[&[u64]],
+        outs: &mut [&mut [u8]],
+    ) -> Result<&PipelineReport, Error> {
+        self.check_batches(ids.len(), outs.len())?;
+        for ((lane, ids), out) in self.lanes.iter().zip(ids).zip(outs.iter()) {
+            lane.check_len(ids, out.len(), "out")?;
+        }
         let start = Instant::now();
         self.reported.clear();
         self.report.begin(self.steps);
-        let done = self.pull_step(client, ids, out);
+        let done = self.pull_step(client, ids, outs);
         self.finish(start);
         done.map(|()| &self.report)
     }
@@ -429,6 +558,17 @@ impl Pipeline {
         client: &mut Client<M>,
         ids: &[u64],
     ) -> Result<&PipelineReport, Error> {
+        self.prefetch_tables(client, &[ids])
+    }
+
+    /// [`prefetch`](Self::prefetch) of every table's next batch, `ids[i]` the `i`-th
+    /// table's: taken by the next [`pull_tables`](Self::pull_tables) of the same batches.
+    pub fn prefetch_tables<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[&[u64]],
+    ) -> Result<&PipelineReport, Error> {
+        self.check_batches(ids.len(), ids.len())?;
         let start = Instant::now();
         self.reported.clear();
         let done = self.prefetch_step(client, ids);
@@ -444,20 +584,38 @@ impl Pipeline {
     /// by the first call that finds it.
     ///
     /// Usually `ids` is the step's batch (as pulled), whose plan is reused; any other ids
-    /// are planned anew. `Err` for `grads` of the wrong length or rows of another dtype
-    /// (nothing sent), and for push failures found (this push not sent).
+    /// are planned anew. `Err` for `grads` of the wrong length, rows of another dtype or a
+    /// pipeline of several tables (nothing sent), and for push failures found (this push
+    /// not sent).
     pub fn push<M: Mode>(
         &mut self,
         client: &mut Client<M>,
         ids: &[u64],
         grads: &[u8],
     ) -> Result<&PipelineReport, Error> {
-        self.check_len(ids, grads.len(), "grads")?;
-        if !matches!(self.dtype, DType::F32 | DType::F64) {
-            return Err(Error::invalid(&format!(
-                "rows: cannot sum gradients of {:?} rows (f32 and f64 only)",
-                self.dtype
-            )));
+        self.push_tables(client, &[ids], &[grads])
+    }
+
+    /// [`push`](Self::push) of every table's gradients at once: `grads[i]` holds the rows
+    /// of `ids[i]`, the `i`-th table's (a table with no ids this step has an empty
+    /// batch). Each PS gets one request with all its tables' gradients; the push counts
+    /// as one against `max_pushes_in_flight` and the staleness bound. `Err` as for `push`,
+    /// and for a number of batches other than the number of tables.
+    pub fn push_tables<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[&[u64]],
+        grads: &[&[u8]],
+    ) -> Result<&PipelineReport, Error> {
+        self.check_batches(ids.len(), grads.len())?;
+        for ((lane, ids), g) in self.lanes.iter().zip(ids).zip(grads) {
+            lane.check_len(ids, g.len(), "grads")?;
+            if !matches!(lane.dtype, DType::F32 | DType::F64) {
+                return Err(Error::invalid(&format!(
+                    "rows: cannot sum gradients of table {}'s {:?} rows (f32 and f64 only)",
+                    lane.table, lane.dtype
+                )));
+            }
         }
         let start = Instant::now();
         self.reported.clear();
@@ -489,14 +647,7 @@ impl Pipeline {
         ids: &[u64],
         out: &mut [T],
     ) -> Result<&PipelineReport, Error> {
-        let bytes = element::typed_len::<T>(
-            self.table,
-            self.dtype,
-            self.row_bytes,
-            ids,
-            out.len(),
-            "out",
-        )?;
+        let bytes = self.typed_len::<T>(ids, out.len(), "out")?;
         let mut buf = std::mem::take(&mut self.typed);
         buf.clear();
         buf.resize(bytes, 0);
@@ -520,14 +671,7 @@ impl Pipeline {
         ids: &[u64],
         grads: &[T],
     ) -> Result<&PipelineReport, Error> {
-        let bytes = element::typed_len::<T>(
-            self.table,
-            self.dtype,
-            self.row_bytes,
-            ids,
-            grads.len(),
-            "grads",
-        )?;
+        let bytes = self.typed_len::<T>(ids, grads.len(), "grads")?;
         let mut buf = std::mem::take(&mut self.typed);
         buf.clear();
         buf.resize(bytes, 0);
@@ -537,11 +681,56 @@ impl Pipeline {
         pushed.map(|()| &self.report)
     }
 
-    /// Checks that `len` bytes are whole rows for `ids`.
+    /// The bytes of a typed call's rows of the (one) table.
+    fn typed_len<T: RowElement>(
+        &self,
+        ids: &[u64],
+        len: usize,
+        what: &str,
+    ) -> Result<usize, Error> {
+        self.check_batches(1, 1)?;
+        let lane = &self.lanes[0];
+        element::typed_len::<T>(lane.table, lane.dtype, lane.row_bytes, ids, len, what)
+    }
+
+    /// Checks that a call gives one batch (`batches`) and one buffer (`buffers`) per table.
+    fn check_batches(&self, batches: usize, buffers: usize) -> Result<(), Error> {
+        let n = self.lanes.len();
+        if batches != n || buffers != n {
+            let hint = if batches == 1 && buffers == 1 {
+                ": call pull_tables, prefetch_tables and push_tables"
+            } else {
+                ""
+            };
+            return Err(Error::invalid(&format!(
+                "pipeline: {batches} batches and {buffers} buffers for {n} tables (one of \
+                 each per table){hint}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Ends a call that began at `start`: its time and the pushes left in flight go into
+    /// the step's report.
+    fn finish(&mut self, start: Instant) {
+        self.report.visible += start.elapsed();
+        self.report.pushes_in_flight = self.ledger.in_flight();
+        self.report.cache_bytes = self
+            .lanes
+            .iter()
+            .filter_map(|l| l.cache.as_ref())
+            .map(RowCache::bytes_held)
+            .sum();
+    }
+}
+
+impl Lane {
+    /// Checks that `len` bytes are whole rows of this table for `ids`.
     fn check_len(&self, ids: &[u64], len: usize, what: &str) -> Result<(), Error> {
         if ids.len().checked_mul(self.row_bytes) != Some(len) {
             return Err(Error::invalid(&format!(
-                "rows: {what} is {len} bytes; {} ids need {} ({} per row)",
+                "rows: table {}: {what} is {len} bytes; {} ids need {} ({} per row)",
+                self.table,
                 ids.len(),
                 ids.len().saturating_mul(self.row_bytes),
                 self.row_bytes
@@ -555,13 +744,5 @@ impl Pipeline {
             )));
         }
         Ok(())
-    }
-
-    /// Ends a call that began at `start`: its time and the pushes left in flight go into
-    /// the step's report.
-    fn finish(&mut self, start: Instant) {
-        self.report.visible += start.elapsed();
-        self.report.pushes_in_flight = self.ledger.in_flight();
-        self.report.cache_bytes = self.cache.as_ref().map_or(0, RowCache::bytes_held);
     }
 }

@@ -63,12 +63,7 @@ impl Split {
     ) -> Decision {
         self.reset(clock);
         self.versioned = true;
-        let fresh = |c: &RowCache, id: u64| {
-            c.find(id)
-                .and_then(|slot| c.entry(slot))
-                .is_some_and(|(_, at, _)| at >= fresh_from)
-        };
-        if !may_ask && !ids.iter().all(|&id| fresh(cache, id)) {
+        if !may_ask && !Split::serves_all(cache, ids, fresh_from) {
             return Decision::Hold;
         }
         let mut oldest = u64::MAX;
@@ -103,6 +98,17 @@ impl Split {
         } else {
             Decision::Ask
         }
+    }
+
+    /// Whether `cache` holds a row of each of `ids` fresh enough for rows used when the
+    /// pushes they must reflect are those numbered up to `fresh_from`. Counts nothing.
+    pub(crate) fn serves_all(cache: &RowCache, ids: &[u64], fresh_from: u64) -> bool {
+        ids.iter().all(|&id| {
+            cache
+                .find(id)
+                .and_then(|slot| cache.entry(slot))
+                .is_some_and(|(_, at, _)| at >= fresh_from)
+        })
     }
 
     /// Every id asked for, none from the cache (what a part is without a cache, and with

@@ -4,15 +4,18 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::report::{failures_error, PushFailure};
+use arrayvec::ArrayVec;
+
+use super::refresh::Refresh;
+use super::report::{failures_error, PipelineReport, PushFailure};
 use super::split::{Decision, Source};
-use super::{Part, Pipeline};
+use super::{Lane, Part, Pipeline};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
 use crate::rows::travel::widened;
-use crate::rows::{Plan, PlanError};
-use crate::session::{Completion, Rows, Spare};
+use crate::rows::{Plan, PlanError, MAX_TABLES};
+use crate::session::{Completion, PulledRows, Rows, Spare};
 use crate::tensor::Tensor;
 use crate::wire::{DType, Status};
 
@@ -88,10 +91,13 @@ impl Pipeline {
         let peer = self.peers[k];
         let at = slot * self.peers.len() + k;
         let outcome = answer.and_then(|c| {
+            // One status per table of the request.
             let r = match c.pushed() {
-                Ok([Status::Ok]) => Ok(()),
-                Ok([status]) => Err(remote(*status, peer)),
-                Ok(_) => Err(Error::new(ErrorKind::Protocol).with_peer(peer.addr())),
+                Ok([]) => Err(Error::new(ErrorKind::Protocol).with_peer(peer.addr())),
+                Ok(statuses) => match statuses.iter().find(|&&s| s != Status::Ok) {
+                    None => Ok(()),
+                    Some(&status) => Err(remote(status, peer)),
+                },
                 Err(e) => Err(e),
             };
             // Its vectors serve the next push of this slot to this PS.
@@ -136,13 +142,17 @@ impl Pipeline {
         Err(failures_error(&self.reported))
     }
 
-    /// Plans `ids` as the batch on its way, every part not sent yet.
-    fn plan_ahead(&mut self, ids: &[u64]) -> Result<(), Error> {
-        self.ahead
-            .build(ids)
-            .map_err(|e| Error::invalid(&e.to_string()))?;
+    /// Plans `ids` (a batch per table) as the batch on its way, every part not sent yet.
+    fn plan_ahead(&mut self, ids: &[&[u64]]) -> Result<(), Error> {
+        for (lane, ids) in self.lanes.iter_mut().zip(ids) {
+            if let Err(e) = lane.ahead.build(ids) {
+                // Nothing of a batch half planned may go out.
+                self.parts.iter_mut().for_each(|p| *p = Part::Empty);
+                return Err(Error::invalid(&e.to_string()));
+            }
+        }
         for k in 0..self.peers.len() {
-            self.parts[k] = if self.ahead.ids(k).is_empty() {
+            self.parts[k] = if self.lanes.iter().all(|l| l.ahead.ids(k).is_empty()) {
                 Part::Empty
             } else {
                 Part::Deferred
@@ -153,8 +163,18 @@ impl Pipeline {
     }
 
     /// Makes `ids` the batch on its way, unless it is already; the one before is dropped.
-    fn ensure_ahead<M: Mode>(&mut self, client: &mut Client<M>, ids: &[u64]) -> Result<(), Error> {
-        if self.ahead_planned && is_plan_of(&self.ahead, ids) {
+    fn ensure_ahead<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[&[u64]],
+    ) -> Result<(), Error> {
+        let planned = |lanes: &[Lane]| {
+            lanes
+                .iter()
+                .zip(ids)
+                .all(|(l, ids)| is_plan_of(&l.ahead, ids))
+        };
+        if self.ahead_planned && planned(&self.lanes) {
             return Ok(());
         }
         for k in 0..self.peers.len() {
@@ -202,64 +222,68 @@ impl Pipeline {
         }
     }
 
-    /// Asks PS `k` for the rows of its part the cache does not serve (all of them without
-    /// a cache), as [`decide_part`](Pipeline::decide_part) split it: the one request that
-    /// refreshes rows, to become a versioned pull (naming the version of each cached row
-    /// too old to serve, answered without the bytes of those unchanged) once the wire has
-    /// one.
+    /// Asks PS `k`, in one request, for the rows of every table's part that the cache
+    /// does not serve (all of them without a cache), as
+    /// [`decide_part`](Pipeline::decide_part) split them; a table whose part the cache
+    /// serves whole, or that has no ids at `k`, is not in the request. It is a versioned
+    /// pull (naming the version of each cached row too old to serve, answered without the
+    /// bytes of those unchanged) when every table in it travels in its own dtype and the
+    /// versions have been paying for themselves.
     fn send_part<M: Mode>(
         &mut self,
         client: &mut Client<M>,
         k: usize,
         deadline: Option<Instant>,
     ) -> Part {
-        let asked = self.ledger.covered(k);
-        let split = &self.splits[k];
-        let ids = split.asked().unwrap_or(self.ahead.ids(k));
         // The rows served from the cache may be older than those asked for.
-        let covers = asked.min(split.oldest_hit());
-        let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids).travel_as(self.wire);
-        self.report.bytes_sent += ID_BYTES * ids.len() as u64;
-        let spare = std::mem::take(&mut self.pull_spares[k]);
-        // Rows the cache holds too old are named with their versions, when they travel in
-        // the table's dtype (the cache's copy is what an unchanged row is taken from) and
-        // the versions have been paying for themselves.
-        let held = split
-            .held()
-            .filter(|_| self.wire == self.dtype && self.refresh.names_versions(self.steps));
-        let sent = match (held, &self.cache) {
-            (Some(held), Some(cache)) => {
-                let rb = self.row_bytes;
-                let stage = &mut self.held_rows[k];
-                stage.clear();
-                stage.resize(ids.len() * rb, 0);
-                for ((&id, &version), row) in ids.iter().zip(held).zip(stage.chunks_exact_mut(rb)) {
-                    if version != 0 {
-                        if let Some(slot) = cache.find(id) {
-                            row.copy_from_slice(cache.row(slot));
-                        }
-                    }
-                }
-                self.report.bytes_sent += ID_BYTES * ids.len() as u64;
-                client.pull_rows_versioned_with(self.peers[k], &[rows], held, deadline, spare)
+        let oldest_hit = self.lanes.iter().map(|l| l.splits[k].oldest_hit()).min();
+        let covers = self.ledger.covered(k).min(oldest_hit.unwrap_or(u64::MAX));
+        let versioned = self.refresh.names_versions(self.steps)
+            && self.lanes.iter().all(|l| {
+                l.asked(k).is_empty() || (l.wire == l.dtype && l.splits[k].held().is_some())
+            });
+        let mut held = std::mem::take(&mut self.held);
+        held.clear();
+        if versioned {
+            for lane in &mut self.lanes {
+                lane.stage_held(k, &mut held);
             }
-            _ => client.pull_rows_with(self.peers[k], &[rows], deadline, spare),
+        }
+        let mut rows: ArrayVec<Rows<'_>, MAX_TABLES> = ArrayVec::new();
+        let mut asked = 0;
+        for lane in &self.lanes {
+            let ids = lane.asked(k);
+            if !ids.is_empty() {
+                asked += ids.len() as u64;
+                rows.push(
+                    Rows::new(lane.table, lane.dtype, &lane.row_dims, ids).travel_as(lane.wire),
+                );
+            }
+        }
+        self.report.bytes_sent += ID_BYTES * asked * (1 + u64::from(versioned));
+        let spare = std::mem::take(&mut self.pull_spares[k]);
+        let peer = self.peers[k];
+        let sent = if versioned {
+            client.pull_rows_versioned_with(peer, &rows, &held, deadline, spare)
+        } else {
+            client.pull_rows_with(peer, &rows, deadline, spare)
         };
+        self.held = held;
         match sent {
             Ok(t) => Part::Sent {
                 tag: t.tag(),
                 covers,
             },
-            Err(e) => Part::Failed(e.with_peer(self.peers[k].addr())),
+            Err(e) => Part::Failed(e.with_peer(peer.addr())),
         }
     }
 
     pub(super) fn prefetch_step<M: Mode>(
         &mut self,
         client: &mut Client<M>,
-        ids: &[u64],
+        ids: &[&[u64]],
     ) -> Result<(), Error> {
-        if u32::try_from(ids.len()).is_err() {
+        if ids.iter().any(|ids| u32::try_from(ids.len()).is_err()) {
             return Err(Error::invalid("rows: a batch of more than u32::MAX ids"));
         }
         self.reap(client);
@@ -274,8 +298,8 @@ impl Pipeline {
     pub(super) fn pull_step<M: Mode>(
         &mut self,
         client: &mut Client<M>,
-        ids: &[u64],
-        out: &mut [u8],
+        ids: &[&[u64]],
+        outs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
         self.reap(client);
         self.report_failures()?;
@@ -315,7 +339,7 @@ impl Pipeline {
         let mut failed: Option<(usize, Error)> = None;
         let mut may_miss = 0;
         // The cached rows first: taking the answers inserts rows, which may evict them.
-        if let Err(e) = self.serve_cached(out) {
+        if let Err(e) = self.serve_cached(outs) {
             failed = Some(e);
         }
         for k in 0..self.peers.len() {
@@ -330,7 +354,7 @@ impl Pipeline {
                 Part::Failed(e) => (Err(e), target),
             };
             may_miss = may_miss.max(target.saturating_sub(covers));
-            if let Err(e) = self.take_rows(k, answer, out) {
+            if let Err(e) = self.take_rows(k, answer, outs) {
                 failed.get_or_insert((k, e));
             }
         }
@@ -341,90 +365,50 @@ impl Pipeline {
                 "pull of step {step} from PS {k} ({peer}) failed: {e}"
             )));
         }
-        std::mem::swap(&mut self.current, &mut self.ahead);
+        let mut unique = 0;
+        for lane in &mut self.lanes {
+            std::mem::swap(&mut lane.current, &mut lane.ahead);
+            unique += lane.current.unique_len();
+        }
         self.current_planned = true;
-        self.report.unique = self.current.unique_len();
+        self.report.unique = unique;
         self.report.may_miss = may_miss;
         self.steps += 1;
         self.step_pushed = false;
         Ok(())
     }
 
-    /// Scatters PS `k`'s answer into `out`.
+    /// Scatters PS `k`'s answer into `outs`, each table's block into its buffer.
     fn take_rows(
         &mut self,
         k: usize,
         answer: Result<Completion, Error>,
-        out: &mut [u8],
+        outs: &mut [&mut [u8]],
     ) -> Result<(), Error> {
         let c = answer?;
-        let rb = self.row_bytes;
-        let r = match c.rows() {
-            Ok(rows) => match rows.block(0) {
-                Ok(block) => {
-                    let split = &mut self.splits[k];
-                    let n = split.asked().map_or(self.ahead.ids(k).len(), <[u64]>::len);
-                    let missing = split.missing_in_part(rows.missing(0));
-                    self.report.missing += self.ahead.missing_positions(k, missing);
-                    let versions = rows.versions(0);
-                    let unchanged = rows.unchanged_count(0);
-                    if !versions.is_empty() {
-                        let named = split
-                            .held()
-                            .map_or(0, |h| h.iter().filter(|&&v| v != 0).count());
-                        self.refresh
-                            .record(self.steps, n, named, n - unchanged, unchanged, rb);
-                    }
-                    self.report.rows_received += n - unchanged;
-                    self.report.rows_unchanged += unchanged;
-                    self.report.bytes_received += block.byte_len() as u64;
-                    if self.wire != self.dtype && block.dtype() == self.dtype {
-                        self.report.fallbacks += 1;
-                    }
-                    let ahead = &self.ahead;
-                    let split = &self.splits[k];
-                    let cache = &mut self.cache;
-                    let report = &mut self.report;
-                    let stage = &mut self.held_rows[k];
-                    // A versioned answer's block holds the rows sent: they go over the
-                    // cache's copies of the rows named, and the rows answered unchanged
-                    // keep those.
-                    let whole = if versions.is_empty() {
-                        widened(self.dtype, block, &mut self.wide)
-                    } else {
-                        rows.write_changed(0, stage)
-                            .map(|_| &stage[..])
-                            .map_err(|status| remote(status, self.peers[k]))
-                    };
-                    whole.and_then(|bytes| {
-                        match split.asked() {
-                            None => ahead.scatter(k, bytes, rb, out),
-                            // Each row asked for, and no more, is in the block.
-                            Some(_) if bytes.len() != n * rb => Err(PlanError::Length {
-                                what: "block",
-                                expected: n * rb,
-                                actual: bytes.len(),
-                            }),
-                            Some(_) => ahead.scatter_each(k, rb, out, |j| match split.source(j) {
-                                Some(Source::Wire(i)) => bytes.get(i as usize * rb..)?.get(..rb),
-                                _ => None,
-                            }),
-                        }
-                        .map_err(|e| Error::invalid(&e.to_string()))?;
-                        if let Some(cache) = cache {
-                            let before = cache.evictions();
-                            split.keep(cache, ahead.ids(k), bytes, rb, versions);
-                            report.cache_evictions += cache.evictions() - before;
-                            report.cache_misses += n;
-                        }
-                        Ok(())
-                    })
+        let peer = self.peers[k];
+        let r = c.rows().and_then(|rows| {
+            let mut at = 0;
+            let mut first = Ok(());
+            for (lane, out) in self.lanes.iter_mut().zip(outs.iter_mut()) {
+                if lane.asked(k).is_empty() {
+                    continue;
                 }
-                Err(status) => Err(remote(status, self.peers[k])),
-            },
-            Err(e) => Err(e),
-        };
-        // Its vectors, and the memory of its block, serve this PS's next pull.
+                let step = self.steps;
+                let taken = lane.take(k, rows, at, out, &mut self.report, &mut self.refresh, step);
+                if let Err(e) = taken {
+                    let e = if e.peer().is_none() {
+                        e.with_peer(peer.addr())
+                    } else {
+                        e
+                    };
+                    first = first.and(Err(e));
+                }
+                at += 1;
+            }
+            first
+        });
+        // Its vectors, and the memory of its blocks, serve this PS's next pull.
         self.pull_spares[k] = c.into_spare();
         r
     }
@@ -432,16 +416,23 @@ impl Pipeline {
     pub(super) fn push_step<M: Mode>(
         &mut self,
         client: &mut Client<M>,
-        ids: &[u64],
-        grads: &[u8],
+        ids: &[&[u64]],
+        grads: &[&[u8]],
     ) -> Result<(), Error> {
         self.reap(client);
         self.report_failures()?;
-        let use_current = self.current_planned && is_plan_of(&self.current, ids);
+        let use_current = self.current_planned
+            && self
+                .lanes
+                .iter()
+                .zip(ids)
+                .all(|(l, ids)| is_plan_of(&l.current, ids));
         if !use_current {
-            self.other
-                .build(ids)
-                .map_err(|e| Error::invalid(&e.to_string()))?;
+            for (lane, ids) in self.lanes.iter_mut().zip(ids) {
+                lane.other
+                    .build(ids)
+                    .map_err(|e| Error::invalid(&e.to_string()))?;
+            }
         }
         // Rows on their way are used after this push: parts that may go, go first.
         self.send_allowed(client, self.ledger.issued() + 1);
@@ -456,33 +447,44 @@ impl Pipeline {
         self.ledger.issue(step);
         let deadline = self.deadline();
         let peers = self.peers.len();
-        let rb = self.row_bytes;
-        let elem = |d: DType| d.size().unwrap_or(1) as usize;
-        let wire_rb = rb / elem(self.dtype) * elem(self.wire);
-        let plan = if use_current {
-            &self.current
-        } else {
-            &self.other
-        };
         for k in 0..peers {
-            let ids = plan.ids(k);
-            if ids.is_empty() {
+            let mut ids_sent = 0;
+            let mut bytes = 0;
+            let mut shared: ArrayVec<(Rows<'_>, Arc<Tensor>), MAX_TABLES> = ArrayVec::new();
+            let mut copies: ArrayVec<(Rows<'_>, &[u8]), MAX_TABLES> = ArrayVec::new();
+            for lane in &self.lanes {
+                let plan = if use_current {
+                    &lane.current
+                } else {
+                    &lane.other
+                };
+                let ids = plan.ids(k);
+                if ids.is_empty() {
+                    continue;
+                }
+                let rows = Rows::new(lane.table, lane.dtype, &lane.row_dims, ids)
+                    .travel_as(lane.wire)
+                    .scaled_by(lane.loss_scale);
+                let elem = |d: DType| d.size().unwrap_or(1) as usize;
+                let wire_rb = lane.row_bytes / elem(lane.dtype) * elem(lane.wire);
+                ids_sent += ids.len();
+                bytes += (ID_BYTES + wire_rb as u64) * ids.len() as u64;
+                if self.copied[k] {
+                    let at = lane.placed[k];
+                    copies.push((rows, &lane.merged[at..at + ids.len() * lane.row_bytes]));
+                } else {
+                    shared.push((rows, lane.blocks[slot * peers + k].clone()));
+                }
+            }
+            if ids_sent == 0 {
                 continue;
             }
-            let rows = Rows::new(self.table, self.dtype, &self.row_dims, ids)
-                .travel_as(self.wire)
-                .scaled_by(self.loss_scale);
             let peer = self.peers[k];
             let spare: Spare = std::mem::take(&mut self.push_spares[slot * peers + k]);
-            let sent = match self.placed[k] {
-                None => {
-                    let block = self.blocks[slot * peers + k].clone();
-                    client.push_rows_shared_with(peer, &[(rows, block)], deadline, spare)
-                }
-                Some(at) => {
-                    let block = &self.merged[at..at + ids.len() * rb];
-                    client.push_rows_with(peer, &[(rows, block)], deadline, spare)
-                }
+            let sent = if self.copied[k] {
+                client.push_rows_with(peer, &copies, deadline, spare)
+            } else {
+                client.push_rows_shared_with(peer, &shared, deadline, spare)
             };
             match sent {
                 Ok(t) => {
@@ -492,12 +494,12 @@ impl Pipeline {
                 Err(e) => self.failures.push(PushFailure {
                     step,
                     shard: k,
-                    peer: self.peers[k],
-                    error: e.with_peer(self.peers[k].addr()),
+                    peer,
+                    error: e.with_peer(peer.addr()),
                 }),
             }
-            self.report.rows_sent += ids.len();
-            self.report.bytes_sent += (ID_BYTES + wire_rb as u64) * ids.len() as u64;
+            self.report.rows_sent += ids_sent;
+            self.report.bytes_sent += bytes;
         }
         self.step_pushed = true;
         self.send_allowed(client, self.use_target());
@@ -505,26 +507,56 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Sums the gradients of each PS's distinct ids into its block of push slot `slot`
-    /// (or into `merged`, for a PS whose block a connection still holds).
-    fn sum_gradients(&mut self, use_current: bool, slot: usize, grads: &[u8]) -> Result<(), Error> {
-        let plan = if use_current {
-            &self.current
-        } else {
-            &self.other
-        };
+    /// Sums the gradients of each table's distinct ids at each PS into that table's block
+    /// of push slot `slot`, or, for a PS one of whose blocks a connection still holds,
+    /// into the tables' `merged` (to be copied when sent: one request carries either).
+    fn sum_gradients(
+        &mut self,
+        use_current: bool,
+        slot: usize,
+        grads: &[&[u8]],
+    ) -> Result<(), Error> {
         let peers = self.peers.len();
-        let rb = self.row_bytes;
-        self.merged.clear();
-        self.merged.reserve(plan.unique_len() * rb);
+        for lane in &mut self.lanes {
+            let plan = if use_current {
+                &lane.current
+            } else {
+                &lane.other
+            };
+            lane.merged.clear();
+            lane.merged.reserve(plan.unique_len() * lane.row_bytes);
+        }
         for k in 0..peers {
-            let len = plan.ids(k).len() * rb;
-            self.placed[k] = None;
-            if len == 0 {
-                continue;
-            }
-            let out = match Arc::get_mut(&mut self.blocks[slot * peers + k]) {
-                Some(block) => {
+            let at = slot * peers + k;
+            self.copied[k] = self
+                .lanes
+                .iter_mut()
+                .any(|l| Arc::get_mut(&mut l.blocks[at]).is_none());
+            for (lane, grads) in self.lanes.iter_mut().zip(grads) {
+                let Lane {
+                    current,
+                    other,
+                    blocks,
+                    merged,
+                    placed,
+                    row_bytes,
+                    dtype,
+                    ..
+                } = lane;
+                let plan = if use_current { &*current } else { &*other };
+                let len = plan.ids(k).len() * *row_bytes;
+                if len == 0 {
+                    continue;
+                }
+                let out = if self.copied[k] {
+                    placed[k] = merged.len();
+                    merged.resize(placed[k] + len, 0);
+                    &mut merged[placed[k]..]
+                } else {
+                    // Free: checked above.
+                    let Some(block) = Arc::get_mut(&mut blocks[at]) else {
+                        return Err(Error::invalid("pipeline: a push block still held"));
+                    };
                     if !block.reuse_as_bytes(len) {
                         // Room to grow: batches vary in distinct ids from step to step.
                         *block = Tensor::zeros(DType::U8, &[len.next_power_of_two() as u64])
@@ -532,16 +564,10 @@ impl Pipeline {
                         block.reuse_as_bytes(len);
                     }
                     block.bytes_mut()
-                }
-                None => {
-                    let at = self.merged.len();
-                    self.placed[k] = Some(at);
-                    self.merged.resize(at + len, 0);
-                    &mut self.merged[at..]
-                }
-            };
-            plan.merge(k, self.dtype, grads, rb, out)
-                .map_err(|e| Error::invalid(&e.to_string()))?;
+                };
+                plan.merge(k, *dtype, grads, *row_bytes, out)
+                    .map_err(|e| Error::invalid(&e.to_string()))?;
+            }
         }
         Ok(())
     }
@@ -560,5 +586,122 @@ impl Pipeline {
                 };
             }
         }
+    }
+}
+
+impl Lane {
+    /// For a versioned pull of this table's part at PS `k`: appends the versions it names
+    /// to `held`, and copies the cache's rows of the ids named into its stage (the rows
+    /// answered unchanged are taken from there). Nothing for a table not in the request.
+    fn stage_held(&mut self, k: usize, held: &mut Vec<u64>) {
+        let Lane {
+            ahead,
+            splits,
+            cache,
+            held_rows,
+            row_bytes,
+            ..
+        } = self;
+        let split = &splits[k];
+        let ids = split.asked().unwrap_or(ahead.ids(k));
+        let (Some(versions), Some(cache)) = (split.held(), cache.as_ref()) else {
+            return;
+        };
+        if ids.is_empty() {
+            return;
+        }
+        held.extend_from_slice(versions);
+        let rb = *row_bytes;
+        let stage = &mut held_rows[k];
+        stage.clear();
+        stage.resize(ids.len() * rb, 0);
+        for ((&id, &version), row) in ids.iter().zip(versions).zip(stage.chunks_exact_mut(rb)) {
+            if version != 0 {
+                if let Some(slot) = cache.find(id) {
+                    row.copy_from_slice(cache.row(slot));
+                }
+            }
+        }
+    }
+
+    /// Scatters this table's block, the `at`-th of PS `k`'s answer `rows`, into `out`,
+    /// keeps the rows in the cache and counts them in `report` (and, for a versioned
+    /// answer, in `refresh`).
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &mut self,
+        k: usize,
+        rows: &PulledRows,
+        at: usize,
+        out: &mut [u8],
+        report: &mut PipelineReport,
+        refresh: &mut Refresh,
+        step: u64,
+    ) -> Result<(), Error> {
+        let rb = self.row_bytes;
+        let block = match rows.block(at) {
+            Ok(block) => block,
+            Err(status) => return Err(Error::new(ErrorKind::Remote(status))),
+        };
+        let Lane {
+            ahead,
+            splits,
+            cache,
+            held_rows,
+            wide,
+            dtype,
+            wire,
+            ..
+        } = self;
+        let split = &mut splits[k];
+        let n = split.asked().map_or(ahead.ids(k).len(), <[u64]>::len);
+        let missing = split.missing_in_part(rows.missing(at));
+        report.missing += ahead.missing_positions(k, missing);
+        let versions = rows.versions(at);
+        let unchanged = rows.unchanged_count(at);
+        if !versions.is_empty() {
+            let named = split
+                .held()
+                .map_or(0, |h| h.iter().filter(|&&v| v != 0).count());
+            refresh.record(step, n, named, n - unchanged, unchanged, rb);
+        }
+        report.rows_received += n - unchanged;
+        report.rows_unchanged += unchanged;
+        report.bytes_received += block.byte_len() as u64;
+        if *wire != *dtype && block.dtype() == *dtype {
+            report.fallbacks += 1;
+        }
+        let split = &splits[k];
+        let stage = &mut held_rows[k];
+        // A versioned answer's block holds the rows sent: they go over the cache's copies
+        // of the rows named, and the rows answered unchanged keep those.
+        let bytes = if versions.is_empty() {
+            widened(*dtype, block, wide)?
+        } else {
+            rows.write_changed(at, stage)
+                .map_err(|status| Error::new(ErrorKind::Remote(status)))?;
+            &stage[..]
+        };
+        match split.asked() {
+            None => ahead.scatter(k, bytes, rb, out),
+            // Each row asked for, and no more, is in the block.
+            Some(_) if bytes.len() != n * rb => Err(PlanError::Length {
+                what: "block",
+                expected: n * rb,
+                actual: bytes.len(),
+            }),
+            Some(_) => ahead.scatter_each(k, rb, out, |j| match split.source(j) {
+                Some(Source::Wire(i)) => bytes.get(i as usize * rb..)?.get(..rb),
+                _ => None,
+            }),
+        }
+        .map_err(|e| Error::invalid(&e.to_string()))?;
+        if let Some(cache) = cache {
+            let before = cache.evictions();
+            split.keep(cache, ahead.ids(k), bytes, rb, versions);
+            report.cache_evictions += cache.evictions() - before;
+            report.cache_misses += n;
+        }
+        Ok(())
     }
 }

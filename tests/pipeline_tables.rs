@@ -1,0 +1,568 @@
+//! A pipeline of several tables (`Pipeline::new_tables`) over real sockets, two PS tasks
+//! serving three tables: each step is one request per PS each way for all the tables; at
+//! staleness 0 it gives `ShardedTables`'s rows and tables bit for bit; with staleness 2,
+//! with and without row caches, no row of any table misses more of the worker's own
+//! pushes than the bound allows; a versioned pull names every table's cached rows in one
+//! request, and a worker without row versions gets every row; a table with no ids at a
+//! PS, or none at all, sends nothing there; bad arguments are refused before anything is
+//! sent; a step allocates nothing in steady state.
+
+mod common;
+
+use common::*;
+use starwire::rows::{
+    Init, MemTable, Optimizer, Partition, PipelineSettings, ShardedTables, TableShape, Tables,
+};
+use starwire::{DType, ErrorKind, Handle, Options, Peer, Pipeline, Runtime, WireFeatures};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[path = "common/counting.rs"]
+mod counting;
+
+#[global_allocator]
+static GLOBAL: counting::Counting = counting::Counting;
+
+/// The allocation count is per process: the test that counts runs alone.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Table id and row length (f32 elements) of the three tables.
+const TABLES: [(u32, usize); 3] = [(3, 4), (5, 2), (8, 3)];
+const DIMS: [[u64; 1]; 3] = [[4], [2], [3]];
+
+/// The shapes of [`TABLES`], split by id mod the PS tasks.
+fn shapes() -> Vec<TableShape<'static>> {
+    TABLES
+        .iter()
+        .zip(&DIMS)
+        .map(|(&(table, _), row_dims)| TableShape {
+            table,
+            dtype: DType::F32,
+            row_dims,
+            partition: Partition::Mod,
+        })
+        .collect()
+}
+
+fn row_bytes(i: usize) -> usize {
+    TABLES[i].1 * 4
+}
+
+/// Two PS tasks, each serving the three tables as `MemTable`s made by `table` (given the
+/// row length); both announce every wire feature (the workers choose).
+fn cluster(
+    table: impl Fn(usize) -> MemTable,
+) -> (Vec<Runtime>, Vec<Peer>, Vec<Vec<Arc<MemTable>>>) {
+    let mut rts = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let tables: Vec<Arc<MemTable>> = TABLES.iter().map(|&(_, d)| Arc::new(table(d))).collect();
+        let mut service = Tables::new();
+        for (&(id, _), t) in TABLES.iter().zip(&tables) {
+            service = service.with(id, t.clone());
+        }
+        let options = Options {
+            service: Some(Arc::new(service)),
+            ..Options::listen("127.0.0.1:0".parse().unwrap())
+        };
+        let cfg = config("ps", 1)
+            .wire_features(WireFeatures::ALL)
+            .build()
+            .unwrap();
+        rts.push(Runtime::start_with(cfg, options).expect("ps starts"));
+        held.push(tables);
+    }
+    let peers = rts
+        .iter()
+        .map(|r| Peer::from(r.local_addr().unwrap()))
+        .collect();
+    (rts, peers, held)
+}
+
+fn worker(features: WireFeatures) -> Runtime {
+    let cfg = config("worker", 1).wire_features(features).build().unwrap();
+    Runtime::start(cfg, None).expect("worker starts")
+}
+
+fn pipeline(peers: &[Peer], settings: PipelineSettings) -> Pipeline {
+    let settings = settings.timeout(Some(Duration::from_secs(20)));
+    Pipeline::new_tables(peers.to_vec(), &shapes(), settings).unwrap()
+}
+
+/// Frames the PS tasks received.
+fn frames_in(rts: &[Runtime]) -> u64 {
+    rts.iter().map(|r| r.stats().frames_in).sum()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// `n` steps of a batch per table, `len` ids each in `0..universe` with repeats, from a
+/// fixed xorshift.
+fn batches(n: usize, len: usize, universe: u64, seed: u64) -> Vec<[Vec<u64>; 3]> {
+    let mut x = seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % universe
+    };
+    (0..n)
+        .map(|_| std::array::from_fn(|_| (0..len).map(|_| next()).collect()))
+        .collect()
+}
+
+/// Connects the worker to both PS tasks (the handshake is a frame of its own) with a
+/// plain pull of one id at each.
+fn connect(h: &mut Handle, peers: &[Peer]) {
+    let mut plain = ShardedTables::new(peers.to_vec(), &shapes()).unwrap();
+    let ids: [&[u64]; 3] = [&[0, 1], &[], &[]];
+    let mut out = vec![0u8; 2 * row_bytes(0)];
+    let report = plain
+        .pull(h, &ids, &mut [&mut out, &mut [], &mut []], secs(10))
+        .unwrap();
+    assert!(report.is_ok(), "{report:?}");
+}
+
+/// The PS tasks that hold an id of one of `step`'s batches (`Mod` over two).
+fn ps_reached(step: &[Vec<u64>; 3]) -> u64 {
+    (0..2u64)
+        .filter(|&k| step.iter().flatten().any(|id| id % 2 == k))
+        .count() as u64
+}
+
+fn views(outs: &mut [Vec<u8>]) -> Vec<&mut [u8]> {
+    outs.iter_mut().map(|o| o.as_mut_slice()).collect()
+}
+
+fn refs(step: &[Vec<u64>; 3]) -> [&[u64]; 3] {
+    std::array::from_fn(|i| step[i].as_slice())
+}
+
+#[test]
+fn staleness_0_gives_sharded_tables_bit_for_bit_in_one_request_per_ps_each_way() {
+    let adagrad = |d| {
+        let init = Init::Uniform {
+            scale: 0.1,
+            seed: 3,
+        };
+        let opt = Optimizer::Adagrad {
+            lr: 0.1,
+            initial_accumulator: 0.1,
+        };
+        MemTable::new(d, init, opt)
+    };
+    let (_ra, peers_a, a) = cluster(adagrad);
+    let (rb, peers_b, b) = cluster(adagrad);
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    connect(&mut h, &peers_b);
+    let mut plain = ShardedTables::new(peers_a, &shapes()).unwrap();
+    let mut pipe = pipeline(&peers_b, PipelineSettings::default().staleness(0));
+    // Table 8's batch is sometimes all even (at PS 0 only) or empty.
+    let mut steps = batches(20, 12, 30, 11);
+    steps[4][2] = vec![2, 4, 2];
+    steps[7][2].clear();
+    let grad = |rows: &[f32]| -> Vec<f32> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| r * 0.5 + (i % 7) as f32 * 0.01 - 0.02)
+            .collect()
+    };
+    let before = frames_in(&rb);
+    let mut expected_frames = 0;
+    pipe.prefetch_tables(&mut h, &refs(&steps[0])).unwrap();
+    for (t, step) in steps.iter().enumerate() {
+        let ids = refs(step);
+        let mut want: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
+            .collect();
+        let r = plain
+            .pull(&mut h, &ids, &mut views(&mut want), secs(20))
+            .unwrap();
+        assert!(r.is_ok(), "{r:?}");
+        let mut got: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0xaa; ids[i].len() * row_bytes(i)])
+            .collect();
+        let report = pipe
+            .pull_tables(&mut h, &ids, &mut views(&mut got))
+            .unwrap();
+        assert_eq!((report.step, report.may_miss), (t as u64, 0));
+        let unique: usize = (0..3)
+            .map(|i| {
+                let mut u = ids[i].to_vec();
+                u.sort_unstable();
+                u.dedup();
+                u.len()
+            })
+            .sum();
+        assert_eq!(report.unique, unique, "step {t}");
+        assert_eq!(got, want, "step {t}: rows differ");
+        if let Some(next) = steps.get(t + 1) {
+            pipe.prefetch_tables(&mut h, &refs(next)).unwrap();
+        }
+        let grads: Vec<Vec<u8>> = got.iter().map(|g| to_bytes(&grad(&f32s(g)))).collect();
+        let gviews: Vec<&[u8]> = grads.iter().map(|g| g.as_slice()).collect();
+        assert!(plain.push(&mut h, &ids, &gviews, secs(20)).unwrap().is_ok());
+        let report = pipe.push_tables(&mut h, &ids, &gviews).unwrap();
+        assert_eq!(report.rows_sent, unique);
+        expected_frames += 2 * ps_reached(step);
+    }
+    pipe.flush(&mut h).unwrap();
+    // One pull and one push per PS holding any of a step's ids: not one per table.
+    assert_eq!(frames_in(&rb) - before, expected_frames);
+    // The tables end equal, bit for bit.
+    let bits = |v: Option<Vec<f32>>| v.map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>());
+    for i in 0..3 {
+        for id in 0..30u64 {
+            let s = (id % 2) as usize;
+            let (x, y) = (a[s][i].get(id), b[s][i].get(id));
+            assert!(x.is_some(), "table {i} id {id}");
+            assert_eq!(bits(x), bits(y), "table {i} id {id}");
+        }
+    }
+    assert_eq!(h.outstanding(), 0);
+}
+
+/// Runs 30 steps at staleness 2 (SGD with lr 1 on rows of zeros, a gradient of 1 per
+/// distinct id, so a row's value counts the pushes it reflects), checking every table's
+/// every row against the pushes it must and may reflect. Returns the rows served from the
+/// caches and the PS frames of the steps.
+fn bounded(cache_bytes: usize) -> (usize, u64) {
+    let (rts, peers, _tables) =
+        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    connect(&mut h, &peers);
+    let s = 2u64;
+    let settings = PipelineSettings::default()
+        .staleness(s as u32)
+        .cache_bytes(cache_bytes);
+    let mut pipe = pipeline(&peers, settings);
+    let steps = batches(30, 10, 12, 5);
+    // Per table: the pushes (numbered from 1) that held each id.
+    let mut pushed: [HashMap<u64, Vec<u64>>; 3] = Default::default();
+    let (mut hits, before) = (0, frames_in(&rts));
+    pipe.prefetch_tables(&mut h, &refs(&steps[0])).unwrap();
+    for (t, step) in steps.iter().enumerate() {
+        let ids = refs(step);
+        let mut got: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0xaa; ids[i].len() * row_bytes(i)])
+            .collect();
+        let report = pipe
+            .pull_tables(&mut h, &ids, &mut views(&mut got))
+            .unwrap()
+            .clone();
+        assert!(report.may_miss <= s, "step {t}: {report:?}");
+        hits += report.cache_hits;
+        let p = pipe.pushes();
+        for i in 0..3 {
+            for (j, row) in f32s(&got[i]).chunks_exact(TABLES[i].1).enumerate() {
+                let id = ids[i][j];
+                let of = pushed[i].get(&id).map_or(&[][..], |v| v.as_slice());
+                let must = of.iter().filter(|&&n| n + s <= p).count() as f32;
+                let may = of.len() as f32;
+                for &v in row {
+                    assert!(
+                        -v >= must && -v <= may,
+                        "step {t} table {} id {id}: reflects {} pushes, must {must}, may {may}",
+                        TABLES[i].0,
+                        -v
+                    );
+                }
+            }
+        }
+        if let Some(next) = steps.get(t + 1) {
+            pipe.prefetch_tables(&mut h, &refs(next)).unwrap();
+        }
+        let grads: Vec<Vec<u8>> = (0..3)
+            .map(|i| {
+                let mut seen = std::collections::HashSet::new();
+                let g: Vec<f32> = ids[i]
+                    .iter()
+                    .flat_map(|id| vec![if seen.insert(*id) { 1.0 } else { 0.0 }; TABLES[i].1])
+                    .collect();
+                to_bytes(&g)
+            })
+            .collect();
+        let gviews: Vec<&[u8]> = grads.iter().map(|g| g.as_slice()).collect();
+        pipe.push_tables(&mut h, &ids, &gviews).unwrap();
+        let n = pipe.pushes();
+        for i in 0..3 {
+            let mut distinct = ids[i].to_vec();
+            distinct.sort_unstable();
+            distinct.dedup();
+            for id in distinct {
+                pushed[i].entry(id).or_default().push(n);
+            }
+        }
+    }
+    pipe.flush(&mut h).unwrap();
+    assert_eq!(h.outstanding(), 0);
+    (hits, frames_in(&rts) - before)
+}
+
+#[test]
+fn staleness_2_bounds_every_tables_rows_in_one_request_per_ps() {
+    let (hits, frames) = bounded(0);
+    assert_eq!(hits, 0);
+    // 30 steps; every step's batches reach both PS tasks: a pull and a push to each.
+    assert_eq!(frames, 30 * 2 * 2);
+}
+
+#[test]
+fn staleness_2_with_row_caches_serves_rows_and_keeps_the_bound() {
+    let (hits, frames) = bounded(1 << 16);
+    assert!(hits > 0, "no row served from the caches");
+    // The pushes still go (one per PS and step); some pulls are served whole by the
+    // caches, and none is split into a request per table.
+    assert!((30 * 2..=30 * 2 * 2).contains(&frames), "{frames} frames");
+}
+
+/// Six steps at staleness 0 with row caches: pull the same batches, check them against a
+/// plain pull, push three ids of table 3; per step (rows received, rows unchanged).
+fn versioned(features: WireFeatures) -> Vec<(usize, usize)> {
+    let init = Init::Uniform {
+        scale: 0.5,
+        seed: 3,
+    };
+    let (rts, peers, _tables) = cluster(|d| MemTable::new(d, init, Optimizer::Sgd { lr: 0.5 }));
+    let w = worker(features);
+    let mut h = w.handle(64);
+    connect(&mut h, &peers);
+    let mut plain = ShardedTables::new(peers.clone(), &shapes()).unwrap();
+    let mut pipe = pipeline(
+        &peers,
+        PipelineSettings::default()
+            .staleness(0)
+            .cache_bytes(1 << 16),
+    );
+    let step = [
+        (0..20).collect::<Vec<u64>>(),
+        (10..30).collect(),
+        (0..8).chain(0..4).collect(),
+    ];
+    let ids = refs(&step);
+    let mut seen = Vec::new();
+    for t in 0..6 {
+        let before = frames_in(&rts);
+        let mut got: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0xaa; ids[i].len() * row_bytes(i)])
+            .collect();
+        let r = pipe
+            .pull_tables(&mut h, &ids, &mut views(&mut got))
+            .unwrap()
+            .clone();
+        // One request per PS for the three tables, versioned or not.
+        assert_eq!(frames_in(&rts) - before, 2, "step {t}");
+        let mut want: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
+            .collect();
+        assert!(plain
+            .pull(&mut h, &ids, &mut views(&mut want), secs(10))
+            .unwrap()
+            .is_ok());
+        assert_eq!(got, want, "step {t}: rows differ from a plain pull");
+        assert_eq!(
+            (r.unique, r.cache_hits, r.cache_misses),
+            (48, 0, 48),
+            "step {t}"
+        );
+        seen.push((r.rows_received, r.rows_unchanged));
+        let pushed: [&[u64]; 3] = [&[3, 10, 11], &[], &[]];
+        let grads = to_bytes(&[0.25f32; 3 * 4]);
+        pipe.push_tables(&mut h, &pushed, &[&grads, &[], &[]])
+            .unwrap();
+        pipe.flush(&mut h).unwrap();
+    }
+    seen
+}
+
+#[test]
+fn a_versioned_pull_names_every_tables_cached_rows_in_one_request() {
+    let seen = versioned(WireFeatures::ALL);
+    assert_eq!(seen[0], (48, 0));
+    // Then only the three rows of table 3 pushed since travel.
+    for (t, &s) in seen.iter().enumerate().skip(1) {
+        assert_eq!(s, (3, 45), "step {t}");
+    }
+}
+
+#[test]
+fn a_worker_without_row_versions_gets_every_tables_rows() {
+    for (t, &s) in versioned(WireFeatures::ROW_FORMATS).iter().enumerate() {
+        assert_eq!(s, (48, 0), "step {t}");
+    }
+}
+
+#[test]
+fn a_table_with_no_ids_at_a_ps_sends_nothing_there() {
+    let (rts, peers, _tables) =
+        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    connect(&mut h, &peers);
+    let mut pipe = pipeline(&peers, PipelineSettings::default().staleness(1));
+    // Even ids only, and table 5 takes no part: PS 0 alone gets a request, once each way.
+    let ids: [&[u64]; 3] = [&[2, 4, 2], &[], &[6]];
+    let at = |rts: &[Runtime]| -> Vec<u64> { rts.iter().map(|r| r.stats().frames_in).collect() };
+    let before = at(&rts);
+    let mut outs = vec![vec![0xaau8; 3 * 16], vec![], vec![0xaau8; 12]];
+    let r = pipe
+        .pull_tables(&mut h, &ids, &mut views(&mut outs))
+        .unwrap();
+    assert_eq!((r.unique, r.rows_received, r.missing), (3, 3, 0));
+    assert!(outs.iter().flatten().all(|&b| b == 0), "rows of zeros");
+    let grads = [to_bytes(&[1.0; 12]), vec![], to_bytes(&[2.0; 3])];
+    let r = pipe
+        .push_tables(&mut h, &ids, &[&grads[0], &grads[1], &grads[2]])
+        .unwrap();
+    assert_eq!(r.rows_sent, 3);
+    pipe.flush(&mut h).unwrap();
+    let after = at(&rts);
+    assert_eq!((after[0] - before[0], after[1] - before[1]), (2, 0));
+    // The push was applied: id 2 of table 3 summed twice, id 6 of table 8 once.
+    let r = pipe
+        .pull_tables(&mut h, &ids, &mut views(&mut outs))
+        .unwrap();
+    assert!(r.may_miss <= 1);
+    assert_eq!(f32s(&outs[0])[..4], [-2.0; 4]);
+    assert_eq!(f32s(&outs[0])[4..8], [-1.0; 4]);
+    assert_eq!(f32s(&outs[2]), [-2.0; 3]);
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_is_sent() {
+    let (rts, peers, _tables) =
+        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    connect(&mut h, &peers);
+    let settings = PipelineSettings::default();
+    let invalid = |r: Result<Pipeline, starwire::Error>| r.unwrap_err();
+    let e = invalid(Pipeline::new_tables(peers.clone(), &[], settings));
+    assert!(e.to_string().contains("0 tables"), "{e}");
+    let twice = [shapes()[0], shapes()[0]];
+    let e = invalid(Pipeline::new_tables(peers.clone(), &twice, settings));
+    assert!(e.to_string().contains("table 3 is named twice"), "{e}");
+    let mut bf16 = shapes();
+    bf16[1].dtype = DType::U8;
+    let e = invalid(Pipeline::new_tables(
+        peers.clone(),
+        &bf16,
+        settings.wire_dtype(Some(DType::BF16)),
+    ));
+    assert!(e.to_string().contains("table 5"), "{e}");
+
+    let mut pipe = pipeline(&peers, settings);
+    assert_eq!(pipe.tables(), 3);
+    assert_eq!(pipe.table_row_bytes(1), Some(8));
+    assert_eq!(pipe.table_row_bytes(3), None);
+    let before = frames_in(&rts);
+    let mut out = vec![0u8; 16];
+    // A one-table call on a pipeline of three names the calls to use.
+    let e = pipe.pull(&mut h, &[1], &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("pull_tables"), "{e}");
+    let e = pipe.prefetch(&mut h, &[1]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let e = pipe.push(&mut h, &[1], &out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    // Two batches for three tables.
+    let e = pipe
+        .pull_tables(&mut h, &[&[1], &[2]], &mut [&mut out, &mut []])
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("2 batches and 2 buffers for 3 tables"),
+        "{e}"
+    );
+    // A buffer of the wrong length names its table.
+    let mut short = vec![0u8; 7];
+    let e = pipe
+        .pull_tables(
+            &mut h,
+            &[&[1], &[2], &[]],
+            &mut [&mut out, &mut short, &mut []],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("table 5: out is 7 bytes"), "{e}");
+    let e = pipe
+        .push_tables(&mut h, &[&[1], &[2], &[]], &[&out, &short, &[]])
+        .unwrap_err();
+    assert!(e.to_string().contains("table 5: grads is 7 bytes"), "{e}");
+    assert_eq!(frames_in(&rts), before, "nothing sent");
+    assert_eq!((pipe.steps(), pipe.pushes()), (0, 0));
+}
+
+#[test]
+fn steps_of_three_tables_allocate_nothing_in_steady_state() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (_rts, peers, _tables) =
+        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 0.0 }));
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    for (s, cache) in [(0, 0), (1, 0), (2, 1 << 14)] {
+        let settings = PipelineSettings::default()
+            .staleness(s)
+            .cache_bytes(cache)
+            .max_pushes_in_flight(2);
+        let mut pipe = pipeline(&peers, settings);
+        // Step `t`'s batches: 40 distinct ids per table, each twice, moving over 0..400.
+        let batch = |t: u64, out: &mut [[u64; 80]; 3]| {
+            for (i, b) in out.iter_mut().enumerate() {
+                for j in 0..40u64 {
+                    let id = (t * 13 + j * 7 + i as u64) % 400;
+                    b[j as usize] = id;
+                    b[79 - j as usize] = id;
+                }
+            }
+        };
+        let mut rows: Vec<Vec<u8>> = (0..3).map(|i| vec![0u8; 80 * row_bytes(i)]).collect();
+        let grads: Vec<Vec<u8>> = (0..3).map(|i| vec![0u8; 80 * row_bytes(i)]).collect();
+        let (mut ids, mut next) = ([[0u64; 80]; 3], [[0u64; 80]; 3]);
+        let mut run = |from: u64, n: u64, pipe: &mut Pipeline| {
+            batch(from, &mut ids);
+            pipe.prefetch_tables(&mut h, &[&ids[0], &ids[1], &ids[2]])
+                .unwrap();
+            for t in from..from + n {
+                let [a, b, c] = &mut rows[..] else {
+                    unreachable!()
+                };
+                let mut outs = [a.as_mut_slice(), b.as_mut_slice(), c.as_mut_slice()];
+                let r = pipe
+                    .pull_tables(&mut h, &[&ids[0], &ids[1], &ids[2]], &mut outs)
+                    .unwrap();
+                assert_eq!((r.unique, r.missing), (120, 0));
+                batch(t + 1, &mut next);
+                pipe.prefetch_tables(&mut h, &[&next[0], &next[1], &next[2]])
+                    .unwrap();
+                let g = [&grads[0][..], &grads[1][..], &grads[2][..]];
+                let r = pipe
+                    .push_tables(&mut h, &[&ids[0], &ids[1], &ids[2]], &g)
+                    .unwrap();
+                assert_eq!(r.rows_sent, 120);
+                ids = next;
+            }
+            assert!(rows.iter().flatten().all(|&b| b == 0));
+        };
+        run(0, 200, &mut pipe);
+        let before = counting::allocations();
+        run(200, 300, &mut pipe);
+        let n = counting::allocations() - before;
+        pipe.flush(&mut h).unwrap();
+        assert_eq!(
+            n, 0,
+            "allocations over 300 steps at staleness {s}, cache {cache}"
+        );
+    }
+}
