@@ -2855,6 +2855,41 @@ sw_result sw_pipeline_new(struct sw_client *c,
                           struct sw_pipeline **out);
 
 /*
+ Creates a pipeline of the tables `shapes[0..n_tables]` (1 to 64, no table twice; as for
+ `sw_sharded_tables_new`) partitioned over the PS tasks `peers[0..n_peers]`, run ahead
+ together as `settings` say (each table gets a row cache of `cache_bytes`; the wire
+ dtype and loss scale apply to every table), bound to client `c`. A step's calls take
+ every table's batch at once (`sw_pipeline_pull_tables`, `sw_pipeline_prefetch_tables`,
+ `sw_pipeline_push_tables`), and each PS gets ONE request each way for all the tables
+ it holds rows of, not one per table; the staleness bound and `max_pushes_in_flight`
+ count a step's push as one; the report sums the tables' counts. The one-table calls
+ (`sw_pipeline_pull`, ...) refuse a pipeline of several tables. On `SW_OK`, `*out` is a
+ new handle the caller frees with `sw_pipeline_free`.
+
+ Fails with `SW_ERR_INVALID_ARGUMENT` as `sw_pipeline_new` and `sw_sharded_tables_new`
+ do, naming the table at fault.
+
+ # Safety
+ `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `shapes` at
+ `n_tables` values, each `row_dims` at `rank` values; `out` is writable.
+ */
+sw_result sw_pipeline_new_tables(struct sw_client *c,
+                                 const char *const *peers,
+                                 size_t n_peers,
+                                 const struct sw_table_shape *shapes,
+                                 size_t n_tables,
+                                 struct sw_pipeline_settings settings,
+                                 struct sw_pipeline **out);
+
+/*
+ The number of tables of a pipeline (0 for NULL).
+
+ # Safety
+ `p` is NULL or a live handle.
+ */
+size_t sw_pipeline_tables(const struct sw_pipeline *p);
+
+/*
  Releases a pipeline. NULL is ignored. Call `sw_pipeline_flush` first: requests it leaves
  in flight keep their completions in its client.
 
@@ -2945,6 +2980,56 @@ sw_result sw_pipeline_push(struct sw_pipeline *p,
                            const void *grads,
                            uint64_t byte_len,
                            struct sw_pipeline_report *report);
+
+/*
+ `sw_pipeline_prefetch` of every table's next batch at once, for a pipeline of
+ `sw_pipeline_new_tables`: `batches[t]` is the `t`-th table's (its `ids` and `n`; `data`
+ and `byte_len` are not read), `n_tables` the pipeline's number of tables. The rows are
+ taken by the next `sw_pipeline_pull_tables` of the same batches.
+
+ # Safety
+ `p` and `c` (the pipeline's client) are live handles used by this thread only;
+ `batches` points at `n_tables` values, each `ids` at `n` values; `report` is writable.
+ */
+sw_result sw_pipeline_prefetch_tables(struct sw_pipeline *p,
+                                      struct sw_client *c,
+                                      const struct sw_table_batch *batches,
+                                      size_t n_tables,
+                                      struct sw_pipeline_report *report);
+
+/*
+ `sw_pipeline_pull` of every table's batch at once: the rows of `batches[t]`'s ids go
+ into its `data` (`byte_len == n * row_bytes` of that table; a table with no ids this
+ step has `n == 0`). Each PS gets one request for the rows of all the tables it holds.
+ Fails as `sw_pipeline_pull` does, and with `SW_ERR_INVALID_ARGUMENT` for another number
+ of batches than tables (nothing done).
+
+ # Safety
+ As `sw_pipeline_prefetch_tables`, with each `data` pointing at `byte_len` writable bytes
+ not used by anyone else during the call (no two batches' overlapping).
+ */
+sw_result sw_pipeline_pull_tables(struct sw_pipeline *p,
+                                  struct sw_client *c,
+                                  const struct sw_table_batch *batches,
+                                  size_t n_tables,
+                                  struct sw_pipeline_report *report);
+
+/*
+ `sw_pipeline_push` of every table's gradients at once: `batches[t].data` holds the
+ gradient rows of its ids. Each PS gets one request with the summed gradients of all
+ the tables it holds; the push counts as one against `max_pushes_in_flight` and the
+ staleness bound. Fails as `sw_pipeline_push` does, and with `SW_ERR_INVALID_ARGUMENT`
+ for another number of batches than tables (nothing sent).
+
+ # Safety
+ As `sw_pipeline_prefetch_tables`, with each `data` pointing at `byte_len` readable
+ bytes.
+ */
+sw_result sw_pipeline_push_tables(struct sw_pipeline *p,
+                                  struct sw_client *c,
+                                  const struct sw_table_batch *batches,
+                                  size_t n_tables,
+                                  struct sw_pipeline_report *report);
 
 /*
  Waits until every push sent has been answered by every PS, and every prefetched request

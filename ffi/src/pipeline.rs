@@ -7,8 +7,9 @@
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
+use arrayvec::ArrayVec;
 use starwire::client::{Client, Mode};
-use starwire::rows::{PipelineReport, PipelineSettings, PushFailure};
+use starwire::rows::{PipelineReport, PipelineSettings, PushFailure, MAX_TABLES};
 use starwire::{DType, Error, ErrorKind, Pipeline};
 
 use crate::boundary::boundary;
@@ -17,6 +18,8 @@ use crate::cast::{try_slice_mut, Boxed, Castable};
 use crate::client::{client_mut, sw_client, with_client, ClientHandle};
 use crate::result::{sw_result, Failure};
 use crate::sharded::{partition_of, peers_of, row_dims_of, scale_of, sw_partition};
+use crate::sharded_tables::{batch_grads, batch_ids, batch_outs, one_batch_per_table};
+use crate::sharded_tables::{sw_table_batch, sw_table_shape, table_shapes};
 
 /// How far a pipeline runs ahead of its PS tasks (`sw_pipeline_settings_default` gives the
 /// defaults; `sw_pipeline_new` refuses values out of range, naming the field).
@@ -246,13 +249,8 @@ pub extern "C" fn sw_pipeline_new(
     out: *mut *mut sw_pipeline,
 ) -> sw_result {
     boundary!({
-        let client = client_mut(c)?;
-        if client.callback {
-            return Err(Failure::invalid(
-                "a pipeline waits for its requests: not for a client with a callback",
-            ));
-        }
         let out = try_out!(out);
+        waiting_client(c)?;
         let peers = peers_of(peers, n_peers)?;
         let row_dims = row_dims_of(row_dims, rank)?;
         let pipeline = Pipeline::new(
@@ -271,6 +269,66 @@ pub extern "C" fn sw_pipeline_new(
     })
 }
 
+/// Refuses a client with a callback: a pipeline waits for its own requests.
+fn waiting_client(c: *mut sw_client) -> Result<(), Failure> {
+    if client_mut(c)?.callback {
+        return Err(Failure::invalid(
+            "a pipeline waits for its requests: not for a client with a callback",
+        ));
+    }
+    Ok(())
+}
+
+/// Creates a pipeline of the tables `shapes[0..n_tables]` (1 to 64, no table twice; as for
+/// `sw_sharded_tables_new`) partitioned over the PS tasks `peers[0..n_peers]`, run ahead
+/// together as `settings` say (each table gets a row cache of `cache_bytes`; the wire
+/// dtype and loss scale apply to every table), bound to client `c`. A step's calls take
+/// every table's batch at once (`sw_pipeline_pull_tables`, `sw_pipeline_prefetch_tables`,
+/// `sw_pipeline_push_tables`), and each PS gets ONE request each way for all the tables
+/// it holds rows of, not one per table; the staleness bound and `max_pushes_in_flight`
+/// count a step's push as one; the report sums the tables' counts. The one-table calls
+/// (`sw_pipeline_pull`, ...) refuse a pipeline of several tables. On `SW_OK`, `*out` is a
+/// new handle the caller frees with `sw_pipeline_free`.
+///
+/// Fails with `SW_ERR_INVALID_ARGUMENT` as `sw_pipeline_new` and `sw_sharded_tables_new`
+/// do, naming the table at fault.
+///
+/// # Safety
+/// `c` is a live client; `peers` points at `n_peers` NUL-terminated strings; `shapes` at
+/// `n_tables` values, each `row_dims` at `rank` values; `out` is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_new_tables(
+    c: *mut sw_client,
+    peers: *const *const c_char,
+    n_peers: usize,
+    shapes: *const sw_table_shape,
+    n_tables: usize,
+    settings: sw_pipeline_settings,
+    out: *mut *mut sw_pipeline,
+) -> sw_result {
+    boundary!({
+        let out = try_out!(out);
+        waiting_client(c)?;
+        let peers = peers_of(peers, n_peers)?;
+        let shapes = table_shapes(try_slice!(shapes, n_tables))?;
+        let pipeline = Pipeline::new_tables(peers, &shapes, settings_of(settings)?)?;
+        out.write(to_boxed(PipelineHandle {
+            pipeline,
+            client: c as usize,
+        }));
+        Ok(())
+    })
+}
+
+/// The number of tables of a pipeline (0 for NULL).
+///
+/// # Safety
+/// `p` is NULL or a live handle.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_tables(p: *const sw_pipeline) -> usize {
+    boundary!(0, { ref_from(p).map_or(0, |h| h.pipeline.tables()) })
+}
+
 /// Releases a pipeline. NULL is ignored. Call `sw_pipeline_flush` first: requests it leaves
 /// in flight keep their completions in its client.
 ///
@@ -281,11 +339,17 @@ pub extern "C" fn sw_pipeline_free(p: *mut sw_pipeline) {
     boundary!((), { free_box(p) })
 }
 
+/// Batches of ids, one per table.
+type Batches<'a> = ArrayVec<&'a [u64], MAX_TABLES>;
+
 /// A call of a step, with its arguments.
 enum Call<'a> {
     Prefetch(&'a [u64]),
     Pull(&'a [u64], &'a mut [u8]),
     Push(&'a [u64], &'a [u8]),
+    PrefetchTables(Batches<'a>),
+    PullTables(Batches<'a>, ArrayVec<&'a mut [u8], MAX_TABLES>),
+    PushTables(Batches<'a>, ArrayVec<&'a [u8], MAX_TABLES>),
     Flush,
 }
 
@@ -294,6 +358,9 @@ fn run<M: Mode>(pipe: &mut Pipeline, client: &mut Client<M>, call: Call<'_>) -> 
         Call::Prefetch(ids) => pipe.prefetch(client, ids).map(|_| ()),
         Call::Pull(ids, out) => pipe.pull(client, ids, out).map(|_| ()),
         Call::Push(ids, grads) => pipe.push(client, ids, grads).map(|_| ()),
+        Call::PrefetchTables(ids) => pipe.prefetch_tables(client, &ids).map(|_| ()),
+        Call::PullTables(ids, mut outs) => pipe.pull_tables(client, &ids, &mut outs).map(|_| ()),
+        Call::PushTables(ids, grads) => pipe.push_tables(client, &ids, &grads).map(|_| ()),
         Call::Flush => pipe.flush(client).map(|_| ()),
     }
 }
@@ -345,17 +412,18 @@ fn failure_of(pipe: &Pipeline, e: Error) -> Failure {
     }
 }
 
-/// One call of a step: the checks, the call, and the report written on success.
+/// One call of a step: the checks, the call, and the report written on success. `call`
+/// reads the arguments, given the pipeline's number of tables.
 fn step<'a>(
     p: *mut sw_pipeline,
     c: *mut sw_client,
     report: *mut sw_pipeline_report,
-    call: impl FnOnce() -> Result<Call<'a>, Failure>,
+    call: impl FnOnce(usize) -> Result<Call<'a>, Failure>,
 ) -> Result<(), Failure> {
     let h = try_mut!(p, "pipeline");
     let client = client_of(h, c)?;
     let report = try_out!(report);
-    let call = call()?;
+    let call = call(h.pipeline.tables())?;
     let pipe = &mut h.pipeline;
     match with_client!(client, |cl| run(pipe, cl, call)) {
         Ok(()) => {
@@ -387,7 +455,7 @@ pub extern "C" fn sw_pipeline_prefetch(
     n: usize,
     report: *mut sw_pipeline_report,
 ) -> sw_result {
-    boundary!({ step(p, c, report, || Ok(Call::Prefetch(try_slice!(ids, n)))) })
+    boundary!({ step(p, c, report, |_| Ok(Call::Prefetch(try_slice!(ids, n)))) })
 }
 
 /// Takes the rows of step `ids[0..n]` (duplicates allowed) into `out`, `byte_len == n *
@@ -422,7 +490,7 @@ pub extern "C" fn sw_pipeline_pull(
     report: *mut sw_pipeline_report,
 ) -> sw_result {
     boundary!({
-        step(p, c, report, || {
+        step(p, c, report, |_| {
             let ids = try_slice!(ids, n);
             let len = usize::try_from(byte_len)
                 .map_err(|_| Failure::invalid(format!("byte_len {byte_len} too large")))?;
@@ -466,7 +534,7 @@ pub extern "C" fn sw_pipeline_push(
     report: *mut sw_pipeline_report,
 ) -> sw_result {
     boundary!({
-        step(p, c, report, || {
+        step(p, c, report, |_| {
             let ids = try_slice!(ids, n);
             let len = usize::try_from(byte_len)
                 .map_err(|_| Failure::invalid(format!("byte_len {byte_len} too large")))?;
@@ -474,6 +542,100 @@ pub extern "C" fn sw_pipeline_push(
                 ids,
                 try_slice!(grads.cast::<u8>(), len, "grads"),
             ))
+        })
+    })
+}
+
+/// The batches of a tables call: as many as the pipeline has tables, each table's ids and
+/// the length of its data.
+fn tables_call<'a>(
+    batches: *const sw_table_batch,
+    n_tables: usize,
+    tables: usize,
+) -> Result<
+    (
+        &'a [sw_table_batch],
+        Batches<'a>,
+        ArrayVec<usize, MAX_TABLES>,
+    ),
+    Failure,
+> {
+    let batches = try_slice!(batches, n_tables);
+    one_batch_per_table(batches.len(), tables)?;
+    let (ids, lens) = batch_ids(batches)?;
+    Ok((batches, ids, lens))
+}
+
+/// `sw_pipeline_prefetch` of every table's next batch at once, for a pipeline of
+/// `sw_pipeline_new_tables`: `batches[t]` is the `t`-th table's (its `ids` and `n`; `data`
+/// and `byte_len` are not read), `n_tables` the pipeline's number of tables. The rows are
+/// taken by the next `sw_pipeline_pull_tables` of the same batches.
+///
+/// # Safety
+/// `p` and `c` (the pipeline's client) are live handles used by this thread only;
+/// `batches` points at `n_tables` values, each `ids` at `n` values; `report` is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_prefetch_tables(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    batches: *const sw_table_batch,
+    n_tables: usize,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        step(p, c, report, |tables| {
+            let (_, ids, _) = tables_call(batches, n_tables, tables)?;
+            Ok(Call::PrefetchTables(ids))
+        })
+    })
+}
+
+/// `sw_pipeline_pull` of every table's batch at once: the rows of `batches[t]`'s ids go
+/// into its `data` (`byte_len == n * row_bytes` of that table; a table with no ids this
+/// step has `n == 0`). Each PS gets one request for the rows of all the tables it holds.
+/// Fails as `sw_pipeline_pull` does, and with `SW_ERR_INVALID_ARGUMENT` for another number
+/// of batches than tables (nothing done).
+///
+/// # Safety
+/// As `sw_pipeline_prefetch_tables`, with each `data` pointing at `byte_len` writable bytes
+/// not used by anyone else during the call (no two batches' overlapping).
+#[no_mangle]
+pub extern "C" fn sw_pipeline_pull_tables(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    batches: *const sw_table_batch,
+    n_tables: usize,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        step(p, c, report, |tables| {
+            let (batches, ids, lens) = tables_call(batches, n_tables, tables)?;
+            Ok(Call::PullTables(ids, batch_outs(batches, &lens)?))
+        })
+    })
+}
+
+/// `sw_pipeline_push` of every table's gradients at once: `batches[t].data` holds the
+/// gradient rows of its ids. Each PS gets one request with the summed gradients of all
+/// the tables it holds; the push counts as one against `max_pushes_in_flight` and the
+/// staleness bound. Fails as `sw_pipeline_push` does, and with `SW_ERR_INVALID_ARGUMENT`
+/// for another number of batches than tables (nothing sent).
+///
+/// # Safety
+/// As `sw_pipeline_prefetch_tables`, with each `data` pointing at `byte_len` readable
+/// bytes.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_push_tables(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    batches: *const sw_table_batch,
+    n_tables: usize,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        step(p, c, report, |tables| {
+            let (batches, ids, lens) = tables_call(batches, n_tables, tables)?;
+            Ok(Call::PushTables(ids, batch_grads(batches, &lens)?))
         })
     })
 }
@@ -492,7 +654,7 @@ pub extern "C" fn sw_pipeline_flush(
     c: *mut sw_client,
     report: *mut sw_pipeline_report,
 ) -> sw_result {
-    boundary!({ step(p, c, report, || Ok(Call::Flush)) })
+    boundary!({ step(p, c, report, |_| Ok(Call::Flush)) })
 }
 
 /// The report of the step in progress (what the last call of the pipeline that succeeded

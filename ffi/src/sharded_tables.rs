@@ -115,22 +115,7 @@ pub extern "C" fn sw_sharded_tables_new(
     boundary!({
         let out = try_out!(out);
         let peers = peers_of(peers, n_peers)?;
-        let given = try_slice!(shapes, n_tables);
-        if given.len() > MAX_TABLES {
-            return Err(Failure::invalid(format!(
-                "{} tables; at most {MAX_TABLES}",
-                given.len()
-            )));
-        }
-        let mut shapes = ArrayVec::<TableShape<'_>, MAX_TABLES>::new();
-        for s in given {
-            shapes.push(TableShape {
-                table: s.table,
-                dtype: DType::from(s.dtype),
-                row_dims: row_dims_of(s.row_dims, s.rank)?,
-                partition: partition_of(s.partition)?,
-            });
-        }
+        let shapes = table_shapes(try_slice!(shapes, n_tables))?;
         let tables = ShardedTables::new(peers, &shapes)?;
         out.write(to_boxed(ShardedTablesHandle {
             tables,
@@ -138,6 +123,28 @@ pub extern "C" fn sw_sharded_tables_new(
         }));
         Ok(())
     })
+}
+
+/// The tables `given` describes (at most [`MAX_TABLES`]).
+pub(crate) fn table_shapes<'a>(
+    given: &[sw_table_shape],
+) -> Result<ArrayVec<TableShape<'a>, MAX_TABLES>, Failure> {
+    if given.len() > MAX_TABLES {
+        return Err(Failure::invalid(format!(
+            "{} tables; at most {MAX_TABLES}",
+            given.len()
+        )));
+    }
+    let mut shapes = ArrayVec::new();
+    for s in given {
+        shapes.push(TableShape {
+            table: s.table,
+            dtype: DType::from(s.dtype),
+            row_dims: row_dims_of(s.row_dims, s.rank)?,
+            partition: partition_of(s.partition)?,
+        });
+    }
+    Ok(shapes)
 }
 
 /// Releases the tables. NULL is ignored.
@@ -200,13 +207,61 @@ enum Way {
 }
 
 /// Refuses another number of batches than tables.
-fn one_batch_per_table(batches: usize, tables: usize) -> Result<(), Failure> {
+pub(crate) fn one_batch_per_table(batches: usize, tables: usize) -> Result<(), Failure> {
     if batches != tables {
         return Err(Failure::invalid(format!(
             "{batches} batches for {tables} tables"
         )));
     }
     Ok(())
+}
+
+/// Each batch's ids, and the length of its data (checked to fit memory). The caller has
+/// checked that there are at most [`MAX_TABLES`] batches.
+pub(crate) fn batch_ids<'a>(
+    batches: &[sw_table_batch],
+) -> Result<(ArrayVec<&'a [u64], MAX_TABLES>, ArrayVec<usize, MAX_TABLES>), Failure> {
+    let mut ids = ArrayVec::new();
+    let mut lens = ArrayVec::new();
+    for (i, b) in batches.iter().enumerate() {
+        ids.push(try_slice!(b.ids, b.n, format!("batches[{i}].ids")));
+        lens.push(usize::try_from(b.byte_len).map_err(|_| {
+            Failure::invalid(format!("batches[{i}].byte_len {} too large", b.byte_len))
+        })?);
+    }
+    Ok((ids, lens))
+}
+
+/// Each batch's data, `lens[i]` writable bytes, for the rows of a pull.
+pub(crate) fn batch_outs<'a>(
+    batches: &[sw_table_batch],
+    lens: &[usize],
+) -> Result<ArrayVec<&'a mut [u8], MAX_TABLES>, Failure> {
+    let mut outs = ArrayVec::new();
+    for (i, b) in batches.iter().enumerate() {
+        outs.push(try_slice_mut!(
+            b.data.cast::<u8>(),
+            lens[i],
+            format!("batches[{i}].data")
+        ));
+    }
+    Ok(outs)
+}
+
+/// Each batch's data, `lens[i]` readable bytes, for the gradients of a push.
+pub(crate) fn batch_grads<'a>(
+    batches: &[sw_table_batch],
+    lens: &[usize],
+) -> Result<ArrayVec<&'a [u8], MAX_TABLES>, Failure> {
+    let mut grads = ArrayVec::new();
+    for (i, b) in batches.iter().enumerate() {
+        grads.push(try_slice!(
+            b.data.cast::<u8>().cast_const(),
+            lens[i],
+            format!("batches[{i}].data")
+        ));
+    }
+    Ok(grads)
 }
 
 /// One step: checks, runs, keeps the parts' outcomes and writes the report.
@@ -224,34 +279,13 @@ fn step(
     let report = try_out!(report);
     let batches = try_slice!(batches, n_tables);
     one_batch_per_table(batches.len(), s.tables.len())?;
-    let mut ids = ArrayVec::<&[u64], MAX_TABLES>::new();
-    let mut lens = ArrayVec::<usize, MAX_TABLES>::new();
-    for (i, b) in batches.iter().enumerate() {
-        ids.push(try_slice!(b.ids, b.n, format!("batches[{i}].ids")));
-        lens.push(usize::try_from(b.byte_len).map_err(|_| {
-            Failure::invalid(format!("batches[{i}].byte_len {} too large", b.byte_len))
-        })?);
-    }
+    let (ids, lens) = batch_ids(batches)?;
     let deadline = deadline(timeout_ms);
     let done = if way == Way::Pull {
-        let mut outs = ArrayVec::<&mut [u8], MAX_TABLES>::new();
-        for (i, b) in batches.iter().enumerate() {
-            outs.push(try_slice_mut!(
-                b.data.cast::<u8>(),
-                lens[i],
-                format!("batches[{i}].data")
-            ));
-        }
+        let mut outs = batch_outs(batches, &lens)?;
         with_client!(client, |h| s.tables.pull(h, &ids, &mut outs, deadline))?
     } else {
-        let mut grads = ArrayVec::<&[u8], MAX_TABLES>::new();
-        for (i, b) in batches.iter().enumerate() {
-            grads.push(try_slice!(
-                b.data.cast::<u8>().cast_const(),
-                lens[i],
-                format!("batches[{i}].data")
-            ));
-        }
+        let grads = batch_grads(batches, &lens)?;
         with_client!(client, |h| s.tables.push(h, &ids, &grads, deadline))?
     };
     s.parts.settle(done, report)

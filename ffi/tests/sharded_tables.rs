@@ -309,3 +309,194 @@ fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
         sw_runtime_free(p);
     }
 }
+
+#[test]
+fn a_pipeline_of_two_tables_is_one_request_per_ps_each_way() {
+    let ps = [runtime(true), runtime(true)];
+    let worker = runtime(false);
+    let mut c = ptr::null_mut();
+    ok(sw_client_new(worker, 16, &mut c));
+    let addrs: Vec<CString> = ps
+        .iter()
+        .map(|&p| CString::new(format!("127.0.0.1:{}", sw_runtime_port(p))).unwrap())
+        .collect();
+    let peers: Vec<*const c_char> = addrs.iter().map(|a| a.as_ptr()).collect();
+    let dims: Vec<[u64; 1]> = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
+    let shapes: Vec<sw_table_shape> = TABLES
+        .iter()
+        .zip(&dims)
+        .map(|(&(table, _), d)| sw_table_shape {
+            table,
+            dtype: F32,
+            row_dims: d.as_ptr(),
+            rank: 1,
+            partition: MOD,
+        })
+        .collect();
+    let mut plain = ptr::null_mut();
+    ok(sw_sharded_tables_new(
+        peers.as_ptr(),
+        2,
+        shapes.as_ptr(),
+        2,
+        &mut plain,
+    ));
+    let settings = sw_pipeline_settings {
+        staleness: 0,
+        ..sw_pipeline_settings_default()
+    };
+    let mut p = ptr::null_mut();
+    ok(sw_pipeline_new_tables(
+        c,
+        peers.as_ptr(),
+        2,
+        shapes.as_ptr(),
+        2,
+        settings,
+        &mut p,
+    ));
+    assert_eq!(sw_pipeline_tables(p), 2);
+    assert_eq!(sw_pipeline_tables(ptr::null()), 0);
+
+    let ids: [&[u64]; 2] = [&[1, 2, 1, 4], &[3, 8, 8]];
+    let mut grads: Vec<Vec<u8>> = (0..2)
+        .map(|t| {
+            let g: Vec<f32> = (0..ids[t].len())
+                .flat_map(|j| vec![j as f32 + 1.0; TABLES[t].1])
+                .collect();
+            f32_bytes(&g)
+        })
+        .collect();
+    let pushes: Vec<sw_table_batch> = (0..2).map(|t| batch(ids[t], &mut grads[t])).collect();
+    let mut report = sw_pipeline_report::default();
+    // The first push also connects (a handshake frame of its own); the rows are made by
+    // it (missing until pushed).
+    ok(sw_pipeline_push_tables(
+        p,
+        c,
+        pushes.as_ptr(),
+        2,
+        &mut report,
+    ));
+    assert_eq!(report.rows_sent, 5);
+    ok(sw_pipeline_flush(p, c, &mut report));
+    let frames = || {
+        let f = ps.map(frames_in);
+        (f[0], f[1])
+    };
+    let mut outs: Vec<Vec<u8>> = (0..2)
+        .map(|t| vec![0xff; ids[t].len() * TABLES[t].1 * 4])
+        .collect();
+    let mut wants = outs.clone();
+    for step in 0..3 {
+        let before = frames();
+        let pulls: Vec<sw_table_batch> = outs
+            .iter_mut()
+            .enumerate()
+            .map(|(t, o)| batch(ids[t], o))
+            .collect();
+        ok(sw_pipeline_prefetch_tables(
+            p,
+            c,
+            pulls.as_ptr(),
+            2,
+            &mut report,
+        ));
+        ok(sw_pipeline_pull_tables(
+            p,
+            c,
+            pulls.as_ptr(),
+            2,
+            &mut report,
+        ));
+        assert_eq!(
+            (
+                report.step,
+                report.unique,
+                report.prefetched,
+                report.missing
+            ),
+            (step, 5, 2, 0)
+        );
+        ok(sw_pipeline_push_tables(
+            p,
+            c,
+            pushes.as_ptr(),
+            2,
+            &mut report,
+        ));
+        ok(sw_pipeline_flush(p, c, &mut report));
+        let after = frames();
+        // Both tables' rows in one request per PS, and their gradients in one.
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (2, 2),
+            "step {step}"
+        );
+        // The rows are those of the synchronous client, before this step's push.
+        let mut plain_report = sw_step_report::default();
+        let wanted: Vec<sw_table_batch> = wants
+            .iter_mut()
+            .enumerate()
+            .map(|(t, o)| batch(ids[t], o))
+            .collect();
+        ok(sw_sharded_tables_pull(
+            plain,
+            c,
+            wanted.as_ptr(),
+            2,
+            10_000,
+            &mut plain_report,
+        ));
+        // One more push since: id 1 of table 5 (positions 0 and 2) moved by 1 + 3.
+        let (got, now) = (to_f32(&outs[0]), to_f32(&wants[0]));
+        assert_eq!(now[0], got[0] - 4.0, "step {step}");
+        assert_eq!(got[..2], [-4.0 * (step as f32 + 1.0); 2], "step {step}");
+        assert_eq!(to_f32(&outs[1])[3..6], [-5.0 * (step as f32 + 1.0); 3]);
+    }
+
+    // Refusals, naming what is wrong; nothing sent.
+    let before = frames();
+    let pulls: Vec<sw_table_batch> = outs
+        .iter_mut()
+        .enumerate()
+        .map(|(t, o)| batch(ids[t], o))
+        .collect();
+    let r = sw_pipeline_pull_tables(p, c, pulls.as_ptr(), 1, &mut report);
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("1 batches for 2 tables"),
+        "{}",
+        last_error()
+    );
+    let r = sw_pipeline_pull(
+        p,
+        c,
+        ids[0].as_ptr(),
+        ids[0].len(),
+        outs[0].as_mut_ptr().cast(),
+        outs[0].len() as u64,
+        &mut report,
+    );
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("pull_tables"), "{}", last_error());
+    let mut short = pulls.clone();
+    short[1].byte_len -= 1;
+    let r = sw_pipeline_push_tables(p, c, short.as_ptr(), 2, &mut report);
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("table 6"), "{}", last_error());
+    assert_eq!(frames(), before);
+    let twice = [shapes[0], shapes[0]];
+    let mut bad = ptr::null_mut();
+    let r = sw_pipeline_new_tables(c, peers.as_ptr(), 2, twice.as_ptr(), 2, settings, &mut bad);
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("named twice"), "{}", last_error());
+    assert!(bad.is_null());
+
+    sw_pipeline_free(p);
+    sw_sharded_tables_free(plain);
+    sw_client_free(c);
+    for rt in ps.into_iter().chain([worker]) {
+        sw_runtime_free(rt);
+    }
+}
