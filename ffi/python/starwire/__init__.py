@@ -7,7 +7,7 @@ what it serves (a `PsTable`, starwire's PS table, saved and loaded as checkpoint
 tensors, rows (`Client.pull_rows`, `Client.push_rows`), the sharded rows client
 (`Client.sharded`; `Pipeline`, its pipelined form: the next batch's rows fetched while
 this one computes, pushes not waited for, a staleness bound; `ShardedTables`, several
-tables in one request per PS), and checkpoints of a PS's tables into its own directory
+tables in one request per PS, and `PipelineTables`, several tables pipelined together), and checkpoints of a PS's tables into its own directory
 (`Client.checkpoint`; `Runtime(checkpoint_dir=...)` on the PS). Each request has a blocking form and a submitted one (``submit_*``,
 returning a `Pending`); waiting releases the GIL.
 
@@ -35,7 +35,7 @@ from .errors import (ABORTED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, INVALID_AR
                      InvalidArgument, IoError, NotACheckpoint, ProtocolError, Refused,
                      RemoteError, Shutdown, StarwireError, TableFull, Timeout, status_name)
 from .metrics import Metrics, remote_stats
-from .pipeline import Pipeline, PipelineReport, PipelineSettings, PushFailure
+from .pipeline import Pipeline, PipelineReport, PipelineSettings, PipelineTables, PushFailure
 from .ps_table import (HotId, LoadReport, MaintainReport, PsTable, SaveReport, TableMetrics,
                        checkpoint_file)
 from .runtime import Allocator, MemTable, RowsTable, Runtime, Service
@@ -63,7 +63,7 @@ __all__ = [
     "Closed", "ConfigError", "ConnectFailed", "ConnectionLost", "HotId", "InternalError",
     "InvalidArgument", "IoError", "LoadReport", "MaintainReport", "MemTable", "Metrics",
     "NotACheckpoint", "Pending", "Pipeline", "PipelineReport", "PipelineSettings",
-    "ProtocolError", "PsTable", "PushFailure", "Refused", "RemoteError",
+    "PipelineTables", "ProtocolError", "PsTable", "PushFailure", "Refused", "RemoteError",
     "RowsTable", "Runtime", "SaveReport", "Service", "Sharded", "ShardedTables", "Shutdown",
     "StarwireError",
     "Stats", "StepReport", "TableFull", "TableMetrics", "Timeout", "VersionedRows",

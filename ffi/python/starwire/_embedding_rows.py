@@ -1,7 +1,8 @@
 """Where the rows of `starwire.torch`'s modules come from and their gradients go: the one
 interface they pull from and push to (`_Rows`), over the sharded rows client
-(`_ShardedRows`, synchronous) or a `Pipeline` (`_PipelinedRows`). It needs no torch: the
-modules hand it numpy arrays."""
+(`_ShardedRows`, synchronous) or a `Pipeline` (`_PipelinedRows`); a pipelined collection's
+tables share one `PipelineTables` (`_SharedPipeline`, each table's view `_TableOfShared`).
+It needs no torch: the modules hand it numpy arrays."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import numpy.typing as npt
 
 from .client import Sharded, StepReport
 from .errors import Closed, StarwireError
-from .pipeline import Pipeline, PipelineReport
+from .pipeline import Pipeline, PipelineReport, PipelineTables
+
+#: No ids.
+_NONE: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
 
 
 class _Rows(Protocol):
@@ -177,6 +181,108 @@ class _PipelinedRows:
 
     def close(self) -> None:
         self.pipeline.close()
+
+
+class _SharedPipeline:
+    """The tables of a pipelined collection through one `PipelineTables`: a step's pull of
+    every table is one request per PS, and so is its push. Failures raise starwire's
+    exceptions, with a note naming the tables."""
+
+    def __init__(self, pipeline: PipelineTables) -> None:
+        self.pipeline = pipeline
+        #: The report of the last call's step.
+        self.last_report: Optional[PipelineReport] = None
+
+    def _check_open(self, doing: str) -> None:
+        runtime = self.pipeline.client.runtime
+        if not runtime._rt:
+            raise Closed(f"cannot {doing} tables {self.pipeline.tables}: the runtime of "
+                         f"{runtime.job}:{runtime.task_index} is closed")
+
+    def _named(self, ids: list[npt.NDArray[np.uint64]]) -> list[int]:
+        return [t for t, i in zip(self.pipeline.tables, ids) if len(i)]
+
+    def pull(self, ids: list[npt.NDArray[np.uint64]]) -> list[npt.NDArray[np.float32]]:
+        """Each table's unique ids in (an empty array: none this step), their blocks out."""
+        self._check_open("pull the rows of")
+        try:
+            rows, self.last_report = self.pipeline.pull(ids)
+        except StarwireError as e:
+            _note(e, f"while pulling the rows of tables {self._named(ids)}")
+            raise
+        return rows
+
+    def push(self, ids: list[npt.NDArray[np.uint64]],
+             grads: list[npt.NDArray[np.float32]]) -> None:
+        self._check_open("push gradients to")
+        try:
+            self.last_report = self.pipeline.push(ids, grads)
+        except StarwireError as e:
+            _note(e, f"while pushing the gradients of tables {self._named(ids)}")
+            raise
+
+    def prefetch(self, ids: list[npt.NDArray[np.uint64]]) -> None:
+        self._check_open("prefetch the rows of")
+        try:
+            self.pipeline.prefetch(ids)
+        except StarwireError as e:
+            _note(e, f"while prefetching the rows of tables {self._named(ids)}")
+            raise
+
+    def flush(self) -> None:
+        self._check_open("flush the pushes to")
+        try:
+            self.pipeline.flush()
+        except StarwireError as e:
+            _note(e, f"while flushing the pushes to tables {self.pipeline.tables}")
+            raise
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+    def alone(self, pos: int, ids: npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint64]]:
+        """A step's batches with `ids` for table `pos`, none for the others."""
+        batches = [_NONE] * len(self.pipeline.tables)
+        batches[pos] = ids
+        return batches
+
+
+class _TableOfShared:
+    """One table of a `_SharedPipeline`, as the one-table interface (a module of the
+    collection called on its own): each call is a step of the shared pipeline in which
+    the other tables take no part."""
+
+    def __init__(self, shared: _SharedPipeline, pos: int) -> None:
+        self.shared, self.pos = shared, pos
+
+    @property
+    def table(self) -> int:
+        return self.shared.pipeline.tables[self.pos]
+
+    @property
+    def dim(self) -> int:
+        return self.shared.pipeline.row_shapes[self.pos][0]
+
+    @property
+    def last_report(self) -> Optional[PipelineReport]:
+        return self.shared.last_report
+
+    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        return self.shared.pull(self.shared.alone(self.pos, ids))[self.pos]
+
+    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
+        empty = [np.zeros((0, *s), dtype=np.float32) for s in self.shared.pipeline.row_shapes]
+        empty[self.pos] = grads
+        self.shared.push(self.shared.alone(self.pos, ids), empty)
+
+    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
+        self.shared.prefetch(self.shared.alone(self.pos, ids))
+
+    def flush(self) -> None:
+        self.shared.flush()
+
+    def close(self) -> None:
+        self.shared.close()
 
 
 def _note(e: BaseException, text: str) -> None:

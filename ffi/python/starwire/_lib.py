@@ -401,3 +401,12 @@ pipeline_failed_push = _sig("sw_pipeline_failed_push", R, p, C.c_size_t,
                             C.POINTER(PushFailure))
 pipeline_failed_push_error = _sig("sw_pipeline_failed_push_error", R, p, C.c_size_t)
 pipeline_free = _sig("sw_pipeline_free", None, p)
+pipeline_new_tables = _sig("sw_pipeline_new_tables", R, p, C.POINTER(C.c_char_p), C.c_size_t,
+                           C.POINTER(TableShape), C.c_size_t, PipelineSettings, C.POINTER(p))
+pipeline_tables = _sig("sw_pipeline_tables", C.c_size_t, p)
+pipeline_prefetch_tables = _sig("sw_pipeline_prefetch_tables", R, p, p, C.POINTER(TableBatch),
+                                C.c_size_t, C.POINTER(PipelineReport))
+pipeline_pull_tables = _sig("sw_pipeline_pull_tables", R, p, p, C.POINTER(TableBatch),
+                            C.c_size_t, C.POINTER(PipelineReport))
+pipeline_push_tables = _sig("sw_pipeline_push_tables", R, p, p, C.POINTER(TableBatch),
+                            C.c_size_t, C.POINTER(PipelineReport))

@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor, nn
 
-from ._embedding_rows import _note
+from ._embedding_rows import _note, _SharedPipeline, _TableOfShared
 from ._torch_modules import (_NO_IDS, _WIRE_DTYPES, PSEmbeddingBag, _checked_options, _fill,
-                             _flat_ids, _Lookup, _push_on_backward, _Sink, _take_grad)
+                             _flat_ids, _Lookup, _push_on_backward, _Sink, _take_grad,
+                             _tasks_of)
 from .client import DEFAULT_TIMEOUT, Client, StepReport
 from .errors import Closed, InvalidArgument, StarwireError
+from .pipeline import PipelineReport, PipelineSettings, PipelineTables
 from .sharded_tables import ShardedTables
 
 #: The most forwards of a synchronous collection whose gradients are awaited at once
@@ -33,9 +35,13 @@ class TableConfig:
     num_embeddings: Optional[int] = None
 
 
+#: Pushes every table's gradients of a step (an empty array: none of that table).
+_PushAll = Callable[[list[npt.NDArray[np.uint64]], list[npt.NDArray[np.float32]]], None]
+
+
 class _StepPush:
-    """The gradients of one forward of a synchronous collection, pushed together (one
-    request per PS for the tables whose gradients are there). Pushing in backward, they go
+    """The gradients of one forward of a collection, pushed together (one request per PS
+    for the tables whose gradients are there). Pushing in backward, they go
     once every block of the step has its gradient; a block that gets none by the next
     forward, `push_gradients`, `flush` or `close` leaves the others to be pushed by that
     call, and its own (if backward brings it later) by itself when it comes. Without a push
@@ -43,9 +49,9 @@ class _StepPush:
     accumulated on them; the next forward keeps the blocks with no gradient yet (their
     backward may come later), the others forget them."""
 
-    def __init__(self, tables: ShardedTables, empty: list[npt.NDArray[np.float32]],
-                 timeout: Optional[float], in_backward: bool) -> None:
-        self.tables, self.timeout, self.empty = tables, timeout, empty
+    def __init__(self, push: _PushAll, empty: list[npt.NDArray[np.float32]],
+                 in_backward: bool) -> None:
+        self.push, self.empty = push, empty
         self.ids: list[npt.NDArray[np.uint64]] = [_NO_IDS] * len(empty)
         self.grads = list(empty)
         self.blocks: list[Optional[Tensor]] = [None] * len(empty)
@@ -98,12 +104,7 @@ class _StepPush:
                      for pos, (g, e) in enumerate(zip(self.grads, self.empty))]
             for pos in ready:
                 self.grads[pos] = self.empty[pos]
-            try:
-                self.tables.push(ids, grads, timeout=self.timeout)
-            except StarwireError as e:
-                _note(e, "while pushing the gradients of tables "
-                         f"{[t for t, i in zip(self.tables.tables, ids) if len(i)]}")
-                raise
+            self.push(ids, grads)
         return bool(self.waiting)
 
 
@@ -115,14 +116,15 @@ class PSEmbeddingBagCollection(nn.Module):
     (1-D with ``offsets[name]``, or 2-D) and optional ``per_sample_weights[name]``, and
     returns a dict of ``[bags, dim]`` tensors.
 
-    Every feature's input is checked and deduplicated before any request is sent.
-    Synchronous (``staleness=0``, not pipelined), a step's pull of all its tables is ONE
-    request per PS task (`starwire.ShardedTables`), and so is its backward's push, sent once
-    every table's block has its gradient (`last_report` is the step's pull's report).
-    Pipelined, each table has its own `starwire.Pipeline`, and a step is one request per
-    PS task and table. With ``push_in_backward=False`` backward only accumulates the
-    gradients and `push_gradients` (or the next forward) pushes them, synchronous in one
-    request per PS task. The bags are ``self.bags[name]`` (their markers are the
+    Every feature's input is checked and deduplicated before any request is sent. A
+    step's pull of all its tables is ONE request per PS task, and so is its backward's
+    push, sent once every table's block has its gradient (`last_report` is the step's
+    pull's report): synchronous (``staleness=0``, not pipelined) through
+    `starwire.ShardedTables`, pipelined through one `starwire.PipelineTables` for all the
+    tables (its staleness bound and ``max_pushes_in_flight`` count a step's push of every
+    table as one; each table has a row cache of ``cache_bytes``). With
+    ``push_in_backward=False`` backward only accumulates the gradients and
+    `push_gradients` (or the next forward) pushes them, in one request per PS task. The bags are ``self.bags[name]`` (their markers are the
     collection's `state_dict`). `prefetch`, `flush` and `close` act on every table.
     """
 
@@ -133,7 +135,6 @@ class PSEmbeddingBagCollection(nn.Module):
                  max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
                  push_in_backward: bool = True, cache_bytes: int = 0) -> None:
         super().__init__()
-        _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
         if not tables:
             raise InvalidArgument("a collection of no tables")
         seen: dict[int, str] = {}
@@ -144,30 +145,59 @@ class PSEmbeddingBagCollection(nn.Module):
                 raise InvalidArgument(f"features {seen[cfg.table]!r} and {name!r} both name "
                                       f"table {cfg.table}")
             seen[cfg.table] = name
-        self.bags = nn.ModuleDict({
-            name: PSEmbeddingBag(client, cfg.table, cfg.dim, cfg.mode, peers=peers, job=job,
-                                 partition=partition, num_embeddings=cfg.num_embeddings,
-                                 staleness=staleness, wire_dtype=wire_dtype, timeout=timeout,
-                                 pipelined=pipelined,
-                                 max_pushes_in_flight=max_pushes_in_flight,
-                                 loss_scale=loss_scale, push_in_backward=push_in_backward,
-                                 cache_bytes=cache_bytes)
-            for name, cfg in tables.items()})
+        wire = _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
+        if pipelined is None:
+            pipelined = staleness > 0
+        tasks = _tasks_of(client, peers, job)
+        configs = list(tables.values())
+        #: Pipelined: every table's rows through one `PipelineTables`.
+        self._shared: Optional[_SharedPipeline] = None
+        if pipelined:
+            if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) \
+                    or cache_bytes < 0:
+                raise InvalidArgument(f"cache_bytes {cache_bytes!r} is not an int of 0 or "
+                                      "more (the bytes of each table's row cache; 0: none)")
+            settings = PipelineSettings(staleness, max_pushes_in_flight, timeout,
+                                        _WIRE_DTYPES[wire], loss_scale, cache_bytes)
+            self._shared = _SharedPipeline(PipelineTables(
+                client, [(cfg.table, cfg.dim) for cfg in configs], peers=tasks,
+                dtype=np.float32, partition=partition,
+                vocab=[cfg.num_embeddings or 0 for cfg in configs], settings=settings))
+        try:
+            self.bags = nn.ModuleDict({
+                name: PSEmbeddingBag(client, cfg.table, cfg.dim, cfg.mode, peers=tasks,
+                                     job=job, partition=partition,
+                                     num_embeddings=cfg.num_embeddings, staleness=staleness,
+                                     wire_dtype=wire_dtype, timeout=timeout,
+                                     pipelined=pipelined,
+                                     max_pushes_in_flight=max_pushes_in_flight,
+                                     loss_scale=loss_scale, push_in_backward=push_in_backward,
+                                     cache_bytes=cache_bytes,
+                                     _rows=None if self._shared is None
+                                     else _TableOfShared(self._shared, pos))
+                for pos, (name, cfg) in enumerate(tables.items())})
+        except BaseException:
+            if self._shared is not None:
+                self._shared.close()
+            raise
         self._client, self.timeout = client, timeout
         self._in_backward = push_in_backward
-        #: The last synchronous forward's pull of all its tables.
-        self.last_report: Optional[StepReport] = None
+        #: The last forward's pull of all its tables (pipelined: its step's report as the
+        #: pull left it).
+        self.last_report: Optional[Union[StepReport, PipelineReport]] = None
         self._pos = {name: i for i, name in enumerate(tables)}
         self._tables: Optional[ShardedTables] = None
         #: The forwards whose gradients are not all pushed (at most `_STEPS_KEPT`).
         self._pending: list[_StepPush] = []
-        first = self._bag(next(iter(tables)))
-        if not first.pipelined:
+        #: Pipelined: the next batch's unique ids per table (`PrefetchingLoader`),
+        #: requested right after the next pull.
+        self._next: Optional[list[npt.NDArray[np.uint64]]] = None
+        self._empty = [np.zeros((0, cfg.dim), dtype=np.float32) for cfg in configs]
+        if not pipelined:
             self._tables = ShardedTables(
-                client, [(cfg.table, cfg.dim) for cfg in tables.values()], peers=first.tasks,
-                partition=partition, vocab=[cfg.num_embeddings or 0 for cfg in tables.values()],
-                wire_dtype=_WIRE_DTYPES[first.wire_dtype], loss_scale=loss_scale)
-            self._empty = [np.zeros((0, cfg.dim), dtype=np.float32) for cfg in tables.values()]
+                client, [(cfg.table, cfg.dim) for cfg in configs], peers=tasks,
+                partition=partition, vocab=[cfg.num_embeddings or 0 for cfg in configs],
+                wire_dtype=_WIRE_DTYPES[wire], loss_scale=loss_scale)
 
     def _bag(self, name: str) -> PSEmbeddingBag:
         if name not in self.bags:
@@ -183,11 +213,37 @@ class PSEmbeddingBagCollection(nn.Module):
 
     def prefetch(self, inputs: Mapping[str, Tensor]) -> None:
         """Requests the rows of the features' ids `inputs` (as a later forward takes them)
-        now, table by table (`PSEmbeddingBag.prefetch`)."""
+        now: pipelined, in one request per PS task for all the tables (a table not in
+        `inputs` takes no part), taken by the next forward of the same ids."""
         lookups = [(self._bag(name), self._bag(name)._lookup(input, f"inputs[{name!r}]"))
                    for name, input in inputs.items()]
-        for bag, lookup in lookups:
-            bag._prefetch(lookup.unique)
+        if self._shared is None:
+            for bag, lookup in lookups:
+                bag._prefetch(lookup.unique)
+            return
+        self._shared.prefetch(self._batches((bag, lookup.unique) for bag, lookup in lookups))
+
+    def _batches(self, given: Any) -> list[npt.NDArray[np.uint64]]:
+        """Each table's unique ids from the ``(bag, ids)`` pairs `given` (none for the
+        others)."""
+        batches = [_NO_IDS] * len(self._pos)
+        positions = {id(bag): pos for pos, bag in enumerate(self._each())}
+        for bag, ids in given:
+            batches[positions[id(bag)]] = ids
+        return batches
+
+    def _stage(self, given: Sequence[tuple[nn.Module, npt.NDArray[np.uint64]]]) -> None:
+        """`PrefetchingLoader`: the next batch's unique ids, requested right after the
+        next forward's pull (pipelined)."""
+        assert self._shared is not None
+        self._next = self._batches(given)
+
+    def _prefetch_staged(self) -> None:
+        """`PrefetchingLoader`: the next batch's rows requested now, when no forward took
+        the staged ids."""
+        if self._next is not None and self._shared is not None:
+            staged, self._next = self._next, None
+            self._shared.prefetch(staged)
 
     def _send_pending(self, forget: bool = True) -> None:
         """Pushes the gradients of earlier forwards that are there; keeps (unless `forget`)
@@ -215,6 +271,8 @@ class PSEmbeddingBagCollection(nn.Module):
         """Pushes the gradients not pushed yet (`push_gradients`) and waits for every
         table's pushes (`PSEmbeddingBag.flush`)."""
         self._send_pending()
+        if self._shared is not None:
+            self._shared.flush()
         for bag in self._each():
             bag.flush()
 
@@ -228,12 +286,50 @@ class PSEmbeddingBagCollection(nn.Module):
             for bag in self._each():
                 bag.close()
 
-    def _pull_all(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]],
-                  tables: ShardedTables) -> Optional[_StepPush]:
+    def _push_all(self, ids: list[npt.NDArray[np.uint64]],
+                  grads: list[npt.NDArray[np.float32]]) -> None:
+        """Pushes every table's gradients of a step in one request per PS."""
+        if self._shared is not None:
+            self._shared.push(ids, grads)
+            return
+        assert self._tables is not None
+        try:
+            self._tables.push(ids, grads, timeout=self.timeout)
+        except StarwireError as e:
+            _note(e, "while pushing the gradients of tables "
+                     f"{[t for t, i in zip(self._tables.tables, ids) if len(i)]}")
+            raise
+
+    def _pull_all(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]]
+                  ) -> Optional[_StepPush]:
         """Pulls every step's rows in one request per PS; the push of the step's gradients
         when autograd records."""
         # The earlier forwards' gradients go first: the rows are those of pushing at once.
         self._send_pending(forget=False)
+        if self._shared is not None:
+            # Each table's unique ids (torch.unique), none for a table not in the step.
+            ids = [_NO_IDS] * len(self._pos)
+            for name, _, lookup, _ in steps:
+                ids[self._pos[name]] = lookup.unique
+            blocks = self._shared.pull(ids)
+            self.last_report = self._shared.last_report
+            for name, _, lookup, _ in steps:
+                lookup.block = blocks[self._pos[name]]
+            # The next batch's rows are requested now that this step's are taken.
+            self._prefetch_staged()
+        else:
+            self._pull_unique(steps)
+        if not torch.is_grad_enabled():
+            return None
+        step = _StepPush(self._push_all, self._empty, self._in_backward)
+        self._pending.append(step)
+        return step
+
+    def _pull_unique(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]]
+                     ) -> None:
+        """The synchronous pull of every step's rows, deduplicated in Rust."""
+        tables = self._tables
+        assert tables is not None
         runtime = self._client.runtime
         if not runtime._rt:
             raise Closed(f"cannot pull the rows of tables {tables.tables}: the runtime of "
@@ -250,11 +346,6 @@ class PSEmbeddingBagCollection(nn.Module):
             raise
         for name, _, lookup, _ in steps:
             _fill(lookup, *parts[self._pos[name]])
-        if not torch.is_grad_enabled():
-            return None
-        step = _StepPush(tables, self._empty, self.timeout, self._in_backward)
-        self._pending.append(step)
-        return step
 
     def forward(self, inputs: Mapping[str, Tensor],
                 offsets: Optional[Mapping[str, Tensor]] = None,
@@ -270,14 +361,11 @@ class PSEmbeddingBagCollection(nn.Module):
             bag = self._bag(name)
             lookup, offs = bag._bags(input, offsets.get(name), weights.get(name))
             steps.append((name, bag, lookup, offs))
-        if self._tables is not None and steps:
-            push = self._pull_all(steps, self._tables)
-            return {name: bag._reduce(lookup, offs, weights.get(name),
-                                      push.sink_of(self._pos[name]) if push else None)
-                    for name, bag, lookup, offs in steps}
-        for _, bag, lookup, _ in steps:
-            bag._pull(lookup)
-        return {name: bag._reduce(lookup, offs, weights.get(name))
+        if not steps:
+            return {}
+        push = self._pull_all(steps)
+        return {name: bag._reduce(lookup, offs, weights.get(name),
+                                  push.sink_of(self._pos[name]) if push else None)
                 for name, bag, lookup, offs in steps}
 
     def checkpoint(self, timeout: Optional[float] = None) -> list[dict[str, Any]]:

@@ -53,6 +53,15 @@ class PrefetchingLoader(Generic[B]):
                                       "pipelined=True")
         self.loader, self.embeddings, self.ids = loader, embeddings, ids
         self._modules = [m for m in bags if isinstance(m, _PSModule)]
+        #: A pipelined collection: its tables are prefetched together, in one request per
+        #: PS task.
+        self._shared = (isinstance(embeddings, PSEmbeddingBagCollection)
+                        and embeddings._shared is not None)
+
+    def _collection(self) -> PSEmbeddingBagCollection:
+        e = self.embeddings
+        assert isinstance(e, PSEmbeddingBagCollection)
+        return e
 
     def _lookups(self, batch: B) -> list[tuple[_PSModule, npt.NDArray[np.uint64]]]:
         """Each table's unique ids of `batch`, checked as its forward checks them."""
@@ -72,8 +81,13 @@ class PrefetchingLoader(Generic[B]):
             batch = next(it)
         except StopIteration:
             return
-        for m, unique in self._lookups(batch):
-            m._prefetch(unique)
+        first = self._lookups(batch)
+        if self._shared:
+            self._collection()._stage(first)
+            self._collection()._prefetch_staged()
+        else:
+            for m, unique in first:
+                m._prefetch(unique)
         while True:
             failure: Optional[BaseException] = None
             ahead: list[tuple[_PSModule, npt.NDArray[np.uint64]]] = []
@@ -86,11 +100,16 @@ class PrefetchingLoader(Generic[B]):
             else:
                 last = False
                 ahead = self._lookups(following)
-                for m, unique in ahead:
-                    m._next = unique
+                if self._shared:
+                    self._collection()._stage(ahead)
+                else:
+                    for m, unique in ahead:
+                        m._next = unique
             try:
                 yield batch
             except GeneratorExit:  # the loop stopped early: no prefetch of a batch not used
+                if self._shared:
+                    self._collection()._next = None
                 for m, _ in ahead:
                     m._next = None
                 raise
@@ -99,6 +118,12 @@ class PrefetchingLoader(Generic[B]):
             # backward has not come stay (a loss over several batches).
             for m in self._modules:
                 m._push_deferred(forget=False)
+            if self._shared:
+                # A collection keeps its steps' gradients: they go now, then the next
+                # batch's rows if its forward did not request them.
+                coll = self._collection()
+                coll._send_pending(forget=False)
+                coll._prefetch_staged()
             # A table this batch's forward did not pull prefetches now.
             for m, unique in ahead:
                 if m._next is not None:

@@ -212,6 +212,19 @@ def _checked_options(staleness: int, wire_dtype: Any, loss_scale: Optional[float
     return wire
 
 
+def _tasks_of(client: Client, peers: Optional[Sequence[str]], job: str) -> list[str]:
+    """The PS tasks of a table: `peers`, or every task of `job` in the cluster spec."""
+    if peers is None:
+        n = len(client.runtime.peers(job))
+        if n == 0:
+            raise InvalidArgument(f"the cluster has no task of job {job!r}: give peers")
+        return [f"{job}:{i}" for i in range(n)]
+    tasks = [str(p) for p in peers]
+    if not tasks:
+        raise InvalidArgument("peers is empty: name the PS tasks of the table")
+    return tasks
+
+
 class _PSModule(nn.Module):
     """What `PSEmbedding` and `PSEmbeddingBag` share: the table, its PS tasks, the rows
     interface, the state marker and checkpoints."""
@@ -221,7 +234,8 @@ class _PSModule(nn.Module):
                  num_embeddings: Optional[int], staleness: int, wire_dtype: Any,
                  timeout: Optional[float], pipelined: Optional[bool] = None,
                  max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
-                 push_in_backward: bool = True, cache_bytes: int = 0) -> None:
+                 push_in_backward: bool = True, cache_bytes: int = 0,
+                 _rows: Optional[_Rows] = None) -> None:
         super().__init__()
         wire = _checked_options(staleness, wire_dtype, loss_scale, push_in_backward)
         if not isinstance(client, Client):
@@ -238,15 +252,7 @@ class _PSModule(nn.Module):
         if partition == "div" and num_embeddings is None:
             raise InvalidArgument('partition="div" splits 0..num_embeddings into ranges: '
                                   "give num_embeddings")
-        if peers is None:
-            n = len(client.runtime.peers(job))
-            if n == 0:
-                raise InvalidArgument(f"the cluster has no task of job {job!r}: give peers")
-            tasks = [f"{job}:{i}" for i in range(n)]
-        else:
-            tasks = [str(p) for p in peers]
-            if not tasks:
-                raise InvalidArgument("peers is empty: name the PS tasks of the table")
+        tasks = _tasks_of(client, peers, job)
         if pipelined is None:
             pipelined = staleness > 0
         elif not pipelined and staleness > 0:
@@ -260,7 +266,10 @@ class _PSModule(nn.Module):
                                   "pipelined client's; give staleness >= 1 or "
                                   "pipelined=True")
         self._rows: _Rows
-        if pipelined:
+        if _rows is not None:
+            # A collection's table: its rows go through the collection's pipeline.
+            self._rows = _rows
+        elif pipelined:
             settings = PipelineSettings(staleness, max_pushes_in_flight, timeout,
                                         _WIRE_DTYPES[wire], loss_scale, cache_bytes)
             self._rows = _PipelinedRows(Pipeline(
@@ -528,7 +537,8 @@ class PSEmbeddingBag(_PSModule):
                  wire_dtype: Any = torch.float32,
                  timeout: Optional[float] = DEFAULT_TIMEOUT, pipelined: Optional[bool] = None,
                  max_pushes_in_flight: int = 2, loss_scale: Optional[float] = None,
-                 push_in_backward: bool = True, cache_bytes: int = 0) -> None:
+                 push_in_backward: bool = True, cache_bytes: int = 0,
+                 _rows: Optional[_Rows] = None) -> None:
         if mode not in _MODES:
             raise InvalidArgument(f"mode {mode!r} is not one of {', '.join(_MODES)} (max is "
                                   "not supported)")
@@ -536,7 +546,8 @@ class PSEmbeddingBag(_PSModule):
                          num_embeddings=num_embeddings, staleness=staleness,
                          wire_dtype=wire_dtype, timeout=timeout, pipelined=pipelined,
                          max_pushes_in_flight=max_pushes_in_flight, loss_scale=loss_scale,
-                         push_in_backward=push_in_backward, cache_bytes=cache_bytes)
+                         push_in_backward=push_in_backward, cache_bytes=cache_bytes,
+                         _rows=_rows)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes as C
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,10 @@ from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
 from ._ids import _row_ids, _row_shape
 from .client import _PARTITIONS, Client, _ms
 from .errors import OK, Closed, InvalidArgument, StarwireError, check, from_code
+from .sharded_tables import _c_shapes
+
+
+_P = TypeVar("_P", bound="_PipelineCore")
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,135 @@ def _report(r: _lib.PipelineReport) -> PipelineReport:
         *(int(getattr(r, name)) for name in _lib.PIPELINE_REPORT_COUNTS))
 
 
-class Pipeline:
+def _c_settings(s: PipelineSettings, dtype: np.dtype[Any]) -> _lib.PipelineSettings:
+    """`s` checked, for the C ABI (rows of `dtype`)."""
+    for name in ("staleness", "max_pushes_in_flight"):
+        value = getattr(s, name)
+        if not isinstance(value, int) or not 0 <= value < 1 << 32:
+            raise InvalidArgument(f"{name} is {value!r}; it must be an int from 0 to "
+                                  "2^32-1 (and max_pushes_in_flight from 1 to 64)")
+    if (type(s.cache_bytes) is not int and not isinstance(s.cache_bytes, np.integer)
+            or not 0 <= s.cache_bytes < 1 << 64):
+        raise InvalidArgument(f"cache_bytes is {s.cache_bytes!r}; it must be an int, 0 "
+                              "(no cache) or at least the bytes of one row with its entry")
+    # 0: the table's dtype, no loss scale.
+    wire = 0 if s.wire_dtype is None else wire_code(s.wire_dtype, dtype)
+    return _lib.PipelineSettings(s.staleness, s.max_pushes_in_flight, _ms(s.timeout), wire,
+                                 loss_scale_value(s.loss_scale), int(s.cache_bytes))
+
+
+class _PipelineCore:
+    """What `Pipeline` and `PipelineTables` share: the handle, the push failures, flush,
+    the report and the counts, closing."""
+
+    _p: C.c_void_p
+    client: Client
+    peers: list[str]
+
+    def _begin(self, client: Client, peers: Optional[Sequence[str]], job: str,
+               settings: Optional[PipelineSettings]) -> list[bytes]:
+        """Sets the client, the peers, the settings and the report; the peers' texts for
+        the C ABI."""
+        names = list(peers) if peers is not None else client.runtime.peers(job)
+        # ``task@host:port`` for a task, so that errors name it.
+        texts = [client.runtime._peer(p) for p in names]
+        self.client = client
+        #: The PS tasks' addresses, in shard order.
+        self.peers = [t.decode().rpartition("@")[2] for t in texts]
+        self._settings = settings if settings is not None else PipelineSettings()
+        self._report = _lib.PipelineReport()
+        self._report_ref = C.byref(self._report)
+        return texts
+
+    def _handle(self) -> C.c_void_p:
+        if not self._p:
+            raise Closed("the pipeline is closed")
+        return self._p
+
+    def _failure(self, code: int) -> StarwireError:
+        """The exception of a call that failed with `code`, with the push failures it
+        reported."""
+        # Read first: the calls below leave errors of their own.
+        err = from_code(code)
+        err.failed_pushes = self._push_failures()
+        return err
+
+    def _push_failures(self) -> list[PushFailure]:
+        failures = []
+        f = _lib.PushFailure()
+        for i in range(_lib.pipeline_failed_pushes(self._p)):
+            check(_lib.pipeline_failed_push(self._p, i, C.byref(f)))
+            one = from_code(_lib.pipeline_failed_push_error(self._p, i))
+            failures.append(PushFailure(int(f.step), int(f.shard), self.peers[f.shard], one))
+        return failures
+
+    def _done(self, code: int) -> PipelineReport:
+        if code != OK:
+            raise self._failure(code)
+        return _report(self._report)
+
+    def flush(self) -> PipelineReport:
+        """Waits until every push sent has been answered by every PS, and every prefetched
+        request has its answer: then nothing of the pipeline is in flight. Raises the push
+        failures found."""
+        p, c = self._handle(), self.client._handle()
+        return self._done(_lib.pipeline_flush(p, c, self._report_ref))
+
+    def report(self) -> PipelineReport:
+        """The report of the step in progress."""
+        r = _lib.PipelineReport()
+        check(_lib.pipeline_current_report(self._handle(), C.byref(r)))
+        return _report(r)
+
+    def failed_pushes(self) -> list[PushFailure]:
+        """The push failures the last call raised, in the order found (empty when it
+        raised none)."""
+        return self._push_failures() if self._p else []
+
+    def settings(self) -> PipelineSettings:
+        """The settings in force."""
+        return self._settings
+
+    def steps(self) -> int:
+        """Steps whose rows were delivered so far."""
+        return int(_lib.pipeline_steps(self._handle()))
+
+    def pushes(self) -> int:
+        """Pushes sent so far."""
+        return int(_lib.pipeline_pushes(self._handle()))
+
+    def pushes_in_flight(self) -> int:
+        """Pushes sent and not yet answered by every PS they went to, as far as the last
+        call saw."""
+        return int(_lib.pipeline_pushes_in_flight(self._handle()))
+
+    def close(self) -> None:
+        """Waits for what is in flight (`flush`, when the client is still open) and frees
+        the pipeline; push failures that flush finds are raised once it is freed. Closing
+        twice does nothing."""
+        if not self._p:
+            return
+        try:
+            if self.client._c and self.client.runtime._rt:
+                self.flush()
+        finally:
+            _lib.pipeline_free(self._p)
+            self._p = C.c_void_p()
+
+    def __enter__(self: _P) -> _P:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Dropped without `close`: freed without waiting (a finalizer does not block).
+        if getattr(self, "_p", None):
+            _lib.pipeline_free(self._p)
+            self._p = C.c_void_p()
+
+
+class Pipeline(_PipelineCore):
     """One table partitioned over PS tasks, from a worker whose steps overlap their
     communication with their computation: `prefetch` hands the next step's ids early
     (their rows are requested while this step computes), `pull` takes a step's rows, `push`
@@ -153,65 +285,17 @@ class Pipeline:
         if partition not in _PARTITIONS:
             raise InvalidArgument(f"partition {partition!r} is not one of "
                                   f"{sorted(_PARTITIONS)}")
-        names = list(peers) if peers is not None else client.runtime.peers(job)
-        # ``task@host:port`` for a task, so that errors name it.
-        texts = [client.runtime._peer(p) for p in names]
-        self.client, self.table = client, int(table)
-        #: The PS tasks' addresses, in shard order.
-        self.peers = [t.decode().rpartition("@")[2] for t in texts]
+        texts = self._begin(client, peers, job, settings)
+        self.table = int(table)
         self.row_shape, self.dtype = _row_shape(row_shape), np.dtype(dtype)
-        self._settings = settings if settings is not None else PipelineSettings()
-        s = self._settings
-        for name in ("staleness", "max_pushes_in_flight"):
-            value = getattr(s, name)
-            if not isinstance(value, int) or not 0 <= value < 1 << 32:
-                raise InvalidArgument(f"{name} is {value!r}; it must be an int from 0 to "
-                                      "2^32-1 (and max_pushes_in_flight from 1 to 64)")
-        if (type(s.cache_bytes) is not int and not isinstance(s.cache_bytes, np.integer)
-                or not 0 <= s.cache_bytes < 1 << 64):
-            raise InvalidArgument(f"cache_bytes is {s.cache_bytes!r}; it must be an int, 0 "
-                                  "(no cache) or at least the bytes of one row with its entry")
-        # 0: the table's dtype, no loss scale.
-        wire = 0 if s.wire_dtype is None else wire_code(s.wire_dtype, self.dtype)
-        c_settings = _lib.PipelineSettings(s.staleness, s.max_pushes_in_flight, _ms(s.timeout),
-                                           wire, loss_scale_value(s.loss_scale),
-                                           int(s.cache_bytes))
+        c_settings = _c_settings(self._settings, self.dtype)
         code = code_of(self.dtype, "the rows")
         c_texts = (C.c_char_p * max(len(texts), 1))(*texts)
         dims = (C.c_uint64 * len(self.row_shape))(*self.row_shape)
-        self._report = _lib.PipelineReport()
-        self._report_ref = C.byref(self._report)
         check(_lib.pipeline_new(client._handle(), c_texts, len(texts),
                                 _lib.Partition(_PARTITIONS[partition], vocab), self.table, code,
                                 C.addressof(dims), len(self.row_shape), c_settings,
                                 C.byref(self._p)))
-
-    def _handle(self) -> C.c_void_p:
-        if not self._p:
-            raise Closed("the pipeline is closed")
-        return self._p
-
-    def _failure(self, code: int) -> StarwireError:
-        """The exception of a call that failed with `code`, with the push failures it
-        reported."""
-        # Read first: the calls below leave errors of their own.
-        err = from_code(code)
-        err.failed_pushes = self._push_failures()
-        return err
-
-    def _push_failures(self) -> list[PushFailure]:
-        failures = []
-        f = _lib.PushFailure()
-        for i in range(_lib.pipeline_failed_pushes(self._p)):
-            check(_lib.pipeline_failed_push(self._p, i, C.byref(f)))
-            one = from_code(_lib.pipeline_failed_push_error(self._p, i))
-            failures.append(PushFailure(int(f.step), int(f.shard), self.peers[f.shard], one))
-        return failures
-
-    def _done(self, code: int) -> PipelineReport:
-        if code != OK:
-            raise self._failure(code)
-        return _report(self._report)
 
     def _shape(self, n: int) -> tuple[int, ...]:
         return (n, *self.row_shape)
@@ -274,62 +358,110 @@ class Pipeline:
         return self._done(_lib.pipeline_push(p, c, address(id_arr), len(id_arr), address(g),
                                              g.nbytes, self._report_ref))
 
-    def flush(self) -> PipelineReport:
-        """Waits until every push sent has been answered by every PS, and every prefetched
-        request has its answer: then nothing of the pipeline is in flight. Raises the push
-        failures found."""
+
+
+class PipelineTables(_PipelineCore):
+    """Several tables partitioned over the same PS tasks, pipelined together
+    (``Pipeline::new_tables`` in Rust, ``sw_pipeline_new_tables`` in C): `tables` is a
+    sequence of ``(table, row_shape)``, each of rows of `dtype`; `peers`, `job`,
+    `partition` and `settings` as for `Pipeline` (each table gets a row cache of
+    ``settings.cache_bytes``; the wire dtype and loss scale apply to every table), `vocab`
+    as for `ShardedTables`. A step's calls take one batch of ids per table, in that order
+    (an empty batch: the table takes no part in the step), and each PS gets ONE request
+    each way for every table's rows it holds, not one per table; the step's push counts
+    as one against the staleness bound and `max_pushes_in_flight`, and the report sums
+    the tables' counts. What a row reflects, the push failures and closing are as for
+    `Pipeline`."""
+
+    def __init__(self, client: Client, tables: Sequence[tuple[int, Union[int, Sequence[int]]]],
+                 *, peers: Optional[Sequence[str]] = None, job: str = "ps",
+                 dtype: Any = np.float32, partition: str = "mod",
+                 vocab: Union[int, Sequence[int]] = 0,
+                 settings: Optional[PipelineSettings] = None) -> None:
+        self._p = C.c_void_p()
+        if partition not in _PARTITIONS:
+            raise InvalidArgument(f"partition {partition!r} is not one of "
+                                  f"{sorted(_PARTITIONS)}")
+        specs = [(int(t), _row_shape(shape)) for t, shape in tables]
+        texts = self._begin(client, peers, job, settings)
+        #: The tables, and each one's row shape, in the order the batches are given.
+        self.tables = [t for t, _ in specs]
+        self.row_shapes = [shape for _, shape in specs]
+        self.dtype = np.dtype(dtype)
+        c_settings = _c_settings(self._settings, self.dtype)
+        shapes, _dims = _c_shapes(specs, self.dtype, partition, vocab)
+        c_texts = (C.c_char_p * max(len(texts), 1))(*texts)
+        check(_lib.pipeline_new_tables(client._handle(), c_texts, len(texts), shapes,
+                                       len(specs), c_settings, C.byref(self._p)))
+        # Reused by every call: the batches' structs.
+        self._batches = (_lib.TableBatch * max(len(specs), 1))()
+
+    def _ids(self, ids: Sequence[Any]) -> list[npt.NDArray[np.uint64]]:
+        if len(ids) != len(self.tables):
+            raise InvalidArgument(f"{len(ids)} batches of ids for {len(self.tables)} tables "
+                                  f"({self.tables})")
+        return [_row_ids(i) for i in ids]
+
+    def _batch(self, i: int, ids: npt.NDArray[np.uint64],
+               data: Optional[npt.NDArray[Any]]) -> None:
+        b, n = self._batches[i], len(ids)
+        b.ids, b.n = (address(ids) if n else None), n
+        b.data = address(data) if data is not None and n else None
+        b.byte_len = 0 if data is None else data.nbytes
+
+    def prefetch(self, ids: Sequence[Any]) -> PipelineReport:
+        """Hands the next step's batches ``ids[t]`` early (as `Pipeline.prefetch`): taken
+        by the next `pull` of the same batches."""
         p, c = self._handle(), self.client._handle()
-        return self._done(_lib.pipeline_flush(p, c, self._report_ref))
+        arrays = self._ids(ids)
+        for i, a in enumerate(arrays):
+            self._batch(i, a, None)
+        return self._done(_lib.pipeline_prefetch_tables(p, c, self._batches, len(arrays),
+                                                        self._report_ref))
 
-    def report(self) -> PipelineReport:
-        """The report of the step in progress."""
-        r = _lib.PipelineReport()
-        check(_lib.pipeline_current_report(self._handle(), C.byref(r)))
-        return _report(r)
+    def pull(self, ids: Sequence[Any], outs: Optional[Sequence[npt.NDArray[Any]]] = None
+             ) -> tuple[list[npt.NDArray[Any]], PipelineReport]:
+        """The rows of each table's batch ``ids[t]`` in ``outs[t]`` (``[len(ids[t]),
+        *row_shape]``, C-contiguous and writable; new arrays when None), and the step's
+        report, as `Pipeline.pull` for each table, in one request per PS."""
+        p, c = self._handle(), self.client._handle()
+        arrays = self._ids(ids)
+        if outs is None:
+            made = [np.zeros((len(a), *shape), dtype=self.dtype)
+                    for a, shape in zip(arrays, self.row_shapes)]
+        else:
+            if len(outs) != len(arrays):
+                raise InvalidArgument(f"{len(outs)} arrays for {len(arrays)} tables")
+            made = list(outs)
+            for i, (a, out, shape) in enumerate(zip(arrays, made, self.row_shapes)):
+                contiguous(out, f"outs[{i}]")
+                want = (len(a), *shape)
+                if out.dtype != self.dtype or out.shape != want:
+                    raise InvalidArgument(f"outs[{i}] is {out.dtype}{list(out.shape)}, not "
+                                          f"{self.dtype}{list(want)} (table {self.tables[i]})")
+                if not out.flags.writeable:
+                    raise InvalidArgument(f"outs[{i}] is read-only")
+        for i, (a, out) in enumerate(zip(arrays, made)):
+            self._batch(i, a, out)
+        code = _lib.pipeline_pull_tables(p, c, self._batches, len(arrays), self._report_ref)
+        return made, self._done(code)
 
-    def failed_pushes(self) -> list[PushFailure]:
-        """The push failures the last call raised, in the order found (empty when it
-        raised none)."""
-        return self._push_failures() if self._p else []
-
-    def settings(self) -> PipelineSettings:
-        """The settings in force."""
-        return self._settings
-
-    def steps(self) -> int:
-        """Steps whose rows were delivered so far."""
-        return int(_lib.pipeline_steps(self._handle()))
-
-    def pushes(self) -> int:
-        """Pushes sent so far."""
-        return int(_lib.pipeline_pushes(self._handle()))
-
-    def pushes_in_flight(self) -> int:
-        """Pushes sent and not yet answered by every PS they went to, as far as the last
-        call saw."""
-        return int(_lib.pipeline_pushes_in_flight(self._handle()))
-
-    def close(self) -> None:
-        """Waits for what is in flight (`flush`, when the client is still open) and frees
-        the pipeline; push failures that flush finds are raised once it is freed. Closing
-        twice does nothing."""
-        if not self._p:
-            return
-        try:
-            if self.client._c and self.client.runtime._rt:
-                self.flush()
-        finally:
-            _lib.pipeline_free(self._p)
-            self._p = C.c_void_p()
-
-    def __enter__(self) -> Pipeline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # Dropped without `close`: freed without waiting (a finalizer does not block).
-        if getattr(self, "_p", None):
-            _lib.pipeline_free(self._p)
-            self._p = C.c_void_p()
+    def push(self, ids: Sequence[Any], grads: Sequence[npt.NDArray[Any]]) -> PipelineReport:
+        """Sends each table's gradient rows ``grads[t]`` (``[len(ids[t]), *row_shape]``,
+        C-contiguous, float32 or float64 as the rows) of ``ids[t]`` (as `Pipeline.push`),
+        one request per PS for all the tables; returns without waiting for the answers."""
+        p, c = self._handle(), self.client._handle()
+        arrays = self._ids(ids)
+        if len(grads) != len(arrays):
+            raise InvalidArgument(f"{len(grads)} gradient blocks for {len(arrays)} tables")
+        kept = []
+        for i, (a, g, shape) in enumerate(zip(arrays, grads, self.row_shapes)):
+            g = contiguous(g, f"grads[{i}]")
+            want = (len(a), *shape)
+            if g.dtype != self.dtype or g.shape != want:
+                raise InvalidArgument(f"grads[{i}] is {g.dtype}{list(g.shape)}, not "
+                                      f"{self.dtype}{list(want)} (table {self.tables[i]})")
+            kept.append(g)
+            self._batch(i, a, g)
+        code = _lib.pipeline_push_tables(p, c, self._batches, len(arrays), self._report_ref)
+        return self._done(code)

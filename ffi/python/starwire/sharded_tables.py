@@ -19,6 +19,23 @@ from .errors import Closed, InvalidArgument, check
 __all__ = ["ShardedTables"]
 
 
+def _c_shapes(specs: Sequence[tuple[int, tuple[int, ...]]], dtype: np.dtype[Any],
+              partition: str, vocab: Union[int, Sequence[int]]) -> tuple[Any, list[Any]]:
+    """The ``sw_table_shape`` array of the tables `specs` (``(table, row_shape)``), and the
+    row dimensions it points at (to be kept alive through the call). `vocab`: one for all
+    the tables, or one per table."""
+    vocabs = [vocab] * len(specs) if isinstance(vocab, int) else list(vocab)
+    if len(vocabs) != len(specs):
+        raise InvalidArgument(f"vocab has {len(vocabs)} values for {len(specs)} tables")
+    code = code_of(dtype, "the rows")
+    dims = [(C.c_uint64 * max(len(shape), 1))(*shape) for _, shape in specs]
+    shapes = (_lib.TableShape * max(len(specs), 1))(*[
+        _lib.TableShape(t, code, C.addressof(d), len(shape),
+                        _lib.Partition(_PARTITIONS[partition], v))
+        for (t, shape), d, v in zip(specs, dims, vocabs)])
+    return shapes, dims
+
+
 class ShardedTables:
     """Tables partitioned over the same PS tasks, from a worker: `tables` is a sequence of
     ``(table, row_shape)`` (``row_shape`` an int or a tuple), each of rows of `dtype`; a step
@@ -44,9 +61,6 @@ class ShardedTables:
             raise InvalidArgument(f"partition {partition!r} is not one of "
                                   f"{sorted(_PARTITIONS)}")
         specs = [(int(t), _row_shape(shape)) for t, shape in tables]
-        vocabs = [vocab] * len(specs) if isinstance(vocab, int) else list(vocab)
-        if len(vocabs) != len(specs):
-            raise InvalidArgument(f"vocab has {len(vocabs)} values for {len(specs)} tables")
         names = list(peers) if peers is not None else client.runtime.peers(job)
         texts = [client.runtime._peer(p) for p in names]
         self.client = client
@@ -56,12 +70,7 @@ class ShardedTables:
         self.dtype = np.dtype(dtype)
         #: The PS tasks' addresses, in shard order.
         self.peers = [t.decode().rpartition("@")[2] for t in texts]
-        code = code_of(self.dtype, "the rows")
-        dims = [(C.c_uint64 * max(len(shape), 1))(*shape) for _, shape in specs]
-        shapes = (_lib.TableShape * max(len(specs), 1))(*[
-            _lib.TableShape(t, code, C.addressof(d), len(shape),
-                            _lib.Partition(_PARTITIONS[partition], v))
-            for (t, shape), d, v in zip(specs, dims, vocabs)])
+        shapes, _dims = _c_shapes(specs, self.dtype, partition, vocab)
         c_texts = (C.c_char_p * max(len(texts), 1))(*texts)
         check(_lib.sharded_tables_new(c_texts, len(texts), shapes, len(specs),
                                       C.byref(self._s)))

@@ -1,7 +1,7 @@
-"""Several tables in one request per PS (`starwire.ShardedTables`, and the synchronous
-`PSEmbeddingBagCollection` over it) over real loopback sockets: two PS tasks serving three
-`PsTable`s each; the frames a step sends counted on the PS tasks, and the rows compared
-with the per-table client's."""
+"""Several tables in one request per PS (`starwire.ShardedTables`, `starwire.PipelineTables`
+and the synchronous and pipelined `PSEmbeddingBagCollection` over them) over real loopback
+sockets: two PS tasks serving three `PsTable`s each; the frames a step sends counted on
+the PS tasks, and the rows compared with the per-table client's."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ else:
     HAVE_TORCH = True
     from torch import nn
 
-    from starwire.torch import PSEmbeddingBagCollection, TableConfig
+    from starwire.torch import PrefetchingLoader, PSEmbeddingBagCollection, TableConfig
 
 NO_TORCH = "torch is not importable here (CI installs it; pip install torch)"
 #: Table id and row size of each table.
@@ -149,6 +149,69 @@ class ShardedTablesTest(TablesCase):
             multi.pull([[1], [1]])
 
 
+class PipelineTablesTest(TablesCase):
+    def test_a_step_is_one_frame_per_ps_each_way_with_the_per_table_rows(self) -> None:
+        settings = starwire.PipelineSettings(staleness=0)
+        pipe = starwire.PipelineTables(self.client, TABLES, peers=self.peers,
+                                       settings=settings)
+        self.addCleanup(pipe.close)
+        ids: list[Any] = [np.array([1, 2, 3, 1, 4], dtype=np.uint64), [7, 7, 10],
+                          np.arange(6)]
+        for step in range(3):
+            before = self.frames()
+            pipe.prefetch(ids)
+            outs, report = pipe.pull(ids)
+            self.assertEqual(self.sent(before), [1, 1], f"pull of step {step}")
+            self.assertEqual((report.step, report.unique, report.prefetched, report.missing),
+                             (step, 4 + 2 + 6, 2, 0))
+            for (t, d), i, out in zip(TABLES, ids, outs):
+                want, _ = self.single(t, d).pull(i)
+                np.testing.assert_array_equal(out, want, err_msg=f"table {t}, step {step}")
+            rows_before = [self.rows(t, d) for t, d in TABLES]
+            grads = [np.ones((len(i), d), dtype=np.float32) for i, (_, d) in zip(ids, TABLES)]
+            before = self.frames()
+            report = pipe.push(ids, grads)
+            pipe.flush()
+            self.assertEqual(self.sent(before), [1, 1], f"push of step {step}")
+            self.assertEqual(report.rows_sent, 4 + 2 + 6)
+            after = [self.rows(t, d) for t, d in TABLES]
+            # Duplicates summed: id 1 of table 1 twice, id 7 of table 2 twice.
+            np.testing.assert_array_equal(after[0][1], rows_before[0][1] - 2 * np.float32(LR))
+            np.testing.assert_array_equal(after[1][7], rows_before[1][7] - 2 * np.float32(LR))
+            np.testing.assert_array_equal(after[2][5], rows_before[2][5] - np.float32(LR))
+            np.testing.assert_array_equal(after[0][0], rows_before[0][0])
+        self.assertEqual((pipe.steps(), pipe.pushes(), pipe.pushes_in_flight()), (3, 3, 0))
+
+    def test_into_given_arrays_and_bad_arguments(self) -> None:
+        pipe = starwire.PipelineTables(self.client, TABLES, peers=self.peers)
+        ids: list[Any] = [[2, 4], [], [6]]
+        outs = [np.full((2, 4), 7, np.float32), np.zeros((0, 3), np.float32),
+                np.full((1, 2), 7, np.float32)]
+        before = self.frames()
+        got, _ = pipe.pull(ids, outs)
+        # Even ids only: all at ps 0, in one request.
+        self.assertEqual(self.sent(before), [1, 0])
+        self.assertTrue(all(g is o for g, o in zip(got, outs)))
+        np.testing.assert_array_equal(outs[0], self.rows(1, 4)[[2, 4]])
+        np.testing.assert_array_equal(outs[2], self.rows(3, 2)[[6]])
+        with self.assertRaisesRegex(starwire.InvalidArgument, "1 batches of ids for 3 tables"):
+            pipe.pull([[1]])
+        with self.assertRaisesRegex(starwire.InvalidArgument, r"outs\[1\] is float32\[0, 3\]"):
+            pipe.pull([[2, 4], [1], [6]], outs)
+        with self.assertRaisesRegex(starwire.InvalidArgument, r"grads\[0\] is float32\[1, 3\]"):
+            pipe.push([[1], [], []], [np.ones((1, 3), np.float32), outs[1],
+                                      np.zeros((0, 2), np.float32)])
+        with self.assertRaisesRegex(starwire.InvalidArgument, "named twice"):
+            starwire.PipelineTables(self.client, [(1, 4), (1, 4)], peers=self.peers)
+        with self.assertRaisesRegex(starwire.InvalidArgument, "cache_bytes"):
+            starwire.PipelineTables(self.client, TABLES, peers=self.peers,
+                                    settings=starwire.PipelineSettings(cache_bytes=-1))
+        pipe.close()
+        pipe.close()
+        with self.assertRaises(starwire.Closed):
+            pipe.pull(ids)
+
+
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)
 class CollectionTest(TablesCase):
     def test_a_synchronous_collection_step_is_one_frame_per_ps_each_way(self) -> None:
@@ -201,6 +264,50 @@ class CollectionTest(TablesCase):
         np.testing.assert_array_equal(a_after[5], a_before[5] - np.float32(LR))
         np.testing.assert_array_equal(a_after[7], a_before[7])
         coll.flush()
+        coll.close()
+
+    def test_a_pipelined_collection_step_is_one_frame_per_ps_each_way(self) -> None:
+        configs = {"a": TableConfig(1, 4, "sum"), "b": TableConfig(2, 3, "mean"),
+                   "c": TableConfig(3, 2, "sum")}
+        coll = PSEmbeddingBagCollection(self.client, configs, peers=self.peers, staleness=1,
+                                        cache_bytes=1 << 14)
+        rng = np.random.default_rng(9)
+        # Ids 0..5 with both parities in every table's batch: each step reaches both PS
+        # tasks.
+        batches = [{name: torch.from_numpy(np.concatenate([[0, 1], rng.integers(0, 6, 4)])
+                                           .reshape(3, 2))
+                    for name in configs} for _ in range(6)]
+        before = self.frames()
+        hits = 0
+        for step, inputs in enumerate(PrefetchingLoader(batches, coll, lambda b: b)):
+            out = coll(inputs)
+            report = coll.last_report
+            assert isinstance(report, starwire.PipelineReport)
+            self.assertEqual(report.step, step)
+            self.assertLessEqual(report.may_miss, 1)
+            hits += report.cache_hits
+            sum(o.sum() for o in out.values()).backward()
+        coll.flush()
+        sent = self.sent(before)
+        # A push per step and PS task for the three tables, and at most a pull: the row
+        # caches serve some steps' rows whole (staleness 1), and no table has a request of
+        # its own.
+        for k in range(2):
+            self.assertGreaterEqual(sent[k], 6, f"ps:{k}")
+            self.assertLessEqual(sent[k], 6 * 2, f"ps:{k}")
+        self.assertGreater(hits, 0)
+        # A table of the collection called on its own: a step of the shared pipeline in
+        # which the others take no part (ids 7 and 8, never pulled: not cached).
+        rows_before = self.rows(1, 4)
+        before = self.frames()
+        out = coll.bags["a"](torch.tensor([[7, 8]]))
+        np.testing.assert_allclose(out.detach().numpy()[0], rows_before[7] + rows_before[8],
+                                   rtol=1e-6)
+        out.sum().backward()
+        coll.flush()
+        self.assertEqual(self.sent(before), [2, 2])
+        after = self.rows(1, 4)
+        np.testing.assert_array_equal(after[[7, 8]], rows_before[[7, 8]] - np.float32(LR))
         coll.close()
 
 
