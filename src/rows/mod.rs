@@ -15,7 +15,9 @@
 //! through [`RowElement`], as `f32`, `f64` and the integer types. [`Pipeline`] does it
 //! with a step that does not wait: the next batch's rows requested while this one
 //! computes, pushes not waited for, within a staleness bound, and, with a [`RowCache`],
-//! the rows of ids it pulled recently enough served without asking.
+//! the rows of ids it pulled recently enough served without asking; several tables over
+//! the same PS tasks pipeline together ([`Pipeline::new_tables`]), a step one request per
+//! PS each way for all of them.
 
 mod cache;
 mod element;

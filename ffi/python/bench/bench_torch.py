@@ -27,10 +27,15 @@ Two batch sizes show whether it grows with the rows (no per-row Python work).
 
 **Training**: a step of a small DLRM-style model (4 tables, bags of 4 ids per example,
 a bottom and a top MLP, Adam) with the tables synchronous, pipelined at staleness 0 with a
-`PrefetchingLoader`, and at staleness 1 with and without it; the configurations take turns
-round by round; a figure is the median over rounds of the round's mean step time and
-visible communication (`PipelineReport.visible`, summed over the tables; the synchronous
-modules' is timed around their forward's pull and their backward).
+`PrefetchingLoader`, and at staleness 1 with and without it, through the collection (one
+`PipelineTables` for all the tables: one request per PS task each way); and, as the
+baseline of that, at staleness 1 with and without the prefetch through a `Pipeline` per
+table (`PSEmbeddingBag`s of their own: one request per table and PS task each way). The
+configurations take turns round by round, each on its own client; a figure is the median
+over rounds of the round's mean step time, visible communication (`PipelineReport.visible`
+of the step, summed over the pipelines; the synchronous collection's is timed around its
+forward's pull and its backward) and requests per step (the worker's completed requests);
+the ratios pair each round's figures.
 """
 
 from __future__ import annotations
@@ -161,7 +166,7 @@ def overhead(worker: starwire.Runtime, args: argparse.Namespace, bags: int
 
 
 class Model(nn.Module):
-    def __init__(self, embeddings: PSEmbeddingBagCollection, tables: int) -> None:
+    def __init__(self, embeddings: nn.Module, tables: int) -> None:
         super().__init__()
         self.embeddings = embeddings
         self.bottom = nn.Sequential(nn.Linear(13, 256), nn.ReLU(), nn.Linear(256, DIM))
@@ -174,16 +179,59 @@ class Model(nn.Module):
         return self.top(x)
 
 
+class PerTable(nn.Module):
+    """The tables as pipelined `PSEmbeddingBag`s of their own (a `Pipeline` each: one
+    request per table and PS task each way), taking and giving what the collection does:
+    the baseline of the collection's one `PipelineTables`."""
+
+    def __init__(self, client: starwire.Client, tables: int, staleness: int) -> None:
+        super().__init__()
+        self.bags = nn.ModuleDict({f"t{t}": PSEmbeddingBag(client, t, DIM, "sum",
+                                                           staleness=staleness,
+                                                           pipelined=True)
+                                   for t in range(1, tables + 1)})
+
+    def _each(self) -> Iterator[tuple[str, PSEmbeddingBag]]:
+        for k, b in self.bags.items():
+            assert isinstance(b, PSEmbeddingBag)
+            yield k, b
+
+    def forward(self, ids: dict[str, Any]) -> dict[str, Any]:
+        return {k: b(ids[k]) for k, b in self._each()}
+
+    def prefetch(self, ids: dict[str, Any]) -> None:
+        for k, b in self._each():
+            b.prefetch(ids[k])
+
+    def flush(self) -> None:
+        for _, b in self._each():
+            b.flush()
+
+    def close(self) -> None:
+        for _, b in self._each():
+            b.close()
+
+
+#: Each training configuration: staleness, pipelined, prefetch, a pipeline per table.
+CONFIGS = {"synchronous": (0, False, False, False),
+           "staleness 0, prefetch": (0, True, True, False),
+           "staleness 1": (1, True, False, False),
+           "staleness 1, prefetch": (1, True, True, False),
+           "staleness 1, a pipeline per table": (1, True, False, True),
+           "staleness 1, prefetch, a pipeline per table": (1, True, True, True)}
+
+
 def training(worker: starwire.Runtime, args: argparse.Namespace
              ) -> dict[str, dict[str, list[float]]]:
-    configs = {"synchronous": (0, False, False), "staleness 0, prefetch": (0, True, True),
-               "staleness 1": (1, True, False), "staleness 1, prefetch": (1, True, True)}
     setups = {}
-    for name, (staleness, pipelined, _) in configs.items():
-        coll = PSEmbeddingBagCollection(
-            worker.client(), {f"t{t}": TableConfig(t, DIM, "sum")
-                              for t in range(1, args.tables + 1)},
-            staleness=staleness, pipelined=pipelined)
+    for name, (staleness, pipelined, _, per_table) in CONFIGS.items():
+        # Each on a client of its own, with room for a pipeline per table.
+        client = worker.client(capacity=256)
+        coll: Any = (PerTable(client, args.tables, staleness) if per_table
+                     else PSEmbeddingBagCollection(
+                         client, {f"t{t}": TableConfig(t, DIM, "sum")
+                                  for t in range(1, args.tables + 1)},
+                         staleness=staleness, pipelined=pipelined))
         torch.manual_seed(0)
         model = Model(coll, args.tables)
         setups[name] = (coll, model, torch.optim.Adam(model.parameters(), lr=1e-3))
@@ -200,25 +248,36 @@ def training(worker: starwire.Runtime, args: argparse.Namespace
             yield {"ids": ids, "dense": torch.randn(n, 13), "y": torch.rand(n, 1).round()}
 
     result: dict[str, dict[str, list[float]]] = {
-        k: {"step": [], "visible": []} for k in configs}
+        k: {"step": [], "visible": [], "requests": []} for k in CONFIGS}
     loss_fn = nn.BCEWithLogitsLoss()
     for _ in range(args.rounds):
-        order = list(configs)
+        order = list(CONFIGS)
         random.shuffle(order)
         for name in order:
             coll, model, opt = setups[name]
-            prefetch = configs[name][2]
+            _, pipelined, prefetch, per_table = CONFIGS[name]
             data = [b for b in batches(args.train_steps)]
             bag_list = [b for b in coll.bags.values() if isinstance(b, PSEmbeddingBag)]
+            # The collection's tables share one step report; a pipeline per table has one
+            # each.
+            reporting = bag_list if per_table else bag_list[:1]
             visible = 0.0
-            loader: Any = PrefetchingLoader(data, coll, lambda b: b["ids"]) if prefetch else data
+            loader: Any = (PrefetchingLoader(data, coll, lambda b: b["ids"])
+                           if prefetch and not per_table else data)
+            requests = worker.stats().requests_completed
             t0 = time.perf_counter()
-            for b in loader:
-                if configs[name][1]:
-                    loss = loss_fn(model(b), b["y"])
+            for i, b in enumerate(loader):
+                if pipelined:
+                    bags = coll(b["ids"])
+                    if prefetch and per_table and i + 1 < len(data):
+                        # As the loader does: the next batch's rows right after this pull.
+                        coll.prefetch(data[i + 1]["ids"])
+                    x = torch.cat([model.bottom(b["dense"]), *(bags[k] for k in sorted(bags))],
+                                  dim=1)
+                    loss = loss_fn(model.top(x), b["y"])
                     opt.zero_grad()
                     loss.backward()
-                    visible += sum(r.visible for r in (x.last_report for x in bag_list)
+                    visible += sum(r.visible for r in (x.last_report for x in reporting)
                                    if isinstance(r, starwire.PipelineReport))
                 else:
                     # Synchronous: the pulls and pushes timed where they happen.
@@ -229,8 +288,8 @@ def training(worker: starwire.Runtime, args: argparse.Namespace
                                   dim=1)
                     loss = loss_fn(model.top(x), b["y"])
                     opt.zero_grad()
-                    # The backward pushes table by table; the dense part's gradient is
-                    # computed first and timed with it (an upper bound).
+                    # The backward pushes the tables; the dense part's gradient is computed
+                    # first and timed with it (an upper bound).
                     b0 = time.perf_counter()
                     loss.backward()
                     b1 = time.perf_counter()
@@ -240,6 +299,8 @@ def training(worker: starwire.Runtime, args: argparse.Namespace
             elapsed = time.perf_counter() - t0
             result[name]["step"].append(elapsed / args.train_steps * 1e3)
             result[name]["visible"].append(visible / args.train_steps * 1e3)
+            result[name]["requests"].append(
+                (worker.stats().requests_completed - requests) / args.train_steps)
     for coll, _, _ in setups.values():
         coll.close()
     return result
@@ -257,6 +318,7 @@ def main() -> None:
     ap.add_argument("--zipf", type=float, default=1.05)
     ap.add_argument("--sizes", default="64,1024", help="bags per overhead step")
     ap.add_argument("--skip-training", action="store_true", help="the overhead only")
+    ap.add_argument("--skip-overhead", action="store_true", help="the training only")
     args = ap.parse_args()
     torch.set_num_threads(1)
     random.seed(1)
@@ -266,7 +328,8 @@ def main() -> None:
           f"{torch.__version__}; 2 PS tasks in process; {args.tables} tables of {args.rows} "
           f"rows x {DIM * 4} B = {args.tables * args.rows * DIM * 4 / 1e6:.1f} MB; load "
           f"average {os.getloadavg()[0]:.2f}")
-    for bags in (int(s) for s in args.sizes.split(",")):
+    sizes = [] if args.skip_overhead else [int(s) for s in args.sizes.split(",")]
+    for bags in sizes:
         o = overhead(worker, args, bags)
         med = {k: statistics.median(v) for k, v in o.items()}
         print(f"overhead, {bags} bags x {args.bag} ids ({med['unique']:.0f} unique rows): "
@@ -287,8 +350,17 @@ def main() -> None:
     t = training(worker, args)
     for name, r in t.items():
         print(f"training, {name}: step {statistics.median(r['step']):.2f} ms, visible "
-              f"communication {statistics.median(r['visible']):.2f} ms "
+              f"communication {statistics.median(r['visible']):.2f} ms, "
+              f"{statistics.median(r['requests']):.1f} requests per step "
               f"(rounds {', '.join(f'{x:.2f}' for x in r['step'])})")
+    for shared, own in (("staleness 1", "staleness 1, a pipeline per table"),
+                        ("staleness 1, prefetch", "staleness 1, prefetch, a pipeline per table")):
+        ratio = [a / b for a, b in zip(t[shared]["step"], t[own]["step"])]
+        vis = [a / b for a, b in zip(t[shared]["visible"], t[own]["visible"]) if b > 0]
+        print(f"one pipeline for the {args.tables} tables / a pipeline per table, {shared}: "
+              f"step {statistics.median(ratio):.3f}x (rounds "
+              f"{', '.join(f'{x:.3f}' for x in ratio)}), visible communication "
+              f"{statistics.median(vis):.3f}x")
     close(worker, ps)
 
 

@@ -20,10 +20,11 @@ calls after ``loss.backward()`` (or, at the latest, the next forward, before its
 
 With ``staleness=0`` (the default) a forward waits for its pull and a backward for its
 push. With ``staleness=s`` above 0 (or ``pipelined=True``) the table goes through a
-`starwire.Pipeline`: a backward sends its push and returns, and the rows of a forward may
-miss at most this worker's `s` most recent pushes (every earlier one is in them); a push
-that fails after its backward returned raises at a later forward, backward or `flush`,
-never dropped. `PrefetchingLoader` wraps a data loader so that the next batch's rows are
+`starwire.Pipeline` (the tables of a collection share one `starwire.PipelineTables`, one
+request per PS task each way per step): a backward sends its push and returns, and the
+rows of a forward may miss at most this worker's `s` most recent pushes (every earlier one
+is in them); a push that fails after its backward returned raises at a later forward,
+backward or `flush`, never dropped. `PrefetchingLoader` wraps a data loader so that the next batch's rows are
 requested while this batch computes. Rows cross the wire as float32, or as bfloat16 or
 float16 with ``wire_dtype`` (half the bytes; the modules still compute in float32). Pulls
 and pushes go through the calling thread's `Client` (backward of a CPU graph runs on the
