@@ -257,10 +257,10 @@ def training(worker: starwire.Runtime, args: argparse.Namespace
             coll, model, opt = setups[name]
             _, pipelined, prefetch, per_table = CONFIGS[name]
             data = [b for b in batches(args.train_steps)]
-            bag_list = [b for b in coll.bags.values() if isinstance(b, PSEmbeddingBag)]
             # The collection's tables share one step report; a pipeline per table has one
             # each.
-            reporting = bag_list if per_table else bag_list[:1]
+            reporting = ([b for b in coll.bags.values() if isinstance(b, PSEmbeddingBag)]
+                         if per_table else [coll])
             visible = 0.0
             loader: Any = (PrefetchingLoader(data, coll, lambda b: b["ids"])
                            if prefetch and not per_table else data)

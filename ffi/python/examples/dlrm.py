@@ -33,8 +33,7 @@ import torch
 from torch import Tensor, nn
 
 import starwire
-from starwire.torch import (PrefetchingLoader, PSEmbeddingBag, PSEmbeddingBagCollection,
-                            TableConfig)
+from starwire.torch import PrefetchingLoader, PSEmbeddingBagCollection, TableConfig
 
 Batch = dict[str, Any]
 
@@ -165,7 +164,6 @@ def main() -> int:
         batches: Any = data.loader(1, args.steps, args.batch)
         if args.prefetch:
             batches = PrefetchingLoader(batches, embeddings, lambda b: b["ids"])
-        bags = [b for b in embeddings.bags.values() if isinstance(b, PSEmbeddingBag)]
         loss_fn = nn.BCEWithLogitsLoss()
         window: list[float] = []
         visible = total = 0.0
@@ -176,9 +174,10 @@ def main() -> int:
             loss.backward()
             opt.step()
             window.append(loss.item())
-            # Each table's step report, as its push left it: the whole step's.
-            visible += sum(r.visible for r in (b.last_report for b in bags)
-                           if isinstance(r, starwire.PipelineReport))
+            # The step's report of all the tables, as its push left it: the whole step's.
+            report = embeddings.last_report
+            if isinstance(report, starwire.PipelineReport):
+                visible += report.visible
             if step % 50 == 0 or step == args.steps:
                 total = time.perf_counter() - start
                 print(f"step {step:4}: loss {np.mean(window):.4f}; per step: visible "

@@ -119,7 +119,7 @@ class PSEmbeddingBagCollection(nn.Module):
     Every feature's input is checked and deduplicated before any request is sent. A
     step's pull of all its tables is ONE request per PS task, and so is its backward's
     push, sent once every table's block has its gradient (`last_report` is the step's
-    pull's report): synchronous (``staleness=0``, not pipelined) through
+    pull's report, pipelined the step's): synchronous (``staleness=0``, not pipelined) through
     `starwire.ShardedTables`, pipelined through one `starwire.PipelineTables` for all the
     tables (its staleness bound and ``max_pushes_in_flight`` count a step's push of every
     table as one; each table has a row cache of ``cache_bytes``). With
@@ -182,9 +182,8 @@ class PSEmbeddingBagCollection(nn.Module):
             raise
         self._client, self.timeout = client, timeout
         self._in_backward = push_in_backward
-        #: The last forward's pull of all its tables (pipelined: its step's report as the
-        #: pull left it).
-        self.last_report: Optional[Union[StepReport, PipelineReport]] = None
+        #: The last synchronous forward's pull of all its tables.
+        self._last_pull: Optional[StepReport] = None
         self._pos = {name: i for i, name in enumerate(tables)}
         self._tables: Optional[ShardedTables] = None
         #: The forwards whose gradients are not all pushed (at most `_STEPS_KEPT`).
@@ -198,6 +197,15 @@ class PSEmbeddingBagCollection(nn.Module):
                 client, [(cfg.table, cfg.dim) for cfg in configs], peers=tasks,
                 partition=partition, vocab=[cfg.num_embeddings or 0 for cfg in configs],
                 wire_dtype=_WIRE_DTYPES[wire], loss_scale=loss_scale)
+
+    @property
+    def last_report(self) -> Optional[Union[StepReport, PipelineReport]]:
+        """Synchronous: the last forward's pull of all its tables. Pipelined: the report of
+        the step of all the tables as the last call left it (after the backward's push,
+        the whole step's: visible and waited seconds, bytes, prefetched parts)."""
+        if self._shared is not None:
+            return self._shared.last_report
+        return self._last_pull
 
     def _bag(self, name: str) -> PSEmbeddingBag:
         if name not in self.bags:
@@ -312,7 +320,6 @@ class PSEmbeddingBagCollection(nn.Module):
             for name, _, lookup, _ in steps:
                 ids[self._pos[name]] = lookup.unique
             blocks = self._shared.pull(ids)
-            self.last_report = self._shared.last_report
             for name, _, lookup, _ in steps:
                 lookup.block = blocks[self._pos[name]]
             # The next batch's rows are requested now that this step's are taken.
@@ -340,7 +347,7 @@ class PSEmbeddingBagCollection(nn.Module):
             assert lookup.ids is not None
             ids[self._pos[name]] = _flat_ids(lookup.ids)
         try:
-            parts, self.last_report = tables.pull_unique(ids, timeout=self.timeout)
+            parts, self._last_pull = tables.pull_unique(ids, timeout=self.timeout)
         except StarwireError as e:
             _note(e, f"while pulling the rows of tables {tables.tables}")
             raise
