@@ -566,3 +566,203 @@ fn steps_of_three_tables_allocate_nothing_in_steady_state() {
         );
     }
 }
+
+/// One table's part of a unique pull: its distinct ids, their rows, each position's index.
+type UniquePart = (Vec<u64>, Vec<u8>, Vec<i64>);
+
+/// A unique pull of `ids`' batches: each table's part, and the report.
+fn pull_unique(
+    pipe: &mut Pipeline,
+    h: &mut Handle,
+    ids: &[&[u64]; 3],
+) -> (Vec<UniquePart>, starwire::rows::PipelineReport) {
+    let mut inverse: Vec<Vec<i64>> = ids.iter().map(|i| vec![-1; i.len()]).collect();
+    let mut unique: Vec<Vec<u64>> = ids.iter().map(|i| vec![u64::MAX; i.len()]).collect();
+    let mut rows: Vec<Vec<u8>> = (0..3)
+        .map(|t| vec![0xaa; ids[t].len() * row_bytes(t)])
+        .collect();
+    let report = {
+        let mut inv: Vec<&mut [i64]> = inverse.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let mut uni: Vec<&mut [u64]> = unique.iter_mut().map(|v| v.as_mut_slice()).collect();
+        pipe.pull_tables_unique(h, ids, &mut inv, &mut uni, &mut views(&mut rows))
+            .unwrap()
+            .clone()
+    };
+    let parts = (0..3)
+        .map(|t| {
+            let n = pipe.unique_len(t);
+            let (mut u, mut r, inv) = (unique[t].clone(), rows[t].clone(), inverse[t].clone());
+            u.truncate(n);
+            r.truncate(n * row_bytes(t));
+            (u, r, inv)
+        })
+        .collect();
+    (parts, report)
+}
+
+#[test]
+fn a_unique_pull_gives_each_distinct_row_once_in_the_plans_order() {
+    let adagrad = |d| {
+        let init = Init::Uniform {
+            scale: 0.1,
+            seed: 3,
+        };
+        let opt = Optimizer::Adagrad {
+            lr: 0.1,
+            initial_accumulator: 0.1,
+        };
+        MemTable::new(d, init, opt)
+    };
+    let (_ra, peers_a, a) = cluster(adagrad);
+    let (_rb, peers_b, b) = cluster(adagrad);
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    let mut plain = ShardedTables::new(peers_a, &shapes()).unwrap();
+    let mut pipe = pipeline(&peers_b, PipelineSettings::default().staleness(0));
+    let steps = batches(10, 12, 30, 21);
+    pipe.prefetch_tables(&mut h, &refs(&steps[0])).unwrap();
+    for (t, step) in steps.iter().enumerate() {
+        let ids = refs(step);
+        let (parts, report) = pull_unique(&mut pipe, &mut h, &ids);
+        assert_eq!(report.step, t as u64);
+        // At staleness 0 a prefetch waits for the push before it: only the first goes out
+        // before its pull.
+        assert_eq!(report.prefetched, if t == 0 { 2 } else { 0 }, "step {t}");
+        // What the synchronous client's unique pull gives: the same distinct ids in the
+        // same order, the same inverse, the same rows.
+        let mut inverse: Vec<Vec<i64>> = ids.iter().map(|i| vec![0; i.len()]).collect();
+        let mut unique: Vec<Vec<u64>> = ids.iter().map(|i| vec![0; i.len()]).collect();
+        let mut rows: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
+            .collect();
+        {
+            let mut inv: Vec<&mut [i64]> = inverse.iter_mut().map(|v| v.as_mut_slice()).collect();
+            let mut uni: Vec<&mut [u64]> = unique.iter_mut().map(|v| v.as_mut_slice()).collect();
+            let r = plain
+                .pull_unique(
+                    &mut h,
+                    &ids,
+                    &mut inv,
+                    &mut uni,
+                    &mut views(&mut rows),
+                    secs(20),
+                )
+                .unwrap();
+            assert!(r.is_ok(), "{r:?}");
+        }
+        let mut unique_total = 0;
+        for i in 0..3 {
+            let n = plain.unique_len(i);
+            unique_total += n;
+            assert_eq!(parts[i].0, unique[i][..n], "step {t} table {i}: unique ids");
+            assert_eq!(parts[i].2, inverse[i], "step {t} table {i}: inverse");
+            assert_eq!(
+                parts[i].1,
+                rows[i][..n * row_bytes(i)],
+                "step {t} table {i}: rows"
+            );
+        }
+        assert_eq!(report.unique, unique_total);
+        if let Some(next) = steps.get(t + 1) {
+            pipe.prefetch_tables(&mut h, &refs(next)).unwrap();
+        }
+        // Gradients of the distinct rows, pushed by the distinct ids.
+        let grads: Vec<Vec<u8>> = parts
+            .iter()
+            .map(|(_, r, _)| to_bytes(&f32s(r).iter().map(|x| x * 0.5 + 0.01).collect::<Vec<_>>()))
+            .collect();
+        let gviews: Vec<&[u8]> = grads.iter().map(|g| g.as_slice()).collect();
+        let uniques: Vec<&[u64]> = parts.iter().map(|(u, _, _)| u.as_slice()).collect();
+        assert!(plain
+            .push(&mut h, &uniques, &gviews, secs(20))
+            .unwrap()
+            .is_ok());
+        let r = pipe.push_tables(&mut h, &uniques, &gviews).unwrap();
+        assert_eq!(r.rows_sent, unique_total);
+    }
+    pipe.flush(&mut h).unwrap();
+    let bits = |v: Option<Vec<f32>>| v.map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>());
+    for i in 0..3 {
+        for id in 0..30u64 {
+            let s = (id % 2) as usize;
+            assert_eq!(
+                bits(a[s][i].get(id)),
+                bits(b[s][i].get(id)),
+                "table {i} id {id}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_unique_pull_lands_cached_rows_and_checks_its_buffers() {
+    // Rows that never change (lr 0): whatever the timing, every row is the PS's.
+    let (rts, peers, _tables) = cluster(|d| {
+        let init = Init::Uniform {
+            scale: 0.5,
+            seed: 4,
+        };
+        MemTable::new(d, init, Optimizer::Sgd { lr: 0.0 })
+    });
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    let mut plain = ShardedTables::new(peers.clone(), &shapes()).unwrap();
+    let settings = PipelineSettings::default()
+        .staleness(2)
+        .cache_bytes(1 << 14);
+    let mut pipe = pipeline(&peers, settings);
+    let steps = batches(12, 10, 16, 9);
+    let mut hits = 0;
+    for step in &steps {
+        let ids = refs(step);
+        let (parts, report) = pull_unique(&mut pipe, &mut h, &ids);
+        hits += report.cache_hits;
+        let mut want: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
+            .collect();
+        assert!(plain
+            .pull(&mut h, &ids, &mut views(&mut want), secs(10))
+            .unwrap()
+            .is_ok());
+        for i in 0..3 {
+            let rb = row_bytes(i);
+            let (unique, rows, inverse) = &parts[i];
+            for (pos, &j) in inverse.iter().enumerate() {
+                let j = j as usize;
+                assert_eq!(unique[j], ids[i][pos]);
+                assert_eq!(
+                    rows[j * rb..(j + 1) * rb],
+                    want[i][pos * rb..(pos + 1) * rb]
+                );
+            }
+        }
+        let grads: Vec<Vec<u8>> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| vec![0; p.0.len() * row_bytes(i)])
+            .collect();
+        let gviews: Vec<&[u8]> = grads.iter().map(|g| g.as_slice()).collect();
+        let uniques: Vec<&[u64]> = parts.iter().map(|(u, _, _)| u.as_slice()).collect();
+        pipe.push_tables(&mut h, &uniques, &gviews).unwrap();
+    }
+    assert!(hits > 0, "no row served from the caches");
+    pipe.flush(&mut h).unwrap();
+    // Buffers too short are refused before anything is sent, naming the table.
+    let before = frames_in(&rts);
+    let ids: [&[u64]; 3] = [&[1, 2], &[3], &[]];
+    let (mut inv0, mut inv1) = (vec![0i64; 2], vec![0i64; 1]);
+    let (mut u0, mut u1) = (vec![0u64; 2], vec![0u64; 0]);
+    let (mut o0, mut o1) = (vec![0u8; 32], vec![0u8; 8]);
+    let e = pipe
+        .pull_tables_unique(
+            &mut h,
+            &ids,
+            &mut [&mut inv0, &mut inv1, &mut []],
+            &mut [&mut u0, &mut u1, &mut []],
+            &mut [&mut o0, &mut o1, &mut []],
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("table 5: a unique pull of 1 ids needs inverse of 1 (is 1) and unique of at least 1 (is 0)"), "{e}");
+    assert_eq!(frames_in(&rts), before);
+}

@@ -2,7 +2,7 @@
 //! into the step's rows.
 
 use super::split::{Decision, Source, Split};
-use super::{Part, Pipeline};
+use super::{Landing, Part, Pipeline};
 use crate::error::Error;
 
 impl Pipeline {
@@ -68,12 +68,15 @@ impl Pipeline {
     /// Copies the rows each part takes from the caches into `outs` (each table's into its
     /// buffer), and counts them. Done before any answer is taken: taking one inserts its
     /// rows, which may evict these.
-    pub(super) fn serve_cached(&mut self, outs: &mut [&mut [u8]]) -> Result<(), (usize, Error)> {
+    pub(super) fn serve_cached(
+        &mut self,
+        outs: &mut [&mut [u8]],
+        landing: Landing,
+    ) -> Result<(), (usize, Error)> {
         for (lane, out) in self.lanes.iter().zip(outs.iter_mut()) {
             let Some(cache) = &lane.cache else {
                 continue;
             };
-            let rb = lane.row_bytes;
             for (k, split) in lane.splits.iter().enumerate() {
                 let serving = matches!(
                     self.parts[k],
@@ -82,12 +85,11 @@ impl Pipeline {
                 if !serving || split.hits() == 0 {
                     continue;
                 }
-                lane.ahead
-                    .scatter_each(k, rb, out, |j| match split.source(j) {
-                        Some(Source::Cache(slot)) => Some(cache.row(slot as usize)),
-                        _ => None,
-                    })
-                    .map_err(|e| (k, Error::invalid(&e.to_string())))?;
+                lane.land(k, landing, out, |j| match split.source(j) {
+                    Some(Source::Cache(slot)) => Some(cache.row(slot as usize)),
+                    _ => None,
+                })
+                .map_err(|e| (k, Error::invalid(&e.to_string())))?;
                 self.report.cache_hits += split.hits();
             }
         }

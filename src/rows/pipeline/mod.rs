@@ -20,7 +20,7 @@ use arrayvec::ArrayVec;
 use super::cache::RowCache;
 use super::element::{self, RowElement};
 use super::multi::{TableShape, MAX_TABLES};
-use super::plan::{Partition, Plan};
+use super::plan::{Partition, Plan, PlanError};
 use super::travel::checked_scale;
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
@@ -262,6 +262,53 @@ struct Lane {
     /// the order asked, copied when it was sent (the rows answered unchanged are taken from
     /// here; the others are written over). Grown to the largest part, then reused.
     held_rows: Vec<Vec<u8>>,
+    /// Per PS, in a unique pull: where its distinct ids start among the batch's.
+    starts: Vec<usize>,
+}
+
+/// Where a pull's rows land in the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Landing {
+    /// Row `i` for the batch's `i`-th id, duplicates filled.
+    Batch,
+    /// Each distinct id's row once, in the order of the plan (by PS, each PS's ids in the
+    /// order first seen).
+    Unique,
+}
+
+/// Copies the row `row(j)` gives for each of PS `k`'s distinct ids (`j` its index among
+/// them; `None`: left as it is) to its place among the batch's distinct ids in `out`,
+/// that PS's starting at `starts[k]`.
+fn land_unique<'a>(
+    plan: &Plan,
+    starts: &[usize],
+    k: usize,
+    row_bytes: usize,
+    out: &mut [u8],
+    mut row: impl FnMut(usize) -> Option<&'a [u8]>,
+) -> Result<(), PlanError> {
+    let n = plan.ids(k).len();
+    let at = starts.get(k).copied().unwrap_or(0) * row_bytes;
+    let Some(part) = out.get_mut(at..at + n * row_bytes) else {
+        return Err(PlanError::Length {
+            what: "out",
+            expected: at + n * row_bytes,
+            actual: out.len(),
+        });
+    };
+    for (j, dest) in part.chunks_exact_mut(row_bytes).enumerate() {
+        if let Some(src) = row(j) {
+            if src.len() != row_bytes {
+                return Err(PlanError::Length {
+                    what: "block",
+                    expected: row_bytes,
+                    actual: src.len(),
+                });
+            }
+            dest.copy_from_slice(src);
+        }
+    }
+    Ok(())
 }
 
 impl Lane {
@@ -322,7 +369,91 @@ impl Lane {
             cache,
             splits: (0..peers).map(|_| Split::default()).collect(),
             held_rows: (0..peers).map(|_| Vec::new()).collect(),
+            starts: vec![0; peers],
         })
+    }
+
+    /// For a unique pull of the batch on its way: where each PS's distinct ids start
+    /// among all of them.
+    fn place_unique(&mut self) {
+        let mut at = 0;
+        for (k, start) in self.starts.iter_mut().enumerate() {
+            *start = at;
+            at += self.ahead.ids(k).len();
+        }
+    }
+
+    /// Lands the rows `row(j)` gives for PS `k`'s distinct ids in `out` as `landing` says.
+    fn land<'a>(
+        &self,
+        k: usize,
+        landing: Landing,
+        out: &mut [u8],
+        row: impl FnMut(usize) -> Option<&'a [u8]>,
+    ) -> Result<(), PlanError> {
+        match landing {
+            Landing::Batch => self.ahead.scatter_each(k, self.row_bytes, out, row),
+            Landing::Unique => land_unique(&self.ahead, &self.starts, k, self.row_bytes, out, row),
+        }
+    }
+
+    /// In a unique pull whose part at PS `k` failed: that part's rows zeroed.
+    fn zero_unique(&self, k: usize, out: &mut [u8]) {
+        let (at, n) = (
+            self.starts[k] * self.row_bytes,
+            self.ahead.ids(k).len() * self.row_bytes,
+        );
+        if let Some(part) = out.get_mut(at..at + n) {
+            part.fill(0);
+        }
+    }
+
+    /// After a unique pull: the step's distinct ids into `unique` and each position's
+    /// index among them into `inverse` (checked long enough).
+    fn write_unique_of_current(&self, unique: &mut [u64], inverse: &mut [i64]) {
+        for (k, &start) in self.starts.iter().enumerate() {
+            let part = self.current.ids(k);
+            unique[start..start + part.len()].copy_from_slice(part);
+        }
+        for (pos, inv) in inverse.iter_mut().enumerate() {
+            let (k, row) = self.current.slot(pos).unwrap_or((0, 0));
+            *inv = (self.starts[k] + row) as i64;
+        }
+    }
+
+    /// Checks the buffers of a unique pull of `ids`.
+    fn check_unique(
+        &self,
+        ids: &[u64],
+        inverse: usize,
+        unique: usize,
+        out: usize,
+    ) -> Result<(), Error> {
+        if inverse != ids.len() || unique < ids.len() {
+            return Err(Error::invalid(&format!(
+                "rows: table {}: a unique pull of {} ids needs inverse of {1} (is {inverse}) \
+                 and unique of at least {1} (is {unique})",
+                self.table,
+                ids.len()
+            )));
+        }
+        let need = ids.len().saturating_mul(self.row_bytes);
+        if out < need {
+            return Err(Error::invalid(&format!(
+                "rows: table {}: a unique pull of {} ids needs out of at least {need} bytes \
+                 (is {out})",
+                self.table,
+                ids.len()
+            )));
+        }
+        if u32::try_from(ids.len()).is_err() {
+            return Err(Error::invalid(&format!(
+                "rows: a batch of {} ids (at most {})",
+                ids.len(),
+                u32::MAX
+            )));
+        }
+        Ok(())
     }
 
     /// The ids of this table's part at PS `k` that its request asks for: those the cache
@@ -543,9 +674,70 @@ impl Pipeline {
         let start = Instant::now();
         self.reported.clear();
         self.report.begin(self.steps);
-        let done = self.pull_step(client, ids, outs);
+        let done = self.pull_step(client, ids, outs, Landing::Batch);
         self.finish(start);
         done.map(|()| &self.report)
+    }
+
+    /// [`pull`](Self::pull) of each distinct id of `ids` once, for a caller that builds
+    /// its batch from the distinct rows: the distinct ids go into `unique` (at least
+    /// `ids.len()` long; by PS task, each PS's in the order first seen), their rows into
+    /// `out` (at least `ids.len() × row_bytes` bytes; row `j` for `unique[j]`) and each
+    /// position's index among them into `inverse` (`ids.len()` long). [`unique_len`](Self::unique_len)
+    /// (and the report's `unique`) says how many were written; what is past them is left
+    /// as it was. The batch and its prefetch are as for `pull` (a [`prefetch`](Self::prefetch)
+    /// of the same `ids` is taken), and so is a [`push`](Self::push) of the step's
+    /// gradients (by the distinct ids, or the batch's). The deduplication is the one every
+    /// step does: no more costly than `pull`, and each distinct row is copied once.
+    ///
+    /// `Err` as for `pull`, and for buffers too short (nothing done); when a PS's part
+    /// failed, its rows in `out` are zero (the others may be written) and `unique` and
+    /// `inverse` are left as they were.
+    pub fn pull_unique<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[u64],
+        inverse: &mut [i64],
+        unique: &mut [u64],
+        out: &mut [u8],
+    ) -> Result<&PipelineReport, Error> {
+        self.pull_tables_unique(client, &[ids], &mut [inverse], &mut [unique], &mut [out])
+    }
+
+    /// [`pull_unique`](Self::pull_unique) of every table's batch at once (as
+    /// [`pull_tables`](Self::pull_tables)): `inverse[i]`, `unique[i]` and `outs[i]` are
+    /// the `i`-th table's; [`unique_len(i)`](Self::unique_len) its number of distinct ids.
+    pub fn pull_tables_unique<M: Mode>(
+        &mut self,
+        client: &mut Client<M>,
+        ids: &[&[u64]],
+        inverse: &mut [&mut [i64]],
+        unique: &mut [&mut [u64]],
+        outs: &mut [&mut [u8]],
+    ) -> Result<&PipelineReport, Error> {
+        self.check_batches(ids.len(), outs.len())?;
+        self.check_batches(inverse.len(), unique.len())?;
+        for (i, lane) in self.lanes.iter().enumerate() {
+            lane.check_unique(ids[i], inverse[i].len(), unique[i].len(), outs[i].len())?;
+        }
+        let start = Instant::now();
+        self.reported.clear();
+        self.report.begin(self.steps);
+        let done = self.pull_step(client, ids, outs, Landing::Unique);
+        if done.is_ok() {
+            // The step's batch is the one just pulled.
+            for ((lane, unique), inverse) in self.lanes.iter().zip(unique).zip(inverse) {
+                lane.write_unique_of_current(unique, inverse);
+            }
+        }
+        self.finish(start);
+        done.map(|()| &self.report)
+    }
+
+    /// The distinct ids of the `i`-th table's batch of the step in progress (the last
+    /// pull's); 0 past the last table.
+    pub fn unique_len(&self, i: usize) -> usize {
+        self.lanes.get(i).map_or(0, |l| l.current.unique_len())
     }
 
     /// Hands the next step's batch `ids` early: each PS's part of its pull is planned and

@@ -9,7 +9,7 @@ use arrayvec::ArrayVec;
 use super::refresh::Refresh;
 use super::report::{failures_error, PipelineReport, PushFailure};
 use super::split::{Decision, Source};
-use super::{Lane, Part, Pipeline};
+use super::{land_unique, Landing, Lane, Part, Pipeline};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
@@ -300,10 +300,16 @@ impl Pipeline {
         client: &mut Client<M>,
         ids: &[&[u64]],
         outs: &mut [&mut [u8]],
+        landing: Landing,
     ) -> Result<(), Error> {
         self.reap(client);
         self.report_failures()?;
         self.ensure_ahead(client, ids)?;
+        if landing == Landing::Unique {
+            for lane in &mut self.lanes {
+                lane.place_unique();
+            }
+        }
         // The rows are used now: at most `s` of the pushes sent may be missing.
         let target = self.ledger.issued();
         let s = self.staleness();
@@ -339,7 +345,7 @@ impl Pipeline {
         let mut failed: Option<(usize, Error)> = None;
         let mut may_miss = 0;
         // The cached rows first: taking the answers inserts rows, which may evict them.
-        if let Err(e) = self.serve_cached(outs) {
+        if let Err(e) = self.serve_cached(outs, landing) {
             failed = Some(e);
         }
         for k in 0..self.peers.len() {
@@ -354,7 +360,14 @@ impl Pipeline {
                 Part::Failed(e) => (Err(e), target),
             };
             may_miss = may_miss.max(target.saturating_sub(covers));
-            if let Err(e) = self.take_rows(k, answer, outs) {
+            if let Err(e) = self.take_rows(k, answer, outs, landing) {
+                if landing == Landing::Unique {
+                    // The distinct ids' places change every step: the buffer's old bytes
+                    // there would be rows of other ids.
+                    for (lane, out) in self.lanes.iter().zip(outs.iter_mut()) {
+                        lane.zero_unique(k, out);
+                    }
+                }
                 failed.get_or_insert((k, e));
             }
         }
@@ -384,6 +397,7 @@ impl Pipeline {
         k: usize,
         answer: Result<Completion, Error>,
         outs: &mut [&mut [u8]],
+        landing: Landing,
     ) -> Result<(), Error> {
         let c = answer?;
         let peer = self.peers[k];
@@ -395,7 +409,8 @@ impl Pipeline {
                     continue;
                 }
                 let step = self.steps;
-                let taken = lane.take(k, rows, at, out, &mut self.report, &mut self.refresh, step);
+                let (report, refresh) = (&mut self.report, &mut self.refresh);
+                let taken = lane.take(k, rows, at, (out, landing), report, refresh, step);
                 if let Err(e) = taken {
                     let e = if e.peer().is_none() {
                         e.with_peer(peer.addr())
@@ -633,7 +648,7 @@ impl Lane {
         k: usize,
         rows: &PulledRows,
         at: usize,
-        out: &mut [u8],
+        (out, landing): (&mut [u8], Landing),
         report: &mut PipelineReport,
         refresh: &mut Refresh,
         step: u64,
@@ -651,6 +666,7 @@ impl Lane {
             wide,
             dtype,
             wire,
+            starts,
             ..
         } = self;
         let split = &mut splits[k];
@@ -682,20 +698,35 @@ impl Lane {
                 .map_err(|status| Error::new(ErrorKind::Remote(status)))?;
             &stage[..]
         };
-        match split.asked() {
-            None => ahead.scatter(k, bytes, rb, out),
-            // Each row asked for, and no more, is in the block.
-            Some(_) if bytes.len() != n * rb => Err(PlanError::Length {
-                what: "block",
-                expected: n * rb,
-                actual: bytes.len(),
-            }),
-            Some(_) => ahead.scatter_each(k, rb, out, |j| match split.source(j) {
-                Some(Source::Wire(i)) => bytes.get(i as usize * rb..)?.get(..rb),
-                _ => None,
-            }),
+        // Each row asked for, and no more, is in the block.
+        if bytes.len() != n * rb {
+            return Err(Error::invalid(
+                &PlanError::Length {
+                    what: "block",
+                    expected: n * rb,
+                    actual: bytes.len(),
+                }
+                .to_string(),
+            ));
         }
-        .map_err(|e| Error::invalid(&e.to_string()))?;
+        let row = |i: usize| bytes.get(i * rb..)?.get(..rb);
+        let landed = match (landing, split.asked()) {
+            (Landing::Batch, None) => ahead.scatter(k, bytes, rb, out),
+            (Landing::Batch, Some(_)) => {
+                ahead.scatter_each(k, rb, out, |j| match split.source(j) {
+                    Some(Source::Wire(i)) => row(i as usize),
+                    _ => None,
+                })
+            }
+            (Landing::Unique, None) => land_unique(ahead, starts, k, rb, out, row),
+            (Landing::Unique, Some(_)) => {
+                land_unique(ahead, starts, k, rb, out, |j| match split.source(j) {
+                    Some(Source::Wire(i)) => row(i as usize),
+                    _ => None,
+                })
+            }
+        };
+        landed.map_err(|e| Error::invalid(&e.to_string()))?;
         if let Some(cache) = cache {
             let before = cache.evictions();
             split.keep(cache, ahead.ids(k), bytes, rb, versions);
