@@ -3032,6 +3032,54 @@ sw_result sw_pipeline_push_tables(struct sw_pipeline *p,
                                   struct sw_pipeline_report *report);
 
 /*
+ `sw_pipeline_pull` of each distinct id of `ids[0..n]` once, for a caller that builds its
+ batch from the distinct rows: writes the distinct ids into `unique` (grouped by PS task,
+ each task's in the order first seen), their rows into `out` (row `j` for `unique[j]`)
+ and, for each position `i`, the index of `ids[i]` in `unique` into `inverse[i]`;
+ `*unique_len` (and `report->unique`) says how many were written. `unique` and `out`
+ have room for `n` ids and rows (`byte_len >= n * row_bytes`). A prefetch of the same
+ ids is taken, as by `sw_pipeline_pull`; the step's gradients may be pushed by the
+ distinct ids. Fails as `sw_pipeline_pull` does (buffers too short: nothing done); when
+ a PS's part failed, its rows in `out` are zero and `unique`, `inverse` and
+ `*unique_len` are left as they were.
+
+ # Safety
+ As `sw_pipeline_pull`, with `inverse` pointing at `n` writable int64 values, `unique`
+ at `n` writable uint64 values and `unique_len` writable; `ids`, `inverse`, `unique`
+ and `out` do not overlap.
+ */
+sw_result sw_pipeline_pull_unique(struct sw_pipeline *p,
+                                  struct sw_client *c,
+                                  const uint64_t *ids,
+                                  size_t n,
+                                  int64_t *inverse,
+                                  uint64_t *unique,
+                                  void *out,
+                                  uint64_t byte_len,
+                                  size_t *unique_len,
+                                  struct sw_pipeline_report *report);
+
+/*
+ `sw_pipeline_pull_unique` of every table's batch at once, for a pipeline of
+ `sw_pipeline_new_tables`: for each table `t`, its distinct ids into
+ `batches[t].unique`, their rows into `batches[t].data`, each position's index among
+ them into `batches[t].inverse` and their number into `batches[t].unique_len`. One
+ request per PS for all the tables, as `sw_pipeline_pull_tables`. Fails as that does.
+
+ # Safety
+ `p` and `c` (the pipeline's client) are live handles used by this thread only;
+ `batches` points at `n_tables` writable values, each with `ids` at `n` values, `inverse`
+ at `n` writable int64 values, `unique` at `n` writable uint64 values and `data` at
+ `byte_len` writable bytes, none of them overlapping or used by anyone else during the
+ call; `report` is writable.
+ */
+sw_result sw_pipeline_pull_tables_unique(struct sw_pipeline *p,
+                                         struct sw_client *c,
+                                         struct sw_unique_batch *batches,
+                                         size_t n_tables,
+                                         struct sw_pipeline_report *report);
+
+/*
  Waits until every push sent has been answered by every PS, and every prefetched request
  has its answer (kept for the pull of its batch): then nothing of the pipeline is in
  flight. Fails with the push failures found (see `sw_pipeline_push`). On `SW_OK`,

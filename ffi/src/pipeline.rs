@@ -19,7 +19,8 @@ use crate::client::{client_mut, sw_client, with_client, ClientHandle};
 use crate::result::{sw_result, Failure};
 use crate::sharded::{partition_of, peers_of, row_dims_of, scale_of, sw_partition};
 use crate::sharded_tables::{batch_grads, batch_ids, batch_outs, one_batch_per_table};
-use crate::sharded_tables::{sw_table_batch, sw_table_shape, table_shapes};
+use crate::sharded_tables::{sw_table_batch, sw_table_shape, sw_unique_batch, table_shapes};
+use crate::sharded_tables::{unique_slices, UniqueSlices};
 
 /// How far a pipeline runs ahead of its PS tasks (`sw_pipeline_settings_default` gives the
 /// defaults; `sw_pipeline_new` refuses values out of range, naming the field).
@@ -343,6 +344,8 @@ pub extern "C" fn sw_pipeline_free(p: *mut sw_pipeline) {
 type Batches<'a> = ArrayVec<&'a [u64], MAX_TABLES>;
 
 /// A call of a step, with its arguments.
+// It lives on the stack for the call; boxing the large variants would allocate per step.
+#[allow(clippy::large_enum_variant)]
 enum Call<'a> {
     Prefetch(&'a [u64]),
     Pull(&'a [u64], &'a mut [u8]),
@@ -350,6 +353,7 @@ enum Call<'a> {
     PrefetchTables(Batches<'a>),
     PullTables(Batches<'a>, ArrayVec<&'a mut [u8], MAX_TABLES>),
     PushTables(Batches<'a>, ArrayVec<&'a [u8], MAX_TABLES>),
+    PullUnique(UniqueSlices<'a>),
     Flush,
 }
 
@@ -361,6 +365,9 @@ fn run<M: Mode>(pipe: &mut Pipeline, client: &mut Client<M>, call: Call<'_>) -> 
         Call::PrefetchTables(ids) => pipe.prefetch_tables(client, &ids).map(|_| ()),
         Call::PullTables(ids, mut outs) => pipe.pull_tables(client, &ids, &mut outs).map(|_| ()),
         Call::PushTables(ids, grads) => pipe.push_tables(client, &ids, &grads).map(|_| ()),
+        Call::PullUnique(mut u) => pipe
+            .pull_tables_unique(client, &u.ids, &mut u.inverse, &mut u.unique, &mut u.outs)
+            .map(|_| ()),
         Call::Flush => pipe.flush(client).map(|_| ()),
     }
 }
@@ -637,6 +644,89 @@ pub extern "C" fn sw_pipeline_push_tables(
             let (batches, ids, lens) = tables_call(batches, n_tables, tables)?;
             Ok(Call::PushTables(ids, batch_grads(batches, &lens)?))
         })
+    })
+}
+
+/// `sw_pipeline_pull` of each distinct id of `ids[0..n]` once, for a caller that builds its
+/// batch from the distinct rows: writes the distinct ids into `unique` (grouped by PS task,
+/// each task's in the order first seen), their rows into `out` (row `j` for `unique[j]`)
+/// and, for each position `i`, the index of `ids[i]` in `unique` into `inverse[i]`;
+/// `*unique_len` (and `report->unique`) says how many were written. `unique` and `out`
+/// have room for `n` ids and rows (`byte_len >= n * row_bytes`). A prefetch of the same
+/// ids is taken, as by `sw_pipeline_pull`; the step's gradients may be pushed by the
+/// distinct ids. Fails as `sw_pipeline_pull` does (buffers too short: nothing done); when
+/// a PS's part failed, its rows in `out` are zero and `unique`, `inverse` and
+/// `*unique_len` are left as they were.
+///
+/// # Safety
+/// As `sw_pipeline_pull`, with `inverse` pointing at `n` writable int64 values, `unique`
+/// at `n` writable uint64 values and `unique_len` writable; `ids`, `inverse`, `unique`
+/// and `out` do not overlap.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_pull_unique(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    ids: *const u64,
+    n: usize,
+    inverse: *mut i64,
+    unique: *mut u64,
+    out: *mut c_void,
+    byte_len: u64,
+    unique_len: *mut usize,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        let unique_len = try_out!(unique_len);
+        let batch = [sw_unique_batch {
+            ids,
+            n,
+            inverse,
+            unique,
+            data: out,
+            byte_len,
+            unique_len: 0,
+        }];
+        step(p, c, report, |tables| {
+            one_batch_per_table(1, tables)?;
+            Ok(Call::PullUnique(unique_slices(&batch)?))
+        })?;
+        unique_len.write(ref_from(p).map_or(0, |h| h.pipeline.unique_len(0)));
+        Ok(())
+    })
+}
+
+/// `sw_pipeline_pull_unique` of every table's batch at once, for a pipeline of
+/// `sw_pipeline_new_tables`: for each table `t`, its distinct ids into
+/// `batches[t].unique`, their rows into `batches[t].data`, each position's index among
+/// them into `batches[t].inverse` and their number into `batches[t].unique_len`. One
+/// request per PS for all the tables, as `sw_pipeline_pull_tables`. Fails as that does.
+///
+/// # Safety
+/// `p` and `c` (the pipeline's client) are live handles used by this thread only;
+/// `batches` points at `n_tables` writable values, each with `ids` at `n` values, `inverse`
+/// at `n` writable int64 values, `unique` at `n` writable uint64 values and `data` at
+/// `byte_len` writable bytes, none of them overlapping or used by anyone else during the
+/// call; `report` is writable.
+#[no_mangle]
+pub extern "C" fn sw_pipeline_pull_tables_unique(
+    p: *mut sw_pipeline,
+    c: *mut sw_client,
+    batches: *mut sw_unique_batch,
+    n_tables: usize,
+    report: *mut sw_pipeline_report,
+) -> sw_result {
+    boundary!({
+        let batches = try_slice_mut!(batches, n_tables);
+        step(p, c, report, |tables| {
+            one_batch_per_table(batches.len(), tables)?;
+            Ok(Call::PullUnique(unique_slices(batches)?))
+        })?;
+        if let Some(h) = ref_from(p) {
+            for (i, b) in batches.iter_mut().enumerate() {
+                b.unique_len = h.pipeline.unique_len(i);
+            }
+        }
+        Ok(())
     })
 }
 

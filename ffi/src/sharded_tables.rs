@@ -216,6 +216,48 @@ pub(crate) fn one_batch_per_table(batches: usize, tables: usize) -> Result<(), F
     Ok(())
 }
 
+/// The arrays of unique batches, one per table.
+pub(crate) struct UniqueSlices<'a> {
+    pub ids: ArrayVec<&'a [u64], MAX_TABLES>,
+    pub inverse: ArrayVec<&'a mut [i64], MAX_TABLES>,
+    pub unique: ArrayVec<&'a mut [u64], MAX_TABLES>,
+    pub outs: ArrayVec<&'a mut [u8], MAX_TABLES>,
+}
+
+/// Each unique batch's arrays, checked not NULL (at most [`MAX_TABLES`] batches: checked
+/// by the caller).
+pub(crate) fn unique_slices<'a>(batches: &[sw_unique_batch]) -> Result<UniqueSlices<'a>, Failure> {
+    let mut s = UniqueSlices {
+        ids: ArrayVec::new(),
+        inverse: ArrayVec::new(),
+        unique: ArrayVec::new(),
+        outs: ArrayVec::new(),
+    };
+    for (i, b) in batches.iter().enumerate() {
+        s.ids
+            .push(try_slice!(b.ids, b.n, format!("batches[{i}].ids")));
+        s.inverse.push(try_slice_mut!(
+            b.inverse,
+            b.n,
+            format!("batches[{i}].inverse")
+        ));
+        s.unique.push(try_slice_mut!(
+            b.unique,
+            b.n,
+            format!("batches[{i}].unique")
+        ));
+        let len = usize::try_from(b.byte_len).map_err(|_| {
+            Failure::invalid(format!("batches[{i}].byte_len {} too large", b.byte_len))
+        })?;
+        s.outs.push(try_slice_mut!(
+            b.data.cast::<u8>(),
+            len,
+            format!("batches[{i}].data")
+        ));
+    }
+    Ok(s)
+}
+
 /// Each batch's ids, and the length of its data (checked to fit memory). The caller has
 /// checked that there are at most [`MAX_TABLES`] batches.
 pub(crate) fn batch_ids<'a>(
@@ -368,31 +410,12 @@ pub extern "C" fn sw_sharded_tables_pull_unique(
         let report = try_out!(report);
         let batches = try_slice_mut!(batches, n_tables);
         one_batch_per_table(batches.len(), s.tables.len())?;
-        let mut ids = ArrayVec::<&[u64], MAX_TABLES>::new();
-        let mut inverse = ArrayVec::<&mut [i64], MAX_TABLES>::new();
-        let mut unique = ArrayVec::<&mut [u64], MAX_TABLES>::new();
-        let mut outs = ArrayVec::<&mut [u8], MAX_TABLES>::new();
-        for (i, b) in batches.iter().enumerate() {
-            ids.push(try_slice!(b.ids, b.n, format!("batches[{i}].ids")));
-            inverse.push(try_slice_mut!(
-                b.inverse,
-                b.n,
-                format!("batches[{i}].inverse")
-            ));
-            unique.push(try_slice_mut!(
-                b.unique,
-                b.n,
-                format!("batches[{i}].unique")
-            ));
-            let len = usize::try_from(b.byte_len).map_err(|_| {
-                Failure::invalid(format!("batches[{i}].byte_len {} too large", b.byte_len))
-            })?;
-            outs.push(try_slice_mut!(
-                b.data.cast::<u8>(),
-                len,
-                format!("batches[{i}].data")
-            ));
-        }
+        let UniqueSlices {
+            ids,
+            mut inverse,
+            mut unique,
+            mut outs,
+        } = unique_slices(batches)?;
         let deadline = deadline(timeout_ms);
         let done = with_client!(client, |h| s.tables.pull_unique(
             h,

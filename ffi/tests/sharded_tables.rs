@@ -455,6 +455,112 @@ fn a_pipeline_of_two_tables_is_one_request_per_ps_each_way() {
         assert_eq!(to_f32(&outs[1])[3..6], [-5.0 * (step as f32 + 1.0); 3]);
     }
 
+    // Each distinct id once, both tables in one request per PS, as the synchronous unique
+    // pull gives them: by PS (even ids at PS 0), each PS's in the order first seen.
+    let mut inverse: Vec<Vec<i64>> = (0..2).map(|t| vec![-1; ids[t].len()]).collect();
+    let mut unique: Vec<Vec<u64>> = (0..2).map(|t| vec![0; ids[t].len()]).collect();
+    let mut rows: Vec<Vec<u8>> = (0..2)
+        .map(|t| vec![0xff; ids[t].len() * TABLES[t].1 * 4])
+        .collect();
+    let mut uniques: Vec<sw_unique_batch> = (0..2)
+        .map(|t| sw_unique_batch {
+            ids: ids[t].as_ptr(),
+            n: ids[t].len(),
+            inverse: inverse[t].as_mut_ptr(),
+            unique: unique[t].as_mut_ptr(),
+            data: rows[t].as_mut_ptr().cast(),
+            byte_len: rows[t].len() as u64,
+            unique_len: 99,
+        })
+        .collect();
+    let before = frames();
+    ok(sw_pipeline_pull_tables_unique(
+        p,
+        c,
+        uniques.as_mut_ptr(),
+        2,
+        &mut report,
+    ));
+    let after = frames();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
+    assert_eq!((uniques[0].unique_len, uniques[1].unique_len), (3, 2));
+    assert_eq!((report.unique, report.missing), (5, 0));
+    assert_eq!(
+        (&unique[0][..3], &inverse[0][..]),
+        (&[2, 4, 1][..], &[2, 0, 2, 1][..])
+    );
+    assert_eq!(
+        (&unique[1][..2], &inverse[1][..]),
+        (&[8, 3][..], &[1, 0, 0][..])
+    );
+    // The rows now: the synchronous client's pull after the last push.
+    for t in 0..2 {
+        let (dim, plain, got) = (TABLES[t].1, to_f32(&wants[t]), to_f32(&rows[t]));
+        for (pos, &j) in inverse[t].iter().enumerate() {
+            let j = j as usize;
+            assert_eq!(
+                got[j * dim..(j + 1) * dim],
+                plain[pos * dim..(pos + 1) * dim]
+            );
+        }
+    }
+    // The same through a pipeline of one table.
+    let mut one = ptr::null_mut();
+    ok(sw_pipeline_new(
+        c,
+        peers.as_ptr(),
+        2,
+        MOD,
+        TABLES[0].0,
+        F32,
+        dims[0].as_ptr(),
+        1,
+        settings,
+        &mut one,
+    ));
+    let (mut inv, mut uni, mut out) = ([0i64; 4], [0u64; 4], vec![0u8; 4 * 8]);
+    let mut n_unique = 0;
+    ok(sw_pipeline_pull_unique(
+        one,
+        c,
+        ids[0].as_ptr(),
+        4,
+        inv.as_mut_ptr(),
+        uni.as_mut_ptr(),
+        out.as_mut_ptr().cast(),
+        out.len() as u64,
+        &mut n_unique,
+        &mut report,
+    ));
+    assert_eq!(
+        (n_unique, &uni[..3], inv),
+        (3, &[2, 4, 1][..], [2, 0, 2, 1])
+    );
+    assert_eq!(out[..3 * 8], rows[0][..3 * 8]);
+    // Too short a buffer: refused, naming it; nothing sent.
+    let before = frames();
+    let r = sw_pipeline_pull_unique(
+        one,
+        c,
+        ids[0].as_ptr(),
+        4,
+        inv.as_mut_ptr(),
+        uni.as_mut_ptr(),
+        out.as_mut_ptr().cast(),
+        31,
+        &mut n_unique,
+        &mut report,
+    );
+    assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
+    assert!(
+        last_error().contains("out of at least 32 bytes (is 31)"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(frames(), before);
+    ok(sw_pipeline_flush(one, c, &mut report));
+    sw_pipeline_free(one);
+
     // Refusals, naming what is wrong; nothing sent.
     let before = frames();
     let pulls: Vec<sw_table_batch> = outs
