@@ -410,3 +410,8 @@ pipeline_pull_tables = _sig("sw_pipeline_pull_tables", R, p, p, C.POINTER(TableB
                             C.c_size_t, C.POINTER(PipelineReport))
 pipeline_push_tables = _sig("sw_pipeline_push_tables", R, p, p, C.POINTER(TableBatch),
                             C.c_size_t, C.POINTER(PipelineReport))
+pipeline_pull_unique = _sig("sw_pipeline_pull_unique", R, p, p, p, C.c_size_t, p, p, p,
+                            C.c_uint64, C.POINTER(C.c_size_t), C.POINTER(PipelineReport))
+pipeline_pull_tables_unique = _sig("sw_pipeline_pull_tables_unique", R, p, p,
+                                   C.POINTER(UniqueBatch), C.c_size_t,
+                                   C.POINTER(PipelineReport))

@@ -338,6 +338,30 @@ class Pipeline(_PipelineCore):
                                   self._report_ref)
         return out, self._done(code)
 
+    def pull_unique(self, ids: Any) -> tuple[npt.NDArray[np.uint64], npt.NDArray[Any],
+                                             npt.NDArray[np.int64], PipelineReport]:
+        """`pull` of each distinct id of `ids` once, for a caller that builds its batch
+        from the distinct rows: ``(unique, rows, inverse, report)`` as
+        `Sharded.pull_unique` gives them (the distinct ids grouped by PS task, each task's
+        in the order first seen; their rows; per position the index of its id in
+        `unique`, so that ``rows[inverse]`` is what `pull` gives). A prefetch of the same
+        ids is taken; the step's gradients may be pushed by the distinct ids. The
+        deduplication is the one every step does, in Rust."""
+        p, c = self._handle(), self.client._handle()
+        id_arr = _row_ids(ids)
+        n = len(id_arr)
+        inverse = np.empty(n, dtype=np.int64)
+        unique = np.empty(n, dtype=np.uint64)
+        # Every distinct row is written (a failed PS's zeroed): no need to clear it first.
+        out = np.empty(self._shape(n), dtype=self.dtype)
+        count = C.c_size_t(0)
+        code = _lib.pipeline_pull_unique(p, c, address(id_arr), n, address(inverse),
+                                         address(unique), address(out), out.nbytes,
+                                         C.byref(count), self._report_ref)
+        report = self._done(code)
+        k = count.value
+        return unique[:k], out[:k], inverse, report
+
     def push(self, ids: Any, grads: npt.NDArray[Any]) -> PipelineReport:
         """Sends the gradient rows `grads` (``[len(ids), *row_shape]``, C-contiguous, of
         the rows' dtype: float32 or float64) of `ids`: duplicates summed into the
@@ -395,6 +419,7 @@ class PipelineTables(_PipelineCore):
                                        len(specs), c_settings, C.byref(self._p)))
         # Reused by every call: the batches' structs.
         self._batches = (_lib.TableBatch * max(len(specs), 1))()
+        self._unique_batches = (_lib.UniqueBatch * max(len(specs), 1))()
 
     def _ids(self, ids: Sequence[Any]) -> list[npt.NDArray[np.uint64]]:
         if len(ids) != len(self.tables):
@@ -445,6 +470,33 @@ class PipelineTables(_PipelineCore):
             self._batch(i, a, out)
         code = _lib.pipeline_pull_tables(p, c, self._batches, len(arrays), self._report_ref)
         return made, self._done(code)
+
+    def pull_unique(self, ids: Sequence[Any]
+                    ) -> tuple[list[tuple[npt.NDArray[np.uint64], npt.NDArray[Any],
+                                          npt.NDArray[np.int64]]], PipelineReport]:
+        """Each distinct id of each table's batch ``ids[t]`` pulled once, in one request per
+        PS for all the tables: per table ``(unique, rows, inverse)`` as
+        `Pipeline.pull_unique` gives them, and the step's report."""
+        p, c = self._handle(), self.client._handle()
+        arrays = self._ids(ids)
+        made = []
+        batches = self._unique_batches
+        for i, (a, shape) in enumerate(zip(arrays, self.row_shapes)):
+            n = len(a)
+            inverse = np.empty(n, dtype=np.int64)
+            unique = np.empty(n, dtype=np.uint64)
+            out = np.empty((n, *shape), dtype=self.dtype)
+            b = batches[i]
+            b.ids, b.n = (address(a) if n else None), n
+            b.inverse = address(inverse) if n else None
+            b.unique = address(unique) if n else None
+            b.data, b.byte_len = (address(out) if n else None), out.nbytes
+            b.unique_len = 0
+            made.append((unique, out, inverse))
+        code = _lib.pipeline_pull_tables_unique(p, c, batches, len(arrays), self._report_ref)
+        report = self._done(code)
+        return [(u[:b.unique_len], o[:b.unique_len], inv)
+                for (u, o, inv), b in zip(made, batches)], report
 
     def push(self, ids: Sequence[Any], grads: Sequence[npt.NDArray[Any]]) -> PipelineReport:
         """Sends each table's gradient rows ``grads[t]`` (``[len(ids[t]), *row_shape]``,

@@ -182,6 +182,38 @@ class PipelineTablesTest(TablesCase):
             np.testing.assert_array_equal(after[0][0], rows_before[0][0])
         self.assertEqual((pipe.steps(), pipe.pushes(), pipe.pushes_in_flight()), (3, 3, 0))
 
+    def test_a_unique_pull_is_one_frame_per_ps_with_each_distinct_row_once(self) -> None:
+        pipe = starwire.PipelineTables(self.client, TABLES, peers=self.peers)
+        self.addCleanup(pipe.close)
+        ids: list[Any] = [np.array([1, 2, 3, 1, 4], dtype=np.uint64), [7, 7, 10], []]
+        before = self.frames()
+        pipe.prefetch(ids)
+        parts, report = pipe.pull_unique(ids)
+        # The prefetch's request, taken by the unique pull: one per PS for the tables.
+        self.assertEqual(self.sent(before), [1, 1])
+        self.assertEqual((report.unique, report.missing, report.prefetched), (4 + 2, 0, 2))
+        # By PS (even ids at ps 0), each PS's in the order first seen.
+        self.assertEqual([u.tolist() for u, _, _ in parts], [[2, 4, 1, 3], [10, 7], []])
+        self.assertEqual(parts[0][2].tolist(), [2, 0, 3, 2, 1])
+        for (unique, rows, inverse), i, (t, d) in zip(parts, ids, TABLES):
+            self.assertEqual(rows.shape, (len(unique), d))
+            want, _ = self.single(t, d).pull(i)
+            np.testing.assert_array_equal(rows[inverse], want)
+        # The gradients of the distinct rows, pushed by the distinct ids.
+        rows_before = self.rows(1, 4)
+        pipe.push([u for u, _, _ in parts],
+                  [np.ones_like(r) for _, r, _ in parts])
+        pipe.flush()
+        np.testing.assert_array_equal(self.rows(1, 4)[[1, 2]],
+                                      rows_before[[1, 2]] - np.float32(LR))
+        # One table through a `Pipeline`.
+        one = starwire.Pipeline(self.client, 1, 4, peers=self.peers)
+        self.addCleanup(one.close)
+        unique, rows, inverse, report = one.pull_unique(ids[0])
+        self.assertEqual((unique.tolist(), inverse.tolist(), report.unique),
+                         ([2, 4, 1, 3], [2, 0, 3, 2, 1], 4))
+        np.testing.assert_array_equal(rows, self.rows(1, 4)[[2, 4, 1, 3]])
+
     def test_into_given_arrays_and_bad_arguments(self) -> None:
         pipe = starwire.PipelineTables(self.client, TABLES, peers=self.peers)
         ids: list[Any] = [[2, 4], [], [6]]
