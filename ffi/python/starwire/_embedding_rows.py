@@ -20,12 +20,15 @@ _NONE: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
 
 
 class _Rows(Protocol):
-    """The one interface the modules pull rows from and push gradients to: the unique ids
-    of a step (uint64, 1-D, no duplicates) in, their ``[len(ids), dim]`` float32 block out
-    (a new array the module keeps: the tensor it wraps uses its memory); gradients of the
-    same shape back; the next pull's unique ids handed early (`prefetch`); everything in
-    flight waited for (`flush`). `_ShardedRows` is the synchronous form, `_PipelinedRows`
-    the pipelined one (`starwire.Pipeline`: pulls ahead, pushes in the background)."""
+    """The one interface the modules pull rows from and push gradients to: the ids of a
+    step (uint64, 1-D, duplicates allowed) in; their distinct ids, the ``[unique, dim]``
+    float32 block (a new array the module keeps: the tensor it wraps uses its memory) and
+    each position's index among them out, the deduplication done in Rust by the pull
+    (`pull_unique`); the distinct ids' gradients of the block's shape back; the next pull's
+    ids handed early (`prefetch`); everything in flight waited for (`flush`).
+    `_ShardedRows` is the synchronous form, `_PipelinedRows` the pipelined one
+    (`starwire.Pipeline`: pulls ahead, pushes in the background), `_TableOfShared` one
+    table of a pipelined collection's `starwire.PipelineTables`."""
 
     @property
     def table(self) -> int: ...
@@ -36,7 +39,9 @@ class _Rows(Protocol):
     @property
     def last_report(self) -> Optional[Union[StepReport, PipelineReport]]: ...
 
-    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]: ...
+    def pull_unique(self, ids: npt.NDArray[np.uint64]
+                    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
+                               npt.NDArray[np.int64]]: ...
 
     def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None: ...
 
@@ -71,18 +76,6 @@ class _ShardedRows:
         if not runtime._rt:
             raise Closed(f"cannot {doing} table {self.table}: the runtime of "
                          f"{runtime.job}:{runtime.task_index} is closed")
-
-    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        if len(ids) == 0:
-            self.last_report = StepReport(0, 0, [None] * len(self.sharded.peers))
-            return np.zeros((0, self.dim), dtype=np.float32)
-        self._check_open("pull the rows of")
-        try:
-            rows, self.last_report = self.sharded.pull(ids, timeout=self.timeout)
-        except StarwireError as e:
-            _note(e, f"while pulling {len(ids)} rows of table {self.table}")
-            raise
-        return rows
 
     def pull_unique(self, ids: npt.NDArray[np.uint64]
                     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
@@ -144,16 +137,18 @@ class _PipelinedRows:
             raise Closed(f"cannot {doing} table {self.table}: the runtime of "
                          f"{runtime.job}:{runtime.task_index} is closed")
 
-    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+    def pull_unique(self, ids: npt.NDArray[np.uint64]
+                    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
+                               npt.NDArray[np.int64]]:
         # An empty batch goes through the pipeline too: it is a step (the steps and pushes
         # of the staleness bound stay counted alike) and sends nothing.
         self._check_open("pull the rows of")
         try:
-            rows, self.last_report = self.pipeline.pull(ids)
+            unique, rows, inverse, self.last_report = self.pipeline.pull_unique(ids)
         except StarwireError as e:
-            _note(e, f"while pulling {len(ids)} rows of table {self.table}")
+            _note(e, f"while pulling the rows of {len(ids)} ids of table {self.table}")
             raise
-        return rows
+        return unique, rows, inverse
 
     def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
         self._check_open("push gradients to")
@@ -202,15 +197,18 @@ class _SharedPipeline:
     def _named(self, ids: list[npt.NDArray[np.uint64]]) -> list[int]:
         return [t for t, i in zip(self.pipeline.tables, ids) if len(i)]
 
-    def pull(self, ids: list[npt.NDArray[np.uint64]]) -> list[npt.NDArray[np.float32]]:
-        """Each table's unique ids in (an empty array: none this step), their blocks out."""
+    def pull_unique(self, ids: list[npt.NDArray[np.uint64]]
+                    ) -> list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
+                                    npt.NDArray[np.int64]]]:
+        """Each table's ids in (an empty array: none this step); per table its distinct
+        ids, their block and each position's index among them out."""
         self._check_open("pull the rows of")
         try:
-            rows, self.last_report = self.pipeline.pull(ids)
+            parts, self.last_report = self.pipeline.pull_unique(ids)
         except StarwireError as e:
             _note(e, f"while pulling the rows of tables {self._named(ids)}")
             raise
-        return rows
+        return parts
 
     def push(self, ids: list[npt.NDArray[np.uint64]],
              grads: list[npt.NDArray[np.float32]]) -> None:
@@ -267,8 +265,10 @@ class _TableOfShared:
     def last_report(self) -> Optional[PipelineReport]:
         return self.shared.last_report
 
-    def pull(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        return self.shared.pull(self.shared.alone(self.pos, ids))[self.pos]
+    def pull_unique(self, ids: npt.NDArray[np.uint64]
+                    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
+                               npt.NDArray[np.int64]]:
+        return self.shared.pull_unique(self.shared.alone(self.pos, ids))[self.pos]
 
     def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
         empty = [np.zeros((0, *s), dtype=np.float32) for s in self.shared.pipeline.row_shapes]

@@ -227,13 +227,13 @@ class PSEmbeddingBagCollection(nn.Module):
                    for name, input in inputs.items()]
         if self._shared is None:
             for bag, lookup in lookups:
-                bag._prefetch(lookup.unique)
+                bag._prefetch(_flat_ids(lookup.ids))
             return
-        self._shared.prefetch(self._batches((bag, lookup.unique) for bag, lookup in lookups))
+        self._shared.prefetch(self._batches((bag, _flat_ids(lookup.ids))
+                                            for bag, lookup in lookups))
 
     def _batches(self, given: Any) -> list[npt.NDArray[np.uint64]]:
-        """Each table's unique ids from the ``(bag, ids)`` pairs `given` (none for the
-        others)."""
+        """Each table's ids from the ``(bag, ids)`` pairs `given` (none for the others)."""
         batches = [_NO_IDS] * len(self._pos)
         positions = {id(bag): pos for pos, bag in enumerate(self._each())}
         for bag, ids in given:
@@ -241,8 +241,8 @@ class PSEmbeddingBagCollection(nn.Module):
         return batches
 
     def _stage(self, given: Sequence[tuple[nn.Module, npt.NDArray[np.uint64]]]) -> None:
-        """`PrefetchingLoader`: the next batch's unique ids, requested right after the
-        next forward's pull (pipelined)."""
+        """`PrefetchingLoader`: the next batch's ids, requested right after the next
+        forward's pull (pipelined)."""
         assert self._shared is not None
         self._next = self._batches(given)
 
@@ -314,38 +314,34 @@ class PSEmbeddingBagCollection(nn.Module):
         when autograd records."""
         # The earlier forwards' gradients go first: the rows are those of pushing at once.
         self._send_pending(forget=False)
+        # Each table's checked ids, deduplicated by the pull (in Rust); none for a table
+        # not in the step.
+        ids = [_NO_IDS] * len(self._pos)
+        for name, _, lookup, _ in steps:
+            ids[self._pos[name]] = _flat_ids(lookup.ids)
         if self._shared is not None:
-            # Each table's unique ids (torch.unique), none for a table not in the step.
-            ids = [_NO_IDS] * len(self._pos)
+            parts = self._shared.pull_unique(ids)
             for name, _, lookup, _ in steps:
-                ids[self._pos[name]] = lookup.unique
-            blocks = self._shared.pull(ids)
-            for name, _, lookup, _ in steps:
-                lookup.block = blocks[self._pos[name]]
+                _fill(lookup, *parts[self._pos[name]])
             # The next batch's rows are requested now that this step's are taken.
             self._prefetch_staged()
         else:
-            self._pull_unique(steps)
+            self._pull_unique(steps, ids)
         if not torch.is_grad_enabled():
             return None
         step = _StepPush(self._push_all, self._empty, self._in_backward)
         self._pending.append(step)
         return step
 
-    def _pull_unique(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]]
-                     ) -> None:
-        """The synchronous pull of every step's rows, deduplicated in Rust."""
+    def _pull_unique(self, steps: list[tuple[str, PSEmbeddingBag, _Lookup, Optional[Tensor]]],
+                     ids: list[npt.NDArray[np.uint64]]) -> None:
+        """The synchronous pull of every table's `ids`, deduplicated in Rust."""
         tables = self._tables
         assert tables is not None
         runtime = self._client.runtime
         if not runtime._rt:
             raise Closed(f"cannot pull the rows of tables {tables.tables}: the runtime of "
                          f"{runtime.job}:{runtime.task_index} is closed")
-        # Each table's checked ids, deduplicated by the pull (in Rust).
-        ids = [_NO_IDS] * len(self._pos)
-        for name, _, lookup, _ in steps:
-            assert lookup.ids is not None
-            ids[self._pos[name]] = _flat_ids(lookup.ids)
         try:
             parts, self._last_pull = tables.pull_unique(ids, timeout=self.timeout)
         except StarwireError as e:

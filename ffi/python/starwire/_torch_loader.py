@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._torch_collection import PSEmbeddingBagCollection
-from ._torch_modules import PSEmbedding, PSEmbeddingBag, _PSModule
+from ._torch_modules import PSEmbedding, PSEmbeddingBag, _flat_ids, _PSModule
 from .errors import InvalidArgument
 
 # ----- prefetching the next batch -----
@@ -64,16 +64,17 @@ class PrefetchingLoader(Generic[B]):
         return e
 
     def _lookups(self, batch: B) -> list[tuple[_PSModule, npt.NDArray[np.uint64]]]:
-        """Each table's unique ids of `batch`, checked as its forward checks them."""
+        """Each table's ids of `batch`, checked as its forward checks them (the pull
+        deduplicates them)."""
         given = self.ids(batch)
         e = self.embeddings
         if isinstance(e, PSEmbeddingBagCollection):
             if not isinstance(given, Mapping):
                 raise InvalidArgument(f"ids(batch) gave a {type(given).__name__}: a "
                                       "collection takes a mapping of feature to ids")
-            return [(e._bag(name), e._bag(name)._lookup(t, f"ids(batch)[{name!r}]").unique)
-                    for name, t in given.items()]
-        return [(e, e._lookup(given, "ids(batch)").unique)]
+            return [(e._bag(name), _flat_ids(e._bag(name)._lookup(
+                t, f"ids(batch)[{name!r}]").ids)) for name, t in given.items()]
+        return [(e, _flat_ids(e._lookup(given, "ids(batch)").ids))]
 
     def __iter__(self) -> Iterator[B]:
         it = iter(self.loader)

@@ -28,6 +28,8 @@ _MODES = ("sum", "mean")
 _KEPT_WITHOUT_GRAD = 16
 #: No ids.
 _NO_IDS: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
+#: No positions (a lookup not pulled yet).
+_NO_INVERSE: Tensor = torch.empty(0, dtype=torch.int64)
 _IDS_ARE = ("ids are an integer tensor of values 0 to 2^63-1 (int64 without negative "
             "values; uint8, int8, int16, int32 and uint64 are converted)")
 
@@ -71,14 +73,12 @@ def _push_on_backward(block: Tensor, push: _Push, ids: npt.NDArray[np.uint64]) -
 
 # ----- ids -----
 
-def _ids(input: Any, what: str, sign_later: bool = False) -> Tensor:
+def _ids(input: Any, what: str) -> Tensor:
     """`input` as an int64 tensor of ids, checked: an integer tensor on the CPU with no
-    negative value (uint64 values of 2^63 or more are refused: torch computes on int64).
-    `sign_later`: an int64 tensor, the usual case, is returned unchecked for sign, the
-    caller checking its sorted unique ids (`_PSModule._lookup`)."""
+    negative value (uint64 values of 2^63 or more are refused: torch computes on int64)."""
     if isinstance(input, Tensor) and input.dtype is torch.int64 and input.is_cpu:
         ids = input  # an integer tensor: never part of a graph
-        if sign_later or ids.numel() == 0 or int(ids.min()) >= 0:
+        if ids.numel() == 0 or int(ids.min()) >= 0:
             return ids
     if not isinstance(input, Tensor):
         raise InvalidArgument(f"{what} is a {type(input).__name__}, not a tensor: {_IDS_ARE}")
@@ -120,41 +120,17 @@ def _in_vocab(ids: Tensor, num_embeddings: Optional[int], what: str) -> None:
 
 
 class _Lookup:
-    """One table's part of a step: its unique ids and where each input id's row is among
-    them, then the pulled block. When the pull deduplicates (`ids` set: the checked input
-    ids), `unique` and `inverse` are the pull's to fill."""
+    """One table's part of a step: the checked input ids (`ids`); once pulled, their
+    distinct ids (`unique`), where each input id's row is among them (`inverse`, of the
+    input's shape) and the pulled block. The pull deduplicates, in Rust."""
 
     __slots__ = ("unique", "inverse", "block", "ids")
 
-    def __init__(self, unique: npt.NDArray[np.uint64], inverse: Tensor,
-                 ids: Optional[Tensor] = None) -> None:
-        self.unique, self.inverse, self.ids = unique, inverse, ids
+    def __init__(self, ids: Tensor) -> None:
+        self.ids = ids
+        self.unique: npt.NDArray[np.uint64] = _NO_IDS
+        self.inverse: Tensor = _NO_INVERSE
         self.block: Optional[npt.NDArray[np.float32]] = None
-
-
-# The operator torch.unique calls, without its Python dispatch (a few µs per call);
-# torch.unique where the operator is not there.
-_UNIQUE2 = getattr(torch, "_unique2", None)
-
-
-def _unique_of(ids: Tensor) -> tuple[Tensor, Tensor]:
-    """``torch.unique(ids, return_inverse=True)`` (sorted)."""
-    unique: Tensor
-    inverse: Tensor
-    if _UNIQUE2 is not None:
-        unique, inverse, _ = _UNIQUE2(ids, sorted=True, return_inverse=True)
-    else:
-        unique, inverse = torch.unique(ids, return_inverse=True)
-    return unique, inverse
-
-
-def _dedup(ids: Tensor) -> _Lookup:
-    flat = ids.dim() == 1
-    unique, inverse = _unique_of(ids if flat else ids.reshape(-1))
-    # A new contiguous int64 tensor (of non-negative values, as the caller checks): its
-    # memory seen as uint64.
-    return _Lookup(unique.numpy().view(np.uint64),
-                   inverse if flat else inverse.reshape(ids.shape))
 
 
 def _flat_ids(ids: Tensor) -> npt.NDArray[np.uint64]:
@@ -164,8 +140,7 @@ def _flat_ids(ids: Tensor) -> npt.NDArray[np.uint64]:
 
 def _fill(lookup: _Lookup, unique: npt.NDArray[np.uint64], block: npt.NDArray[np.float32],
           inverse: npt.NDArray[np.int64]) -> None:
-    """Completes a lookup whose pull deduplicated its ids."""
-    assert lookup.ids is not None
+    """Completes a lookup with what its pull gave."""
     lookup.unique, lookup.block = unique, block
     lookup.inverse = (torch.from_numpy(inverse) if lookup.ids.dim() == 1
                       else torch.from_numpy(inverse).reshape(lookup.ids.shape))
@@ -290,9 +265,6 @@ class _PSModule(nn.Module):
         #: the next pull.
         self._next: Optional[npt.NDArray[np.uint64]] = None
         self.push_in_backward = push_in_backward
-        #: A synchronous module's pull deduplicates the batch (in Rust, `Sharded.pull_unique`,
-        #: or `ShardedTables.pull_unique` for a collection's).
-        self._dedup_in_pull = isinstance(self._rows, _ShardedRows)
         #: Without a push in backward: the blocks pulled since the last push, with their
         #: ids, whose gradients `push_gradients` sends.
         self._deferred: list[tuple[npt.NDArray[np.uint64], Tensor]] = []
@@ -368,7 +340,7 @@ class _PSModule(nn.Module):
         """Requests the rows of `input` (the ids a later forward will take) now, when the
         staleness bound allows: the next forward of the same ids waits only for what has
         not arrived. Pipelined modules only (synchronous ones ask at the forward)."""
-        self._prefetch(self._lookup(input, "input").unique)
+        self._prefetch(_flat_ids(self._lookup(input, "input").ids))
 
     def _prefetch(self, unique: npt.NDArray[np.uint64]) -> None:
         if not self.pipelined:
@@ -377,31 +349,16 @@ class _PSModule(nn.Module):
         self._rows.prefetch(unique)
 
     def _lookup(self, input: Any, what: str) -> _Lookup:
-        if self._dedup_in_pull:
-            # Checked whole (a reduction each), deduplicated by the pull in Rust.
-            ids = _ids(input, what)
-            _in_vocab(ids, self.num_embeddings, what)
-            return _Lookup(_NO_IDS, ids, ids)
-        ids = _ids(input, what, sign_later=True)
-        lookup = _dedup(ids)
-        # The unique ids are sorted: the first and last bound them all, with no reduction.
-        # A bad one is then found, and named by its position, by the full checks.
-        ordered = lookup.unique.view(np.int64)
-        if len(ordered) and (ordered[0] < 0 or (self.num_embeddings is not None
-                                                and ordered[-1] >= self.num_embeddings)):
-            _ids(ids, what)
-            _in_vocab(ids, self.num_embeddings, what)
-        return lookup
+        # Checked whole (a reduction each), deduplicated by the pull in Rust.
+        ids = _ids(input, what)
+        _in_vocab(ids, self.num_embeddings, what)
+        return _Lookup(ids)
 
     def _pull(self, lookup: _Lookup) -> None:
         # The last step's gradients go first: the rows are those of pushing in backward.
         if self._deferred:
             self._push_deferred(forget=False)
-        if lookup.ids is None:
-            lookup.block = self._rows.pull(lookup.unique)
-        else:
-            assert isinstance(self._rows, _ShardedRows)
-            _fill(lookup, *self._rows.pull_unique(_flat_ids(lookup.ids)))
+        _fill(lookup, *self._rows.pull_unique(_flat_ids(lookup.ids)))
         # The next batch's rows are requested now that this step's are taken: a prefetch
         # made before the pull would replace this step's. (`nn.Module` attributes are
         # slow to set: only when there is one.)

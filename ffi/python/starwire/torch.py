@@ -4,12 +4,12 @@
 rest of the package does not need it.)
 
 Each forward deduplicates the batch's ids, pulls the unique rows through the sharded rows
-client (one request per PS task, all in flight at once; a synchronous module's or
-collection's pull deduplicates in Rust, `starwire.Sharded.pull_unique` or
-`starwire.ShardedTables.pull_unique`, pipelined ones use ``torch.unique`` with the
-inverse), wraps the ``[unique, dim]`` block it was received into as a tensor without a
-copy (``torch.from_numpy``), and builds the output with ``F.embedding`` / ``F.embedding_bag``
-over that block and the inverse indices. Autograd then gives the gradient of the block,
+client (one request per PS task, all in flight at once; the pull deduplicates in Rust and
+gives the inverse: `starwire.Sharded.pull_unique`, `starwire.Pipeline.pull_unique`, or for
+a collection `starwire.ShardedTables.pull_unique` and `starwire.PipelineTables.pull_unique`;
+no ``torch.unique``), wraps the ``[unique, dim]`` block it was received into as a tensor
+without a copy (``torch.from_numpy``), and builds the output with ``F.embedding`` /
+``F.embedding_bag`` over that block and the inverse indices. Autograd then gives the gradient of the block,
 ``[unique, dim]`` with the gradients of duplicate ids already summed, and the backward
 pushes it to the PS tasks, whose optimizer applies it (a `PsTable` with
 ``optimizer="sgd"`` does ``w -= lr * g``). The rows are therefore not parameters: the

@@ -190,7 +190,7 @@ class TrainingTest(PsCase):
     def test_the_output_is_computed_over_the_array_the_rows_were_pulled_into(self) -> None:
         bag = PSEmbeddingBag(self.client, 1, DIM, "sum")
         pulled: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]]] = []
-        pull_unique = bag._rows.pull_unique  # type: ignore[attr-defined]
+        pull_unique = bag._rows.pull_unique
 
         def recording(ids: npt.NDArray[np.uint64]) -> Any:
             unique, block, inverse = pull_unique(ids)

@@ -283,7 +283,7 @@ class PipelinedTest(unittest.TestCase):
         self.assertEqual(e.status, starwire.INTERNAL, str(e))
         self.assertEqual(sorted(failed), [(1, 0), (1, 1)])
         if hasattr(e, "__notes__"):  # Python 3.11 and later
-            self.assertIn("while pulling 4 rows of table 1", e.__notes__)
+            self.assertIn("while pulling the rows of 4 ids of table 1", e.__notes__)
         # Raised once; the refused push was not applied.
         out = bag(ids, offsets)
         torch.testing.assert_close(out, torch.full((2, DIM), -2.0))
