@@ -3,13 +3,16 @@
 //! cache (serving rows, and evicting), counted by this test binary's global allocator
 //! across the whole process (the worker's loops and both PS tasks' run here too). The rows
 //! are checked on every step, so the allocation-free path is also the correct one. The
-//! row cache alone allocates nothing after it is made.
+//! row cache alone allocates nothing after it is made, and neither does a step of three
+//! tables pipelined together.
 
 mod common;
 
 use common::*;
 use starwire::client::Mode;
-use starwire::rows::{Init, MemTable, Optimizer, Partition, PipelineSettings, RowCache, Tables};
+use starwire::rows::{
+    Init, MemTable, Optimizer, Partition, PipelineSettings, RowCache, TableShape, Tables,
+};
 use starwire::{Client, DType, Embedded, Options, Peer, Pipeline, Runtime};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -228,4 +231,106 @@ fn the_row_cache_allocates_nothing_after_it_is_made() {
     assert_eq!(counting::thread_allocations() - before, 0);
     assert!(cache.evictions() > 0 && cache.hits() > 0 && cache.refreshes() > 0);
     assert_eq!(cache.len(), cache.capacity());
+}
+
+/// Three tables (f32 rows of 4, 2 and 3) at each of two PS tasks, rows of zeros, SGD with
+/// lr 0.
+const THREE: [(u32, [u64; 1]); 3] = [(3, [4]), (5, [2]), (8, [3])];
+
+fn three_tables() -> (Vec<Runtime>, Vec<Peer>) {
+    let rts: Vec<Runtime> = (0..2)
+        .map(|_| {
+            let mut service = Tables::new();
+            for (id, dims) in THREE {
+                let t = MemTable::new(dims[0] as usize, Init::Zeros, Optimizer::Sgd { lr: 0.0 });
+                service = service.with(id, Arc::new(t));
+            }
+            let options = Options {
+                service: Some(Arc::new(service)),
+                ..Options::listen("127.0.0.1:0".parse().unwrap())
+            };
+            Runtime::start_with(config("ps", 1).build().unwrap(), options).unwrap()
+        })
+        .collect();
+    let peers = rts
+        .iter()
+        .map(|r| Peer::from(r.local_addr().unwrap()))
+        .collect();
+    (rts, peers)
+}
+
+#[test]
+fn steps_of_three_tables_allocate_nothing_in_steady_state() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (_rts, peers) = three_tables();
+    let w = client(1);
+    let mut h = w.handle(64);
+    for (s, cache) in [(0, 0), (1, 0), (2, 1 << 14)] {
+        let settings = PipelineSettings::default()
+            .staleness(s)
+            .cache_bytes(cache)
+            .max_pushes_in_flight(2);
+        let shapes: Vec<TableShape<'_>> = THREE
+            .iter()
+            .map(|(table, dims)| TableShape {
+                table: *table,
+                dtype: DType::F32,
+                row_dims: dims,
+                partition: Partition::Mod,
+            })
+            .collect();
+        let settings = settings.timeout(Some(Duration::from_secs(20)));
+        let mut pipe = Pipeline::new_tables(peers.clone(), &shapes, settings).unwrap();
+        // Step `t`'s batches: 40 distinct ids per table, each twice, moving over 0..400.
+        let batch = |t: u64, out: &mut [[u64; 80]; 3]| {
+            for (i, b) in out.iter_mut().enumerate() {
+                for j in 0..40u64 {
+                    let id = (t * 13 + j * 7 + i as u64) % 400;
+                    b[j as usize] = id;
+                    b[79 - j as usize] = id;
+                }
+            }
+        };
+        let mut rows: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0u8; 80 * (THREE[i].1[0] as usize * 4)])
+            .collect();
+        let grads: Vec<Vec<u8>> = (0..3)
+            .map(|i| vec![0u8; 80 * (THREE[i].1[0] as usize * 4)])
+            .collect();
+        let (mut ids, mut next) = ([[0u64; 80]; 3], [[0u64; 80]; 3]);
+        let mut run = |from: u64, n: u64, pipe: &mut Pipeline| {
+            batch(from, &mut ids);
+            pipe.prefetch_tables(&mut h, &[&ids[0], &ids[1], &ids[2]])
+                .unwrap();
+            for t in from..from + n {
+                let [a, b, c] = &mut rows[..] else {
+                    unreachable!()
+                };
+                let mut outs = [a.as_mut_slice(), b.as_mut_slice(), c.as_mut_slice()];
+                let r = pipe
+                    .pull_tables(&mut h, &[&ids[0], &ids[1], &ids[2]], &mut outs)
+                    .unwrap();
+                assert_eq!((r.unique, r.missing), (120, 0));
+                batch(t + 1, &mut next);
+                pipe.prefetch_tables(&mut h, &[&next[0], &next[1], &next[2]])
+                    .unwrap();
+                let g = [&grads[0][..], &grads[1][..], &grads[2][..]];
+                let r = pipe
+                    .push_tables(&mut h, &[&ids[0], &ids[1], &ids[2]], &g)
+                    .unwrap();
+                assert_eq!(r.rows_sent, 120);
+                ids = next;
+            }
+            assert!(rows.iter().flatten().all(|&b| b == 0));
+        };
+        run(0, 200, &mut pipe);
+        let before = counting::allocations();
+        run(200, 300, &mut pipe);
+        let n = counting::allocations() - before;
+        pipe.flush(&mut h).unwrap();
+        assert_eq!(
+            n, 0,
+            "allocations over 300 steps at staleness {s}, cache {cache}"
+        );
+    }
 }

@@ -5,7 +5,8 @@
 //! pushes than the bound allows; a versioned pull names every table's cached rows in one
 //! request, and a worker without row versions gets every row; a table with no ids at a
 //! PS, or none at all, sends nothing there; bad arguments are refused before anything is
-//! sent; a step allocates nothing in steady state.
+//! sent. (That a step of several tables allocates nothing in steady state is in
+//! `tests/pipeline_alloc.rs`, whose tests all count allocations.)
 
 mod common;
 
@@ -15,17 +16,8 @@ use starwire::rows::{
 };
 use starwire::{DType, ErrorKind, Handle, Options, Peer, Pipeline, Runtime, WireFeatures};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-
-#[path = "common/counting.rs"]
-mod counting;
-
-#[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
-
-/// The allocation count is per process: the test that counts runs alone.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Table id and row length (f32 elements) of the three tables.
 const TABLES: [(u32, usize); 3] = [(3, 4), (5, 2), (8, 3)];
@@ -78,6 +70,20 @@ fn cluster(
         .map(|r| Peer::from(r.local_addr().unwrap()))
         .collect();
     (rts, peers, held)
+}
+
+/// Rows of `dim` made at their first pull, Adagrad: gradients that depend on the rows show
+/// any difference in them.
+fn adagrad(dim: usize) -> MemTable {
+    let init = Init::Uniform {
+        scale: 0.1,
+        seed: 3,
+    };
+    let opt = Optimizer::Adagrad {
+        lr: 0.1,
+        initial_accumulator: 0.1,
+    };
+    MemTable::new(dim, init, opt)
 }
 
 fn worker(features: WireFeatures) -> Runtime {
@@ -150,17 +156,6 @@ fn refs(step: &[Vec<u64>; 3]) -> [&[u64]; 3] {
 
 #[test]
 fn staleness_0_gives_sharded_tables_bit_for_bit_in_one_request_per_ps_each_way() {
-    let adagrad = |d| {
-        let init = Init::Uniform {
-            scale: 0.1,
-            seed: 3,
-        };
-        let opt = Optimizer::Adagrad {
-            lr: 0.1,
-            initial_accumulator: 0.1,
-        };
-        MemTable::new(d, init, opt)
-    };
     let (_ra, peers_a, a) = cluster(adagrad);
     let (rb, peers_b, b) = cluster(adagrad);
     let w = worker(WireFeatures::ALL);
@@ -504,69 +499,6 @@ fn bad_arguments_are_refused_before_anything_is_sent() {
     assert_eq!((pipe.steps(), pipe.pushes()), (0, 0));
 }
 
-#[test]
-fn steps_of_three_tables_allocate_nothing_in_steady_state() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let (_rts, peers, _tables) =
-        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 0.0 }));
-    let w = worker(WireFeatures::ALL);
-    let mut h = w.handle(64);
-    for (s, cache) in [(0, 0), (1, 0), (2, 1 << 14)] {
-        let settings = PipelineSettings::default()
-            .staleness(s)
-            .cache_bytes(cache)
-            .max_pushes_in_flight(2);
-        let mut pipe = pipeline(&peers, settings);
-        // Step `t`'s batches: 40 distinct ids per table, each twice, moving over 0..400.
-        let batch = |t: u64, out: &mut [[u64; 80]; 3]| {
-            for (i, b) in out.iter_mut().enumerate() {
-                for j in 0..40u64 {
-                    let id = (t * 13 + j * 7 + i as u64) % 400;
-                    b[j as usize] = id;
-                    b[79 - j as usize] = id;
-                }
-            }
-        };
-        let mut rows: Vec<Vec<u8>> = (0..3).map(|i| vec![0u8; 80 * row_bytes(i)]).collect();
-        let grads: Vec<Vec<u8>> = (0..3).map(|i| vec![0u8; 80 * row_bytes(i)]).collect();
-        let (mut ids, mut next) = ([[0u64; 80]; 3], [[0u64; 80]; 3]);
-        let mut run = |from: u64, n: u64, pipe: &mut Pipeline| {
-            batch(from, &mut ids);
-            pipe.prefetch_tables(&mut h, &[&ids[0], &ids[1], &ids[2]])
-                .unwrap();
-            for t in from..from + n {
-                let [a, b, c] = &mut rows[..] else {
-                    unreachable!()
-                };
-                let mut outs = [a.as_mut_slice(), b.as_mut_slice(), c.as_mut_slice()];
-                let r = pipe
-                    .pull_tables(&mut h, &[&ids[0], &ids[1], &ids[2]], &mut outs)
-                    .unwrap();
-                assert_eq!((r.unique, r.missing), (120, 0));
-                batch(t + 1, &mut next);
-                pipe.prefetch_tables(&mut h, &[&next[0], &next[1], &next[2]])
-                    .unwrap();
-                let g = [&grads[0][..], &grads[1][..], &grads[2][..]];
-                let r = pipe
-                    .push_tables(&mut h, &[&ids[0], &ids[1], &ids[2]], &g)
-                    .unwrap();
-                assert_eq!(r.rows_sent, 120);
-                ids = next;
-            }
-            assert!(rows.iter().flatten().all(|&b| b == 0));
-        };
-        run(0, 200, &mut pipe);
-        let before = counting::allocations();
-        run(200, 300, &mut pipe);
-        let n = counting::allocations() - before;
-        pipe.flush(&mut h).unwrap();
-        assert_eq!(
-            n, 0,
-            "allocations over 300 steps at staleness {s}, cache {cache}"
-        );
-    }
-}
-
 /// One table's part of a unique pull: its distinct ids, their rows, each position's index.
 type UniquePart = (Vec<u64>, Vec<u8>, Vec<i64>);
 
@@ -602,17 +534,6 @@ fn pull_unique(
 
 #[test]
 fn a_unique_pull_gives_each_distinct_row_once_in_the_plans_order() {
-    let adagrad = |d| {
-        let init = Init::Uniform {
-            scale: 0.1,
-            seed: 3,
-        };
-        let opt = Optimizer::Adagrad {
-            lr: 0.1,
-            initial_accumulator: 0.1,
-        };
-        MemTable::new(d, init, opt)
-    };
     let (_ra, peers_a, a) = cluster(adagrad);
     let (_rb, peers_b, b) = cluster(adagrad);
     let w = worker(WireFeatures::ALL);
@@ -763,6 +684,6 @@ fn a_unique_pull_lands_cached_rows_and_checks_its_buffers() {
         )
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-    assert!(e.to_string().contains("table 5: a unique pull of 1 ids needs inverse of 1 (is 1) and unique of at least 1 (is 0)"), "{e}");
+    assert!(e.to_string().contains("table 5: a unique pull of 1 ids needs an inverse of 1 (is 1), room for 1 unique ids (is 0)"), "{e}");
     assert_eq!(frames_in(&rts), before);
 }

@@ -85,29 +85,61 @@ fn batch(ids: &[u64], data: &mut [u8]) -> sw_table_batch {
     }
 }
 
+/// Two PS tasks serving `TABLES`, a worker with a client, and the tables' shapes (over
+/// `dims`, which the setup keeps).
+struct Setup {
+    ps: [*mut sw_runtime; 2],
+    worker: *mut sw_runtime,
+    c: *mut sw_client,
+    addrs: Vec<CString>,
+    dims: Vec<[u64; 1]>,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let ps = [runtime(true), runtime(true)];
+        let worker = runtime(false);
+        let mut c = ptr::null_mut();
+        ok(sw_client_new(worker, 16, &mut c));
+        let addrs = ps
+            .iter()
+            .map(|&p| CString::new(format!("127.0.0.1:{}", sw_runtime_port(p))).unwrap())
+            .collect();
+        let dims = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
+        Setup {
+            ps,
+            worker,
+            c,
+            addrs,
+            dims,
+        }
+    }
+
+    /// The PS tasks' addresses, for `peers` arguments.
+    fn peers(&self) -> Vec<*const c_char> {
+        self.addrs.iter().map(|a| a.as_ptr()).collect()
+    }
+
+    fn shapes(&self) -> Vec<sw_table_shape> {
+        TABLES
+            .iter()
+            .zip(&self.dims)
+            .map(|(&(table, _), d)| sw_table_shape {
+                table,
+                dtype: F32,
+                row_dims: d.as_ptr(),
+                rank: 1,
+                partition: MOD,
+            })
+            .collect()
+    }
+}
+
 #[test]
 fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
-    let ps = [runtime(true), runtime(true)];
-    let worker = runtime(false);
-    let mut c = ptr::null_mut();
-    ok(sw_client_new(worker, 16, &mut c));
-    let addrs: Vec<CString> = ps
-        .iter()
-        .map(|&p| CString::new(format!("127.0.0.1:{}", sw_runtime_port(p))).unwrap())
-        .collect();
-    let peers: Vec<*const c_char> = addrs.iter().map(|a| a.as_ptr()).collect();
-    let dims: Vec<[u64; 1]> = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
-    let shapes: Vec<sw_table_shape> = TABLES
-        .iter()
-        .zip(&dims)
-        .map(|(&(table, _), d)| sw_table_shape {
-            table,
-            dtype: F32,
-            row_dims: d.as_ptr(),
-            rank: 1,
-            partition: MOD,
-        })
-        .collect();
+    let setup = Setup::new();
+    let (ps, worker, c) = (setup.ps, setup.worker, setup.c);
+    let (peers, dims, shapes) = (setup.peers(), &setup.dims, setup.shapes());
     let mut s = ptr::null_mut();
     ok(sw_sharded_tables_new(
         peers.as_ptr(),
@@ -119,7 +151,7 @@ fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
     assert_eq!(sw_sharded_tables_len(s), 2);
     let singles: Vec<*mut sw_sharded> = TABLES
         .iter()
-        .zip(&dims)
+        .zip(dims)
         .map(|(&(table, _), d)| {
             let mut one = ptr::null_mut();
             ok(sw_sharded_new(
@@ -312,27 +344,9 @@ fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
 
 #[test]
 fn a_pipeline_of_two_tables_is_one_request_per_ps_each_way() {
-    let ps = [runtime(true), runtime(true)];
-    let worker = runtime(false);
-    let mut c = ptr::null_mut();
-    ok(sw_client_new(worker, 16, &mut c));
-    let addrs: Vec<CString> = ps
-        .iter()
-        .map(|&p| CString::new(format!("127.0.0.1:{}", sw_runtime_port(p))).unwrap())
-        .collect();
-    let peers: Vec<*const c_char> = addrs.iter().map(|a| a.as_ptr()).collect();
-    let dims: Vec<[u64; 1]> = TABLES.iter().map(|&(_, d)| [d as u64]).collect();
-    let shapes: Vec<sw_table_shape> = TABLES
-        .iter()
-        .zip(&dims)
-        .map(|(&(table, _), d)| sw_table_shape {
-            table,
-            dtype: F32,
-            row_dims: d.as_ptr(),
-            rank: 1,
-            partition: MOD,
-        })
-        .collect();
+    let setup = Setup::new();
+    let (ps, worker, c) = (setup.ps, setup.worker, setup.c);
+    let (peers, dims, shapes) = (setup.peers(), &setup.dims, setup.shapes());
     let mut plain = ptr::null_mut();
     ok(sw_sharded_tables_new(
         peers.as_ptr(),
@@ -553,7 +567,7 @@ fn a_pipeline_of_two_tables_is_one_request_per_ps_each_way() {
     );
     assert_eq!(r, sw_result::SW_ERR_INVALID_ARGUMENT);
     assert!(
-        last_error().contains("out of at least 32 bytes (is 31)"),
+        last_error().contains("32 bytes of rows (is 31)"),
         "{}",
         last_error()
     );

@@ -7,7 +7,7 @@ use arrayvec::ArrayVec;
 
 use super::plan::{Partition, Plan, PlanError};
 use super::sharded::StepReport;
-use super::travel::{check_block, checked_scale, remote, widened};
+use super::travel::{check_block, check_unique_buffers, checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::Error;
@@ -298,21 +298,8 @@ impl ShardedTables {
             )));
         }
         for (i, t) in self.tables.iter().enumerate() {
-            let m = ids[i].len();
-            if inverse[i].len() != m
-                || unique[i].len() < m
-                || out[i].len() < m.saturating_mul(t.row_bytes)
-            {
-                return Err(Error::invalid(&format!(
-                    "rows: table {}: a unique pull of {m} ids needs an inverse of {m} (is \
-                     {}), room for {m} unique ids (is {}) and {} bytes of rows (is {})",
-                    t.table,
-                    inverse[i].len(),
-                    unique[i].len(),
-                    m * t.row_bytes,
-                    out[i].len()
-                )));
-            }
+            let lens = (inverse[i].len(), unique[i].len(), out[i].len());
+            check_unique_buffers(t.table, ids[i].len(), t.row_bytes, lens)?;
         }
         for (t, ids) in self.tables.iter_mut().zip(ids) {
             t.plan

@@ -8,7 +8,7 @@ use arrayvec::ArrayVec;
 
 use super::element::{self, RowElement};
 use super::plan::{Partition, Plan, PlanError};
-use super::travel::{check_block, checked_scale, remote, widened};
+use super::travel::{check_block, check_unique_buffers, checked_scale, remote, widened};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
@@ -296,23 +296,8 @@ impl Sharded {
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
         let rb = self.row_bytes;
-        if inverse.len() != ids.len() || unique.len() < ids.len() {
-            return Err(Error::invalid(&format!(
-                "rows: a unique pull of {} ids needs inverse of {0} (is {}) and unique of at \
-                 least {0} (is {})",
-                ids.len(),
-                inverse.len(),
-                unique.len()
-            )));
-        }
-        if out.len() < ids.len().saturating_mul(rb) {
-            return Err(Error::invalid(&format!(
-                "rows: a unique pull of {} ids needs out of at least {} bytes (is {})",
-                ids.len(),
-                ids.len() * rb,
-                out.len()
-            )));
-        }
+        let lens = (inverse.len(), unique.len(), out.len());
+        check_unique_buffers(self.table, ids.len(), rb, lens)?;
         self.plan
             .build(ids)
             .map_err(|e| Error::invalid(&e.to_string()))?;

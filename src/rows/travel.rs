@@ -16,6 +16,36 @@ pub(crate) fn check_block(bytes: &[u8], n: usize, row_bytes: usize) -> Result<()
     }
 }
 
+/// Checks the buffers of a unique pull of `n` ids of table `table` (rows of `row_bytes`):
+/// an inverse of `n`, room for `n` distinct ids and for their rows.
+pub(crate) fn check_unique_buffers(
+    table: u32,
+    n: usize,
+    row_bytes: usize,
+    (inverse, unique, out): (usize, usize, usize),
+) -> Result<(), Error> {
+    let need = n.saturating_mul(row_bytes);
+    if inverse != n || unique < n || out < need {
+        return Err(Error::invalid(&format!(
+            "rows: table {table}: a unique pull of {n} ids needs an inverse of {n} (is \
+             {inverse}), room for {n} unique ids (is {unique}) and {need} bytes of rows (is \
+             {out})"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a batch of `n` ids can be planned (at most `u32::MAX`).
+pub(crate) fn check_batch_size(n: usize) -> Result<(), Error> {
+    if u32::try_from(n).is_err() {
+        return Err(Error::invalid(&format!(
+            "rows: a batch of {n} ids (at most {})",
+            u32::MAX
+        )));
+    }
+    Ok(())
+}
+
 /// The bytes of `block` in `dtype`: its own when it travelled as `dtype`, else widened
 /// or narrowed into `wide` (grown as needed, kept).
 pub(crate) fn widened<'a>(

@@ -21,7 +21,7 @@ use super::cache::RowCache;
 use super::element::{self, RowElement};
 use super::multi::{TableShape, MAX_TABLES};
 use super::plan::{Partition, Plan, PlanError};
-use super::travel::checked_scale;
+use super::travel::{check_batch_size, check_unique_buffers, checked_scale};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::Error;
@@ -421,41 +421,6 @@ impl Lane {
         }
     }
 
-    /// Checks the buffers of a unique pull of `ids`.
-    fn check_unique(
-        &self,
-        ids: &[u64],
-        inverse: usize,
-        unique: usize,
-        out: usize,
-    ) -> Result<(), Error> {
-        if inverse != ids.len() || unique < ids.len() {
-            return Err(Error::invalid(&format!(
-                "rows: table {}: a unique pull of {} ids needs inverse of {1} (is {inverse}) \
-                 and unique of at least {1} (is {unique})",
-                self.table,
-                ids.len()
-            )));
-        }
-        let need = ids.len().saturating_mul(self.row_bytes);
-        if out < need {
-            return Err(Error::invalid(&format!(
-                "rows: table {}: a unique pull of {} ids needs out of at least {need} bytes \
-                 (is {out})",
-                self.table,
-                ids.len()
-            )));
-        }
-        if u32::try_from(ids.len()).is_err() {
-            return Err(Error::invalid(&format!(
-                "rows: a batch of {} ids (at most {})",
-                ids.len(),
-                u32::MAX
-            )));
-        }
-        Ok(())
-    }
-
     /// The ids of this table's part at PS `k` that its request asks for: those the cache
     /// does not serve (all of them without a cache). Empty: this table is not in the
     /// request.
@@ -718,7 +683,9 @@ impl Pipeline {
         self.check_batches(ids.len(), outs.len())?;
         self.check_batches(inverse.len(), unique.len())?;
         for (i, lane) in self.lanes.iter().enumerate() {
-            lane.check_unique(ids[i], inverse[i].len(), unique[i].len(), outs[i].len())?;
+            let lens = (inverse[i].len(), unique[i].len(), outs[i].len());
+            check_unique_buffers(lane.table, ids[i].len(), lane.row_bytes, lens)?;
+            check_batch_size(ids[i].len())?;
         }
         let start = Instant::now();
         self.reported.clear();
@@ -928,13 +895,6 @@ impl Lane {
                 self.row_bytes
             )));
         }
-        if u32::try_from(ids.len()).is_err() {
-            return Err(Error::invalid(&format!(
-                "rows: a batch of {} ids (at most {})",
-                ids.len(),
-                u32::MAX
-            )));
-        }
-        Ok(())
+        check_batch_size(ids.len())
     }
 }

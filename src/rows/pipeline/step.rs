@@ -13,7 +13,7 @@ use super::{land_unique, Landing, Lane, Part, Pipeline};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
-use crate::rows::travel::widened;
+use crate::rows::travel::{check_batch_size, widened};
 use crate::rows::{Plan, PlanError, MAX_TABLES};
 use crate::session::{Completion, PulledRows, Rows, Spare};
 use crate::tensor::Tensor;
@@ -283,8 +283,8 @@ impl Pipeline {
         client: &mut Client<M>,
         ids: &[&[u64]],
     ) -> Result<(), Error> {
-        if ids.iter().any(|ids| u32::try_from(ids.len()).is_err()) {
-            return Err(Error::invalid("rows: a batch of more than u32::MAX ids"));
+        for ids in ids {
+            check_batch_size(ids.len())?;
         }
         self.reap(client);
         self.report_failures()?;
