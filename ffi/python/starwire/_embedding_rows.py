@@ -1,7 +1,7 @@
 """Where the rows of `starwire.torch`'s modules come from and their gradients go: the one
 interface they pull from and push to (`_Rows`), over the sharded rows client
-(`_ShardedRows`, synchronous) or a `Pipeline` (`_PipelinedRows`); a pipelined collection's
-tables share one `PipelineTables` (`_SharedPipeline`, each table's view `_TableOfShared`).
+(`_ShardedRows`, synchronous) or a `PipelineTables` (`_SharedPipeline`, of a pipelined
+module's one table or a pipelined collection's tables; each table's view `_TableOfShared`).
 It needs no torch: the modules hand it numpy arrays."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from .client import Sharded, StepReport
 from .errors import Closed, StarwireError
-from .pipeline import Pipeline, PipelineReport, PipelineTables
+from .pipeline import PipelineReport, PipelineTables
 
 #: No ids.
 _NONE: npt.NDArray[np.uint64] = np.empty(0, dtype=np.uint64)
@@ -26,9 +26,8 @@ class _Rows(Protocol):
     each position's index among them out, the deduplication done in Rust by the pull
     (`pull_unique`); the distinct ids' gradients of the block's shape back; the next pull's
     ids handed early (`prefetch`); everything in flight waited for (`flush`).
-    `_ShardedRows` is the synchronous form, `_PipelinedRows` the pipelined one
-    (`starwire.Pipeline`: pulls ahead, pushes in the background), `_TableOfShared` one
-    table of a pipelined collection's `starwire.PipelineTables`."""
+    `_ShardedRows` is the synchronous form, `_TableOfShared` the pipelined one (a table of
+    a `starwire.PipelineTables`: pulls ahead, pushes in the background)."""
 
     @property
     def table(self) -> int: ...
@@ -112,90 +111,33 @@ class _ShardedRows:
         self.sharded.close()
 
 
-class _PipelinedRows:
-    """A table's rows through a `Pipeline`: `pull` takes the rows `prefetch` requested
-    (or requests them), `push` sends and returns, a push that failed after its call
-    returned raises at the next call that finds it (with ``e.failed_pushes``). Failures
-    raise starwire's exceptions, with a note naming the table."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        #: The report of the last pull's step (visible seconds, bytes, prefetched parts).
-        self.last_report: Optional[PipelineReport] = None
-
-    @property
-    def table(self) -> int:
-        return self.pipeline.table
-
-    @property
-    def dim(self) -> int:
-        return self.pipeline.row_shape[0]
-
-    def _check_open(self, doing: str) -> None:
-        runtime = self.pipeline.client.runtime
-        if not runtime._rt:
-            raise Closed(f"cannot {doing} table {self.table}: the runtime of "
-                         f"{runtime.job}:{runtime.task_index} is closed")
-
-    def pull_unique(self, ids: npt.NDArray[np.uint64]
-                    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
-                               npt.NDArray[np.int64]]:
-        # An empty batch goes through the pipeline too: it is a step (the steps and pushes
-        # of the staleness bound stay counted alike) and sends nothing.
-        self._check_open("pull the rows of")
-        try:
-            unique, rows, inverse, self.last_report = self.pipeline.pull_unique(ids)
-        except StarwireError as e:
-            _note(e, f"while pulling the rows of {len(ids)} ids of table {self.table}")
-            raise
-        return unique, rows, inverse
-
-    def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
-        self._check_open("push gradients to")
-        try:
-            self.last_report = self.pipeline.push(ids, grads)
-        except StarwireError as e:
-            _note(e, f"while pushing the gradients of {len(ids)} rows of table {self.table}")
-            raise
-
-    def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
-        self._check_open("prefetch the rows of")
-        try:
-            self.pipeline.prefetch(ids)
-        except StarwireError as e:
-            _note(e, f"while prefetching {len(ids)} rows of table {self.table}")
-            raise
-
-    def flush(self) -> None:
-        self._check_open("flush the pushes to")
-        try:
-            self.pipeline.flush()
-        except StarwireError as e:
-            _note(e, f"while flushing the pushes to table {self.table}")
-            raise
-
-    def close(self) -> None:
-        self.pipeline.close()
-
-
 class _SharedPipeline:
-    """The tables of a pipelined collection through one `PipelineTables`: a step's pull of
-    every table is one request per PS, and so is its push. Failures raise starwire's
-    exceptions, with a note naming the tables."""
+    """Pipelined tables through one `PipelineTables` (a pipelined module's one table, or a
+    pipelined collection's tables): a step's pull of every table is one request per PS,
+    and so is its push. Failures raise starwire's exceptions, with a note naming the
+    tables."""
 
     def __init__(self, pipeline: PipelineTables) -> None:
         self.pipeline = pipeline
         #: The report of the last call's step.
         self.last_report: Optional[PipelineReport] = None
+        #: No gradients, per table.
+        self.empty = [np.zeros((0, *s), dtype=np.float32) for s in pipeline.row_shapes]
+
+    def _tables(self) -> str:
+        t = self.pipeline.tables
+        return f"table {t[0]}" if len(t) == 1 else f"tables {t}"
 
     def _check_open(self, doing: str) -> None:
         runtime = self.pipeline.client.runtime
         if not runtime._rt:
-            raise Closed(f"cannot {doing} tables {self.pipeline.tables}: the runtime of "
+            raise Closed(f"cannot {doing} {self._tables()}: the runtime of "
                          f"{runtime.job}:{runtime.task_index} is closed")
 
-    def _named(self, ids: list[npt.NDArray[np.uint64]]) -> list[int]:
-        return [t for t, i in zip(self.pipeline.tables, ids) if len(i)]
+    def _named(self, ids: list[npt.NDArray[np.uint64]], unit: str) -> str:
+        """The tables a call names: ``4 ids of table 1, 3 ids of table 2``."""
+        return ", ".join(f"{len(i)} {unit} of table {t}"
+                         for t, i in zip(self.pipeline.tables, ids) if len(i)) or "no ids"
 
     def pull_unique(self, ids: list[npt.NDArray[np.uint64]]
                     ) -> list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32],
@@ -206,7 +148,7 @@ class _SharedPipeline:
         try:
             parts, self.last_report = self.pipeline.pull_unique(ids)
         except StarwireError as e:
-            _note(e, f"while pulling the rows of tables {self._named(ids)}")
+            _note(e, f"while pulling the rows of {self._named(ids, 'ids')}")
             raise
         return parts
 
@@ -216,7 +158,7 @@ class _SharedPipeline:
         try:
             self.last_report = self.pipeline.push(ids, grads)
         except StarwireError as e:
-            _note(e, f"while pushing the gradients of tables {self._named(ids)}")
+            _note(e, f"while pushing the gradients of {self._named(ids, 'rows')}")
             raise
 
     def prefetch(self, ids: list[npt.NDArray[np.uint64]]) -> None:
@@ -224,7 +166,7 @@ class _SharedPipeline:
         try:
             self.pipeline.prefetch(ids)
         except StarwireError as e:
-            _note(e, f"while prefetching the rows of tables {self._named(ids)}")
+            _note(e, f"while prefetching the rows of {self._named(ids, 'ids')}")
             raise
 
     def flush(self) -> None:
@@ -232,7 +174,7 @@ class _SharedPipeline:
         try:
             self.pipeline.flush()
         except StarwireError as e:
-            _note(e, f"while flushing the pushes to tables {self.pipeline.tables}")
+            _note(e, f"while flushing the pushes to {self._tables()}")
             raise
 
     def close(self) -> None:
@@ -240,15 +182,20 @@ class _SharedPipeline:
 
     def alone(self, pos: int, ids: npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint64]]:
         """A step's batches with `ids` for table `pos`, none for the others."""
-        batches = [_NONE] * len(self.pipeline.tables)
+        if len(self.empty) == 1:
+            return [ids]
+        batches = [_NONE] * len(self.empty)
         batches[pos] = ids
         return batches
 
 
 class _TableOfShared:
-    """One table of a `_SharedPipeline`, as the one-table interface (a module of the
-    collection called on its own): each call is a step of the shared pipeline in which
-    the other tables take no part."""
+    """One table of a `_SharedPipeline`, as the one-table interface: a pipelined module's
+    rows (its pipeline's only table), or a table of a pipelined collection called on its
+    own (a step of the shared pipeline in which the other tables take no part). `pull`
+    takes the rows `prefetch` requested (or requests them), `push` sends and returns, a
+    push that failed after its call returned raises at the next call that finds it (with
+    ``e.failed_pushes``)."""
 
     def __init__(self, shared: _SharedPipeline, pos: int) -> None:
         self.shared, self.pos = shared, pos
@@ -271,9 +218,12 @@ class _TableOfShared:
         return self.shared.pull_unique(self.shared.alone(self.pos, ids))[self.pos]
 
     def push(self, ids: npt.NDArray[np.uint64], grads: npt.NDArray[np.float32]) -> None:
-        empty = [np.zeros((0, *s), dtype=np.float32) for s in self.shared.pipeline.row_shapes]
-        empty[self.pos] = grads
-        self.shared.push(self.shared.alone(self.pos, ids), empty)
+        if len(self.shared.empty) == 1:
+            self.shared.push([ids], [grads])
+            return
+        blocks = list(self.shared.empty)
+        blocks[self.pos] = grads
+        self.shared.push(self.shared.alone(self.pos, ids), blocks)
 
     def prefetch(self, ids: npt.NDArray[np.uint64]) -> None:
         self.shared.prefetch(self.shared.alone(self.pos, ids))

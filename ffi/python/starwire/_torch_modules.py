@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._arrays import loss_scale_value
-from ._embedding_rows import _PipelinedRows, _Rows, _ShardedRows
+from ._embedding_rows import _Rows, _SharedPipeline, _ShardedRows, _TableOfShared
 from .client import DEFAULT_TIMEOUT, Client, StepReport
 from .errors import Closed, InvalidArgument, StarwireError
-from .pipeline import Pipeline, PipelineReport, PipelineSettings
+from .pipeline import PipelineReport, PipelineSettings, PipelineTables
 
 #: The ``format`` of the marker a module's `state_dict` holds in place of its rows.
 MARKER_FORMAT = "starwire.torch/ps-rows"
@@ -247,9 +247,9 @@ class _PSModule(nn.Module):
         elif pipelined:
             settings = PipelineSettings(staleness, max_pushes_in_flight, timeout,
                                         _WIRE_DTYPES[wire], loss_scale, cache_bytes)
-            self._rows = _PipelinedRows(Pipeline(
-                client, table, dim, peers=tasks, dtype=np.float32, partition=partition,
-                vocab=num_embeddings or 0, settings=settings))
+            self._rows = _TableOfShared(_SharedPipeline(PipelineTables(
+                client, [(table, dim)], peers=tasks, dtype=np.float32, partition=partition,
+                vocab=num_embeddings or 0, settings=settings)), 0)
         else:
             self._rows = _ShardedRows(client.sharded(
                 table, dim, peers=tasks, dtype=np.float32, partition=partition,
@@ -429,9 +429,10 @@ class PSEmbedding(_PSModule):
     `InvalidArgument`); without it any id 0 to 2^63-1 is pulled (the table creates or
     reports missing what it does not have, by its ``create`` setting; missing rows are
     zero). `staleness`: 0 (synchronous), or the most of this worker's recent pushes a
-    forward's rows may miss (a `starwire.Pipeline` then carries the rows: backward returns
-    without waiting for its push, at most `max_pushes_in_flight` unanswered, and a failed
-    push raises at a later forward, backward or `flush`). `pipelined=True` takes the
+    forward's rows may miss (a pipeline then carries the rows, `starwire.PipelineTables`
+    of the one table: backward returns without waiting for its push, at most
+    `max_pushes_in_flight` unanswered, and a failed push raises at a later forward,
+    backward or `flush`). `pipelined=True` takes the
     pipeline with staleness 0 too (the synchronous results, exactly; `prefetch` and
     `PrefetchingLoader` need a pipelined module; each pipelined table may have
     ``(max_pushes_in_flight + 1) * len(tasks)`` requests in flight on `client`, whose

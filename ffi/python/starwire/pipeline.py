@@ -15,7 +15,7 @@ from ._arrays import address, code_of, contiguous, loss_scale_value, wire_code
 from ._ids import _row_ids, _row_shape
 from .client import _PARTITIONS, Client, _ms
 from .errors import OK, Closed, InvalidArgument, StarwireError, check, from_code
-from .sharded_tables import _c_shapes
+from .sharded_tables import _c_shapes, _grad_batches, _unique_batches, _unique_parts
 
 
 _P = TypeVar("_P", bound="_PipelineCore")
@@ -479,24 +479,11 @@ class PipelineTables(_PipelineCore):
         `Pipeline.pull_unique` gives them, and the step's report."""
         p, c = self._handle(), self.client._handle()
         arrays = self._ids(ids)
-        made = []
         batches = self._unique_batches
-        for i, (a, shape) in enumerate(zip(arrays, self.row_shapes)):
-            n = len(a)
-            inverse = np.empty(n, dtype=np.int64)
-            unique = np.empty(n, dtype=np.uint64)
-            out = np.empty((n, *shape), dtype=self.dtype)
-            b = batches[i]
-            b.ids, b.n = (address(a) if n else None), n
-            b.inverse = address(inverse) if n else None
-            b.unique = address(unique) if n else None
-            b.data, b.byte_len = (address(out) if n else None), out.nbytes
-            b.unique_len = 0
-            made.append((unique, out, inverse))
+        made = _unique_batches(batches, arrays, self.row_shapes, self.dtype)
         code = _lib.pipeline_pull_tables_unique(p, c, batches, len(arrays), self._report_ref)
         report = self._done(code)
-        return [(u[:b.unique_len], o[:b.unique_len], inv)
-                for (u, o, inv), b in zip(made, batches)], report
+        return _unique_parts(made, batches), report
 
     def push(self, ids: Sequence[Any], grads: Sequence[npt.NDArray[Any]]) -> PipelineReport:
         """Sends each table's gradient rows ``grads[t]`` (``[len(ids[t]), *row_shape]``,
@@ -504,16 +491,6 @@ class PipelineTables(_PipelineCore):
         one request per PS for all the tables; returns without waiting for the answers."""
         p, c = self._handle(), self.client._handle()
         arrays = self._ids(ids)
-        if len(grads) != len(arrays):
-            raise InvalidArgument(f"{len(grads)} gradient blocks for {len(arrays)} tables")
-        kept = []
-        for i, (a, g, shape) in enumerate(zip(arrays, grads, self.row_shapes)):
-            g = contiguous(g, f"grads[{i}]")
-            want = (len(a), *shape)
-            if g.dtype != self.dtype or g.shape != want:
-                raise InvalidArgument(f"grads[{i}] is {g.dtype}{list(g.shape)}, not "
-                                      f"{self.dtype}{list(want)} (table {self.tables[i]})")
-            kept.append(g)
-            self._batch(i, a, g)
+        _grad_batches(self._batches, arrays, grads, self.tables, self.row_shapes, self.dtype)
         code = _lib.pipeline_push_tables(p, c, self._batches, len(arrays), self._report_ref)
         return self._done(code)

@@ -36,6 +36,56 @@ def _c_shapes(specs: Sequence[tuple[int, tuple[int, ...]]], dtype: np.dtype[Any]
     return shapes, dims
 
 
+#: One table's part of a unique pull: its distinct ids, their rows, each position's index.
+_UniquePart = tuple[npt.NDArray[np.uint64], npt.NDArray[Any], npt.NDArray[np.int64]]
+
+
+def _unique_batches(batches: Any, arrays: Sequence[npt.NDArray[np.uint64]],
+                    row_shapes: Sequence[tuple[int, ...]], dtype: np.dtype[Any]
+                    ) -> list[_UniquePart]:
+    """Fills the ``sw_unique_batch`` structs `batches` for a unique pull of `arrays` (a
+    batch of ids per table) into new arrays, which it returns per table."""
+    made = []
+    for i, (a, shape) in enumerate(zip(arrays, row_shapes)):
+        n = len(a)
+        inverse = np.empty(n, dtype=np.int64)
+        unique = np.empty(n, dtype=np.uint64)
+        # Every distinct row is written (a failed PS's zeroed).
+        out = np.empty((n, *shape), dtype=dtype)
+        b = batches[i]
+        b.ids, b.n = (address(a) if n else None), n
+        b.inverse = address(inverse) if n else None
+        b.unique = address(unique) if n else None
+        b.data, b.byte_len = (address(out) if n else None), out.nbytes
+        b.unique_len = 0
+        made.append((unique, out, inverse))
+    return made
+
+
+def _unique_parts(made: list[_UniquePart], batches: Any) -> list[_UniquePart]:
+    """After a unique pull: each table's distinct ids and rows, as many as it wrote."""
+    return [(u[:b.unique_len], o[:b.unique_len], inv) for (u, o, inv), b in zip(made, batches)]
+
+
+def _grad_batches(batches: Any, arrays: Sequence[npt.NDArray[np.uint64]],
+                  grads: Sequence[npt.NDArray[Any]], tables: Sequence[int],
+                  row_shapes: Sequence[tuple[int, ...]], dtype: np.dtype[Any]) -> None:
+    """Fills the ``sw_table_batch`` structs `batches` for a push of each table's `grads`
+    (checked: ``[len(ids), *row_shape]`` of `dtype`, C-contiguous: the caller's arrays are
+    pointed at, not copied) of `arrays`."""
+    if len(grads) != len(arrays):
+        raise InvalidArgument(f"{len(grads)} gradient blocks for {len(arrays)} tables")
+    for i, (a, g, shape) in enumerate(zip(arrays, grads, row_shapes)):
+        g = contiguous(g, f"grads[{i}]")
+        want = (len(a), *shape)
+        if g.dtype != dtype or g.shape != want:
+            raise InvalidArgument(f"grads[{i}] is {g.dtype}{list(g.shape)}, not "
+                                  f"{dtype}{list(want)} (table {tables[i]})")
+        b, n = batches[i], len(a)
+        b.ids, b.n = (address(a) if n else None), n
+        b.data, b.byte_len = (address(g) if n else None), g.nbytes
+
+
 class ShardedTables:
     """Tables partitioned over the same PS tasks, from a worker: `tables` is a sequence of
     ``(table, row_shape)`` (``row_shape`` an int or a tuple), each of rows of `dtype`; a step
@@ -153,27 +203,13 @@ class ShardedTables:
         what `pull` gives; and the step's report."""
         s, c = self._handle(), self.client._handle()
         arrays = self._ids(ids)
-        made = []
         batches = self._unique_batches
-        for i, (a, shape) in enumerate(zip(arrays, self.row_shapes)):
-            n = len(a)
-            inverse = np.empty(n, dtype=np.int64)
-            unique = np.empty(n, dtype=np.uint64)
-            # Every distinct row is written (a failed PS's zeroed).
-            out = np.empty((n, *shape), dtype=self.dtype)
-            b = batches[i]
-            b.ids, b.n = (address(a) if n else None), n
-            b.inverse = address(inverse) if n else None
-            b.unique = address(unique) if n else None
-            b.data, b.byte_len = (address(out) if n else None), out.nbytes
-            b.unique_len = 0
-            made.append((unique, out, inverse))
+        made = _unique_batches(batches, arrays, self.row_shapes, self.dtype)
         self._report.failed = 0
         code = _lib.sharded_tables_pull_unique(s, c, batches, len(arrays), _ms(timeout),
                                                self._report_ref)
         report = self._finish(code)
-        return [(u[:b.unique_len], o[:b.unique_len], inv)
-                for (u, o, inv), b in zip(made, batches)], report
+        return _unique_parts(made, batches), report
 
     def push(self, ids: Sequence[Any], grads: Sequence[npt.NDArray[Any]],
              timeout: Optional[float] = DEFAULT_TIMEOUT) -> StepReport:
@@ -182,19 +218,8 @@ class ShardedTables:
         per PS for all tables."""
         s, c = self._handle(), self.client._handle()
         arrays = self._ids(ids)
-        if len(grads) != len(arrays):
-            raise InvalidArgument(f"{len(grads)} gradient blocks for {len(arrays)} tables")
         batches = self._batches
-        for i, (a, g, shape) in enumerate(zip(arrays, grads, self.row_shapes)):
-            g = contiguous(g, f"grads[{i}]")
-            want = (len(a), *shape)
-            if g.dtype != self.dtype or g.shape != want:
-                raise InvalidArgument(f"grads[{i}] is {g.dtype}{list(g.shape)}, not "
-                                      f"{self.dtype}{list(want)} (table {self.tables[i]})")
-            b = batches[i]
-            n = len(a)
-            b.ids, b.n = (address(a) if n else None), n
-            b.data, b.byte_len = (address(g) if n else None), g.nbytes
+        _grad_batches(batches, arrays, grads, self.tables, self.row_shapes, self.dtype)
         self._report.failed = 0
         code = _lib.sharded_tables_push(s, c, batches, len(arrays), _ms(timeout),
                                         self._report_ref)

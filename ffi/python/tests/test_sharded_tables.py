@@ -108,6 +108,18 @@ class ShardedTablesTest(TablesCase):
             self.assertEqual(rows.shape, (len(unique), d))
             np.testing.assert_array_equal(rows[inverse], want)
 
+    def test_gradients_that_are_not_contiguous_are_refused_naming_them(self) -> None:
+        grads = [np.ones((2, 4), np.float32),
+                 np.arange(12, dtype=np.float32).reshape(2, 6)[:, 1::2]]
+        for make in (starwire.ShardedTables, starwire.PipelineTables):
+            multi: Any = make(self.client, TABLES[:2], peers=self.peers)
+            before = self.frames()
+            with self.assertRaisesRegex(starwire.InvalidArgument,
+                                        r"grads\[1\] is not C-contiguous"):
+                multi.push([[3, 4], [5, 6]], grads)
+            self.assertEqual(self.sent(before), [0, 0])
+            multi.close()
+
     def test_an_empty_batch_takes_no_part_and_a_ps_with_no_ids_gets_nothing(self) -> None:
         multi = starwire.ShardedTables(self.client, TABLES, peers=self.peers)
         self.addCleanup(multi.close)
