@@ -57,11 +57,18 @@ fn hot_batch(t: u64, out: &mut [u64; 200]) {
 /// Two PS tasks whose tables hold every id of the universe at zero; SGD with lr 0, so
 /// every row stays zero and each pull can be checked.
 fn cluster() -> (Vec<Runtime>, Vec<Peer>) {
+    two_ps(|| {
+        let table = Arc::new(MemTable::new(DIM, Init::Zeros, Optimizer::Sgd { lr: 0.0 }));
+        Tables::new().with(TABLE, table)
+    })
+}
+
+/// Two PS tasks, each serving the tables `service` makes.
+fn two_ps(service: impl Fn() -> Tables) -> (Vec<Runtime>, Vec<Peer>) {
     let rts: Vec<Runtime> = (0..2)
         .map(|_| {
-            let table = Arc::new(MemTable::new(DIM, Init::Zeros, Optimizer::Sgd { lr: 0.0 }));
             let options = Options {
-                service: Some(Arc::new(Tables::new().with(TABLE, table))),
+                service: Some(Arc::new(service())),
                 ..Options::listen("127.0.0.1:0".parse().unwrap())
             };
             Runtime::start_with(config("ps", 1).build().unwrap(), options).unwrap()
@@ -238,25 +245,14 @@ fn the_row_cache_allocates_nothing_after_it_is_made() {
 const THREE: [(u32, [u64; 1]); 3] = [(3, [4]), (5, [2]), (8, [3])];
 
 fn three_tables() -> (Vec<Runtime>, Vec<Peer>) {
-    let rts: Vec<Runtime> = (0..2)
-        .map(|_| {
-            let mut service = Tables::new();
-            for (id, dims) in THREE {
-                let t = MemTable::new(dims[0] as usize, Init::Zeros, Optimizer::Sgd { lr: 0.0 });
-                service = service.with(id, Arc::new(t));
-            }
-            let options = Options {
-                service: Some(Arc::new(service)),
-                ..Options::listen("127.0.0.1:0".parse().unwrap())
-            };
-            Runtime::start_with(config("ps", 1).build().unwrap(), options).unwrap()
-        })
-        .collect();
-    let peers = rts
-        .iter()
-        .map(|r| Peer::from(r.local_addr().unwrap()))
-        .collect();
-    (rts, peers)
+    two_ps(|| {
+        let mut service = Tables::new();
+        for (id, dims) in THREE {
+            let t = MemTable::new(dims[0] as usize, Init::Zeros, Optimizer::Sgd { lr: 0.0 });
+            service = service.with(id, Arc::new(t));
+        }
+        service
+    })
 }
 
 #[test]

@@ -146,6 +146,13 @@ fn ps_reached(step: &[Vec<u64>; 3]) -> u64 {
         .count() as u64
 }
 
+/// A buffer of rows per table for `ids`' batches, every byte `fill`.
+fn buffers(ids: &[&[u64]; 3], fill: u8) -> Vec<Vec<u8>> {
+    (0..3)
+        .map(|i| vec![fill; ids[i].len() * row_bytes(i)])
+        .collect()
+}
+
 fn views(outs: &mut [Vec<u8>]) -> Vec<&mut [u8]> {
     outs.iter_mut().map(|o| o.as_mut_slice()).collect()
 }
@@ -178,16 +185,12 @@ fn staleness_0_gives_sharded_tables_bit_for_bit_in_one_request_per_ps_each_way()
     pipe.prefetch_tables(&mut h, &refs(&steps[0])).unwrap();
     for (t, step) in steps.iter().enumerate() {
         let ids = refs(step);
-        let mut want: Vec<Vec<u8>> = (0..3)
-            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
-            .collect();
+        let mut want = buffers(&ids, 0);
         let r = plain
             .pull(&mut h, &ids, &mut views(&mut want), secs(20))
             .unwrap();
         assert!(r.is_ok(), "{r:?}");
-        let mut got: Vec<Vec<u8>> = (0..3)
-            .map(|i| vec![0xaa; ids[i].len() * row_bytes(i)])
-            .collect();
+        let mut got = buffers(&ids, 0xaa);
         let report = pipe
             .pull_tables(&mut h, &ids, &mut views(&mut got))
             .unwrap();
@@ -250,9 +253,7 @@ fn bounded(cache_bytes: usize) -> (usize, u64) {
     pipe.prefetch_tables(&mut h, &refs(&steps[0])).unwrap();
     for (t, step) in steps.iter().enumerate() {
         let ids = refs(step);
-        let mut got: Vec<Vec<u8>> = (0..3)
-            .map(|i| vec![0xaa; ids[i].len() * row_bytes(i)])
-            .collect();
+        let mut got = buffers(&ids, 0xaa);
         let report = pipe
             .pull_tables(&mut h, &ids, &mut views(&mut got))
             .unwrap()
@@ -350,18 +351,14 @@ fn versioned(features: WireFeatures) -> Vec<(usize, usize)> {
     let mut seen = Vec::new();
     for t in 0..6 {
         let before = frames_in(&rts);
-        let mut got: Vec<Vec<u8>> = (0..3)
-            .map(|i| vec![0xaa; ids[i].len() * row_bytes(i)])
-            .collect();
+        let mut got = buffers(&ids, 0xaa);
         let r = pipe
             .pull_tables(&mut h, &ids, &mut views(&mut got))
             .unwrap()
             .clone();
         // One request per PS for the three tables, versioned or not.
         assert_eq!(frames_in(&rts) - before, 2, "step {t}");
-        let mut want: Vec<Vec<u8>> = (0..3)
-            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
-            .collect();
+        let mut want = buffers(&ids, 0);
         assert!(plain
             .pull(&mut h, &ids, &mut views(&mut want), secs(10))
             .unwrap()
@@ -510,9 +507,7 @@ fn pull_unique(
 ) -> (Vec<UniquePart>, starwire::rows::PipelineReport) {
     let mut inverse: Vec<Vec<i64>> = ids.iter().map(|i| vec![-1; i.len()]).collect();
     let mut unique: Vec<Vec<u64>> = ids.iter().map(|i| vec![u64::MAX; i.len()]).collect();
-    let mut rows: Vec<Vec<u8>> = (0..3)
-        .map(|t| vec![0xaa; ids[t].len() * row_bytes(t)])
-        .collect();
+    let mut rows = buffers(ids, 0xaa);
     let report = {
         let mut inv: Vec<&mut [i64]> = inverse.iter_mut().map(|v| v.as_mut_slice()).collect();
         let mut uni: Vec<&mut [u64]> = unique.iter_mut().map(|v| v.as_mut_slice()).collect();
@@ -553,9 +548,7 @@ fn a_unique_pull_gives_each_distinct_row_once_in_the_plans_order() {
         // same order, the same inverse, the same rows.
         let mut inverse: Vec<Vec<i64>> = ids.iter().map(|i| vec![0; i.len()]).collect();
         let mut unique: Vec<Vec<u64>> = ids.iter().map(|i| vec![0; i.len()]).collect();
-        let mut rows: Vec<Vec<u8>> = (0..3)
-            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
-            .collect();
+        let mut rows = buffers(&ids, 0);
         {
             let mut inv: Vec<&mut [i64]> = inverse.iter_mut().map(|v| v.as_mut_slice()).collect();
             let mut uni: Vec<&mut [u64]> = unique.iter_mut().map(|v| v.as_mut_slice()).collect();
@@ -638,9 +631,7 @@ fn a_unique_pull_lands_cached_rows_and_checks_its_buffers() {
         let ids = refs(step);
         let (parts, report) = pull_unique(&mut pipe, &mut h, &ids);
         hits += report.cache_hits;
-        let mut want: Vec<Vec<u8>> = (0..3)
-            .map(|i| vec![0; ids[i].len() * row_bytes(i)])
-            .collect();
+        let mut want = buffers(&ids, 0);
         assert!(plain
             .pull(&mut h, &ids, &mut views(&mut want), secs(10))
             .unwrap()

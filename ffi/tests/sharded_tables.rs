@@ -135,6 +135,41 @@ impl Setup {
     }
 }
 
+/// The arrays of a unique pull of two tables' batches: inverse, unique ids and rows.
+struct UniqueBuffers {
+    inverse: Vec<Vec<i64>>,
+    unique: Vec<Vec<u64>>,
+    rows: Vec<Vec<u8>>,
+}
+
+impl UniqueBuffers {
+    fn new(ids: &[&[u64]; 2]) -> UniqueBuffers {
+        UniqueBuffers {
+            inverse: (0..2).map(|t| vec![-1; ids[t].len()]).collect(),
+            unique: (0..2).map(|t| vec![0; ids[t].len()]).collect(),
+            rows: (0..2)
+                .map(|t| vec![0xff; ids[t].len() * TABLES[t].1 * 4])
+                .collect(),
+        }
+    }
+
+    /// The batches of a unique pull of `ids` into these arrays (`unique_len` 99 until
+    /// written).
+    fn batches(&mut self, ids: &[&[u64]; 2]) -> Vec<sw_unique_batch> {
+        (0..2)
+            .map(|t| sw_unique_batch {
+                ids: ids[t].as_ptr(),
+                n: ids[t].len(),
+                inverse: self.inverse[t].as_mut_ptr(),
+                unique: self.unique[t].as_mut_ptr(),
+                data: self.rows[t].as_mut_ptr().cast(),
+                byte_len: self.rows[t].len() as u64,
+                unique_len: 99,
+            })
+            .collect()
+    }
+}
+
 #[test]
 fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
     let setup = Setup::new();
@@ -226,22 +261,9 @@ fn a_step_of_two_tables_is_one_request_per_ps_with_the_per_table_rows() {
 
     // Each distinct id once, both tables in one request per PS: ids by PS (even ids at
     // PS 0), each PS's in the order first seen; rows[inverse] is the plain pull.
-    let mut inverse: Vec<Vec<i64>> = (0..2).map(|t| vec![-1; ids[t].len()]).collect();
-    let mut unique: Vec<Vec<u64>> = (0..2).map(|t| vec![0; ids[t].len()]).collect();
-    let mut rows: Vec<Vec<u8>> = (0..2)
-        .map(|t| vec![0xff; ids[t].len() * TABLES[t].1 * 4])
-        .collect();
-    let mut uniques: Vec<sw_unique_batch> = (0..2)
-        .map(|t| sw_unique_batch {
-            ids: ids[t].as_ptr(),
-            n: ids[t].len(),
-            inverse: inverse[t].as_mut_ptr(),
-            unique: unique[t].as_mut_ptr(),
-            data: rows[t].as_mut_ptr().cast(),
-            byte_len: rows[t].len() as u64,
-            unique_len: 99,
-        })
-        .collect();
+    let mut bufs = UniqueBuffers::new(&ids);
+    let mut uniques = bufs.batches(&ids);
+    let (inverse, unique, rows) = (&bufs.inverse, &bufs.unique, &bufs.rows);
     let before = ps.map(frames_in);
     ok(sw_sharded_tables_pull_unique(
         s,
@@ -471,22 +493,9 @@ fn a_pipeline_of_two_tables_is_one_request_per_ps_each_way() {
 
     // Each distinct id once, both tables in one request per PS, as the synchronous unique
     // pull gives them: by PS (even ids at PS 0), each PS's in the order first seen.
-    let mut inverse: Vec<Vec<i64>> = (0..2).map(|t| vec![-1; ids[t].len()]).collect();
-    let mut unique: Vec<Vec<u64>> = (0..2).map(|t| vec![0; ids[t].len()]).collect();
-    let mut rows: Vec<Vec<u8>> = (0..2)
-        .map(|t| vec![0xff; ids[t].len() * TABLES[t].1 * 4])
-        .collect();
-    let mut uniques: Vec<sw_unique_batch> = (0..2)
-        .map(|t| sw_unique_batch {
-            ids: ids[t].as_ptr(),
-            n: ids[t].len(),
-            inverse: inverse[t].as_mut_ptr(),
-            unique: unique[t].as_mut_ptr(),
-            data: rows[t].as_mut_ptr().cast(),
-            byte_len: rows[t].len() as u64,
-            unique_len: 99,
-        })
-        .collect();
+    let mut bufs = UniqueBuffers::new(&ids);
+    let mut uniques = bufs.batches(&ids);
+    let (inverse, unique, rows) = (&bufs.inverse, &bufs.unique, &bufs.rows);
     let before = frames();
     ok(sw_pipeline_pull_tables_unique(
         p,
