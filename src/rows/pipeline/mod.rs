@@ -376,11 +376,7 @@ impl Lane {
     /// For a unique pull of the batch on its way: where each PS's distinct ids start
     /// among all of them.
     fn place_unique(&mut self) {
-        let mut at = 0;
-        for (k, start) in self.starts.iter_mut().enumerate() {
-            *start = at;
-            at += self.ahead.ids(k).len();
-        }
+        step::place(&mut self.starts, &self.ahead);
     }
 
     /// Lands the rows `row(j)` gives for PS `k`'s distinct ids in `out` as `landing` says.

@@ -33,6 +33,50 @@ fn is_plan_of(plan: &Plan, ids: &[u64]) -> bool {
         })
 }
 
+/// Whether `ids` are the distinct ids of `plan`'s batch in its order (by PS, each PS's in
+/// the order first seen): what a unique pull gave. A pass over them, no hashing.
+fn is_unique_of(plan: &Plan, ids: &[u64]) -> bool {
+    if ids.len() != plan.unique_len() {
+        return false;
+    }
+    let mut rest = ids;
+    (0..plan.shards()).all(|k| {
+        let part = plan.ids(k);
+        let (head, tail) = rest.split_at(part.len());
+        rest = tail;
+        head == part
+    })
+}
+
+/// Where each PS's distinct ids of `plan` start among all of them.
+pub(super) fn place(starts: &mut [usize], plan: &Plan) {
+    let mut at = 0;
+    for (k, start) in starts.iter_mut().enumerate() {
+        *start = at;
+        at += plan.ids(k).len();
+    }
+}
+
+/// Which plan a push's ids are summed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pushed {
+    /// The step's batch, as pulled: its plan, by batch position.
+    Batch,
+    /// The step's distinct ids, as a unique pull gave them: its plan, one row per id.
+    Unique,
+    /// Other ids, planned anew.
+    Other,
+}
+
+impl Pushed {
+    fn plan(self, lane: &Lane) -> &Plan {
+        match self {
+            Pushed::Batch | Pushed::Unique => &lane.current,
+            Pushed::Other => &lane.other,
+        }
+    }
+}
+
 fn remote(status: Status, peer: Peer) -> Error {
     Error::new(ErrorKind::Remote(status)).with_peer(peer.addr())
 }
@@ -436,19 +480,29 @@ impl Pipeline {
     ) -> Result<(), Error> {
         self.reap(client);
         self.report_failures()?;
-        let use_current = self.current_planned
-            && self
-                .lanes
-                .iter()
-                .zip(ids)
-                .all(|(l, ids)| is_plan_of(&l.current, ids));
-        if !use_current {
+        let of_current = |test: fn(&Plan, &[u64]) -> bool| {
+            self.current_planned
+                && self
+                    .lanes
+                    .iter()
+                    .zip(ids)
+                    .all(|(l, ids)| test(&l.current, ids))
+        };
+        let pushed = if of_current(is_plan_of) {
+            Pushed::Batch
+        } else if of_current(is_unique_of) {
+            for lane in &mut self.lanes {
+                place(&mut lane.starts, &lane.current);
+            }
+            Pushed::Unique
+        } else {
             for (lane, ids) in self.lanes.iter_mut().zip(ids) {
                 lane.other
                     .build(ids)
                     .map_err(|e| Error::invalid(&e.to_string()))?;
             }
-        }
+            Pushed::Other
+        };
         // Rows on their way are used after this push: parts that may go, go first.
         self.send_allowed(client, self.ledger.issued() + 1);
         // The push `max_pushes_in_flight` before this one must have been answered.
@@ -457,7 +511,7 @@ impl Pipeline {
             self.wait_push_all(client, slot);
         }
         self.report_failures()?;
-        self.sum_gradients(use_current, slot, grads)?;
+        self.sum_gradients(pushed, slot, grads)?;
         let step = self.steps.saturating_sub(1);
         self.ledger.issue(step);
         let deadline = self.deadline();
@@ -468,11 +522,7 @@ impl Pipeline {
             let mut shared: ArrayVec<(Rows<'_>, Arc<Tensor>), MAX_TABLES> = ArrayVec::new();
             let mut copies: ArrayVec<(Rows<'_>, &[u8]), MAX_TABLES> = ArrayVec::new();
             for lane in &self.lanes {
-                let plan = if use_current {
-                    &lane.current
-                } else {
-                    &lane.other
-                };
+                let plan = pushed.plan(lane);
                 let ids = plan.ids(k);
                 if ids.is_empty() {
                     continue;
@@ -525,21 +575,12 @@ impl Pipeline {
     /// Sums the gradients of each table's distinct ids at each PS into that table's block
     /// of push slot `slot`, or, for a PS one of whose blocks a connection still holds,
     /// into the tables' `merged` (to be copied when sent: one request carries either).
-    fn sum_gradients(
-        &mut self,
-        use_current: bool,
-        slot: usize,
-        grads: &[&[u8]],
-    ) -> Result<(), Error> {
+    fn sum_gradients(&mut self, pushed: Pushed, slot: usize, grads: &[&[u8]]) -> Result<(), Error> {
         let peers = self.peers.len();
         for lane in &mut self.lanes {
-            let plan = if use_current {
-                &lane.current
-            } else {
-                &lane.other
-            };
+            let room = pushed.plan(lane).unique_len() * lane.row_bytes;
             lane.merged.clear();
-            lane.merged.reserve(plan.unique_len() * lane.row_bytes);
+            lane.merged.reserve(room);
         }
         for k in 0..peers {
             let at = slot * peers + k;
@@ -556,9 +597,13 @@ impl Pipeline {
                     placed,
                     row_bytes,
                     dtype,
+                    starts,
                     ..
                 } = lane;
-                let plan = if use_current { &*current } else { &*other };
+                let plan = match pushed {
+                    Pushed::Batch | Pushed::Unique => &*current,
+                    Pushed::Other => &*other,
+                };
                 let len = plan.ids(k).len() * *row_bytes;
                 if len == 0 {
                     continue;
@@ -580,8 +625,14 @@ impl Pipeline {
                     }
                     block.bytes_mut()
                 };
-                plan.merge(k, *dtype, grads, *row_bytes, out)
-                    .map_err(|e| Error::invalid(&e.to_string()))?;
+                if pushed == Pushed::Unique {
+                    // One row per distinct id, in the plan's order: nothing to sum.
+                    let from = starts[k] * *row_bytes;
+                    out[..len].copy_from_slice(&grads[from..from + len]);
+                } else {
+                    plan.merge(k, *dtype, grads, *row_bytes, out)
+                        .map_err(|e| Error::invalid(&e.to_string()))?;
+                }
             }
         }
         Ok(())
@@ -734,5 +785,27 @@ impl Lane {
             report.cache_misses += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rows::Partition;
+
+    #[test]
+    fn a_push_by_the_distinct_ids_is_recognized_only_in_the_plans_order() {
+        let mut plan = Plan::new(2, Partition::Mod).unwrap();
+        plan.build(&[5, 2, 5, 3, 4, 2]).unwrap();
+        // By PS (even ids at PS 0), each PS's in the order first seen.
+        assert!(is_unique_of(&plan, &[2, 4, 5, 3]));
+        assert!(!is_unique_of(&plan, &[2, 3, 4, 5]), "sorted");
+        assert!(!is_unique_of(&plan, &[4, 2, 5, 3]), "another order");
+        assert!(!is_unique_of(&plan, &[2, 4, 5]), "fewer");
+        assert!(!is_unique_of(&plan, &[2, 4, 5, 3, 3]), "more");
+        assert!(!is_plan_of(&plan, &[2, 4, 5, 3]), "not the batch");
+        let mut starts = [9, 9];
+        place(&mut starts, &plan);
+        assert_eq!(starts, [0, 2]);
     }
 }
