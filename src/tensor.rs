@@ -646,8 +646,17 @@ impl Tensor {
     ) -> Option<Tensor> {
         let len = usize::try_from(meta.byte_len).ok()?;
         let small = meta.byte_len <= Self::INLINE_MAX as u64 && alloc.inline_small();
+        // The smallest memory that fits: a small table's block must not take the memory
+        // a larger one of the same answer needs.
         let fits = (!small)
-            .then(|| reuse.iter().position(|m| m.bytes().len() >= len))
+            .then(|| {
+                reuse
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| m.bytes().len() >= len)
+                    .min_by_key(|(_, m)| m.bytes().len())
+                    .map(|(i, _)| i)
+            })
             .flatten();
         match fits {
             Some(i) => Some(Tensor {
@@ -791,6 +800,27 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_received_block_takes_the_smallest_kept_memory_that_fits() {
+        let mut reuse: Vec<Box<dyn TensorMemory>> = vec![
+            Box::new(vec![1u8; 8192]),
+            Box::new(vec![2u8; 1024]),
+            Box::new(vec![3u8; 4096]),
+        ];
+        let meta = |len: u64| OwnedMeta {
+            dtype: DType::U8,
+            dims: Shape::new(1, [len].into_iter()).unwrap(),
+            byte_len: len,
+        };
+        let alloc = HeapAllocator::default();
+        let t = Tensor::receive_owned_reusing(&meta(1000), &alloc, &mut reuse).unwrap();
+        assert_eq!(t.bytes()[0], 2, "the 1,024-byte memory");
+        let t = Tensor::receive_owned_reusing(&meta(2000), &alloc, &mut reuse).unwrap();
+        assert_eq!(t.bytes()[0], 3, "the 4,096-byte memory");
+        assert_eq!(reuse.len(), 1);
+        assert_eq!(reuse[0].bytes().len(), 8192);
+    }
 
     #[test]
     fn small_tensors_live_inline_aligned_and_keep_their_bytes() {

@@ -678,3 +678,35 @@ fn a_unique_pull_lands_cached_rows_and_checks_its_buffers() {
     assert!(e.to_string().contains("table 5: a unique pull of 1 ids needs an inverse of 1 (is 1), room for 1 unique ids (is 0)"), "{e}");
     assert_eq!(frames_in(&rts), before);
 }
+
+#[test]
+fn a_table_whose_rows_are_only_read_does_not_stop_a_push() {
+    let (_rts, peers, tables) =
+        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    // Table 3 of f32 rows, and table 9 of u8 rows (read only: gradients of u8 rows do not
+    // sum).
+    let mut shapes = vec![shapes()[0]];
+    shapes.push(TableShape {
+        table: 9,
+        dtype: DType::U8,
+        row_dims: &DIMS[0],
+        partition: Partition::Mod,
+    });
+    let settings = PipelineSettings::default().timeout(Some(Duration::from_secs(20)));
+    let mut pipe = Pipeline::new_tables(peers.clone(), &shapes, settings).unwrap();
+    let grads = to_bytes(&[0.5; 8]);
+    pipe.push_tables(&mut h, &[&[2, 3], &[]], &[&grads, &[]])
+        .unwrap();
+    pipe.flush(&mut h).unwrap();
+    assert_eq!(tables[0][0].get(2), Some(vec![-0.5; 4]));
+    assert_eq!(tables[1][0].get(3), Some(vec![-0.5; 4]));
+    // With ids of the u8 table: refused, naming it, nothing sent.
+    let e = pipe
+        .push_tables(&mut h, &[&[2], &[4]], &[&grads[..16], &[0u8; 4]])
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("table 9's U8 rows"), "{e}");
+    assert_eq!(pipe.pushes(), 1);
+}

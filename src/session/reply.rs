@@ -342,22 +342,23 @@ pub(crate) struct Spare {
 }
 
 /// Blocks' memories a [`Spare`] or a push's vectors keep for reuse: one per table of a
-/// rows request (at most 64 tables), within [`MEMORY_KEPT_TOTAL`] bytes.
+/// rows request (at most 64 tables), of at most [`MEMORY_KEPT_BYTES`] each and, in all,
+/// as many of those as the request had tables (two at least): what the same tables' own
+/// requests would keep.
 pub(crate) const MEMORY_KEPT: usize = 64;
 
 /// Largest block whose memory is kept: larger ones are rare and cost their allocation
 /// little next to their transfer.
 pub(crate) const MEMORY_KEPT_BYTES: usize = 1 << 20;
 
-/// Most bytes of blocks' memories kept together: two of the largest kept.
-pub(crate) const MEMORY_KEPT_TOTAL: usize = 2 * MEMORY_KEPT_BYTES;
-
 /// Keeps the memory of the blocks in `blocks` (emptied) in `memory`, up to
-/// [`MEMORY_KEPT`] blocks of at most [`MEMORY_KEPT_BYTES`], [`MEMORY_KEPT_TOTAL`] in all.
+/// [`MEMORY_KEPT`] blocks of at most [`MEMORY_KEPT_BYTES`], and `MEMORY_KEPT_BYTES` per
+/// block of `blocks` (two at least) in all.
 pub(crate) fn keep_memory(
     blocks: &mut Vec<Result<Tensor, Status>>,
     memory: &mut Vec<Box<dyn TensorMemory>>,
 ) {
+    let cap = blocks.len().max(2) * MEMORY_KEPT_BYTES;
     let mut total: usize = memory.iter().map(|m| m.bytes().len()).sum();
     for b in blocks.drain(..) {
         if memory.len() == MEMORY_KEPT {
@@ -366,7 +367,7 @@ pub(crate) fn keep_memory(
         let m = b.ok().and_then(Tensor::into_memory);
         if let Some(m) = m.filter(|m| {
             let len = m.bytes().len();
-            len <= MEMORY_KEPT_BYTES && total + len <= MEMORY_KEPT_TOTAL
+            len <= MEMORY_KEPT_BYTES && total + len <= cap
         }) {
             if memory.capacity() == 0 {
                 // Room for a few tables' blocks at once; a request of more grows it once.
@@ -446,4 +447,41 @@ pub(crate) enum Item {
     Answered,
     /// Answered and handed out already (to a recv the session fused).
     Taken,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::DType;
+
+    fn block(len: usize) -> Result<Tensor, Status> {
+        Ok(Tensor::from_bytes(DType::U8, &[len as u64], vec![0; len]).unwrap())
+    }
+
+    #[test]
+    fn an_answer_keeps_a_memory_per_table_up_to_a_mebibyte_each() {
+        // Three tables' blocks of 900 KiB: all kept (2.6 MiB, within 3 x 1 MiB).
+        let mut memory = Vec::new();
+        let mut blocks = vec![block(900 << 10), block(900 << 10), block(900 << 10)];
+        keep_memory(&mut blocks, &mut memory);
+        assert!(blocks.is_empty());
+        assert_eq!(memory.len(), 3);
+        // A block over 1 MiB is not kept; nor is one past the answer's total.
+        let mut memory = Vec::new();
+        let mut blocks = vec![
+            block(2 << 20),
+            block(1 << 20),
+            block(1 << 20),
+            block(1 << 10),
+        ];
+        keep_memory(&mut blocks, &mut memory);
+        let kept: Vec<usize> = memory.iter().map(|m| m.bytes().len()).collect();
+        assert_eq!(kept, [1 << 20, 1 << 20, 1 << 10]);
+        // One table: two memories at most, as before.
+        let mut memory = Vec::new();
+        for _ in 0..3 {
+            keep_memory(&mut vec![block(1 << 20)], &mut memory);
+        }
+        assert_eq!(memory.len(), 2);
+    }
 }

@@ -279,10 +279,13 @@ class PSEmbeddingBagCollection(nn.Module):
         """Pushes the gradients not pushed yet (`push_gradients`) and waits for every
         table's pushes (`PSEmbeddingBag.flush`)."""
         self._send_pending()
-        if self._shared is not None:
-            self._shared.flush()
+        if self._shared is None:
+            for bag in self._each():
+                bag.flush()
+            return
         for bag in self._each():
-            bag.flush()
+            bag.push_gradients()
+        self._shared.flush()
 
     def close(self) -> None:
         """Waits for and frees every table's client (`PSEmbeddingBag.close`)."""

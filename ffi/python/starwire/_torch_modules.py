@@ -434,9 +434,9 @@ class PSEmbedding(_PSModule):
     `max_pushes_in_flight` unanswered, and a failed push raises at a later forward,
     backward or `flush`). `pipelined=True` takes the
     pipeline with staleness 0 too (the synchronous results, exactly; `prefetch` and
-    `PrefetchingLoader` need a pipelined module; each pipelined table may have
-    ``(max_pushes_in_flight + 1) * len(tasks)`` requests in flight on `client`, whose
-    capacity must cover its tables' sum). `push_in_backward`: True (the default), backward
+    `PrefetchingLoader` need a pipelined module; each pipelined module, and each
+    pipelined collection, may have ``(max_pushes_in_flight + 1) * len(tasks)`` requests in
+    flight on `client`, whose capacity must cover their sum). `push_in_backward`: True (the default), backward
     pushes the gradient of the rows (a hook on the pulled block calls into Python); False,
     backward only accumulates it on the block, and `push_gradients` pushes it, called by
     the trainer after ``loss.backward()`` or, at the latest, by the next forward (before

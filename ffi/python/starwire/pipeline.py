@@ -466,6 +466,11 @@ class PipelineTables(_PipelineCore):
                                           f"{self.dtype}{list(want)} (table {self.tables[i]})")
                 if not out.flags.writeable:
                     raise InvalidArgument(f"outs[{i}] is read-only")
+            for i, out in enumerate(made):
+                for j in range(i):
+                    if out.nbytes and made[j].nbytes and np.may_share_memory(out, made[j]):
+                        raise InvalidArgument(f"outs[{i}] and outs[{j}] share memory: each "
+                                              "table's rows need arrays of their own")
         for i, (a, out) in enumerate(zip(arrays, made)):
             self._batch(i, a, out)
         code = _lib.pipeline_pull_tables(p, c, self._batches, len(arrays), self._report_ref)

@@ -240,6 +240,14 @@ class PipelineTablesTest(TablesCase):
         np.testing.assert_array_equal(outs[2], self.rows(3, 2)[[6]])
         with self.assertRaisesRegex(starwire.InvalidArgument, "1 batches of ids for 3 tables"):
             pipe.pull([[1]])
+        # Table 2's array over part of table 1's.
+        shared = np.zeros(8, np.float32)
+        overlapping = [shared[:4].reshape(1, 4), shared[2:5].reshape(1, 3),
+                       np.zeros((1, 2), np.float32)]
+        before = self.frames()
+        with self.assertRaisesRegex(starwire.InvalidArgument, r"outs\[1\] and outs\[0\] share"):
+            pipe.pull([[1], [2], [3]], overlapping)
+        self.assertEqual(self.sent(before), [0, 0])
         with self.assertRaisesRegex(starwire.InvalidArgument, r"outs\[1\] is float32\[0, 3\]"):
             pipe.pull([[2, 4], [1], [6]], outs)
         with self.assertRaisesRegex(starwire.InvalidArgument, r"grads\[0\] is float32\[1, 3\]"):

@@ -323,7 +323,9 @@ impl Lane {
         let mut row_dims = ArrayVec::new();
         row_dims
             .try_extend_from_slice(shape.row_dims)
-            .map_err(|_| Error::invalid("rows: too many row dimensions"))?;
+            .map_err(|_| {
+                Error::invalid(&format!("rows: table {table}: too many row dimensions"))
+            })?;
         let row_bytes = Rows::new(table, dtype, shape.row_dims, &[])
             .row_bytes()
             .filter(|&b| b > 0 && b <= usize::MAX as u64)
@@ -344,7 +346,7 @@ impl Lane {
             0 => None,
             bytes => Some(RowCache::new(bytes, row_bytes as usize).map_err(|e| {
                 Error::invalid(&format!(
-                    "pipeline: cache_bytes is {bytes}: {}",
+                    "pipeline: cache_bytes is {bytes}: table {table}: {}",
                     e.remote_message().unwrap_or("refused")
                 ))
             })?),
@@ -676,8 +678,22 @@ impl Pipeline {
         unique: &mut [&mut [u64]],
         outs: &mut [&mut [u8]],
     ) -> Result<&PipelineReport, Error> {
-        self.check_batches(ids.len(), outs.len())?;
-        self.check_batches(inverse.len(), unique.len())?;
+        let n = self.lanes.len();
+        if [ids.len(), inverse.len(), unique.len(), outs.len()] != [n; 4] {
+            return Err(Error::invalid(&format!(
+                "pipeline: a unique pull of {n} tables takes {n} batches of ids, inverses, \
+                 unique ids and row buffers ({}, {}, {}, {} given){}",
+                ids.len(),
+                inverse.len(),
+                unique.len(),
+                outs.len(),
+                if n > 1 && ids.len() == 1 {
+                    ": call pull_tables_unique"
+                } else {
+                    ""
+                }
+            )));
+        }
         for (i, lane) in self.lanes.iter().enumerate() {
             let lens = (inverse[i].len(), unique[i].len(), outs[i].len());
             check_unique_buffers(lane.table, ids[i].len(), lane.row_bytes, lens)?;
@@ -765,7 +781,8 @@ impl Pipeline {
         self.check_batches(ids.len(), grads.len())?;
         for ((lane, ids), g) in self.lanes.iter().zip(ids).zip(grads) {
             lane.check_len(ids, g.len(), "grads")?;
-            if !matches!(lane.dtype, DType::F32 | DType::F64) {
+            // A table that takes no part (rows only read) may be of any dtype.
+            if !ids.is_empty() && !matches!(lane.dtype, DType::F32 | DType::F64) {
                 return Err(Error::invalid(&format!(
                     "rows: cannot sum gradients of table {}'s {:?} rows (f32 and f64 only)",
                     lane.table, lane.dtype
