@@ -710,3 +710,29 @@ fn a_table_whose_rows_are_only_read_does_not_stop_a_push() {
     assert!(e.to_string().contains("table 9's U8 rows"), "{e}");
     assert_eq!(pipe.pushes(), 1);
 }
+
+#[test]
+fn a_push_one_table_of_which_is_refused_names_that_table() {
+    let (_rts, peers, tables) =
+        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let w = worker(WireFeatures::ALL);
+    let mut h = w.handle(64);
+    // Table 3 is served; table 7 is on no PS task.
+    let mut shapes = vec![shapes()[0]];
+    shapes.push(TableShape {
+        table: 7,
+        ..shapes[0]
+    });
+    let settings = PipelineSettings::default().timeout(Some(Duration::from_secs(20)));
+    let mut pipe = Pipeline::new_tables(peers.clone(), &shapes, settings).unwrap();
+    let grads = to_bytes(&[0.5; 4]);
+    pipe.push_tables(&mut h, &[&[2], &[4]], &[&grads, &grads])
+        .unwrap();
+    let e = pipe.flush(&mut h).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Remote(_)), "{e:?}");
+    assert!(e.to_string().contains("table 7 refused the push"), "{e}");
+    let failed = pipe.failed_pushes();
+    assert_eq!((failed.len(), failed[0].step, failed[0].shard), (1, 0, 0));
+    // The PS applied what it could: table 3's row.
+    assert_eq!(tables[0][0].get(2), Some(vec![-0.5; 4]));
+}

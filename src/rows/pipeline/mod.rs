@@ -194,8 +194,10 @@ pub struct Pipeline {
     lanes: Vec<Lane>,
     /// The pushes in flight and what each PS has answered.
     ledger: Ledger,
-    /// Per push slot and PS (`slot * peers + k`): the tag of that part while pending.
+    /// Per push slot and PS (`slot * peers + k`): the tag of that part while pending, and
+    /// the tables its request carries, in request order (to name one its answer refuses).
     push_tags: Vec<u64>,
+    push_tables: Vec<ArrayVec<u32, MAX_TABLES>>,
     /// Per push slot and PS, and per PS for pulls: the vectors of the request, which go
     /// out with it and come back with its answer. Each serves one kind of request of one
     /// size class, so once every slot has been used, no request allocates.
@@ -509,6 +511,7 @@ impl Pipeline {
         Ok(Pipeline {
             ledger: Ledger::new(n, slots),
             push_tags: vec![0; slots * n],
+            push_tables: vec![ArrayVec::new(); slots * n],
             push_spares: (0..slots * n).map(|_| Spare::default()).collect(),
             pull_spares: (0..n).map(|_| Spare::default()).collect(),
             copied: vec![false; n],

@@ -138,9 +138,17 @@ impl Pipeline {
             // One status per table of the request.
             let r = match c.pushed() {
                 Ok([]) => Err(Error::new(ErrorKind::Protocol).with_peer(peer.addr())),
-                Ok(statuses) => match statuses.iter().find(|&&s| s != Status::Ok) {
+                Ok(statuses) => match statuses.iter().position(|&s| s != Status::Ok) {
                     None => Ok(()),
-                    Some(&status) => Err(remote(status, peer)),
+                    // With several tables, the one refused is named.
+                    Some(i) => Err(match self.push_tables[at].get(i) {
+                        Some(table) if self.lanes.len() > 1 => remote(statuses[i], peer)
+                            .with_message(format!(
+                                "table {table} refused the push ({:?})",
+                                statuses[i]
+                            )),
+                        _ => remote(statuses[i], peer),
+                    }),
                 },
                 Err(e) => Err(e),
             };
@@ -521,12 +529,15 @@ impl Pipeline {
             let mut bytes = 0;
             let mut shared: ArrayVec<(Rows<'_>, Arc<Tensor>), MAX_TABLES> = ArrayVec::new();
             let mut copies: ArrayVec<(Rows<'_>, &[u8]), MAX_TABLES> = ArrayVec::new();
+            let in_request = &mut self.push_tables[slot * peers + k];
+            in_request.clear();
             for lane in &self.lanes {
                 let plan = pushed.plan(lane);
                 let ids = plan.ids(k);
                 if ids.is_empty() {
                     continue;
                 }
+                in_request.push(lane.table);
                 let rows = Rows::new(lane.table, lane.dtype, &lane.row_dims, ids)
                     .travel_as(lane.wire)
                     .scaled_by(lane.loss_scale);
