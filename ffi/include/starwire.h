@@ -2984,7 +2984,7 @@ sw_result sw_pipeline_push(struct sw_pipeline *p,
 /*
  `sw_pipeline_prefetch` of every table's next batch at once, for a pipeline of
  `sw_pipeline_new_tables`: `batches[t]` is the `t`-th table's (its `ids` and `n`; `data`
- and `byte_len` are not read), `n_tables` the pipeline's number of tables. The rows are
+ is not read), `n_tables` the pipeline's number of tables. The rows are
  taken by the next `sw_pipeline_pull_tables` of the same batches.
 
  # Safety
