@@ -278,6 +278,15 @@ enum Landing {
     Unique,
 }
 
+/// Where each PS's distinct ids of `plan` start among all of them.
+fn place(starts: &mut [usize], plan: &Plan) {
+    let mut at = 0;
+    for (k, start) in starts.iter_mut().enumerate() {
+        *start = at;
+        at += plan.ids(k).len();
+    }
+}
+
 /// Copies the row `row(j)` gives for each of PS `k`'s distinct ids (`j` its index among
 /// them; `None`: left as it is) to its place among the batch's distinct ids in `out`,
 /// that PS's starting at `starts[k]`.
@@ -380,7 +389,7 @@ impl Lane {
     /// For a unique pull of the batch on its way: where each PS's distinct ids start
     /// among all of them.
     fn place_unique(&mut self) {
-        step::place(&mut self.starts, &self.ahead);
+        place(&mut self.starts, &self.ahead);
     }
 
     /// Lands the rows `row(j)` gives for PS `k`'s distinct ids in `out` as `landing` says.

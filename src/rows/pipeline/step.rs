@@ -9,7 +9,7 @@ use arrayvec::ArrayVec;
 use super::refresh::Refresh;
 use super::report::{failures_error, PipelineReport, PushFailure};
 use super::split::{Decision, Source};
-use super::{land_unique, Landing, Lane, Part, Pipeline};
+use super::{land_unique, place, Landing, Lane, Part, Pipeline};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::{Error, ErrorKind};
@@ -46,15 +46,6 @@ fn is_unique_of(plan: &Plan, ids: &[u64]) -> bool {
         rest = tail;
         head == part
     })
-}
-
-/// Where each PS's distinct ids of `plan` start among all of them.
-pub(super) fn place(starts: &mut [usize], plan: &Plan) {
-    let mut at = 0;
-    for (k, start) in starts.iter_mut().enumerate() {
-        *start = at;
-        at += plan.ids(k).len();
-    }
 }
 
 /// Which plan a push's ids are summed by.
