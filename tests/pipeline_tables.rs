@@ -86,6 +86,17 @@ fn adagrad(dim: usize) -> MemTable {
     MemTable::new(dim, init, opt)
 }
 
+/// Rows of `dim` zeros, SGD with lr 1: a row's value counts the gradients applied to it.
+fn sgd(dim: usize) -> MemTable {
+    MemTable::new(dim, Init::Zeros, Optimizer::Sgd { lr: 1.0 })
+}
+
+/// A pipeline of table 3 (the first of [`TABLES`]) and `other`, default settings.
+fn with_table_3(peers: &[Peer], other: TableShape<'static>) -> Pipeline {
+    let settings = PipelineSettings::default().timeout(Some(Duration::from_secs(20)));
+    Pipeline::new_tables(peers.to_vec(), &[shapes()[0], other], settings).unwrap()
+}
+
 fn worker(features: WireFeatures) -> Runtime {
     let cfg = config("worker", 1).wire_features(features).build().unwrap();
     Runtime::start(cfg, None).expect("worker starts")
@@ -236,8 +247,7 @@ fn staleness_0_gives_sharded_tables_bit_for_bit_in_one_request_per_ps_each_way()
 /// every row against the pushes it must and may reflect. Returns the rows served from the
 /// caches and the PS frames of the steps.
 fn bounded(cache_bytes: usize) -> (usize, u64) {
-    let (rts, peers, _tables) =
-        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let (rts, peers, _tables) = cluster(sgd);
     let w = worker(WireFeatures::ALL);
     let mut h = w.handle(64);
     connect(&mut h, &peers);
@@ -398,8 +408,7 @@ fn a_worker_without_row_versions_gets_every_tables_rows() {
 
 #[test]
 fn a_table_with_no_ids_at_a_ps_sends_nothing_there() {
-    let (rts, peers, _tables) =
-        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let (rts, peers, _tables) = cluster(sgd);
     let w = worker(WireFeatures::ALL);
     let mut h = w.handle(64);
     connect(&mut h, &peers);
@@ -434,8 +443,7 @@ fn a_table_with_no_ids_at_a_ps_sends_nothing_there() {
 
 #[test]
 fn bad_arguments_are_refused_before_anything_is_sent() {
-    let (rts, peers, _tables) =
-        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let (rts, peers, _tables) = cluster(sgd);
     let w = worker(WireFeatures::ALL);
     let mut h = w.handle(64);
     connect(&mut h, &peers);
@@ -681,21 +689,17 @@ fn a_unique_pull_lands_cached_rows_and_checks_its_buffers() {
 
 #[test]
 fn a_table_whose_rows_are_only_read_does_not_stop_a_push() {
-    let (_rts, peers, tables) =
-        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let (_rts, peers, tables) = cluster(sgd);
     let w = worker(WireFeatures::ALL);
     let mut h = w.handle(64);
     // Table 3 of f32 rows, and table 9 of u8 rows (read only: gradients of u8 rows do not
     // sum).
-    let mut shapes = vec![shapes()[0]];
-    shapes.push(TableShape {
+    let u8_rows = TableShape {
         table: 9,
         dtype: DType::U8,
-        row_dims: &DIMS[0],
-        partition: Partition::Mod,
-    });
-    let settings = PipelineSettings::default().timeout(Some(Duration::from_secs(20)));
-    let mut pipe = Pipeline::new_tables(peers.clone(), &shapes, settings).unwrap();
+        ..shapes()[0]
+    };
+    let mut pipe = with_table_3(&peers, u8_rows);
     let grads = to_bytes(&[0.5; 8]);
     pipe.push_tables(&mut h, &[&[2, 3], &[]], &[&grads, &[]])
         .unwrap();
@@ -713,18 +717,17 @@ fn a_table_whose_rows_are_only_read_does_not_stop_a_push() {
 
 #[test]
 fn a_push_one_table_of_which_is_refused_names_that_table() {
-    let (_rts, peers, tables) =
-        cluster(|d| MemTable::new(d, Init::Zeros, Optimizer::Sgd { lr: 1.0 }));
+    let (_rts, peers, tables) = cluster(sgd);
     let w = worker(WireFeatures::ALL);
     let mut h = w.handle(64);
     // Table 3 is served; table 7 is on no PS task.
-    let mut shapes = vec![shapes()[0]];
-    shapes.push(TableShape {
-        table: 7,
-        ..shapes[0]
-    });
-    let settings = PipelineSettings::default().timeout(Some(Duration::from_secs(20)));
-    let mut pipe = Pipeline::new_tables(peers.clone(), &shapes, settings).unwrap();
+    let mut pipe = with_table_3(
+        &peers,
+        TableShape {
+            table: 7,
+            ..shapes()[0]
+        },
+    );
     let grads = to_bytes(&[0.5; 4]);
     pipe.push_tables(&mut h, &[&[2], &[4]], &[&grads, &grads])
         .unwrap();

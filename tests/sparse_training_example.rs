@@ -45,6 +45,18 @@ fn run(extra: &[&str]) -> String {
 }
 
 /// Numbers after `label` on the line that has it.
+/// A `--compare` output split into its first run, the second (from its heading `second`)
+/// and the comparison.
+fn compared<'a>(out: &'a str, second: &str) -> (&'a str, &'a str, &'a str) {
+    let (first, rest) = out
+        .split_once(second)
+        .unwrap_or_else(|| panic!("two runs: {out}"));
+    let (rest, comparison) = rest
+        .split_once("comparison:")
+        .unwrap_or_else(|| panic!("a comparison: {out}"));
+    (first, rest, comparison)
+}
+
 fn numbers_after(text: &str, label: &str) -> Vec<f64> {
     let line = text.lines().find(|l| l.contains(label)).unwrap_or_else(|| {
         panic!("no line with {label:?} in:\n{text}");
@@ -154,12 +166,7 @@ fn the_pipelined_step_trains_like_the_synchronous_one_and_its_rows_are_the_ps_ta
         "--workers",
         "2",
     ]);
-    let (sync, pipelined) = out
-        .split_once("run 2 of 2: pipelined s=2")
-        .unwrap_or_else(|| panic!("two runs: {out}"));
-    let (pipelined, comparison) = pipelined
-        .split_once("comparison:")
-        .unwrap_or_else(|| panic!("a comparison: {out}"));
+    let (sync, pipelined, comparison) = compared(&out, "run 2 of 2: pipelined s=2");
     assert!(sync.contains("rows as rows blocks\n"), "{sync}");
     assert!(
         pipelined.contains("(--pipeline --staleness 2)"),
@@ -224,12 +231,7 @@ fn the_cached_bf16_step_pulls_fewer_rows_and_bytes_and_trains() {
         "--workers",
         "2",
     ]);
-    let (sync, cached) = out
-        .split_once("run 2 of 2: pipelined s=4 cache 1M bf16")
-        .unwrap_or_else(|| panic!("two runs: {out}"));
-    let (cached, comparison) = cached
-        .split_once("comparison:")
-        .unwrap_or_else(|| panic!("a comparison: {out}"));
+    let (sync, cached, comparison) = compared(&out, "run 2 of 2: pipelined s=4 cache 1M bf16");
     let mut losses = Vec::new();
     for run in [sync, cached] {
         let held_out = numbers_after(run, "held-out");
@@ -285,12 +287,7 @@ fn at_staleness_0_the_cache_refreshes_every_row_it_holds_and_pulls_the_changed_o
         "--workers",
         "2",
     ]);
-    let (sync, cached) = out
-        .split_once("run 2 of 2: pipelined s=0 cache 1M")
-        .unwrap_or_else(|| panic!("two runs: {out}"));
-    let (cached, comparison) = cached
-        .split_once("comparison:")
-        .unwrap_or_else(|| panic!("a comparison: {out}"));
+    let (sync, cached, comparison) = compared(&out, "run 2 of 2: pipelined s=0 cache 1M");
     let mut losses = Vec::new();
     let mut counted = Vec::new();
     for run in [sync, cached] {

@@ -7,7 +7,9 @@ use arrayvec::ArrayVec;
 
 use super::plan::{Partition, Plan, PlanError};
 use super::sharded::StepReport;
-use super::travel::{check_block, check_unique_buffers, checked_scale, remote, widened};
+use super::travel::{
+    check_block, check_unique_buffers, check_unique_counts, checked_scale, remote, widened,
+};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::Error;
@@ -286,17 +288,8 @@ impl ShardedTables {
         out: &mut [&mut [u8]],
         deadline: Option<Instant>,
     ) -> Result<&StepReport, Error> {
-        let n = self.tables.len();
-        if ids.len() != n || inverse.len() != n || unique.len() != n || out.len() != n {
-            return Err(Error::invalid(&format!(
-                "rows: a unique pull of {n} tables takes {n} batches of ids, inverses, \
-                 unique ids and row buffers ({}, {}, {}, {} given)",
-                ids.len(),
-                inverse.len(),
-                unique.len(),
-                out.len()
-            )));
-        }
+        let lens = [ids.len(), inverse.len(), unique.len(), out.len()];
+        check_unique_counts(self.tables.len(), lens, "")?;
         for (i, t) in self.tables.iter().enumerate() {
             let lens = (inverse[i].len(), unique[i].len(), out[i].len());
             check_unique_buffers(t.table, ids[i].len(), t.row_bytes, lens)?;

@@ -16,6 +16,19 @@ pub(crate) fn check_block(bytes: &[u8], n: usize, row_bytes: usize) -> Result<()
     }
 }
 
+/// Checks that a unique pull of `n` tables was given `n` batches of ids, inverses, unique
+/// ids and row buffers (`lens`, in that order); `hint` ends the error.
+pub(crate) fn check_unique_counts(n: usize, lens: [usize; 4], hint: &str) -> Result<(), Error> {
+    if lens != [n; 4] {
+        let [ids, inverse, unique, outs] = lens;
+        return Err(Error::invalid(&format!(
+            "rows: a unique pull of {n} tables takes {n} batches of ids, inverses, unique ids \
+             and row buffers ({ids}, {inverse}, {unique}, {outs} given){hint}"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks the buffers of a unique pull of `n` ids of table `table` (rows of `row_bytes`):
 /// an inverse of `n`, room for `n` distinct ids and for their rows.
 pub(crate) fn check_unique_buffers(

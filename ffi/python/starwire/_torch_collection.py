@@ -185,6 +185,8 @@ class PSEmbeddingBagCollection(nn.Module):
         #: The last synchronous forward's pull of all its tables.
         self._last_pull: Optional[StepReport] = None
         self._pos = {name: i for i, name in enumerate(tables)}
+        #: Each table's position, by its module.
+        self._bag_pos = {id(bag): i for i, bag in enumerate(self.bags.values())}
         self._tables: Optional[ShardedTables] = None
         #: The forwards whose gradients are not all pushed (at most `_STEPS_KEPT`).
         self._pending: list[_StepPush] = []
@@ -235,9 +237,8 @@ class PSEmbeddingBagCollection(nn.Module):
     def _batches(self, given: Any) -> list[npt.NDArray[np.uint64]]:
         """Each table's ids from the ``(bag, ids)`` pairs `given` (none for the others)."""
         batches = [_NO_IDS] * len(self._pos)
-        positions = {id(bag): pos for pos, bag in enumerate(self._each())}
         for bag, ids in given:
-            batches[positions[id(bag)]] = ids
+            batches[self._bag_pos[id(bag)]] = ids
         return batches
 
     def _stage(self, given: Sequence[tuple[nn.Module, npt.NDArray[np.uint64]]]) -> None:

@@ -93,20 +93,23 @@ def _ids(input: Any, what: str) -> Tensor:
     if ids.dtype == uint64:
         # Reinterpreted, not converted: values of 2^63 or more show as negative.
         signed = ids.view(torch.int64)
-        bad = (signed < 0).nonzero()
-        if len(bad):
-            at = tuple(int(i) for i in bad[0])
-            raise InvalidArgument(f"{what}{list(at)} is {int(ids[at].item())}: over int64's "
-                                  f"range; {_IDS_ARE}")
+        _refuse_negative(signed, ids, what, "over int64's range")
         return signed
     ids = ids.to(torch.int64)
     if ids.numel() and int(ids.min()) < 0:
-        bad = (ids < 0).nonzero()
-        if len(bad):
-            at = tuple(int(i) for i in bad[0])
-            raise InvalidArgument(f"{what}{list(at)} is {int(ids[at].item())}: negative; "
-                                  f"{_IDS_ARE}")
+        _refuse_negative(ids, ids, what, "negative")
     return ids
+
+
+def _refuse_negative(signed: Tensor, shown: Tensor, what: str, why: str) -> None:
+    """Raises `InvalidArgument` naming the first position where `signed` is below 0 (and
+    its value as `shown` holds it), `why` saying what that means; nothing if there is
+    none."""
+    bad = (signed < 0).nonzero()
+    if len(bad):
+        at = tuple(int(i) for i in bad[0])
+        raise InvalidArgument(f"{what}{list(at)} is {int(shown[at].item())}: {why}; "
+                              f"{_IDS_ARE}")
 
 
 def _in_vocab(ids: Tensor, num_embeddings: Optional[int], what: str) -> None:

@@ -21,7 +21,7 @@ use super::cache::RowCache;
 use super::element::{self, RowElement};
 use super::multi::{TableShape, MAX_TABLES};
 use super::plan::{Partition, Plan, PlanError};
-use super::travel::{check_batch_size, check_unique_buffers, checked_scale};
+use super::travel::{check_batch_size, check_unique_buffers, check_unique_counts, checked_scale};
 use crate::client::{Client, Mode};
 use crate::cluster::Peer;
 use crate::error::Error;
@@ -691,21 +691,13 @@ impl Pipeline {
         outs: &mut [&mut [u8]],
     ) -> Result<&PipelineReport, Error> {
         let n = self.lanes.len();
-        if [ids.len(), inverse.len(), unique.len(), outs.len()] != [n; 4] {
-            return Err(Error::invalid(&format!(
-                "pipeline: a unique pull of {n} tables takes {n} batches of ids, inverses, \
-                 unique ids and row buffers ({}, {}, {}, {} given){}",
-                ids.len(),
-                inverse.len(),
-                unique.len(),
-                outs.len(),
-                if n > 1 && ids.len() == 1 {
-                    ": call pull_tables_unique"
-                } else {
-                    ""
-                }
-            )));
-        }
+        let lens = [ids.len(), inverse.len(), unique.len(), outs.len()];
+        let hint = if n > 1 && ids.len() == 1 {
+            ": call pull_tables_unique"
+        } else {
+            ""
+        };
+        check_unique_counts(n, lens, hint)?;
         for (i, lane) in self.lanes.iter().enumerate() {
             let lens = (inverse[i].len(), unique[i].len(), outs[i].len());
             check_unique_buffers(lane.table, ids[i].len(), lane.row_bytes, lens)?;
